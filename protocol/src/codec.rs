@@ -1,0 +1,111 @@
+//! Framing: one ZeroMQ frame is one named-field MessagePack map of an [`Envelope`].
+//!
+//! Decoding never panics. A frame that is not an envelope, names an unknown message type or
+//! carries another protocol version is an error the caller counts ([`FrameStats`]) and drops.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+use thiserror::Error;
+
+use crate::{Envelope, Message, ProtocolError, PROTOCOL_VERSION};
+
+/// Why a frame was dropped.
+#[derive(Debug, Error, PartialEq)]
+pub enum DecodeError {
+    #[error("undecodable frame ({len} bytes): {reason}")]
+    Malformed { len: usize, reason: String },
+    #[error("unknown message type {name:?}")]
+    UnknownType { name: String },
+    #[error("protocol version {got} (this peer speaks {PROTOCOL_VERSION})")]
+    Version { got: u32 },
+}
+
+/// Encode a message into one frame.
+pub fn encode(msg: &Message) -> Result<Vec<u8>, ProtocolError> {
+    encode_envelope(&Envelope::new(msg.clone()))
+}
+
+/// Encode a complete envelope (tests use it to build frames of other versions).
+pub fn encode_envelope(env: &Envelope) -> Result<Vec<u8>, ProtocolError> {
+    rmp_serde::to_vec_named(env).map_err(|e| ProtocolError::Encode {
+        what: env.msg.type_name(),
+        reason: e.to_string(),
+    })
+}
+
+/// The envelope with its message left undecoded: used to tell an unknown type or a foreign
+/// version apart from garbage.
+#[derive(Deserialize)]
+struct RawEnvelope {
+    v: u32,
+    msg: BTreeMap<String, IgnoredAny>,
+}
+
+/// Decode one frame.
+pub fn decode(frame: &[u8]) -> Result<Message, DecodeError> {
+    match rmp_serde::from_slice::<Envelope>(frame) {
+        Ok(env) if env.v == PROTOCOL_VERSION => Ok(env.msg),
+        Ok(env) => Err(DecodeError::Version { got: env.v }),
+        Err(err) => match rmp_serde::from_slice::<RawEnvelope>(frame) {
+            Ok(raw) if raw.v != PROTOCOL_VERSION => Err(DecodeError::Version { got: raw.v }),
+            Ok(raw) if raw.msg.len() == 1 => {
+                let name = raw.msg.into_keys().next().unwrap_or_default();
+                if KNOWN_TYPES.contains(&name.as_str()) {
+                    Err(DecodeError::Malformed {
+                        len: frame.len(),
+                        reason: format!("{name}: {err}"),
+                    })
+                } else {
+                    Err(DecodeError::UnknownType { name })
+                }
+            }
+            _ => Err(DecodeError::Malformed {
+                len: frame.len(),
+                reason: err.to_string(),
+            }),
+        },
+    }
+}
+
+const KNOWN_TYPES: &[&str] = &[
+    "GenerateReq",
+    "EmbedReq",
+    "Abort",
+    "FlushCache",
+    "TokenOut",
+    "Hello",
+    "HelloAck",
+    "Heartbeat",
+    "WorkerStatus",
+    "ClusterStatus",
+    "Shutdown",
+];
+
+/// Counters of frames received and dropped on one actor's sockets.
+#[derive(Debug, Default)]
+pub struct FrameStats {
+    pub received: AtomicU64,
+    pub dropped: AtomicU64,
+}
+
+impl FrameStats {
+    /// Decode `frame`; on failure count it, log it at warn with the peer, and return `None`.
+    pub fn decode_or_drop(&self, frame: &[u8], peer: &str) -> Option<Message> {
+        self.received.fetch_add(1, Ordering::Relaxed);
+        match decode(frame) {
+            Ok(msg) => Some(msg),
+            Err(err) => {
+                let dropped = self.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+                tracing::warn!(peer, %err, dropped, "dropping frame");
+                None
+            }
+        }
+    }
+
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,334 @@
+//! Every message on the wire. Field names are the contract (see `WIRE.md`): add fields with
+//! `#[serde(default)]` so older peers keep decoding, never rename or remove one.
+
+use serde::{Deserialize, Serialize};
+
+use crate::PROTOCOL_VERSION;
+
+/// One frame: `{v: 1, msg: {<Type>: {...}}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope {
+    pub v: u32,
+    pub msg: Message,
+}
+
+impl Envelope {
+    pub fn new(msg: Message) -> Self {
+        Envelope {
+            v: PROTOCOL_VERSION,
+            msg,
+        }
+    }
+}
+
+/// The message types. Externally tagged, so a frame names its type as the single key of `msg`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Message {
+    GenerateReq(GenerateReq),
+    EmbedReq(EmbedReq),
+    Abort(Abort),
+    FlushCache(FlushCache),
+    TokenOut(TokenOut),
+    Hello(Hello),
+    HelloAck(HelloAck),
+    Heartbeat(Heartbeat),
+    WorkerStatus(WorkerStatus),
+    ClusterStatus(ClusterStatus),
+    Shutdown(Shutdown),
+}
+
+impl Message {
+    /// The type name as it appears on the wire; used in logs and message traces.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Message::GenerateReq(_) => "GenerateReq",
+            Message::EmbedReq(_) => "EmbedReq",
+            Message::Abort(_) => "Abort",
+            Message::FlushCache(_) => "FlushCache",
+            Message::TokenOut(_) => "TokenOut",
+            Message::Hello(_) => "Hello",
+            Message::HelloAck(_) => "HelloAck",
+            Message::Heartbeat(_) => "Heartbeat",
+            Message::WorkerStatus(_) => "WorkerStatus",
+            Message::ClusterStatus(_) => "ClusterStatus",
+            Message::Shutdown(_) => "Shutdown",
+        }
+    }
+
+    /// The request id the message is about, if any.
+    pub fn rid(&self) -> Option<&str> {
+        match self {
+            Message::GenerateReq(m) => Some(&m.rid),
+            Message::EmbedReq(m) => Some(&m.rid),
+            Message::Abort(m) => m.rid.as_deref(),
+            Message::TokenOut(m) => Some(&m.rid),
+            _ => None,
+        }
+    }
+}
+
+/// Sampling parameters of one request, already validated by the tokenizer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SamplingParams {
+    pub max_new_tokens: u32,
+    /// 0 means greedy (argmax).
+    pub temperature: f32,
+    /// 1.0 means off.
+    pub top_p: f32,
+    /// 0 or negative means off.
+    pub top_k: i32,
+    /// 0.0 means off.
+    pub min_p: f32,
+    /// Per-request seed; without one the worker draws from its own generator.
+    pub seed: Option<u64>,
+    /// 1.0 means off.
+    pub repetition_penalty: f32,
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+    /// Extra token ids that end generation (the model's EOS always does unless `ignore_eos`).
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            max_new_tokens: 128,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: -1,
+            min_p: 0.0,
+            seed: None,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+        }
+    }
+}
+
+impl SamplingParams {
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0 || self.top_k == 1
+    }
+}
+
+/// A tokenized generation request: tokenizer → controller → worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GenerateReq {
+    pub rid: String,
+    pub input_ids: Vec<u32>,
+    #[serde(default)]
+    pub sampling: SamplingParams,
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(default)]
+    pub routing_key: Option<String>,
+    /// Explicit rank chosen by the client; the controller honours it or rejects the request.
+    #[serde(default)]
+    pub routed_dp_rank: Option<u32>,
+    #[serde(default)]
+    pub bootstrap_room: Option<u64>,
+    #[serde(default)]
+    pub return_logprob: bool,
+    /// Unix seconds when the HTTP request arrived.
+    #[serde(default)]
+    pub received_at: f64,
+}
+
+/// A tokenized embedding request: tokenizer → controller → worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EmbedReq {
+    pub rid: String,
+    pub input_ids: Vec<u32>,
+    #[serde(default)]
+    pub routing_key: Option<String>,
+    #[serde(default)]
+    pub routed_dp_rank: Option<u32>,
+    #[serde(default)]
+    pub received_at: f64,
+}
+
+/// Abort one request (`rid`) or, with `rid: null`, every request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Abort {
+    #[serde(default)]
+    pub rid: Option<String>,
+}
+
+/// Drop every unlocked entry of the prefix caches.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct FlushCache {}
+
+/// Why a request stopped generating.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// EOS or a stop token id (`matched_stop` says which).
+    Stop,
+    /// `max_new_tokens` or the context length was reached.
+    Length,
+    /// Aborted by the client or the operator.
+    Abort,
+    /// Failed; `error` says why.
+    Error,
+}
+
+impl FinishReason {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+            FinishReason::Error => "error",
+        }
+    }
+}
+
+/// A request-level error carried back to the HTTP layer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReqError {
+    /// HTTP status the tokenizer should answer with (400, 503, 500, ...).
+    pub status: u16,
+    pub message: String,
+}
+
+/// New tokens (or the end, or an error) for one request: worker or controller → tokenizer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenOut {
+    pub rid: String,
+    /// Token ids produced since the previous `TokenOut` of this request.
+    #[serde(default)]
+    pub output_ids: Vec<u32>,
+    /// Set on the last message of a request, and only there.
+    #[serde(default)]
+    pub finish_reason: Option<FinishReason>,
+    /// The stop token id that ended the request, when `finish_reason` is `stop`.
+    #[serde(default)]
+    pub matched_stop: Option<u32>,
+    #[serde(default)]
+    pub prompt_tokens: u32,
+    #[serde(default)]
+    pub completion_tokens: u32,
+    /// Prompt tokens whose KV came from the prefix cache.
+    #[serde(default)]
+    pub cached_tokens: u32,
+    #[serde(default)]
+    pub dp_rank: Option<u32>,
+    /// Log-probability of each id in `output_ids`, when asked for.
+    #[serde(default)]
+    pub logprobs: Option<Vec<f32>>,
+    /// For an `EmbedReq`: the L2-normalised embedding.
+    #[serde(default)]
+    pub embedding: Option<Vec<f32>>,
+    #[serde(default)]
+    pub error: Option<ReqError>,
+}
+
+impl TokenOut {
+    /// A final message that fails the request with `status` and `message`.
+    pub fn error(rid: impl Into<String>, status: u16, message: impl Into<String>) -> Self {
+        TokenOut {
+            rid: rid.into(),
+            output_ids: Vec::new(),
+            finish_reason: Some(FinishReason::Error),
+            matched_stop: None,
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            cached_tokens: 0,
+            dp_rank: None,
+            logprobs: None,
+            embedding: None,
+            error: Some(ReqError {
+                status,
+                message: message.into(),
+            }),
+        }
+    }
+}
+
+/// What a worker can hold, announced in `Hello`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Capacity {
+    pub max_total_tokens: u64,
+    pub max_running_requests: u32,
+    #[serde(default)]
+    pub context_len: u64,
+    #[serde(default)]
+    pub vocab_size: u64,
+}
+
+/// First message of a worker: worker → controller.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    pub rank: u32,
+    pub capacity: Capacity,
+    pub model_id: String,
+    #[serde(default)]
+    pub protocol_version: u32,
+    #[serde(default)]
+    pub pid: u32,
+}
+
+/// The controller's answer to `Hello`: accepted, or refused with a reason (wrong model id or
+/// protocol version, rank already taken by a live worker).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HelloAck {
+    pub rank: u32,
+    pub accepted: bool,
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// Liveness signal on a timer independent of model steps: worker → controller.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub rank: u32,
+    pub timestamp: f64,
+}
+
+/// Load snapshot after a scheduling step (throttled): worker → controller.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct WorkerStatus {
+    pub rank: u32,
+    pub timestamp: f64,
+    pub num_running_reqs: u32,
+    pub num_waiting_reqs: u32,
+    pub num_used_tokens: u64,
+    pub max_total_tokens: u64,
+    pub cache_hit_rate: f64,
+    pub gen_throughput: f64,
+}
+
+/// One live rank as the controller sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankInfo {
+    pub rank: u32,
+    pub capacity: Capacity,
+    pub model_id: String,
+    /// Seconds since the last heartbeat or status from this rank.
+    pub last_seen_s: f64,
+    #[serde(default)]
+    pub status: Option<WorkerStatus>,
+}
+
+/// The controller's view of the cluster, pushed to the tokenizer on change and periodically so
+/// `/health` and `/get_server_info` answer without a round trip: controller → tokenizer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    pub timestamp: f64,
+    pub load_balance_method: String,
+    pub live_ranks: Vec<RankInfo>,
+}
+
+/// A worker leaving (worker → controller, `rank` set), or an order to stop
+/// (controller → worker).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Shutdown {
+    #[serde(default)]
+    pub rank: Option<u32>,
+    #[serde(default)]
+    pub reason: String,
+}

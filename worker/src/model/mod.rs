@@ -1,0 +1,1 @@
+//! Llama model (placeholder until the model lands).

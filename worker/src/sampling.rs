@@ -1,0 +1,1 @@
+//! Token sampling (placeholder until it lands).
