@@ -1,1 +1,37 @@
-//! CPU kernels (placeholder until they land).
+//! CPU kernels for the Llama forward pass (f32): GEMM, RMSNorm, RoPE, SwiGLU, attention over KV
+//! slots, argmax. Not the model itself (that is `worker::model`), and no device selection yet.
+//!
+//! Numeric contract: every kernel reduces each output element in an order fixed by the problem
+//! shape of that element alone (never by batch size, tiling, chunking or thread), so a token's
+//! result is bit-identical however the scheduler batches it. Shape mismatches are caller bugs and
+//! panic; callers validate external input before reaching here.
+
+pub mod activation;
+pub mod attention;
+pub mod gemm;
+pub mod norm;
+pub mod rope;
+
+pub use activation::{add_inplace, argmax, silu_mul};
+pub use attention::{attention, AttnShape};
+pub use gemm::{dot_fixed, gemm_impl, linear, GemmImpl};
+pub use norm::rmsnorm;
+pub use rope::{apply_rope, rope_tables};
+
+/// Sum of products over 8 lanes with plain multiply and add, then a fixed tree. Used where the
+/// portable build must be fast without FMA (attention scores, norms) and deterministic.
+#[inline]
+pub(crate) fn dot8(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut ac = a.chunks_exact(8);
+    let mut bc = b.chunks_exact(8);
+    for (x, y) in (&mut ac).zip(&mut bc) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    for (l, (x, y)) in ac.remainder().iter().zip(bc.remainder()).enumerate() {
+        acc[l] += x * y;
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}

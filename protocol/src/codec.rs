@@ -44,12 +44,30 @@ struct RawEnvelope {
     msg: BTreeMap<String, IgnoredAny>,
 }
 
+/// One value spanning the whole frame: trailing bytes mean glued or corrupt frames.
+fn from_frame<T: serde::de::DeserializeOwned>(frame: &[u8]) -> Result<T, String> {
+    let mut de = rmp_serde::Deserializer::new(std::io::Cursor::new(frame));
+    let value = T::deserialize(&mut de).map_err(|e| e.to_string())?;
+    match frame.len() as u64 - de.position() {
+        0 => Ok(value),
+        extra => Err(format!("{extra} trailing bytes after the envelope")),
+    }
+}
+
 /// Decode one frame.
 pub fn decode(frame: &[u8]) -> Result<Message, DecodeError> {
-    match rmp_serde::from_slice::<Envelope>(frame) {
+    // Named fields are the contract: an envelope encoded as a positional array would work
+    // between Rust peers only, so refuse it here rather than let it spread.
+    if !matches!(frame.first(), Some(0x80..=0x8f | 0xde | 0xdf)) {
+        return Err(DecodeError::Malformed {
+            len: frame.len(),
+            reason: "frame is not a MessagePack map".into(),
+        });
+    }
+    match from_frame::<Envelope>(frame) {
         Ok(env) if env.v == PROTOCOL_VERSION => Ok(env.msg),
         Ok(env) => Err(DecodeError::Version { got: env.v }),
-        Err(err) => match rmp_serde::from_slice::<RawEnvelope>(frame) {
+        Err(err) => match from_frame::<RawEnvelope>(frame) {
             Ok(raw) if raw.v != PROTOCOL_VERSION => Err(DecodeError::Version { got: raw.v }),
             Ok(raw) if raw.msg.len() == 1 => {
                 let name = raw.msg.into_keys().next().unwrap_or_default();
@@ -64,7 +82,7 @@ pub fn decode(frame: &[u8]) -> Result<Message, DecodeError> {
             }
             _ => Err(DecodeError::Malformed {
                 len: frame.len(),
-                reason: err.to_string(),
+                reason: err,
             }),
         },
     }

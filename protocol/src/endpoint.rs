@@ -121,6 +121,12 @@ impl RuntimeDir {
     }
 }
 
+/// The default endpoint of socket `name` (`controller`, `worker`, `tokenizer`): an ipc path in
+/// the default runtime directory, so processes started alone on one host find each other.
+pub fn default_endpoint(name: &str) -> Endpoint {
+    Endpoint::Ipc(RuntimeDir::default_path("default").join(format!("{name}.sock")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,7 @@ pub mod error;
 pub mod messages;
 pub mod socket;
 
-pub use codec::{decode, encode, DecodeError, FrameStats};
+pub use codec::{decode, encode, encode_envelope, DecodeError, FrameStats};
 pub use endpoint::{Endpoint, RuntimeDir};
 pub use error::{ProtocolError, Result};
 pub use messages::*;

@@ -300,6 +300,10 @@ pub struct WorkerStatus {
     pub max_total_tokens: u64,
     pub cache_hit_rate: f64,
     pub gen_throughput: f64,
+    /// Requests that ended on this rank since the previous status; the controller settles its
+    /// budget and its in-flight table with them.
+    #[serde(default)]
+    pub finished_rids: Vec<String>,
 }
 
 /// One live rank as the controller sees it.

@@ -32,6 +32,11 @@ pub fn bind(ctx: &zmq::Context, kind: zmq::SocketType, endpoint: &Endpoint) -> R
             .map_err(|e| ProtocolError::zmq(&what, e))?;
     }
     if let Endpoint::Ipc(path) = endpoint {
+        if let Some(dir) = path.parent() {
+            if !dir.as_os_str().is_empty() && !dir.exists() {
+                crate::RuntimeDir::create(dir)?;
+            }
+        }
         // A stale socket file from a crashed run would make bind fail with EADDRINUSE.
         let _ = std::fs::remove_file(path);
     }

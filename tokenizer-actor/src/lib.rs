@@ -1,1 +1,112 @@
-//! placeholder
+//! The tokenizer actor: dpserve's HTTP front end. It tokenizes requests, sends them to the
+//! controller over ZeroMQ, and turns the workers' token outputs back into text (JSON or SSE).
+//! It holds no routing or model logic; see DESIGN.md "Processes and sockets".
+
+mod args;
+mod bridge;
+pub mod detokenize;
+mod error;
+pub mod http;
+mod state;
+pub mod tokenizer;
+
+use std::net::TcpListener;
+use std::sync::Arc;
+
+pub use args::{Defaults, TokenizerArgs};
+pub use error::{Result, TokenizerError};
+
+use state::AppState;
+
+/// Bind `--host:--port` and serve until SIGTERM or SIGINT.
+pub fn run(args: TokenizerArgs) -> anyhow::Result<()> {
+    let listener = TcpListener::bind((args.host.as_str(), args.port)).map_err(|source| {
+        TokenizerError::Io {
+            what: format!("bind HTTP {}:{}", args.host, args.port),
+            source,
+        }
+    })?;
+    serve(args, listener, true, None)
+}
+
+/// Serve on an already-bound listener (tests bind port 0). With `signals`, SIGTERM/SIGINT
+/// stop it; `ready` receives a handle that stops it from another thread.
+pub fn serve(
+    args: TokenizerArgs,
+    listener: TcpListener,
+    signals: bool,
+    ready: Option<std::sync::mpsc::Sender<actix_web::dev::ServerHandle>>,
+) -> anyhow::Result<()> {
+    let state = Arc::new(AppState::start(&args)?);
+    let addr = listener.local_addr().ok();
+    let bridge = state.bridge.clone();
+    let result = actix_rt::System::new().block_on(async move {
+        let server = http::server(state, listener, signals)?;
+        tracing::info!(?addr, "tokenizer HTTP server listening");
+        if let Some(ready) = ready {
+            let _ = ready.send(server.handle());
+        }
+        server.await
+    });
+    bridge.shutdown();
+    Ok(result.map_err(|source| TokenizerError::Io {
+        what: "HTTP server".to_string(),
+        source,
+    })?)
+}
+
+/// A server running on its own thread, for tests and embedding. Stops when dropped.
+pub struct SpawnedServer {
+    pub addr: std::net::SocketAddr,
+    handle: actix_web::dev::ServerHandle,
+    thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl SpawnedServer {
+    /// Start on `127.0.0.1:0` (a free port); returns once the server accepts connections or
+    /// with the startup error.
+    pub fn start(args: TokenizerArgs) -> anyhow::Result<SpawnedServer> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let addr = listener.local_addr()?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("tok-http".into())
+            .spawn(move || serve(args, listener, false, Some(tx)))?;
+        match rx.recv() {
+            Ok(handle) => Ok(SpawnedServer {
+                addr,
+                handle,
+                thread: Some(thread),
+            }),
+            Err(_) => match thread.join() {
+                Ok(Err(err)) => Err(err),
+                _ => Err(anyhow::anyhow!("tokenizer server thread ended at startup")),
+            },
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Stop gracefully and wait for the thread.
+    pub fn stop(mut self) -> anyhow::Result<()> {
+        self.stop_inner()
+    }
+
+    fn stop_inner(&mut self) -> anyhow::Result<()> {
+        let Some(thread) = self.thread.take() else {
+            return Ok(());
+        };
+        futures::executor::block_on(self.handle.stop(false));
+        thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("tokenizer server thread panicked"))?
+    }
+}
+
+impl Drop for SpawnedServer {
+    fn drop(&mut self) {
+        let _ = self.stop_inner();
+    }
+}

@@ -1,5 +1,241 @@
-//! The worker actor: one data-parallel rank. It owns a device, its KV pool, the request pools,
-//! the scheduler and the model, and talks to the controller (DEALER) and the tokenizer (PUSH).
+//! The worker actor: one data-parallel rank. It owns a device, its KV pool, the scheduler and
+//! the model, and talks to the controller (DEALER, through [`link`]) and the tokenizer (PUSH).
+//!
+//! Threads: the main thread runs the scheduler and owns the PUSH socket to the tokenizer and the
+//! inproc end of the outbox; the link thread owns the DEALER. Model compute runs on a rayon pool
+//! of `--num-threads` threads.
 
+pub mod args;
+pub mod kv_alloc;
+pub mod link;
 pub mod model;
+pub mod request;
 pub mod sampling;
+pub mod scheduler;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use protocol::{Capacity, Hello, Message, Shutdown, WorkerStatus};
+
+pub use args::{ModelSource, WorkerArgs, WorkerConfig};
+use link::Inbound;
+use model::{LlamaModel, ModelConfig};
+use scheduler::{Scheduler, SchedulerConfig};
+
+/// Status snapshots go out at most this often while the worker is busy.
+const STATUS_MIN_INTERVAL: Duration = Duration::from_millis(20);
+/// ...and at least this often while it is idle.
+const STATUS_IDLE_INTERVAL: Duration = Duration::from_millis(1000);
+
+/// Load the model the config names.
+pub fn load_model(source: &ModelSource) -> anyhow::Result<LlamaModel> {
+    match source {
+        ModelSource::HfDir(dir) => LlamaModel::load_hf(dir)
+            .with_context(|| format!("loading model from {}", dir.display())),
+        ModelSource::Builtin { size, seed } => {
+            Ok(LlamaModel::dummy(ModelConfig::builtin(*size), *seed))
+        }
+    }
+}
+
+/// Run a worker until SIGTERM/SIGINT or a `Shutdown` from the controller.
+pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
+    let config = args.resolve()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handler")?;
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(config.num_threads)
+        .thread_name(move |i| format!("compute-{i}"))
+        .build()
+        .context("building the compute thread pool")?;
+    let started = Instant::now();
+    let model = pool.install(|| load_model(&config.model))?;
+    let mc = model.config().clone();
+    let context_len = config
+        .context_length
+        .unwrap_or(mc.max_position_embeddings)
+        .min(mc.max_position_embeddings);
+    tracing::info!(
+        rank = config.rank,
+        model = %mc.model_id,
+        params = mc.num_params(),
+        layers = mc.num_hidden_layers,
+        hidden = mc.hidden_size,
+        context_len,
+        max_total_tokens = config.max_total_tokens,
+        kv_bytes = model::KvBuffers::bytes_per_slot(&mc) * config.max_total_tokens,
+        threads = config.num_threads,
+        load_ms = started.elapsed().as_millis() as u64,
+        "model loaded"
+    );
+    let hello = Hello {
+        rank: config.rank,
+        capacity: Capacity {
+            max_total_tokens: config.max_total_tokens as u64,
+            max_running_requests: config.max_running_requests as u32,
+            context_len: context_len as u64,
+            vocab_size: mc.vocab_size as u64,
+        },
+        model_id: mc.model_id.clone(),
+        protocol_version: protocol::PROTOCOL_VERSION,
+        pid: std::process::id(),
+    };
+    let mut sched = Scheduler::new(
+        SchedulerConfig {
+            rank: config.rank,
+            max_total_tokens: config.max_total_tokens,
+            max_running_requests: config.max_running_requests,
+            chunked_prefill_size: config.chunked_prefill_size,
+            max_prefill_tokens: config.max_prefill_tokens,
+            context_len,
+        },
+        model,
+    );
+
+    let ctx = zmq::Context::new();
+    let outbox_rx = ctx.socket(zmq::PULL)?;
+    outbox_rx.bind(link::OUTBOX)?;
+    let outbox = ctx.socket(zmq::PUSH)?;
+    outbox.connect(link::OUTBOX)?;
+    let to_tokenizer = protocol::socket::connect(&ctx, zmq::PUSH, &config.tokenizer_addr, None)?;
+    let (inbound_tx, inbound) = mpsc::channel();
+    let link_stop = Arc::new(AtomicBool::new(false));
+    let link = {
+        let (ctx, addr, stop, beat) = (
+            ctx.clone(),
+            config.worker_addr.clone(),
+            Arc::clone(&link_stop),
+            config.heartbeat_interval,
+        );
+        std::thread::Builder::new()
+            .name("controller-link".into())
+            .spawn(move || link::run(ctx, outbox_rx, addr, hello, beat, inbound_tx, stop))?
+    };
+    tracing::info!(rank = config.rank, worker_addr = %config.worker_addr, tokenizer_addr = %config.tokenizer_addr, "worker started");
+
+    let send = |msg: &Message| {
+        if let Err(e) = protocol::socket::send(&to_tokenizer, msg) {
+            tracing::warn!(%e, "send to tokenizer failed");
+        }
+    };
+    let mut last_status = Instant::now();
+    let mut last_generated = 0u64;
+    let mut refused: Option<String> = None;
+    while !stop.load(Ordering::Relaxed) {
+        // Take everything that arrived; block briefly only when there is nothing to compute.
+        let mut first = if sched.has_work() {
+            inbound.try_recv().ok()
+        } else {
+            match inbound.recv_timeout(Duration::from_millis(50)) {
+                Ok(m) => Some(m),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            }
+        };
+        while let Some(item) = first.take().or_else(|| inbound.try_recv().ok()) {
+            match item {
+                Inbound::Refused(reason) => {
+                    refused = Some(reason);
+                    stop.store(true, Ordering::Relaxed);
+                }
+                Inbound::Msg(Message::GenerateReq(req)) => {
+                    if let Some(out) = sched.submit(req) {
+                        send(&Message::TokenOut(out));
+                    }
+                }
+                Inbound::Msg(Message::EmbedReq(req)) => {
+                    if let Some(out) = sched.submit_embed(req.rid, req.input_ids) {
+                        send(&Message::TokenOut(out));
+                    }
+                }
+                Inbound::Msg(Message::Abort(abort)) => {
+                    for out in sched.abort(abort.rid.as_deref()) {
+                        send(&Message::TokenOut(out));
+                    }
+                }
+                Inbound::Msg(Message::FlushCache(_)) => {
+                    tracing::info!("flush_cache: no prefix cache in this build; nothing to drop");
+                }
+                Inbound::Msg(Message::Shutdown(s)) => {
+                    tracing::info!(reason = %s.reason, "controller asked this worker to stop");
+                    stop.store(true, Ordering::Relaxed);
+                }
+                Inbound::Msg(other) => {
+                    tracing::warn!(msg = other.type_name(), "unexpected message; dropped")
+                }
+            }
+        }
+        let stepped = sched.has_work();
+        if stepped {
+            for out in pool.install(|| sched.step()) {
+                send(&Message::TokenOut(out));
+            }
+        }
+        let due = last_status.elapsed();
+        if (stepped && due >= STATUS_MIN_INTERVAL) || due >= STATUS_IDLE_INTERVAL {
+            let generated = sched.stats.generated_tokens;
+            let status = WorkerStatus {
+                rank: config.rank,
+                timestamp: protocol::unix_time(),
+                num_running_reqs: sched.num_running() as u32,
+                num_waiting_reqs: sched.num_waiting() as u32,
+                num_used_tokens: sched.used_tokens() as u64,
+                max_total_tokens: config.max_total_tokens as u64,
+                cache_hit_rate: ratio(sched.stats.cached_tokens, sched.stats.prompt_tokens),
+                gen_throughput: (generated - last_generated) as f64 / due.as_secs_f64(),
+                finished_rids: sched.take_finished_rids(),
+            };
+            last_generated = generated;
+            last_status = Instant::now();
+            protocol::socket::send(&outbox, &Message::WorkerStatus(status)).ok();
+        }
+    }
+
+    // Leaving: no request may hang, so everything still held fails with a clear error.
+    let why = match &refused {
+        Some(reason) => format!(
+            "worker {} was refused by the controller: {reason}",
+            config.rank
+        ),
+        None => format!("data parallel rank {} is shutting down", config.rank),
+    };
+    for out in sched.fail_all(503, &why) {
+        send(&Message::TokenOut(out));
+    }
+    protocol::socket::send(
+        &outbox,
+        &Message::Shutdown(Shutdown {
+            rank: Some(config.rank),
+            reason: why.clone(),
+        }),
+    )
+    .ok();
+    // The Shutdown is queued before the stop flag is set, and the link drains its outbox once
+    // more after it sees the flag, so the controller hears it.
+    link_stop.store(true, Ordering::Relaxed);
+    match link.join() {
+        Ok(result) => result?,
+        Err(_) => anyhow::bail!("controller link thread panicked"),
+    }
+    match refused {
+        Some(reason) => anyhow::bail!("refused by the controller: {reason}"),
+        None => {
+            tracing::info!(rank = config.rank, "worker stopped");
+            Ok(())
+        }
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}

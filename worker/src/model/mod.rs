@@ -1,1 +1,79 @@
-//! Llama model (placeholder until the model lands).
+//! The Llama-family model on CPU (Llama 2/3, Mistral, Qwen2-style q/k/v bias, TinyStories):
+//! configuration, Hugging Face loading, seeded dummy weights and the batched forward pass over
+//! a KV slot pool. Scheduling, slot allocation and sampling live elsewhere.
+
+mod config;
+mod error;
+mod forward;
+mod kv;
+mod loader;
+mod weights;
+
+#[cfg(test)]
+mod tests;
+
+use std::path::Path;
+
+pub use config::{BuiltinSize, ModelConfig};
+pub use error::{ModelError, Result};
+pub use kv::KvBuffers;
+
+use weights::Weights;
+
+/// One sequence's part of a step. `slots[p]` is the KV slot of position `p`, for every position
+/// `0..start_pos + new_tokens.len()`; `slots[..start_pos]` already hold K/V (prefix cache or
+/// earlier chunks/steps) and the new tokens' K/V are written to the rest.
+#[derive(Clone, Copy, Debug)]
+pub struct SeqInput<'a> {
+    pub new_tokens: &'a [u32],
+    pub start_pos: usize,
+    pub slots: &'a [u32],
+}
+
+/// A loaded (or dummy) model: configuration plus f32 weights.
+pub struct LlamaModel {
+    config: ModelConfig,
+    weights: Weights,
+}
+
+impl std::fmt::Debug for LlamaModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Weights are millions of floats; the configuration identifies the model.
+        f.debug_struct("LlamaModel")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LlamaModel {
+    /// Loads `dir/config.json` (+ `generation_config.json`) and every weight from its
+    /// safetensors files (single or sharded; F32, F16 or BF16).
+    pub fn load_hf(dir: &Path) -> Result<Self> {
+        let config = ModelConfig::from_hf_dir(dir)?;
+        let weights = loader::load_weights(dir, &config)?;
+        Ok(LlamaModel { config, weights })
+    }
+
+    /// Seeded random weights for `config` (deterministic for a seed).
+    pub fn dummy(config: ModelConfig, seed: u64) -> Self {
+        let weights = Weights::dummy(&config, seed);
+        LlamaModel { config, weights }
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// One batched step: writes the new tokens' K/V to their slots and returns the logits of
+    /// each sequence's last new token, row-major `[seqs.len(), vocab_size]`.
+    pub fn forward(&self, kv: &mut KvBuffers, seqs: &[SeqInput<'_>]) -> Result<Vec<f32>> {
+        let hidden = forward::hidden_last(&self.config, &self.weights, kv, seqs)?;
+        Ok(forward::logits(&self.config, &self.weights, &hidden))
+    }
+
+    /// The same pass, returning the final-normed hidden state of each sequence's last new token,
+    /// `[seqs.len(), hidden_size]`.
+    pub fn forward_hidden(&self, kv: &mut KvBuffers, seqs: &[SeqInput<'_>]) -> Result<Vec<f32>> {
+        forward::hidden_last(&self.config, &self.weights, kv, seqs)
+    }
+}

@@ -1,0 +1,307 @@
+//! The live set of worker ranks: registration by `Hello`, liveness by heartbeat, departure by
+//! timeout or `Shutdown`, and each rank's load (last status plus speculative increments).
+//!
+//! Rank ids are stable: a rank that leaves and comes back is the same id, which is what lets
+//! affinity methods give it back exactly its keys.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use protocol::{Capacity, Hello, RankInfo, WorkerStatus};
+
+use crate::policy::{RankLoad, RankSet};
+
+/// One registered rank.
+#[derive(Debug)]
+pub struct LiveRank {
+    pub capacity: Capacity,
+    pub model_id: String,
+    pub pid: u32,
+    pub last_seen: Instant,
+    pub status: Option<WorkerStatus>,
+    /// Requests dispatched since the last status (the status does not count them yet).
+    pub speculative_requests: u64,
+    pub speculative_tokens: u64,
+    /// Requests dispatched to this rank and not yet reported finished: rid → prompt tokens.
+    pub inflight: HashMap<String, u64>,
+}
+
+/// Why a `Hello` was refused.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HelloRefusal {
+    ModelMismatch { expected: String, got: String },
+    ProtocolVersion { expected: u32, got: u32 },
+}
+
+impl std::fmt::Display for HelloRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HelloRefusal::ModelMismatch { expected, got } => write!(
+                f,
+                "model id {got:?} differs from this deployment's model {expected:?}"
+            ),
+            HelloRefusal::ProtocolVersion { expected, got } => write!(
+                f,
+                "protocol version {got} differs from the controller's {expected}"
+            ),
+        }
+    }
+}
+
+/// Ranks by id.
+#[derive(Debug)]
+pub struct Ranks {
+    live: BTreeMap<u32, LiveRank>,
+    /// The model every rank must serve: fixed by `--model-id` or by the first accepted `Hello`.
+    model_id: Option<String>,
+    timeout: Duration,
+}
+
+impl Ranks {
+    pub fn new(model_id: Option<String>, timeout: Duration) -> Self {
+        Ranks {
+            live: BTreeMap::new(),
+            model_id,
+            timeout,
+        }
+    }
+
+    /// Register (or re-register) a rank. Returns the requests the rank held under a previous
+    /// registration: a worker that says `Hello` again has restarted and lost them.
+    pub fn hello(&mut self, hello: &Hello) -> Result<Vec<String>, HelloRefusal> {
+        if hello.protocol_version != protocol::PROTOCOL_VERSION {
+            return Err(HelloRefusal::ProtocolVersion {
+                expected: protocol::PROTOCOL_VERSION,
+                got: hello.protocol_version,
+            });
+        }
+        match &self.model_id {
+            Some(expected) if *expected != hello.model_id => {
+                return Err(HelloRefusal::ModelMismatch {
+                    expected: expected.clone(),
+                    got: hello.model_id.clone(),
+                })
+            }
+            Some(_) => {}
+            None => self.model_id = Some(hello.model_id.clone()),
+        }
+        if let Some(existing) = self.live.get_mut(&hello.rank) {
+            if existing.pid == hello.pid {
+                // The same process repeating its Hello (it missed our ack): nothing was lost.
+                existing.last_seen = Instant::now();
+                existing.capacity = hello.capacity.clone();
+                return Ok(Vec::new());
+            }
+        }
+        let lost = self
+            .live
+            .remove(&hello.rank)
+            .map(|old| old.inflight.into_keys().collect())
+            .unwrap_or_default();
+        self.live.insert(
+            hello.rank,
+            LiveRank {
+                capacity: hello.capacity.clone(),
+                model_id: hello.model_id.clone(),
+                pid: hello.pid,
+                last_seen: Instant::now(),
+                status: None,
+                speculative_requests: 0,
+                speculative_tokens: 0,
+                inflight: HashMap::new(),
+            },
+        );
+        Ok(lost)
+    }
+
+    pub fn is_live(&self, rank: u32) -> bool {
+        self.live.contains_key(&rank)
+    }
+
+    pub fn ids(&self) -> Vec<u32> {
+        self.live.keys().copied().collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+
+    /// A heartbeat or any message from a live rank.
+    pub fn seen(&mut self, rank: u32) -> bool {
+        match self.live.get_mut(&rank) {
+            Some(r) => {
+                r.last_seen = Instant::now();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A status snapshot replaces the speculative counts: it already includes what was sent
+    /// before it. Older snapshots than the one held are skipped.
+    pub fn status(&mut self, status: WorkerStatus) -> bool {
+        let Some(r) = self.live.get_mut(&status.rank) else {
+            return false;
+        };
+        r.last_seen = Instant::now();
+        for rid in &status.finished_rids {
+            r.inflight.remove(rid);
+        }
+        if r
+            .status
+            .as_ref()
+            .is_some_and(|old| old.timestamp > status.timestamp)
+        {
+            return true;
+        }
+        r.speculative_requests = 0;
+        r.speculative_tokens = 0;
+        r.status = Some(status);
+        true
+    }
+
+    /// Account a request dispatched to `rank`.
+    pub fn dispatched(&mut self, rank: u32, rid: &str, tokens: u64) {
+        if let Some(r) = self.live.get_mut(&rank) {
+            r.speculative_requests += 1;
+            r.speculative_tokens += tokens;
+            r.inflight.insert(rid.to_string(), tokens);
+        }
+    }
+
+    /// Forget a rank that said `Shutdown` or timed out; returns the requests it still held.
+    pub fn remove(&mut self, rank: u32) -> Option<Vec<String>> {
+        self.live
+            .remove(&rank)
+            .map(|r| r.inflight.into_keys().collect())
+    }
+
+    /// Ranks whose last sign of life is older than the timeout.
+    pub fn expired(&self) -> Vec<u32> {
+        let now = Instant::now();
+        self.live
+            .iter()
+            .filter(|(_, r)| now.duration_since(r.last_seen) > self.timeout)
+            .map(|(&rank, _)| rank)
+            .collect()
+    }
+
+    /// The loads the balancers see.
+    pub fn rank_set(&self) -> RankSet {
+        RankSet::new(
+            self.live
+                .iter()
+                .map(|(&rank, r)| {
+                    let (reqs, tokens) = r
+                        .status
+                        .as_ref()
+                        .map(|s| {
+                            (
+                                u64::from(s.num_running_reqs) + u64::from(s.num_waiting_reqs),
+                                s.num_used_tokens,
+                            )
+                        })
+                        .unwrap_or((0, 0));
+                    RankLoad {
+                        rank,
+                        active_requests: reqs + r.speculative_requests,
+                        active_tokens: tokens + r.speculative_tokens,
+                    }
+                })
+                .collect(),
+        )
+    }
+
+    /// The live ranks as reported to the tokenizer.
+    pub fn infos(&self) -> Vec<RankInfo> {
+        let now = Instant::now();
+        self.live
+            .iter()
+            .map(|(&rank, r)| RankInfo {
+                rank,
+                capacity: r.capacity.clone(),
+                model_id: r.model_id.clone(),
+                last_seen_s: now.duration_since(r.last_seen).as_secs_f64(),
+                status: r.status.clone(),
+            })
+            .collect()
+    }
+
+    pub fn pid(&self, rank: u32) -> Option<u32> {
+        self.live.get(&rank).map(|r| r.pid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello(rank: u32, model: &str) -> Hello {
+        Hello {
+            rank,
+            capacity: Capacity {
+                max_total_tokens: 1000,
+                max_running_requests: 8,
+                context_len: 512,
+                vocab_size: 512,
+            },
+            model_id: model.into(),
+            protocol_version: protocol::PROTOCOL_VERSION,
+            pid: 1,
+        }
+    }
+
+    #[test]
+    fn first_hello_fixes_the_model() {
+        let mut ranks = Ranks::new(None, Duration::from_secs(3));
+        assert!(ranks.hello(&hello(0, "a")).is_ok());
+        assert!(matches!(
+            ranks.hello(&hello(1, "b")),
+            Err(HelloRefusal::ModelMismatch { .. })
+        ));
+        assert_eq!(ranks.ids(), vec![0]);
+    }
+
+    #[test]
+    fn wrong_protocol_version_is_refused() {
+        let mut ranks = Ranks::new(None, Duration::from_secs(3));
+        let mut h = hello(0, "a");
+        h.protocol_version = 99;
+        assert!(matches!(
+            ranks.hello(&h),
+            Err(HelloRefusal::ProtocolVersion { .. })
+        ));
+    }
+
+    #[test]
+    fn speculative_load_is_replaced_by_status_and_finished_rids_settle() {
+        let mut ranks = Ranks::new(None, Duration::from_secs(3));
+        ranks.hello(&hello(0, "a")).unwrap();
+        ranks.dispatched(0, "x", 10);
+        ranks.dispatched(0, "y", 5);
+        assert_eq!(ranks.rank_set().loads()[0].active_requests, 2);
+        ranks.status(WorkerStatus {
+            rank: 0,
+            timestamp: 1.0,
+            num_running_reqs: 1,
+            num_used_tokens: 5,
+            finished_rids: vec!["x".into()],
+            ..Default::default()
+        });
+        let load = ranks.rank_set().loads()[0];
+        assert_eq!((load.active_requests, load.active_tokens), (1, 5));
+        assert_eq!(ranks.remove(0), Some(vec!["y".to_string()]));
+    }
+
+    #[test]
+    fn silent_ranks_expire() {
+        let mut ranks = Ranks::new(None, Duration::from_millis(0));
+        ranks.hello(&hello(3, "a")).unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(ranks.expired(), vec![3]);
+    }
+}

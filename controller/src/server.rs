@@ -1,0 +1,363 @@
+//! The controller actor: one thread owns its three sockets and all routing state, and reacts to
+//! frames from the tokenizer (PULL) and the workers (ROUTER) plus a timer for liveness.
+//!
+//! Nothing here blocks on a peer: sends to workers fail fast (ROUTER_MANDATORY), and every
+//! request that cannot be routed or whose rank dies gets exactly one error `TokenOut`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use protocol::socket::{identity_rank, rank_identity};
+use protocol::{
+    encode, ClusterStatus, Endpoint, FrameStats, HelloAck, Message, TokenOut,
+};
+
+use crate::policy::{LoadBalancer, Method, RouteInput};
+use crate::ranks::Ranks;
+use crate::router::{route, RouteError};
+
+/// Resolved controller settings.
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    pub controller_addr: Endpoint,
+    pub worker_addr: Endpoint,
+    pub tokenizer_addr: Endpoint,
+    pub method: Method,
+    pub worker_timeout: Duration,
+    pub model_id: Option<String>,
+    pub cluster_status_interval: Duration,
+}
+
+/// How often liveness is checked; also the poll timeout.
+const TICK: Duration = Duration::from_millis(50);
+
+pub struct Controller {
+    config: ControllerConfig,
+    ranks: Ranks,
+    balancer: Box<dyn LoadBalancer>,
+    stats: FrameStats,
+    from_tokenizer: zmq::Socket,
+    workers: zmq::Socket,
+    to_tokenizer: zmq::Socket,
+    last_cluster_status: Instant,
+    cluster_changed: bool,
+}
+
+impl Controller {
+    pub fn bind(ctx: &zmq::Context, config: ControllerConfig) -> anyhow::Result<Self> {
+        let from_tokenizer = protocol::socket::bind(ctx, zmq::PULL, &config.controller_addr)?;
+        let workers = protocol::socket::bind(ctx, zmq::ROUTER, &config.worker_addr)?;
+        let to_tokenizer = protocol::socket::connect(ctx, zmq::PUSH, &config.tokenizer_addr, None)?;
+        tracing::info!(
+            controller_addr = %config.controller_addr,
+            worker_addr = %config.worker_addr,
+            tokenizer_addr = %config.tokenizer_addr,
+            method = %config.method,
+            "controller listening"
+        );
+        Ok(Controller {
+            ranks: Ranks::new(config.model_id.clone(), config.worker_timeout),
+            balancer: config.method.balancer(),
+            stats: FrameStats::default(),
+            from_tokenizer,
+            workers,
+            to_tokenizer,
+            last_cluster_status: Instant::now(),
+            cluster_changed: true,
+            config,
+        })
+    }
+
+    /// Serve until `stop` is set (SIGTERM/SIGINT). On the way out, tell the workers to stop.
+    pub fn run(mut self, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+        let mut last_tick = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            let (tok_ready, workers_ready) = {
+                let mut items = [
+                    self.from_tokenizer.as_poll_item(zmq::POLLIN),
+                    self.workers.as_poll_item(zmq::POLLIN),
+                ];
+                match zmq::poll(&mut items, TICK.as_millis() as i64) {
+                    Ok(_) => (items[0].is_readable(), items[1].is_readable()),
+                    Err(zmq::Error::EINTR) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            };
+            if workers_ready {
+                self.drain_workers();
+            }
+            if tok_ready {
+                self.drain_tokenizer();
+            }
+            if last_tick.elapsed() >= TICK {
+                last_tick = Instant::now();
+                self.expire_ranks();
+            }
+            if self.cluster_changed
+                || self.last_cluster_status.elapsed() >= self.config.cluster_status_interval
+            {
+                self.push_cluster_status();
+            }
+        }
+        tracing::info!("controller stopping");
+        Ok(())
+    }
+
+    fn drain_tokenizer(&mut self) {
+        loop {
+            let frame = match self.from_tokenizer.recv_bytes(zmq::DONTWAIT) {
+                Ok(f) => f,
+                Err(zmq::Error::EAGAIN) => return,
+                Err(e) => {
+                    tracing::warn!(%e, "receive from tokenizer failed");
+                    return;
+                }
+            };
+            if let Some(msg) = self.stats.decode_or_drop(&frame, "tokenizer") {
+                self.on_tokenizer_message(msg);
+            }
+        }
+    }
+
+    fn drain_workers(&mut self) {
+        loop {
+            let parts = match self.workers.recv_multipart(zmq::DONTWAIT) {
+                Ok(p) => p,
+                Err(zmq::Error::EAGAIN) => return,
+                Err(e) => {
+                    tracing::warn!(%e, "receive from workers failed");
+                    return;
+                }
+            };
+            let [identity, frame] = parts.as_slice() else {
+                self.stats.decode_or_drop(&[], "worker (bad multipart)");
+                continue;
+            };
+            let peer = String::from_utf8_lossy(identity).into_owned();
+            let Some(rank) = identity_rank(identity) else {
+                tracing::warn!(peer, "dropping frame from a peer whose identity is not rank-<R>");
+                continue;
+            };
+            if let Some(msg) = self.stats.decode_or_drop(frame, &peer) {
+                self.on_worker_message(rank, msg);
+            }
+        }
+    }
+
+    fn on_tokenizer_message(&mut self, msg: Message) {
+        match msg {
+            Message::GenerateReq(req) => {
+                let input = RouteInput {
+                    rid: &req.rid,
+                    input_ids: &req.input_ids,
+                    routing_key: req.routing_key.as_deref(),
+                    bootstrap_room: req.bootstrap_room,
+                };
+                let decision = route(
+                    self.balancer.as_mut(),
+                    &input,
+                    req.routed_dp_rank,
+                    &self.ranks.rank_set(),
+                );
+                let tokens = req.input_ids.len() as u64 + u64::from(req.sampling.max_new_tokens);
+                let rid = req.rid.clone();
+                self.dispatch(&rid, decision, tokens, Message::GenerateReq(req));
+            }
+            Message::EmbedReq(req) => {
+                let input = RouteInput {
+                    rid: &req.rid,
+                    input_ids: &req.input_ids,
+                    routing_key: req.routing_key.as_deref(),
+                    bootstrap_room: None,
+                };
+                let decision = route(
+                    self.balancer.as_mut(),
+                    &input,
+                    req.routed_dp_rank,
+                    &self.ranks.rank_set(),
+                );
+                let tokens = req.input_ids.len() as u64;
+                let rid = req.rid.clone();
+                self.dispatch(&rid, decision, tokens, Message::EmbedReq(req));
+            }
+            Message::Abort(abort) => {
+                // The request may be on any rank (or still in flight to one): tell them all.
+                for rank in self.ranks.ids() {
+                    self.send_to_worker(rank, &Message::Abort(abort.clone()));
+                }
+            }
+            Message::FlushCache(flush) => {
+                for rank in self.ranks.ids() {
+                    self.send_to_worker(rank, &Message::FlushCache(flush.clone()));
+                }
+            }
+            other => tracing::warn!(
+                msg = other.type_name(),
+                "unexpected message from the tokenizer; dropped"
+            ),
+        }
+    }
+
+    fn dispatch(
+        &mut self,
+        rid: &str,
+        decision: Result<crate::policy::RouteDecision, RouteError>,
+        tokens: u64,
+        msg: Message,
+    ) {
+        let decision = match decision {
+            Ok(d) => d,
+            Err(err) => {
+                tracing::info!(rid, %err, "request not routed");
+                self.send_to_tokenizer(&Message::TokenOut(TokenOut::error(
+                    rid,
+                    err.http_status(),
+                    err.to_string(),
+                )));
+                return;
+            }
+        };
+        tracing::debug!(target: "dpserve::route", rid, rank = decision.rank, branch = ?decision.branch, "routed");
+        if self.send_to_worker(decision.rank, &msg) {
+            self.ranks.dispatched(decision.rank, rid, tokens);
+        } else {
+            self.send_to_tokenizer(&Message::TokenOut(TokenOut::error(
+                rid,
+                503,
+                format!("data parallel rank {} is unreachable", decision.rank),
+            )));
+        }
+    }
+
+    fn on_worker_message(&mut self, rank: u32, msg: Message) {
+        match msg {
+            Message::Hello(hello) if hello.rank != rank => {
+                tracing::warn!(identity_rank = rank, hello_rank = hello.rank, "Hello rank differs from the socket identity; refused");
+                self.send_ack(rank, false, Some("Hello rank differs from the socket identity".into()));
+            }
+            Message::Hello(hello) => match self.ranks.hello(&hello) {
+                Ok(lost) => {
+                    tracing::info!(
+                        rank,
+                        pid = hello.pid,
+                        max_total_tokens = hello.capacity.max_total_tokens,
+                        max_running_requests = hello.capacity.max_running_requests,
+                        live = ?self.ranks.ids(),
+                        "rank joined"
+                    );
+                    self.send_ack(rank, true, None);
+                    self.fail_requests(lost, format!("data parallel rank {rank} restarted"));
+                    self.cluster_changed = true;
+                }
+                Err(refusal) => {
+                    tracing::error!(rank, %refusal, "refusing worker");
+                    self.send_ack(rank, false, Some(refusal.to_string()));
+                }
+            },
+            Message::Heartbeat(_) => {
+                if !self.ranks.seen(rank) {
+                    tracing::debug!(rank, "heartbeat from a rank that is not registered");
+                }
+            }
+            Message::WorkerStatus(status) if status.rank == rank => {
+                self.ranks.status(status);
+            }
+            Message::Shutdown(shutdown) => {
+                if let Some(lost) = self.ranks.remove(rank) {
+                    tracing::info!(rank, reason = %shutdown.reason, live = ?self.ranks.ids(), "rank left");
+                    self.fail_requests(lost, format!("data parallel rank {rank} shut down"));
+                    self.cluster_changed = true;
+                }
+            }
+            other => tracing::warn!(
+                rank,
+                msg = other.type_name(),
+                "unexpected message from a worker; dropped"
+            ),
+        }
+    }
+
+    fn expire_ranks(&mut self) {
+        for rank in self.ranks.expired() {
+            if let Some(lost) = self.ranks.remove(rank) {
+                tracing::warn!(
+                    rank,
+                    timeout_s = self.config.worker_timeout.as_secs_f64(),
+                    failed_requests = lost.len(),
+                    live = ?self.ranks.ids(),
+                    "rank stopped sending heartbeats; removed"
+                );
+                self.fail_requests(
+                    lost,
+                    format!(
+                        "data parallel rank {rank} stopped responding (no heartbeat for {:.1}s)",
+                        self.config.worker_timeout.as_secs_f64()
+                    ),
+                );
+                self.cluster_changed = true;
+            }
+        }
+    }
+
+    fn fail_requests(&mut self, rids: Vec<String>, why: String) {
+        for rid in rids {
+            self.send_to_tokenizer(&Message::TokenOut(TokenOut::error(rid, 503, why.clone())));
+        }
+    }
+
+    fn send_ack(&mut self, rank: u32, accepted: bool, reason: Option<String>) {
+        self.send_to_worker(
+            rank,
+            &Message::HelloAck(HelloAck {
+                rank,
+                accepted,
+                reason,
+            }),
+        );
+    }
+
+    fn push_cluster_status(&mut self) {
+        let status = ClusterStatus {
+            timestamp: protocol::unix_time(),
+            load_balance_method: self.config.method.to_string(),
+            live_ranks: self.ranks.infos(),
+        };
+        self.send_to_tokenizer(&Message::ClusterStatus(status));
+        self.last_cluster_status = Instant::now();
+        self.cluster_changed = false;
+    }
+
+    /// Send to a worker; false when it cannot be reached.
+    fn send_to_worker(&mut self, rank: u32, msg: &Message) -> bool {
+        let frame = match encode(msg) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::error!(%e, "encode failed");
+                return false;
+            }
+        };
+        let identity = rank_identity(rank);
+        match self
+            .workers
+            .send_multipart([identity.as_slice(), frame.as_slice()], zmq::DONTWAIT)
+        {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(rank, %e, msg = msg.type_name(), "send to worker failed");
+                false
+            }
+        }
+    }
+
+    fn send_to_tokenizer(&mut self, msg: &Message) {
+        if let Err(e) = protocol::socket::send(&self.to_tokenizer, msg) {
+            tracing::warn!(%e, "send to tokenizer failed");
+        }
+    }
+
+    /// Frames dropped as undecodable or of unknown type.
+    pub fn dropped_frames(&self) -> u64 {
+        self.stats.dropped()
+    }
+}

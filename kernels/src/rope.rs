@@ -1,0 +1,64 @@
+//! Rotary position embedding in the Hugging Face rotate-half layout: for head dim `d` the pairs
+//! are `(i, i + d/2)` with `inv_freq[i] = theta^(-2i/d)`.
+
+/// cos/sin tables `[positions.len(), head_dim/2]`. Angles are formed in f32 as Hugging Face
+/// does (`pos * inv_freq`), then cos/sin are taken in f64 and rounded, so a table entry depends
+/// only on (position, i).
+pub fn rope_tables(positions: &[usize], head_dim: usize, theta: f32) -> (Vec<f32>, Vec<f32>) {
+    let half = head_dim / 2;
+    let inv_freq: Vec<f32> = (0..half)
+        .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
+        .collect();
+    let mut cos = Vec::with_capacity(positions.len() * half);
+    let mut sin = Vec::with_capacity(positions.len() * half);
+    for &p in positions {
+        for &f in &inv_freq {
+            let angle = (p as f32 * f) as f64;
+            cos.push(angle.cos() as f32);
+            sin.push(angle.sin() as f32);
+        }
+    }
+    (cos, sin)
+}
+
+/// Rotates `x` (`[tokens, heads, head_dim]`) in place; token `t` uses row `t` of the tables.
+pub fn apply_rope(x: &mut [f32], heads: usize, head_dim: usize, cos: &[f32], sin: &[f32]) {
+    let half = head_dim / 2;
+    let tokens = cos.len() / half.max(1);
+    assert_eq!(x.len(), tokens * heads * head_dim, "rope shape");
+    assert_eq!(sin.len(), cos.len(), "rope tables");
+    for (t, xt) in x.chunks_mut(heads * head_dim).enumerate() {
+        let (c, s) = (
+            &cos[t * half..(t + 1) * half],
+            &sin[t * half..(t + 1) * half],
+        );
+        for head in xt.chunks_mut(head_dim) {
+            let (lo, hi) = head.split_at_mut(half);
+            for i in 0..half {
+                let (a, b) = (lo[i], hi[i]);
+                lo[i] = a * c[i] - b * s[i];
+                hi[i] = b * c[i] + a * s[i];
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn position_zero_is_identity_and_rotation_preserves_norm() {
+        let mut x: Vec<f32> = (0..16).map(|i| i as f32 - 7.5).collect();
+        let orig = x.clone();
+        let (c, s) = rope_tables(&[0, 5], 8, 10000.0);
+        apply_rope(&mut x, 1, 8, &c, &s);
+        assert_eq!(&x[..8], &orig[..8]);
+        let n0: f32 = orig[8..].iter().map(|v| v * v).sum();
+        let n1: f32 = x[8..].iter().map(|v| v * v).sum();
+        assert!((n0 - n1).abs() < 1e-3);
+        // Pair (0, 4) at position 5 with inv_freq 1 rotates by 5 radians.
+        let (a, b) = (orig[8], orig[12]);
+        assert!((x[8] - (a * 5f32.cos() - b * 5f32.sin())).abs() < 1e-5);
+    }
+}

@@ -1,0 +1,217 @@
+//! Fixtures shared by the wire tests: one fixed example of every message (the golden vectors of
+//! `WIRE.md`), hex helpers and a tiny seeded generator.
+//!
+//! Not every test binary uses every helper.
+#![allow(dead_code)]
+
+use protocol::{
+    Abort, Capacity, ClusterStatus, EmbedReq, FinishReason, FlushCache, GenerateReq, Heartbeat,
+    Hello, HelloAck, Message, RankInfo, SamplingParams, Shutdown, TokenOut, WorkerStatus,
+};
+
+/// A fixed timestamp (Unix seconds) exactly representable in an f64, so examples print exactly.
+pub const T0: f64 = 1_700_000_000.25;
+
+/// The golden examples: a name (used in test failures and in `WIRE.md`) and the message.
+/// Float values are exactly representable as f32, so every language prints them the same.
+pub fn examples() -> Vec<(&'static str, Message)> {
+    vec![
+        (
+            "GenerateReq",
+            Message::GenerateReq(GenerateReq {
+                rid: "r1".into(),
+                input_ids: vec![1, 15043, 3186],
+                sampling: SamplingParams {
+                    max_new_tokens: 16,
+                    temperature: 0.5,
+                    top_p: 0.75,
+                    top_k: 40,
+                    min_p: 0.0,
+                    seed: Some(7),
+                    repetition_penalty: 1.0,
+                    frequency_penalty: 0.0,
+                    presence_penalty: 0.0,
+                    stop_token_ids: vec![2],
+                    ignore_eos: false,
+                },
+                stream: true,
+                routing_key: Some("user-42".into()),
+                routed_dp_rank: None,
+                bootstrap_room: None,
+                return_logprob: false,
+                received_at: T0,
+            }),
+        ),
+        (
+            "EmbedReq",
+            Message::EmbedReq(EmbedReq {
+                rid: "e1".into(),
+                input_ids: vec![1, 15043],
+                routing_key: None,
+                routed_dp_rank: Some(1),
+                received_at: T0,
+            }),
+        ),
+        (
+            "Abort",
+            Message::Abort(Abort {
+                rid: Some("r1".into()),
+            }),
+        ),
+        ("Abort-all", Message::Abort(Abort { rid: None })),
+        ("FlushCache", Message::FlushCache(FlushCache {})),
+        (
+            "TokenOut",
+            Message::TokenOut(TokenOut {
+                rid: "r1".into(),
+                output_ids: vec![450, 2],
+                finish_reason: Some(FinishReason::Stop),
+                matched_stop: Some(2),
+                prompt_tokens: 3,
+                completion_tokens: 2,
+                cached_tokens: 1,
+                dp_rank: Some(0),
+                logprobs: Some(vec![-0.5, -0.25]),
+                embedding: None,
+                error: None,
+            }),
+        ),
+        (
+            "TokenOut-error",
+            Message::TokenOut(TokenOut::error("r2", 400, "rank 5 is not live")),
+        ),
+        (
+            "Hello",
+            Message::Hello(Hello {
+                rank: 0,
+                capacity: capacity(),
+                model_id: "dpserve-builtin".into(),
+                protocol_version: 1,
+                pid: 4242,
+            }),
+        ),
+        (
+            "HelloAck",
+            Message::HelloAck(HelloAck {
+                rank: 0,
+                accepted: true,
+                reason: None,
+            }),
+        ),
+        (
+            "Heartbeat",
+            Message::Heartbeat(Heartbeat {
+                rank: 0,
+                timestamp: T0,
+            }),
+        ),
+        ("WorkerStatus", Message::WorkerStatus(worker_status())),
+        (
+            "ClusterStatus",
+            Message::ClusterStatus(ClusterStatus {
+                timestamp: T0,
+                load_balance_method: "prefix_affinity".into(),
+                live_ranks: vec![RankInfo {
+                    rank: 0,
+                    capacity: capacity(),
+                    model_id: "dpserve-builtin".into(),
+                    last_seen_s: 0.5,
+                    status: Some(worker_status()),
+                }],
+            }),
+        ),
+        (
+            "Shutdown",
+            Message::Shutdown(Shutdown {
+                rank: Some(0),
+                reason: "sigterm".into(),
+            }),
+        ),
+    ]
+}
+
+fn capacity() -> Capacity {
+    Capacity {
+        max_total_tokens: 65536,
+        max_running_requests: 64,
+        context_len: 8192,
+        vocab_size: 8192,
+    }
+}
+
+fn worker_status() -> WorkerStatus {
+    WorkerStatus {
+        rank: 0,
+        timestamp: T0,
+        num_running_reqs: 2,
+        num_waiting_reqs: 1,
+        num_used_tokens: 300,
+        max_total_tokens: 65536,
+        cache_hit_rate: 0.25,
+        gen_throughput: 120.5,
+        finished_rids: vec!["r0".into()],
+    }
+}
+
+/// Lower-case hex without separators.
+pub fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Parse hex, ignoring ASCII whitespace (so long vectors can be wrapped in the source).
+pub fn from_hex(hex: &str) -> Vec<u8> {
+    let digits: Vec<u8> = hex.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+    let pairs = digits.chunks_exact(2);
+    assert!(pairs.remainder().is_empty(), "odd number of hex digits");
+    pairs
+        .map(|pair| {
+            let s = std::str::from_utf8(pair).expect("hex is ASCII");
+            u8::from_str_radix(s, 16).expect("valid hex digit")
+        })
+        .collect()
+}
+
+/// SplitMix64: a seeded generator whose sequence is fixed forever (unlike `rand::StdRng`, which
+/// may change between `rand` versions), so a failing fuzz case stays reproducible.
+pub struct SplitMix64(u64);
+
+impl SplitMix64 {
+    pub fn new(seed: u64) -> Self {
+        SplitMix64(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (n > 0); the modulo bias is irrelevant for fuzzing.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+
+    pub fn byte(&mut self) -> u8 {
+        self.next_u64() as u8
+    }
+
+    pub fn chance(&mut self, one_in: usize) -> bool {
+        self.below(one_in) == 0
+    }
+}
+
+/// Hex as `WIRE.md` and `golden.rs` quote it: bytes separated by spaces, 16 to a line.
+pub fn to_hex_lines(bytes: &[u8]) -> String {
+    bytes
+        .chunks(16)
+        .map(|line| {
+            line.iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}

@@ -1,0 +1,287 @@
+//! `dpserve up`: a whole deployment on one host. It starts the tokenizer, the controller and
+//! `--dp-size` workers as child processes of this binary (so each actor shows in `ps` and can be
+//! run alone the same way), waits until every rank is live, prints the URL, and stops all
+//! children on Ctrl-C or SIGTERM. A child that dies during start fails `up` with its name.
+//!
+//! Flags left unset are not forwarded, so each actor's own default stays the one source of truth.
+
+use std::ffi::OsString;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use protocol::RuntimeDir;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct UpArgs {
+    /// Number of data-parallel workers to start.
+    #[arg(long, env = "DPSERVE_DP_SIZE", default_value_t = 2)]
+    pub dp_size: u32,
+    /// Hugging Face model directory (default: the built-in model, no download).
+    #[arg(long, env = "DPSERVE_MODEL_PATH")]
+    pub model_path: Option<PathBuf>,
+    /// `auto` or `dummy` (built-in model with random weights).
+    #[arg(long, env = "DPSERVE_LOAD_FORMAT")]
+    pub load_format: Option<String>,
+    /// Built-in model size: `base` or `tiny`.
+    #[arg(long, env = "DPSERVE_BUILTIN_SIZE")]
+    pub builtin_size: Option<String>,
+    /// HTTP bind address.
+    #[arg(long, env = "DPSERVE_HOST", default_value = "127.0.0.1")]
+    pub host: String,
+    /// HTTP port.
+    #[arg(long, env = "DPSERVE_PORT", default_value_t = 30000)]
+    pub port: u16,
+    /// Load-balance method of the controller.
+    #[arg(long, env = "DPSERVE_LOAD_BALANCE_METHOD")]
+    pub load_balance_method: Option<String>,
+    /// KV pool size per worker, in tokens.
+    #[arg(long, env = "DPSERVE_MAX_TOTAL_TOKENS")]
+    pub max_total_tokens: Option<usize>,
+    /// Most running requests per worker.
+    #[arg(long, env = "DPSERVE_MAX_RUNNING_REQUESTS")]
+    pub max_running_requests: Option<usize>,
+    /// Prompt chunk size per request per step.
+    #[arg(long, env = "DPSERVE_CHUNKED_PREFILL_SIZE")]
+    pub chunked_prefill_size: Option<usize>,
+    /// Prompt tokens per prefill step.
+    #[arg(long, env = "DPSERVE_MAX_PREFILL_TOKENS")]
+    pub max_prefill_tokens: Option<usize>,
+    /// Context length (default: the model's).
+    #[arg(long, env = "DPSERVE_CONTEXT_LENGTH")]
+    pub context_length: Option<usize>,
+    /// Compute threads per worker (default: this host's CPUs divided by --dp-size).
+    #[arg(long, env = "DPSERVE_NUM_THREADS")]
+    pub num_threads: Option<usize>,
+    /// Seconds without a heartbeat before a worker leaves the live set.
+    #[arg(long, env = "DPSERVE_WORKER_TIMEOUT")]
+    pub worker_timeout: Option<f64>,
+    /// Directory for the ipc sockets (default: a fresh one per deployment, mode 0700).
+    #[arg(long, env = "DPSERVE_RUNTIME_DIR")]
+    pub runtime_dir: Option<PathBuf>,
+    /// Seconds to wait for every rank to become live.
+    #[arg(long, env = "DPSERVE_STARTUP_TIMEOUT", default_value_t = 300.0)]
+    pub startup_timeout: f64,
+}
+
+/// A child actor process.
+struct Actor {
+    name: String,
+    child: Child,
+}
+
+/// The children of this deployment; dropping it stops them.
+struct Deployment {
+    actors: Vec<Actor>,
+    runtime_dir: Option<PathBuf>,
+}
+
+impl Deployment {
+    fn spawn(&mut self, name: &str, args: Vec<OsString>) -> anyhow::Result<()> {
+        let exe = std::env::current_exe().context("locating the dpserve binary")?;
+        let child = Command::new(&exe)
+            .args(&args)
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        tracing::info!(actor = name, pid = child.id(), "started");
+        self.actors.push(Actor {
+            name: name.to_string(),
+            child,
+        });
+        Ok(())
+    }
+
+    /// The first child that has exited, with its status.
+    fn exited(&mut self) -> Option<(String, String)> {
+        for actor in &mut self.actors {
+            if let Ok(Some(status)) = actor.child.try_wait() {
+                return Some((actor.name.clone(), status.to_string()));
+            }
+        }
+        None
+    }
+
+    /// SIGTERM every child, give them `grace` to exit, then SIGKILL the rest.
+    fn stop(&mut self, grace: Duration) {
+        for actor in &self.actors {
+            terminate(actor.child.id());
+        }
+        let deadline = Instant::now() + grace;
+        for actor in &mut self.actors {
+            loop {
+                match actor.child.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if Instant::now() >= deadline => {
+                        tracing::warn!(actor = %actor.name, "did not stop in time; killing");
+                        actor.child.kill().ok();
+                        actor.child.wait().ok();
+                        break;
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+                }
+            }
+        }
+        self.actors.clear();
+        if let Some(dir) = self.runtime_dir.take() {
+            std::fs::remove_dir_all(dir).ok();
+        }
+    }
+}
+
+impl Drop for Deployment {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(5));
+    }
+}
+
+fn terminate(pid: u32) {
+    // Sending a signal to our own child by pid: no memory is touched.
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(pid.to_string())
+        .status();
+}
+
+pub fn run(args: UpArgs) -> anyhow::Result<()> {
+    if args.dp_size == 0 {
+        bail!("--dp-size must be at least 1");
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handler")?;
+    }
+    let (dir, owned) = match &args.runtime_dir {
+        Some(dir) => (RuntimeDir::create(dir)?, false),
+        None => (
+            RuntimeDir::create(RuntimeDir::default_path(&format!("up-{}", std::process::id())))?,
+            true,
+        ),
+    };
+    let controller_addr = dir.endpoint("controller.sock").to_string();
+    let worker_addr = dir.endpoint("worker.sock").to_string();
+    let tokenizer_addr = dir.endpoint("tokenizer.sock").to_string();
+    let mut deployment = Deployment {
+        actors: Vec::new(),
+        runtime_dir: owned.then(|| dir.path().to_path_buf()),
+    };
+
+    let mut common_model: Vec<OsString> = Vec::new();
+    if let Some(path) = &args.model_path {
+        common_model.extend(["--model-path".into(), path.clone().into_os_string()]);
+    }
+
+    let mut tokenizer: Vec<OsString> = vec!["tokenizer".into()];
+    tokenizer.extend(common_model.iter().cloned());
+    push(&mut tokenizer, "--host", Some(&args.host));
+    push(&mut tokenizer, "--port", Some(args.port));
+    push(&mut tokenizer, "--tokenizer-addr", Some(&tokenizer_addr));
+    push(&mut tokenizer, "--controller-addr", Some(&controller_addr));
+    push(&mut tokenizer, "--dp-size", Some(args.dp_size));
+    deployment.spawn("tokenizer", tokenizer)?;
+
+    let mut controller: Vec<OsString> = vec!["controller".into()];
+    push(&mut controller, "--controller-addr", Some(&controller_addr));
+    push(&mut controller, "--worker-addr", Some(&worker_addr));
+    push(&mut controller, "--tokenizer-addr", Some(&tokenizer_addr));
+    push(&mut controller, "--load-balance-method", args.load_balance_method.as_ref());
+    push(&mut controller, "--worker-timeout", args.worker_timeout);
+    deployment.spawn("controller", controller)?;
+
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = args
+        .num_threads
+        .unwrap_or_else(|| (cpus / args.dp_size as usize).max(1));
+    for rank in 0..args.dp_size {
+        let mut worker: Vec<OsString> = vec!["worker".into()];
+        push(&mut worker, "--rank", Some(rank));
+        worker.extend(common_model.iter().cloned());
+        push(&mut worker, "--load-format", args.load_format.as_ref());
+        push(&mut worker, "--builtin-size", args.builtin_size.as_ref());
+        push(&mut worker, "--worker-addr", Some(&worker_addr));
+        push(&mut worker, "--tokenizer-addr", Some(&tokenizer_addr));
+        push(&mut worker, "--max-total-tokens", args.max_total_tokens);
+        push(&mut worker, "--max-running-requests", args.max_running_requests);
+        push(&mut worker, "--chunked-prefill-size", args.chunked_prefill_size);
+        push(&mut worker, "--max-prefill-tokens", args.max_prefill_tokens);
+        push(&mut worker, "--context-length", args.context_length);
+        push(&mut worker, "--num-threads", Some(threads));
+        deployment.spawn(&format!("worker {rank}"), worker)?;
+    }
+
+    // Wait until the tokenizer reports every rank live.
+    let deadline = Instant::now() + Duration::from_secs_f64(args.startup_timeout.max(1.0));
+    let probe = format!("127.0.0.1:{}", args.port);
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            deployment.stop(Duration::from_secs(5));
+            bail!("interrupted during start");
+        }
+        if let Some((name, status)) = deployment.exited() {
+            deployment.stop(Duration::from_secs(5));
+            bail!("{name} exited during start ({status}); see its log above");
+        }
+        if let Some(live) = live_ranks(&probe) {
+            if live >= args.dp_size as usize {
+                break;
+            }
+        }
+        if Instant::now() >= deadline {
+            deployment.stop(Duration::from_secs(5));
+            bail!(
+                "not every rank became live within {}s (--startup-timeout)",
+                args.startup_timeout
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let url = format!("http://{}:{}", args.host, args.port);
+    println!("dpserve is ready: {url} ({} ranks live)", args.dp_size);
+    println!("try: curl -s {url}/generate -d '{{\"text\": \"hello\", \"sampling_params\": {{\"max_new_tokens\": 16}}}}'");
+    std::io::stdout().flush().ok();
+
+    // Serve until a signal; a worker that dies is logged (the controller stops routing to it),
+    // the tokenizer or controller dying ends the deployment.
+    while !stop.load(Ordering::Relaxed) {
+        if let Some((name, status)) = deployment.exited() {
+            if name.starts_with("worker") {
+                tracing::error!(actor = %name, %status, "worker exited; serving with the remaining ranks");
+                deployment.actors.retain(|a| a.name != name);
+            } else {
+                deployment.stop(Duration::from_secs(5));
+                bail!("{name} exited ({status}); stopping the deployment");
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    tracing::info!("stopping");
+    deployment.stop(Duration::from_secs(10));
+    Ok(())
+}
+
+fn push<T: ToString>(args: &mut Vec<OsString>, flag: &str, value: Option<T>) {
+    if let Some(v) = value {
+        args.push(flag.into());
+        args.push(v.to_string().into());
+    }
+}
+
+/// Number of live ranks per the tokenizer's `/get_server_info`, or `None` if it is not up yet.
+fn live_ranks(addr: &str) -> Option<usize> {
+    let mut stream = TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_millis(500)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        stream,
+        "GET /get_server_info HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let body = response.split_once("\r\n\r\n")?.1;
+    let info: serde_json::Value = serde_json::from_str(body).ok()?;
+    Some(info.get("live_ranks")?.as_array()?.len())
+}

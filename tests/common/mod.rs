@@ -1,0 +1,193 @@
+//! Test harness: start a real `dpserve up` on a free port in a private runtime directory, wait
+//! for its ready line, and stop it (SIGTERM, then SIGKILL) when dropped.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The stories260k model beside the checkout, if present.
+pub fn stories_dir() -> Option<PathBuf> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/models/stories260k");
+    if dir.join("model.safetensors").exists() {
+        Some(dir)
+    } else {
+        eprintln!(
+            "skipping: ../shared/models/stories260k not found beside the checkout ({})",
+            dir.display()
+        );
+        None
+    }
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free port")
+}
+
+pub struct Server {
+    child: Child,
+    pub port: u16,
+    pub runtime_dir: tempfile::TempDir,
+    pub base: String,
+}
+
+impl Server {
+    /// `dpserve up` with `args`, ready to serve.
+    pub fn up(args: &[&str]) -> Server {
+        let port = free_port();
+        // Short path: ipc socket paths are limited to 107 bytes.
+        let runtime_dir = tempfile::Builder::new()
+            .prefix("dps")
+            .tempdir_in("/tmp")
+            .expect("temp dir");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_dpserve"))
+            .arg("up")
+            .args(["--port", &port.to_string()])
+            .arg("--runtime-dir")
+            .arg(runtime_dir.path())
+            .args(args)
+            .env("DPSERVE_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn dpserve up");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(240);
+        loop {
+            match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(line) if line.contains("dpserve is ready") => break,
+                Ok(_) => {}
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if let Ok(Some(status)) = child.try_wait() {
+                        panic!("dpserve up exited before ready: {status}");
+                    }
+                    assert!(Instant::now() < deadline, "dpserve up not ready in time");
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = child.wait();
+                    panic!("dpserve up closed stdout before ready: {status:?}");
+                }
+            }
+        }
+        Server {
+            child,
+            port,
+            runtime_dir,
+            base: format!("http://127.0.0.1:{port}"),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub fn client() -> reqwest::blocking::Client {
+        reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(120))
+            .build()
+            .expect("client")
+    }
+
+    pub fn post(&self, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+        let resp = Self::client()
+            .post(self.url(path))
+            .json(body)
+            .send()
+            .expect("request");
+        let status = resp.status().as_u16();
+        let text = resp.text().expect("body");
+        let json = serde_json::from_str(&text)
+            .unwrap_or_else(|_| panic!("non-JSON body ({status}): {text}"));
+        (status, json)
+    }
+
+    pub fn post_raw(&self, path: &str, body: &str) -> (u16, serde_json::Value) {
+        let resp = Self::client()
+            .post(self.url(path))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .expect("request");
+        let status = resp.status().as_u16();
+        let text = resp.text().expect("body");
+        let json = serde_json::from_str(&text)
+            .unwrap_or_else(|_| panic!("non-JSON body ({status}): {text}"));
+        (status, json)
+    }
+
+    pub fn get(&self, path: &str) -> (u16, serde_json::Value) {
+        let resp = Self::client().get(self.url(path)).send().expect("request");
+        let status = resp.status().as_u16();
+        let json = resp.json().unwrap_or(serde_json::Value::Null);
+        (status, json)
+    }
+
+    /// POST with `stream: true`; returns the parsed `data:` chunks before `[DONE]`.
+    pub fn stream(&self, path: &str, body: &serde_json::Value) -> Vec<serde_json::Value> {
+        let resp = Self::client()
+            .post(self.url(path))
+            .json(body)
+            .send()
+            .expect("request");
+        assert_eq!(resp.status().as_u16(), 200, "stream status");
+        let text = resp.text().expect("body");
+        let mut chunks = Vec::new();
+        let mut done = false;
+        for line in text.lines() {
+            let Some(data) = line.strip_prefix("data: ") else {
+                continue;
+            };
+            assert!(!done, "data after [DONE]");
+            if data == "[DONE]" {
+                done = true;
+                continue;
+            }
+            chunks.push(serde_json::from_str(data).expect("chunk JSON"));
+        }
+        assert!(done, "stream did not end with [DONE]: {text}");
+        chunks
+    }
+
+    /// Stop with SIGTERM and wait; returns whether it exited cleanly.
+    pub fn stop(&mut self) -> bool {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return status.success(),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                _ => {
+                    self.child.kill().ok();
+                    self.child.wait().ok();
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.stop();
+        }
+    }
+}

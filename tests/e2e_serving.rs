@@ -1,0 +1,152 @@
+//! End to end with the built-in model (no files needed): health and server info, concurrent
+//! requests, bad input answered with 4xx while the server keeps serving, garbage frames dropped.
+
+mod common;
+
+use common::Server;
+use serde_json::{json, Value};
+
+fn tiny() -> Server {
+    Server::up(&["--builtin-size", "tiny", "--dp-size", "2", "--max-total-tokens", "4096"])
+}
+
+#[test]
+fn builtin_model_serves_readable_text_on_both_ranks() {
+    let server = tiny();
+    let (status, health) = server.get("/health");
+    assert_eq!(status, 200, "{health}");
+    let (status, info) = server.get("/get_server_info");
+    assert_eq!(status, 200);
+    assert_eq!(info["dp_size"], 2);
+    assert_eq!(info["live_ranks"].as_array().map(Vec::len), Some(2));
+    let (_, alias) = server.get("/server_info");
+    assert_eq!(alias["dp_size"], 2);
+
+    let mut ranks = std::collections::BTreeSet::new();
+    for _ in 0..4 {
+        let (status, resp) = server.post(
+            "/generate",
+            &json!({"text": "hello world", "sampling_params": {"max_new_tokens": 8, "temperature": 0.7, "seed": 3, "ignore_eos": true}}),
+        );
+        assert_eq!(status, 200, "{resp}");
+        assert_eq!(resp["output_ids"].as_array().unwrap().len(), 8);
+        let text = resp["text"].as_str().unwrap();
+        assert!(
+            text.chars().all(|c| !c.is_control() && c != '\u{fffd}'),
+            "unreadable text {text:?}"
+        );
+        assert!(!text.trim().is_empty());
+        ranks.insert(resp["meta_info"]["dp_rank"].as_u64().unwrap());
+    }
+    assert_eq!(ranks.len(), 2, "round robin uses both ranks");
+}
+
+#[test]
+fn greedy_is_the_same_on_every_rank_and_alone_or_concurrent() {
+    let server = tiny();
+    let body = |rank: u64| {
+        json!({"text": "the quick brown fox", "routed_dp_rank": rank,
+               "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": true}})
+    };
+    let (_, alone) = server.post("/generate", &body(0));
+    let expected = alone["output_ids"].clone();
+    // 16 concurrent requests over both ranks, mixed with other prompts.
+    let handles: Vec<_> = (0..16)
+        .map(|i| {
+            let url = server.url("/generate");
+            let req = if i % 2 == 0 {
+                body((i / 2) % 2)
+            } else {
+                json!({"text": format!("other prompt number {i}"),
+                       "sampling_params": {"max_new_tokens": 10 + i, "temperature": 0.9}})
+            };
+            std::thread::spawn(move || {
+                let resp = Server::client().post(url).json(&req).send().unwrap();
+                (i, resp.status().as_u16(), resp.json::<Value>().unwrap())
+            })
+        })
+        .collect();
+    for h in handles {
+        let (i, status, resp) = h.join().unwrap();
+        assert_eq!(status, 200, "request {i}: {resp}");
+        if i % 2 == 0 {
+            assert_eq!(resp["output_ids"], expected, "request {i} differs from alone");
+        }
+    }
+}
+
+#[test]
+fn bad_input_is_a_clear_4xx_and_the_server_keeps_serving() {
+    let server = tiny();
+    let cases: Vec<(&str, Value)> = vec![
+        ("wrong type", json!({"text": 5})),
+        ("empty prompt", json!({"text": ""})),
+        ("no prompt", json!({"sampling_params": {}})),
+        ("negative max_new_tokens", json!({"text": "a", "sampling_params": {"max_new_tokens": -1}})),
+        ("beyond context", json!({"text": "a", "sampling_params": {"max_new_tokens": 10_000_000}})),
+        ("token outside vocab", json!({"input_ids": [1, 999_999]})),
+        ("empty input_ids", json!({"input_ids": []})),
+        ("negative temperature", json!({"text": "a", "sampling_params": {"temperature": -1}})),
+        ("top_p out of range", json!({"text": "a", "sampling_params": {"top_p": 1.5}})),
+        ("rank not live", json!({"text": "a", "routed_dp_rank": 7})),
+        ("wrong type of rank", json!({"text": "a", "routed_dp_rank": "zero"})),
+    ];
+    for (what, body) in cases {
+        let (status, resp) = server.post("/generate", &body);
+        assert!((400..500).contains(&status), "{what}: got {status} {resp}");
+        let message = resp["error"]["message"]
+            .as_str()
+            .or_else(|| resp["error"].as_str())
+            .unwrap_or_default();
+        assert!(!message.is_empty(), "{what}: no error message in {resp}");
+    }
+    let (status, resp) = server.post_raw("/generate", "{not json");
+    assert!((400..500).contains(&status), "malformed JSON: {status} {resp}");
+
+    // Unknown fields are ignored, as gateways send many.
+    let (status, resp) = server.post(
+        "/generate",
+        &json!({"text": "a b c", "return_hidden_states": false, "log_metrics": true,
+                "sampling_params": {"max_new_tokens": 2, "some_future_knob": 1}}),
+    );
+    assert_eq!(status, 200, "{resp}");
+}
+
+#[test]
+fn garbage_frames_are_dropped_and_serving_continues() {
+    let server = tiny();
+    let ctx = zmq::Context::new();
+    for socket in ["controller.sock", "tokenizer.sock"] {
+        let push = ctx.socket(zmq::PUSH).unwrap();
+        let path = server.runtime_dir.path().join(socket);
+        push.connect(&format!("ipc://{}", path.display())).unwrap();
+        for frame in [&b""[..], b"\xc1", b"\x81\xa1v\x01", b"garbage frame", &[0x82; 64]] {
+            push.send(frame, 0).unwrap();
+        }
+        // A well-formed envelope of a type nobody knows.
+        push.send(&b"\x82\xa1v\x01\xa3msg\x81\xa7Unknown\x80"[..], 0).unwrap();
+        drop(push);
+    }
+    let (status, resp) = server.post(
+        "/generate",
+        &json!({"text": "still alive", "sampling_params": {"max_new_tokens": 3}}),
+    );
+    assert_eq!(status, 200, "{resp}");
+}
+
+#[test]
+fn up_fails_clearly_when_a_child_dies_during_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpserve"))
+        .args(["up", "--dp-size", "1", "--port", &common::free_port().to_string()])
+        .arg("--model-path")
+        .arg(dir.path().join("no-such-model"))
+        .arg("--runtime-dir")
+        .arg(dir.path().join("rt"))
+        .env("DPSERVE_LOG", "error")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("exited during start"), "stderr: {stderr}");
+}

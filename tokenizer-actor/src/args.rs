@@ -1,0 +1,101 @@
+//! Command-line flags of the tokenizer actor. Every flag also reads `DPSERVE_<NAME>`, and every
+//! default lives once, in [`Defaults`], so clap, `Default` and the docs cannot disagree.
+
+use std::path::PathBuf;
+
+/// The single source of the defaults below.
+pub struct Defaults;
+
+impl Defaults {
+    pub const HOST: &'static str = "127.0.0.1";
+    pub const PORT: u16 = 30000;
+    pub const DP_SIZE: u32 = 1;
+    /// Large enough for a long prompt given as `input_ids` in JSON (~8 bytes per id).
+    pub const MAX_REQUEST_BYTES: usize = 32 * 1024 * 1024;
+    pub const REQUEST_TIMEOUT_S: u64 = 600;
+    pub const TOKENIZER_ADDR: &'static str = "ipc:///tmp/dpserve-tokenizer.sock";
+    pub const CONTROLLER_ADDR: &'static str = "ipc:///tmp/dpserve-controller.sock";
+}
+
+/// Flags of `dpserve tokenizer` (and the tokenizer part of `dpserve up`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct TokenizerArgs {
+    /// Address the HTTP server listens on.
+    #[arg(long, env = "DPSERVE_HOST", default_value = Defaults::HOST)]
+    pub host: String,
+
+    /// Port the HTTP server listens on (0 picks a free one).
+    #[arg(long, env = "DPSERVE_PORT", default_value_t = Defaults::PORT)]
+    pub port: u16,
+
+    /// Hugging Face model directory (tokenizer.json, config.json); without it the built-in
+    /// word-level tokenizer of the dummy model is used.
+    #[arg(long, env = "DPSERVE_MODEL_PATH")]
+    pub model_path: Option<PathBuf>,
+
+    /// Endpoint this actor binds (PULL) for token outputs and cluster status.
+    #[arg(long, env = "DPSERVE_TOKENIZER_ADDR", default_value = Defaults::TOKENIZER_ADDR)]
+    pub tokenizer_addr: String,
+
+    /// Endpoint of the controller (PUSH) for requests, aborts and cache flushes.
+    #[arg(long, env = "DPSERVE_CONTROLLER_ADDR", default_value = Defaults::CONTROLLER_ADDR)]
+    pub controller_addr: String,
+
+    /// Expected number of data-parallel ranks, reported in server info.
+    #[arg(long, env = "DPSERVE_DP_SIZE", default_value_t = Defaults::DP_SIZE)]
+    pub dp_size: u32,
+
+    /// Model name shown by `/v1/models` and server info (default: the model path, or the
+    /// built-in model id).
+    #[arg(long, env = "DPSERVE_SERVED_MODEL_NAME")]
+    pub served_model_name: Option<String>,
+
+    /// Largest accepted HTTP request body, in bytes.
+    #[arg(long, env = "DPSERVE_MAX_REQUEST_BYTES", default_value_t = Defaults::MAX_REQUEST_BYTES)]
+    pub max_request_bytes: usize,
+
+    /// A request with no final output within this many seconds ends with a 504 and is aborted.
+    #[arg(long, env = "DPSERVE_REQUEST_TIMEOUT_S", default_value_t = Defaults::REQUEST_TIMEOUT_S)]
+    pub request_timeout_s: u64,
+}
+
+impl Default for TokenizerArgs {
+    fn default() -> Self {
+        TokenizerArgs {
+            host: Defaults::HOST.to_string(),
+            port: Defaults::PORT,
+            model_path: None,
+            tokenizer_addr: Defaults::TOKENIZER_ADDR.to_string(),
+            controller_addr: Defaults::CONTROLLER_ADDR.to_string(),
+            dp_size: Defaults::DP_SIZE,
+            served_model_name: None,
+            max_request_bytes: Defaults::MAX_REQUEST_BYTES,
+            request_timeout_s: Defaults::REQUEST_TIMEOUT_S,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: TokenizerArgs,
+    }
+
+    #[test]
+    fn clap_defaults_match_default_impl() {
+        let parsed = Cli::parse_from(["x"]).args;
+        let def = TokenizerArgs::default();
+        assert_eq!(parsed.host, def.host);
+        assert_eq!(parsed.port, def.port);
+        assert_eq!(parsed.dp_size, def.dp_size);
+        assert_eq!(parsed.max_request_bytes, def.max_request_bytes);
+        assert_eq!(parsed.request_timeout_s, def.request_timeout_s);
+        assert_eq!(parsed.tokenizer_addr, def.tokenizer_addr);
+        assert_eq!(parsed.controller_addr, def.controller_addr);
+    }
+}

@@ -1,0 +1,34 @@
+//! Errors of the tokenizer actor crate. Request-level problems become HTTP errors in
+//! `http::error`; these are the ones that stop startup or fail one tokenizer call.
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum TokenizerError {
+    #[error("cannot load tokenizer file {path}: {reason}")]
+    TokenizerFile { path: PathBuf, reason: String },
+    #[error("cannot read model config {path}: {reason}")]
+    ConfigFile { path: PathBuf, reason: String },
+    #[error("tokenization failed: {reason}")]
+    Encode { reason: String },
+    #[error("detokenization failed: {reason}")]
+    Decode { reason: String },
+    #[error("bad endpoint flag --{flag}: {source}")]
+    Endpoint {
+        flag: &'static str,
+        #[source]
+        source: protocol::ProtocolError,
+    },
+    #[error(transparent)]
+    Protocol(#[from] protocol::ProtocolError),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, TokenizerError>;

@@ -1,0 +1,68 @@
+//! The JSON error every HTTP endpoint answers with: `{"error": {"message", "type", "code"}}`
+//! (the OpenAI shape, which SGLang clients also understand).
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, ResponseError};
+use serde_json::json;
+
+/// A request-level failure: its HTTP status and a message saying what is wrong.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{status}: {message}")]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: u16, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, message)
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(503, message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(500, message)
+    }
+
+    fn kind(&self) -> &'static str {
+        match self.status {
+            404 => "not_found_error",
+            413 => "request_too_large",
+            400..=499 => "invalid_request_error",
+            503 => "service_unavailable",
+            504 => "timeout",
+            _ => "internal_error",
+        }
+    }
+
+    /// The body, also sent as an SSE event when a stream fails after it started.
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {"message": self.message, "type": self.kind(), "code": self.status}})
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        // A status outside 100..=999 from a peer would be a bug there; answer 500, not panic.
+        StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        HttpResponse::build(self.status_code()).json(self.body())
+    }
+}
+
+impl From<ApiError> for HttpResponse {
+    fn from(err: ApiError) -> Self {
+        err.error_response()
+    }
+}

@@ -1,0 +1,91 @@
+//! The small endpoints: health, server and model info (read by sglang-router before it
+//! routes), the OpenAI model list, and cache flush. All answer from local state, without a
+//! round trip, except flush which is fire-and-forget to the controller.
+
+use actix_web::{web, HttpResponse};
+use protocol::{FlushCache, Message};
+use serde_json::json;
+
+use super::error::ApiError;
+use crate::state::{model_path_str, AppState};
+
+pub async fn health(state: web::Data<AppState>) -> HttpResponse {
+    match state.fresh_cluster() {
+        Some(c) if !c.live_ranks.is_empty() => HttpResponse::Ok().json(json!({
+            "status": "ok",
+            "live_ranks": c.live_ranks.iter().map(|r| r.rank).collect::<Vec<_>>(),
+        })),
+        Some(_) => ApiError::unavailable("no live rank").into(),
+        None => ApiError::unavailable("no recent cluster status from the controller").into(),
+    }
+}
+
+pub async fn server_info(state: web::Data<AppState>) -> HttpResponse {
+    let cluster = state.fresh_cluster();
+    let limits = state.limits();
+    let (live_ranks, ranks, method) = match &cluster {
+        Some(c) => (
+            c.live_ranks.iter().map(|r| r.rank).collect::<Vec<_>>(),
+            serde_json::to_value(&c.live_ranks).unwrap_or_default(),
+            Some(c.load_balance_method.clone()),
+        ),
+        None => (Vec::new(), json!([]), None),
+    };
+    let status_age_s = state
+        .bridge
+        .cluster()
+        .map(|snap| snap.received.elapsed().as_secs_f64());
+    HttpResponse::Ok().json(json!({
+        "dp_size": state.args.dp_size,
+        "model_path": model_path_str(&state.facts),
+        "tokenizer_path": model_path_str(&state.facts),
+        "served_model_name": state.served_model_name,
+        "live_ranks": live_ranks,
+        "ranks": ranks,
+        "load_balance_method": method,
+        "cluster_status_age_s": status_age_s,
+        "version": env!("CARGO_PKG_VERSION"),
+        "context_length": limits.context_len,
+        "vocab_size": limits.vocab_size,
+        "max_request_bytes": state.args.max_request_bytes,
+        "request_timeout_s": state.args.request_timeout_s,
+        "tokenizer_addr": state.args.tokenizer_addr,
+        "controller_addr": state.args.controller_addr,
+        "requests_in_flight": state.bridge.in_flight(),
+        "frames_dropped": state.bridge.frames_dropped(),
+    }))
+}
+
+pub async fn model_info(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok().json(json!({
+        "model_path": model_path_str(&state.facts),
+        "tokenizer_path": model_path_str(&state.facts),
+        "is_generation": true,
+    }))
+}
+
+pub async fn models(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok().json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.served_model_name,
+            "object": "model",
+            "owned_by": "dpserve",
+            "root": model_path_str(&state.facts),
+            "max_model_len": state.limits().context_len,
+        }],
+    }))
+}
+
+pub async fn flush_cache(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    if !state.bridge.send(Message::FlushCache(FlushCache {})) {
+        return Err(ApiError::unavailable("tokenizer is shutting down"));
+    }
+    Ok(HttpResponse::Ok().json(json!({
+        "message": "Cache flush requested on every live rank.",
+    })))
+}
+
+pub async fn not_found() -> HttpResponse {
+    ApiError::new(404, "no such endpoint").into()
+}

@@ -1,0 +1,52 @@
+//! The HTTP server: routes and the actix-web setup. Handlers live one file per idea
+//! (`generate`, `info`); request validation in `validate`; per-request state in `inflight`.
+
+pub mod error;
+mod generate;
+mod inflight;
+mod info;
+pub mod validate;
+
+use std::net::TcpListener;
+use std::sync::Arc;
+
+use actix_web::dev::Server;
+use actix_web::{web, App, HttpServer};
+
+use crate::state::AppState;
+
+/// How long in-flight requests get to finish after SIGTERM.
+const SHUTDOWN_TIMEOUT_S: u64 = 5;
+
+/// Build the server on `listener`; must be called inside an actix `System`.
+pub fn server(
+    state: Arc<AppState>,
+    listener: TcpListener,
+    signals: bool,
+) -> std::io::Result<Server> {
+    let data = web::Data::from(state);
+    let mut server = HttpServer::new(move || {
+        App::new()
+            .app_data(data.clone())
+            .route("/generate", web::post().to(generate::generate))
+            .route("/health", web::get().to(info::health))
+            .route("/health_generate", web::get().to(info::health))
+            .route("/get_server_info", web::get().to(info::server_info))
+            .route("/server_info", web::get().to(info::server_info))
+            .route("/get_model_info", web::get().to(info::model_info))
+            .route("/model_info", web::get().to(info::model_info))
+            .route("/v1/models", web::get().to(info::models))
+            .route("/flush_cache", web::post().to(info::flush_cache))
+            .default_service(web::to(info::not_found))
+    })
+    .shutdown_timeout(SHUTDOWN_TIMEOUT_S)
+    // A client that closes its side has gone away (HTTP clients do not half-close): drop the
+    // handler future or SSE stream at once, so the request guard sends `Abort`. With the
+    // default (half-close allowed) actix notices only when a write fails.
+    .h1_allow_half_closed(false)
+    .listen(listener)?;
+    if !signals {
+        server = server.disable_signals();
+    }
+    Ok(server.run())
+}

@@ -1,0 +1,421 @@
+//! Parsing and validation of a `/generate` body. Unknown fields are ignored (gateways send
+//! many); a known field with a wrong type or an out-of-range value is a 400 naming the field.
+//! Checks that need the token ids or the cluster view are in [`check_limits`].
+
+use protocol::SamplingParams;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use super::error::ApiError;
+
+/// The prompt as the client gave it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+/// A syntactically valid `/generate` request, before tokenization.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateInput {
+    pub prompt: Prompt,
+    pub sampling: SamplingParams,
+    pub stream: bool,
+    pub routing_key: Option<String>,
+    pub routed_dp_rank: Option<u32>,
+    pub bootstrap_room: Option<u64>,
+    pub return_logprob: bool,
+    pub rid: Option<String>,
+}
+
+/// Routing information carried in headers; headers win over the body.
+#[derive(Debug, Clone, Default)]
+pub struct HeaderInputs {
+    /// `x-smg-routing-key`.
+    pub routing_key: Option<String>,
+    /// `X-Data-Parallel-Rank`, unparsed.
+    pub dp_rank: Option<String>,
+}
+
+/// What a prompt is checked against: the model's facts narrowed by the live ranks' capacity.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    pub vocab_size: usize,
+    pub context_len: usize,
+    /// `None` until a fresh cluster status is known; then the live ranks.
+    pub live_ranks: Option<Vec<u32>>,
+}
+
+/// `obj[name]` as `T`; absent or null is `None`.
+fn field<T: DeserializeOwned>(
+    obj: &Map<String, Value>,
+    prefix: &str,
+    name: &str,
+) -> Result<Option<T>, ApiError> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => T::deserialize(v)
+            .map(Some)
+            .map_err(|e| ApiError::bad_request(format!("{prefix}{name}: {e}"))),
+    }
+}
+
+pub fn parse_generate(body: &[u8], headers: &HeaderInputs) -> Result<GenerateInput, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?;
+    let Value::Object(obj) = value else {
+        return Err(ApiError::bad_request("request body must be a JSON object"));
+    };
+
+    let text =
+        match obj.get("text") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(Value::Array(_)) => return Err(ApiError::bad_request(
+                "batch requests (text as a list) are not supported; send one request per prompt",
+            )),
+            Some(_) => return Err(ApiError::bad_request("text: expected a string")),
+        };
+    let ids = match obj.get("input_ids") {
+        Some(Value::Array(items)) if items.first().is_some_and(Value::is_array) => {
+            return Err(ApiError::bad_request(
+                "batch requests (input_ids as a list of lists) are not supported; send one request per prompt",
+            ))
+        }
+        _ => field::<Vec<u32>>(&obj, "", "input_ids")?,
+    };
+    let prompt = match (text, ids) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad_request(
+                "give either text or input_ids, not both",
+            ))
+        }
+        (None, None) => {
+            return Err(ApiError::bad_request(
+                "one of text or input_ids is required",
+            ))
+        }
+        (Some(t), None) if t.is_empty() => return Err(ApiError::bad_request("text is empty")),
+        (None, Some(ids)) if ids.is_empty() => {
+            return Err(ApiError::bad_request("input_ids is empty"))
+        }
+        (Some(t), None) => Prompt::Text(t),
+        (None, Some(ids)) => Prompt::Ids(ids),
+    };
+
+    let sampling = match obj.get("sampling_params") {
+        None | Some(Value::Null) => SamplingParams::default(),
+        Some(Value::Object(sp)) => parse_sampling(sp)?,
+        Some(_) => return Err(ApiError::bad_request("sampling_params: expected an object")),
+    };
+
+    let body_rank = match field::<u32>(&obj, "", "routed_dp_rank")? {
+        Some(r) => Some(r),
+        None => field::<u32>(&obj, "", "data_parallel_rank")?,
+    };
+    let header_rank = match &headers.dp_rank {
+        Some(h) => Some(h.trim().parse::<u32>().map_err(|_| {
+            ApiError::bad_request(format!(
+                "X-Data-Parallel-Rank header must be a non-negative integer, got {h:?}"
+            ))
+        })?),
+        None => None,
+    };
+    let rid = field::<String>(&obj, "", "rid")?;
+    if rid
+        .as_deref()
+        .is_some_and(|r| r.is_empty() || r.len() > 256)
+    {
+        return Err(ApiError::bad_request("rid must be 1 to 256 characters"));
+    }
+
+    Ok(GenerateInput {
+        prompt,
+        sampling,
+        stream: field(&obj, "", "stream")?.unwrap_or(false),
+        routing_key: headers
+            .routing_key
+            .clone()
+            .or(field(&obj, "", "routing_key")?),
+        routed_dp_rank: header_rank.or(body_rank),
+        bootstrap_room: field(&obj, "", "bootstrap_room")?,
+        return_logprob: field(&obj, "", "return_logprob")?.unwrap_or(false),
+        rid,
+    })
+}
+
+fn parse_sampling(sp: &Map<String, Value>) -> Result<SamplingParams, ApiError> {
+    const P: &str = "sampling_params.";
+    let d = SamplingParams::default();
+    let s = SamplingParams {
+        max_new_tokens: field(sp, P, "max_new_tokens")?.unwrap_or(d.max_new_tokens),
+        temperature: field(sp, P, "temperature")?.unwrap_or(d.temperature),
+        top_p: field(sp, P, "top_p")?.unwrap_or(d.top_p),
+        top_k: field(sp, P, "top_k")?.unwrap_or(d.top_k),
+        min_p: field(sp, P, "min_p")?.unwrap_or(d.min_p),
+        seed: field(sp, P, "seed")?,
+        repetition_penalty: field(sp, P, "repetition_penalty")?.unwrap_or(d.repetition_penalty),
+        frequency_penalty: field(sp, P, "frequency_penalty")?.unwrap_or(d.frequency_penalty),
+        presence_penalty: field(sp, P, "presence_penalty")?.unwrap_or(d.presence_penalty),
+        stop_token_ids: field(sp, P, "stop_token_ids")?.unwrap_or_default(),
+        ignore_eos: field(sp, P, "ignore_eos")?.unwrap_or(d.ignore_eos),
+    };
+    let bad = |msg: String| Err(ApiError::bad_request(format!("{P}{msg}")));
+    let finite = [
+        ("temperature", s.temperature),
+        ("top_p", s.top_p),
+        ("min_p", s.min_p),
+        ("repetition_penalty", s.repetition_penalty),
+        ("frequency_penalty", s.frequency_penalty),
+        ("presence_penalty", s.presence_penalty),
+    ];
+    if let Some((name, _)) = finite.iter().find(|(_, v)| !v.is_finite()) {
+        return bad(format!("{name} must be a finite number"));
+    }
+    if s.temperature < 0.0 {
+        return bad(format!("temperature must be >= 0, got {}", s.temperature));
+    }
+    if !(s.top_p > 0.0 && s.top_p <= 1.0) {
+        return bad(format!("top_p must be in (0, 1], got {}", s.top_p));
+    }
+    if !(0.0..=1.0).contains(&s.min_p) {
+        return bad(format!("min_p must be in [0, 1], got {}", s.min_p));
+    }
+    if s.top_k == 0 || s.top_k < -1 {
+        return bad(format!("top_k must be -1 (off) or >= 1, got {}", s.top_k));
+    }
+    if !(s.repetition_penalty > 0.0 && s.repetition_penalty <= 2.0) {
+        return bad(format!(
+            "repetition_penalty must be in (0, 2], got {}",
+            s.repetition_penalty
+        ));
+    }
+    for (name, v) in [
+        ("frequency_penalty", s.frequency_penalty),
+        ("presence_penalty", s.presence_penalty),
+    ] {
+        if !(-2.0..=2.0).contains(&v) {
+            return bad(format!("{name} must be in [-2, 2], got {v}"));
+        }
+    }
+    Ok(s)
+}
+
+/// Checks that need the token ids and the cluster view.
+pub fn check_limits(
+    input_ids: &[u32],
+    input: &GenerateInput,
+    limits: &Limits,
+) -> Result<(), ApiError> {
+    if input_ids.is_empty() {
+        return Err(ApiError::bad_request("prompt encodes to no tokens"));
+    }
+    let vocab = limits.vocab_size;
+    if let Some((i, id)) = input_ids
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| id as usize >= vocab)
+    {
+        return Err(ApiError::bad_request(format!(
+            "input_ids[{i}] = {id} is out of range for vocabulary size {vocab}"
+        )));
+    }
+    if let Some(id) = input
+        .sampling
+        .stop_token_ids
+        .iter()
+        .find(|&&id| id as usize >= vocab)
+    {
+        return Err(ApiError::bad_request(format!(
+            "sampling_params.stop_token_ids: {id} is out of range for vocabulary size {vocab}"
+        )));
+    }
+    let total = input_ids.len() + input.sampling.max_new_tokens as usize;
+    if total > limits.context_len {
+        return Err(ApiError::bad_request(format!(
+            "prompt ({} tokens) plus max_new_tokens ({}) exceeds the context length {}",
+            input_ids.len(),
+            input.sampling.max_new_tokens,
+            limits.context_len
+        )));
+    }
+    if let Some(live) = &limits.live_ranks {
+        if live.is_empty() {
+            return Err(ApiError::unavailable("no live rank"));
+        }
+        if let Some(rank) = input.routed_dp_rank {
+            if !live.contains(&rank) {
+                return Err(ApiError::bad_request(format!(
+                    "rank {rank} is not live (live ranks: {live:?})"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(body: &str) -> Result<GenerateInput, ApiError> {
+        parse_generate(body.as_bytes(), &HeaderInputs::default())
+    }
+
+    #[test]
+    fn bad_bodies_are_400_with_a_message() {
+        let cases: &[(&str, &str)] = &[
+            ("{", "malformed JSON"),
+            ("[1]", "must be a JSON object"),
+            ("{}", "one of text or input_ids"),
+            (r#"{"text": "a", "input_ids": [1]}"#, "not both"),
+            (r#"{"text": ""}"#, "text is empty"),
+            (r#"{"input_ids": []}"#, "input_ids is empty"),
+            (r#"{"text": 5}"#, "text: expected a string"),
+            (r#"{"text": ["a", "b"]}"#, "batch requests"),
+            (r#"{"input_ids": [[1], [2]]}"#, "batch requests"),
+            (r#"{"input_ids": [1, -2]}"#, "input_ids:"),
+            (r#"{"input_ids": "12"}"#, "input_ids:"),
+            (
+                r#"{"text": "a", "sampling_params": 3}"#,
+                "expected an object",
+            ),
+            (
+                r#"{"text": "a", "sampling_params": {"max_new_tokens": "x"}}"#,
+                "sampling_params.max_new_tokens",
+            ),
+            (
+                r#"{"text": "a", "sampling_params": {"max_new_tokens": -1}}"#,
+                "sampling_params.max_new_tokens",
+            ),
+            (
+                r#"{"text": "a", "sampling_params": {"temperature": -0.5}}"#,
+                "temperature must be >= 0",
+            ),
+            (
+                r#"{"text": "a", "sampling_params": {"top_p": 0}}"#,
+                "top_p must be in (0, 1]",
+            ),
+            (
+                r#"{"text": "a", "sampling_params": {"top_p": 1.5}}"#,
+                "top_p must be in (0, 1]",
+            ),
+            (r#"{"text": "a", "sampling_params": {"top_k": 0}}"#, "top_k"),
+            (r#"{"text": "a", "sampling_params": {"min_p": 2}}"#, "min_p"),
+            (
+                r#"{"text": "a", "sampling_params": {"repetition_penalty": 0}}"#,
+                "repetition_penalty",
+            ),
+            (
+                r#"{"text": "a", "sampling_params": {"presence_penalty": 3}}"#,
+                "presence_penalty",
+            ),
+            (
+                r#"{"text": "a", "sampling_params": {"ignore_eos": "yes"}}"#,
+                "ignore_eos",
+            ),
+            (r#"{"text": "a", "stream": "yes"}"#, "stream:"),
+            (r#"{"text": "a", "routed_dp_rank": -1}"#, "routed_dp_rank:"),
+            (
+                r#"{"text": "a", "data_parallel_rank": "x"}"#,
+                "data_parallel_rank:",
+            ),
+            (r#"{"text": "a", "rid": ""}"#, "rid must be"),
+        ];
+        for (body, want) in cases {
+            let err = parse(body).expect_err(body);
+            assert_eq!(err.status, 400, "{body}");
+            assert!(err.message.contains(want), "{body}: {:?}", err.message);
+        }
+    }
+
+    #[test]
+    fn unknown_fields_and_nulls_are_ignored() {
+        let input = parse(
+            r#"{"text": "hi", "return_hidden_states": false, "log_metrics": true, "rid": null,
+                "sampling_params": {"max_new_tokens": 4, "stop": null, "n": 1, "top_k": null},
+                "data_parallel_rank": null, "stream": true}"#,
+        )
+        .unwrap();
+        assert_eq!(input.prompt, Prompt::Text("hi".into()));
+        assert_eq!(input.sampling.max_new_tokens, 4);
+        assert_eq!(input.sampling.top_k, -1);
+        assert!(input.stream);
+        assert_eq!(input.routed_dp_rank, None);
+    }
+
+    #[test]
+    fn headers_win_over_body() {
+        let headers = HeaderInputs {
+            routing_key: Some("h".into()),
+            dp_rank: Some("3".into()),
+        };
+        let body = r#"{"input_ids": [1, 2], "routing_key": "b", "routed_dp_rank": 1}"#;
+        let input = parse_generate(body.as_bytes(), &headers).unwrap();
+        assert_eq!(input.routing_key.as_deref(), Some("h"));
+        assert_eq!(input.routed_dp_rank, Some(3));
+        let input = parse(r#"{"input_ids": [1], "data_parallel_rank": 2}"#).unwrap();
+        assert_eq!(input.routed_dp_rank, Some(2));
+        let bad = HeaderInputs {
+            dp_rank: Some("two".into()),
+            ..Default::default()
+        };
+        let err = parse_generate(body.as_bytes(), &bad).unwrap_err();
+        assert!(err.message.contains("X-Data-Parallel-Rank"));
+    }
+
+    #[test]
+    fn limits_are_checked() {
+        let limits = Limits {
+            vocab_size: 100,
+            context_len: 10,
+            live_ranks: Some(vec![0, 1]),
+        };
+        let input = |body: &str| parse(body).unwrap();
+        let cases: &[(&str, &[u32], u16, &str)] = &[
+            (
+                r#"{"input_ids": [1]}"#,
+                &[1, 100],
+                400,
+                "input_ids[1] = 100 is out of range",
+            ),
+            (
+                r#"{"input_ids": [1], "sampling_params": {"stop_token_ids": [200]}}"#,
+                &[1],
+                400,
+                "stop_token_ids",
+            ),
+            (
+                r#"{"input_ids": [1], "sampling_params": {"max_new_tokens": 8}}"#,
+                &[1, 2, 3],
+                400,
+                "exceeds the context length 10",
+            ),
+            (
+                r#"{"input_ids": [1], "routed_dp_rank": 5, "sampling_params": {"max_new_tokens": 1}}"#,
+                &[1],
+                400,
+                "rank 5 is not live (live ranks: [0, 1])",
+            ),
+        ];
+        for (body, ids, status, want) in cases {
+            let err = check_limits(ids, &input(body), &limits).expect_err(body);
+            assert_eq!(err.status, *status, "{body}");
+            assert!(err.message.contains(want), "{body}: {}", err.message);
+        }
+        let ok = input(
+            r#"{"input_ids": [1], "routed_dp_rank": 1, "sampling_params": {"max_new_tokens": 7}}"#,
+        );
+        assert!(check_limits(&[1, 2, 3], &ok, &limits).is_ok());
+        let none_live = Limits {
+            live_ranks: Some(vec![]),
+            ..limits.clone()
+        };
+        assert_eq!(check_limits(&[1], &ok, &none_live).unwrap_err().status, 503);
+        let unknown = Limits {
+            live_ranks: None,
+            ..limits
+        };
+        assert!(check_limits(&[1], &ok, &unknown).is_ok());
+    }
+}

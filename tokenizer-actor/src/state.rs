@@ -1,0 +1,91 @@
+//! State shared by every HTTP worker thread: the tokenizer, the model's facts, the socket
+//! bridge and the settings requests are served with. Request state lives per request
+//! (`http::inflight`), never here.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use protocol::builtin::MODEL_ID;
+
+use crate::bridge::Bridge;
+use crate::http::validate::Limits;
+use crate::tokenizer::{LoadedTokenizer, ModelFacts, TextTokenizer};
+use crate::{Result, TokenizerArgs};
+
+/// A cluster status older than this means the controller is gone: `/health` turns 503 and
+/// requests are no longer checked against it. The controller sends one about every 500 ms.
+pub const CLUSTER_STATUS_STALE_AFTER: Duration = Duration::from_secs(5);
+
+pub struct AppState {
+    pub tokenizer: Box<dyn TextTokenizer>,
+    pub facts: ModelFacts,
+    pub bridge: Arc<Bridge>,
+    pub args: TokenizerArgs,
+    pub served_model_name: String,
+}
+
+impl AppState {
+    /// Load the tokenizer and open the sockets; fails with a clear error on bad files or
+    /// addresses.
+    pub fn start(args: &TokenizerArgs) -> Result<AppState> {
+        let LoadedTokenizer { tokenizer, facts } =
+            LoadedTokenizer::load(args.model_path.as_deref())?;
+        let bridge = Arc::new(Bridge::start(&args.tokenizer_addr, &args.controller_addr)?);
+        let served_model_name = args
+            .served_model_name
+            .clone()
+            .unwrap_or_else(|| model_path_str(&facts));
+        tracing::info!(
+            model = %served_model_name,
+            vocab_size = facts.vocab_size,
+            context_len = facts.context_len,
+            "tokenizer loaded"
+        );
+        Ok(AppState {
+            tokenizer,
+            facts,
+            bridge,
+            args: args.clone(),
+            served_model_name,
+        })
+    }
+
+    /// Live ranks per a fresh cluster status, `None` when there is none.
+    pub fn fresh_cluster(&self) -> Option<protocol::ClusterStatus> {
+        self.bridge
+            .cluster()
+            .filter(|snap| snap.received.elapsed() < CLUSTER_STATUS_STALE_AFTER)
+            .map(|snap| snap.status)
+    }
+
+    /// The model's limits narrowed by what the live ranks announce (a worker may run a
+    /// shorter context than the config allows).
+    pub fn limits(&self) -> Limits {
+        let cluster = self.fresh_cluster();
+        let mut limits = Limits {
+            vocab_size: self.facts.vocab_size,
+            context_len: self.facts.context_len,
+            live_ranks: None,
+        };
+        if let Some(status) = cluster {
+            for r in &status.live_ranks {
+                if r.capacity.context_len > 0 {
+                    limits.context_len = limits.context_len.min(r.capacity.context_len as usize);
+                }
+                if r.capacity.vocab_size > 0 {
+                    limits.vocab_size = limits.vocab_size.min(r.capacity.vocab_size as usize);
+                }
+            }
+            limits.live_ranks = Some(status.live_ranks.iter().map(|r| r.rank).collect());
+        }
+        limits
+    }
+}
+
+/// The model path as shown to clients; the built-in model's id when there is none.
+pub fn model_path_str(facts: &ModelFacts) -> String {
+    facts
+        .model_path
+        .as_ref()
+        .map_or_else(|| MODEL_ID.to_string(), |p| p.display().to_string())
+}

@@ -1,0 +1,144 @@
+//! `dpserve worker` flags and their resolution into a [`WorkerConfig`].
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use protocol::endpoint::default_endpoint;
+use protocol::Endpoint;
+
+use crate::model::BuiltinSize;
+
+/// `dpserve worker` flags. Every flag also reads `DPSERVE_<FLAG>`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct WorkerArgs {
+    /// This worker's data-parallel rank (its stable id in the live set).
+    #[arg(long, env = "DPSERVE_RANK")]
+    pub rank: u32,
+    /// Hugging Face model directory. Without it, the built-in model with random weights.
+    #[arg(long, env = "DPSERVE_MODEL_PATH")]
+    pub model_path: Option<PathBuf>,
+    /// `auto` (the model directory, or the built-in model without one) or `dummy` (the
+    /// built-in model, seeded random weights).
+    #[arg(long, env = "DPSERVE_LOAD_FORMAT", default_value = "auto")]
+    pub load_format: String,
+    /// Size of the built-in model: `base` (tens of millions of parameters) or `tiny` (tests).
+    #[arg(long, env = "DPSERVE_BUILTIN_SIZE", default_value = "base")]
+    pub builtin_size: String,
+    /// Seed of the built-in model's weights; every rank must use the same one.
+    #[arg(long, env = "DPSERVE_WEIGHT_SEED", default_value_t = 0)]
+    pub weight_seed: u64,
+    /// Controller's worker socket (connect, DEALER).
+    #[arg(long, env = "DPSERVE_WORKER_ADDR")]
+    pub worker_addr: Option<String>,
+    /// Tokenizer's output socket (connect, PUSH).
+    #[arg(long, env = "DPSERVE_TOKENIZER_ADDR")]
+    pub tokenizer_addr: Option<String>,
+    /// KV pool size in tokens (slots).
+    #[arg(long, env = "DPSERVE_MAX_TOTAL_TOKENS", default_value_t = 32768)]
+    pub max_total_tokens: usize,
+    /// Most requests decoding at once.
+    #[arg(long, env = "DPSERVE_MAX_RUNNING_REQUESTS", default_value_t = 64)]
+    pub max_running_requests: usize,
+    /// Most prompt tokens of one request computed in one step (longer prompts are chunked).
+    #[arg(long, env = "DPSERVE_CHUNKED_PREFILL_SIZE", default_value_t = 2048)]
+    pub chunked_prefill_size: usize,
+    /// Most prompt tokens computed in one prefill step over all requests.
+    #[arg(long, env = "DPSERVE_MAX_PREFILL_TOKENS", default_value_t = 8192)]
+    pub max_prefill_tokens: usize,
+    /// Context length (default: the model's `max_position_embeddings`).
+    #[arg(long, env = "DPSERVE_CONTEXT_LENGTH")]
+    pub context_length: Option<usize>,
+    /// Compute threads of this worker (default: the CPUs this process may use).
+    #[arg(long, env = "DPSERVE_NUM_THREADS")]
+    pub num_threads: Option<usize>,
+    /// Heartbeat period in milliseconds (independent of model steps).
+    #[arg(long, env = "DPSERVE_HEARTBEAT_INTERVAL_MS", default_value_t = 500)]
+    pub heartbeat_interval_ms: u64,
+    /// Compute device. Only `cpu` in this build.
+    #[arg(long, env = "DPSERVE_DEVICE", default_value = "cpu")]
+    pub device: String,
+}
+
+/// Where the model comes from.
+#[derive(Debug, Clone)]
+pub enum ModelSource {
+    HfDir(PathBuf),
+    Builtin { size: BuiltinSize, seed: u64 },
+}
+
+/// Resolved worker settings.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub rank: u32,
+    pub model: ModelSource,
+    pub worker_addr: Endpoint,
+    pub tokenizer_addr: Endpoint,
+    pub max_total_tokens: usize,
+    pub max_running_requests: usize,
+    pub chunked_prefill_size: usize,
+    pub max_prefill_tokens: usize,
+    pub context_length: Option<usize>,
+    pub num_threads: usize,
+    pub heartbeat_interval: Duration,
+}
+
+impl WorkerArgs {
+    pub fn resolve(&self) -> anyhow::Result<WorkerConfig> {
+        let addr = |flag: &str, value: &Option<String>, name: &str| -> anyhow::Result<Endpoint> {
+            match value {
+                Some(s) => s.parse().with_context(|| format!("--{flag}")),
+                None => Ok(default_endpoint(name)),
+            }
+        };
+        let size: BuiltinSize = self
+            .builtin_size
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--builtin-size: {e}"))?;
+        let model = match (self.load_format.as_str(), &self.model_path) {
+            ("dummy", _) | ("auto", None) => ModelSource::Builtin {
+                size,
+                seed: self.weight_seed,
+            },
+            ("auto", Some(path)) => ModelSource::HfDir(path.clone()),
+            (other, _) => anyhow::bail!("--load-format must be auto or dummy, got {other:?}"),
+        };
+        if self.device != "cpu" {
+            anyhow::bail!(
+                "--device {:?} is not available in this build (only cpu)",
+                self.device
+            );
+        }
+        let positive = |flag: &str, v: usize| -> anyhow::Result<()> {
+            if v == 0 {
+                anyhow::bail!("--{flag} must be at least 1");
+            }
+            Ok(())
+        };
+        positive("max-total-tokens", self.max_total_tokens)?;
+        positive("max-running-requests", self.max_running_requests)?;
+        positive("chunked-prefill-size", self.chunked_prefill_size)?;
+        positive("max-prefill-tokens", self.max_prefill_tokens)?;
+        if self.max_total_tokens > u32::MAX as usize {
+            anyhow::bail!("--max-total-tokens must fit in 32 bits");
+        }
+        let num_threads = match self.num_threads {
+            Some(0) => anyhow::bail!("--num-threads must be at least 1"),
+            Some(n) => n,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        Ok(WorkerConfig {
+            rank: self.rank,
+            model,
+            worker_addr: addr("worker-addr", &self.worker_addr, "worker")?,
+            tokenizer_addr: addr("tokenizer-addr", &self.tokenizer_addr, "tokenizer")?,
+            max_total_tokens: self.max_total_tokens,
+            max_running_requests: self.max_running_requests,
+            chunked_prefill_size: self.chunked_prefill_size,
+            max_prefill_tokens: self.max_prefill_tokens,
+            context_length: self.context_length,
+            num_threads,
+            heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms.max(10)),
+        })
+    }
+}

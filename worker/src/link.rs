@@ -1,0 +1,113 @@
+//! The worker's link to the controller: one thread owns the DEALER socket, says `Hello` until it
+//! is acknowledged, sends heartbeats on its own timer (so a long model step never looks like a
+//! dead worker), forwards what the scheduler sends through an inproc pipe, and hands incoming
+//! messages to the scheduler over a channel.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use protocol::socket::rank_identity;
+use protocol::{encode, Endpoint, FrameStats, Heartbeat, Hello, Message};
+
+/// The inproc endpoint the scheduler pushes controller-bound frames to.
+pub const OUTBOX: &str = "inproc://worker-outbox";
+
+/// How long to wait for a `HelloAck` before saying `Hello` again.
+const HELLO_RETRY: Duration = Duration::from_secs(1);
+
+/// What the link hands the scheduler.
+#[derive(Debug)]
+pub enum Inbound {
+    Msg(Message),
+    /// The controller refused this worker; the reason is fatal.
+    Refused(String),
+}
+
+/// Run the link until `stop` is set. `outbox` must already be bound by the caller (inproc
+/// requires bind before connect).
+pub fn run(
+    ctx: zmq::Context,
+    outbox: zmq::Socket,
+    worker_addr: Endpoint,
+    hello: Hello,
+    heartbeat_interval: Duration,
+    inbound: Sender<Inbound>,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<()> {
+    let rank = hello.rank;
+    let dealer =
+        protocol::socket::connect(&ctx, zmq::DEALER, &worker_addr, Some(&rank_identity(rank)))?;
+    let stats = FrameStats::default();
+    let hello_frame = encode(&Message::Hello(hello))?;
+    dealer.send(&hello_frame[..], 0)?;
+    let mut hello_sent = Instant::now();
+    let mut acked = false;
+    let mut last_beat = Instant::now();
+    loop {
+        let (from_controller, from_scheduler) = {
+            let mut items = [
+                dealer.as_poll_item(zmq::POLLIN),
+                outbox.as_poll_item(zmq::POLLIN),
+            ];
+            let timeout = heartbeat_interval.saturating_sub(last_beat.elapsed());
+            match zmq::poll(&mut items, timeout.as_millis() as i64) {
+                Ok(_) => (items[0].is_readable(), items[1].is_readable()),
+                Err(zmq::Error::EINTR) => (false, false),
+                Err(e) => return Err(e.into()),
+            }
+        };
+        if from_scheduler {
+            // Drain everything first: the final Shutdown travels this way too.
+            while let Ok(frame) = outbox.recv_bytes(zmq::DONTWAIT) {
+                if let Err(e) = dealer.send(&frame[..], zmq::DONTWAIT) {
+                    tracing::warn!(%e, "send to controller failed");
+                }
+            }
+        }
+        if stop.load(Ordering::Relaxed) {
+            // What the scheduler queued before setting the flag (its Shutdown) still goes out.
+            while let Ok(frame) = outbox.recv_bytes(zmq::DONTWAIT) {
+                dealer.send(&frame[..], zmq::DONTWAIT).ok();
+            }
+            return Ok(());
+        }
+        if from_controller {
+            while let Ok(frame) = dealer.recv_bytes(zmq::DONTWAIT) {
+                let Some(msg) = stats.decode_or_drop(&frame, "controller") else {
+                    continue;
+                };
+                let inbound_msg = match msg {
+                    Message::HelloAck(ack) if ack.accepted => {
+                        if !acked {
+                            tracing::info!(rank, "registered with the controller");
+                        }
+                        acked = true;
+                        continue;
+                    }
+                    Message::HelloAck(ack) => Inbound::Refused(
+                        ack.reason
+                            .unwrap_or_else(|| "refused without a reason".to_string()),
+                    ),
+                    other => Inbound::Msg(other),
+                };
+                if inbound.send(inbound_msg).is_err() {
+                    return Ok(()); // the scheduler is gone
+                }
+            }
+        }
+        if !acked && hello_sent.elapsed() >= HELLO_RETRY {
+            dealer.send(&hello_frame[..], zmq::DONTWAIT).ok();
+            hello_sent = Instant::now();
+        }
+        if last_beat.elapsed() >= heartbeat_interval {
+            let beat = encode(&Message::Heartbeat(Heartbeat {
+                rank,
+                timestamp: protocol::unix_time(),
+            }))?;
+            dealer.send(&beat[..], zmq::DONTWAIT).ok();
+            last_beat = Instant::now();
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! Model hyper-parameters: the built-in sizes and parsing of a Hugging Face `config.json`
+//! (plus `generation_config.json` for EOS ids). Not the weights (see `loader`).
+
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+
+use serde_json::Value;
+
+use super::error::{ModelError, Result};
+
+/// Llama-family hyper-parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub max_position_embeddings: usize,
+    pub rms_norm_eps: f32,
+    pub rope_theta: f32,
+    pub tie_word_embeddings: bool,
+    pub attention_bias: bool,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+    pub model_id: String,
+}
+
+/// The built-in configurations used with seeded dummy weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BuiltinSize {
+    /// For tests: a few hundred thousand parameters, fast in the dev profile.
+    Tiny,
+    /// The default of `dpserve up`: about 29M parameters.
+    Base,
+}
+
+impl FromStr for BuiltinSize {
+    type Err = ModelError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "tiny" => Ok(BuiltinSize::Tiny),
+            "base" => Ok(BuiltinSize::Base),
+            other => Err(ModelError::Config {
+                field: "builtin size".into(),
+                reason: format!("unknown size `{other}` (expected `tiny` or `base`)"),
+            }),
+        }
+    }
+}
+
+impl fmt::Display for BuiltinSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BuiltinSize::Tiny => "tiny",
+            BuiltinSize::Base => "base",
+        })
+    }
+}
+
+impl ModelConfig {
+    /// A built-in configuration over the built-in tokenizer's vocabulary.
+    pub fn builtin(size: BuiltinSize) -> Self {
+        use protocol::builtin::{BOS_ID, CONTEXT_LEN, EOS_ID, MODEL_ID, VOCAB_SIZE};
+        let (hidden, inter, layers, heads, kv_heads) = match size {
+            BuiltinSize::Tiny => (64, 128, 2, 4, 2),
+            BuiltinSize::Base => (512, 1536, 8, 8, 4),
+        };
+        ModelConfig {
+            vocab_size: VOCAB_SIZE,
+            hidden_size: hidden,
+            intermediate_size: inter,
+            num_hidden_layers: layers,
+            num_attention_heads: heads,
+            num_key_value_heads: kv_heads,
+            head_dim: hidden / heads,
+            max_position_embeddings: CONTEXT_LEN,
+            rms_norm_eps: 1e-5,
+            rope_theta: 10000.0,
+            tie_word_embeddings: true,
+            attention_bias: false,
+            bos_token_id: Some(BOS_ID),
+            eos_token_ids: vec![EOS_ID],
+            model_id: MODEL_ID.to_string(),
+        }
+    }
+
+    /// Width of the query projection output.
+    pub fn q_dim(&self) -> usize {
+        self.num_attention_heads * self.head_dim
+    }
+
+    /// Width of the key (and value) projection output.
+    pub fn kv_dim(&self) -> usize {
+        self.num_key_value_heads * self.head_dim
+    }
+
+    /// Parameter count (tied embeddings counted once; biases included when configured).
+    pub fn num_params(&self) -> usize {
+        let (h, i) = (self.hidden_size, self.intermediate_size);
+        let (q, kv) = (self.q_dim(), self.kv_dim());
+        let bias = if self.attention_bias { q + 2 * kv } else { 0 };
+        let layer = h * (q + 2 * kv) + bias + q * h + 3 * h * i + 2 * h;
+        let embed = self.vocab_size * h;
+        let head = if self.tie_word_embeddings { 0 } else { embed };
+        embed + head + self.num_hidden_layers * layer + h
+    }
+
+    /// Reads `dir/config.json` and, if present, `dir/generation_config.json` (whose EOS ids win).
+    pub fn from_hf_dir(dir: &Path) -> Result<Self> {
+        let path = dir.join("config.json");
+        let v = read_json(&path)?;
+        let f = Fields { file: &path, v: &v };
+        let hidden = f.usize_req("hidden_size")?;
+        let heads = f.usize_req("num_attention_heads")?;
+        if heads == 0 || hidden % heads != 0 && f.get("head_dim").is_none() {
+            return Err(f.missing("num_attention_heads"));
+        }
+        let kv_heads = f.usize_opt("num_key_value_heads")?.unwrap_or(heads);
+        if kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(ModelError::Config {
+                field: "num_key_value_heads".into(),
+                reason: format!("{kv_heads} does not divide num_attention_heads {heads}"),
+            });
+        }
+        let head_dim = f.usize_opt("head_dim")?.unwrap_or(hidden / heads);
+        if head_dim == 0 || head_dim % 2 != 0 {
+            return Err(ModelError::Config {
+                field: "head_dim".into(),
+                reason: format!("{head_dim} must be even and positive for RoPE"),
+            });
+        }
+        if let Some(rs) = f.get("rope_scaling") {
+            if !rs.is_null() {
+                return Err(ModelError::Config {
+                    field: "rope_scaling".into(),
+                    reason: format!("RoPE scaling {rs} is not supported (only null)"),
+                });
+            }
+        }
+        if let Some(act) = f.get("hidden_act").and_then(Value::as_str) {
+            if act != "silu" {
+                return Err(ModelError::Config {
+                    field: "hidden_act".into(),
+                    reason: format!("`{act}` is not supported (only silu)"),
+                });
+            }
+        }
+        let mut eos = f.ids_opt("eos_token_id")?.unwrap_or_default();
+        let mut bos = f.ids_opt("bos_token_id")?.and_then(|b| b.first().copied());
+        let gen_path = dir.join("generation_config.json");
+        if gen_path.exists() {
+            let g = read_json(&gen_path)?;
+            let gf = Fields {
+                file: &gen_path,
+                v: &g,
+            };
+            if let Some(e) = gf.ids_opt("eos_token_id")? {
+                eos = e;
+            }
+            if let Some(b) = gf.ids_opt("bos_token_id")? {
+                bos = b.first().copied().or(bos);
+            }
+        }
+        let model_id = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| dir.display().to_string());
+        let cfg = ModelConfig {
+            vocab_size: f.usize_req("vocab_size")?,
+            hidden_size: hidden,
+            intermediate_size: f.usize_req("intermediate_size")?,
+            num_hidden_layers: f.usize_req("num_hidden_layers")?,
+            num_attention_heads: heads,
+            num_key_value_heads: kv_heads,
+            head_dim,
+            max_position_embeddings: f.usize_opt("max_position_embeddings")?.unwrap_or(2048),
+            rms_norm_eps: f.f32_opt("rms_norm_eps")?.unwrap_or(1e-6),
+            rope_theta: f.f32_opt("rope_theta")?.unwrap_or(10000.0),
+            // Absent means tied: the loader still prefers an `lm_head.weight` when one exists.
+            tie_word_embeddings: f.bool_opt("tie_word_embeddings")?.unwrap_or(true),
+            attention_bias: f.bool_opt("attention_bias")?.unwrap_or(false),
+            bos_token_id: bos,
+            eos_token_ids: eos,
+            model_id,
+        };
+        for (field, val) in [
+            ("vocab_size", cfg.vocab_size),
+            ("hidden_size", cfg.hidden_size),
+            ("intermediate_size", cfg.intermediate_size),
+            ("max_position_embeddings", cfg.max_position_embeddings),
+        ] {
+            if val == 0 {
+                return Err(f.missing(field));
+            }
+        }
+        Ok(cfg)
+    }
+}
+
+fn read_json(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => ModelError::MissingFile { path: path.into() },
+        _ => ModelError::Io {
+            path: path.into(),
+            reason: e.to_string(),
+        },
+    })?;
+    serde_json::from_str(&text).map_err(|e| ModelError::BadJson {
+        path: path.into(),
+        reason: e.to_string(),
+    })
+}
+
+/// Typed access to one JSON object, every failure naming file and field.
+struct Fields<'a> {
+    file: &'a Path,
+    v: &'a Value,
+}
+
+impl Fields<'_> {
+    fn get(&self, field: &str) -> Option<&Value> {
+        self.v.get(field).filter(|v| !v.is_null())
+    }
+    fn missing(&self, field: &str) -> ModelError {
+        ModelError::MissingField {
+            file: self.file.into(),
+            field: field.into(),
+        }
+    }
+    fn usize_req(&self, field: &str) -> Result<usize> {
+        self.usize_opt(field)?.ok_or_else(|| self.missing(field))
+    }
+    fn usize_opt(&self, field: &str) -> Result<Option<usize>> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .map(Some)
+                .ok_or_else(|| self.missing(field)),
+        }
+    }
+    fn f32_opt(&self, field: &str) -> Result<Option<f32>> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(|x| Some(x as f32))
+                .ok_or_else(|| self.missing(field)),
+        }
+    }
+    fn bool_opt(&self, field: &str) -> Result<Option<bool>> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.missing(field)),
+        }
+    }
+    /// A token id given as an integer or a list of integers.
+    fn ids_opt(&self, field: &str) -> Result<Option<Vec<u32>>> {
+        let to_id = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
+        match self.get(field) {
+            None => Ok(None),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|x| to_id(x).ok_or_else(|| self.missing(field)))
+                .collect::<Result<Vec<_>>>()
+                .map(Some),
+            Some(v) => to_id(v)
+                .map(|x| Some(vec![x]))
+                .ok_or_else(|| self.missing(field)),
+        }
+    }
+}

@@ -1,0 +1,36 @@
+//! Errors of the model: loading a Hugging Face directory and validating a forward batch.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong building or running the model. Load errors name the file and
+/// the field or tensor, so a bad model directory is a clear startup message.
+#[derive(thiserror::Error, Debug)]
+pub enum ModelError {
+    #[error("missing file {path}")]
+    MissingFile { path: PathBuf },
+    #[error("cannot read {path}: {reason}")]
+    Io { path: PathBuf, reason: String },
+    #[error("malformed JSON in {path}: {reason}")]
+    BadJson { path: PathBuf, reason: String },
+    #[error("{file}: missing or invalid field `{field}`")]
+    MissingField { file: PathBuf, field: String },
+    #[error("{file}: malformed safetensors: {reason}")]
+    BadSafetensors { file: PathBuf, reason: String },
+    #[error("missing tensor `{name}`{}", file.as_ref().map(|f| format!(" in {}", f.display())).unwrap_or_default())]
+    MissingTensor { name: String, file: Option<PathBuf> },
+    #[error("tensor `{name}` has shape {got:?}, expected {expected:?}")]
+    BadShape {
+        name: String,
+        expected: Vec<usize>,
+        got: Vec<usize>,
+    },
+    #[error("tensor `{name}` has unsupported dtype {dtype} (supported: F32, F16, BF16)")]
+    UnsupportedDtype { name: String, dtype: String },
+    #[error("config field `{field}`: {reason}")]
+    Config { field: String, reason: String },
+    #[error("bad input: {reason}")]
+    BadInput { reason: String },
+}
+
+/// Result alias of the model module.
+pub type Result<T> = std::result::Result<T, ModelError>;

@@ -1,0 +1,222 @@
+//! Loading Hugging Face safetensors (single file or sharded) into `Weights`, converting
+//! F32/F16/BF16 to f32. Every failure names the file and the tensor.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use rayon::prelude::*;
+use safetensors::{Dtype, SafeTensors};
+
+use super::config::ModelConfig;
+use super::error::{ModelError, Result};
+use super::weights::{LayerWeights, Weights};
+
+/// The `.safetensors` files of a model directory: those named by `model.safetensors.index.json`
+/// when it exists, else every `*.safetensors` in the directory (sorted, for stable errors).
+fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.exists() {
+        let text = std::fs::read_to_string(&index).map_err(|e| ModelError::Io {
+            path: index.clone(),
+            reason: e.to_string(),
+        })?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| ModelError::BadJson {
+                path: index.clone(),
+                reason: e.to_string(),
+            })?;
+        let map = v
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| ModelError::MissingField {
+                file: index.clone(),
+                field: "weight_map".into(),
+            })?;
+        let mut files: Vec<PathBuf> = Vec::new();
+        for f in map.values() {
+            let name = f.as_str().ok_or_else(|| ModelError::MissingField {
+                file: index.clone(),
+                field: "weight_map".into(),
+            })?;
+            let p = dir.join(name);
+            if !files.contains(&p) {
+                files.push(p);
+            }
+        }
+        files.sort();
+        for p in &files {
+            if !p.exists() {
+                return Err(ModelError::MissingFile { path: p.clone() });
+            }
+        }
+        return Ok(files);
+    }
+    let rd = std::fs::read_dir(dir).map_err(|e| ModelError::Io {
+        path: dir.into(),
+        reason: e.to_string(),
+    })?;
+    let mut files: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(ModelError::MissingFile {
+            path: dir.join("model.safetensors"),
+        });
+    }
+    Ok(files)
+}
+
+/// Memory maps of the shard files, kept alive while tensors are converted.
+struct Shards {
+    files: Vec<(PathBuf, Mmap)>,
+}
+
+impl Shards {
+    fn open(paths: Vec<PathBuf>) -> Result<Self> {
+        let mut files = Vec::with_capacity(paths.len());
+        for path in paths {
+            let f = File::open(&path).map_err(|e| ModelError::Io {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+            // SAFETY: the map is read-only and lives only while loading; model files are not
+            // expected to be modified underneath a starting worker (the same assumption every
+            // safetensors loader makes). A truncation would surface as SIGBUS, not as UB here.
+            let map = unsafe { Mmap::map(&f) }.map_err(|e| ModelError::Io {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+            files.push((path, map));
+        }
+        Ok(Shards { files })
+    }
+
+    fn parse(&self) -> Result<TensorIndex<'_>> {
+        let mut st = Vec::with_capacity(self.files.len());
+        let mut by_name = HashMap::new();
+        for (i, (path, map)) in self.files.iter().enumerate() {
+            let t = SafeTensors::deserialize(map).map_err(|e| ModelError::BadSafetensors {
+                file: path.clone(),
+                reason: e.to_string(),
+            })?;
+            for name in t.names() {
+                by_name.insert(name.to_string(), i);
+            }
+            st.push((path.as_path(), t));
+        }
+        Ok(TensorIndex { st, by_name })
+    }
+}
+
+/// Name → tensor lookup across shards.
+struct TensorIndex<'a> {
+    st: Vec<(&'a Path, SafeTensors<'a>)>,
+    by_name: HashMap<String, usize>,
+}
+
+impl TensorIndex<'_> {
+    fn contains(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
+    /// The tensor as f32, checked against `shape`.
+    fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let missing = || ModelError::MissingTensor {
+            name: name.into(),
+            file: (self.st.len() == 1).then(|| self.st[0].0.to_path_buf()),
+        };
+        let &i = self.by_name.get(name).ok_or_else(missing)?;
+        let (_, st) = &self.st[i];
+        let t = st.tensor(name).map_err(|_| missing())?;
+        if t.shape() != shape {
+            return Err(ModelError::BadShape {
+                name: name.into(),
+                expected: shape.to_vec(),
+                got: t.shape().to_vec(),
+            });
+        }
+        let data = t.data();
+        let out: Vec<f32> = match t.dtype() {
+            Dtype::F32 => data
+                .par_chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::F16 => data
+                .par_chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            Dtype::BF16 => data
+                .par_chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            other => {
+                return Err(ModelError::UnsupportedDtype {
+                    name: name.into(),
+                    dtype: format!("{other:?}"),
+                })
+            }
+        };
+        Ok(out)
+    }
+}
+
+/// Loads every weight of `cfg` from the safetensors files of `dir`.
+pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
+    let shards = Shards::open(shard_files(dir)?)?;
+    let ix = shards.parse()?;
+    let (h, inter, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+    let (q, kv) = (cfg.q_dim(), cfg.kv_dim());
+    let embed = ix.get("model.embed_tokens.weight", &[v, h])?;
+    let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+    for l in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        let a = format!("{p}.self_attn");
+        let mut wqkv = ix.get(&format!("{a}.q_proj.weight"), &[q, h])?;
+        wqkv.extend(ix.get(&format!("{a}.k_proj.weight"), &[kv, h])?);
+        wqkv.extend(ix.get(&format!("{a}.v_proj.weight"), &[kv, h])?);
+        // Qwen2 checkpoints carry q/k/v biases without setting `attention_bias`.
+        let bqkv = if cfg.attention_bias || ix.contains(&format!("{a}.q_proj.bias")) {
+            let mut b = ix.get(&format!("{a}.q_proj.bias"), &[q])?;
+            b.extend(ix.get(&format!("{a}.k_proj.bias"), &[kv])?);
+            b.extend(ix.get(&format!("{a}.v_proj.bias"), &[kv])?);
+            Some(b)
+        } else {
+            None
+        };
+        let m = format!("{p}.mlp");
+        let mut wgu = ix.get(&format!("{m}.gate_proj.weight"), &[inter, h])?;
+        wgu.extend(ix.get(&format!("{m}.up_proj.weight"), &[inter, h])?);
+        layers.push(LayerWeights {
+            attn_norm: ix.get(&format!("{p}.input_layernorm.weight"), &[h])?,
+            wqkv,
+            bqkv,
+            wo: ix.get(&format!("{a}.o_proj.weight"), &[h, q])?,
+            mlp_norm: ix.get(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+            wgu,
+            wdown: ix.get(&format!("{m}.down_proj.weight"), &[h, inter])?,
+        });
+    }
+    let norm = ix.get("model.norm.weight", &[h])?;
+    let lm_head = if ix.contains("lm_head.weight") {
+        let w = ix.get("lm_head.weight", &[v, h])?;
+        // An explicit copy of the embeddings costs memory for nothing; share instead.
+        (w != embed).then_some(w)
+    } else if cfg.tie_word_embeddings {
+        None
+    } else {
+        return Err(ModelError::MissingTensor {
+            name: "lm_head.weight".into(),
+            file: None,
+        });
+    };
+    Ok(Weights {
+        embed,
+        layers,
+        norm,
+        lm_head,
+    })
+}

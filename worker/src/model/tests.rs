@@ -1,0 +1,418 @@
+//! Unit tests of the model: builtin dummy behaviour, batch invariance, input validation, and
+//! loading Hugging Face directories (errors and F32/F16/BF16 round trips).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use safetensors::{Dtype, View};
+
+use super::weights::Weights;
+use super::*;
+
+fn tiny() -> LlamaModel {
+    LlamaModel::dummy(ModelConfig::builtin(BuiltinSize::Tiny), 7)
+}
+
+/// Greedy decode with one prefill then single-token steps; returns generated ids.
+fn greedy(model: &LlamaModel, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut kv = KvBuffers::new(model.config(), 256);
+    let slots: Vec<u32> = (0..256).map(|i| 255 - i).collect();
+    let mut toks = prompt.to_vec();
+    let mut out = Vec::new();
+    let mut logits = model
+        .forward(
+            &mut kv,
+            &[SeqInput {
+                new_tokens: prompt,
+                start_pos: 0,
+                slots: &slots[..prompt.len()],
+            }],
+        )
+        .unwrap();
+    for _ in 0..n {
+        let next = kernels::argmax(&logits) as u32;
+        out.push(next);
+        toks.push(next);
+        let p = toks.len() - 1;
+        logits = model
+            .forward(
+                &mut kv,
+                &[SeqInput {
+                    new_tokens: &toks[p..],
+                    start_pos: p,
+                    slots: &slots[..=p],
+                }],
+            )
+            .unwrap();
+    }
+    out
+}
+
+#[test]
+fn builtin_sizes_parse_and_count() {
+    assert_eq!("tiny".parse::<BuiltinSize>().unwrap(), BuiltinSize::Tiny);
+    assert_eq!(BuiltinSize::Base.to_string(), "base");
+    assert!("huge".parse::<BuiltinSize>().is_err());
+    let base = ModelConfig::builtin(BuiltinSize::Base);
+    assert_eq!(base.vocab_size, protocol::builtin::VOCAB_SIZE);
+    assert!((20_000_000..40_000_000).contains(&base.num_params()));
+}
+
+#[test]
+fn tiny_greedy_output_varies_and_is_deterministic() {
+    let m = tiny();
+    let a = greedy(&m, &[1, 100, 200, 300], 16);
+    assert!(a.iter().any(|&t| t != a[0]), "constant output {a:?}");
+    assert_eq!(a, greedy(&tiny(), &[1, 100, 200, 300], 16));
+    let b = greedy(&m, &[1, 5, 6], 16);
+    assert_ne!(a, b, "output ignores the prompt");
+}
+
+#[test]
+fn tiny_batch_and_chunking_are_bit_invariant() {
+    let m = tiny();
+    let prompt: Vec<u32> = (0..9).map(|i| 10 + 37 * i).collect();
+    let slots: Vec<u32> = (0..9).map(|i| 3 * i + 1).collect();
+    let mut kv = KvBuffers::new(m.config(), 64);
+    let whole = m
+        .forward(
+            &mut kv,
+            &[SeqInput {
+                new_tokens: &prompt,
+                start_pos: 0,
+                slots: &slots,
+            }],
+        )
+        .unwrap();
+    // Chunks of 4 + 4 + 1, in a batch with an unrelated sequence each time.
+    let mut kv2 = KvBuffers::new(m.config(), 64);
+    let other: Vec<u32> = vec![5, 6, 7];
+    let other_slots: Vec<u32> = vec![40, 41, 42];
+    let mut last = Vec::new();
+    for (a, b) in [(0, 4), (4, 8), (8, 9)] {
+        let out = m
+            .forward(
+                &mut kv2,
+                &[
+                    SeqInput {
+                        new_tokens: &other,
+                        start_pos: 0,
+                        slots: &other_slots,
+                    },
+                    SeqInput {
+                        new_tokens: &prompt[a..b],
+                        start_pos: a,
+                        slots: &slots[..b],
+                    },
+                ],
+            )
+            .unwrap();
+        last = out[m.config().vocab_size..].to_vec();
+    }
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&whole), bits(&last));
+    let hidden = m
+        .forward_hidden(
+            &mut kv2,
+            &[SeqInput {
+                new_tokens: &prompt[8..],
+                start_pos: 8,
+                slots: &slots,
+            }],
+        )
+        .unwrap();
+    assert_eq!(hidden.len(), m.config().hidden_size);
+}
+
+#[test]
+fn bad_inputs_are_errors_not_panics() {
+    let m = tiny();
+    let mut kv = KvBuffers::new(m.config(), 8);
+    let v = m.config().vocab_size as u32;
+    let cases: Vec<(Vec<u32>, usize, Vec<u32>)> = vec![
+        (vec![v], 0, vec![0]),       // token out of vocab
+        (vec![1, 2], 0, vec![0]),    // too few slots
+        (vec![1], 0, vec![8]),       // slot out of range
+        (vec![], 0, vec![]),         // nothing to compute
+        (vec![1], 1, vec![0, 1, 2]), // too many slots
+    ];
+    for (toks, start, slots) in cases {
+        let r = m.forward(
+            &mut kv,
+            &[SeqInput {
+                new_tokens: &toks,
+                start_pos: start,
+                slots: &slots,
+            }],
+        );
+        assert!(
+            matches!(r, Err(ModelError::BadInput { .. })),
+            "{toks:?} {start} {slots:?}: {r:?}"
+        );
+    }
+    let mut cfg = ModelConfig::builtin(BuiltinSize::Tiny);
+    cfg.max_position_embeddings = 2;
+    let short = LlamaModel::dummy(cfg, 1);
+    let r = short.forward(
+        &mut kv,
+        &[SeqInput {
+            new_tokens: &[1, 2, 3],
+            start_pos: 0,
+            slots: &[0, 1, 2],
+        }],
+    );
+    assert!(matches!(r, Err(ModelError::BadInput { .. })));
+}
+
+fn small_cfg() -> ModelConfig {
+    ModelConfig {
+        vocab_size: 48,
+        hidden_size: 32,
+        intermediate_size: 40,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        head_dim: 8,
+        max_position_embeddings: 64,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10000.0,
+        tie_word_embeddings: false,
+        attention_bias: true,
+        bos_token_id: Some(1),
+        eos_token_ids: vec![2],
+        model_id: "small".into(),
+    }
+}
+
+fn config_json(c: &ModelConfig) -> String {
+    serde_json::json!({
+        "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+        "max_position_embeddings": c.max_position_embeddings, "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta, "tie_word_embeddings": c.tie_word_embeddings,
+        "rope_scaling": null, "bos_token_id": 1, "eos_token_id": [2, 3]
+    })
+    .to_string()
+}
+
+struct Raw {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    data: Vec<u8>,
+}
+
+impl View for &Raw {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Borrowed(&self.data)
+    }
+    fn data_len(&self) -> usize {
+        self.data.len()
+    }
+}
+
+fn encode(v: &[f32], dtype: Dtype) -> Vec<u8> {
+    match dtype {
+        Dtype::F16 => v
+            .iter()
+            .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+            .collect(),
+        Dtype::BF16 => v
+            .iter()
+            .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+            .collect(),
+        _ => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+/// The HF tensors of dummy weights (un-fusing q/k/v and gate/up).
+fn hf_tensors(c: &ModelConfig, w: &Weights, dtype: Dtype) -> HashMap<String, Raw> {
+    let (h, i, q, kv) = (c.hidden_size, c.intermediate_size, c.q_dim(), c.kv_dim());
+    let mut t = HashMap::new();
+    let mut put = |name: String, shape: Vec<usize>, v: &[f32]| {
+        t.insert(
+            name,
+            Raw {
+                dtype,
+                shape,
+                data: encode(v, dtype),
+            },
+        );
+    };
+    put(
+        "model.embed_tokens.weight".into(),
+        vec![c.vocab_size, h],
+        &w.embed,
+    );
+    put("model.norm.weight".into(), vec![h], &w.norm);
+    if let Some(lm) = &w.lm_head {
+        put("lm_head.weight".into(), vec![c.vocab_size, h], lm);
+    }
+    for (l, lw) in w.layers.iter().enumerate() {
+        let p = format!("model.layers.{l}");
+        put(
+            format!("{p}.input_layernorm.weight"),
+            vec![h],
+            &lw.attn_norm,
+        );
+        put(
+            format!("{p}.post_attention_layernorm.weight"),
+            vec![h],
+            &lw.mlp_norm,
+        );
+        put(
+            format!("{p}.self_attn.q_proj.weight"),
+            vec![q, h],
+            &lw.wqkv[..q * h],
+        );
+        put(
+            format!("{p}.self_attn.k_proj.weight"),
+            vec![kv, h],
+            &lw.wqkv[q * h..(q + kv) * h],
+        );
+        put(
+            format!("{p}.self_attn.v_proj.weight"),
+            vec![kv, h],
+            &lw.wqkv[(q + kv) * h..],
+        );
+        if let Some(b) = &lw.bqkv {
+            put(format!("{p}.self_attn.q_proj.bias"), vec![q], &b[..q]);
+            put(
+                format!("{p}.self_attn.k_proj.bias"),
+                vec![kv],
+                &b[q..q + kv],
+            );
+            put(format!("{p}.self_attn.v_proj.bias"), vec![kv], &b[q + kv..]);
+        }
+        put(format!("{p}.self_attn.o_proj.weight"), vec![h, q], &lw.wo);
+        put(
+            format!("{p}.mlp.gate_proj.weight"),
+            vec![i, h],
+            &lw.wgu[..i * h],
+        );
+        put(
+            format!("{p}.mlp.up_proj.weight"),
+            vec![i, h],
+            &lw.wgu[i * h..],
+        );
+        put(format!("{p}.mlp.down_proj.weight"), vec![h, i], &lw.wdown);
+    }
+    t
+}
+
+fn write_model(dir: &Path, c: &ModelConfig, tensors: &HashMap<String, Raw>) {
+    std::fs::write(dir.join("config.json"), config_json(c)).unwrap();
+    let views: Vec<(&String, &Raw)> = tensors.iter().collect();
+    safetensors::serialize_to_file(views, &None, &dir.join("model.safetensors")).unwrap();
+}
+
+fn run(m: &LlamaModel) -> Vec<f32> {
+    let mut kv = KvBuffers::new(m.config(), 16);
+    let toks = [1u32, 7, 30, 12, 44];
+    m.forward(
+        &mut kv,
+        &[SeqInput {
+            new_tokens: &toks,
+            start_pos: 0,
+            slots: &[0, 1, 2, 3, 4],
+        }],
+    )
+    .unwrap()
+}
+
+#[test]
+fn loads_f32_f16_bf16_safetensors() {
+    let c = small_cfg();
+    let w = Weights::dummy(&c, 11);
+    let reference = run(&LlamaModel {
+        config: c.clone(),
+        weights: Weights::dummy(&c, 11),
+    });
+    let scale = reference.iter().fold(0f32, |a, x| a.max(x.abs()));
+    for (dtype, tol) in [(Dtype::F32, 0.0), (Dtype::F16, 0.01), (Dtype::BF16, 0.05)] {
+        let dir = tempfile::tempdir().unwrap();
+        write_model(dir.path(), &c, &hf_tensors(&c, &w, dtype));
+        let m = LlamaModel::load_hf(dir.path()).unwrap();
+        assert_eq!(m.config().eos_token_ids, vec![2, 3]);
+        assert_eq!(m.config().head_dim, 8);
+        let got = run(&m);
+        let diff = got
+            .iter()
+            .zip(&reference)
+            .fold(0f32, |a, (x, y)| a.max((x - y).abs()));
+        assert!(
+            diff <= tol * scale,
+            "{dtype:?}: max diff {diff} (scale {scale})"
+        );
+    }
+}
+
+#[test]
+fn loader_errors_name_file_field_and_tensor() {
+    let c = small_cfg();
+    let w = Weights::dummy(&c, 11);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+
+    let err = LlamaModel::load_hf(d).unwrap_err();
+    assert!(
+        matches!(err, ModelError::MissingFile { .. }) && err.to_string().contains("config.json"),
+        "{err}"
+    );
+
+    std::fs::write(d.join("config.json"), "{ not json").unwrap();
+    let err = LlamaModel::load_hf(d).unwrap_err();
+    assert!(
+        matches!(err, ModelError::BadJson { .. }) && err.to_string().contains("config.json"),
+        "{err}"
+    );
+
+    std::fs::write(d.join("config.json"), r#"{"hidden_size": "big"}"#).unwrap();
+    let err = LlamaModel::load_hf(d).unwrap_err();
+    assert!(
+        err.to_string().contains("hidden_size") && err.to_string().contains("config.json"),
+        "{err}"
+    );
+
+    std::fs::write(d.join("config.json"), config_json(&c)).unwrap();
+    let err = LlamaModel::load_hf(d).unwrap_err();
+    assert!(
+        matches!(err, ModelError::MissingFile { .. }) && err.to_string().contains("safetensors"),
+        "{err}"
+    );
+
+    let mut t = hf_tensors(&c, &w, Dtype::F32);
+    let name = "model.layers.1.mlp.up_proj.weight".to_string();
+    let bad = t.get_mut(&name).unwrap();
+    bad.shape = vec![c.hidden_size, c.intermediate_size];
+    write_model(d, &c, &t);
+    let err = LlamaModel::load_hf(d).unwrap_err();
+    assert!(
+        matches!(err, ModelError::BadShape { .. }) && err.to_string().contains(&name),
+        "{err}"
+    );
+
+    t.remove(&name);
+    write_model(d, &c, &t);
+    let err = LlamaModel::load_hf(d).unwrap_err();
+    assert!(
+        matches!(err, ModelError::MissingTensor { .. }) && err.to_string().contains(&name),
+        "{err}"
+    );
+
+    std::fs::write(d.join("model.safetensors"), b"garbage").unwrap();
+    let err = LlamaModel::load_hf(d).unwrap_err();
+    assert!(matches!(err, ModelError::BadSafetensors { .. }), "{err}");
+
+    let mut cj: serde_json::Value = serde_json::from_str(&config_json(&c)).unwrap();
+    cj["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0});
+    std::fs::write(d.join("config.json"), cj.to_string()).unwrap();
+    let err = LlamaModel::load_hf(d).unwrap_err();
+    assert!(err.to_string().contains("rope_scaling"), "{err}");
+}

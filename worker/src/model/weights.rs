@@ -1,0 +1,86 @@
+//! The model's weights in the layout the forward pass wants (f32, projections fused so one GEMM
+//! serves q/k/v and one serves gate/up), and the seeded dummy initialisation.
+
+use rand::{Rng, SeedableRng};
+
+use super::config::ModelConfig;
+
+/// Dummy-init constants, tuned by looking at greedy outputs of the builtin sizes: with tied
+/// embeddings a large embedding makes every token predict itself (h·e_cur dominates), and soft
+/// attention averages context into a fixed point; small embeddings, sharper q/k and stronger
+/// residual branches give varied greedy text. Logit std ≈ EMBED_STD·sqrt(hidden) ≈ 1 for Base.
+const EMBED_STD: f32 = 0.05;
+/// Gain on the q/k projections (sharper attention scores).
+const QK_GAIN: f32 = 3.0;
+/// Gain on the residual-writing projections (o, down), before the 1/sqrt(2·layers) scaling.
+const RESID_GAIN: f32 = 2.0;
+
+/// One decoder layer. Fusing concatenates rows of `[out, in]` matrices, so each output element
+/// is still the same dot product as with separate projections.
+pub(crate) struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    /// `[q_dim + 2·kv_dim, hidden]`: q rows, then k rows, then v rows.
+    pub wqkv: Vec<f32>,
+    pub bqkv: Option<Vec<f32>>,
+    /// `[hidden, q_dim]`.
+    pub wo: Vec<f32>,
+    pub mlp_norm: Vec<f32>,
+    /// `[2·intermediate, hidden]`: gate rows, then up rows.
+    pub wgu: Vec<f32>,
+    /// `[hidden, intermediate]`.
+    pub wdown: Vec<f32>,
+}
+
+pub(crate) struct Weights {
+    /// `[vocab, hidden]`.
+    pub embed: Vec<f32>,
+    pub layers: Vec<LayerWeights>,
+    pub norm: Vec<f32>,
+    /// `[vocab, hidden]`; `None` means tied to `embed`.
+    pub lm_head: Option<Vec<f32>>,
+}
+
+impl Weights {
+    /// The matrix of the output projection.
+    pub fn lm_head(&self) -> &[f32] {
+        self.lm_head.as_deref().unwrap_or(&self.embed)
+    }
+
+    /// Seeded uniform random weights: projections with std 1/sqrt(fan_in) times the gains above,
+    /// residual-writing projections (o, down) scaled by 1/sqrt(2·layers) so the residual stream
+    /// stays O(1), norms 1. Deterministic for a seed.
+    pub fn dummy(cfg: &ModelConfig, seed: u64) -> Self {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut uni = |n: usize, std: f32| -> Vec<f32> {
+            let a = std * 3f32.sqrt();
+            (0..n).map(|_| rng.gen_range(-a..a)).collect()
+        };
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        let (q, kv) = (cfg.q_dim(), cfg.kv_dim());
+        let resid = RESID_GAIN / (2.0 * cfg.num_hidden_layers.max(1) as f32).sqrt();
+        let embed = uni(cfg.vocab_size * h, EMBED_STD);
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|_| LayerWeights {
+                attn_norm: vec![1.0; h],
+                wqkv: {
+                    let mut w = uni((q + kv) * h, QK_GAIN / (h as f32).sqrt());
+                    w.extend(uni(kv * h, 1.0 / (h as f32).sqrt()));
+                    w
+                },
+                bqkv: cfg.attention_bias.then(|| uni(q + 2 * kv, 0.02)),
+                wo: uni(h * q, resid / (q as f32).sqrt()),
+                mlp_norm: vec![1.0; h],
+                wgu: uni(2 * i * h, 1.0 / (h as f32).sqrt()),
+                wdown: uni(h * i, resid / (i as f32).sqrt()),
+            })
+            .collect();
+        let lm_head =
+            (!cfg.tie_word_embeddings).then(|| uni(cfg.vocab_size * h, 1.0 / (h as f32).sqrt()));
+        Weights {
+            embed,
+            layers,
+            norm: vec![1.0; h],
+            lm_head,
+        }
+    }
+}
