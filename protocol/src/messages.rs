@@ -89,6 +89,11 @@ pub struct SamplingParams {
     /// Extra token ids that end generation (the model's EOS always does unless `ignore_eos`).
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
+    /// Added to the logit of each listed token id before sampling (OpenAI `logit_bias`), as
+    /// `[token_id, bias]` pairs: a list, not a map, so msgpack readers that want string keys
+    /// (Python's `strict_map_key`) decode it. Empty means none.
+    #[serde(default)]
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -105,6 +110,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             stop_token_ids: Vec::new(),
             ignore_eos: false,
+            logit_bias: Vec::new(),
         }
     }
 }

@@ -33,6 +33,7 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                     presence_penalty: 0.0,
                     stop_token_ids: vec![2],
                     ignore_eos: false,
+                    logit_bias: vec![(3186, -2.5)],
                 },
                 stream: true,
                 routing_key: Some("user-42".into()),
