@@ -8,6 +8,8 @@ use protocol::endpoint::default_endpoint;
 use protocol::Endpoint;
 
 use crate::model::BuiltinSize;
+use crate::req_to_token::DecodePrealloc;
+use crate::scheduler::SchedulePolicy;
 
 /// `dpserve worker` flags. Every flag also reads `DPSERVE_<FLAG>`.
 #[derive(clap::Args, Debug, Clone)]
@@ -46,6 +48,18 @@ pub struct WorkerArgs {
     /// Most prompt tokens computed in one prefill step over all requests.
     #[arg(long, env = "DPSERVE_MAX_PREFILL_TOKENS", default_value_t = 8192)]
     pub max_prefill_tokens: usize,
+    /// Extra request-to-token rows beyond --max-running-requests for requests that hold KV
+    /// without running (disaggregated decode): `auto` = 2 × max-running-requests when that is
+    /// at most 32, else 0; or a row count.
+    #[arg(long, env = "DPSERVE_DECODE_PREALLOC_SIZE", default_value_t = DecodePrealloc::Auto)]
+    pub decode_prealloc_size: DecodePrealloc,
+    /// Scheduling policy: `lpm` (longest cached prefix first, shared prefixes computed once)
+    /// or `fcfs`.
+    #[arg(long, env = "DPSERVE_SCHEDULE_POLICY", default_value_t = SchedulePolicy::Lpm)]
+    pub schedule_policy: SchedulePolicy,
+    /// Do not keep or reuse prompt prefixes.
+    #[arg(long, env = "DPSERVE_DISABLE_RADIX_CACHE")]
+    pub disable_radix_cache: bool,
     /// Context length (default: the model's `max_position_embeddings`).
     #[arg(long, env = "DPSERVE_CONTEXT_LENGTH")]
     pub context_length: Option<usize>,
@@ -76,9 +90,12 @@ pub struct WorkerConfig {
     pub tokenizer_addr: Endpoint,
     pub max_total_tokens: usize,
     pub max_running_requests: usize,
+    pub pre_alloc_rows: usize,
     pub chunked_prefill_size: usize,
     pub max_prefill_tokens: usize,
     pub context_length: Option<usize>,
+    pub schedule_policy: SchedulePolicy,
+    pub disable_radix_cache: bool,
     pub num_threads: usize,
     pub heartbeat_interval: Duration,
 }
@@ -134,6 +151,9 @@ impl WorkerArgs {
             tokenizer_addr: addr("tokenizer-addr", &self.tokenizer_addr, "tokenizer")?,
             max_total_tokens: self.max_total_tokens,
             max_running_requests: self.max_running_requests,
+            pre_alloc_rows: self.decode_prealloc_size.rows(self.max_running_requests),
+            schedule_policy: self.schedule_policy,
+            disable_radix_cache: self.disable_radix_cache,
             chunked_prefill_size: self.chunked_prefill_size,
             max_prefill_tokens: self.max_prefill_tokens,
             context_length: self.context_length,

@@ -9,6 +9,8 @@ pub mod args;
 pub mod kv_alloc;
 pub mod link;
 pub mod model;
+pub mod radix_cache;
+pub mod req_to_token;
 pub mod request;
 pub mod sampling;
 pub mod scheduler;
@@ -91,9 +93,12 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
             rank: config.rank,
             max_total_tokens: config.max_total_tokens,
             max_running_requests: config.max_running_requests,
+            pre_alloc_rows: config.pre_alloc_rows,
             chunked_prefill_size: config.chunked_prefill_size,
             max_prefill_tokens: config.max_prefill_tokens,
             context_len,
+            policy: config.schedule_policy,
+            disable_radix_cache: config.disable_radix_cache,
         },
         model,
     );
@@ -159,9 +164,10 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
                         send(&Message::TokenOut(out));
                     }
                 }
-                Inbound::Msg(Message::FlushCache(_)) => {
-                    tracing::info!("flush_cache: no prefix cache in this build; nothing to drop");
-                }
+                Inbound::Msg(Message::FlushCache(_)) => match sched.flush_cache() {
+                    Ok(freed) => tracing::info!(freed_slots = freed, "prefix cache flushed"),
+                    Err(refused) => tracing::warn!(%refused, "flush_cache refused"),
+                },
                 Inbound::Msg(Message::Shutdown(s)) => {
                     tracing::info!(reason = %s.reason, "controller asked this worker to stop");
                     stop.store(true, Ordering::Relaxed);
@@ -187,7 +193,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
                 num_waiting_reqs: sched.num_waiting() as u32,
                 num_used_tokens: sched.used_tokens() as u64,
                 max_total_tokens: config.max_total_tokens as u64,
-                cache_hit_rate: ratio(sched.stats.cached_tokens, sched.stats.prompt_tokens),
+                cache_hit_rate: sched.cache_hit_rate(),
                 gen_throughput: (generated - last_generated) as f64 / due.as_secs_f64(),
                 finished_rids: sched.take_finished_rids(),
             };
@@ -229,13 +235,5 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
             tracing::info!(rank = config.rank, "worker stopped");
             Ok(())
         }
-    }
-}
-
-fn ratio(a: u64, b: u64) -> f64 {
-    if b == 0 {
-        0.0
-    } else {
-        a as f64 / b as f64
     }
 }

@@ -22,11 +22,20 @@ pub struct Req {
     pub params: SamplingParams,
     pub return_logprob: bool,
     pub rng: StdRng,
-    /// KV slot of each computed position: `slots.len()` positions of `prompt ++ output` have
-    /// their K/V in the pool. While decoding, the last sampled token is not computed yet.
-    pub slots: Vec<u32>,
-    /// Prompt tokens whose KV came from the prefix cache.
+    /// Row of the request-to-token pool while admitted: column `p` is the KV slot of position
+    /// `p` of `prompt ++ output`.
+    pub row: Option<usize>,
+    /// Positions whose K/V are computed (in `row[..len]`). While decoding, the last sampled
+    /// token is not computed yet, so `len == total_len() - 1`.
+    pub len: usize,
+    /// `row[..cached_len]` belongs to the radix cache (and is locked through `cache_node`);
+    /// `row[cached_len..len]` belongs to the request.
+    pub cached_len: usize,
+    pub cache_node: Option<crate::radix_cache::NodeId>,
+    /// Prompt tokens whose KV came from the prefix cache at admission.
     pub cached_tokens: u32,
+    /// Admitted at least once (prefix matched and counted).
+    pub admitted_once: bool,
     /// Output tokens already sent to the tokenizer.
     pub sent: usize,
     pub logprobs: Vec<f32>,
@@ -44,8 +53,12 @@ impl Req {
             params: req.sampling,
             return_logprob: req.return_logprob,
             rng: StdRng::seed_from_u64(seed),
-            slots: Vec::new(),
+            row: None,
+            len: 0,
+            cached_len: 0,
+            cache_node: None,
             cached_tokens: 0,
+            admitted_once: false,
             sent: 0,
             logprobs: Vec::new(),
             arrived: Instant::now(),
@@ -64,8 +77,12 @@ impl Req {
             },
             return_logprob: false,
             rng: StdRng::seed_from_u64(0),
-            slots: Vec::new(),
+            row: None,
+            len: 0,
+            cached_len: 0,
+            cache_node: None,
             cached_tokens: 0,
+            admitted_once: false,
             sent: 0,
             logprobs: Vec::new(),
             arrived: Instant::now(),
@@ -77,7 +94,7 @@ impl Req {
         self.prompt.len() + self.output.len()
     }
 
-    /// Token at position `pos` of `prompt ++ output`.
+    /// Tokens at positions `from..to` of `prompt ++ output`.
     pub fn token_range(&self, from: usize, to: usize) -> Vec<u32> {
         self.prompt
             .iter()
@@ -90,6 +107,6 @@ impl Req {
 
     /// Positions still to compute before the next token can be sampled.
     pub fn pending(&self) -> usize {
-        self.total_len() - self.slots.len()
+        self.total_len() - self.len
     }
 }

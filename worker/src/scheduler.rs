@@ -1,19 +1,68 @@
 //! Continuous batching. Each step is either a prefill of admitted requests (prompt chunks of at
 //! most `chunked_prefill_size` tokens each, at most `max_prefill_tokens` in all) or one decode
-//! token for every running request. Requests whose prompt is not fully computed stay at the head
-//! of the prefill line; when decode runs out of KV slots the requests with the fewest generated
+//! token for every running request.
+//!
+//! Memory: a request admitted takes a row of the [`ReqToTokenPool`]; its prompt prefix comes
+//! from the [`RadixCache`] when cached (locked while in use) and the rest gets fresh slots from
+//! the [`KvSlotAllocator`]. After every prefill chunk, and when a request ends, its computed
+//! tokens are inserted into the cache, so the next request with that prefix (or the rest of the
+//! same batch under `lpm`) reuses them. When slots run short the cache evicts least recently
+//! used unlocked leaves; if decode still lacks room, the requests with the fewest generated
 //! tokens are retracted to the queue (their output is kept and recomputed later: nothing lost).
 //!
 //! The scheduler owns no sockets: `submit`/`abort`/`step` return the `TokenOut`s to send, so it
 //! is tested in-process.
 
-use protocol::{FinishReason, GenerateReq, TokenOut};
 use std::collections::VecDeque;
+use std::fmt;
+use std::str::FromStr;
+
+use protocol::{FinishReason, GenerateReq, TokenOut};
 
 use crate::kv_alloc::KvSlotAllocator;
 use crate::model::{KvBuffers, LlamaModel, SeqInput};
+use crate::radix_cache::RadixCache;
+use crate::req_to_token::ReqToTokenPool;
 use crate::request::{Req, ReqKind};
 use crate::sampling::sample;
+
+/// `--schedule-policy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SchedulePolicy {
+    /// First come, first served.
+    Fcfs,
+    /// Longest cached prefix first; a request sharing an uncached prefix with one being
+    /// prefilled waits for it instead of computing the same prefix twice.
+    #[default]
+    Lpm,
+}
+
+impl FromStr for SchedulePolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "fcfs" => Ok(SchedulePolicy::Fcfs),
+            "lpm" => Ok(SchedulePolicy::Lpm),
+            other => Err(format!("expected fcfs or lpm, got {other:?}")),
+        }
+    }
+}
+
+impl fmt::Display for SchedulePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SchedulePolicy::Fcfs => "fcfs",
+            SchedulePolicy::Lpm => "lpm",
+        })
+    }
+}
+
+/// Past this queue length `lpm` behaves as `fcfs`: sorting by prefix costs a tree walk per
+/// waiting request per step.
+const LPM_MAX_QUEUE: usize = 128;
+/// Shared uncached prefix (tokens) from which `lpm` makes a request wait for another.
+const LPM_DEDUP_MIN_TOKENS: usize = 32;
 
 /// Scheduling limits.
 #[derive(Debug, Clone)]
@@ -21,17 +70,38 @@ pub struct SchedulerConfig {
     pub rank: u32,
     pub max_total_tokens: usize,
     pub max_running_requests: usize,
+    /// Extra request-to-token rows (see [`crate::req_to_token`]).
+    pub pre_alloc_rows: usize,
     pub chunked_prefill_size: usize,
     pub max_prefill_tokens: usize,
     pub context_len: usize,
+    pub policy: SchedulePolicy,
+    pub disable_radix_cache: bool,
 }
 
 /// Counters for `WorkerStatus`.
 #[derive(Debug, Default, Clone)]
 pub struct StepStats {
     pub generated_tokens: u64,
+    /// Prompt tokens of admitted requests, and how many of them came from the cache.
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
+}
+
+/// Why a cache flush was refused.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlushRefused {
+    pub running: usize,
+}
+
+impl fmt::Display for FlushRefused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cannot flush the cache while {} requests are running or queued",
+            self.running
+        )
+    }
 }
 
 pub struct Scheduler {
@@ -39,6 +109,8 @@ pub struct Scheduler {
     model: LlamaModel,
     kv: KvBuffers,
     alloc: KvSlotAllocator,
+    pool: ReqToTokenPool,
+    cache: RadixCache,
     /// Admitted but not yet fully prefilled, in admission order.
     prefilling: VecDeque<Req>,
     /// Not admitted yet (or retracted).
@@ -53,11 +125,18 @@ impl Scheduler {
     pub fn new(config: SchedulerConfig, model: LlamaModel) -> Self {
         let kv = KvBuffers::new(model.config(), config.max_total_tokens);
         let alloc = KvSlotAllocator::new(config.max_total_tokens);
+        let pool = ReqToTokenPool::new(
+            config.max_running_requests,
+            config.pre_alloc_rows,
+            config.context_len,
+        );
         Scheduler {
             config,
             model,
             kv,
             alloc,
+            pool,
+            cache: RadixCache::new(),
             prefilling: VecDeque::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -86,12 +165,26 @@ impl Scheduler {
         self.waiting.len()
     }
 
+    /// Slots neither free nor evictable: held by requests or locked in the cache.
     pub fn used_tokens(&self) -> usize {
-        self.alloc.used()
+        self.alloc.total() - self.alloc.available() - self.cache.evictable_size()
     }
 
     pub fn free_slots(&self) -> usize {
         self.alloc.available()
+    }
+
+    pub fn evictable_slots(&self) -> usize {
+        self.cache.evictable_size()
+    }
+
+    /// Share of queried prompt tokens found in the cache since start.
+    pub fn cache_hit_rate(&self) -> f64 {
+        if self.stats.prompt_tokens == 0 {
+            0.0
+        } else {
+            self.stats.cached_tokens as f64 / self.stats.prompt_tokens as f64
+        }
     }
 
     /// Requests finished since the last call.
@@ -123,9 +216,7 @@ impl Scheduler {
             return Err("the prompt is empty".into());
         }
         if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
-            return Err(format!(
-                "token id {bad} is outside the vocabulary (size {vocab})"
-            ));
+            return Err(format!("token id {bad} is outside the vocabulary (size {vocab})"));
         }
         let need = ids.len() + max_new_tokens as usize;
         if need > self.config.context_len {
@@ -170,12 +261,28 @@ impl Scheduler {
         all.extend(self.prefilling.drain(..));
         all.append(&mut self.running);
         all.into_iter()
-            .map(|req| {
-                self.alloc.free(&req.slots);
+            .map(|mut req| {
+                self.release(&mut req);
                 self.finished_rids.push(req.rid.clone());
                 self.error_out(&req.rid, status, message.to_string())
             })
             .collect()
+    }
+
+    /// Drop the whole prefix cache; refused while any request is queued or running (their
+    /// cached prefixes are locked, and a flush is meant to start from a clean state).
+    pub fn flush_cache(&mut self) -> Result<usize, FlushRefused> {
+        let busy = self.num_running() + self.num_waiting();
+        if busy > 0 {
+            return Err(FlushRefused { running: busy });
+        }
+        let mut freed = 0;
+        let alloc = &mut self.alloc;
+        self.cache.reset(|slots| {
+            freed += slots.len();
+            alloc.free(slots)
+        });
+        Ok(freed)
     }
 
     /// Run one scheduling step; returns the messages it produced.
@@ -190,14 +297,140 @@ impl Scheduler {
         }
     }
 
-    /// Move waiting requests into the prefill line while the running cap allows.
+    /// Make `n` slots free, evicting from the cache if needed. False if it cannot.
+    fn ensure_free(&mut self, n: usize) -> bool {
+        let have = self.alloc.available();
+        if have < n {
+            let alloc = &mut self.alloc;
+            self.cache.evict(n - have, |slots| alloc.free(slots));
+        }
+        self.alloc.available() >= n
+    }
+
+    /// Move waiting requests into the prefill line while the running cap and the pool allow.
     fn admit(&mut self) {
+        if self.waiting.is_empty() || self.num_running() >= self.config.max_running_requests {
+            return;
+        }
+        let lpm = self.config.policy == SchedulePolicy::Lpm
+            && !self.config.disable_radix_cache
+            && self.waiting.len() <= LPM_MAX_QUEUE;
+        if lpm {
+            // Longest cached prefix first; the sort is stable, so ties stay first come.
+            let mut queue: Vec<(usize, Req)> = self
+                .waiting
+                .drain(..)
+                .map(|r| (self.cache.peek_prefix_len(&r.prompt), r))
+                .collect();
+            queue.sort_by_key(|(hit, _)| std::cmp::Reverse(*hit));
+            self.waiting = queue.into_iter().map(|(_, r)| r).collect();
+        }
+        let mut deferred = VecDeque::new();
         while self.num_running() < self.config.max_running_requests {
-            let Some(req) = self.waiting.pop_front() else {
+            let Some(mut req) = self.waiting.pop_front() else {
                 break;
             };
+            if lpm && self.shares_uncached_prefix_with_prefilling(&req) {
+                deferred.push_back(req);
+                continue;
+            }
+            let Some(row) = self.pool.alloc() else {
+                self.waiting.push_front(req);
+                break;
+            };
+            req.row = Some(row);
+            self.attach_prefix(&mut req);
             self.prefilling.push_back(req);
         }
+        // Deferred requests keep their place ahead of the rest.
+        while let Some(req) = deferred.pop_back() {
+            self.waiting.push_front(req);
+        }
+    }
+
+    /// Whether `req` would recompute, uncached, a prefix that a request being prefilled is about
+    /// to put into the cache.
+    fn shares_uncached_prefix_with_prefilling(&self, req: &Req) -> bool {
+        let cached = self.cache.peek_prefix_len(&req.prompt);
+        self.prefilling.iter().any(|other| {
+            let shared = req
+                .prompt
+                .iter()
+                .zip(&other.prompt)
+                .take_while(|(a, b)| a == b)
+                .count();
+            shared >= cached + LPM_DEDUP_MIN_TOKENS
+        })
+    }
+
+    /// Take the request's cached prefix (at most all but its last token, which must be computed
+    /// to get logits) into its row and lock it.
+    fn attach_prefix(&mut self, req: &mut Req) {
+        let Some(row) = req.row else {
+            return;
+        };
+        let mut hit = 0;
+        if !self.config.disable_radix_cache {
+            let key = req.token_range(0, req.total_len() - 1);
+            let m = self.cache.match_prefix(&key);
+            hit = m.slots.len();
+            self.pool.row_mut(row)[..hit].copy_from_slice(&m.slots);
+            self.cache.lock(m.node);
+            req.cache_node = Some(m.node);
+        }
+        req.len = hit;
+        req.cached_len = hit;
+        if !req.admitted_once {
+            req.admitted_once = true;
+            req.cached_tokens = hit.min(req.prompt.len()) as u32;
+            self.stats.prompt_tokens += req.prompt.len() as u64;
+            self.stats.cached_tokens += u64::from(req.cached_tokens);
+        }
+    }
+
+    /// Insert the request's computed tokens into the cache and make the tree's copy its prefix:
+    /// its own duplicate slots are freed, the lock moves to the new node.
+    fn cache_computed(&mut self, req: &mut Req) {
+        let (Some(row), false) = (req.row, self.config.disable_radix_cache) else {
+            return;
+        };
+        if req.len == req.cached_len {
+            return;
+        }
+        let key = req.token_range(0, req.len);
+        let value = self.pool.row(row)[..req.len].to_vec();
+        let present = self.cache.insert(&key, &value);
+        if present > req.cached_len {
+            self.alloc.free(&value[req.cached_len..present]);
+        }
+        let m = self.cache.match_prefix(&key);
+        debug_assert_eq!(m.slots.len(), req.len);
+        self.pool.row_mut(row)[..m.slots.len()].copy_from_slice(&m.slots);
+        self.cache.lock(m.node);
+        if let Some(old) = req.cache_node.replace(m.node) {
+            self.cache.unlock(old);
+        }
+        req.cached_len = req.len;
+    }
+
+    /// Give back everything the request holds: its KV goes into the cache (or back to the
+    /// allocator with the cache disabled), its lock and its row are released.
+    fn release(&mut self, req: &mut Req) {
+        if let Some(row) = req.row {
+            if self.config.disable_radix_cache {
+                let slots = self.pool.row(row)[..req.len].to_vec();
+                self.alloc.free(&slots);
+            } else {
+                self.cache_computed(req);
+            }
+            if let Some(node) = req.cache_node.take() {
+                self.cache.unlock(node);
+            }
+            self.pool.free(row);
+        }
+        req.row = None;
+        req.len = 0;
+        req.cached_len = 0;
     }
 
     fn prefill_step(&mut self) -> Vec<TokenOut> {
@@ -206,23 +439,33 @@ impl Scheduler {
         let mut budget = self.config.max_prefill_tokens;
         let mut planned: Vec<(usize, usize)> = Vec::new(); // (index in prefilling, chunk start)
         let mut tokens: Vec<Vec<u32>> = Vec::new();
+        // Keep one slot per decoding request for their next step, so prefill does not starve
+        // them into retraction.
+        let reserve = self.running.len();
         for i in 0..self.prefilling.len() {
             if budget == 0 {
                 break;
             }
-            let req = &mut self.prefilling[i];
-            let chunk = req
+            let mut chunk = self.prefilling[i]
                 .pending()
                 .min(self.config.chunked_prefill_size)
                 .min(budget);
-            let start = req.slots.len();
-            if !self.alloc.alloc_into(chunk, &mut req.slots) {
-                break; // the pool is full: running requests finish and free slots first
+            if !self.ensure_free(chunk + reserve) {
+                // A tight pool: take the chunk that fits (chunked prefill makes any size work).
+                chunk = chunk.min(self.alloc.available().saturating_sub(reserve));
+                if chunk == 0 {
+                    break; // running requests finish and free slots first
+                }
             }
+            let req = &mut self.prefilling[i];
+            let start = req.len;
+            let row = req.row.expect("admitted requests hold a row");
+            let mut fresh = Vec::with_capacity(chunk);
+            self.alloc.alloc_into(chunk, &mut fresh);
+            self.pool.row_mut(row)[start..start + chunk].copy_from_slice(&fresh);
             budget -= chunk;
             tokens.push(req.token_range(start, start + chunk));
             planned.push((i, start));
-            self.stats.prompt_tokens += chunk as u64;
         }
         if planned.is_empty() {
             return self.unblock_prefill();
@@ -240,10 +483,14 @@ impl Scheduler {
             }
             let seqs: Vec<SeqInput<'_>> = group
                 .iter()
-                .map(|&j| SeqInput {
-                    new_tokens: &tokens[j],
-                    start_pos: planned[j].1,
-                    slots: &self.prefilling[planned[j].0].slots,
+                .map(|&j| {
+                    let (i, start) = planned[j];
+                    let row = self.prefilling[i].row.unwrap_or_default();
+                    SeqInput {
+                        new_tokens: &tokens[j],
+                        start_pos: start,
+                        slots: &self.pool.row(row)[..start + tokens[j].len()],
+                    }
                 })
                 .collect();
             let result = match kind {
@@ -264,13 +511,7 @@ impl Scheduler {
                         }
                     }
                 }
-                Err(e) => {
-                    tracing::error!(%e, "prefill forward failed");
-                    for &j in &group {
-                        logits_of[j] = None;
-                        hidden_of[j] = None;
-                    }
-                }
+                Err(e) => tracing::error!(%e, "prefill forward failed"),
             }
         }
 
@@ -280,7 +521,17 @@ impl Scheduler {
             let Some(mut req) = line[i].take() else {
                 continue;
             };
-            if req.pending() > 0 && (logits_of[j].is_some() || hidden_of[j].is_some()) {
+            let computed = logits_of[j].is_some() || hidden_of[j].is_some();
+            if computed {
+                req.len += tokens[j].len();
+                // Share what was just computed: later chunks and other requests reuse it.
+                self.cache_computed(&mut req);
+            } else if let Some(row) = req.row {
+                // The chunk's slots hold no valid KV: back to the allocator.
+                let chunk = self.pool.row(row)[req.len..req.len + tokens[j].len()].to_vec();
+                self.alloc.free(&chunk);
+            }
+            if computed && req.pending() > 0 {
                 line[i] = Some(req); // more chunks to go
                 continue;
             }
@@ -303,12 +554,7 @@ impl Scheduler {
                         }
                     }
                 }
-                _ => {
-                    let rid = req.rid.clone();
-                    self.alloc.free(&req.slots);
-                    self.finished_rids.push(rid.clone());
-                    outs.push(self.error_out(&rid, 500, "model forward failed".into()));
-                }
+                _ => outs.push(self.fail(req, 500, "model forward failed".into())),
             }
         }
         self.prefilling = line.into_iter().flatten().collect();
@@ -326,24 +572,27 @@ impl Scheduler {
                 self.retract(req);
             }
         }
-        if self.alloc.available() > 0 {
+        if self.ensure_free(1) {
             return Vec::new(); // the head request gets the freed room next step
         }
         match self.prefilling.pop_front() {
-            Some(req) => {
-                let rid = req.rid.clone();
-                self.alloc.free(&req.slots);
-                self.finished_rids.push(rid.clone());
-                vec![self.error_out(&rid, 503, "not enough KV cache for this request".into())]
-            }
+            Some(req) => vec![self.fail(req, 503, "not enough KV cache for this request".into())],
             None => Vec::new(),
         }
     }
 
     fn decode_step(&mut self) -> Vec<TokenOut> {
         let mut outs = Vec::new();
-        // Make room: retract the requests with the fewest generated tokens (cheapest to redo).
-        while self.alloc.available() < self.running.len() && self.running.len() > 1 {
+        // Make room: evict from the cache, then send back half-prefilled requests (their KV
+        // goes to the cache, evictable), then retract the running requests with the fewest
+        // generated tokens (cheapest to redo).
+        while !self.ensure_free(self.running.len()) {
+            let Some(req) = self.prefilling.pop_back() else {
+                break;
+            };
+            self.retract(req);
+        }
+        while !self.ensure_free(self.running.len()) && self.running.len() > 1 {
             let victim = (0..self.running.len())
                 .min_by_key(|&i| {
                     (
@@ -363,32 +612,38 @@ impl Scheduler {
             }
             return outs;
         }
+        let mut fresh = Vec::with_capacity(self.running.len());
+        self.alloc.alloc_into(self.running.len(), &mut fresh);
         let mut tokens = Vec::with_capacity(self.running.len());
-        for req in &mut self.running {
-            let pos = req.slots.len();
-            self.alloc.alloc_into(1, &mut req.slots);
-            tokens.push((req.token_range(pos, pos + 1), pos));
+        for (req, slot) in self.running.iter().zip(&fresh) {
+            let row = req.row.expect("running requests hold a row");
+            self.pool.row_mut(row)[req.len] = *slot;
+            tokens.push(req.token_range(req.len, req.len + 1));
         }
         let seqs: Vec<SeqInput<'_>> = self
             .running
             .iter()
             .zip(&tokens)
-            .map(|(req, (t, pos))| SeqInput {
+            .map(|(req, t)| SeqInput {
                 new_tokens: t,
-                start_pos: *pos,
-                slots: &req.slots,
+                start_pos: req.len,
+                slots: &self.pool.row(req.row.unwrap_or_default())[..req.len + 1],
             })
             .collect();
         let vocab = self.model.config().vocab_size;
         let logits = match self.model.forward(&mut self.kv, &seqs) {
-            Ok(l) => l,
+            Ok(l) => {
+                for req in &mut self.running {
+                    req.len += 1;
+                }
+                l
+            }
             Err(e) => {
+                // The new slots hold no valid KV: back to the allocator, never into the cache.
                 tracing::error!(%e, "decode forward failed");
+                self.alloc.free(&fresh);
                 for req in std::mem::take(&mut self.running) {
-                    let rid = req.rid.clone();
-                    self.alloc.free(&req.slots);
-                    self.finished_rids.push(rid.clone());
-                    outs.push(self.error_out(&rid, 500, format!("model forward failed: {e}")));
+                    outs.push(self.fail(req, 500, format!("model forward failed: {e}")));
                 }
                 return outs;
             }
@@ -408,11 +663,10 @@ impl Scheduler {
         outs
     }
 
-    /// Put a request back in the queue without its KV; its output so far is kept.
+    /// Put a request back in the queue; its KV stays in the cache (evictable) so resuming it
+    /// may be cheap, and its output so far is kept.
     fn retract(&mut self, mut req: Req) {
-        self.alloc.free(&req.slots);
-        req.slots.clear();
-        req.cached_tokens = 0;
+        self.release(&mut req);
         self.waiting.push_front(req);
     }
 
@@ -455,9 +709,7 @@ impl Scheduler {
             completion_tokens: req.output.len() as u32,
             cached_tokens: req.cached_tokens,
             dp_rank: Some(self.config.rank),
-            logprobs: req
-                .return_logprob
-                .then(|| req.logprobs[req.sent..].to_vec()),
+            logprobs: req.return_logprob.then(|| req.logprobs[req.sent..].to_vec()),
             embedding: None,
             error: None,
         };
@@ -465,8 +717,8 @@ impl Scheduler {
         out
     }
 
-    fn finish(&mut self, req: Req, reason: FinishReason, matched: Option<u32>) -> TokenOut {
-        self.alloc.free(&req.slots);
+    fn finish(&mut self, mut req: Req, reason: FinishReason, matched: Option<u32>) -> TokenOut {
+        self.release(&mut req);
         self.finished_rids.push(req.rid.clone());
         TokenOut {
             rid: req.rid.clone(),
@@ -477,12 +729,16 @@ impl Scheduler {
             completion_tokens: req.output.len() as u32,
             cached_tokens: req.cached_tokens,
             dp_rank: Some(self.config.rank),
-            logprobs: req
-                .return_logprob
-                .then(|| req.logprobs[req.sent..].to_vec()),
+            logprobs: req.return_logprob.then(|| req.logprobs[req.sent..].to_vec()),
             embedding: None,
             error: None,
         }
+    }
+
+    fn fail(&mut self, mut req: Req, status: u16, message: String) -> TokenOut {
+        self.release(&mut req);
+        self.finished_rids.push(req.rid.clone());
+        self.error_out(&req.rid, status, message)
     }
 
     fn error_out(&self, rid: &str, status: u16, message: String) -> TokenOut {

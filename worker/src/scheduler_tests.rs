@@ -5,22 +5,40 @@ use std::collections::HashMap;
 
 use protocol::{FinishReason, GenerateReq, SamplingParams, TokenOut};
 
-use super::{Scheduler, SchedulerConfig};
+use super::{SchedulePolicy, Scheduler, SchedulerConfig};
 use crate::model::{BuiltinSize, LlamaModel, ModelConfig};
 
-fn scheduler(max_total_tokens: usize, chunk: usize) -> Scheduler {
+fn config(max_total_tokens: usize, chunk: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        rank: 0,
+        max_total_tokens,
+        max_running_requests: 64,
+        pre_alloc_rows: 0,
+        chunked_prefill_size: chunk,
+        max_prefill_tokens: 4096,
+        context_len: 256,
+        policy: SchedulePolicy::Lpm,
+        disable_radix_cache: false,
+    }
+}
+
+fn with_config(config: SchedulerConfig) -> Scheduler {
     let model = LlamaModel::dummy(ModelConfig::builtin(BuiltinSize::Tiny), 7);
-    Scheduler::new(
-        SchedulerConfig {
-            rank: 0,
-            max_total_tokens,
-            max_running_requests: 64,
-            chunked_prefill_size: chunk,
-            max_prefill_tokens: 4096,
-            context_len: 256,
-        },
-        model,
-    )
+    Scheduler::new(config, model)
+}
+
+fn scheduler(max_total_tokens: usize, chunk: usize) -> Scheduler {
+    with_config(config(max_total_tokens, chunk))
+}
+
+/// The pool is whole: every slot is free or evictable, none held or locked.
+fn assert_pool_whole(s: &Scheduler) {
+    assert_eq!(s.used_tokens(), 0, "slots still held");
+    assert_eq!(
+        s.free_slots() + s.evictable_slots(),
+        s.config().max_total_tokens,
+        "free + evictable = total"
+    );
 }
 
 fn req(rid: &str, prompt: Vec<u32>, max_new_tokens: u32) -> GenerateReq {
@@ -84,7 +102,7 @@ fn every_request_finishes_once_with_its_tokens() {
         assert_eq!(last.completion_tokens, 4 + i);
         assert_eq!(last.prompt_tokens, 5 + i);
     }
-    assert_eq!(s.used_tokens(), 0, "all slots returned");
+    assert_pool_whole(&s);
     assert_eq!(s.take_finished_rids().len(), 10);
 }
 
@@ -113,7 +131,7 @@ fn greedy_output_is_the_same_alone_batched_chunked_and_retracted() {
     let done = drain(&mut s);
     assert_eq!(done.len(), 9, "nothing lost under KV pressure");
     assert_eq!(done["target"].0, alone, "retracted and resumed");
-    assert_eq!(s.used_tokens(), 0);
+    assert_pool_whole(&s);
 }
 
 #[test]
@@ -130,7 +148,7 @@ fn abort_returns_slots_and_ends_the_request() {
     let outs = s.abort(None);
     assert_eq!(outs.len(), 1);
     assert_eq!(outs[0].rid, "b");
-    assert_eq!(s.used_tokens(), 0);
+    assert_pool_whole(&s);
     assert!(!s.has_work());
 }
 
@@ -166,4 +184,104 @@ fn eos_and_stop_tokens_end_generation() {
     assert_eq!(ids, &first[..2].to_vec());
     assert_eq!(last.finish_reason, Some(FinishReason::Stop));
     assert_eq!(last.matched_stop, Some(first[1]));
+}
+
+#[test]
+fn greedy_output_is_the_same_with_and_without_the_cache_and_policies() {
+    let target = || req("target", prompt(5, 60), 16);
+    let run = |cfg: SchedulerConfig, warm: bool| {
+        let mut s = with_config(cfg);
+        if warm {
+            // Same first 40 tokens, cached before the target arrives.
+            let mut p = prompt(5, 60);
+            p.truncate(40);
+            p.push(7);
+            s.submit(req("warm", p, 3));
+            drain(&mut s);
+        }
+        s.submit(target());
+        let done = drain(&mut s);
+        assert_pool_whole(&s);
+        (done["target"].0.clone(), done["target"].1.cached_tokens)
+    };
+    let (base, cached) = run(config(4096, 2048), false);
+    assert_eq!(cached, 0);
+    let (hit, cached) = run(config(4096, 2048), true);
+    assert_eq!(hit, base, "prefix from the cache");
+    assert_eq!(cached, 40);
+    let (chunked, _) = run(config(4096, 7), true);
+    assert_eq!(chunked, base, "cache + chunked prefill");
+    let mut no_cache = config(4096, 2048);
+    no_cache.disable_radix_cache = true;
+    let (plain, cached) = run(no_cache, true);
+    assert_eq!(plain, base);
+    assert_eq!(cached, 0, "--disable-radix-cache reuses nothing");
+    let mut fcfs = config(4096, 2048);
+    fcfs.policy = SchedulePolicy::Fcfs;
+    assert_eq!(run(fcfs, true).0, base);
+}
+
+#[test]
+fn a_repeated_prompt_reuses_all_but_its_last_token() {
+    let mut s = scheduler(4096, 2048);
+    s.submit(req("first", prompt(3, 100), 4));
+    let first = drain(&mut s);
+    s.submit(req("second", prompt(3, 100), 4));
+    let second = drain(&mut s);
+    assert_eq!(first["first"].1.cached_tokens, 0);
+    assert_eq!(second["second"].1.cached_tokens, 99);
+    assert_eq!(first["first"].0, second["second"].0);
+    assert!(s.cache_hit_rate() > 0.45);
+}
+
+#[test]
+fn lpm_computes_a_shared_prefix_once() {
+    // Two requests with the same long prompt prefix arrive together: under lpm the second waits
+    // for the first's prefix and takes it from the cache.
+    let mut s = scheduler(4096, 2048);
+    let mut a = prompt(11, 200);
+    let mut b = a.clone();
+    a.push(5);
+    b.push(6);
+    s.submit(req("a", a, 2));
+    s.submit(req("b", b, 2));
+    let done = drain(&mut s);
+    assert_eq!(done["a"].1.cached_tokens, 0);
+    assert_eq!(done["b"].1.cached_tokens, 200);
+}
+
+#[test]
+fn flush_is_refused_while_busy_and_empties_the_cache_when_idle() {
+    let mut s = scheduler(4096, 2048);
+    s.submit(req("a", prompt(1, 30), 50));
+    s.step();
+    assert!(s.flush_cache().is_err());
+    drain(&mut s);
+    assert!(s.evictable_slots() > 0);
+    let freed = s.flush_cache().unwrap();
+    assert!(freed > 0);
+    assert_eq!(s.free_slots(), 4096);
+}
+
+#[test]
+fn sixty_four_concurrent_requests_under_kv_pressure_match_running_alone() {
+    let reqs: Vec<GenerateReq> = (0..64)
+        .map(|i| req(&format!("r{i}"), prompt(i % 8, 12 + (i as usize % 5)), 24))
+        .collect();
+    let mut alone = HashMap::new();
+    for r in &reqs {
+        let mut s = scheduler(4096, 2048);
+        s.submit(r.clone());
+        alone.insert(r.rid.clone(), drain(&mut s)[&r.rid].0.clone());
+    }
+    let mut s = scheduler(300, 64);
+    for r in reqs {
+        s.submit(r);
+    }
+    let done = drain(&mut s);
+    assert_eq!(done.len(), 64);
+    for (rid, (ids, _)) in &done {
+        assert_eq!(ids, &alone[rid], "{rid}");
+    }
+    assert_pool_whole(&s);
 }

@@ -1,0 +1,158 @@
+//! Request-to-token pool: one table of `rows × context_len` KV slot indices, allocated once at
+//! start. A request holds one row while it is admitted; row `r`, column `p` is the KV slot of
+//! position `p` of that request, which is what the model reads attention from.
+//!
+//! Rows are handed out from a free list (O(1) alloc and free, no per-request allocation). Beyond
+//! `--max-running-requests` rows there are `pre_alloc` extra rows (`--decode-prealloc-size`) for
+//! requests that hold KV without running: a decode worker receiving KV from a prefill worker in
+//! disaggregated serving, or a request admitted while it waits. The scheduler never lets more
+//! than `max_running_requests` requests run, so the extra rows never raise the running cap.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// `--decode-prealloc-size`: `auto` or a row count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DecodePrealloc {
+    /// As SGLang's decode pool: `2 × max_running_requests` when that is at most 32, else 0.
+    #[default]
+    Auto,
+    Rows(usize),
+}
+
+/// Largest running cap for which `auto` adds pre-allocated rows.
+const AUTO_PREALLOC_MAX_RUNNING: usize = 32;
+/// Pre-allocated rows per running row under `auto`.
+const AUTO_PREALLOC_FACTOR: usize = 2;
+
+impl DecodePrealloc {
+    pub fn rows(self, max_running_requests: usize) -> usize {
+        match self {
+            DecodePrealloc::Auto if max_running_requests <= AUTO_PREALLOC_MAX_RUNNING => {
+                AUTO_PREALLOC_FACTOR * max_running_requests
+            }
+            DecodePrealloc::Auto => 0,
+            DecodePrealloc::Rows(n) => n,
+        }
+    }
+}
+
+impl FromStr for DecodePrealloc {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "auto" {
+            return Ok(DecodePrealloc::Auto);
+        }
+        s.parse::<usize>()
+            .map(DecodePrealloc::Rows)
+            .map_err(|_| format!("expected `auto` or a row count, got {s:?}"))
+    }
+}
+
+impl fmt::Display for DecodePrealloc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DecodePrealloc::Auto => f.write_str("auto"),
+            DecodePrealloc::Rows(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+/// The table and its free rows.
+#[derive(Debug)]
+pub struct ReqToTokenPool {
+    table: Vec<u32>,
+    context_len: usize,
+    free_rows: Vec<usize>,
+    rows: usize,
+}
+
+impl ReqToTokenPool {
+    pub fn new(max_running_requests: usize, pre_alloc: usize, context_len: usize) -> Self {
+        let rows = max_running_requests + pre_alloc;
+        ReqToTokenPool {
+            table: vec![0; rows * context_len],
+            context_len,
+            free_rows: (0..rows).rev().collect(),
+            rows,
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn available(&self) -> usize {
+        self.free_rows.len()
+    }
+
+    pub fn alloc(&mut self) -> Option<usize> {
+        self.free_rows.pop()
+    }
+
+    pub fn free(&mut self, row: usize) {
+        debug_assert!(row < self.rows && !self.free_rows.contains(&row));
+        self.free_rows.push(row);
+    }
+
+    /// Slots of row `row`, all `context_len` positions.
+    pub fn row(&self, row: usize) -> &[u32] {
+        &self.table[row * self.context_len..(row + 1) * self.context_len]
+    }
+
+    pub fn row_mut(&mut self, row: usize) -> &mut [u32] {
+        &mut self.table[row * self.context_len..(row + 1) * self.context_len]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn auto_prealloc_follows_the_decode_pool_rule() {
+        assert_eq!(DecodePrealloc::Auto.rows(8), 16);
+        assert_eq!(DecodePrealloc::Auto.rows(32), 64);
+        assert_eq!(DecodePrealloc::Auto.rows(33), 0);
+        assert_eq!(DecodePrealloc::Rows(5).rows(100), 5);
+        assert_eq!("auto".parse::<DecodePrealloc>(), Ok(DecodePrealloc::Auto));
+        assert_eq!("3".parse::<DecodePrealloc>(), Ok(DecodePrealloc::Rows(3)));
+        assert!("x".parse::<DecodePrealloc>().is_err());
+    }
+
+    #[test]
+    fn rows_are_separate() {
+        let mut pool = ReqToTokenPool::new(2, 1, 4);
+        let a = pool.alloc().unwrap();
+        let b = pool.alloc().unwrap();
+        pool.row_mut(a).copy_from_slice(&[1, 2, 3, 4]);
+        pool.row_mut(b).copy_from_slice(&[5, 6, 7, 8]);
+        assert_eq!(pool.row(a), &[1, 2, 3, 4]);
+        assert_eq!(pool.row(b), &[5, 6, 7, 8]);
+        assert!(pool.alloc().is_some());
+        assert!(pool.alloc().is_none(), "three rows in all");
+    }
+
+    proptest! {
+        #[test]
+        fn rows_are_never_handed_out_twice(ops in prop::collection::vec(any::<bool>(), 1..200)) {
+            let mut pool = ReqToTokenPool::new(4, 2, 3);
+            let mut held = Vec::new();
+            for alloc in ops {
+                if alloc {
+                    if let Some(r) = pool.alloc() {
+                        prop_assert!(!held.contains(&r));
+                        held.push(r);
+                    } else {
+                        prop_assert_eq!(held.len(), 6);
+                    }
+                } else if let Some(r) = held.pop() {
+                    pool.free(r);
+                }
+                prop_assert_eq!(pool.available() + held.len(), pool.rows());
+            }
+        }
+    }
+}
