@@ -61,6 +61,9 @@ pub struct UpArgs {
     /// Seconds without a heartbeat before a worker leaves the live set.
     #[arg(long, env = "DPSERVE_WORKER_TIMEOUT")]
     pub worker_timeout: Option<f64>,
+    /// Seconds a stopping worker keeps running what it holds (its default when unset).
+    #[arg(long, env = "DPSERVE_DRAIN_TIMEOUT")]
+    pub drain_timeout: Option<f64>,
     /// Directory for the ipc sockets (default: a fresh one per deployment, mode 0700).
     #[arg(long, env = "DPSERVE_RUNTIME_DIR")]
     pub runtime_dir: Option<PathBuf>,
@@ -210,6 +213,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         push(&mut worker, "--max-prefill-tokens", args.max_prefill_tokens);
         push(&mut worker, "--context-length", args.context_length);
         push(&mut worker, "--num-threads", Some(threads));
+        push(&mut worker, "--drain-timeout", args.drain_timeout);
         deployment.spawn(&format!("worker {rank}"), worker)?;
     }
 
@@ -259,7 +263,9 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(100));
     }
     tracing::info!("stopping");
-    deployment.stop(Duration::from_secs(10));
+    // Workers drain what they hold first (30 s unless --drain-timeout says otherwise).
+    let grace = args.drain_timeout.unwrap_or(30.0).max(0.0) + 5.0;
+    deployment.stop(Duration::from_secs_f64(grace));
     Ok(())
 }
 

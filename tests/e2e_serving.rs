@@ -7,7 +7,16 @@ use common::Server;
 use serde_json::{json, Value};
 
 fn tiny() -> Server {
-    Server::up(&["--builtin-size", "tiny", "--dp-size", "2", "--max-total-tokens", "4096"])
+    Server::up(&[
+        "--builtin-size",
+        "tiny",
+        "--dp-size",
+        "2",
+        "--max-total-tokens",
+        "4096",
+        "--load-balance-method",
+        "round_robin",
+    ])
 }
 
 #[test]
@@ -149,4 +158,38 @@ fn up_fails_clearly_when_a_child_dies_during_start() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("exited during start"), "stderr: {stderr}");
+}
+
+#[test]
+fn a_repeated_long_prompt_is_served_from_the_prefix_cache() {
+    let server = tiny();
+    let prompt: Vec<u32> = (0..600u32).map(|i| 3 + (i * 7919) % 8000).collect();
+    let body = json!({"input_ids": prompt, "routed_dp_rank": 1,
+                      "sampling_params": {"max_new_tokens": 4, "temperature": 0}});
+    let (status, first) = server.post("/generate", &body);
+    assert_eq!(status, 200, "{first}");
+    let (_, second) = server.post("/generate", &body);
+    assert_eq!(first["meta_info"]["cached_tokens"], 0);
+    let cached = second["meta_info"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached >= 599, "cached_tokens {cached} < prompt length - 1");
+    assert_eq!(first["output_ids"], second["output_ids"], "cache changes nothing");
+
+    // Once idle, every slot is free or evictable (the status is throttled: poll briefly).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (_, info) = server.get("/get_server_info");
+        let rank = info["ranks"]
+            .as_array()
+            .and_then(|r| r.iter().find(|r| r["rank"] == 1).cloned())
+            .unwrap_or(Value::Null);
+        let s = &rank["status"];
+        let whole = s["num_free_tokens"].as_u64().unwrap_or(0)
+            + s["num_evictable_tokens"].as_u64().unwrap_or(0)
+            == s["max_total_tokens"].as_u64().unwrap_or(1);
+        if whole && s["num_evictable_tokens"].as_u64().unwrap_or(0) >= 599 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "pool not whole: {s}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }

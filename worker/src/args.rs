@@ -69,6 +69,10 @@ pub struct WorkerArgs {
     /// Heartbeat period in milliseconds (independent of model steps).
     #[arg(long, env = "DPSERVE_HEARTBEAT_INTERVAL_MS", default_value_t = 500)]
     pub heartbeat_interval_ms: u64,
+    /// Seconds a worker told to stop (SIGTERM) keeps running what it holds before it exits;
+    /// 0 stops at once. New requests go elsewhere from the first moment.
+    #[arg(long, env = "DPSERVE_DRAIN_TIMEOUT", default_value_t = 30.0)]
+    pub drain_timeout: f64,
     /// Compute device. Only `cpu` in this build.
     #[arg(long, env = "DPSERVE_DEVICE", default_value = "cpu")]
     pub device: String,
@@ -98,6 +102,7 @@ pub struct WorkerConfig {
     pub disable_radix_cache: bool,
     pub num_threads: usize,
     pub heartbeat_interval: Duration,
+    pub drain_timeout: Duration,
 }
 
 impl WorkerArgs {
@@ -139,6 +144,12 @@ impl WorkerArgs {
         if self.max_total_tokens > u32::MAX as usize {
             anyhow::bail!("--max-total-tokens must fit in 32 bits");
         }
+        if !(self.drain_timeout.is_finite() && self.drain_timeout >= 0.0) {
+            anyhow::bail!(
+                "--drain-timeout must be a number of seconds >= 0, got {}",
+                self.drain_timeout
+            );
+        }
         let num_threads = match self.num_threads {
             Some(0) => anyhow::bail!("--num-threads must be at least 1"),
             Some(n) => n,
@@ -159,6 +170,7 @@ impl WorkerArgs {
             context_length: self.context_length,
             num_threads,
             heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms.max(10)),
+            drain_timeout: Duration::from_secs_f64(self.drain_timeout),
         })
     }
 }

@@ -132,7 +132,40 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let mut last_status = Instant::now();
     let mut last_generated = 0u64;
     let mut refused: Option<String> = None;
-    while !stop.load(Ordering::Relaxed) {
+    // SIGTERM starts a drain: the controller stops routing here at once, what is held finishes
+    // within --drain-timeout, then the worker leaves.
+    let mut drain_deadline: Option<Instant> = None;
+    loop {
+        if refused.is_some() {
+            break;
+        }
+        if stop.load(Ordering::Relaxed) && drain_deadline.is_none() {
+            if !sched.has_work() || config.drain_timeout.is_zero() {
+                break;
+            }
+            tracing::info!(
+                rank = config.rank,
+                running = sched.num_running(),
+                waiting = sched.num_waiting(),
+                drain_timeout_s = config.drain_timeout.as_secs_f64(),
+                "draining before exit"
+            );
+            protocol::socket::send(
+                &outbox,
+                &Message::Shutdown(Shutdown {
+                    rank: Some(config.rank),
+                    reason: "draining".into(),
+                    drain_timeout_s: Some(config.drain_timeout.as_secs_f64()),
+                }),
+            )
+            .ok();
+            drain_deadline = Some(Instant::now() + config.drain_timeout);
+        }
+        if let Some(deadline) = drain_deadline {
+            if !sched.has_work() || Instant::now() >= deadline {
+                break;
+            }
+        }
         // Take everything that arrived; block briefly only when there is nothing to compute.
         let mut first = if sched.has_work() {
             inbound.try_recv().ok()
@@ -148,6 +181,12 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
                 Inbound::Refused(reason) => {
                     refused = Some(reason);
                     stop.store(true, Ordering::Relaxed);
+                }
+                Inbound::Msg(Message::GenerateReq(req)) if drain_deadline.is_some() => {
+                    send(&Message::TokenOut(draining_error(&req.rid, config.rank)));
+                }
+                Inbound::Msg(Message::EmbedReq(req)) if drain_deadline.is_some() => {
+                    send(&Message::TokenOut(draining_error(&req.rid, config.rank)));
                 }
                 Inbound::Msg(Message::GenerateReq(req)) => {
                     if let Some(out) = sched.submit(req) {
@@ -196,6 +235,8 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
                 cache_hit_rate: sched.cache_hit_rate(),
                 gen_throughput: (generated - last_generated) as f64 / due.as_secs_f64(),
                 finished_rids: sched.take_finished_rids(),
+                num_free_tokens: sched.free_slots() as u64,
+                num_evictable_tokens: sched.evictable_slots() as u64,
             };
             last_generated = generated;
             last_status = Instant::now();
@@ -209,6 +250,11 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
             "worker {} was refused by the controller: {reason}",
             config.rank
         ),
+        None if drain_deadline.is_some() => format!(
+            "data parallel rank {} stopped: its drain timeout ({:.1}s) ran out",
+            config.rank,
+            config.drain_timeout.as_secs_f64()
+        ),
         None => format!("data parallel rank {} is shutting down", config.rank),
     };
     for out in sched.fail_all(503, &why) {
@@ -219,6 +265,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         &Message::Shutdown(Shutdown {
             rank: Some(config.rank),
             reason: why.clone(),
+            drain_timeout_s: None,
         }),
     )
     .ok();
@@ -236,4 +283,14 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+fn draining_error(rid: &str, rank: u32) -> protocol::TokenOut {
+    let mut out = protocol::TokenOut::error(
+        rid,
+        503,
+        format!("data parallel rank {rank} is draining and takes no new requests"),
+    );
+    out.dp_rank = Some(rank);
+    out
 }
