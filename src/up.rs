@@ -61,6 +61,18 @@ pub struct UpArgs {
     /// Seconds without a heartbeat before a worker leaves the live set.
     #[arg(long, env = "DPSERVE_WORKER_TIMEOUT")]
     pub worker_timeout: Option<f64>,
+    /// Routing trace: one JSON line per routing decision (`dpserve trace FILE`).
+    #[arg(long, env = "DPSERVE_TRACE_FILE")]
+    pub trace_file: Option<PathBuf>,
+    /// Message traces: workers append one JSON line per message and request milestone here.
+    #[arg(long, env = "DPSERVE_TRACE_DIR")]
+    pub trace_dir: Option<PathBuf>,
+    /// Bearer key required on every HTTP endpoint but /health.
+    #[arg(long, env = "DPSERVE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Chat template file (Jinja) instead of the model's.
+    #[arg(long, env = "DPSERVE_CHAT_TEMPLATE")]
+    pub chat_template: Option<PathBuf>,
     /// Seconds a stopping worker keeps running what it holds (its default when unset).
     #[arg(long, env = "DPSERVE_DRAIN_TIMEOUT")]
     pub drain_timeout: Option<f64>,
@@ -161,7 +173,10 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     let (dir, owned) = match &args.runtime_dir {
         Some(dir) => (RuntimeDir::create(dir)?, false),
         None => (
-            RuntimeDir::create(RuntimeDir::default_path(&format!("up-{}", std::process::id())))?,
+            RuntimeDir::create(RuntimeDir::default_path(&format!(
+                "up-{}",
+                std::process::id()
+            )))?,
             true,
         ),
     };
@@ -185,14 +200,29 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     push(&mut tokenizer, "--tokenizer-addr", Some(&tokenizer_addr));
     push(&mut tokenizer, "--controller-addr", Some(&controller_addr));
     push(&mut tokenizer, "--dp-size", Some(args.dp_size));
+    push(&mut tokenizer, "--api-key", args.api_key.as_ref());
+    push(
+        &mut tokenizer,
+        "--chat-template",
+        args.chat_template.as_ref().map(|p| p.display()),
+    );
     deployment.spawn("tokenizer", tokenizer)?;
 
     let mut controller: Vec<OsString> = vec!["controller".into()];
     push(&mut controller, "--controller-addr", Some(&controller_addr));
     push(&mut controller, "--worker-addr", Some(&worker_addr));
     push(&mut controller, "--tokenizer-addr", Some(&tokenizer_addr));
-    push(&mut controller, "--load-balance-method", args.load_balance_method.as_ref());
+    push(
+        &mut controller,
+        "--load-balance-method",
+        args.load_balance_method.as_ref(),
+    );
     push(&mut controller, "--worker-timeout", args.worker_timeout);
+    push(
+        &mut controller,
+        "--trace-file",
+        args.trace_file.as_ref().map(|p| p.display()),
+    );
     deployment.spawn("controller", controller)?;
 
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -208,12 +238,25 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         push(&mut worker, "--worker-addr", Some(&worker_addr));
         push(&mut worker, "--tokenizer-addr", Some(&tokenizer_addr));
         push(&mut worker, "--max-total-tokens", args.max_total_tokens);
-        push(&mut worker, "--max-running-requests", args.max_running_requests);
-        push(&mut worker, "--chunked-prefill-size", args.chunked_prefill_size);
+        push(
+            &mut worker,
+            "--max-running-requests",
+            args.max_running_requests,
+        );
+        push(
+            &mut worker,
+            "--chunked-prefill-size",
+            args.chunked_prefill_size,
+        );
         push(&mut worker, "--max-prefill-tokens", args.max_prefill_tokens);
         push(&mut worker, "--context-length", args.context_length);
         push(&mut worker, "--num-threads", Some(threads));
         push(&mut worker, "--drain-timeout", args.drain_timeout);
+        push(
+            &mut worker,
+            "--trace-dir",
+            args.trace_dir.as_ref().map(|p| p.display()),
+        );
         deployment.spawn(&format!("worker {rank}"), worker)?;
     }
 
@@ -229,7 +272,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             deployment.stop(Duration::from_secs(5));
             bail!("{name} exited during start ({status}); see its log above");
         }
-        if let Some(live) = live_ranks(&probe) {
+        if let Some(live) = live_ranks(&probe, args.api_key.as_deref()) {
             if live >= args.dp_size as usize {
                 break;
             }
@@ -277,12 +320,16 @@ fn push<T: ToString>(args: &mut Vec<OsString>, flag: &str, value: Option<T>) {
 }
 
 /// Number of live ranks per the tokenizer's `/get_server_info`, or `None` if it is not up yet.
-fn live_ranks(addr: &str) -> Option<usize> {
-    let mut stream = TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_millis(500)).ok()?;
+fn live_ranks(addr: &str, api_key: Option<&str>) -> Option<usize> {
+    let mut stream =
+        TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_millis(500)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    let auth = api_key
+        .map(|k| format!("Authorization: Bearer {k}\r\n"))
+        .unwrap_or_default();
     write!(
         stream,
-        "GET /get_server_info HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET /get_server_info HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n"
     )
     .ok()?;
     let mut response = String::new();

@@ -9,7 +9,10 @@ use serde_json::Value;
 
 #[test]
 fn bench_launch_compares_methods_and_writes_json() {
-    let out = tempfile::Builder::new().prefix("dpsb").tempdir_in("/tmp").expect("temp dir");
+    let out = tempfile::Builder::new()
+        .prefix("dpsb")
+        .tempdir_in("/tmp")
+        .expect("temp dir");
     let jsonl = out.path().join("results.jsonl");
     let status = Command::new(env!("CARGO_BIN_EXE_dpserve"))
         .args([
@@ -69,20 +72,40 @@ fn bench_launch_compares_methods_and_writes_json() {
         assert_eq!(r["completed"], 8);
         assert_eq!(r["failed"], 0);
         assert_eq!(r["total_input_tokens"], 8 * 72);
-        assert_eq!(r["total_output_tokens"], 8 * 4, "ignore_eos makes output lengths exact");
-        for key in ["request_throughput", "output_throughput", "mean_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_itl_ms"] {
+        assert_eq!(
+            r["total_output_tokens"],
+            8 * 4,
+            "ignore_eos makes output lengths exact"
+        );
+        for key in [
+            "request_throughput",
+            "output_throughput",
+            "mean_ttft_ms",
+            "p99_ttft_ms",
+            "mean_tpot_ms",
+            "mean_itl_ms",
+        ] {
             assert!(r[key].as_f64().is_some_and(|v| v > 0.0), "{key} in {r}");
         }
         let hit = r["cache_hit_rate"].as_f64().expect("cache_hit_rate");
         assert!((0.0..=1.0).contains(&hit));
-        let shares: f64 = r["rank_share"].as_object().unwrap().values().filter_map(Value::as_f64).sum();
+        let shares: f64 = r["rank_share"]
+            .as_object()
+            .unwrap()
+            .values()
+            .filter_map(Value::as_f64)
+            .sum();
         assert!((shares - 1.0).abs() < 1e-9, "rank shares sum to 1: {r}");
     }
     // round_robin alternates the two ranks.
     assert_eq!(methods[0]["result"]["requests_per_rank"]["0"], 4);
 
     let lines = std::fs::read_to_string(&jsonl).unwrap();
-    assert_eq!(lines.lines().count(), 2, "one JSON line per method that ran");
+    assert_eq!(
+        lines.lines().count(),
+        2,
+        "one JSON line per method that ran"
+    );
     for line in lines.lines() {
         let v: Value = serde_json::from_str(line).expect("a JSON line");
         assert!(v["mean_ttft_ms"].is_number());

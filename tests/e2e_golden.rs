@@ -54,10 +54,7 @@ fn golden_continuation_on_every_rank_streaming_and_not() {
             .flat_map(|c| c["output_ids"].as_array().cloned().unwrap_or_default())
             .filter_map(|v| v.as_u64())
             .collect();
-        let streamed_text: String = chunks
-            .iter()
-            .filter_map(|c| c["text"].as_str())
-            .collect();
+        let streamed_text: String = chunks.iter().filter_map(|c| c["text"].as_str()).collect();
         assert_eq!(streamed_ids, ids, "rank {rank} streamed ids");
         assert_eq!(streamed_text, text, "rank {rank} streamed text");
     }

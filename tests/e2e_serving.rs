@@ -79,7 +79,10 @@ fn greedy_is_the_same_on_every_rank_and_alone_or_concurrent() {
         let (i, status, resp) = h.join().unwrap();
         assert_eq!(status, 200, "request {i}: {resp}");
         if i % 2 == 0 {
-            assert_eq!(resp["output_ids"], expected, "request {i} differs from alone");
+            assert_eq!(
+                resp["output_ids"], expected,
+                "request {i} differs from alone"
+            );
         }
     }
 }
@@ -91,14 +94,29 @@ fn bad_input_is_a_clear_4xx_and_the_server_keeps_serving() {
         ("wrong type", json!({"text": 5})),
         ("empty prompt", json!({"text": ""})),
         ("no prompt", json!({"sampling_params": {}})),
-        ("negative max_new_tokens", json!({"text": "a", "sampling_params": {"max_new_tokens": -1}})),
-        ("beyond context", json!({"text": "a", "sampling_params": {"max_new_tokens": 10_000_000}})),
+        (
+            "negative max_new_tokens",
+            json!({"text": "a", "sampling_params": {"max_new_tokens": -1}}),
+        ),
+        (
+            "beyond context",
+            json!({"text": "a", "sampling_params": {"max_new_tokens": 10_000_000}}),
+        ),
         ("token outside vocab", json!({"input_ids": [1, 999_999]})),
         ("empty input_ids", json!({"input_ids": []})),
-        ("negative temperature", json!({"text": "a", "sampling_params": {"temperature": -1}})),
-        ("top_p out of range", json!({"text": "a", "sampling_params": {"top_p": 1.5}})),
+        (
+            "negative temperature",
+            json!({"text": "a", "sampling_params": {"temperature": -1}}),
+        ),
+        (
+            "top_p out of range",
+            json!({"text": "a", "sampling_params": {"top_p": 1.5}}),
+        ),
         ("rank not live", json!({"text": "a", "routed_dp_rank": 7})),
-        ("wrong type of rank", json!({"text": "a", "routed_dp_rank": "zero"})),
+        (
+            "wrong type of rank",
+            json!({"text": "a", "routed_dp_rank": "zero"}),
+        ),
     ];
     for (what, body) in cases {
         let (status, resp) = server.post("/generate", &body);
@@ -110,7 +128,10 @@ fn bad_input_is_a_clear_4xx_and_the_server_keeps_serving() {
         assert!(!message.is_empty(), "{what}: no error message in {resp}");
     }
     let (status, resp) = server.post_raw("/generate", "{not json");
-    assert!((400..500).contains(&status), "malformed JSON: {status} {resp}");
+    assert!(
+        (400..500).contains(&status),
+        "malformed JSON: {status} {resp}"
+    );
 
     // Unknown fields are ignored, as gateways send many.
     let (status, resp) = server.post(
@@ -129,11 +150,18 @@ fn garbage_frames_are_dropped_and_serving_continues() {
         let push = ctx.socket(zmq::PUSH).unwrap();
         let path = server.runtime_dir.path().join(socket);
         push.connect(&format!("ipc://{}", path.display())).unwrap();
-        for frame in [&b""[..], b"\xc1", b"\x81\xa1v\x01", b"garbage frame", &[0x82; 64]] {
+        for frame in [
+            &b""[..],
+            b"\xc1",
+            b"\x81\xa1v\x01",
+            b"garbage frame",
+            &[0x82; 64],
+        ] {
             push.send(frame, 0).unwrap();
         }
         // A well-formed envelope of a type nobody knows.
-        push.send(&b"\x82\xa1v\x01\xa3msg\x81\xa7Unknown\x80"[..], 0).unwrap();
+        push.send(&b"\x82\xa1v\x01\xa3msg\x81\xa7Unknown\x80"[..], 0)
+            .unwrap();
         drop(push);
     }
     let (status, resp) = server.post(
@@ -147,7 +175,13 @@ fn garbage_frames_are_dropped_and_serving_continues() {
 fn up_fails_clearly_when_a_child_dies_during_start() {
     let dir = tempfile::tempdir().unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpserve"))
-        .args(["up", "--dp-size", "1", "--port", &common::free_port().to_string()])
+        .args([
+            "up",
+            "--dp-size",
+            "1",
+            "--port",
+            &common::free_port().to_string(),
+        ])
         .arg("--model-path")
         .arg(dir.path().join("no-such-model"))
         .arg("--runtime-dir")
@@ -172,7 +206,10 @@ fn a_repeated_long_prompt_is_served_from_the_prefix_cache() {
     assert_eq!(first["meta_info"]["cached_tokens"], 0);
     let cached = second["meta_info"]["cached_tokens"].as_u64().unwrap();
     assert!(cached >= 599, "cached_tokens {cached} < prompt length - 1");
-    assert_eq!(first["output_ids"], second["output_ids"], "cache changes nothing");
+    assert_eq!(
+        first["output_ids"], second["output_ids"],
+        "cache changes nothing"
+    );
 
     // Once idle, every slot is free or evictable (the status is throttled: poll briefly).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);

@@ -1,11 +1,15 @@
 //! The controller actor: routes each tokenized request to a data-parallel rank, tracks which
 //! ranks are live and how loaded they are, and forwards control messages (abort, flush) to them.
 
+pub mod budget;
+pub mod error;
 pub mod policy;
 pub mod ranks;
 pub mod router;
 pub mod server;
+pub mod trace;
 
+use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +18,8 @@ use anyhow::Context;
 use protocol::endpoint::default_endpoint;
 use protocol::Endpoint;
 
-pub use policy::Method;
+pub use error::{Error, Result};
+pub use policy::{FallbackMethod, Method, PrefixAffinityConfig};
 pub use server::{Controller, ControllerConfig};
 
 /// `dpserve controller` flags. Every flag also reads `DPSERVE_<FLAG>`.
@@ -30,9 +35,32 @@ pub struct ControllerArgs {
     /// The tokenizer's output socket (connect).
     #[arg(long, env = "DPSERVE_TOKENIZER_ADDR")]
     pub tokenizer_addr: Option<String>,
-    /// Load-balance method.
-    #[arg(long, env = "DPSERVE_LOAD_BALANCE_METHOD", default_value = "round_robin")]
+    /// Load-balance method: round_robin, total_requests, total_tokens, follow_bootstrap_room,
+    /// prefix_affinity.
+    #[arg(long, env = "DPSERVE_LOAD_BALANCE_METHOD", default_value_t = Method::default().to_string())]
     pub load_balance_method: String,
+    /// prefix_affinity: how many leading input ids are hashed into the key of a request
+    /// without a routing key.
+    #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_HASH_TOKENS",
+          default_value_t = PrefixAffinityConfig::default().hash_tokens)]
+    pub prefix_affinity_hash_tokens: usize,
+    /// prefix_affinity: never hash the token prefix; requests without a routing key go to the
+    /// fallback method.
+    #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_DISABLE_TOKEN_FALLBACK")]
+    pub prefix_affinity_disable_token_fallback: bool,
+    /// prefix_affinity: method for requests without a key (round_robin, total_requests,
+    /// total_tokens).
+    #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_FALLBACK",
+          default_value_t = PrefixAffinityConfig::default().fallback.to_string())]
+    pub prefix_affinity_fallback: String,
+    /// prefix_affinity: a rank is overloaded when its active requests exceed this multiple
+    /// (>= 1.0) of max(mean over live ranks, 1); the key then spills to its next HRW choice.
+    #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_MAX_LOAD_SKEW",
+          default_value_t = PrefixAffinityConfig::default().max_load_skew)]
+    pub prefix_affinity_max_load_skew: f64,
+    /// Append one JSON line per routing decision to this file (read it with `dpserve trace`).
+    #[arg(long, env = "DPSERVE_TRACE_FILE")]
+    pub trace_file: Option<PathBuf>,
     /// Seconds without a heartbeat after which a worker leaves the live set.
     #[arg(long, env = "DPSERVE_WORKER_TIMEOUT", default_value_t = 3.0)]
     pub worker_timeout: f64,
@@ -50,23 +78,43 @@ impl ControllerArgs {
             }
         };
         if !(self.worker_timeout.is_finite() && self.worker_timeout > 0.0) {
-            anyhow::bail!(
-                "--worker-timeout must be a positive number of seconds, got {}",
-                self.worker_timeout
-            );
+            return Err(Error::WorkerTimeout {
+                got: self.worker_timeout,
+            }
+            .into());
         }
-        let method = self
-            .load_balance_method
-            .parse::<Method>()
-            .map_err(|e| anyhow::anyhow!("--load-balance-method: {e}"))?;
+        let method = self.load_balance_method.parse::<Method>()?;
+        // Validated whatever the method, so a typo surfaces before someone switches to it.
+        let prefix_affinity = self.prefix_affinity_config()?;
         Ok(ControllerConfig {
             controller_addr: addr("controller-addr", &self.controller_addr, "controller")?,
             worker_addr: addr("worker-addr", &self.worker_addr, "worker")?,
             tokenizer_addr: addr("tokenizer-addr", &self.tokenizer_addr, "tokenizer")?,
             method,
+            prefix_affinity,
+            trace_file: self.trace_file.clone(),
             worker_timeout: Duration::from_secs_f64(self.worker_timeout),
             model_id: self.model_id.clone(),
             cluster_status_interval: Duration::from_millis(500),
+        })
+    }
+
+    /// The `--prefix-affinity-*` flags, checked.
+    pub fn prefix_affinity_config(&self) -> Result<PrefixAffinityConfig> {
+        let skew = self.prefix_affinity_max_load_skew;
+        if !(skew.is_finite() && skew >= 1.0) {
+            return Err(Error::LoadSkew { got: skew });
+        }
+        if self.prefix_affinity_hash_tokens == 0 {
+            return Err(Error::HashTokens {
+                got: self.prefix_affinity_hash_tokens,
+            });
+        }
+        Ok(PrefixAffinityConfig {
+            hash_tokens: self.prefix_affinity_hash_tokens,
+            token_fallback: !self.prefix_affinity_disable_token_fallback,
+            fallback: self.prefix_affinity_fallback.parse::<FallbackMethod>()?,
+            max_load_skew: skew,
         })
     }
 }
@@ -81,4 +129,98 @@ pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let ctx = zmq::Context::new();
     let controller = Controller::bind(&ctx, config)?;
     controller.run(stop)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ControllerArgs,
+    }
+
+    fn parse(flags: &[&str]) -> anyhow::Result<ControllerConfig> {
+        let cli = Cli::try_parse_from(std::iter::once("controller").chain(flags.iter().copied()))?;
+        cli.args.resolve()
+    }
+
+    #[test]
+    fn defaults_are_prefix_affinity_with_the_documented_settings() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.method, Method::PrefixAffinity);
+        assert_eq!(c.prefix_affinity, PrefixAffinityConfig::default());
+        assert_eq!(c.prefix_affinity.hash_tokens, 4096);
+        assert_eq!(c.prefix_affinity.fallback, FallbackMethod::TotalTokens);
+        assert_eq!(c.prefix_affinity.max_load_skew, 1.5);
+        assert!(c.prefix_affinity.token_fallback);
+        assert!(c.trace_file.is_none());
+    }
+
+    #[test]
+    fn every_flag_is_read() {
+        let c = parse(&[
+            "--load-balance-method",
+            "total_requests",
+            "--prefix-affinity-hash-tokens",
+            "128",
+            "--prefix-affinity-disable-token-fallback",
+            "--prefix-affinity-fallback",
+            "round_robin",
+            "--prefix-affinity-max-load-skew",
+            "2.5",
+            "--trace-file",
+            "/tmp/route.jsonl",
+        ])
+        .unwrap();
+        assert_eq!(c.method, Method::TotalRequests);
+        assert_eq!(
+            c.prefix_affinity,
+            PrefixAffinityConfig {
+                hash_tokens: 128,
+                token_fallback: false,
+                fallback: FallbackMethod::RoundRobin,
+                max_load_skew: 2.5,
+            }
+        );
+        assert_eq!(c.trace_file, Some(PathBuf::from("/tmp/route.jsonl")));
+    }
+
+    #[test]
+    fn invalid_values_are_startup_errors_that_name_the_flag() {
+        let cases: &[(&[&str], &str)] = &[
+            (
+                &["--load-balance-method", "random"],
+                "--load-balance-method",
+            ),
+            (
+                &["--prefix-affinity-fallback", "prefix_affinity"],
+                "--prefix-affinity-fallback",
+            ),
+            (
+                &["--prefix-affinity-max-load-skew", "0.9"],
+                "--prefix-affinity-max-load-skew",
+            ),
+            (
+                &["--prefix-affinity-max-load-skew", "NaN"],
+                "--prefix-affinity-max-load-skew",
+            ),
+            (
+                &["--prefix-affinity-max-load-skew", "inf"],
+                "--prefix-affinity-max-load-skew",
+            ),
+            (
+                &["--prefix-affinity-hash-tokens", "0"],
+                "--prefix-affinity-hash-tokens",
+            ),
+            (&["--worker-timeout", "0"], "--worker-timeout"),
+        ];
+        for (flags, name) in cases {
+            let err = format!("{:#}", parse(flags).unwrap_err());
+            assert!(err.contains(name), "{flags:?}: {err}");
+        }
+    }
 }

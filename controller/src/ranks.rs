@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use protocol::{Capacity, Hello, RankInfo, WorkerStatus};
 
+use crate::budget::RankBudget;
 use crate::policy::{RankLoad, RankSet};
 
 /// One registered rank.
@@ -18,10 +19,10 @@ pub struct LiveRank {
     pub model_id: String,
     pub pid: u32,
     pub last_seen: Instant,
+    /// The newest status received (reported to the tokenizer as is).
     pub status: Option<WorkerStatus>,
-    /// Requests dispatched since the last status (the status does not count them yet).
-    pub speculative_requests: u64,
-    pub speculative_tokens: u64,
+    /// The load the balancers see: applied status plus speculative dispatches.
+    pub budget: RankBudget,
     /// Requests dispatched to this rank and not yet reported finished: rid → prompt tokens.
     pub inflight: HashMap<String, u64>,
 }
@@ -52,6 +53,9 @@ impl std::fmt::Display for HelloRefusal {
 #[derive(Debug)]
 pub struct Ranks {
     live: BTreeMap<u32, LiveRank>,
+    /// Ranks that said they are draining: no new requests, but what they hold may still finish
+    /// until the deadline. rank → (in-flight rids, deadline).
+    draining: BTreeMap<u32, (HashMap<String, u64>, Instant)>,
     /// The model every rank must serve: fixed by `--model-id` or by the first accepted `Hello`.
     model_id: Option<String>,
     timeout: Duration,
@@ -61,6 +65,7 @@ impl Ranks {
     pub fn new(model_id: Option<String>, timeout: Duration) -> Self {
         Ranks {
             live: BTreeMap::new(),
+            draining: BTreeMap::new(),
             model_id,
             timeout,
         }
@@ -93,11 +98,17 @@ impl Ranks {
                 return Ok(Vec::new());
             }
         }
-        let lost = self
+        let drained: Vec<String> = self
+            .draining
+            .remove(&hello.rank)
+            .map(|(inflight, _)| inflight.into_keys().collect())
+            .unwrap_or_default();
+        let mut lost: Vec<String> = self
             .live
             .remove(&hello.rank)
             .map(|old| old.inflight.into_keys().collect())
             .unwrap_or_default();
+        lost.extend(drained);
         self.live.insert(
             hello.rank,
             LiveRank {
@@ -106,8 +117,7 @@ impl Ranks {
                 pid: hello.pid,
                 last_seen: Instant::now(),
                 status: None,
-                speculative_requests: 0,
-                speculative_tokens: 0,
+                budget: RankBudget::default(),
                 inflight: HashMap::new(),
             },
         );
@@ -141,43 +151,83 @@ impl Ranks {
         }
     }
 
-    /// A status snapshot replaces the speculative counts: it already includes what was sent
-    /// before it. Older snapshots than the one held are skipped.
+    /// A status snapshot: settles finished requests, and feeds the budget (which skips stale
+    /// snapshots and applies at most one per refresh interval).
     pub fn status(&mut self, status: WorkerStatus) -> bool {
+        let now = Instant::now();
+        if let Some((inflight, _)) = self.draining.get_mut(&status.rank) {
+            for rid in &status.finished_rids {
+                inflight.remove(rid);
+            }
+            return true;
+        }
         let Some(r) = self.live.get_mut(&status.rank) else {
             return false;
         };
-        r.last_seen = Instant::now();
+        r.last_seen = now;
         for rid in &status.finished_rids {
             r.inflight.remove(rid);
         }
-        if r
+        r.budget.on_status(&status, now);
+        if !r
             .status
             .as_ref()
             .is_some_and(|old| old.timestamp > status.timestamp)
         {
-            return true;
+            r.status = Some(status);
         }
-        r.speculative_requests = 0;
-        r.speculative_tokens = 0;
-        r.status = Some(status);
         true
     }
 
     /// Account a request dispatched to `rank`.
     pub fn dispatched(&mut self, rank: u32, rid: &str, tokens: u64) {
         if let Some(r) = self.live.get_mut(&rank) {
-            r.speculative_requests += 1;
-            r.speculative_tokens += tokens;
+            r.budget
+                .on_dispatch(rid, tokens, Instant::now(), protocol::unix_time());
             r.inflight.insert(rid.to_string(), tokens);
         }
     }
 
-    /// Forget a rank that said `Shutdown` or timed out; returns the requests it still held.
+    /// Apply status snapshots that were held back by the refresh interval.
+    pub fn refresh(&mut self) {
+        let now = Instant::now();
+        for r in self.live.values_mut() {
+            r.budget.refresh(now);
+        }
+    }
+
+    /// Forget a rank that said `Shutdown` or timed out (live or draining); returns the requests
+    /// it still held.
     pub fn remove(&mut self, rank: u32) -> Option<Vec<String>> {
-        self.live
-            .remove(&rank)
-            .map(|r| r.inflight.into_keys().collect())
+        let live = self.live.remove(&rank).map(|r| r.inflight);
+        let draining = self.draining.remove(&rank).map(|(inflight, _)| inflight);
+        match (live, draining) {
+            (None, None) => None,
+            (a, b) => Some(a.into_iter().chain(b).flat_map(|m| m.into_keys()).collect()),
+        }
+    }
+
+    /// A rank that is draining leaves routing at once; its requests may finish until
+    /// `drain_timeout` (plus the heartbeat timeout, for the last status to arrive) has passed.
+    pub fn start_drain(&mut self, rank: u32, drain_timeout: Duration) -> bool {
+        match self.live.remove(&rank) {
+            Some(r) => {
+                let deadline = Instant::now() + drain_timeout + self.timeout;
+                self.draining.insert(rank, (r.inflight, deadline));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Draining ranks whose deadline has passed.
+    pub fn drain_expired(&self) -> Vec<u32> {
+        let now = Instant::now();
+        self.draining
+            .iter()
+            .filter(|(_, (_, deadline))| now > *deadline)
+            .map(|(&rank, _)| rank)
+            .collect()
     }
 
     /// Ranks whose last sign of life is older than the timeout.
@@ -190,26 +240,17 @@ impl Ranks {
             .collect()
     }
 
-    /// The loads the balancers see.
+    /// The loads the balancers see. Call [`Ranks::refresh`] first to apply due snapshots.
     pub fn rank_set(&self) -> RankSet {
         RankSet::new(
             self.live
                 .iter()
                 .map(|(&rank, r)| {
-                    let (reqs, tokens) = r
-                        .status
-                        .as_ref()
-                        .map(|s| {
-                            (
-                                u64::from(s.num_running_reqs) + u64::from(s.num_waiting_reqs),
-                                s.num_used_tokens,
-                            )
-                        })
-                        .unwrap_or((0, 0));
+                    let (active_requests, active_tokens) = r.budget.load();
                     RankLoad {
                         rank,
-                        active_requests: reqs + r.speculative_requests,
-                        active_tokens: tokens + r.speculative_tokens,
+                        active_requests,
+                        active_tokens,
                     }
                 })
                 .collect(),
@@ -284,9 +325,10 @@ mod tests {
         ranks.dispatched(0, "x", 10);
         ranks.dispatched(0, "y", 5);
         assert_eq!(ranks.rank_set().loads()[0].active_requests, 2);
+        // A snapshot taken after both dispatches counts them itself.
         ranks.status(WorkerStatus {
             rank: 0,
-            timestamp: 1.0,
+            timestamp: protocol::unix_time() + 1.0,
             num_running_reqs: 1,
             num_used_tokens: 5,
             finished_rids: vec!["x".into()],
@@ -294,6 +336,27 @@ mod tests {
         });
         let load = ranks.rank_set().loads()[0];
         assert_eq!((load.active_requests, load.active_tokens), (1, 5));
+        assert_eq!(ranks.remove(0), Some(vec!["y".to_string()]));
+    }
+
+    #[test]
+    fn a_draining_rank_leaves_routing_but_keeps_its_requests_until_it_ends() {
+        let mut ranks = Ranks::new(None, Duration::from_secs(3));
+        ranks.hello(&hello(0, "a")).unwrap();
+        ranks.dispatched(0, "x", 10);
+        ranks.dispatched(0, "y", 10);
+        assert!(ranks.start_drain(0, Duration::from_secs(30)));
+        assert!(
+            ranks.ids().is_empty(),
+            "no new requests go to a draining rank"
+        );
+        ranks.status(WorkerStatus {
+            rank: 0,
+            timestamp: 1.0,
+            finished_rids: vec!["x".into()],
+            ..Default::default()
+        });
+        assert!(ranks.drain_expired().is_empty());
         assert_eq!(ranks.remove(0), Some(vec!["y".to_string()]));
     }
 

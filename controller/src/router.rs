@@ -2,7 +2,7 @@
 
 use thiserror::Error;
 
-use crate::policy::{Branch, LoadBalancer, RankSet, RouteDecision, RouteInput};
+use crate::policy::{Branch, KeySource, LoadBalancer, RankSet, RouteDecision, RouteInput};
 
 /// Why a request could not be routed. Each maps to an HTTP status for the client.
 #[derive(Debug, Error, PartialEq)]
@@ -33,8 +33,8 @@ pub fn route(
     if let Some(rank) = explicit {
         if ranks.contains(rank) {
             return Ok(RouteDecision {
-                rank,
-                branch: Branch::Explicit,
+                key_source: KeySource::Explicit,
+                ..RouteDecision::plain(rank, Branch::Explicit)
             });
         }
         return Err(RouteError::UnknownRank {
@@ -51,7 +51,7 @@ pub fn route(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{RankLoad, RoundRobin};
+    use crate::policy::{PrefixAffinity, PrefixAffinityConfig, RankLoad, RoundRobin};
 
     fn ranks(ids: &[u32]) -> RankSet {
         RankSet::new(
@@ -91,6 +91,23 @@ mod tests {
             }
         );
         assert_eq!(err.http_status(), 400);
+    }
+
+    #[test]
+    fn explicit_rank_bypasses_prefix_affinity() {
+        let mut pa = PrefixAffinity::new(PrefixAffinityConfig::default());
+        let req = RouteInput {
+            routing_key: Some("k"),
+            ..REQ
+        };
+        let ranks = ranks(&[0, 1, 2, 3]);
+        let preferred = route(&mut pa, &req, None, &ranks).unwrap().rank;
+        let other = (preferred + 1) % 4;
+        let d = route(&mut pa, &req, Some(other), &ranks).unwrap();
+        assert_eq!((d.rank, d.branch), (other, Branch::Explicit));
+        assert_eq!(d.key_source, KeySource::Explicit);
+        assert!(d.hrw_order.is_empty());
+        assert!(route(&mut pa, &req, Some(9), &ranks).is_err());
     }
 
     #[test]

@@ -4,18 +4,20 @@
 //! Nothing here blocks on a peer: sends to workers fail fast (ROUTER_MANDATORY), and every
 //! request that cannot be routed or whose rank dies gets exactly one error `TokenOut`.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use protocol::socket::{identity_rank, rank_identity};
 use protocol::{
-    encode, ClusterStatus, Endpoint, FrameStats, HelloAck, Message, TokenOut,
+    encode, ClusterStatus, Endpoint, FrameStats, HelloAck, Message, Shutdown, TokenOut,
 };
 
-use crate::policy::{LoadBalancer, Method, RouteInput};
+use crate::policy::{LoadBalancer, Method, PrefixAffinityConfig, RouteDecision, RouteInput};
 use crate::ranks::Ranks;
 use crate::router::{route, RouteError};
+use crate::trace::{RouteRecord, TraceWriter};
 
 /// Resolved controller settings.
 #[derive(Debug, Clone)]
@@ -24,6 +26,9 @@ pub struct ControllerConfig {
     pub worker_addr: Endpoint,
     pub tokenizer_addr: Endpoint,
     pub method: Method,
+    pub prefix_affinity: PrefixAffinityConfig,
+    /// Append one JSON line per routing decision here.
+    pub trace_file: Option<PathBuf>,
     pub worker_timeout: Duration,
     pub model_id: Option<String>,
     pub cluster_status_interval: Duration,
@@ -36,6 +41,7 @@ pub struct Controller {
     config: ControllerConfig,
     ranks: Ranks,
     balancer: Box<dyn LoadBalancer>,
+    trace: Option<TraceWriter>,
     stats: FrameStats,
     from_tokenizer: zmq::Socket,
     workers: zmq::Socket,
@@ -49,16 +55,24 @@ impl Controller {
         let from_tokenizer = protocol::socket::bind(ctx, zmq::PULL, &config.controller_addr)?;
         let workers = protocol::socket::bind(ctx, zmq::ROUTER, &config.worker_addr)?;
         let to_tokenizer = protocol::socket::connect(ctx, zmq::PUSH, &config.tokenizer_addr, None)?;
+        let trace = config
+            .trace_file
+            .as_deref()
+            .map(TraceWriter::create)
+            .transpose()?;
         tracing::info!(
             controller_addr = %config.controller_addr,
             worker_addr = %config.worker_addr,
             tokenizer_addr = %config.tokenizer_addr,
             method = %config.method,
+            prefix_affinity = ?config.prefix_affinity,
+            trace_file = ?config.trace_file,
             "controller listening"
         );
         Ok(Controller {
             ranks: Ranks::new(config.model_id.clone(), config.worker_timeout),
-            balancer: config.method.balancer(),
+            balancer: config.method.balancer(&config.prefix_affinity),
+            trace,
             stats: FrameStats::default(),
             from_tokenizer,
             workers,
@@ -93,6 +107,7 @@ impl Controller {
             if last_tick.elapsed() >= TICK {
                 last_tick = Instant::now();
                 self.expire_ranks();
+                self.ranks.refresh();
             }
             if self.cluster_changed
                 || self.last_cluster_status.elapsed() >= self.config.cluster_status_interval
@@ -136,7 +151,10 @@ impl Controller {
             };
             let peer = String::from_utf8_lossy(identity).into_owned();
             let Some(rank) = identity_rank(identity) else {
-                tracing::warn!(peer, "dropping frame from a peer whose identity is not rank-<R>");
+                tracing::warn!(
+                    peer,
+                    "dropping frame from a peer whose identity is not rank-<R>"
+                );
                 continue;
             };
             if let Some(msg) = self.stats.decode_or_drop(frame, &peer) {
@@ -154,12 +172,7 @@ impl Controller {
                     routing_key: req.routing_key.as_deref(),
                     bootstrap_room: req.bootstrap_room,
                 };
-                let decision = route(
-                    self.balancer.as_mut(),
-                    &input,
-                    req.routed_dp_rank,
-                    &self.ranks.rank_set(),
-                );
+                let decision = self.decide(&input, req.routed_dp_rank);
                 let tokens = req.input_ids.len() as u64 + u64::from(req.sampling.max_new_tokens);
                 let rid = req.rid.clone();
                 self.dispatch(&rid, decision, tokens, Message::GenerateReq(req));
@@ -171,12 +184,7 @@ impl Controller {
                     routing_key: req.routing_key.as_deref(),
                     bootstrap_room: None,
                 };
-                let decision = route(
-                    self.balancer.as_mut(),
-                    &input,
-                    req.routed_dp_rank,
-                    &self.ranks.rank_set(),
-                );
+                let decision = self.decide(&input, req.routed_dp_rank);
                 let tokens = req.input_ids.len() as u64;
                 let rid = req.rid.clone();
                 self.dispatch(&rid, decision, tokens, Message::EmbedReq(req));
@@ -199,10 +207,47 @@ impl Controller {
         }
     }
 
+    /// Route one request on fresh loads, and record the decision (trace file and the
+    /// `dpserve::route` tracing target).
+    fn decide(
+        &mut self,
+        input: &RouteInput<'_>,
+        explicit: Option<u32>,
+    ) -> Result<RouteDecision, RouteError> {
+        self.ranks.refresh();
+        let ranks = self.ranks.rank_set();
+        let decision = route(self.balancer.as_mut(), input, explicit, &ranks);
+        if let Ok(d) = &decision {
+            tracing::debug!(
+                target: "dpserve::route",
+                rid = input.rid,
+                rank = d.rank,
+                branch = %d.branch,
+                key_source = %d.key_source,
+                key_digest = d.key_digest.map(|k| format!("{k:016x}")),
+                hrw_order = ?d.hrw_order,
+                threshold = d.threshold,
+                "routed"
+            );
+        }
+        if let Some(trace) = &self.trace {
+            // Built only when tracing to a file: without it a decision allocates nothing extra.
+            let rec = RouteRecord::new(
+                input.rid,
+                protocol::unix_time(),
+                self.config.method,
+                &ranks,
+                &decision,
+            );
+            trace.record(rec);
+        }
+        decision
+    }
+
     fn dispatch(
         &mut self,
         rid: &str,
-        decision: Result<crate::policy::RouteDecision, RouteError>,
+        decision: Result<RouteDecision, RouteError>,
         tokens: u64,
         msg: Message,
     ) {
@@ -218,7 +263,6 @@ impl Controller {
                 return;
             }
         };
-        tracing::debug!(target: "dpserve::route", rid, rank = decision.rank, branch = ?decision.branch, "routed");
         if self.send_to_worker(decision.rank, &msg) {
             self.ranks.dispatched(decision.rank, rid, tokens);
         } else {
@@ -233,8 +277,16 @@ impl Controller {
     fn on_worker_message(&mut self, rank: u32, msg: Message) {
         match msg {
             Message::Hello(hello) if hello.rank != rank => {
-                tracing::warn!(identity_rank = rank, hello_rank = hello.rank, "Hello rank differs from the socket identity; refused");
-                self.send_ack(rank, false, Some("Hello rank differs from the socket identity".into()));
+                tracing::warn!(
+                    identity_rank = rank,
+                    hello_rank = hello.rank,
+                    "Hello rank differs from the socket identity; refused"
+                );
+                self.send_ack(
+                    rank,
+                    false,
+                    Some("Hello rank differs from the socket identity".into()),
+                );
             }
             Message::Hello(hello) => match self.ranks.hello(&hello) {
                 Ok(lost) => {
@@ -263,6 +315,17 @@ impl Controller {
             Message::WorkerStatus(status) if status.rank == rank => {
                 self.ranks.status(status);
             }
+            Message::Shutdown(Shutdown {
+                drain_timeout_s: Some(timeout_s),
+                reason,
+                ..
+            }) => {
+                let timeout = Duration::from_secs_f64(timeout_s.clamp(0.0, 86_400.0));
+                if self.ranks.start_drain(rank, timeout) {
+                    tracing::info!(rank, %reason, drain_timeout_s = timeout_s, live = ?self.ranks.ids(), "rank draining; no new requests go to it");
+                    self.cluster_changed = true;
+                }
+            }
             Message::Shutdown(shutdown) => {
                 if let Some(lost) = self.ranks.remove(rank) {
                     tracing::info!(rank, reason = %shutdown.reason, live = ?self.ranks.ids(), "rank left");
@@ -279,6 +342,19 @@ impl Controller {
     }
 
     fn expire_ranks(&mut self) {
+        for rank in self.ranks.drain_expired() {
+            if let Some(lost) = self.ranks.remove(rank) {
+                tracing::warn!(
+                    rank,
+                    failed_requests = lost.len(),
+                    "draining rank passed its deadline; removed"
+                );
+                self.fail_requests(
+                    lost,
+                    format!("data parallel rank {rank} did not finish draining in time"),
+                );
+            }
+        }
         for rank in self.ranks.expired() {
             if let Some(lost) = self.ranks.remove(rank) {
                 tracing::warn!(

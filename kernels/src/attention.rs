@@ -5,11 +5,15 @@
 //! The reduction for one (token, head) is fixed: scores in position order (8-lane dot), max, exp,
 //! sum in position order, V accumulated in position order, one final scale. Nothing depends on
 //! how many other tokens share the call, so prefill, chunked prefill and batched decode agree
-//! bit for bit. Cost O(Σ_t (p_t+1) · heads · head_dim); parallel over (token, head).
+//! bit for bit. Cost O(Σ_t (p_t+1) · heads · head_dim); parallel over (token, KV head), the query
+//! heads of one KV head together so each K/V row is read once per group.
+
+use std::cell::Cell;
 
 use rayon::prelude::*;
 
 use crate::dot8;
+use crate::gemm::{gemm_impl, GemmImpl};
 
 /// Shapes of one attention call.
 #[derive(Clone, Copy, Debug)]
@@ -19,11 +23,28 @@ pub struct AttnShape {
     pub head_dim: usize,
 }
 
+thread_local! {
+    /// Scores of the current (token, KV head) group, reused so no call allocates per head.
+    static SCORES: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
 /// `out[t, h, :] = softmax(q[t,h]·K[slots]ᵀ / sqrt(d)) · V[slots]` for every query token `t`.
 ///
 /// # Panics
 /// On inconsistent shapes or a slot outside the cache (callers validate slots first).
 pub fn attention(
+    q: &[f32],
+    token_slots: &[&[u32]],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    shape: AttnShape,
+    out: &mut [f32],
+) {
+    attention_with(gemm_impl(), q, token_slots, k_cache, v_cache, shape, out);
+}
+
+fn attention_with(
+    imp: GemmImpl,
     q: &[f32],
     token_slots: &[&[u32]],
     k_cache: &[f32],
@@ -44,45 +65,251 @@ pub fn attention(
     assert_eq!(q.len(), token_slots.len() * q_width, "q shape");
     assert_eq!(out.len(), q.len(), "out shape");
     assert_eq!(k_cache.len(), v_cache.len(), "kv shape");
-    let group = num_heads / num_kv_heads;
+    if q.is_empty() {
+        return;
+    }
     let kv_row = num_kv_heads * head_dim;
-    let scale = 1.0 / (head_dim as f32).sqrt();
-
+    for slots in token_slots {
+        // One check here keeps the inner loops free of per-key bounds logic.
+        if let Some(&s) = slots.iter().max() {
+            assert!(
+                (s as usize + 1) * kv_row <= k_cache.len(),
+                "slot {s} out of cache"
+            );
+        }
+    }
+    let g = Group {
+        k_cache,
+        v_cache,
+        kv_row,
+        head_dim,
+        heads: num_heads / num_kv_heads,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+    };
+    // The query heads of one KV head are adjacent, so (token, KV head) owns one output chunk.
+    let width = g.heads * head_dim;
     let one = |(idx, o): (usize, &mut [f32])| {
-        let (t, h) = (idx / num_heads, idx % num_heads);
-        let qv = &q[t * q_width + h * head_dim..t * q_width + (h + 1) * head_dim];
-        let kvh = h / group;
-        let slots = token_slots[t];
-        let mut scores = Vec::with_capacity(slots.len());
-        let mut max = f32::NEG_INFINITY;
-        for &s in slots {
-            let base = s as usize * kv_row + kvh * head_dim;
-            let sc = dot8(qv, &k_cache[base..base + head_dim]) * scale;
-            max = max.max(sc);
-            scores.push(sc);
+        let (t, kvh) = (idx / num_kv_heads, idx % num_kv_heads);
+        let qg = &q[t * q_width + kvh * width..t * q_width + (kvh + 1) * width];
+        let mut scores = SCORES.take();
+        match imp {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `Avx512` is only chosen when the CPU reports avx512f.
+            GemmImpl::Avx512 => unsafe { g.attend_avx512(qg, token_slots[t], kvh, &mut scores, o) },
+            _ => g.attend::<false>(qg, token_slots[t], kvh, &mut scores, o),
         }
-        let mut sum = 0f32;
-        for sc in scores.iter_mut() {
-            *sc = (*sc - max).exp();
-            sum += *sc;
-        }
-        o.fill(0.0);
-        for (&s, &p) in slots.iter().zip(&scores) {
-            let base = s as usize * kv_row + kvh * head_dim;
-            for (acc, &v) in o.iter_mut().zip(&v_cache[base..base + head_dim]) {
-                *acc += p * v;
-            }
-        }
-        let inv = 1.0 / sum;
-        for acc in o.iter_mut() {
-            *acc *= inv;
-        }
+        SCORES.set(scores);
     };
     let work: usize = token_slots.iter().map(|s| s.len()).sum::<usize>() * num_heads;
     if work * head_dim >= 1 << 16 {
-        out.par_chunks_mut(head_dim).enumerate().for_each(one);
+        out.par_chunks_mut(width).enumerate().for_each(one);
     } else {
-        out.chunks_mut(head_dim).enumerate().for_each(one);
+        out.chunks_mut(width).enumerate().for_each(one);
+    }
+}
+
+/// What every (token, KV head) group shares.
+struct Group<'a> {
+    k_cache: &'a [f32],
+    v_cache: &'a [f32],
+    kv_row: usize,
+    head_dim: usize,
+    /// Query heads per KV head.
+    heads: usize,
+    scale: f32,
+}
+
+impl Group<'_> {
+    /// `attend` compiled for AVX-512. Same source, no fast-math, so the same IEEE operations in
+    /// the same order: only the vector width differs, never a result.
+    ///
+    /// # Safety
+    /// The CPU must support avx512f.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn attend_avx512(
+        &self,
+        qg: &[f32],
+        slots: &[u32],
+        kvh: usize,
+        scores: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        self.attend::<true>(qg, slots, kvh, scores, out)
+    }
+
+    /// All query heads of KV head `kvh` for one token: each K/V row is loaded once for the
+    /// group, and four keys are scored at a time (independent chains), while each head's
+    /// reduction keeps the contract order (8-lane dot, position order everywhere).
+    /// `SIMD` selects the explicit AVX dot (only when the caller runs under avx512f).
+    #[inline(always)]
+    fn attend<const SIMD: bool>(
+        &self,
+        qg: &[f32],
+        slots: &[u32],
+        kvh: usize,
+        scores: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        let (d, n, heads) = (self.head_dim, slots.len(), self.heads);
+        let base = kvh * d;
+        let krow = |s: u32| &self.k_cache[s as usize * self.kv_row + base..][..d];
+        let vrow = |s: u32| &self.v_cache[s as usize * self.kv_row + base..][..d];
+        scores.clear();
+        scores.resize(heads * n, 0.0);
+        let mut i = 0;
+        if d.is_multiple_of(8) {
+            while i + 4 <= n {
+                let ks = [
+                    krow(slots[i]),
+                    krow(slots[i + 1]),
+                    krow(slots[i + 2]),
+                    krow(slots[i + 3]),
+                ];
+                for j in 0..heads {
+                    let qj = &qg[j * d..(j + 1) * d];
+                    let dots = if SIMD {
+                        #[cfg(target_arch = "x86_64")]
+                        // SAFETY: `SIMD` is only set by `attend_avx512`, which requires avx512f
+                        // (hence avx); `d` is a multiple of 8 and every row holds `d` floats.
+                        unsafe {
+                            avx::dot8x4(qj, ks)
+                        }
+                        #[cfg(not(target_arch = "x86_64"))]
+                        dot8x4(qj, ks)
+                    } else {
+                        dot8x4(qj, ks)
+                    };
+                    for (u, v) in dots.into_iter().enumerate() {
+                        scores[j * n + i + u] = v * self.scale;
+                    }
+                }
+                i += 4;
+            }
+        }
+        for (i, &s) in slots.iter().enumerate().skip(i) {
+            let k = krow(s);
+            for j in 0..heads {
+                scores[j * n + i] = dot8(&qg[j * d..(j + 1) * d], k) * self.scale;
+            }
+        }
+        let mut inv = [0f32; MAX_GROUP];
+        let inv = if heads <= MAX_GROUP {
+            &mut inv[..heads]
+        } else {
+            // Unusual GQA ratios: correctness over speed.
+            return self.attend_heads_one_by_one(scores, slots, out, base);
+        };
+        for (j, inv) in inv.iter_mut().enumerate() {
+            let sc = &mut scores[j * n..(j + 1) * n];
+            let max = sc.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let mut sum = 0f32;
+            for v in sc.iter_mut() {
+                *v = (*v - max).exp();
+                sum += *v;
+            }
+            *inv = 1.0 / sum;
+        }
+        out.fill(0.0);
+        for (i, &s) in slots.iter().enumerate() {
+            let v = vrow(s);
+            for (j, o) in out.chunks_exact_mut(d).enumerate() {
+                let p = scores[j * n + i];
+                for (acc, &x) in o.iter_mut().zip(v) {
+                    *acc += p * x;
+                }
+            }
+        }
+        for (o, &inv) in out.chunks_exact_mut(d).zip(inv.iter()) {
+            for acc in o.iter_mut() {
+                *acc *= inv;
+            }
+        }
+    }
+
+    /// Softmax and V of each head on its own (for groups wider than `MAX_GROUP`).
+    fn attend_heads_one_by_one(
+        &self,
+        scores: &mut [f32],
+        slots: &[u32],
+        out: &mut [f32],
+        base: usize,
+    ) {
+        let (d, n) = (self.head_dim, slots.len());
+        for (j, o) in out.chunks_exact_mut(d).enumerate() {
+            let sc = &mut scores[j * n..(j + 1) * n];
+            let max = sc.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let mut sum = 0f32;
+            for v in sc.iter_mut() {
+                *v = (*v - max).exp();
+                sum += *v;
+            }
+            o.fill(0.0);
+            for (&s, &p) in slots.iter().zip(sc.iter()) {
+                let v = &self.v_cache[s as usize * self.kv_row + base..][..d];
+                for (acc, &x) in o.iter_mut().zip(v) {
+                    *acc += p * x;
+                }
+            }
+            let inv = 1.0 / sum;
+            for acc in o.iter_mut() {
+                *acc *= inv;
+            }
+        }
+    }
+}
+
+/// Query heads per KV head handled together; wider groups take the one-by-one path.
+const MAX_GROUP: usize = 16;
+
+/// `dot8(q, k[u])` for four keys at once (four independent accumulator chains), each in exactly
+/// the order of `dot8`. `q.len()` must be a multiple of 8 and equal every `k[u].len()`.
+#[inline(always)]
+fn dot8x4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+    let mut acc = [[0f32; 8]; 4];
+    for (c, qc) in q.chunks_exact(8).enumerate() {
+        for u in 0..4 {
+            let kc = &k[u][c * 8..c * 8 + 8];
+            for l in 0..8 {
+                acc[u][l] += qc[l] * kc[l];
+            }
+        }
+    }
+    acc.map(|a| ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])))
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx {
+    //! `dot8x4` with 8-lane AVX vectors: lane `l` of a key's accumulator is its `acc[l]`, and
+    //! separate multiply and add (no fma) keep every rounding of the scalar form.
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// The CPU must support avx; `q.len()` must be a multiple of 8 and every `k[u]` as long.
+    #[target_feature(enable = "avx")]
+    pub(super) unsafe fn dot8x4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+        debug_assert!(q.len().is_multiple_of(8) && k.iter().all(|r| r.len() == q.len()));
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut c = 0;
+        while c < q.len() {
+            // SAFETY: c + 8 <= len of q and of every key row (function contract).
+            unsafe {
+                let qv = _mm256_loadu_ps(q.as_ptr().add(c));
+                for u in 0..4 {
+                    let kv = _mm256_loadu_ps(k[u].as_ptr().add(c));
+                    acc[u] = _mm256_add_ps(acc[u], _mm256_mul_ps(qv, kv));
+                }
+            }
+            c += 8;
+        }
+        // ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)), as `dot8`.
+        let mut out = [0f32; 4];
+        for (o, a) in out.iter_mut().zip(acc) {
+            let h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+            let p = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            *o = _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps::<1>(p, p)));
+        }
+        out
     }
 }
 
@@ -90,6 +317,81 @@ pub fn attention(
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
+
+    /// The straightforward one-head-at-a-time form of the contract order.
+    fn reference(
+        q: &[f32],
+        token_slots: &[&[u32]],
+        k_cache: &[f32],
+        v_cache: &[f32],
+        shape: AttnShape,
+    ) -> Vec<f32> {
+        let (nh, d) = (shape.num_heads, shape.head_dim);
+        let group = nh / shape.num_kv_heads;
+        let kv_row = shape.num_kv_heads * d;
+        let scale = 1.0 / (d as f32).sqrt();
+        let mut out = vec![0f32; q.len()];
+        for (idx, o) in out.chunks_mut(d).enumerate() {
+            let (t, h) = (idx / nh, idx % nh);
+            let qv = &q[(t * nh + h) * d..(t * nh + h + 1) * d];
+            let kvh = h / group;
+            let mut scores = Vec::new();
+            let mut max = f32::NEG_INFINITY;
+            for &s in token_slots[t] {
+                let b = s as usize * kv_row + kvh * d;
+                let sc = dot8(qv, &k_cache[b..b + d]) * scale;
+                max = max.max(sc);
+                scores.push(sc);
+            }
+            let mut sum = 0f32;
+            for sc in scores.iter_mut() {
+                *sc = (*sc - max).exp();
+                sum += *sc;
+            }
+            for (&s, &p) in token_slots[t].iter().zip(&scores) {
+                let b = s as usize * kv_row + kvh * d;
+                for (acc, &v) in o.iter_mut().zip(&v_cache[b..b + d]) {
+                    *acc += p * v;
+                }
+            }
+            let inv = 1.0 / sum;
+            for acc in o.iter_mut() {
+                *acc *= inv;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn grouped_kernel_equals_reference_bits() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        for &(nh, nkv, d, n) in &[
+            (4, 2, 8, 10),
+            (8, 4, 64, 37),
+            (6, 6, 12, 9),
+            (8, 1, 16, 5),
+            (32, 1, 8, 7),
+        ] {
+            let shape = AttnShape {
+                num_heads: nh,
+                num_kv_heads: nkv,
+                head_dim: d,
+            };
+            let kv_row = nkv * d;
+            let k: Vec<f32> = (0..n * kv_row).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let v: Vec<f32> = (0..n * kv_row).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let seq: Vec<u32> = (0..n as u32).map(|i| (i * 5 + 2) % n as u32).collect();
+            let toks: Vec<&[u32]> = (0..n).map(|p| &seq[..=p]).collect();
+            let q: Vec<f32> = (0..n * nh * d).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let want = reference(&q, &toks, &k, &v, shape);
+            for imp in [GemmImpl::Portable, gemm_impl()] {
+                let mut out = vec![0f32; q.len()];
+                attention_with(imp, &q, &toks, &k, &v, shape, &mut out);
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&out), bits(&want), "{imp:?} {nh}/{nkv}x{d}, {n} keys");
+            }
+        }
+    }
 
     #[test]
     fn matches_naive_gqa_and_is_batch_invariant() {
@@ -140,6 +442,13 @@ mod tests {
                 }
             }
         }
+        // The portable build gives the same bits.
+        let mut portable = vec![0f32; q.len()];
+        attention_with(GemmImpl::Portable, &q, &toks, &k, &v, shape, &mut portable);
+        assert_eq!(
+            portable.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
         // The last token alone gives the same bits as inside the batch.
         let mut single = vec![0f32; 32];
         attention(&q[4 * 32..], &toks[4..], &k, &v, shape, &mut single);

@@ -1,29 +1,55 @@
 //! Batch-invariant f32 GEMM for linear layers: `y[M,N] = x[M,K] · W[N,K]^T (+ bias)`.
 //!
-//! Design: every output element is one dot product over the whole of `k`, reduced in a fixed
-//! order that depends only on `K`:
+//! Numeric contract: every output element is one dot product over the whole of `k`, reduced in
+//! a fixed order that depends only on `K`:
 //!   1. 16 lane accumulators; chunk `c` of 16 elements does `acc[l] = fma(x[16c+l], w[16c+l], acc[l])`;
 //!      the last partial chunk is zero-padded (so no scalar tail with its own order);
 //!   2. a fixed pairwise tree over the 16 lanes (`hsum16`), then `+ bias`.
 //!
 //! `K` is never split, so the value of `y[m][n]` does not depend on `M`, on the tile a thread
 //! computes, on the register block shape or on the thread count. The AVX-512 path and the
-//! portable path perform the identical sequence of fused multiply-adds and therefore agree bit
-//! for bit (`f32::mul_add` is a correctly rounded fma, like `vfmadd`), which the tests check.
+//! portable path perform the identical sequence of fused multiply-adds and the identical lane
+//! tree, and therefore agree bit for bit (`f32::mul_add` is a correctly rounded fma, like
+//! `vfmadd`), which the tests check.
 //!
-//! Cost: O(M·N·K); parallel over (M tile × N tile) tasks with rayon, register-blocked 4×4.
+//! Layout (the speed, not the numbers): `W` is packed once into [`PackedMatrix`] panels of `NR`
+//! rows, chunk-interleaved (`[panel][chunk][NR][16]`, zero-padded in `K` and `N`), so a
+//! micro-kernel reads one sequential stream of `W`; `x` is packed per call the same way in
+//! panels of `MR` rows. The micro-kernel keeps `MR × NR` lane accumulators in registers, so each
+//! loaded `W` chunk serves `MR` rows of `x` and each `x` chunk `NR` rows of `W`; the 16-lane
+//! trees of 16 outputs are then done together with shuffles (same pairs, same order as
+//! `hsum16`). Rows of `x` beyond `M` are never computed (the kernel is instantiated per row
+//! count), so no work or result depends on what else is in the batch.
+//!
+//! Cost: O(M·N·K). Parallelism: one rayon region per call over (M block × N block) tasks; small
+//! `M` (decode) gets a few large contiguous `N` ranges per thread, so the call streams `W` once
+//! at memory bandwidth (its kernel also prefetches `W` 24 KiB ahead); large `M` (prefill) gets cache-sized blocks (a `W` panel stays in L1
+//! while the block's `x` panels stream from L2).
+
+use std::cell::Cell;
 
 use rayon::prelude::*;
 
 /// Lanes of the fixed-order reduction. Part of the numeric contract: changing it changes results.
 pub const LANES: usize = 16;
 
-/// Rows of `x` per register block.
+/// Rows of `x` per register block (and per packed `x` panel).
 const MR: usize = 4;
-/// Rows of `W` per register block.
-const NR: usize = 4;
-/// Rows of `x` per parallel task (the x tile stays in L2 while W rows stream through L1).
-const M_TILE: usize = 64;
+/// Rows of `W` per register block (and per packed `W` panel).
+const NR: usize = 6;
+/// Floats of one chunk of a `W` panel.
+const W_CHUNK: usize = NR * LANES;
+/// Floats of one chunk of an `x` panel.
+const X_CHUNK: usize = MR * LANES;
+/// Accumulator slots a micro-kernel reduces, rounded up to whole 16-wide reductions.
+const OUT_SLOTS: usize = (MR * NR).next_multiple_of(LANES);
+/// `x` panels per task for large `M`: 64 rows, which stay in L2 while `W` panels pass.
+const M_BLOCK_PANELS: usize = 16;
+/// `W` panels per task for large `M` (96 rows).
+const N_BLOCK_PANELS: usize = 16;
+/// At or below this many `x` panels (32 rows) a call is "decode-like": it is bound by streaming
+/// `W`, so `N` is cut into a few large ranges and all of `M` goes with each.
+const SMALL_M_PANELS: usize = 8;
 
 /// Which implementation runs. Chosen once per process, so every call (every batch size) uses the
 /// same one.
@@ -88,16 +114,136 @@ pub fn dot_fixed(x: &[f32], w: &[f32]) -> f32 {
     hsum16(&acc)
 }
 
+/// A `[n, k]` weight matrix packed for [`linear_packed`]: panels of `NR` rows, each stored
+/// chunk by chunk (`[panel][k/16][NR][16]`), zero-padded to whole chunks and whole panels.
+/// Packing moves values, never changes them, so results equal those of the row-major matrix.
+#[derive(Clone)]
+pub struct PackedMatrix {
+    n: usize,
+    k: usize,
+    /// Chunks of `LANES` per row (`ceil(k / 16)`).
+    kc: usize,
+    data: Vec<f32>,
+}
+
+impl std::fmt::Debug for PackedMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackedMatrix")
+            .field("n", &self.n)
+            .field("k", &self.k)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PackedMatrix {
+    /// Packs a row-major `[n, k]` matrix (Hugging Face `[out, in]`).
+    ///
+    /// # Panics
+    /// If `w.len() != n * k`.
+    pub fn pack(w: &[f32], n: usize, k: usize) -> Self {
+        assert_eq!(w.len(), n * k, "w shape");
+        let kc = k.div_ceil(LANES);
+        let mut data = vec![0f32; n.div_ceil(NR) * kc * W_CHUNK];
+        if k > 0 {
+            for (r, row) in w.chunks_exact(k).enumerate() {
+                let base = (r / NR) * kc * W_CHUNK + (r % NR) * LANES;
+                for (c, part) in row.chunks(LANES).enumerate() {
+                    let o = base + c * W_CHUNK;
+                    data[o..o + part.len()].copy_from_slice(part);
+                }
+            }
+        }
+        PackedMatrix { n, k, kc, data }
+    }
+
+    /// Rows (`n`, output features).
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
+    /// Columns (`k`, input features).
+    pub fn cols(&self) -> usize {
+        self.k
+    }
+
+    /// Copies row `r` out (e.g. an embedding lookup on a tied matrix).
+    ///
+    /// # Panics
+    /// If `r >= rows()` or `out.len() != cols()`.
+    pub fn copy_row(&self, r: usize, out: &mut [f32]) {
+        assert!(r < self.n && out.len() == self.k, "row out of range");
+        let base = (r / NR) * self.kc * W_CHUNK + (r % NR) * LANES;
+        for (c, part) in out.chunks_mut(LANES).enumerate() {
+            let o = base + c * W_CHUNK;
+            part.copy_from_slice(&self.data[o..o + part.len()]);
+        }
+    }
+
+    /// The row-major `[n, k]` matrix.
+    pub fn unpack(&self) -> Vec<f32> {
+        let mut w = vec![0f32; self.n * self.k];
+        if self.k > 0 {
+            for (r, row) in w.chunks_exact_mut(self.k).enumerate() {
+                self.copy_row(r, row);
+            }
+        }
+        w
+    }
+
+    /// Panel `p` (`kc` chunks of `NR × 16`).
+    fn panel(&self, p: usize) -> &[f32] {
+        let len = self.kc * W_CHUNK;
+        &self.data[p * len..(p + 1) * len]
+    }
+}
+
+thread_local! {
+    /// The packed `x` of the current call, kept between calls so a decode step allocates nothing.
+    static X_PACK: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+/// Packs `x` (`[m, k]`) into `[m/MR][kc][MR][16]`, zero-padded, reusing `buf`.
+fn pack_x(x: &[f32], m: usize, k: usize, kc: usize, buf: &mut Vec<f32>) {
+    let panel = kc * X_CHUNK;
+    buf.clear();
+    buf.resize(m.div_ceil(MR) * panel, 0.0);
+    if k == 0 {
+        return;
+    }
+    let fill = |(q, dst): (usize, &mut [f32])| {
+        for i in 0..MR.min(m - q * MR) {
+            let row = &x[(q * MR + i) * k..(q * MR + i + 1) * k];
+            for (c, part) in row.chunks(LANES).enumerate() {
+                let o = c * X_CHUNK + i * LANES;
+                dst[o..o + part.len()].copy_from_slice(part);
+            }
+        }
+    };
+    if m >= 64 {
+        buf.par_chunks_mut(panel).enumerate().for_each(fill);
+    } else {
+        buf.chunks_mut(panel).enumerate().for_each(fill);
+    }
+}
+
 /// Raw output pointer shared by tasks that write disjoint elements.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint (row, column) ranges of the output, see `linear`.
+// SAFETY: tasks write disjoint (row, column) ranges of the output, see `linear_packed`.
 unsafe impl Send for OutPtr {}
 // SAFETY: as above; no element is written by two tasks or read while written.
 unsafe impl Sync for OutPtr {}
 
-/// `y[M,N] = x[M,K] · W[N,K]^T + bias`. `x` is row-major `[m, k]`, `w` row-major `[n, k]`
-/// (Hugging Face `[out, in]`), `y` row-major `[m, n]`.
+impl OutPtr {
+    /// Element `i` (taking `self` whole keeps closures capturing the `Sync` wrapper, not the
+    /// raw pointer field).
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
+/// `y[M,N] = x[M,K] · W[N,K]^T + bias` with a row-major `w` (`[n, k]`). Packs `w` on every
+/// call; hot paths pack once and call [`linear_packed`].
 ///
 /// # Panics
 /// If the slice lengths do not match the shapes (a caller bug, never external input).
@@ -111,7 +257,27 @@ pub fn linear(
     y: &mut [f32],
 ) {
     assert_eq!(x.len(), m * k, "x shape");
-    assert_eq!(w.len(), n * k, "w shape");
+    linear_packed(x, m, &PackedMatrix::pack(w, n, k), bias, y);
+}
+
+/// `y[M,N] = x[M,K] · W[N,K]^T + bias`: `x` row-major `[m, k]`, `y` row-major `[m, n]`.
+///
+/// # Panics
+/// If the slice lengths do not match the shapes (a caller bug, never external input).
+pub fn linear_packed(x: &[f32], m: usize, w: &PackedMatrix, bias: Option<&[f32]>, y: &mut [f32]) {
+    linear_with(gemm_impl(), x, m, w, bias, y);
+}
+
+fn linear_with(
+    imp: GemmImpl,
+    x: &[f32],
+    m: usize,
+    w: &PackedMatrix,
+    bias: Option<&[f32]>,
+    y: &mut [f32],
+) {
+    let (n, k, kc) = (w.n, w.k, w.kc);
+    assert_eq!(x.len(), m * k, "x shape");
     assert_eq!(y.len(), m * n, "y shape");
     if let Some(b) = bias {
         assert_eq!(b.len(), n, "bias shape");
@@ -119,208 +285,210 @@ pub fn linear(
     if m == 0 || n == 0 {
         return;
     }
-    let imp = gemm_impl();
+    let mut xs = X_PACK.take();
+    pack_x(x, m, k, kc, &mut xs);
+    let (mp, np) = (m.div_ceil(MR), n.div_ceil(NR));
     let threads = rayon::current_num_threads().max(1);
-    let m_tiles = m.div_ceil(M_TILE);
-    // Enough N tiles to keep every thread busy (×4 for balance), in multiples of NR, and small
-    // enough that a 4-row block of W for all of K stays hot in L1/L2.
-    let want_tasks = threads * 4;
-    let n_tiles_wanted = want_tasks.div_ceil(m_tiles).max(1);
-    let mut n_tile = n.div_ceil(n_tiles_wanted).next_multiple_of(NR).max(NR);
-    n_tile = n_tile.min(256);
-    let n_tiles = n.div_ceil(n_tile);
-    let out = OutPtr(y.as_mut_ptr());
-    let run = |task: usize| {
-        let (mt, nt) = (task / n_tiles, task % n_tiles);
-        let m0 = mt * M_TILE;
-        let m1 = (m0 + M_TILE).min(m);
-        let n0 = nt * n_tile;
-        let n1 = (n0 + n_tile).min(n);
-        // SAFETY: this task is the only writer of rows m0..m1 × columns n0..n1 of `y`, and `y`
-        // outlives the parallel loop (it is borrowed mutably for the whole call).
-        unsafe { tile(imp, x, k, w, bias, out, n, m0, m1, n0, n1) };
+    let (m_block, n_block) = if mp <= SMALL_M_PANELS {
+        // Bandwidth-bound: a few big contiguous ranges of W per thread (several per thread so a
+        // busy core does not hold the whole call back).
+        let min_panels = 8;
+        (mp, np.div_ceil(threads * 4).max(min_panels))
+    } else {
+        (M_BLOCK_PANELS, N_BLOCK_PANELS)
     };
-    let tasks = m_tiles * n_tiles;
+    let (m_blocks, n_blocks) = (mp.div_ceil(m_block), np.div_ceil(n_block));
+    let out = OutPtr(y.as_mut_ptr());
+    let xs_ref = &xs;
+    let run = |task: usize| {
+        let (mt, nt) = (task / n_blocks, task % n_blocks);
+        let (q0, q1) = (mt * m_block, ((mt + 1) * m_block).min(mp));
+        let (p0, p1) = (nt * n_block, ((nt + 1) * n_block).min(np));
+        let mut res = [0f32; OUT_SLOTS];
+        for p in p0..p1 {
+            let wp = w.panel(p);
+            let n0 = p * NR;
+            let cols = NR.min(n - n0);
+            for q in q0..q1 {
+                let xp = &xs_ref[q * kc * X_CHUNK..(q + 1) * kc * X_CHUNK];
+                let rows = MR.min(m - q * MR);
+                micro(imp, xp, wp, kc, rows, &mut res);
+                let bias = bias.map(|b| &b[n0..n0 + cols]);
+                for i in 0..rows {
+                    let src = &mut res[i * NR..i * NR + cols];
+                    if let Some(b) = bias {
+                        for (v, &b) in src.iter_mut().zip(b) {
+                            *v += b;
+                        }
+                    }
+                    // SAFETY: this task is the only writer of rows of x panels q0..q1 and
+                    // columns of W panels p0..p1; row q*MR+i < m and columns n0..n0+cols <= n
+                    // lie inside `y`, which is borrowed mutably for the whole call and does not
+                    // overlap the local `res`.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            src.as_ptr(),
+                            out.at((q * MR + i) * n + n0),
+                            cols,
+                        )
+                    };
+                }
+            }
+        }
+    };
+    let tasks = m_blocks * n_blocks;
     if tasks == 1 {
         run(0);
     } else {
         (0..tasks).into_par_iter().for_each(run);
     }
+    X_PACK.set(xs);
 }
 
-/// Computes one output tile.
-///
-/// # Safety
-/// `out` must point to an `[?, ldy]` row-major buffer covering rows `m0..m1`, columns `n0..n1`,
-/// which no other thread accesses during the call.
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile(
+/// One `rows × NR` block: `res[i * NR + j]` = dot of x panel row `i` and W panel row `j`.
+fn micro(
     imp: GemmImpl,
-    x: &[f32],
-    k: usize,
-    w: &[f32],
-    bias: Option<&[f32]>,
-    out: OutPtr,
-    ldy: usize,
-    m0: usize,
-    m1: usize,
-    n0: usize,
-    n1: usize,
+    xp: &[f32],
+    wp: &[f32],
+    kc: usize,
+    rows: usize,
+    res: &mut [f32; OUT_SLOTS],
 ) {
-    let mut nb = n0;
-    while nb < n1 {
-        let nr = NR.min(n1 - nb);
-        let mut mb = m0;
-        while mb < m1 {
-            let mr = MR.min(m1 - mb);
-            let mut res = [[0f32; NR]; MR];
-            match imp {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `Avx512` is only chosen when the CPU reports avx512f; rows are in bounds
-                // because mb+mr <= m and nb+nr <= n.
-                GemmImpl::Avx512 => unsafe { avx512::block(x, w, k, mb, mr, nb, nr, &mut res) },
-                _ => portable_block(x, w, k, mb, mr, nb, nr, &mut res),
+    debug_assert!(xp.len() == kc * X_CHUNK && wp.len() == kc * W_CHUNK);
+    match imp {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Avx512` is only chosen when the CPU reports avx512f; the panels hold `kc`
+        // whole chunks (asserted in debug, guaranteed by the packing).
+        GemmImpl::Avx512 => unsafe {
+            match rows {
+                1 => avx512::micro::<1>(xp.as_ptr(), wp.as_ptr(), kc, res),
+                2 => avx512::micro::<2>(xp.as_ptr(), wp.as_ptr(), kc, res),
+                3 => avx512::micro::<3>(xp.as_ptr(), wp.as_ptr(), kc, res),
+                _ => avx512::micro::<MR>(xp.as_ptr(), wp.as_ptr(), kc, res),
             }
-            for (i, row) in res.iter().enumerate().take(mr) {
-                for (j, &v) in row.iter().enumerate().take(nr) {
-                    let v = match bias {
-                        Some(b) => v + b[nb + j],
-                        None => v,
-                    };
-                    // SAFETY: (mb+i, nb+j) lies in this task's tile, see the function contract.
-                    unsafe { *out.0.add((mb + i) * ldy + nb + j) = v };
-                }
-            }
-            mb += mr;
-        }
-        nb += nr;
+        },
+        _ => portable_micro(xp, wp, kc, rows, res),
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn portable_block(
-    x: &[f32],
-    w: &[f32],
-    k: usize,
-    mb: usize,
-    mr: usize,
-    nb: usize,
-    nr: usize,
-    res: &mut [[f32; NR]; MR],
-) {
-    for i in 0..mr {
-        let xr = &x[(mb + i) * k..(mb + i + 1) * k];
-        for j in 0..nr {
-            res[i][j] = dot_fixed(xr, &w[(nb + j) * k..(nb + j + 1) * k]);
+/// The portable micro-kernel: the contract order element by element.
+fn portable_micro(xp: &[f32], wp: &[f32], kc: usize, rows: usize, res: &mut [f32; OUT_SLOTS]) {
+    for i in 0..rows {
+        for j in 0..NR {
+            let mut acc = [0f32; LANES];
+            for c in 0..kc {
+                let xs = &xp[c * X_CHUNK + i * LANES..][..LANES];
+                let ws = &wp[c * W_CHUNK + j * LANES..][..LANES];
+                for l in 0..LANES {
+                    acc[l] = xs[l].mul_add(ws[l], acc[l]);
+                }
+            }
+            res[i * NR + j] = hsum16(&acc);
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    //! The AVX-512 register-blocked kernel; same FMA sequence as `dot_fixed`.
+    //! The AVX-512 micro-kernel; same FMA sequence and lane tree as `dot_fixed`.
     // Index loops over the (i, j) register block read like the math and unroll fully.
     #![allow(clippy::needless_range_loop)]
-    use super::{hsum16, LANES, MR, NR};
+    use super::{LANES, NR, OUT_SLOTS, W_CHUNK, X_CHUNK};
     use std::arch::x86_64::*;
 
+    /// How far ahead of the current chunk the few-row kernel prefetches W (in floats, 24 KiB).
+    const PREFETCH_FLOATS: usize = 16 * W_CHUNK;
+
+    /// `res[i * NR + j]` for `i < A`: the dot products of packed x panel rows and W panel rows.
+    ///
     /// # Safety
-    /// The CPU must support avx512f; `mb+mr` rows of `x` and `nb+nr` rows of `w` must exist.
+    /// The CPU must support avx512f; `xp` must hold `kc * X_CHUNK` and `wp` `kc * W_CHUNK` floats.
     #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn block(
-        x: &[f32],
-        w: &[f32],
-        k: usize,
-        mb: usize,
-        mr: usize,
-        nb: usize,
-        nr: usize,
-        res: &mut [[f32; NR]; MR],
+    pub(super) unsafe fn micro<const A: usize>(
+        xp: *const f32,
+        wp: *const f32,
+        kc: usize,
+        res: &mut [f32; OUT_SLOTS],
     ) {
-        // Full 4×4 blocks get the unrolled kernel; edges use the generic one. Both perform the
-        // same per-element FMA sequence, so the result never depends on which one ran.
-        // Full-width blocks keep NR independent FMA chains per x row even when M is 1 (decode),
-        // which hides FMA latency; only the ragged N edge falls back to single dots.
-        if nr == NR {
-            // SAFETY: forwarded contract (mr rows from mb, NR rows from nb exist).
-            unsafe {
-                match mr {
-                    1 => block_n::<1, NR>(x, w, k, mb, nb, res),
-                    2 => block_n::<2, NR>(x, w, k, mb, nb, res),
-                    3 => block_n::<3, NR>(x, w, k, mb, nb, res),
-                    _ => block_n::<MR, NR>(x, w, k, mb, nb, res),
+        let mut acc = [[_mm512_setzero_ps(); NR]; A];
+        for c in 0..kc {
+            // SAFETY: chunk c < kc of both panels is in bounds (function contract).
+            let (xc, wc) = unsafe { (xp.add(c * X_CHUNK), wp.add(c * W_CHUNK)) };
+            if A <= 2 {
+                // Few rows: the kernel streams W from memory; prefetching well ahead (across
+                // the page boundaries where the hardware streamer stops) keeps more lines in
+                // flight. A prefetch is a hint: past the end of the panel it never faults.
+                for j in 0..NR {
+                    let ahead = wc.wrapping_add(PREFETCH_FLOATS + j * LANES);
+                    _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
                 }
             }
-        } else {
-            for i in 0..mr {
-                for j in 0..nr {
-                    let mut one = [[0f32; NR]; MR];
-                    // SAFETY: row mb+i of x and row nb+j of w exist.
-                    unsafe { block_n::<1, 1>(x, w, k, mb + i, nb + j, &mut one) };
-                    res[i][j] = one[0][0];
+            let mut xv = [_mm512_setzero_ps(); A];
+            for i in 0..A {
+                // SAFETY: row i < A <= MR of chunk c.
+                xv[i] = unsafe { _mm512_loadu_ps(xc.add(i * LANES)) };
+            }
+            for j in 0..NR {
+                // SAFETY: row j < NR of chunk c.
+                let wv = unsafe { _mm512_loadu_ps(wc.add(j * LANES)) };
+                for i in 0..A {
+                    acc[i][j] = _mm512_fmadd_ps(xv[i], wv, acc[i][j]);
                 }
             }
+        }
+        let mut flat = [_mm512_setzero_ps(); OUT_SLOTS];
+        for i in 0..A {
+            for j in 0..NR {
+                flat[i * NR + j] = acc[i][j];
+            }
+        }
+        let used = (A * NR).div_ceil(LANES);
+        for g in 0..used {
+            let mut v = [_mm512_setzero_ps(); LANES];
+            v.copy_from_slice(&flat[g * LANES..(g + 1) * LANES]);
+            // SAFETY: avx512f is present (function contract); `res` holds OUT_SLOTS >= (g + 1) * 16
+            // floats.
+            unsafe { _mm512_storeu_ps(res.as_mut_ptr().add(g * LANES), reduce16(&v)) };
         }
     }
 
+    /// Lane `o` of the result is `hsum16(v[o])`, with the very same pairs added in the same
+    /// tree (each step adds `a[i] + a[i + h]` for the tree's half width `h`), done 16 at a time.
+    ///
     /// # Safety
-    /// As `block`, with `A` rows from `mb` and `B` rows from `nb`.
+    /// The CPU must support avx512f.
     #[target_feature(enable = "avx512f")]
-    #[inline]
-    unsafe fn block_n<const A: usize, const B: usize>(
-        x: &[f32],
-        w: &[f32],
-        k: usize,
-        mb: usize,
-        nb: usize,
-        res: &mut [[f32; NR]; MR],
-    ) {
-        debug_assert!((mb + A) * k <= x.len() && (nb + B) * k <= w.len());
-        let xp = x.as_ptr();
-        let wp = w.as_ptr();
-        let mut acc = [[_mm512_setzero_ps(); B]; A];
-        let full = k / LANES;
-        for c in 0..full {
-            let off = c * LANES;
-            let mut xv = [_mm512_setzero_ps(); A];
-            for (i, v) in xv.iter_mut().enumerate() {
-                // SAFETY: off+16 <= k, row mb+i exists (function contract).
-                *v = unsafe { _mm512_loadu_ps(xp.add((mb + i) * k + off)) };
-            }
-            for j in 0..B {
-                // SAFETY: as above for row nb+j of w.
-                let wv = unsafe { _mm512_loadu_ps(wp.add((nb + j) * k + off)) };
-                for i in 0..A {
-                    acc[i][j] = _mm512_fmadd_ps(xv[i], wv, acc[i][j]);
-                }
-            }
+    pub(super) unsafe fn reduce16(v: &[__m512; LANES]) -> __m512 {
+        // s8: lanes 0..8 of the pair's first vector + lanes 8..16, likewise for the second.
+        let mut r8 = [_mm512_setzero_ps(); 8];
+        for p in 0..8 {
+            let (a, b) = (v[2 * p], v[2 * p + 1]);
+            let lo = _mm512_shuffle_f32x4::<0x44>(a, b);
+            let hi = _mm512_shuffle_f32x4::<0xEE>(a, b);
+            r8[p] = _mm512_add_ps(lo, hi);
         }
-        let rem = k - full * LANES;
-        if rem > 0 {
-            let off = full * LANES;
-            let mask: __mmask16 = ((1u32 << rem) - 1) as __mmask16;
-            let mut xv = [_mm512_setzero_ps(); A];
-            for (i, v) in xv.iter_mut().enumerate() {
-                // SAFETY: masked load reads only the `rem` in-bounds elements of the row.
-                *v = unsafe { _mm512_maskz_loadu_ps(mask, xp.add((mb + i) * k + off)) };
-            }
-            for j in 0..B {
-                // SAFETY: as above.
-                let wv = unsafe { _mm512_maskz_loadu_ps(mask, wp.add((nb + j) * k + off)) };
-                for i in 0..A {
-                    acc[i][j] = _mm512_fmadd_ps(xv[i], wv, acc[i][j]);
-                }
-            }
+        // s4: in each 8-lane half, quarter 0 + quarter 1 → [s4(4q) | s4(4q+1) | ...].
+        let mut r4 = [_mm512_setzero_ps(); 4];
+        for q in 0..4 {
+            let (c, d) = (r8[2 * q], r8[2 * q + 1]);
+            let lo = _mm512_shuffle_f32x4::<0x88>(c, d);
+            let hi = _mm512_shuffle_f32x4::<0xDD>(c, d);
+            r4[q] = _mm512_add_ps(lo, hi);
         }
-        for i in 0..A {
-            for j in 0..B {
-                let mut lanes = [0f32; LANES];
-                // SAFETY: `lanes` holds 16 f32.
-                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc[i][j]) };
-                res[i][j] = hsum16(&lanes);
-            }
+        // s2: in each quarter, elements (0, 1) + (2, 3).
+        let mut r2 = [_mm512_setzero_ps(); 2];
+        for r in 0..2 {
+            let (e, f) = (r4[2 * r], r4[2 * r + 1]);
+            let lo = _mm512_shuffle_ps::<0x44>(e, f);
+            let hi = _mm512_shuffle_ps::<0xEE>(e, f);
+            r2[r] = _mm512_add_ps(lo, hi);
         }
+        // s1: element 0 + element 1 of each pair; lane 4k + j now holds output 4j + k.
+        let lo = _mm512_shuffle_ps::<0x88>(r2[0], r2[1]);
+        let hi = _mm512_shuffle_ps::<0xDD>(r2[0], r2[1]);
+        let s = _mm512_add_ps(lo, hi);
+        let idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+        _mm512_permutexvar_ps(idx, s)
     }
 }
 
@@ -401,6 +569,78 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn both_impls_equal_dot_fixed_for_every_shape_and_batch() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(4);
+        // K tails, N edges of every panel remainder, M edges of every panel remainder, and both
+        // the decode-like and the blocked task layouts (M above 32 rows).
+        for &(m, k, n) in &[
+            (1, 16, 6),
+            (2, 33, 7),
+            (3, 64, 13),
+            (5, 1, 11),
+            (9, 47, 200),
+            (33, 100, 37),
+            (70, 129, 101),
+            (130, 48, 250),
+        ] {
+            let x = rand_vec(&mut rng, m * k);
+            let w = rand_vec(&mut rng, n * k);
+            let b = rand_vec(&mut rng, n);
+            let pw = PackedMatrix::pack(&w, n, k);
+            assert_eq!(pw.unpack(), w);
+            let mut imps = vec![GemmImpl::Portable];
+            if gemm_impl() != GemmImpl::Portable {
+                imps.push(gemm_impl());
+            }
+            for imp in imps {
+                let mut y = vec![0f32; m * n];
+                linear_with(imp, &x, m, &pw, Some(&b), &mut y);
+                for i in 0..m {
+                    for j in 0..n {
+                        let d = dot_fixed(&x[i * k..(i + 1) * k], &w[j * k..(j + 1) * k]) + b[j];
+                        assert_eq!(d.to_bits(), y[i * n + j].to_bits(), "{imp:?} {m}x{k}x{n}");
+                    }
+                }
+                // Any prefix of the batch gives the same rows.
+                for mm in [1, m / 2, m - 1] {
+                    let mut y2 = vec![0f32; mm * n];
+                    linear_with(imp, &x[..mm * k], mm, &pw, Some(&b), &mut y2);
+                    assert_eq!(y2, y[..mm * n], "{imp:?} prefix {mm}");
+                }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn reduce16_is_sixteen_hsum16() {
+        if gemm_impl() != GemmImpl::Avx512 {
+            return;
+        }
+        use std::arch::x86_64::*;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        for _ in 0..100 {
+            // Wide magnitudes so a different pairing would show up in the low bits.
+            let a: Vec<[f32; LANES]> = (0..LANES)
+                .map(|_| {
+                    std::array::from_fn(|_| {
+                        rng.gen_range(-1.0f32..1.0) * 10f32.powi(rng.gen_range(-6..6))
+                    })
+                })
+                .collect();
+            let mut out = [0f32; LANES];
+            // SAFETY: avx512f is present (checked above); each row holds 16 floats.
+            unsafe {
+                let v: [__m512; LANES] = std::array::from_fn(|o| _mm512_loadu_ps(a[o].as_ptr()));
+                _mm512_storeu_ps(out.as_mut_ptr(), avx512::reduce16(&v));
+            }
+            for o in 0..LANES {
+                assert_eq!(out[o].to_bits(), hsum16(&a[o]).to_bits(), "lane {o}");
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -420,13 +660,13 @@ mod bench {
             (1, 512, 8192),
         ] {
             let x = vec![0.5f32; m * k];
-            let w = vec![0.25f32; n * k];
+            let w = PackedMatrix::pack(&vec![0.25f32; n * k], n, k);
             let mut y = vec![0f32; m * n];
-            linear(&x, m, k, &w, n, None, &mut y);
+            linear_packed(&x, m, &w, None, &mut y);
             let reps = 20;
             let t = Instant::now();
             for _ in 0..reps {
-                linear(&x, m, k, &w, n, None, &mut y);
+                linear_packed(&x, m, &w, None, &mut y);
             }
             let dt = t.elapsed().as_secs_f64() / reps as f64;
             println!(

@@ -14,7 +14,7 @@ pub mod rope;
 
 pub use activation::{add_inplace, argmax, silu_mul};
 pub use attention::{attention, AttnShape};
-pub use gemm::{dot_fixed, gemm_impl, linear, GemmImpl};
+pub use gemm::{dot_fixed, gemm_impl, linear, linear_packed, GemmImpl, PackedMatrix};
 pub use norm::rmsnorm;
 pub use rope::{apply_rope, rope_tables};
 

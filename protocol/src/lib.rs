@@ -8,6 +8,7 @@ pub mod codec;
 pub mod endpoint;
 pub mod error;
 pub mod messages;
+pub mod msg_trace;
 pub mod socket;
 
 pub use codec::{decode, encode, encode_envelope, DecodeError, FrameStats};

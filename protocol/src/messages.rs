@@ -310,6 +310,13 @@ pub struct WorkerStatus {
     /// budget and its in-flight table with them.
     #[serde(default)]
     pub finished_rids: Vec<String>,
+    /// KV slots free in the allocator.
+    #[serde(default)]
+    pub num_free_tokens: u64,
+    /// KV slots held only by the prefix cache (reclaimable by eviction). With nothing running,
+    /// free + evictable = max_total_tokens.
+    #[serde(default)]
+    pub num_evictable_tokens: u64,
 }
 
 /// One live rank as the controller sees it.
@@ -341,4 +348,9 @@ pub struct Shutdown {
     pub rank: Option<u32>,
     #[serde(default)]
     pub reason: String,
+    /// From a worker: it is draining and will finish what it holds within this many seconds
+    /// before its final `Shutdown` (without this field). The controller stops routing to it at
+    /// once but lets its in-flight requests finish.
+    #[serde(default)]
+    pub drain_timeout_s: Option<f64>,
 }

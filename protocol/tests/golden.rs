@@ -20,7 +20,7 @@ const GOLDEN: &[(&str, &str)] = &[
         82 a1 76 01 a3 6d 73 67 81 ab 47 65 6e 65 72 61
         74 65 52 65 71 89 a3 72 69 64 a2 72 31 a9 69 6e
         70 75 74 5f 69 64 73 93 01 cd 3a c3 cd 0c 72 a8
-        73 61 6d 70 6c 69 6e 67 8b ae 6d 61 78 5f 6e 65
+        73 61 6d 70 6c 69 6e 67 8c ae 6d 61 78 5f 6e 65
         77 5f 74 6f 6b 65 6e 73 10 ab 74 65 6d 70 65 72
         61 74 75 72 65 ca 3f 00 00 00 a5 74 6f 70 5f 70
         ca 3f 40 00 00 a5 74 6f 70 5f 6b 28 a5 6d 69 6e
@@ -30,13 +30,15 @@ const GOLDEN: &[(&str, &str)] = &[
         70 65 6e 61 6c 74 79 ca 00 00 00 00 b0 70 72 65
         73 65 6e 63 65 5f 70 65 6e 61 6c 74 79 ca 00 00
         00 00 ae 73 74 6f 70 5f 74 6f 6b 65 6e 5f 69 64
-        73 91 02 aa 69 67 6e 6f 72 65 5f 65 6f 73 c2 a6
-        73 74 72 65 61 6d c3 ab 72 6f 75 74 69 6e 67 5f
-        6b 65 79 a7 75 73 65 72 2d 34 32 ae 72 6f 75 74
-        65 64 5f 64 70 5f 72 61 6e 6b c0 ae 62 6f 6f 74
-        73 74 72 61 70 5f 72 6f 6f 6d c0 ae 72 65 74 75
-        72 6e 5f 6c 6f 67 70 72 6f 62 c2 ab 72 65 63 65
-        69 76 65 64 5f 61 74 cb 41 d9 54 fc 40 10 00 00
+        73 91 02 aa 69 67 6e 6f 72 65 5f 65 6f 73 c2 aa
+        6c 6f 67 69 74 5f 62 69 61 73 91 92 cd 0c 72 ca
+        c0 20 00 00 a6 73 74 72 65 61 6d c3 ab 72 6f 75
+        74 69 6e 67 5f 6b 65 79 a7 75 73 65 72 2d 34 32
+        ae 72 6f 75 74 65 64 5f 64 70 5f 72 61 6e 6b c0
+        ae 62 6f 6f 74 73 74 72 61 70 5f 72 6f 6f 6d c0
+        ae 72 65 74 75 72 6e 5f 6c 6f 67 70 72 6f 62 c2
+        ab 72 65 63 65 69 76 65 64 5f 61 74 cb 41 d9 54
+        fc 40 10 00 00
         ",
     ),
     (
@@ -140,7 +142,7 @@ const GOLDEN: &[(&str, &str)] = &[
         "WorkerStatus",
         "
         82 a1 76 01 a3 6d 73 67 81 ac 57 6f 72 6b 65 72
-        53 74 61 74 75 73 89 a4 72 61 6e 6b 00 a9 74 69
+        53 74 61 74 75 73 8b a4 72 61 6e 6b 00 a9 74 69
         6d 65 73 74 61 6d 70 cb 41 d9 54 fc 40 10 00 00
         b0 6e 75 6d 5f 72 75 6e 6e 69 6e 67 5f 72 65 71
         73 02 b0 6e 75 6d 5f 77 61 69 74 69 6e 67 5f 72
@@ -150,7 +152,10 @@ const GOLDEN: &[(&str, &str)] = &[
         63 68 65 5f 68 69 74 5f 72 61 74 65 cb 3f d0 00
         00 00 00 00 00 ae 67 65 6e 5f 74 68 72 6f 75 67
         68 70 75 74 cb 40 5e 20 00 00 00 00 00 ad 66 69
-        6e 69 73 68 65 64 5f 72 69 64 73 91 a2 72 30
+        6e 69 73 68 65 64 5f 72 69 64 73 91 a2 72 30 af
+        6e 75 6d 5f 66 72 65 65 5f 74 6f 6b 65 6e 73 cd
+        fd e8 b4 6e 75 6d 5f 65 76 69 63 74 61 62 6c 65
+        5f 74 6f 6b 65 6e 73 cc ec
         ",
     ),
     (
@@ -170,7 +175,7 @@ const GOLDEN: &[(&str, &str)] = &[
         7a 65 cd 20 00 a8 6d 6f 64 65 6c 5f 69 64 af 64
         70 73 65 72 76 65 2d 62 75 69 6c 74 69 6e ab 6c
         61 73 74 5f 73 65 65 6e 5f 73 cb 3f e0 00 00 00
-        00 00 00 a6 73 74 61 74 75 73 89 a4 72 61 6e 6b
+        00 00 00 a6 73 74 61 74 75 73 8b a4 72 61 6e 6b
         00 a9 74 69 6d 65 73 74 61 6d 70 cb 41 d9 54 fc
         40 10 00 00 b0 6e 75 6d 5f 72 75 6e 6e 69 6e 67
         5f 72 65 71 73 02 b0 6e 75 6d 5f 77 61 69 74 69
@@ -181,15 +186,19 @@ const GOLDEN: &[(&str, &str)] = &[
         cb 3f d0 00 00 00 00 00 00 ae 67 65 6e 5f 74 68
         72 6f 75 67 68 70 75 74 cb 40 5e 20 00 00 00 00
         00 ad 66 69 6e 69 73 68 65 64 5f 72 69 64 73 91
-        a2 72 30
+        a2 72 30 af 6e 75 6d 5f 66 72 65 65 5f 74 6f 6b
+        65 6e 73 cd fd e8 b4 6e 75 6d 5f 65 76 69 63 74
+        61 62 6c 65 5f 74 6f 6b 65 6e 73 cc ec
         ",
     ),
     (
         "Shutdown",
         "
         82 a1 76 01 a3 6d 73 67 81 a8 53 68 75 74 64 6f
-        77 6e 82 a4 72 61 6e 6b 00 a6 72 65 61 73 6f 6e
-        a7 73 69 67 74 65 72 6d
+        77 6e 83 a4 72 61 6e 6b 00 a6 72 65 61 73 6f 6e
+        a7 73 69 67 74 65 72 6d af 64 72 61 69 6e 5f 74
+        69 6d 65 6f 75 74 5f 73 cb 40 3e 00 00 00 00 00
+        00
         ",
     ),
 ];
@@ -387,7 +396,11 @@ const FIELD_RULES: &[FieldRules] = &[
             "cache_hit_rate",
             "gen_throughput",
         ],
-        optional: &[("finished_rids", "[]")],
+        optional: &[
+            ("finished_rids", "[]"),
+            ("num_free_tokens", "0"),
+            ("num_evictable_tokens", "0"),
+        ],
     },
     FieldRules {
         kind: "ClusterStatus",
@@ -397,7 +410,11 @@ const FIELD_RULES: &[FieldRules] = &[
     FieldRules {
         kind: "Shutdown",
         required: &[],
-        optional: &[("rank", "null"), ("reason", "\"\"")],
+        optional: &[
+            ("rank", "null"),
+            ("reason", "\"\""),
+            ("drain_timeout_s", "null"),
+        ],
     },
 ];
 
@@ -550,7 +567,8 @@ fn minimal_frames_from_other_languages_decode_with_defaults() {
         decode(&frame).unwrap(),
         Message::Shutdown(Shutdown {
             rank: None,
-            reason: String::new()
+            reason: String::new(),
+            drain_timeout_s: None,
         })
     );
     let frame = to_frame(&json!({"v": 1, "msg": {"FlushCache": {}}}));

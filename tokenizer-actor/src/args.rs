@@ -13,8 +13,16 @@ impl Defaults {
     /// Large enough for a long prompt given as `input_ids` in JSON (~8 bytes per id).
     pub const MAX_REQUEST_BYTES: usize = 32 * 1024 * 1024;
     pub const REQUEST_TIMEOUT_S: u64 = 600;
-    pub const TOKENIZER_ADDR: &'static str = "ipc:///tmp/dpserve-tokenizer.sock";
-    pub const CONTROLLER_ADDR: &'static str = "ipc:///tmp/dpserve-controller.sock";
+
+    /// The tokenizer's socket in the default runtime directory, shared by every actor's
+    /// defaults so processes started alone on one host find each other.
+    pub fn tokenizer_addr() -> String {
+        protocol::endpoint::default_endpoint("tokenizer").to_string()
+    }
+
+    pub fn controller_addr() -> String {
+        protocol::endpoint::default_endpoint("controller").to_string()
+    }
 }
 
 /// Flags of `dpserve tokenizer` (and the tokenizer part of `dpserve up`).
@@ -34,11 +42,11 @@ pub struct TokenizerArgs {
     pub model_path: Option<PathBuf>,
 
     /// Endpoint this actor binds (PULL) for token outputs and cluster status.
-    #[arg(long, env = "DPSERVE_TOKENIZER_ADDR", default_value = Defaults::TOKENIZER_ADDR)]
+    #[arg(long, env = "DPSERVE_TOKENIZER_ADDR", default_value_t = Defaults::tokenizer_addr())]
     pub tokenizer_addr: String,
 
     /// Endpoint of the controller (PUSH) for requests, aborts and cache flushes.
-    #[arg(long, env = "DPSERVE_CONTROLLER_ADDR", default_value = Defaults::CONTROLLER_ADDR)]
+    #[arg(long, env = "DPSERVE_CONTROLLER_ADDR", default_value_t = Defaults::controller_addr())]
     pub controller_addr: String,
 
     /// Expected number of data-parallel ranks, reported in server info.
@@ -57,6 +65,15 @@ pub struct TokenizerArgs {
     /// A request with no final output within this many seconds ends with a 504 and is aborted.
     #[arg(long, env = "DPSERVE_REQUEST_TIMEOUT_S", default_value_t = Defaults::REQUEST_TIMEOUT_S)]
     pub request_timeout_s: u64,
+
+    /// Require `Authorization: Bearer KEY` on every endpoint except `/health`.
+    #[arg(long, env = "DPSERVE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+
+    /// Chat template for `/v1/chat/completions`: a Jinja file, or a JSON file with a
+    /// `chat_template` field (default: the model's `tokenizer_config.json`).
+    #[arg(long, env = "DPSERVE_CHAT_TEMPLATE")]
+    pub chat_template: Option<PathBuf>,
 }
 
 impl Default for TokenizerArgs {
@@ -65,12 +82,14 @@ impl Default for TokenizerArgs {
             host: Defaults::HOST.to_string(),
             port: Defaults::PORT,
             model_path: None,
-            tokenizer_addr: Defaults::TOKENIZER_ADDR.to_string(),
-            controller_addr: Defaults::CONTROLLER_ADDR.to_string(),
+            tokenizer_addr: Defaults::tokenizer_addr(),
+            controller_addr: Defaults::controller_addr(),
             dp_size: Defaults::DP_SIZE,
             served_model_name: None,
             max_request_bytes: Defaults::MAX_REQUEST_BYTES,
             request_timeout_s: Defaults::REQUEST_TIMEOUT_S,
+            api_key: None,
+            chat_template: None,
         }
     }
 }

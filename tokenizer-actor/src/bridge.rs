@@ -133,6 +133,15 @@ impl Bridge {
         lock(&self.shared.pending).len()
     }
 
+    /// The registered rids for which `pred` holds (for `/abort_request` of a fanned-out id).
+    pub fn rids_matching(&self, pred: impl Fn(&str) -> bool) -> Vec<String> {
+        lock(&self.shared.pending)
+            .keys()
+            .filter(|k| pred(k))
+            .cloned()
+            .collect()
+    }
+
     pub fn frames_dropped(&self) -> u64 {
         self.shared.stats.dropped()
     }
@@ -234,6 +243,18 @@ impl RequestGuard {
     /// The final message arrived; no abort needed.
     pub fn finish(&mut self) {
         self.finished = true;
+    }
+
+    /// This side ended the request early (a stop string matched): abort it on the worker now,
+    /// so its KV slots return, and not again on drop.
+    pub fn abort(&mut self) {
+        if !self.finished {
+            tracing::debug!(rid = %self.rid, "ended here (stop string): aborting on the worker");
+            self.bridge.send(Message::Abort(protocol::Abort {
+                rid: Some(self.rid.clone()),
+            }));
+            self.finished = true;
+        }
     }
 }
 

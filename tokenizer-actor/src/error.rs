@@ -21,6 +21,8 @@ pub enum TokenizerError {
         #[source]
         source: protocol::ProtocolError,
     },
+    #[error("bad chat template ({what}): {reason}")]
+    ChatTemplate { what: String, reason: String },
     #[error(transparent)]
     Protocol(#[from] protocol::ProtocolError),
     #[error("{what}: {source}")]

@@ -4,10 +4,13 @@
 
 mod args;
 mod bridge;
+pub mod chat_template;
 pub mod detokenize;
 mod error;
 pub mod http;
+pub mod metrics;
 mod state;
+pub mod stop;
 pub mod tokenizer;
 
 use std::net::TcpListener;

@@ -8,7 +8,9 @@ use std::time::Duration;
 use protocol::builtin::MODEL_ID;
 
 use crate::bridge::Bridge;
+use crate::chat_template::ChatTemplate;
 use crate::http::validate::Limits;
+use crate::metrics::Metrics;
 use crate::tokenizer::{LoadedTokenizer, ModelFacts, TextTokenizer};
 use crate::{Result, TokenizerArgs};
 
@@ -22,6 +24,8 @@ pub struct AppState {
     pub bridge: Arc<Bridge>,
     pub args: TokenizerArgs,
     pub served_model_name: String,
+    pub chat_template: ChatTemplate,
+    pub metrics: Metrics,
 }
 
 impl AppState {
@@ -30,6 +34,7 @@ impl AppState {
     pub fn start(args: &TokenizerArgs) -> Result<AppState> {
         let LoadedTokenizer { tokenizer, facts } =
             LoadedTokenizer::load(args.model_path.as_deref())?;
+        let chat_template = ChatTemplate::load(args.chat_template.as_deref(), &facts)?;
         let bridge = Arc::new(Bridge::start(&args.tokenizer_addr, &args.controller_addr)?);
         let served_model_name = args
             .served_model_name
@@ -39,6 +44,8 @@ impl AppState {
             model = %served_model_name,
             vocab_size = facts.vocab_size,
             context_len = facts.context_len,
+            chat_template = %chat_template.source.describe(),
+            auth = args.api_key.is_some(),
             "tokenizer loaded"
         );
         Ok(AppState {
@@ -47,6 +54,8 @@ impl AppState {
             bridge,
             args: args.clone(),
             served_model_name,
+            chat_template,
+            metrics: Metrics::default(),
         })
     }
 

@@ -73,6 +73,10 @@ pub struct WorkerArgs {
     /// 0 stops at once. New requests go elsewhere from the first moment.
     #[arg(long, env = "DPSERVE_DRAIN_TIMEOUT", default_value_t = 30.0)]
     pub drain_timeout: f64,
+    /// Append one JSON line per message and request milestone to DIR/worker-<rank>.jsonl
+    /// (`dpserve trace DIR --rid R` merges the actors' files).
+    #[arg(long, env = "DPSERVE_TRACE_DIR")]
+    pub trace_dir: Option<PathBuf>,
     /// Compute device. Only `cpu` in this build.
     #[arg(long, env = "DPSERVE_DEVICE", default_value = "cpu")]
     pub device: String,
@@ -103,6 +107,7 @@ pub struct WorkerConfig {
     pub num_threads: usize,
     pub heartbeat_interval: Duration,
     pub drain_timeout: Duration,
+    pub trace_dir: Option<PathBuf>,
 }
 
 impl WorkerArgs {
@@ -171,6 +176,7 @@ impl WorkerArgs {
             num_threads,
             heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms.max(10)),
             drain_timeout: Duration::from_secs_f64(self.drain_timeout),
+            trace_dir: self.trace_dir.clone(),
         })
     }
 }

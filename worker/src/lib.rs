@@ -33,6 +33,24 @@ const STATUS_MIN_INTERVAL: Duration = Duration::from_millis(20);
 /// ...and at least this often while it is idle.
 const STATUS_IDLE_INTERVAL: Duration = Duration::from_millis(1000);
 
+/// The controller refused this worker (wrong model or protocol version): a configuration error
+/// that restarting will not fix.
+#[derive(Debug)]
+pub struct Refused(pub String);
+
+impl Refused {
+    /// `EX_CONFIG` from sysexits.h.
+    pub const EXIT_CODE: u8 = 78;
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "refused by the controller: {}", self.0)
+    }
+}
+
+impl std::error::Error for Refused {}
+
 /// Load the model the config names.
 pub fn load_model(source: &ModelSource) -> anyhow::Result<LlamaModel> {
     match source {
@@ -109,25 +127,38 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let outbox = ctx.socket(zmq::PUSH)?;
     outbox.connect(link::OUTBOX)?;
     let to_tokenizer = protocol::socket::connect(&ctx, zmq::PUSH, &config.tokenizer_addr, None)?;
+    let tracer = match &config.trace_dir {
+        Some(dir) => protocol::msg_trace::MessageTracer::open(dir, "worker", Some(config.rank))
+            .with_context(|| format!("--trace-dir {}", dir.display()))?,
+        None => protocol::msg_trace::MessageTracer::disabled(),
+    };
+    sched.tracer = tracer.clone();
     let (inbound_tx, inbound) = mpsc::channel();
     let link_stop = Arc::new(AtomicBool::new(false));
     let link = {
-        let (ctx, addr, stop, beat) = (
-            ctx.clone(),
-            config.worker_addr.clone(),
-            Arc::clone(&link_stop),
-            config.heartbeat_interval,
-        );
+        let link = link::Link {
+            ctx: ctx.clone(),
+            outbox: outbox_rx,
+            worker_addr: config.worker_addr.clone(),
+            hello,
+            heartbeat_interval: config.heartbeat_interval,
+            inbound: inbound_tx,
+            stop: Arc::clone(&link_stop),
+            tracer: tracer.clone(),
+        };
         std::thread::Builder::new()
             .name("controller-link".into())
-            .spawn(move || link::run(ctx, outbox_rx, addr, hello, beat, inbound_tx, stop))?
+            .spawn(move || link::run(link))?
     };
     tracing::info!(rank = config.rank, worker_addr = %config.worker_addr, tokenizer_addr = %config.tokenizer_addr, "worker started");
 
-    let send = |msg: &Message| {
-        if let Err(e) = protocol::socket::send(&to_tokenizer, msg) {
-            tracing::warn!(%e, "send to tokenizer failed");
+    let send = |msg: &Message| match protocol::socket::send(&to_tokenizer, msg) {
+        Ok(bytes) => {
+            if let Message::TokenOut(out) = msg {
+                trace_token_out(&tracer, out, bytes);
+            }
         }
+        Err(e) => tracing::warn!(%e, "send to tokenizer failed"),
     };
     let mut last_status = Instant::now();
     let mut last_generated = 0u64;
@@ -277,7 +308,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         Err(_) => anyhow::bail!("controller link thread panicked"),
     }
     match refused {
-        Some(reason) => anyhow::bail!("refused by the controller: {reason}"),
+        Some(reason) => Err(Refused(reason).into()),
         None => {
             tracing::info!(rank = config.rank, "worker stopped");
             Ok(())
@@ -293,4 +324,31 @@ fn draining_error(rid: &str, rank: u32) -> protocol::TokenOut {
     );
     out.dp_rank = Some(rank);
     out
+}
+
+/// Message trace of an output: the message, plus the first-token and finished milestones.
+fn trace_token_out(
+    tracer: &protocol::msg_trace::MessageTracer,
+    out: &protocol::TokenOut,
+    bytes: usize,
+) {
+    if !tracer.enabled() {
+        return;
+    }
+    tracer.message(true, &Message::TokenOut(out.clone()), "tokenizer", bytes);
+    if !out.output_ids.is_empty() && out.completion_tokens as usize == out.output_ids.len() {
+        tracer.event("first_token", &out.rid, None);
+    }
+    if let Some(reason) = out.finish_reason {
+        tracer.event(
+            "finished",
+            &out.rid,
+            Some(format!(
+                "reason={} completion_tokens={} cached_tokens={}",
+                reason.as_str(),
+                out.completion_tokens,
+                out.cached_tokens
+            )),
+        );
+    }
 }

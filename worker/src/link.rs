@@ -25,17 +25,31 @@ pub enum Inbound {
     Refused(String),
 }
 
-/// Run the link until `stop` is set. `outbox` must already be bound by the caller (inproc
-/// requires bind before connect).
-pub fn run(
-    ctx: zmq::Context,
-    outbox: zmq::Socket,
-    worker_addr: Endpoint,
-    hello: Hello,
-    heartbeat_interval: Duration,
-    inbound: Sender<Inbound>,
-    stop: Arc<AtomicBool>,
-) -> anyhow::Result<()> {
+/// What the link thread needs.
+pub struct Link {
+    pub ctx: zmq::Context,
+    /// The inproc PULL end of the outbox, already bound (inproc needs bind before connect).
+    pub outbox: zmq::Socket,
+    pub worker_addr: Endpoint,
+    pub hello: Hello,
+    pub heartbeat_interval: Duration,
+    pub inbound: Sender<Inbound>,
+    pub stop: Arc<AtomicBool>,
+    pub tracer: protocol::msg_trace::MessageTracer,
+}
+
+/// Run the link until `stop` is set.
+pub fn run(link: Link) -> anyhow::Result<()> {
+    let Link {
+        ctx,
+        outbox,
+        worker_addr,
+        hello,
+        heartbeat_interval,
+        inbound,
+        stop,
+        tracer,
+    } = link;
     let rank = hello.rank;
     let dealer =
         protocol::socket::connect(&ctx, zmq::DEALER, &worker_addr, Some(&rank_identity(rank)))?;
@@ -78,6 +92,7 @@ pub fn run(
                 let Some(msg) = stats.decode_or_drop(&frame, "controller") else {
                     continue;
                 };
+                tracer.message(false, &msg, "controller", frame.len());
                 let inbound_msg = match msg {
                     Message::HelloAck(ack) if ack.accepted => {
                         if !acked {

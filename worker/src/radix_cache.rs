@@ -174,14 +174,13 @@ impl RadixCache {
             let n = self.node_mut(id);
             let key_tail = n.key.split_off(at);
             let value_tail = n.value.split_off(at);
-            let head = (
+            (
                 n.parent,
                 std::mem::replace(&mut n.key, key_tail),
                 std::mem::replace(&mut n.value, value_tail),
                 n.lock_ref,
                 n.last_access,
-            );
-            head
+            )
         };
         let first_head = key_head[0];
         let first_tail = self.node(id).key[0];

@@ -3,7 +3,7 @@
 //!
 //! Order (as vLLM/SGLang): repetition penalty over prompt ∪ output tokens (divide positive
 //! logits, multiply negative ones), frequency and presence penalties over output tokens, then
-//! temperature, then the truncations on the sorted distribution. Greedy (temperature ≤ 0 or
+//! `logit_bias` (added, as OpenAI; it applies to greedy too), then temperature, then the truncations on the sorted distribution. Greedy (temperature ≤ 0 or
 //! top_k == 1) is argmax with ties to the lowest index, and draws nothing from the generator.
 
 use protocol::SamplingParams;
@@ -42,6 +42,13 @@ fn apply_penalties(logits: &mut [f32], p: &SamplingParams, prompt_ids: &[u32], o
         }
         for (t, c) in counts {
             logits[t] -= p.frequency_penalty * c as f32 + p.presence_penalty;
+        }
+    }
+    // Ids out of range were refused by the tokenizer; a peer that sends one anyway loses it
+    // here rather than crashing the worker.
+    for &(t, bias) in &p.logit_bias {
+        if let Some(l) = logits.get_mut(t as usize) {
+            *l += bias;
         }
     }
 }
@@ -230,5 +237,27 @@ mod tests {
         let mut l = logits();
         sample(&mut l, &neg, &mut rng, &[3], &[]);
         assert_eq!(l[3], -2.0);
+    }
+
+    #[test]
+    fn logit_bias_adds_to_logits_and_ignores_bad_ids() {
+        let mut rng = StdRng::seed_from_u64(0);
+        let bias = SamplingParams {
+            logit_bias: vec![(1, -100.0), (4, -100.0), (7, 5.0), (99, 100.0)],
+            ..params(0.0)
+        };
+        let mut l = logits();
+        assert_eq!(sample(&mut l, &bias, &mut rng, &[], &[]).token, 7);
+        assert_eq!((l[1], l[7]), (-98.0, 5.3));
+        // A -100 bias bans a token under sampling as well.
+        let ban = SamplingParams {
+            logit_bias: vec![(1, -100.0), (4, -100.0)],
+            ..params(1.0)
+        };
+        let mut rng = StdRng::seed_from_u64(3);
+        for _ in 0..200 {
+            let t = sample(&mut logits(), &ban, &mut rng, &[], &[]).token;
+            assert!(t != 1 && t != 4);
+        }
     }
 }

@@ -119,6 +119,8 @@ pub struct Scheduler {
     running: Vec<Req>,
     finished_rids: Vec<String>,
     pub stats: StepStats,
+    /// Records request milestones (admitted, prefix hit) with `--trace-dir`.
+    pub tracer: protocol::msg_trace::MessageTracer,
 }
 
 impl Scheduler {
@@ -142,6 +144,7 @@ impl Scheduler {
             running: Vec::new(),
             finished_rids: Vec::new(),
             stats: StepStats::default(),
+            tracer: protocol::msg_trace::MessageTracer::disabled(),
         }
     }
 
@@ -216,7 +219,9 @@ impl Scheduler {
             return Err("the prompt is empty".into());
         }
         if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
-            return Err(format!("token id {bad} is outside the vocabulary (size {vocab})"));
+            return Err(format!(
+                "token id {bad} is outside the vocabulary (size {vocab})"
+            ));
         }
         let need = ids.len() + max_new_tokens as usize;
         if need > self.config.context_len {
@@ -380,6 +385,11 @@ impl Scheduler {
         }
         req.len = hit;
         req.cached_len = hit;
+        self.tracer.event(
+            "admitted",
+            &req.rid,
+            Some(format!("prefix_hit_tokens={hit}")),
+        );
         if !req.admitted_once {
             req.admitted_once = true;
             req.cached_tokens = hit.min(req.prompt.len()) as u32;
@@ -709,7 +719,9 @@ impl Scheduler {
             completion_tokens: req.output.len() as u32,
             cached_tokens: req.cached_tokens,
             dp_rank: Some(self.config.rank),
-            logprobs: req.return_logprob.then(|| req.logprobs[req.sent..].to_vec()),
+            logprobs: req
+                .return_logprob
+                .then(|| req.logprobs[req.sent..].to_vec()),
             embedding: None,
             error: None,
         };
@@ -729,7 +741,9 @@ impl Scheduler {
             completion_tokens: req.output.len() as u32,
             cached_tokens: req.cached_tokens,
             dp_rank: Some(self.config.rank),
-            logprobs: req.return_logprob.then(|| req.logprobs[req.sent..].to_vec()),
+            logprobs: req
+                .return_logprob
+                .then(|| req.logprobs[req.sent..].to_vec()),
             embedding: None,
             error: None,
         }

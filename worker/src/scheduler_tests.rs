@@ -61,7 +61,9 @@ fn req(rid: &str, prompt: Vec<u32>, max_new_tokens: u32) -> GenerateReq {
 }
 
 fn prompt(seed: u32, len: usize) -> Vec<u32> {
-    (0..len as u32).map(|i| 3 + (seed * 131 + i * 17) % 8000).collect()
+    (0..len as u32)
+        .map(|i| 3 + (seed * 131 + i * 17) % 8000)
+        .collect()
 }
 
 /// Run to completion; per rid, the concatenated output ids and the final message.
@@ -91,7 +93,9 @@ fn drain(s: &mut Scheduler) -> HashMap<String, (Vec<u32>, TokenOut)> {
 fn every_request_finishes_once_with_its_tokens() {
     let mut s = scheduler(4096, 2048);
     for i in 0..10 {
-        assert!(s.submit(req(&format!("r{i}"), prompt(i, 5 + i as usize), 4 + i)).is_none());
+        assert!(s
+            .submit(req(&format!("r{i}"), prompt(i, 5 + i as usize), 4 + i))
+            .is_none());
     }
     let done = drain(&mut s);
     assert_eq!(done.len(), 10);
@@ -117,7 +121,11 @@ fn greedy_output_is_the_same_alone_batched_chunked_and_retracted() {
     // In a batch of 64 with other prompts, prefill chunked by 5 tokens.
     let mut s = scheduler(8192, 5);
     for i in 0..63 {
-        s.submit(req(&format!("o{i}"), prompt(i, 3 + i as usize % 40), 1 + i % 30));
+        s.submit(req(
+            &format!("o{i}"),
+            prompt(i, 3 + i as usize % 40),
+            1 + i % 30,
+        ));
     }
     s.submit(target());
     assert_eq!(drain(&mut s)["target"].0, alone, "batched + chunked");

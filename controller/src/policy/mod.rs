@@ -1,15 +1,26 @@
 //! Load-balance methods. Each method is a type behind [`LoadBalancer`]: given a request and the
 //! live ranks with their loads, it returns a [`RouteDecision`] that names the rank *and* the branch
-//! taken, so every decision can be traced, counted and unit-tested without a process.
+//! taken (plus, for affinity, the key and HRW order), so every decision can be traced, counted and
+//! unit-tested without a process. The explicit-rank bypass lives in [`crate::router`], not here.
 
+mod bootstrap_room;
+pub mod hrw;
+mod least_loaded;
+mod prefix_affinity;
 mod round_robin;
 
+pub use bootstrap_room::FollowBootstrapRoom;
+pub use hrw::{Blake2Hrw, HrwHasher};
+pub use least_loaded::{TotalRequests, TotalTokens};
+pub use prefix_affinity::{PrefixAffinity, PrefixAffinityConfig};
 pub use round_robin::RoundRobin;
 
 use std::fmt;
 use std::str::FromStr;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
 
 /// What the router knows about a request when it picks a rank.
 #[derive(Debug, Clone, Copy)]
@@ -21,12 +32,12 @@ pub struct RouteInput<'a> {
 }
 
 /// One live rank and its load as the budget sees it (status plus speculative increments).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RankLoad {
     pub rank: u32,
-    /// Running + waiting requests.
+    /// Running + waiting requests, plus those dispatched since the last status.
     pub active_requests: u64,
-    /// Tokens resident or reserved on the rank.
+    /// Tokens resident or reserved on the rank, plus those of speculative dispatches.
     pub active_tokens: u64,
 }
 
@@ -42,6 +53,19 @@ impl RankSet {
         RankSet { ranks }
     }
 
+    /// Idle ranks with these ids (tests and benchmarks).
+    pub fn idle(ids: &[u32]) -> Self {
+        RankSet::new(
+            ids.iter()
+                .map(|&rank| RankLoad {
+                    rank,
+                    active_requests: 0,
+                    active_tokens: 0,
+                })
+                .collect(),
+        )
+    }
+
     pub fn loads(&self) -> &[RankLoad] {
         &self.ranks
     }
@@ -55,7 +79,14 @@ impl RankSet {
     }
 
     pub fn contains(&self, rank: u32) -> bool {
-        self.ranks.iter().any(|r| r.rank == rank)
+        self.get(rank).is_some()
+    }
+
+    pub fn get(&self, rank: u32) -> Option<&RankLoad> {
+        self.ranks
+            .binary_search_by_key(&rank, |r| r.rank)
+            .ok()
+            .map(|i| &self.ranks[i])
     }
 
     pub fn ids(&self) -> Vec<u32> {
@@ -64,76 +95,266 @@ impl RankSet {
 }
 
 /// Which branch of a method produced the decision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Branch {
     /// The client named the rank.
     Explicit,
     /// Round-robin rotation.
     Rotate,
-    /// Least-loaded choice.
+    /// Least-loaded choice (`total_requests`, `total_tokens`).
     LeastLoaded,
-    /// The preferred (affinity) rank was taken.
+    /// `bootstrap_room % live ranks`.
+    Room,
+    /// The preferred (first HRW) rank was taken.
     Affinity,
-    /// The preferred rank was overloaded; the next candidate was taken.
+    /// The preferred rank was over the load threshold; a later HRW candidate was taken.
     Spill,
-    /// No key; the fallback method chose.
+    /// No key (or no bootstrap room); the fallback method chose.
     Fallback,
 }
 
-/// A routing decision: the rank and why.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+impl fmt::Display for Branch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Branch::Explicit => "explicit",
+            Branch::Rotate => "rotate",
+            Branch::LeastLoaded => "least_loaded",
+            Branch::Room => "room",
+            Branch::Affinity => "affinity",
+            Branch::Spill => "spill",
+            Branch::Fallback => "fallback",
+        })
+    }
+}
+
+/// Where an affinity key came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeySource {
+    /// `x-smg-routing-key` header or body `routing_key`.
+    RoutingKey,
+    /// Hash of the first `--prefix-affinity-hash-tokens` input ids.
+    TokenPrefix,
+    /// No key: the method does not use one, or the request had none.
+    None,
+    /// The client named the rank; no key was looked at.
+    Explicit,
+}
+
+impl fmt::Display for KeySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KeySource::RoutingKey => "routing_key",
+            KeySource::TokenPrefix => "token_prefix",
+            KeySource::None => "none",
+            KeySource::Explicit => "explicit",
+        })
+    }
+}
+
+/// A routing decision: the rank and why. The affinity fields stay empty for methods without a
+/// key, which costs nothing (`Vec::new` does not allocate).
+#[derive(Debug, Clone, PartialEq)]
 pub struct RouteDecision {
     pub rank: u32,
     pub branch: Branch,
+    pub key_source: KeySource,
+    /// 64-bit blake2b of the key bytes: identifies the key in traces without revealing it.
+    pub key_digest: Option<u64>,
+    /// Live ranks in HRW order, preferred first (affinity methods only).
+    pub hrw_order: Vec<u32>,
+    /// The overload-guard threshold on active requests (affinity methods only).
+    pub threshold: Option<f64>,
+    /// The method that chose when the branch is `Fallback`.
+    pub fallback: Option<Method>,
 }
 
-/// One load-balance method.
-pub trait LoadBalancer: Send {
-    /// Pick a rank from `ranks` (non-empty) for `req`.
-    fn select(&mut self, req: &RouteInput<'_>, ranks: &RankSet) -> RouteDecision;
-}
-
-/// The `--load-balance-method` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Method {
-    RoundRobin,
-}
-
-impl Method {
-    pub const ALL: &'static [&'static str] = &["round_robin"];
-
-    pub fn balancer(self) -> Box<dyn LoadBalancer> {
-        match self {
-            Method::RoundRobin => Box::new(RoundRobin::default()),
+impl RouteDecision {
+    /// A decision with no key information.
+    pub fn plain(rank: u32, branch: Branch) -> Self {
+        RouteDecision {
+            rank,
+            branch,
+            key_source: KeySource::None,
+            key_digest: None,
+            hrw_order: Vec::new(),
+            threshold: None,
+            fallback: None,
         }
     }
 }
 
+/// One load-balance method.
+pub trait LoadBalancer: Send {
+    /// Pick a rank from `ranks` (never empty) for `req`.
+    fn select(&mut self, req: &RouteInput<'_>, ranks: &RankSet) -> RouteDecision;
+}
+
+/// The `--load-balance-method` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Method {
+    RoundRobin,
+    TotalRequests,
+    TotalTokens,
+    FollowBootstrapRoom,
+    /// The default: requests sharing a prefix meet the cache that holds it.
+    #[default]
+    PrefixAffinity,
+}
+
+impl Method {
+    pub const ALL: &'static [Method] = &[
+        Method::RoundRobin,
+        Method::TotalRequests,
+        Method::TotalTokens,
+        Method::FollowBootstrapRoom,
+        Method::PrefixAffinity,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::RoundRobin => "round_robin",
+            Method::TotalRequests => "total_requests",
+            Method::TotalTokens => "total_tokens",
+            Method::FollowBootstrapRoom => "follow_bootstrap_room",
+            Method::PrefixAffinity => "prefix_affinity",
+        }
+    }
+
+    /// Build the balancer; `affinity` configures `prefix_affinity` and is ignored otherwise.
+    pub fn balancer(self, affinity: &PrefixAffinityConfig) -> Box<dyn LoadBalancer> {
+        match self {
+            Method::RoundRobin => Box::new(RoundRobin::default()),
+            Method::TotalRequests => Box::new(TotalRequests::default()),
+            Method::TotalTokens => Box::new(TotalTokens::default()),
+            Method::FollowBootstrapRoom => Box::new(FollowBootstrapRoom::default()),
+            Method::PrefixAffinity => Box::new(PrefixAffinity::new(affinity.clone())),
+        }
+    }
+}
+
+fn names(methods: &[Method]) -> String {
+    methods
+        .iter()
+        .map(|m| m.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 impl FromStr for Method {
-    type Err = String;
+    type Err = Error;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "round_robin" => Ok(Method::RoundRobin),
-            "total_requests" | "total_tokens" | "follow_bootstrap_room" | "prefix_affinity" => {
-                Err(format!(
-                    "load-balance method {s:?} is not implemented yet; available: {}",
-                    Method::ALL.join(", ")
-                ))
-            }
-            other => Err(format!(
-                "unknown load-balance method {other:?}; expected one of: {}",
-                Method::ALL.join(", ")
-            )),
-        }
+        Method::ALL
+            .iter()
+            .copied()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| Error::UnknownMethod {
+                flag: "--load-balance-method",
+                got: s.to_string(),
+                expected: names(Method::ALL),
+            })
     }
 }
 
 impl fmt::Display for Method {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The `--prefix-affinity-fallback` values: the keyless methods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FallbackMethod {
+    RoundRobin,
+    TotalRequests,
+    /// The default: without a key, put the request where the fewest tokens are.
+    #[default]
+    TotalTokens,
+}
+
+impl FallbackMethod {
+    pub const ALL: &'static [FallbackMethod] = &[
+        FallbackMethod::RoundRobin,
+        FallbackMethod::TotalRequests,
+        FallbackMethod::TotalTokens,
+    ];
+
+    pub fn method(self) -> Method {
         match self {
-            Method::RoundRobin => f.write_str("round_robin"),
+            FallbackMethod::RoundRobin => Method::RoundRobin,
+            FallbackMethod::TotalRequests => Method::TotalRequests,
+            FallbackMethod::TotalTokens => Method::TotalTokens,
         }
+    }
+
+    pub fn balancer(self) -> Box<dyn LoadBalancer> {
+        match self {
+            FallbackMethod::RoundRobin => Box::new(RoundRobin::default()),
+            FallbackMethod::TotalRequests => Box::new(TotalRequests::default()),
+            FallbackMethod::TotalTokens => Box::new(TotalTokens::default()),
+        }
+    }
+}
+
+impl FromStr for FallbackMethod {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        FallbackMethod::ALL
+            .iter()
+            .copied()
+            .find(|m| m.method().as_str() == s)
+            .ok_or_else(|| Error::UnknownMethod {
+                flag: "--prefix-affinity-fallback",
+                got: s.to_string(),
+                expected: FallbackMethod::ALL
+                    .iter()
+                    .map(|m| m.method().as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
+    }
+}
+
+impl fmt::Display for FallbackMethod {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.method().as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_method_name_round_trips() {
+        for &m in Method::ALL {
+            assert_eq!(m.as_str().parse::<Method>().unwrap(), m);
+        }
+        for &m in FallbackMethod::ALL {
+            assert_eq!(m.to_string().parse::<FallbackMethod>().unwrap(), m);
+        }
+    }
+
+    #[test]
+    fn unknown_names_list_the_choices() {
+        let err = "fastest".parse::<Method>().unwrap_err().to_string();
+        assert!(
+            err.contains("prefix_affinity") && err.contains("fastest"),
+            "{err}"
+        );
+        let err = "prefix_affinity"
+            .parse::<FallbackMethod>()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--prefix-affinity-fallback"), "{err}");
+    }
+
+    #[test]
+    fn defaults_are_prefix_affinity_and_total_tokens() {
+        assert_eq!(Method::default(), Method::PrefixAffinity);
+        assert_eq!(FallbackMethod::default(), FallbackMethod::TotalTokens);
     }
 }

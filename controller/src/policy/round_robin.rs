@@ -13,18 +13,11 @@ impl LoadBalancer for RoundRobin {
     fn select(&mut self, _req: &RouteInput<'_>, ranks: &RankSet) -> RouteDecision {
         let ids = ranks.ids();
         let rank = match self.last {
-            Some(last) => ids
-                .iter()
-                .copied()
-                .find(|&r| r > last)
-                .unwrap_or(ids[0]),
+            Some(last) => ids.iter().copied().find(|&r| r > last).unwrap_or(ids[0]),
             None => ids[0],
         };
         self.last = Some(rank);
-        RouteDecision {
-            rank,
-            branch: Branch::Rotate,
-        }
+        RouteDecision::plain(rank, Branch::Rotate)
     }
 }
 

@@ -126,6 +126,7 @@ pub fn examples() -> Vec<(&'static str, Message)> {
             Message::Shutdown(Shutdown {
                 rank: Some(0),
                 reason: "sigterm".into(),
+                drain_timeout_s: Some(30.0),
             }),
         ),
     ]
@@ -151,6 +152,8 @@ fn worker_status() -> WorkerStatus {
         cache_hit_rate: 0.25,
         gen_throughput: 120.5,
         finished_rids: vec!["r0".into()],
+        num_free_tokens: 65000,
+        num_evictable_tokens: 236,
     }
 }
 

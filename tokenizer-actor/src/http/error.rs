@@ -1,5 +1,6 @@
-//! The JSON error every HTTP endpoint answers with: `{"error": {"message", "type", "code"}}`
-//! (the OpenAI shape, which SGLang clients also understand).
+//! The JSON error every HTTP endpoint answers with:
+//! `{"error": {"message", "type", "param", "code"}}` (the OpenAI shape, which SGLang clients
+//! also understand). `param` names the offending request field when one is to blame.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
@@ -11,6 +12,7 @@ use serde_json::json;
 pub struct ApiError {
     pub status: u16,
     pub message: String,
+    pub param: Option<String>,
 }
 
 impl ApiError {
@@ -18,7 +20,18 @@ impl ApiError {
         ApiError {
             status,
             message: message.into(),
+            param: None,
         }
+    }
+
+    /// A 400 blaming request field `param`.
+    pub fn invalid_param(param: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::bad_request(message).with_param(param)
+    }
+
+    pub fn with_param(mut self, param: impl Into<String>) -> Self {
+        self.param = Some(param.into());
+        self
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -35,6 +48,7 @@ impl ApiError {
 
     fn kind(&self) -> &'static str {
         match self.status {
+            401 => "authentication_error",
             404 => "not_found_error",
             413 => "request_too_large",
             400..=499 => "invalid_request_error",
@@ -46,7 +60,12 @@ impl ApiError {
 
     /// The body, also sent as an SSE event when a stream fails after it started.
     pub fn body(&self) -> serde_json::Value {
-        json!({"error": {"message": self.message, "type": self.kind(), "code": self.status}})
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind(),
+            "param": self.param,
+            "code": self.status,
+        }})
     }
 }
 

@@ -1,27 +1,123 @@
-//! One accepted `/generate` request between its `GenerateReq` and its final output: the
-//! channel of its `TokenOut`s, its detokenizer, its deadline and what it produced so far.
-//! Streaming and non-streaming responses are both built from [`InFlight::next`], so they
-//! cannot disagree on the text.
+//! One accepted generation request between its `GenerateReq` and its final output: the
+//! channel of its `TokenOut`s, its detokenizer, its stop strings, its deadline, its metrics
+//! and what it produced so far. Every endpoint (`/generate`, `/v1/completions`,
+//! `/v1/chat/completions`), streaming or not, is built from [`InFlight::next`], so they cannot
+//! disagree on the text.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use protocol::{FinishReason, TokenOut};
+use protocol::{FinishReason, GenerateReq, Message, SamplingParams, TokenOut};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::error::ApiError;
 use crate::bridge::RequestGuard;
 use crate::detokenize::IncrementalDetokenizer;
+use crate::metrics::Finished;
 use crate::state::AppState;
+use crate::stop::StopMatcher;
+
+/// What a request asks for, tokenized and validated; becomes one `GenerateReq`.
+#[derive(Debug, Clone)]
+pub struct Submission {
+    pub rid: String,
+    pub input_ids: Vec<u32>,
+    pub sampling: SamplingParams,
+    /// Stop strings, applied here (the worker sees token ids only).
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub routing_key: Option<String>,
+    pub routed_dp_rank: Option<u32>,
+    pub bootstrap_room: Option<u64>,
+    pub return_logprob: bool,
+    /// Unix seconds when the HTTP request arrived.
+    pub received_at: f64,
+}
+
+/// Register the rid, send the request to the controller and return its [`InFlight`].
+pub fn submit(
+    state: &Arc<AppState>,
+    sub: Submission,
+    started: Instant,
+) -> Result<InFlight, ApiError> {
+    let rid = sub.rid.clone();
+    let rx = state
+        .bridge
+        .register(&rid)
+        .map_err(|_| ApiError::bad_request(format!("rid {rid:?} is already in flight")))?;
+    // From here on the guard owns the rid: however this request ends, it is unregistered,
+    // and aborted on the worker unless its final output arrived.
+    let guard = RequestGuard::new(rid.clone(), state.bridge.clone());
+    let inflight = InFlight::new(state.clone(), guard, rx, &sub, started);
+    if !state.bridge.send(Message::GenerateReq(to_wire(sub, state))) {
+        return Err(ApiError::unavailable("tokenizer is shutting down"));
+    }
+    Ok(inflight)
+}
+
+fn to_wire(sub: Submission, state: &AppState) -> GenerateReq {
+    let mut sampling = sub.sampling;
+    if !sampling.ignore_eos {
+        // The worker stops at its config's EOS; extra EOS ids (generation_config lists,
+        // tokenizer_config's eos_token) are only known here.
+        for id in &state.facts.eos_token_ids {
+            if !sampling.stop_token_ids.contains(id) {
+                sampling.stop_token_ids.push(*id);
+            }
+        }
+    }
+    GenerateReq {
+        rid: sub.rid,
+        input_ids: sub.input_ids,
+        sampling,
+        stream: sub.stream,
+        routing_key: sub.routing_key,
+        routed_dp_rank: sub.routed_dp_rank,
+        bootstrap_room: sub.bootstrap_room,
+        return_logprob: sub.return_logprob,
+        received_at: sub.received_at,
+    }
+}
+
+/// Token counts of a request, as OpenAI `usage` needs them.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub cached_tokens: usize,
+}
+
+/// What ended a request early or late: a stop token id or a stop string.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Matched {
+    Token(u32),
+    Text(String),
+}
+
+impl Matched {
+    pub fn to_json(&self) -> Value {
+        match self {
+            Matched::Token(id) => json!(id),
+            Matched::Text(s) => json!(s),
+        }
+    }
+}
 
 /// What one `TokenOut` with tokens (or the final one) adds to the response.
 #[derive(Debug, Clone)]
 pub struct Chunk {
     pub text: String,
     pub output_ids: Vec<u32>,
-    pub meta_info: Value,
+    /// One per id in `output_ids`, when asked for.
+    pub logprobs: Option<Vec<f32>>,
     pub finished: bool,
+    /// Set when `finished`.
+    pub finish_reason: Option<FinishReason>,
+    pub matched: Option<Matched>,
+    pub usage: Usage,
+    /// The SGLang-native `meta_info` of `/generate`.
+    pub meta_info: Value,
 }
 
 pub struct InFlight {
@@ -29,20 +125,25 @@ pub struct InFlight {
     guard: RequestGuard,
     rx: UnboundedReceiver<TokenOut>,
     detok: IncrementalDetokenizer,
+    stop: StopMatcher,
     started: Instant,
     deadline: tokio::time::Instant,
     prompt_len: usize,
     completion_tokens: usize,
     last: Option<TokenOut>,
+    /// When the latest output with tokens arrived (TTFT, then inter-token latency).
+    last_token_at: Option<Instant>,
+    /// A stop string ended the request here, before the worker did.
+    stopped_here: bool,
     done: bool,
 }
 
 impl InFlight {
-    pub fn new(
+    fn new(
         state: Arc<AppState>,
         guard: RequestGuard,
         rx: UnboundedReceiver<TokenOut>,
-        input_ids: &[u32],
+        sub: &Submission,
         started: Instant,
     ) -> Self {
         let timeout = std::time::Duration::from_secs(state.args.request_timeout_s);
@@ -51,11 +152,14 @@ impl InFlight {
             state,
             guard,
             rx,
-            detok: IncrementalDetokenizer::new(input_ids),
+            detok: IncrementalDetokenizer::new(&sub.input_ids),
+            stop: StopMatcher::new(&sub.stop),
             started,
-            prompt_len: input_ids.len(),
+            prompt_len: sub.input_ids.len(),
             completion_tokens: 0,
             last: None,
+            last_token_at: None,
+            stopped_here: false,
             done: false,
         }
     }
@@ -76,6 +180,7 @@ impl InFlight {
                 Err(_) => {
                     // Not `finish()`ed: dropping the guard aborts the request on the worker.
                     self.done = true;
+                    self.record_end("abort");
                     return Some(Err(ApiError::new(
                         504,
                         format!(
@@ -89,11 +194,15 @@ impl InFlight {
             if let Some(err) = &out.error {
                 self.done = true;
                 self.guard.finish();
-                return Some(Err(ApiError::new(err.status, err.message.clone())));
+                let err = ApiError::new(err.status, err.message.clone());
+                self.remember(out);
+                self.record_end("error");
+                return Some(Err(err));
             }
             if out.finish_reason == Some(FinishReason::Error) {
                 self.done = true;
                 self.guard.finish();
+                self.record_end("error");
                 return Some(Err(ApiError::internal("request failed without a reason")));
             }
             if out.output_ids.is_empty() && out.finish_reason.is_none() {
@@ -108,22 +217,66 @@ impl InFlight {
     fn chunk(&mut self, out: TokenOut) -> Result<Chunk, ApiError> {
         let tok = &*self.state.tokenizer;
         let decode_err = |e: crate::TokenizerError| ApiError::internal(e.to_string());
-        let mut text = self.detok.push(tok, &out.output_ids).map_err(decode_err)?;
-        let finished = out.finish_reason.is_some();
-        if finished {
-            text.push_str(&self.detok.finish(tok).map_err(decode_err)?);
-            self.done = true;
+        let mut raw = self.detok.push(tok, &out.output_ids).map_err(decode_err)?;
+        let worker_finished = out.finish_reason.is_some();
+        if worker_finished {
+            raw.push_str(&self.detok.finish(tok).map_err(decode_err)?);
+        }
+        let text = self.stop.push(&raw, worker_finished);
+        if self.stop.matched().is_some() && !worker_finished {
+            // The worker would go on generating what nobody will read.
+            self.stopped_here = true;
+            self.guard.abort();
+        }
+        if worker_finished {
             self.guard.finish();
         }
+        self.observe_latency(out.dp_rank, out.output_ids.len());
         self.completion_tokens += out.output_ids.len();
         let output_ids = out.output_ids.clone();
+        let logprobs = out.logprobs.clone();
         self.remember(out);
+        let finished = worker_finished || self.stopped_here;
+        let (finish_reason, matched) = self.finish();
+        if finished {
+            self.done = true;
+            self.record_end(finish_reason.map_or("stop", |r| r.as_str()));
+        }
         Ok(Chunk {
             text,
             output_ids,
-            meta_info: self.meta_info(),
+            logprobs,
             finished,
+            finish_reason: finished.then_some(finish_reason).flatten(),
+            matched: if finished { matched } else { None },
+            usage: self.usage(),
+            meta_info: self.meta_info(),
         })
+    }
+
+    fn observe_latency(&mut self, rank: Option<u32>, tokens: usize) {
+        if tokens == 0 {
+            return;
+        }
+        let now = Instant::now();
+        let metrics = &self.state.metrics;
+        match self.last_token_at {
+            None => metrics.observe_ttft(rank, (now - self.started).as_secs_f64()),
+            Some(prev) => metrics.observe_itl(rank, (now - prev).as_secs_f64(), tokens),
+        }
+        self.last_token_at = Some(now);
+    }
+
+    fn record_end(&self, reason: &'static str) {
+        let usage = self.usage();
+        self.state.metrics.finished(Finished {
+            dp_rank: self.last.as_ref().and_then(|l| l.dp_rank),
+            prompt_tokens: usage.prompt_tokens as u64,
+            completion_tokens: usage.completion_tokens as u64,
+            cached_tokens: usage.cached_tokens as u64,
+            finish_reason: reason,
+            e2e_s: self.started.elapsed().as_secs_f64(),
+        });
     }
 
     /// Keep the latest counters; a peer that leaves a counter at 0 gets ours.
@@ -132,32 +285,67 @@ impl InFlight {
         self.last = Some(TokenOut { dp_rank, ..out });
     }
 
-    fn meta_info(&self) -> Value {
+    fn usage(&self) -> Usage {
         let last = self.last.as_ref();
         let nonzero = |v: u32, fallback: usize| if v > 0 { v as usize } else { fallback };
-        let completion = nonzero(
-            last.map_or(0, |l| l.completion_tokens),
-            self.completion_tokens,
-        );
-        let finish_reason = last.and_then(|l| {
-            l.finish_reason.map(|reason| match reason {
-                FinishReason::Stop => match l.matched_stop {
-                    Some(id) => json!({"type": "stop", "matched": id}),
-                    None => json!({"type": "stop"}),
-                },
-                FinishReason::Length => json!({"type": "length", "length": completion}),
-                FinishReason::Abort => json!({"type": "abort", "message": "aborted"}),
-                FinishReason::Error => json!({"type": "error"}),
-            })
+        Usage {
+            prompt_tokens: nonzero(last.map_or(0, |l| l.prompt_tokens), self.prompt_len),
+            // What the worker generated, which can exceed what was shown (a stop string).
+            completion_tokens: if self.stopped_here {
+                self.completion_tokens
+            } else {
+                nonzero(
+                    last.map_or(0, |l| l.completion_tokens),
+                    self.completion_tokens,
+                )
+            },
+            cached_tokens: last.map_or(0, |l| l.cached_tokens as usize),
+        }
+    }
+
+    /// The finish reason and what matched, from a stop string here or the worker's output.
+    fn finish(&self) -> (Option<FinishReason>, Option<Matched>) {
+        if let Some(s) = self.stop.matched() {
+            return (Some(FinishReason::Stop), Some(Matched::Text(s.to_string())));
+        }
+        let last = self.last.as_ref();
+        let reason = last.and_then(|l| l.finish_reason);
+        let matched = last
+            .and_then(|l| l.matched_stop)
+            .filter(|_| reason == Some(FinishReason::Stop))
+            .map(Matched::Token);
+        (reason, matched)
+    }
+
+    fn meta_info(&self) -> Value {
+        let usage = self.usage();
+        let (reason, matched) = self.finish();
+        let finish_reason = reason.map(|reason| match reason {
+            FinishReason::Stop => match &matched {
+                Some(m) => json!({"type": "stop", "matched": m.to_json()}),
+                None => json!({"type": "stop"}),
+            },
+            FinishReason::Length => json!({"type": "length", "length": usage.completion_tokens}),
+            FinishReason::Abort => json!({"type": "abort", "message": "aborted"}),
+            FinishReason::Error => json!({"type": "error"}),
         });
         json!({
             "id": self.rid(),
-            "prompt_tokens": nonzero(last.map_or(0, |l| l.prompt_tokens), self.prompt_len),
-            "completion_tokens": completion,
-            "cached_tokens": last.map_or(0, |l| l.cached_tokens),
-            "finish_reason": finish_reason,
-            "dp_rank": last.and_then(|l| l.dp_rank),
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "cached_tokens": usage.cached_tokens,
+            "finish_reason": if self.done || self.stopped_here { finish_reason } else { None },
+            "dp_rank": self.last.as_ref().and_then(|l| l.dp_rank),
             "e2e_latency": self.started.elapsed().as_secs_f64(),
         })
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if !self.done {
+            // The client went away; the guard aborts the request on the worker.
+            self.record_end("abort");
+        }
     }
 }

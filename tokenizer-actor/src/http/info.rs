@@ -3,7 +3,7 @@
 //! round trip, except flush which is fire-and-forget to the controller.
 
 use actix_web::{web, HttpResponse};
-use protocol::{FlushCache, Message};
+use protocol::{Abort, FlushCache, Message};
 use serde_json::json;
 
 use super::error::ApiError;
@@ -53,6 +53,8 @@ pub async fn server_info(state: web::Data<AppState>) -> HttpResponse {
         "controller_addr": state.args.controller_addr,
         "requests_in_flight": state.bridge.in_flight(),
         "frames_dropped": state.bridge.frames_dropped(),
+        "chat_template": state.chat_template.source.describe(),
+        "api_key_required": state.args.api_key.is_some(),
     }))
 }
 
@@ -84,6 +86,66 @@ pub async fn flush_cache(state: web::Data<AppState>) -> Result<HttpResponse, Api
     Ok(HttpResponse::Ok().json(json!({
         "message": "Cache flush requested on every live rank.",
     })))
+}
+
+/// `POST /abort_request {"rid": R}` (or `{"abort_all": true}`): abort on the worker. A rid that
+/// fanned out (`n` > 1, batched prompts) aborts every `R-<i>` too. The requests end with
+/// finish reason `abort`.
+pub async fn abort_request(
+    body: web::Bytes,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let v: serde_json::Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?;
+    let all = v
+        .get("abort_all")
+        .and_then(serde_json::Value::as_bool)
+        .unwrap_or(false);
+    let rids = match v.get("rid") {
+        _ if all => None,
+        Some(serde_json::Value::String(rid)) if !rid.is_empty() => {
+            let children = format!("{rid}-");
+            let mut rids = state.bridge.rids_matching(|r| {
+                r == rid
+                    || r.strip_prefix(&children)
+                        .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+            });
+            if rids.is_empty() {
+                // Not waited on here (another tokenizer, or already done): the worker decides.
+                rids.push(rid.clone());
+            }
+            Some(rids)
+        }
+        _ => {
+            return Err(ApiError::invalid_param(
+                "rid",
+                "give rid (a string) or abort_all: true",
+            ))
+        }
+    };
+    let sent = match &rids {
+        None => state.bridge.send(Message::Abort(Abort { rid: None })),
+        Some(rids) => rids.iter().all(|r| {
+            state.bridge.send(Message::Abort(Abort {
+                rid: Some(r.clone()),
+            }))
+        }),
+    };
+    if !sent {
+        return Err(ApiError::unavailable("tokenizer is shutting down"));
+    }
+    Ok(HttpResponse::Ok().json(json!({"aborted": rids.map_or(json!("all"), |r| json!(r))})))
+}
+
+/// `GET /metrics`: Prometheus text format.
+pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    let cluster = state.fresh_cluster();
+    let text = state
+        .metrics
+        .render(cluster.as_ref(), state.bridge.in_flight());
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(text)
 }
 
 pub async fn not_found() -> HttpResponse {

@@ -1,10 +1,14 @@
 //! The HTTP server: routes and the actix-web setup. Handlers live one file per idea
-//! (`generate`, `info`); request validation in `validate`; per-request state in `inflight`.
+//! (`generate`, `openai`, `info`); request validation in `validate`; per-request state in
+//! `inflight`; SSE framing in `sse`; `--api-key` in `auth`.
 
+mod auth;
 pub mod error;
 mod generate;
 mod inflight;
 mod info;
+mod openai;
+mod sse;
 pub mod validate;
 
 use std::net::TcpListener;
@@ -28,7 +32,15 @@ pub fn server(
     let mut server = HttpServer::new(move || {
         App::new()
             .app_data(data.clone())
+            .wrap(actix_web::middleware::from_fn(auth::require_api_key))
             .route("/generate", web::post().to(generate::generate))
+            .route("/v1/completions", web::post().to(openai::completions))
+            .route(
+                "/v1/chat/completions",
+                web::post().to(openai::chat_completions),
+            )
+            .route("/abort_request", web::post().to(info::abort_request))
+            .route("/metrics", web::get().to(info::metrics))
             .route("/health", web::get().to(info::health))
             .route("/health_generate", web::get().to(info::health))
             .route("/get_server_info", web::get().to(info::server_info))

@@ -20,6 +20,8 @@ pub enum Prompt {
 pub struct GenerateInput {
     pub prompt: Prompt,
     pub sampling: SamplingParams,
+    /// `sampling_params.stop`: stop strings, applied by the tokenizer.
+    pub stop: Vec<String>,
     pub stream: bool,
     pub routing_key: Option<String>,
     pub routed_dp_rank: Option<u32>,
@@ -47,7 +49,7 @@ pub struct Limits {
 }
 
 /// `obj[name]` as `T`; absent or null is `None`.
-fn field<T: DeserializeOwned>(
+pub fn field<T: DeserializeOwned>(
     obj: &Map<String, Value>,
     prefix: &str,
     name: &str,
@@ -56,7 +58,7 @@ fn field<T: DeserializeOwned>(
         None | Some(Value::Null) => Ok(None),
         Some(v) => T::deserialize(v)
             .map(Some)
-            .map_err(|e| ApiError::bad_request(format!("{prefix}{name}: {e}"))),
+            .map_err(|e| ApiError::invalid_param(name, format!("{prefix}{name}: {e}"))),
     }
 }
 
@@ -103,24 +105,21 @@ pub fn parse_generate(body: &[u8], headers: &HeaderInputs) -> Result<GenerateInp
         (None, Some(ids)) => Prompt::Ids(ids),
     };
 
-    let sampling = match obj.get("sampling_params") {
-        None | Some(Value::Null) => SamplingParams::default(),
-        Some(Value::Object(sp)) => parse_sampling(sp)?,
+    let (sampling, stop) = match obj.get("sampling_params") {
+        None | Some(Value::Null) => (SamplingParams::default(), Vec::new()),
+        Some(Value::Object(sp)) => {
+            if field::<u32>(sp, "sampling_params.", "n")?.is_some_and(|n| n != 1) {
+                return Err(ApiError::invalid_param(
+                    "n",
+                    "sampling_params.n > 1 is not supported on /generate; use /v1/completions",
+                ));
+            }
+            (parse_sampling(sp)?, stop_strings(sp, "sampling_params.")?)
+        }
         Some(_) => return Err(ApiError::bad_request("sampling_params: expected an object")),
     };
 
-    let body_rank = match field::<u32>(&obj, "", "routed_dp_rank")? {
-        Some(r) => Some(r),
-        None => field::<u32>(&obj, "", "data_parallel_rank")?,
-    };
-    let header_rank = match &headers.dp_rank {
-        Some(h) => Some(h.trim().parse::<u32>().map_err(|_| {
-            ApiError::bad_request(format!(
-                "X-Data-Parallel-Rank header must be a non-negative integer, got {h:?}"
-            ))
-        })?),
-        None => None,
-    };
+    let (routing_key, routed_dp_rank) = routing(&obj, headers)?;
     let rid = field::<String>(&obj, "", "rid")?;
     if rid
         .as_deref()
@@ -132,16 +131,39 @@ pub fn parse_generate(body: &[u8], headers: &HeaderInputs) -> Result<GenerateInp
     Ok(GenerateInput {
         prompt,
         sampling,
+        stop,
         stream: field(&obj, "", "stream")?.unwrap_or(false),
-        routing_key: headers
-            .routing_key
-            .clone()
-            .or(field(&obj, "", "routing_key")?),
-        routed_dp_rank: header_rank.or(body_rank),
+        routing_key,
+        routed_dp_rank,
         bootstrap_room: field(&obj, "", "bootstrap_room")?,
         return_logprob: field(&obj, "", "return_logprob")?.unwrap_or(false),
         rid,
     })
+}
+
+/// Routing key and explicit rank: headers win over the body; the rank may be given as
+/// `routed_dp_rank` or SGLang's `data_parallel_rank`.
+pub fn routing(
+    obj: &Map<String, Value>,
+    headers: &HeaderInputs,
+) -> Result<(Option<String>, Option<u32>), ApiError> {
+    let body_rank = match field::<u32>(obj, "", "routed_dp_rank")? {
+        Some(r) => Some(r),
+        None => field::<u32>(obj, "", "data_parallel_rank")?,
+    };
+    let header_rank = match &headers.dp_rank {
+        Some(h) => Some(h.trim().parse::<u32>().map_err(|_| {
+            ApiError::bad_request(format!(
+                "X-Data-Parallel-Rank header must be a non-negative integer, got {h:?}"
+            ))
+        })?),
+        None => None,
+    };
+    let key = match &headers.routing_key {
+        Some(k) => Some(k.clone()),
+        None => field(obj, "", "routing_key")?,
+    };
+    Ok((key, header_rank.or(body_rank)))
 }
 
 fn parse_sampling(sp: &Map<String, Value>) -> Result<SamplingParams, ApiError> {
@@ -159,8 +181,16 @@ fn parse_sampling(sp: &Map<String, Value>) -> Result<SamplingParams, ApiError> {
         presence_penalty: field(sp, P, "presence_penalty")?.unwrap_or(d.presence_penalty),
         stop_token_ids: field(sp, P, "stop_token_ids")?.unwrap_or_default(),
         ignore_eos: field(sp, P, "ignore_eos")?.unwrap_or(d.ignore_eos),
+        logit_bias: logit_bias(sp, P)?,
     };
-    let bad = |msg: String| Err(ApiError::bad_request(format!("{P}{msg}")));
+    check_sampling(&s, P)?;
+    Ok(s)
+}
+
+/// Range checks shared by every endpoint; `prefix` is how the client spelled the parent.
+pub fn check_sampling(s: &SamplingParams, prefix: &str) -> Result<(), ApiError> {
+    let bad =
+        |name: &str, msg: String| Err(ApiError::invalid_param(name, format!("{prefix}{msg}")));
     let finite = [
         ("temperature", s.temperature),
         ("top_p", s.top_p),
@@ -170,41 +200,118 @@ fn parse_sampling(sp: &Map<String, Value>) -> Result<SamplingParams, ApiError> {
         ("presence_penalty", s.presence_penalty),
     ];
     if let Some((name, _)) = finite.iter().find(|(_, v)| !v.is_finite()) {
-        return bad(format!("{name} must be a finite number"));
+        return bad(name, format!("{name} must be a finite number"));
     }
     if s.temperature < 0.0 {
-        return bad(format!("temperature must be >= 0, got {}", s.temperature));
+        return bad(
+            "temperature",
+            format!("temperature must be >= 0, got {}", s.temperature),
+        );
     }
     if !(s.top_p > 0.0 && s.top_p <= 1.0) {
-        return bad(format!("top_p must be in (0, 1], got {}", s.top_p));
+        return bad("top_p", format!("top_p must be in (0, 1], got {}", s.top_p));
     }
     if !(0.0..=1.0).contains(&s.min_p) {
-        return bad(format!("min_p must be in [0, 1], got {}", s.min_p));
+        return bad("min_p", format!("min_p must be in [0, 1], got {}", s.min_p));
     }
     if s.top_k == 0 || s.top_k < -1 {
-        return bad(format!("top_k must be -1 (off) or >= 1, got {}", s.top_k));
+        return bad(
+            "top_k",
+            format!("top_k must be -1 (off) or >= 1, got {}", s.top_k),
+        );
     }
     if !(s.repetition_penalty > 0.0 && s.repetition_penalty <= 2.0) {
-        return bad(format!(
-            "repetition_penalty must be in (0, 2], got {}",
-            s.repetition_penalty
-        ));
+        return bad(
+            "repetition_penalty",
+            format!(
+                "repetition_penalty must be in (0, 2], got {}",
+                s.repetition_penalty
+            ),
+        );
     }
     for (name, v) in [
         ("frequency_penalty", s.frequency_penalty),
         ("presence_penalty", s.presence_penalty),
     ] {
         if !(-2.0..=2.0).contains(&v) {
-            return bad(format!("{name} must be in [-2, 2], got {v}"));
+            return bad(name, format!("{name} must be in [-2, 2], got {v}"));
         }
     }
-    Ok(s)
+    Ok(())
+}
+
+/// Most stop strings per request (OpenAI's limit).
+pub const MAX_STOP_STRINGS: usize = 4;
+
+/// `stop`: a string or a list of strings.
+pub fn stop_strings(obj: &Map<String, Value>, prefix: &str) -> Result<Vec<String>, ApiError> {
+    let bad = |msg: &str| {
+        Err(ApiError::invalid_param(
+            "stop",
+            format!("{prefix}stop: {msg}"),
+        ))
+    };
+    let stops = match obj.get("stop") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => {
+            let mut out = Vec::with_capacity(items.len());
+            for item in items {
+                match item {
+                    Value::String(s) => out.push(s.clone()),
+                    _ => return bad("expected a string or a list of strings"),
+                }
+            }
+            out
+        }
+        Some(_) => return bad("expected a string or a list of strings"),
+    };
+    if stops.len() > MAX_STOP_STRINGS {
+        return bad(&format!(
+            "at most {MAX_STOP_STRINGS} stop strings, got {}",
+            stops.len()
+        ));
+    }
+    if stops.iter().any(String::is_empty) {
+        return bad("stop strings must not be empty");
+    }
+    Ok(stops)
+}
+
+/// `logit_bias`: `{"<token id>": bias}` with bias in [-100, 100] (OpenAI's range).
+pub fn logit_bias(obj: &Map<String, Value>, prefix: &str) -> Result<Vec<(u32, f32)>, ApiError> {
+    let bad = |msg: String| {
+        Err(ApiError::invalid_param(
+            "logit_bias",
+            format!("{prefix}logit_bias: {msg}"),
+        ))
+    };
+    let map = match obj.get("logit_bias") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Object(map)) => map,
+        Some(_) => return bad("expected an object of token id to bias".into()),
+    };
+    let mut out = Vec::with_capacity(map.len());
+    for (key, value) in map {
+        let Ok(id) = key.trim().parse::<u32>() else {
+            return bad(format!("key {key:?} is not a token id"));
+        };
+        let Some(bias) = value.as_f64() else {
+            return bad(format!("bias of {key} is not a number"));
+        };
+        if !(-100.0..=100.0).contains(&bias) {
+            return bad(format!("bias of {key} must be in [-100, 100], got {bias}"));
+        }
+        out.push((id, bias as f32));
+    }
+    Ok(out)
 }
 
 /// Checks that need the token ids and the cluster view.
 pub fn check_limits(
     input_ids: &[u32],
-    input: &GenerateInput,
+    sampling: &SamplingParams,
+    routed_dp_rank: Option<u32>,
     limits: &Limits,
 ) -> Result<(), ApiError> {
     if input_ids.is_empty() {
@@ -216,34 +323,48 @@ pub fn check_limits(
         .enumerate()
         .find(|(_, &id)| id as usize >= vocab)
     {
-        return Err(ApiError::bad_request(format!(
-            "input_ids[{i}] = {id} is out of range for vocabulary size {vocab}"
-        )));
+        return Err(ApiError::invalid_param(
+            "input_ids",
+            format!("input_ids[{i}] = {id} is out of range for vocabulary size {vocab}"),
+        ));
     }
-    if let Some(id) = input
-        .sampling
+    if let Some(id) = sampling
         .stop_token_ids
         .iter()
         .find(|&&id| id as usize >= vocab)
     {
-        return Err(ApiError::bad_request(format!(
-            "sampling_params.stop_token_ids: {id} is out of range for vocabulary size {vocab}"
-        )));
+        return Err(ApiError::invalid_param(
+            "stop_token_ids",
+            format!("stop_token_ids: {id} is out of range for vocabulary size {vocab}"),
+        ));
     }
-    let total = input_ids.len() + input.sampling.max_new_tokens as usize;
+    if let Some((id, _)) = sampling
+        .logit_bias
+        .iter()
+        .find(|(id, _)| *id as usize >= vocab)
+    {
+        return Err(ApiError::invalid_param(
+            "logit_bias",
+            format!("logit_bias: token {id} is out of range for vocabulary size {vocab}"),
+        ));
+    }
+    let total = input_ids.len() + sampling.max_new_tokens as usize;
     if total > limits.context_len {
-        return Err(ApiError::bad_request(format!(
-            "prompt ({} tokens) plus max_new_tokens ({}) exceeds the context length {}",
-            input_ids.len(),
-            input.sampling.max_new_tokens,
-            limits.context_len
-        )));
+        return Err(ApiError::invalid_param(
+            "max_tokens",
+            format!(
+                "prompt ({} tokens) plus max_new_tokens ({}) exceeds the context length {}",
+                input_ids.len(),
+                sampling.max_new_tokens,
+                limits.context_len
+            ),
+        ));
     }
     if let Some(live) = &limits.live_ranks {
         if live.is_empty() {
             return Err(ApiError::unavailable("no live rank"));
         }
-        if let Some(rank) = input.routed_dp_rank {
+        if let Some(rank) = routed_dp_rank {
             if !live.contains(&rank) {
                 return Err(ApiError::bad_request(format!(
                     "rank {rank} is not live (live ranks: {live:?})"
@@ -321,6 +442,30 @@ mod tests {
                 "data_parallel_rank:",
             ),
             (r#"{"text": "a", "rid": ""}"#, "rid must be"),
+            (
+                r#"{"text": "a", "sampling_params": {"stop": 5}}"#,
+                "sampling_params.stop",
+            ),
+            (
+                r#"{"text": "a", "sampling_params": {"stop": ["a", "b", "c", "d", "e"]}}"#,
+                "at most 4",
+            ),
+            (
+                r#"{"text": "a", "sampling_params": {"stop": [""]}}"#,
+                "must not be empty",
+            ),
+            (
+                r#"{"text": "a", "sampling_params": {"n": 2}}"#,
+                "n > 1 is not supported",
+            ),
+            (
+                r#"{"text": "a", "sampling_params": {"logit_bias": {"x": 1}}}"#,
+                "not a token id",
+            ),
+            (
+                r#"{"text": "a", "sampling_params": {"logit_bias": {"5": 101}}}"#,
+                "[-100, 100]",
+            ),
         ];
         for (body, want) in cases {
             let err = parse(body).expect_err(body);
@@ -342,6 +487,11 @@ mod tests {
         assert_eq!(input.sampling.top_k, -1);
         assert!(input.stream);
         assert_eq!(input.routed_dp_rank, None);
+        let input =
+            parse(r#"{"text": "hi", "sampling_params": {"stop": "x", "logit_bias": {"7": -100}}}"#)
+                .unwrap();
+        assert_eq!(input.stop, vec!["x".to_string()]);
+        assert_eq!(input.sampling.logit_bias, vec![(7, -100.0)]);
     }
 
     #[test]
@@ -399,23 +549,28 @@ mod tests {
             ),
         ];
         for (body, ids, status, want) in cases {
-            let err = check_limits(ids, &input(body), &limits).expect_err(body);
+            let input = input(body);
+            let err =
+                check_limits(ids, &input.sampling, input.routed_dp_rank, &limits).expect_err(body);
             assert_eq!(err.status, *status, "{body}");
             assert!(err.message.contains(want), "{body}: {}", err.message);
         }
         let ok = input(
             r#"{"input_ids": [1], "routed_dp_rank": 1, "sampling_params": {"max_new_tokens": 7}}"#,
         );
-        assert!(check_limits(&[1, 2, 3], &ok, &limits).is_ok());
+        let check = |ids: &[u32], limits: &Limits| {
+            check_limits(ids, &ok.sampling, ok.routed_dp_rank, limits)
+        };
+        assert!(check(&[1, 2, 3], &limits).is_ok());
         let none_live = Limits {
             live_ranks: Some(vec![]),
             ..limits.clone()
         };
-        assert_eq!(check_limits(&[1], &ok, &none_live).unwrap_err().status, 503);
+        assert_eq!(check(&[1], &none_live).unwrap_err().status, 503);
         let unknown = Limits {
             live_ranks: None,
             ..limits
         };
-        assert!(check_limits(&[1], &ok, &unknown).is_ok());
+        assert!(check(&[1], &unknown).is_ok());
     }
 }

@@ -91,6 +91,10 @@ impl BuiltinTokenizer {
             vocab_size: VOCAB_SIZE,
             context_len: CONTEXT_LEN,
             eos_token_ids: vec![EOS_ID],
+            chat_template: None,
+            bos_token: Some(SPECIALS[BOS_ID as usize].to_string()),
+            bos_token_id: Some(BOS_ID),
+            eos_token: Some(SPECIALS[EOS_ID as usize].to_string()),
         }
     }
 

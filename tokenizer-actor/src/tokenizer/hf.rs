@@ -7,6 +7,7 @@ use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use super::{LoadedTokenizer, ModelFacts, TextTokenizer};
+use crate::chat_template;
 use crate::{Result, TokenizerError};
 
 /// Used only when neither config names a context length; small enough to be safe for the
@@ -116,7 +117,13 @@ pub fn load(dir: &Path) -> Result<LoadedTokenizer> {
     }
     eos_token_ids.sort_unstable();
     eos_token_ids.dedup();
+    let special = |name: &str| {
+        tok_config
+            .as_ref()
+            .and_then(|c| chat_template::special_token(c, name))
+    };
 
+    let bos_token_id = special("bos_token").and_then(|t| inner.token_to_id(&t));
     Ok(LoadedTokenizer {
         tokenizer: Box::new(HfTokenizer { inner }),
         facts: ModelFacts {
@@ -124,6 +131,10 @@ pub fn load(dir: &Path) -> Result<LoadedTokenizer> {
             vocab_size,
             context_len,
             eos_token_ids,
+            chat_template: tok_config.as_ref().and_then(chat_template::template_of),
+            bos_token: special("bos_token"),
+            bos_token_id,
+            eos_token: special("eos_token"),
         },
     })
 }

@@ -32,6 +32,13 @@ pub struct ModelFacts {
     pub context_len: usize,
     /// Ids that end generation unless `ignore_eos`.
     pub eos_token_ids: Vec<u32>,
+    /// `tokenizer_config.json` `chat_template`, if the model has one.
+    pub chat_template: Option<String>,
+    /// Special tokens as text, for chat templates (`{{ bos_token }}`).
+    pub bos_token: Option<String>,
+    /// Id of `bos_token`, to drop the second BOS when a template writes one and encoding adds one.
+    pub bos_token_id: Option<u32>,
+    pub eos_token: Option<String>,
 }
 
 /// A tokenizer together with the facts of its model.

@@ -3,7 +3,7 @@
 //! token. Every kernel is row-wise batch-invariant, so a token's logits do not depend on what
 //! else is in the step, on chunking, or on prefix-cache hits.
 
-use kernels::AttnShape;
+use kernels::{AttnShape, PackedMatrix};
 
 use super::config::ModelConfig;
 use super::error::{ModelError, Result};
@@ -86,12 +86,10 @@ fn flatten<'a>(cfg: &ModelConfig, kv: &KvBuffers, seqs: &[SeqInput<'a>]) -> Resu
     Ok(st)
 }
 
-/// `y = x · Wᵀ (+ b)` over `m` rows, allocating `y`.
-fn linear(x: &[f32], m: usize, w: &[f32], n: usize, b: Option<&[f32]>) -> Vec<f32> {
-    let k = x.len().checked_div(m).unwrap_or(0);
-    let mut y = vec![0f32; m * n];
-    kernels::linear(x, m, k, w, n, b, &mut y);
-    y
+/// `y = x · Wᵀ (+ b)` over `m` rows into `y` (resized, so one buffer serves every layer).
+fn linear(x: &[f32], m: usize, w: &PackedMatrix, b: Option<&[f32]>, y: &mut Vec<f32>) {
+    y.resize(m * w.rows(), 0.0);
+    kernels::linear_packed(x, m, w, b, y);
 }
 
 /// Runs the decoder over the step and returns the final-normed hidden state of each
@@ -111,10 +109,9 @@ pub(crate) fn hidden_last(
         num_kv_heads: cfg.num_key_value_heads,
         head_dim: hd,
     };
-    let mut x = Vec::with_capacity(t * h);
-    for &id in &st.ids {
-        let r = id as usize * h;
-        x.extend_from_slice(&w.embed[r..r + h]);
+    let mut x = vec![0f32; t * h];
+    for (row, &id) in x.chunks_exact_mut(h).zip(&st.ids) {
+        w.embed.copy_row(id as usize, row);
     }
     let (cos, sin) = kernels::rope_tables(&st.positions, hd, cfg.rope_theta);
     let mut hn = vec![0f32; t * h];
@@ -122,9 +119,10 @@ pub(crate) fn hidden_last(
     let mut k = vec![0f32; t * kvd];
     let mut attn = vec![0f32; t * qd];
     let mut act = vec![0f32; t * inter];
+    let (mut qkv, mut o, mut gu, mut down) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (l, lw) in w.layers.iter().enumerate() {
         kernels::rmsnorm(&x, &lw.attn_norm, cfg.rms_norm_eps, &mut hn);
-        let qkv = linear(&hn, t, &lw.wqkv, qd + 2 * kvd, lw.bqkv.as_deref());
+        linear(&hn, t, &lw.wqkv, lw.bqkv.as_deref(), &mut qkv);
         let (kc, vc) = (&mut kv.k[l], &mut kv.v[l]);
         for (r, row) in qkv.chunks_exact(qd + 2 * kvd).enumerate() {
             q[r * qd..(r + 1) * qd].copy_from_slice(&row[..qd]);
@@ -139,13 +137,13 @@ pub(crate) fn hidden_last(
             kc[s..s + kvd].copy_from_slice(&k[r * kvd..(r + 1) * kvd]);
         }
         kernels::attention(&q, &st.attend, kc, vc, shape, &mut attn);
-        let o = linear(&attn, t, &lw.wo, h, None);
+        linear(&attn, t, &lw.wo, None, &mut o);
         kernels::add_inplace(&mut x, &o);
 
         kernels::rmsnorm(&x, &lw.mlp_norm, cfg.rms_norm_eps, &mut hn);
-        let gu = linear(&hn, t, &lw.wgu, 2 * inter, None);
+        linear(&hn, t, &lw.wgu, None, &mut gu);
         kernels::silu_mul(&gu, inter, &mut act);
-        let down = linear(&act, t, &lw.wdown, h, None);
+        linear(&act, t, &lw.wdown, None, &mut down);
         kernels::add_inplace(&mut x, &down);
     }
     let mut last = Vec::with_capacity(st.last_rows.len() * h);
@@ -160,5 +158,7 @@ pub(crate) fn hidden_last(
 /// Logits `[rows, vocab]` of final-normed hidden states.
 pub(crate) fn logits(cfg: &ModelConfig, w: &Weights, hidden: &[f32]) -> Vec<f32> {
     let rows = hidden.len() / cfg.hidden_size;
-    linear(hidden, rows, w.lm_head(), cfg.vocab_size, None)
+    let mut y = Vec::new();
+    linear(hidden, rows, w.lm_head(), None, &mut y);
+    y
 }

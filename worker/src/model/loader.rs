@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use kernels::PackedMatrix;
 use memmap2::Mmap;
 use rayon::prelude::*;
 use safetensors::{Dtype, SafeTensors};
@@ -192,19 +193,23 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
         wgu.extend(ix.get(&format!("{m}.up_proj.weight"), &[inter, h])?);
         layers.push(LayerWeights {
             attn_norm: ix.get(&format!("{p}.input_layernorm.weight"), &[h])?,
-            wqkv,
+            wqkv: PackedMatrix::pack(&wqkv, q + 2 * kv, h),
             bqkv,
-            wo: ix.get(&format!("{a}.o_proj.weight"), &[h, q])?,
+            wo: PackedMatrix::pack(&ix.get(&format!("{a}.o_proj.weight"), &[h, q])?, h, q),
             mlp_norm: ix.get(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-            wgu,
-            wdown: ix.get(&format!("{m}.down_proj.weight"), &[h, inter])?,
+            wgu: PackedMatrix::pack(&wgu, 2 * inter, h),
+            wdown: PackedMatrix::pack(
+                &ix.get(&format!("{m}.down_proj.weight"), &[h, inter])?,
+                h,
+                inter,
+            ),
         });
     }
     let norm = ix.get("model.norm.weight", &[h])?;
     let lm_head = if ix.contains("lm_head.weight") {
         let w = ix.get("lm_head.weight", &[v, h])?;
         // An explicit copy of the embeddings costs memory for nothing; share instead.
-        (w != embed).then_some(w)
+        (w != embed).then(|| PackedMatrix::pack(&w, v, h))
     } else if cfg.tie_word_embeddings {
         None
     } else {
@@ -214,7 +219,7 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
         });
     };
     Ok(Weights {
-        embed,
+        embed: PackedMatrix::pack(&embed, v, h),
         layers,
         norm,
         lm_head,

@@ -248,14 +248,15 @@ fn hf_tensors(c: &ModelConfig, w: &Weights, dtype: Dtype) -> HashMap<String, Raw
     put(
         "model.embed_tokens.weight".into(),
         vec![c.vocab_size, h],
-        &w.embed,
+        &w.embed.unpack(),
     );
     put("model.norm.weight".into(), vec![h], &w.norm);
     if let Some(lm) = &w.lm_head {
-        put("lm_head.weight".into(), vec![c.vocab_size, h], lm);
+        put("lm_head.weight".into(), vec![c.vocab_size, h], &lm.unpack());
     }
     for (l, lw) in w.layers.iter().enumerate() {
         let p = format!("model.layers.{l}");
+        let (wqkv, wgu) = (lw.wqkv.unpack(), lw.wgu.unpack());
         put(
             format!("{p}.input_layernorm.weight"),
             vec![h],
@@ -269,17 +270,17 @@ fn hf_tensors(c: &ModelConfig, w: &Weights, dtype: Dtype) -> HashMap<String, Raw
         put(
             format!("{p}.self_attn.q_proj.weight"),
             vec![q, h],
-            &lw.wqkv[..q * h],
+            &wqkv[..q * h],
         );
         put(
             format!("{p}.self_attn.k_proj.weight"),
             vec![kv, h],
-            &lw.wqkv[q * h..(q + kv) * h],
+            &wqkv[q * h..(q + kv) * h],
         );
         put(
             format!("{p}.self_attn.v_proj.weight"),
             vec![kv, h],
-            &lw.wqkv[(q + kv) * h..],
+            &wqkv[(q + kv) * h..],
         );
         if let Some(b) = &lw.bqkv {
             put(format!("{p}.self_attn.q_proj.bias"), vec![q], &b[..q]);
@@ -290,18 +291,22 @@ fn hf_tensors(c: &ModelConfig, w: &Weights, dtype: Dtype) -> HashMap<String, Raw
             );
             put(format!("{p}.self_attn.v_proj.bias"), vec![kv], &b[q + kv..]);
         }
-        put(format!("{p}.self_attn.o_proj.weight"), vec![h, q], &lw.wo);
+        put(
+            format!("{p}.self_attn.o_proj.weight"),
+            vec![h, q],
+            &lw.wo.unpack(),
+        );
         put(
             format!("{p}.mlp.gate_proj.weight"),
             vec![i, h],
-            &lw.wgu[..i * h],
+            &wgu[..i * h],
         );
+        put(format!("{p}.mlp.up_proj.weight"), vec![i, h], &wgu[i * h..]);
         put(
-            format!("{p}.mlp.up_proj.weight"),
-            vec![i, h],
-            &lw.wgu[i * h..],
+            format!("{p}.mlp.down_proj.weight"),
+            vec![h, i],
+            &lw.wdown.unpack(),
         );
-        put(format!("{p}.mlp.down_proj.weight"), vec![h, i], &lw.wdown);
     }
     t
 }

@@ -1,6 +1,8 @@
 //! The model's weights in the layout the forward pass wants (f32, projections fused so one GEMM
-//! serves q/k/v and one serves gate/up), and the seeded dummy initialisation.
+//! serves q/k/v and one serves gate/up, every matrix packed once for the GEMM kernel), and the
+//! seeded dummy initialisation.
 
+use kernels::PackedMatrix;
 use rand::{Rng, SeedableRng};
 
 use super::config::ModelConfig;
@@ -16,34 +18,35 @@ const QK_GAIN: f32 = 3.0;
 const RESID_GAIN: f32 = 2.0;
 
 /// One decoder layer. Fusing concatenates rows of `[out, in]` matrices, so each output element
-/// is still the same dot product as with separate projections.
+/// is still the same dot product as with separate projections; packing only moves values.
 pub(crate) struct LayerWeights {
     pub attn_norm: Vec<f32>,
     /// `[q_dim + 2·kv_dim, hidden]`: q rows, then k rows, then v rows.
-    pub wqkv: Vec<f32>,
+    pub wqkv: PackedMatrix,
     pub bqkv: Option<Vec<f32>>,
     /// `[hidden, q_dim]`.
-    pub wo: Vec<f32>,
+    pub wo: PackedMatrix,
     pub mlp_norm: Vec<f32>,
     /// `[2·intermediate, hidden]`: gate rows, then up rows.
-    pub wgu: Vec<f32>,
+    pub wgu: PackedMatrix,
     /// `[hidden, intermediate]`.
-    pub wdown: Vec<f32>,
+    pub wdown: PackedMatrix,
 }
 
 pub(crate) struct Weights {
-    /// `[vocab, hidden]`.
-    pub embed: Vec<f32>,
+    /// `[vocab, hidden]`; rows are read back for the embedding lookup, so a tied model keeps
+    /// one copy.
+    pub embed: PackedMatrix,
     pub layers: Vec<LayerWeights>,
     pub norm: Vec<f32>,
     /// `[vocab, hidden]`; `None` means tied to `embed`.
-    pub lm_head: Option<Vec<f32>>,
+    pub lm_head: Option<PackedMatrix>,
 }
 
 impl Weights {
     /// The matrix of the output projection.
-    pub fn lm_head(&self) -> &[f32] {
-        self.lm_head.as_deref().unwrap_or(&self.embed)
+    pub fn lm_head(&self) -> &PackedMatrix {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
     }
 
     /// Seeded uniform random weights: projections with std 1/sqrt(fan_in) times the gains above,
@@ -58,24 +61,26 @@ impl Weights {
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         let (q, kv) = (cfg.q_dim(), cfg.kv_dim());
         let resid = RESID_GAIN / (2.0 * cfg.num_hidden_layers.max(1) as f32).sqrt();
-        let embed = uni(cfg.vocab_size * h, EMBED_STD);
+        let embed = PackedMatrix::pack(&uni(cfg.vocab_size * h, EMBED_STD), cfg.vocab_size, h);
         let layers = (0..cfg.num_hidden_layers)
             .map(|_| LayerWeights {
                 attn_norm: vec![1.0; h],
                 wqkv: {
                     let mut w = uni((q + kv) * h, QK_GAIN / (h as f32).sqrt());
                     w.extend(uni(kv * h, 1.0 / (h as f32).sqrt()));
-                    w
+                    PackedMatrix::pack(&w, q + 2 * kv, h)
                 },
                 bqkv: cfg.attention_bias.then(|| uni(q + 2 * kv, 0.02)),
-                wo: uni(h * q, resid / (q as f32).sqrt()),
+                wo: PackedMatrix::pack(&uni(h * q, resid / (q as f32).sqrt()), h, q),
                 mlp_norm: vec![1.0; h],
-                wgu: uni(2 * i * h, 1.0 / (h as f32).sqrt()),
-                wdown: uni(h * i, resid / (i as f32).sqrt()),
+                wgu: PackedMatrix::pack(&uni(2 * i * h, 1.0 / (h as f32).sqrt()), 2 * i, h),
+                wdown: PackedMatrix::pack(&uni(h * i, resid / (i as f32).sqrt()), h, i),
             })
             .collect();
-        let lm_head =
-            (!cfg.tie_word_embeddings).then(|| uni(cfg.vocab_size * h, 1.0 / (h as f32).sqrt()));
+        let lm_head = (!cfg.tie_word_embeddings).then(|| {
+            let w = uni(cfg.vocab_size * h, 1.0 / (h as f32).sqrt());
+            PackedMatrix::pack(&w, cfg.vocab_size, h)
+        });
         Weights {
             embed,
             layers,

@@ -1,0 +1,243 @@
+//! The DP budget of one rank: the load the balancers see, built from the rank's last status
+//! snapshot plus the controller's own speculative accounting of what it sent since.
+//!
+//! ```text
+//! load = applied snapshot (running + waiting, used tokens)
+//!      + speculative dispatches the snapshot cannot include yet
+//! on dispatch  : add (rid, tokens, sent_at) to speculative
+//! on finished  : remove rid from speculative (the request is gone, whatever the snapshot says)
+//! on status    : skip if older than the newest held; else hold it as pending, and apply it
+//!                only if the last apply was ≥ 20 ms ago (refresh() applies it later otherwise)
+//! on apply     : drop speculative entries sent before the snapshot was taken (it counts them)
+//!                and any older than SPECULATIVE_MAX_AGE (bounds clock skew between hosts)
+//! ```
+//! Without the speculative part, a burst arriving between two snapshots would see the same
+//! loads for every request and herd onto one rank. Keeping entries sent *after* the snapshot's
+//! timestamp is what prevents a snapshot that overtakes a burst from erasing it.
+//!
+//! Cost: O(1) per dispatch and finished rid; O(speculative entries) per applied snapshot.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use protocol::WorkerStatus;
+
+/// Snapshots are applied at most this often per rank; newer ones wait as `pending`.
+pub const STATUS_REFRESH: Duration = Duration::from_millis(20);
+
+/// A speculative entry older than this is assumed counted by any later snapshot, even if the
+/// worker's clock says otherwise.
+pub const SPECULATIVE_MAX_AGE: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Snapshot {
+    timestamp: f64,
+    requests: u64,
+    tokens: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Speculative {
+    tokens: u64,
+    /// Controller wall clock (unix seconds), compared with the worker's snapshot timestamp.
+    sent_unix: f64,
+    sent_at: Instant,
+}
+
+/// What happened to a status snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusOutcome {
+    Applied,
+    /// Newer than what is held, but within [`STATUS_REFRESH`] of the last apply.
+    Deferred,
+    /// Older than a snapshot already held; only its finished rids were used.
+    Stale,
+}
+
+#[derive(Debug, Default)]
+pub struct RankBudget {
+    applied: Option<Snapshot>,
+    applied_at: Option<Instant>,
+    pending: Option<Snapshot>,
+    speculative: HashMap<String, Speculative>,
+    speculative_tokens: u64,
+}
+
+impl RankBudget {
+    /// A request was sent to this rank.
+    pub fn on_dispatch(&mut self, rid: &str, tokens: u64, now: Instant, now_unix: f64) {
+        let entry = Speculative {
+            tokens,
+            sent_unix: now_unix,
+            sent_at: now,
+        };
+        if let Some(old) = self.speculative.insert(rid.to_string(), entry) {
+            // A duplicate rid replaces its earlier entry rather than counting twice.
+            self.speculative_tokens -= old.tokens;
+        }
+        self.speculative_tokens += tokens;
+    }
+
+    /// A request ended on this rank.
+    pub fn on_finished(&mut self, rid: &str) {
+        if let Some(old) = self.speculative.remove(rid) {
+            self.speculative_tokens -= old.tokens;
+        }
+    }
+
+    /// A status snapshot arrived.
+    pub fn on_status(&mut self, status: &WorkerStatus, now: Instant) -> StatusOutcome {
+        for rid in &status.finished_rids {
+            self.on_finished(rid);
+        }
+        let newest = self.pending.or(self.applied).map(|s| s.timestamp);
+        if newest.is_some_and(|t| status.timestamp < t) {
+            return StatusOutcome::Stale;
+        }
+        self.pending = Some(Snapshot {
+            timestamp: status.timestamp,
+            requests: u64::from(status.num_running_reqs) + u64::from(status.num_waiting_reqs),
+            tokens: status.num_used_tokens,
+        });
+        if self.refresh(now) {
+            StatusOutcome::Applied
+        } else {
+            StatusOutcome::Deferred
+        }
+    }
+
+    /// Apply a pending snapshot if the last apply is at least [`STATUS_REFRESH`] old.
+    pub fn refresh(&mut self, now: Instant) -> bool {
+        let due = match self.applied_at {
+            Some(t) => now.saturating_duration_since(t) >= STATUS_REFRESH,
+            None => true,
+        };
+        let Some(snap) = self.pending.filter(|_| due) else {
+            return false;
+        };
+        self.pending = None;
+        self.applied = Some(snap);
+        self.applied_at = Some(now);
+        self.speculative.retain(|_, s| {
+            s.sent_unix > snap.timestamp
+                && now.saturating_duration_since(s.sent_at) < SPECULATIVE_MAX_AGE
+        });
+        self.speculative_tokens = self.speculative.values().map(|s| s.tokens).sum();
+        true
+    }
+
+    /// (active requests, active tokens) as the balancers see them.
+    pub fn load(&self) -> (u64, u64) {
+        let (reqs, tokens) = self.applied.map_or((0, 0), |s| (s.requests, s.tokens));
+        (
+            reqs + self.speculative.len() as u64,
+            tokens + self.speculative_tokens,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(timestamp: f64, running: u32, tokens: u64, finished: &[&str]) -> WorkerStatus {
+        WorkerStatus {
+            rank: 0,
+            timestamp,
+            num_running_reqs: running,
+            num_used_tokens: tokens,
+            finished_rids: finished.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_burst_between_snapshots_is_counted_speculatively() {
+        let mut b = RankBudget::default();
+        let t0 = Instant::now();
+        for i in 0..5 {
+            b.on_dispatch(&format!("r{i}"), 10, t0, 100.0);
+        }
+        assert_eq!(b.load(), (5, 50));
+    }
+
+    #[test]
+    fn a_snapshot_replaces_what_it_already_counts_and_keeps_what_came_after() {
+        let mut b = RankBudget::default();
+        let t0 = Instant::now();
+        b.on_dispatch("early", 10, t0, 100.0);
+        b.on_dispatch("late", 7, t0, 100.5);
+        // Taken at 100.2: it includes "early" but cannot include "late".
+        assert_eq!(
+            b.on_status(&status(100.2, 1, 10, &[]), t0),
+            StatusOutcome::Applied
+        );
+        assert_eq!(b.load(), (2, 17));
+    }
+
+    #[test]
+    fn finished_rids_decrement_at_once() {
+        let mut b = RankBudget::default();
+        let t0 = Instant::now();
+        b.on_status(&status(100.0, 0, 0, &[]), t0);
+        b.on_dispatch("x", 10, t0, 101.0);
+        b.on_dispatch("y", 5, t0, 101.0);
+        // Within the refresh window: the snapshot waits, but the finished rid counts now.
+        let t1 = t0 + Duration::from_millis(5);
+        assert_eq!(
+            b.on_status(&status(101.5, 1, 5, &["x"]), t1),
+            StatusOutcome::Deferred
+        );
+        assert_eq!(b.load(), (1, 5));
+        b.on_finished("never-sent");
+        assert_eq!(b.load(), (1, 5));
+    }
+
+    #[test]
+    fn snapshots_apply_at_most_every_20_ms() {
+        let mut b = RankBudget::default();
+        let t0 = Instant::now();
+        assert_eq!(
+            b.on_status(&status(1.0, 3, 0, &[]), t0),
+            StatusOutcome::Applied
+        );
+        let t1 = t0 + Duration::from_millis(10);
+        assert_eq!(
+            b.on_status(&status(1.01, 4, 0, &[]), t1),
+            StatusOutcome::Deferred
+        );
+        assert_eq!(b.load().0, 3);
+        assert!(!b.refresh(t0 + Duration::from_millis(19)));
+        assert!(b.refresh(t0 + Duration::from_millis(20)));
+        assert_eq!(b.load().0, 4);
+    }
+
+    #[test]
+    fn stale_snapshots_are_skipped() {
+        let mut b = RankBudget::default();
+        let t0 = Instant::now();
+        b.on_status(&status(5.0, 3, 30, &[]), t0);
+        let later = t0 + Duration::from_secs(1);
+        assert_eq!(
+            b.on_status(&status(4.0, 9, 90, &[]), later),
+            StatusOutcome::Stale
+        );
+        assert_eq!(b.load(), (3, 30));
+    }
+
+    #[test]
+    fn old_speculative_entries_expire_even_if_the_worker_clock_lags() {
+        let mut b = RankBudget::default();
+        let t0 = Instant::now();
+        // The controller's clock is an hour ahead of the worker's.
+        b.on_dispatch("x", 10, t0, 3600.0 + 10.0);
+        b.on_status(&status(11.0, 1, 10, &[]), t0 + Duration::from_millis(100));
+        assert_eq!(
+            b.load(),
+            (2, 20),
+            "young entry kept: the snapshot looks older"
+        );
+        b.on_status(&status(12.0, 1, 10, &[]), t0 + SPECULATIVE_MAX_AGE);
+        assert_eq!(b.load(), (1, 10));
+    }
+}

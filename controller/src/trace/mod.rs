@@ -1,0 +1,299 @@
+//! Routing traces: one JSON line per routing decision, written off the controller thread.
+//!
+//! The controller only builds a [`RouteRecord`] and hands it to a bounded channel with
+//! `try_send`; a writer thread serialises, buffers and flushes it (every
+//! [`FLUSH_INTERVAL`] and on exit). A full channel drops the record and counts it, so a slow
+//! disk can never stall routing. Message traces across actors (`--trace-dir`) are not here.
+
+pub mod report;
+
+use std::fs::OpenOptions;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::policy::{Branch, KeySource, Method, RankLoad, RankSet, RouteDecision};
+use crate::router::RouteError;
+
+/// Records waiting for the writer before new ones are dropped.
+pub const CHANNEL_CAPACITY: usize = 65_536;
+/// The writer flushes at least this often while records arrive, and when idle this long.
+pub const FLUSH_INTERVAL: Duration = Duration::from_millis(200);
+
+/// One routing decision, as written to `--trace-file` (one JSON object per line).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RouteRecord {
+    pub rid: String,
+    /// Unix seconds.
+    pub time: f64,
+    /// The configured `--load-balance-method`.
+    pub method: String,
+    pub key_source: KeySource,
+    /// 64-bit blake2b of the key, hex: the same key has the same digest across records.
+    #[serde(default)]
+    pub key_digest: Option<String>,
+    /// Live ranks in HRW order, preferred first (affinity decisions only).
+    #[serde(default)]
+    pub hrw_order: Vec<u32>,
+    /// Every live rank's load at decision time.
+    #[serde(default)]
+    pub loads: Vec<RankLoad>,
+    /// Overload threshold on active requests (affinity decisions only).
+    #[serde(default)]
+    pub threshold: Option<f64>,
+    /// The chosen rank; `None` when the request was refused.
+    #[serde(default)]
+    pub rank: Option<u32>,
+    #[serde(default)]
+    pub branch: Option<Branch>,
+    /// The keyless method that chose, for branch `fallback`.
+    #[serde(default)]
+    pub fallback: Option<String>,
+    /// Why the request was refused (400 rank not live, 503 no live rank).
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+impl RouteRecord {
+    pub fn new(
+        rid: &str,
+        time: f64,
+        method: Method,
+        ranks: &RankSet,
+        result: &std::result::Result<RouteDecision, RouteError>,
+    ) -> Self {
+        let mut rec = RouteRecord {
+            rid: rid.to_string(),
+            time,
+            method: method.to_string(),
+            key_source: KeySource::None,
+            key_digest: None,
+            hrw_order: Vec::new(),
+            loads: ranks.loads().to_vec(),
+            threshold: None,
+            rank: None,
+            branch: None,
+            fallback: None,
+            error: None,
+        };
+        match result {
+            Ok(d) => {
+                rec.key_source = d.key_source;
+                rec.key_digest = d.key_digest.map(|k| format!("{k:016x}"));
+                rec.hrw_order = d.hrw_order.clone();
+                rec.threshold = d.threshold;
+                rec.rank = Some(d.rank);
+                rec.branch = Some(d.branch);
+                rec.fallback = d.fallback.map(|m| m.to_string());
+            }
+            Err(e) => {
+                if matches!(e, RouteError::UnknownRank { .. }) {
+                    rec.key_source = KeySource::Explicit;
+                }
+                rec.error = Some(e.to_string());
+            }
+        }
+        rec
+    }
+}
+
+/// Appends records to a file from a background thread. Dropping it flushes and joins.
+#[derive(Debug)]
+pub struct TraceWriter {
+    tx: Option<SyncSender<RouteRecord>>,
+    thread: Option<JoinHandle<()>>,
+    dropped: Arc<AtomicU64>,
+    path: PathBuf,
+}
+
+impl TraceWriter {
+    /// Open `path` for appending (a restarted controller adds to the same history).
+    pub fn create(path: &Path) -> Result<Self> {
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|source| Error::TraceFile {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let (tx, rx) = mpsc::sync_channel(CHANNEL_CAPACITY);
+        let out = BufWriter::with_capacity(1 << 16, file);
+        let shown = path.display().to_string();
+        let thread = std::thread::Builder::new()
+            .name("route-trace".into())
+            .spawn(move || write_loop(rx, out, &shown))
+            .map_err(|source| Error::TraceFile {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        Ok(TraceWriter {
+            tx: Some(tx),
+            thread: Some(thread),
+            dropped: Arc::new(AtomicU64::new(0)),
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Queue a record; never blocks. Returns false when it was dropped.
+    pub fn record(&self, rec: RouteRecord) -> bool {
+        let Some(tx) = &self.tx else { return false };
+        match tx.try_send(rec) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
+    /// Records dropped because the writer fell behind (or died).
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for TraceWriter {
+    fn drop(&mut self) {
+        // Closing the channel makes the writer drain what is queued, flush and exit.
+        self.tx = None;
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                tracing::error!(path = %self.path.display(), "route trace writer panicked");
+            }
+        }
+        let dropped = self.dropped();
+        if dropped > 0 {
+            tracing::warn!(path = %self.path.display(), dropped, "route trace records dropped (writer fell behind)");
+        }
+    }
+}
+
+fn write_loop(rx: Receiver<RouteRecord>, mut out: impl Write, path: &str) {
+    let mut last_flush = Instant::now();
+    let mut failed = false;
+    loop {
+        let rec = match rx.recv_timeout(FLUSH_INTERVAL) {
+            Ok(rec) => Some(rec),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
+        if let Some(rec) = rec {
+            let res = serde_json::to_writer(&mut out, &rec)
+                .map_err(std::io::Error::from)
+                .and_then(|()| out.write_all(b"\n"));
+            if let Err(e) = res {
+                // Log once: a full disk would otherwise flood the log with one line per request.
+                if !failed {
+                    tracing::error!(path, %e, "writing route trace failed");
+                    failed = true;
+                }
+            }
+        }
+        if last_flush.elapsed() >= FLUSH_INTERVAL {
+            if let Err(e) = out.flush() {
+                if !failed {
+                    tracing::error!(path, %e, "flushing route trace failed");
+                    failed = true;
+                }
+            }
+            last_flush = Instant::now();
+        }
+    }
+    if let Err(e) = out.flush() {
+        tracing::error!(path, %e, "flushing route trace failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decision() -> RouteDecision {
+        RouteDecision {
+            rank: 2,
+            branch: Branch::Spill,
+            key_source: KeySource::RoutingKey,
+            key_digest: Some(0xabc),
+            hrw_order: vec![1, 2, 0],
+            threshold: Some(1.5),
+            fallback: None,
+        }
+    }
+
+    #[test]
+    fn records_round_trip_through_json() {
+        let ranks = RankSet::idle(&[0, 1, 2]);
+        let rec = RouteRecord::new("r1", 10.0, Method::PrefixAffinity, &ranks, &Ok(decision()));
+        assert_eq!(rec.key_digest.as_deref(), Some("0000000000000abc"));
+        let line = serde_json::to_string(&rec).unwrap();
+        assert!(
+            line.contains(r#""branch":"spill""#) && line.contains(r#""key_source":"routing_key""#)
+        );
+        assert_eq!(serde_json::from_str::<RouteRecord>(&line).unwrap(), rec);
+    }
+
+    #[test]
+    fn refused_requests_are_recorded_with_their_error() {
+        let ranks = RankSet::idle(&[0]);
+        let err = RouteError::UnknownRank {
+            rank: 4,
+            live: vec![0],
+        };
+        let rec = RouteRecord::new("r", 0.0, Method::RoundRobin, &ranks, &Err(err));
+        assert_eq!((rec.rank, rec.key_source), (None, KeySource::Explicit));
+        assert!(rec.error.unwrap().contains("not live"));
+    }
+
+    #[test]
+    fn the_writer_appends_one_line_per_record_and_flushes_on_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("route.jsonl");
+        let ranks = RankSet::idle(&[0, 1, 2]);
+        {
+            let w = TraceWriter::create(&path).unwrap();
+            for i in 0..100 {
+                let rec = RouteRecord::new(
+                    &format!("r{i}"),
+                    1.0,
+                    Method::PrefixAffinity,
+                    &ranks,
+                    &Ok(decision()),
+                );
+                assert!(w.record(rec));
+            }
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 100);
+        // Reopening appends.
+        {
+            let w = TraceWriter::create(&path).unwrap();
+            w.record(RouteRecord::new(
+                "again",
+                2.0,
+                Method::PrefixAffinity,
+                &ranks,
+                &Ok(decision()),
+            ));
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 101);
+        assert!(text.lines().last().unwrap().contains("again"));
+    }
+
+    #[test]
+    fn an_unwritable_path_is_a_clear_error() {
+        let err = TraceWriter::create(Path::new("/nonexistent-dir/x/route.jsonl")).unwrap_err();
+        assert!(
+            err.to_string().contains("/nonexistent-dir/x/route.jsonl"),
+            "{err}"
+        );
+    }
+}

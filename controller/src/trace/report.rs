@@ -1,0 +1,425 @@
+//! Reading routing traces back: a summary of a whole file (per-rank share, branches, keys that
+//! moved, spill rate) and a one-request explanation. Pure functions over records, so the
+//! `dpserve trace` command only does I/O.
+
+use std::collections::BTreeMap;
+use std::fmt::{self, Write as _};
+use std::io::BufRead;
+
+use crate::policy::{Branch, KeySource};
+
+use super::RouteRecord;
+
+/// Parse a trace, one record per line. Blank lines are skipped; lines that are not records are
+/// counted (a file cut short by a crash ends in half a line) instead of aborting the report.
+pub fn parse(reader: impl BufRead) -> std::io::Result<(Vec<RouteRecord>, usize)> {
+    let mut records = Vec::new();
+    let mut bad = 0;
+    for line in reader.lines() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<RouteRecord>(&line) {
+            Ok(r) => records.push(r),
+            Err(_) => bad += 1,
+        }
+    }
+    Ok((records, bad))
+}
+
+/// One key whose requests did not all land on one rank.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MovedKey {
+    pub digest: String,
+    pub source: KeySource,
+    pub requests: u64,
+    /// Ranks in the order the key visited them (consecutive repeats collapsed).
+    pub path: Vec<u32>,
+    /// Moves where the new or the previous decision was a spill.
+    pub spill_moves: u64,
+    /// Moves where the preferred (first HRW) rank changed: a rank left or joined.
+    pub membership_moves: u64,
+}
+
+/// What `dpserve trace FILE` prints.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Summary {
+    pub records: u64,
+    pub refused: u64,
+    pub first_time: Option<f64>,
+    pub last_time: Option<f64>,
+    pub methods: BTreeMap<String, u64>,
+    pub per_rank: BTreeMap<u32, u64>,
+    pub branches: BTreeMap<String, u64>,
+    pub key_sources: BTreeMap<String, u64>,
+    pub keys: u64,
+    pub moved: Vec<MovedKey>,
+}
+
+impl Summary {
+    /// Spills over decisions that had a key (affinity + spill); `None` when there were none.
+    pub fn spill_rate(&self) -> Option<f64> {
+        let spill = self.branches.get("spill").copied().unwrap_or(0);
+        let keyed = spill + self.branches.get("affinity").copied().unwrap_or(0);
+        (keyed > 0).then(|| spill as f64 / keyed as f64)
+    }
+}
+
+struct KeyState {
+    source: KeySource,
+    requests: u64,
+    path: Vec<u32>,
+    last: Option<(u32, Branch, Option<u32>)>,
+    spill_moves: u64,
+    membership_moves: u64,
+}
+
+pub fn summarize(records: &[RouteRecord]) -> Summary {
+    let mut s = Summary::default();
+    let mut keys: BTreeMap<&str, KeyState> = BTreeMap::new();
+    for r in records {
+        s.records += 1;
+        s.first_time = Some(s.first_time.map_or(r.time, |t: f64| t.min(r.time)));
+        s.last_time = Some(s.last_time.map_or(r.time, |t: f64| t.max(r.time)));
+        *s.methods.entry(r.method.clone()).or_default() += 1;
+        *s.key_sources.entry(r.key_source.to_string()).or_default() += 1;
+        let (Some(rank), Some(branch)) = (r.rank, r.branch) else {
+            s.refused += 1;
+            *s.branches.entry("refused".into()).or_default() += 1;
+            continue;
+        };
+        *s.per_rank.entry(rank).or_default() += 1;
+        *s.branches.entry(branch.to_string()).or_default() += 1;
+        let Some(digest) = r.key_digest.as_deref() else {
+            continue;
+        };
+        let k = keys.entry(digest).or_insert_with(|| KeyState {
+            source: r.key_source,
+            requests: 0,
+            path: Vec::new(),
+            last: None,
+            spill_moves: 0,
+            membership_moves: 0,
+        });
+        k.requests += 1;
+        let preferred = r.hrw_order.first().copied();
+        if let Some((last_rank, last_branch, last_preferred)) = k.last {
+            if last_rank != rank {
+                if branch == Branch::Spill || last_branch == Branch::Spill {
+                    k.spill_moves += 1;
+                } else if last_preferred != preferred {
+                    k.membership_moves += 1;
+                }
+            }
+        }
+        if k.path.last() != Some(&rank) {
+            k.path.push(rank);
+        }
+        k.last = Some((rank, branch, preferred));
+    }
+    s.keys = keys.len() as u64;
+    s.moved = keys
+        .into_iter()
+        .filter(|(_, k)| k.path.len() > 1)
+        .map(|(digest, k)| MovedKey {
+            digest: digest.to_string(),
+            source: k.source,
+            requests: k.requests,
+            path: k.path,
+            spill_moves: k.spill_moves,
+            membership_moves: k.membership_moves,
+        })
+        .collect();
+    // Most-travelled keys first.
+    s.moved.sort_by(|a, b| {
+        b.path
+            .len()
+            .cmp(&a.path.len())
+            .then(a.digest.cmp(&b.digest))
+    });
+    s
+}
+
+/// How many moved keys the text summary lists.
+pub const MOVED_KEYS_SHOWN: usize = 20;
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "routing decisions: {} ({} refused)",
+            self.records, self.refused
+        )?;
+        if let (Some(a), Some(b)) = (self.first_time, self.last_time) {
+            writeln!(f, "time span: {:.3} s", b - a)?;
+        }
+        let methods: Vec<String> = self
+            .methods
+            .iter()
+            .map(|(m, n)| format!("{m} {n}"))
+            .collect();
+        writeln!(f, "methods: {}", methods.join(", "))?;
+        let routed: u64 = self.per_rank.values().sum();
+        writeln!(f, "requests per rank:")?;
+        for (rank, n) in &self.per_rank {
+            let share = 100.0 * *n as f64 / routed.max(1) as f64;
+            writeln!(f, "  rank {rank:>4}: {n:>8}  {share:5.1}%")?;
+        }
+        writeln!(f, "branches:")?;
+        for (b, n) in &self.branches {
+            writeln!(f, "  {b:<13} {n:>8}")?;
+        }
+        let sources: Vec<String> = self
+            .key_sources
+            .iter()
+            .map(|(s, n)| format!("{s} {n}"))
+            .collect();
+        writeln!(f, "key sources: {}", sources.join(", "))?;
+        match self.spill_rate() {
+            Some(rate) => writeln!(f, "spill rate: {:.1}% of keyed decisions", 100.0 * rate)?,
+            None => writeln!(f, "spill rate: n/a (no keyed decisions)")?,
+        }
+        writeln!(
+            f,
+            "keys: {} distinct, {} stayed on one rank, {} moved",
+            self.keys,
+            self.keys - self.moved.len() as u64,
+            self.moved.len()
+        )?;
+        for m in self.moved.iter().take(MOVED_KEYS_SHOWN) {
+            let path: Vec<String> = m.path.iter().map(u32::to_string).collect();
+            writeln!(
+                f,
+                "  {} ({}, {} requests): ranks {}; {} by spill, {} by a rank leaving/joining",
+                m.digest,
+                m.source,
+                m.requests,
+                path.join(" → "),
+                m.spill_moves,
+                m.membership_moves
+            )?;
+        }
+        if self.moved.len() > MOVED_KEYS_SHOWN {
+            writeln!(f, "  … and {} more", self.moved.len() - MOVED_KEYS_SHOWN)?;
+        }
+        Ok(())
+    }
+}
+
+/// Explain one decision: a sentence, then the numbers.
+pub fn explain(r: &RouteRecord) -> String {
+    let mut out = String::new();
+    let load_of = |rank: u32| {
+        r.loads
+            .iter()
+            .find(|l| l.rank == rank)
+            .map_or(0, |l| l.active_requests)
+    };
+    let key = match (&r.key_digest, r.key_source) {
+        (Some(d), src) => format!("its {src} key (digest {d})"),
+        (None, _) => "it had no key".to_string(),
+    };
+    let sentence = match (r.rank, r.branch, &r.error) {
+        (_, _, Some(err)) => format!("Request {} was refused: {err}.", r.rid),
+        (Some(rank), Some(Branch::Explicit), _) => format!(
+            "Request {} named rank {rank} explicitly (routed_dp_rank / data_parallel_rank / \
+             X-Data-Parallel-Rank), so {} was bypassed.",
+            r.rid, r.method
+        ),
+        (Some(rank), Some(Branch::Affinity), _) => match r.hrw_order.first() {
+            Some(&first) if first == rank => format!(
+                "Request {} went to rank {rank}, the first HRW choice for {key}: it had {} \
+                 active requests, within the threshold {}.",
+                r.rid,
+                load_of(rank),
+                fmt_threshold(r.threshold)
+            ),
+            _ => format!(
+                "Request {} went to rank {rank} by affinity for {key}.",
+                r.rid
+            ),
+        },
+        (Some(rank), Some(Branch::Spill), _) => {
+            let pos = r.hrw_order.iter().position(|&x| x == rank).unwrap_or(0);
+            let skipped: Vec<String> = r.hrw_order[..pos]
+                .iter()
+                .map(|&x| format!("rank {x} ({})", load_of(x)))
+                .collect();
+            format!(
+                "Request {} spilled to rank {rank}, choice #{} in HRW order for {key}: {} \
+                 had more active requests than the threshold {}, and rank {rank} had {}.",
+                r.rid,
+                pos + 1,
+                skipped.join(", "),
+                fmt_threshold(r.threshold),
+                load_of(rank)
+            )
+        }
+        (Some(rank), Some(Branch::Fallback), _) => format!(
+            "Request {} went to rank {rank}: {key}, so the fallback method {} chose.",
+            r.rid,
+            r.fallback.as_deref().unwrap_or("(unknown)")
+        ),
+        (Some(rank), Some(b), _) => {
+            format!(
+                "Request {} went to rank {rank} by {} ({b}).",
+                r.rid, r.method
+            )
+        }
+        _ => format!("Request {} has an incomplete record.", r.rid),
+    };
+    let _ = writeln!(out, "{sentence}");
+    let _ = writeln!(out, "  method: {}   time: {:.6}", r.method, r.time);
+    let _ = writeln!(
+        out,
+        "  key source: {}   digest: {}",
+        r.key_source,
+        r.key_digest.as_deref().unwrap_or("-")
+    );
+    if let Some(b) = r.branch {
+        let _ = writeln!(
+            out,
+            "  branch: {b}   rank: {}",
+            r.rank.map_or("-".into(), |x| x.to_string())
+        );
+    }
+    if !r.loads.is_empty() {
+        let total: u64 = r.loads.iter().map(|l| l.active_requests).sum();
+        let mean = total as f64 / r.loads.len() as f64;
+        if let Some(t) = r.threshold {
+            let _ = writeln!(
+                out,
+                "  threshold: {t:.2} active requests = skew {:.2} × max(mean {mean:.2}, 1)",
+                t / mean.max(1.0)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "  {:>6} {:>8} {:>10} {:>10}",
+            "rank", "hrw #", "requests", "tokens"
+        );
+        let mut rows: Vec<_> = r.loads.iter().collect();
+        // HRW order first when there is one: that is the order the guard walked.
+        rows.sort_by_key(|l| {
+            r.hrw_order
+                .iter()
+                .position(|&x| x == l.rank)
+                .unwrap_or(usize::MAX)
+        });
+        for l in rows {
+            let pos = r
+                .hrw_order
+                .iter()
+                .position(|&x| x == l.rank)
+                .map_or("-".into(), |p| (p + 1).to_string());
+            let mark = if Some(l.rank) == r.rank {
+                "  ← chosen"
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                out,
+                "  {:>6} {:>8} {:>10} {:>10}{mark}",
+                l.rank, pos, l.active_requests, l.active_tokens
+            );
+        }
+    }
+    out
+}
+
+fn fmt_threshold(t: Option<f64>) -> String {
+    t.map_or("-".into(), |t| format!("{t:.2}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::LoadBalancer;
+    use crate::policy::{
+        Method, PrefixAffinity, PrefixAffinityConfig, RankLoad, RankSet, RouteInput,
+    };
+
+    fn rec(rid: &str, key: &str, ranks: &RankSet, m: &mut PrefixAffinity) -> RouteRecord {
+        let req = RouteInput {
+            rid,
+            input_ids: &[],
+            routing_key: Some(key),
+            bootstrap_room: None,
+        };
+        let d = m.select(&req, ranks);
+        RouteRecord::new(rid, 1.0, Method::PrefixAffinity, ranks, &Ok(d))
+    }
+
+    #[test]
+    fn summary_counts_ranks_branches_and_moved_keys() {
+        let mut m = PrefixAffinity::new(PrefixAffinityConfig::default());
+        let idle = RankSet::idle(&[0, 1, 2, 3]);
+        let first = rec("a", "hot", &idle, &mut m);
+        let preferred = first.rank.unwrap();
+        let busy = RankSet::new(
+            (0..4)
+                .map(|rank| RankLoad {
+                    rank,
+                    active_requests: if rank == preferred { 9 } else { 0 },
+                    active_tokens: 0,
+                })
+                .collect(),
+        );
+        let spilled = rec("b", "hot", &busy, &mut m);
+        let other = rec("c", "cold", &idle, &mut m);
+        let text = std::iter::once(&first)
+            .chain([&spilled, &other])
+            .map(|r| serde_json::to_string(r).unwrap())
+            .collect::<Vec<_>>()
+            .join("\n")
+            + "\n{\"truncated\": tr\n";
+        let (records, bad) = parse(text.as_bytes()).unwrap();
+        assert_eq!((records.len(), bad), (3, 1));
+        let s = summarize(&records);
+        assert_eq!(s.records, 3);
+        assert_eq!(s.branches.get("spill"), Some(&1));
+        assert_eq!(s.spill_rate(), Some(1.0 / 3.0));
+        assert_eq!(s.keys, 2);
+        assert_eq!(s.moved.len(), 1);
+        assert_eq!(s.moved[0].path, vec![preferred, spilled.rank.unwrap()]);
+        assert_eq!(s.moved[0].spill_moves, 1);
+        let shown = s.to_string();
+        assert!(shown.contains("spill rate: 33.3%"), "{shown}");
+
+        let why = explain(&spilled);
+        assert!(why.starts_with("Request b spilled to rank"), "{why}");
+        assert!(
+            why.contains("← chosen") && why.contains("threshold"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn explains_every_kind_of_decision() {
+        let ranks = RankSet::idle(&[0, 1]);
+        let explicit = RouteRecord::new(
+            "e",
+            0.0,
+            Method::PrefixAffinity,
+            &ranks,
+            &Ok(crate::policy::RouteDecision {
+                key_source: KeySource::Explicit,
+                ..crate::policy::RouteDecision::plain(1, Branch::Explicit)
+            }),
+        );
+        assert!(explain(&explicit).contains("named rank 1 explicitly"));
+        let refused = RouteRecord::new(
+            "x",
+            0.0,
+            Method::PrefixAffinity,
+            &ranks,
+            &Err(crate::router::RouteError::NoLiveRank),
+        );
+        assert!(explain(&refused).contains("was refused: no live"));
+        let mut fb = crate::policy::RouteDecision::plain(0, Branch::Fallback);
+        fb.fallback = Some(Method::TotalTokens);
+        let fallback = RouteRecord::new("f", 0.0, Method::PrefixAffinity, &ranks, &Ok(fb));
+        assert!(explain(&fallback).contains("no key, so the fallback method total_tokens chose"));
+    }
+}

@@ -1,0 +1,169 @@
+//! The comparison chart: an SVG with two bar panels, TTFT (mean and p99) and output throughput
+//! per load-balance method, drawn with plotters' SVG backend (no fonts or system libraries).
+
+use std::path::Path;
+
+use anyhow::Context;
+use plotters::prelude::*;
+
+use super::report::MethodResult;
+
+const MEAN_COLOR: RGBColor = RGBColor(0x4c, 0x72, 0xb0);
+const P99_COLOR: RGBColor = RGBColor(0xdd, 0x84, 0x52);
+const TPUT_COLOR: RGBColor = RGBColor(0x55, 0xa8, 0x68);
+
+/// Writes the chart of the methods that ran (skipped ones are left out) to `path`.
+pub fn write_svg(results: &[MethodResult], title: &str, path: &Path) -> anyhow::Result<()> {
+    let ran: Vec<(&str, f64, f64, f64)> = results
+        .iter()
+        .filter_map(|r| {
+            r.result.as_ref().ok().map(|m| {
+                (
+                    r.method.as_str(),
+                    m.ttft.mean,
+                    m.ttft.p99,
+                    m.output_throughput,
+                )
+            })
+        })
+        .collect();
+    anyhow::ensure!(!ran.is_empty(), "no method ran; nothing to chart");
+    let root = SVGBackend::new(path, (1100, 480)).into_drawing_area();
+    root.fill(&WHITE).map_err(plot_err)?;
+    let root = root.titled(title, ("sans-serif", 20)).map_err(plot_err)?;
+    let (left, right) = root.split_horizontally(560);
+    let n = ran.len() as f64;
+
+    // Left: TTFT, two bars per method.
+    let ttft_max = ran
+        .iter()
+        .map(|r| r.2.max(r.1))
+        .fold(0.0, f64::max)
+        .max(1.0)
+        * 1.15;
+    let mut chart = ChartBuilder::on(&left)
+        .caption(
+            "TTFT (ms): mean and p99, lower is better",
+            ("sans-serif", 16),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..n, 0.0..ttft_max)
+        .map_err(plot_err)?;
+    let labels: Vec<String> = ran.iter().map(|r| r.0.to_string()).collect();
+    let label_of = |x: &f64| {
+        let i = (*x - 0.5).round();
+        if (x - 0.5 - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < labels.len() {
+            labels[i as usize].clone()
+        } else {
+            String::new()
+        }
+    };
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(ran.len() * 2 + 1)
+        .x_label_formatter(&label_of)
+        .y_desc("ms")
+        .draw()
+        .map_err(plot_err)?;
+    chart
+        .draw_series(ran.iter().enumerate().map(|(i, r)| {
+            let x = i as f64;
+            Rectangle::new([(x + 0.12, 0.0), (x + 0.5, r.1)], MEAN_COLOR.filled())
+        }))
+        .map_err(plot_err)?
+        .label("mean")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], MEAN_COLOR.filled()));
+    chart
+        .draw_series(ran.iter().enumerate().map(|(i, r)| {
+            let x = i as f64;
+            Rectangle::new([(x + 0.5, 0.0), (x + 0.88, r.2)], P99_COLOR.filled())
+        }))
+        .map_err(plot_err)?
+        .label("p99")
+        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], P99_COLOR.filled()));
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(plot_err)?;
+
+    // Right: output throughput, one bar per method.
+    let tput_max = ran.iter().map(|r| r.3).fold(0.0, f64::max).max(1.0) * 1.15;
+    let mut chart = ChartBuilder::on(&right)
+        .caption(
+            "Output throughput (tok/s), higher is better",
+            ("sans-serif", 16),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..n, 0.0..tput_max)
+        .map_err(plot_err)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(ran.len() * 2 + 1)
+        .x_label_formatter(&label_of)
+        .y_desc("tok/s")
+        .draw()
+        .map_err(plot_err)?;
+    chart
+        .draw_series(ran.iter().enumerate().map(|(i, r)| {
+            let x = i as f64;
+            Rectangle::new([(x + 0.2, 0.0), (x + 0.8, r.3)], TPUT_COLOR.filled())
+        }))
+        .map_err(plot_err)?;
+    root.present()
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+fn plot_err<E: std::error::Error + Send + Sync + 'static>(
+    e: DrawingAreaErrorKind<E>,
+) -> anyhow::Error {
+    anyhow::anyhow!("drawing the chart: {e}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::metrics::{BenchMetrics, Dist};
+
+    #[test]
+    fn writes_an_svg_with_every_method_that_ran() {
+        let m = |t: f64, o: f64| BenchMetrics {
+            output_throughput: o,
+            ttft: Dist {
+                mean: t,
+                p99: 2.0 * t,
+                ..Dist::default()
+            },
+            ..BenchMetrics::default()
+        };
+        let results = vec![
+            MethodResult {
+                method: "round_robin".into(),
+                result: Ok(m(300.0, 90.0)),
+            },
+            MethodResult {
+                method: "prefix_affinity".into(),
+                result: Ok(m(100.0, 120.0)),
+            },
+            MethodResult {
+                method: "nope".into(),
+                result: Err("skipped".into()),
+            },
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.svg");
+        write_svg(&results, "test", &path).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        assert!(svg.starts_with("<svg"));
+        assert!(svg.contains("round_robin") && svg.contains("prefix_affinity"));
+        assert!(!svg.contains("nope"));
+    }
+}

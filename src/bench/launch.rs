@@ -1,0 +1,314 @@
+//! `dpserve bench --launch`: a fresh single-host cluster per load-balance method. Spawns this
+//! same binary as `dpserve up --port <free> --runtime-dir <tmp> --load-balance-method M ...`,
+//! waits for its "dpserve is ready" line, and SIGTERMs it afterwards (`up` stops its children).
+//! The cluster's logs go to a file, so the benchmark's output stays readable; a cluster that
+//! fails to start (for instance a method the controller does not know) is reported with the
+//! last error line of that log instead of failing the whole comparison.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The `up` flags the benchmark forwards (unset ones are left to `up`'s own defaults).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ServerFlags {
+    /// [--launch] Data-parallel workers per cluster.
+    #[arg(long, env = "DPSERVE_BENCH_DP_SIZE")]
+    pub dp_size: Option<u32>,
+    /// [--launch] Hugging Face model directory (default: the built-in model).
+    #[arg(long, env = "DPSERVE_BENCH_MODEL_PATH")]
+    pub model_path: Option<PathBuf>,
+    /// [--launch] Built-in model size: `base` or `tiny`.
+    #[arg(long, env = "DPSERVE_BENCH_BUILTIN_SIZE")]
+    pub builtin_size: Option<String>,
+    /// [--launch] `auto` or `dummy`.
+    #[arg(long, env = "DPSERVE_BENCH_LOAD_FORMAT")]
+    pub load_format: Option<String>,
+    /// [--launch] KV pool size per worker, in tokens.
+    #[arg(long, env = "DPSERVE_BENCH_MAX_TOTAL_TOKENS")]
+    pub max_total_tokens: Option<usize>,
+    /// [--launch] Most running requests per worker.
+    #[arg(long, env = "DPSERVE_BENCH_MAX_RUNNING_REQUESTS")]
+    pub max_running_requests: Option<usize>,
+    /// [--launch] Prompt chunk size per request per step.
+    #[arg(long, env = "DPSERVE_BENCH_CHUNKED_PREFILL_SIZE")]
+    pub chunked_prefill_size: Option<usize>,
+    /// [--launch] Prompt tokens per prefill step.
+    #[arg(long, env = "DPSERVE_BENCH_MAX_PREFILL_TOKENS")]
+    pub max_prefill_tokens: Option<usize>,
+    /// [--launch] Context length.
+    #[arg(long, env = "DPSERVE_BENCH_CONTEXT_LENGTH")]
+    pub context_length: Option<usize>,
+    /// [--launch] Compute threads per worker.
+    #[arg(long, env = "DPSERVE_BENCH_NUM_THREADS")]
+    pub num_threads: Option<usize>,
+    /// [--launch] Any other `up` argument, verbatim (repeat: `--up-arg=--flag --up-arg=value`).
+    #[arg(long = "up-arg", allow_hyphen_values = true)]
+    pub up_args: Vec<String>,
+    /// [--launch] Seconds to wait for a cluster to become ready.
+    #[arg(long, env = "DPSERVE_BENCH_STARTUP_TIMEOUT", default_value_t = 300.0)]
+    pub startup_timeout: f64,
+}
+
+impl ServerFlags {
+    /// The `up` arguments for one method, on `port` with sockets under `runtime_dir`.
+    pub fn up_args(&self, method: &str, port: u16, runtime_dir: &Path) -> Vec<OsString> {
+        let mut a: Vec<OsString> = vec!["up".into()];
+        let mut push = |flag: &str, v: Option<String>| {
+            if let Some(v) = v {
+                a.push(flag.into());
+                a.push(v.into());
+            }
+        };
+        push("--port", Some(port.to_string()));
+        push("--host", Some("127.0.0.1".into()));
+        push("--runtime-dir", Some(runtime_dir.display().to_string()));
+        push("--load-balance-method", Some(method.to_string()));
+        push("--dp-size", self.dp_size.map(|v| v.to_string()));
+        push(
+            "--model-path",
+            self.model_path.as_ref().map(|p| p.display().to_string()),
+        );
+        push("--builtin-size", self.builtin_size.clone());
+        push("--load-format", self.load_format.clone());
+        push(
+            "--max-total-tokens",
+            self.max_total_tokens.map(|v| v.to_string()),
+        );
+        push(
+            "--max-running-requests",
+            self.max_running_requests.map(|v| v.to_string()),
+        );
+        push(
+            "--chunked-prefill-size",
+            self.chunked_prefill_size.map(|v| v.to_string()),
+        );
+        push(
+            "--max-prefill-tokens",
+            self.max_prefill_tokens.map(|v| v.to_string()),
+        );
+        push(
+            "--context-length",
+            self.context_length.map(|v| v.to_string()),
+        );
+        push("--num-threads", self.num_threads.map(|v| v.to_string()));
+        push("--startup-timeout", Some(self.startup_timeout.to_string()));
+        a.extend(self.up_args.iter().map(OsString::from));
+        a
+    }
+}
+
+/// A running `dpserve up`; dropping it stops the cluster.
+pub struct Cluster {
+    child: Option<Child>,
+    pub base_url: String,
+    pub log_path: PathBuf,
+    runtime_dir: PathBuf,
+}
+
+/// A port that was free a moment ago (the usual race; `up` fails clearly if it lost it).
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Starts a cluster for `method`, its sockets under `runtime_root` (keep it short: socket paths
+/// have a length limit) and its log in `log_dir`. `Err` is a one-line reason ("skipped: …").
+pub fn start(
+    method: &str,
+    flags: &ServerFlags,
+    runtime_root: &Path,
+    log_dir: &Path,
+) -> Result<Cluster, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("locating the dpserve binary: {e}"))?;
+    let port = free_port().map_err(|e| format!("finding a free port: {e}"))?;
+    let runtime_dir = runtime_root.join(format!("rt-{method}"));
+    std::fs::remove_dir_all(&runtime_dir).ok();
+    let log_path = log_dir.join(format!("up-{method}.log"));
+    let log =
+        File::create(&log_path).map_err(|e| format!("creating {}: {e}", log_path.display()))?;
+    let mut child = Command::new(exe)
+        .args(flags.up_args(method, port, &runtime_dir))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .map_err(|e| format!("starting dpserve up: {e}"))?;
+    let stdout = child.stdout.take().ok_or("no stdout from dpserve up")?;
+    let (tx, rx) = mpsc::channel::<String>();
+    // Drains `up`'s stdout for its whole life, so the pipe never fills.
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                // Nobody listens any more; keep draining.
+            }
+        }
+    });
+    let mut cluster = Cluster {
+        child: Some(child),
+        base_url: format!("http://127.0.0.1:{port}"),
+        log_path,
+        runtime_dir,
+    };
+    let deadline = Instant::now() + Duration::from_secs_f64(flags.startup_timeout.max(1.0) + 5.0);
+    loop {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(line) if line.contains("dpserve is ready") => return Ok(cluster),
+            Ok(_) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                // stdout closed: `up` is exiting; wait for its status below.
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        let exited = cluster
+            .child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten());
+        if let Some(status) = exited {
+            cluster.child = None;
+            return Err(format!(
+                "dpserve up exited ({status}): {}",
+                last_error_line(&cluster.log_path)
+            ));
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "not ready within {}s: {}",
+                flags.startup_timeout,
+                last_error_line(&cluster.log_path)
+            ));
+        }
+    }
+}
+
+/// A one-line reason from a cluster's log: the first actor's fatal error (`dpserve: error:`,
+/// the cause; `up`'s own "X exited" comes after it), else the last error line, else the last
+/// line.
+fn last_error_line(path: &Path) -> String {
+    let text = strip_ansi(&std::fs::read_to_string(path).unwrap_or_default());
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let pick = lines
+        .iter()
+        .find(|l| l.starts_with("dpserve: error:") && !l.contains("exited"))
+        .or_else(|| {
+            lines
+                .iter()
+                .rev()
+                .find(|l| l.contains("error") || l.contains("ERROR"))
+        })
+        .or(lines.last())
+        .map_or("no output", |l| l.trim());
+    let clean = pick.to_string();
+    let mut s: String = clean.chars().take(300).collect();
+    if clean.chars().count() > 300 {
+        s.push('…');
+    }
+    format!("{s} (log: {})", path.display())
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // Skip to the end of the escape sequence (a letter).
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+impl Cluster {
+    /// SIGTERM `up` (it stops its children), wait up to `grace`, then SIGKILL.
+    pub fn stop(&mut self, grace: Duration) {
+        if let Some(mut child) = self.child.take() {
+            // Our own child, by pid; `up` handles SIGTERM by stopping every actor it started.
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(child.id().to_string())
+                .stderr(Stdio::null())
+                .status();
+            let deadline = Instant::now() + grace;
+            loop {
+                match child.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if Instant::now() >= deadline => {
+                        child.kill().ok();
+                        child.wait().ok();
+                        break;
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+                }
+            }
+        }
+        std::fs::remove_dir_all(&self.runtime_dir).ok();
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(15));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn up_args_forward_only_what_is_set() {
+        let flags = ServerFlags {
+            dp_size: Some(2),
+            builtin_size: Some("tiny".into()),
+            up_args: vec!["--worker-timeout".into(), "5".into()],
+            startup_timeout: 60.0,
+            ..ServerFlags::default()
+        };
+        let args: Vec<String> = flags
+            .up_args("total_tokens", 1234, Path::new("/tmp/x"))
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect();
+        let joined = args.join(" ");
+        assert!(args[0] == "up");
+        assert!(joined.contains("--port 1234"));
+        assert!(joined.contains("--load-balance-method total_tokens"));
+        assert!(joined.contains("--dp-size 2") && joined.contains("--builtin-size tiny"));
+        assert!(joined.ends_with("--worker-timeout 5"));
+        assert!(!joined.contains("--max-total-tokens") && !joined.contains("--model-path"));
+    }
+
+    #[test]
+    fn reason_is_the_last_error_line_without_colours() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("l.log");
+        std::fs::write(
+            &p,
+            "info start\n\u{1b}[31mERROR\u{1b}[0m unknown method x\nbye\n",
+        )
+        .unwrap();
+        let r = last_error_line(&p);
+        assert!(r.starts_with("ERROR unknown method x"), "{r}");
+        std::fs::write(
+            &p,
+            "info\ndpserve: error: --load-balance-method: unknown method \"x\"\n\
+             dpserve: error: controller exited during start (exit status: 1)\n",
+        )
+        .unwrap();
+        let r = last_error_line(&p);
+        assert!(
+            r.starts_with("dpserve: error: --load-balance-method: unknown"),
+            "{r}"
+        );
+    }
+}

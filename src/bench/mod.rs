@@ -1,0 +1,657 @@
+//! `dpserve bench`: the shared-prefix serving benchmark. Against a running server (`--base-url`)
+//! it sends SGLang bench_serving's generated-shared-prefix workload and reports bench_serving's
+//! metrics; with `--launch --compare m1,m2,…` it starts a fresh cluster per load-balance method,
+//! runs the identical workload on each and compares them (table, JSON, Markdown, SVG).
+//!
+//! Module map: `workload` builds requests, `client` sends and times one, `metrics` aggregates,
+//! `report` formats, `launch` starts and stops clusters, `chart` draws the comparison.
+
+pub mod chart;
+pub mod client;
+pub mod launch;
+pub mod metrics;
+pub mod report;
+pub mod workload;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{json, Map, Value};
+
+use client::{Backend, BenchClient};
+use launch::ServerFlags;
+use metrics::{BenchMetrics, RequestOutcome};
+use report::{MethodResult, RunInfo};
+use workload::{BenchRequest, GspConfig};
+
+/// bench_serving's defaults for the generated-shared-prefix dataset.
+pub const DEFAULT_GSP: GspConfig = GspConfig {
+    num_groups: 64,
+    prompts_per_group: 16,
+    system_prompt_len: 2048,
+    question_len: 128,
+    output_len: 256,
+    range_ratio: 1.0,
+    send_routing_key: false,
+};
+
+/// The load-balance methods `--launch` compares when `--compare` is not given.
+pub const DEFAULT_COMPARE: &str = "round_robin,total_requests,total_tokens,prefix_affinity";
+
+/// Output tokens of a warm-up request at most: warm-up only needs the path exercised.
+const WARMUP_MAX_OUTPUT: usize = 16;
+
+/// Named workload + cluster sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Preset {
+    /// Finishes in a few minutes on 2 CPU cores with the built-in `base` model, 2 ranks. Each
+    /// rank's KV pool holds the prefixes of its own half of the groups plus the running
+    /// requests, but not every group's: the regime where cache-affinity routing matters.
+    CpuSmall,
+}
+
+/// What a preset sets (flags given explicitly win).
+pub struct PresetValues {
+    pub gsp: GspConfig,
+    pub max_concurrency: usize,
+    pub dp_size: u32,
+    pub builtin_size: &'static str,
+    pub max_total_tokens: usize,
+}
+
+impl Preset {
+    pub fn values(self) -> PresetValues {
+        match self {
+            Preset::CpuSmall => {
+                let gsp = GspConfig {
+                    num_groups: 8,
+                    prompts_per_group: 16,
+                    system_prompt_len: 1024,
+                    question_len: 64,
+                    output_len: 32,
+                    range_ratio: 1.0,
+                    // Token-prefix hashing covers the first 4096 ids, i.e. the question too at
+                    // these lengths; a key per group is what a client would send here.
+                    send_routing_key: true,
+                };
+                let dp_size = 2;
+                let max_concurrency = 16;
+                PresetValues {
+                    max_total_tokens: cpu_small_kv_tokens(&gsp, dp_size, max_concurrency),
+                    gsp,
+                    max_concurrency,
+                    dp_size,
+                    builtin_size: "base",
+                }
+            }
+        }
+    }
+}
+
+/// KV tokens per worker for `cpu-small`: the prefixes of 3/4 of the groups (a rank's own half,
+/// with room for an uneven hash split) plus the question and output of every request the rank
+/// may run at once (running requests share their group's prefix). Every group's prefix, which
+/// a content-blind method needs on every rank, does not fit.
+pub fn cpu_small_kv_tokens(gsp: &GspConfig, dp_size: u32, max_concurrency: usize) -> usize {
+    let prefixes = (gsp.num_groups * 3).div_ceil(4) * gsp.system_prompt_len;
+    let running =
+        max_concurrency.div_ceil(dp_size.max(1) as usize) * (gsp.question_len + gsp.output_len);
+    prefixes + running
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Server to benchmark (ignored with --launch).
+    #[arg(
+        long,
+        env = "DPSERVE_BENCH_BASE_URL",
+        default_value = "http://127.0.0.1:30000"
+    )]
+    pub base_url: String,
+    /// API to drive: native `/generate` or OpenAI `/v1/completions`.
+    #[arg(long, env = "DPSERVE_BENCH_BACKEND", value_enum, default_value_t = Backend::Generate)]
+    pub backend: Backend,
+    /// Model name for the OpenAI API (default: the server's `served_model_name`).
+    #[arg(long, env = "DPSERVE_BENCH_MODEL")]
+    pub model: Option<String>,
+    /// Dataset (only `generated-shared-prefix`; the flag exists for bench_serving's command lines).
+    #[arg(long, default_value = "generated-shared-prefix")]
+    pub dataset_name: String,
+    /// Workload and cluster sizes for a machine class (explicit flags win).
+    #[arg(long, value_enum)]
+    pub preset: Option<Preset>,
+    /// Number of shared system prompts [default: 64].
+    #[arg(long)]
+    pub gsp_num_groups: Option<usize>,
+    /// Questions per system prompt [default: 16].
+    #[arg(long)]
+    pub gsp_prompts_per_group: Option<usize>,
+    /// System prompt tokens [default: 2048].
+    #[arg(long)]
+    pub gsp_system_prompt_len: Option<usize>,
+    /// Question tokens [default: 128].
+    #[arg(long)]
+    pub gsp_question_len: Option<usize>,
+    /// Output tokens [default: 256].
+    #[arg(long)]
+    pub gsp_output_len: Option<usize>,
+    /// Lengths are drawn from [len · ratio, len] [default: 1.0].
+    #[arg(long)]
+    pub gsp_range_ratio: Option<f64>,
+    /// Send one routing key per group (`x-smg-routing-key`).
+    #[arg(long)]
+    pub gsp_send_routing_key: bool,
+    /// Send at most this many of the workload's requests [default: all groups × prompts].
+    #[arg(long)]
+    pub num_prompts: Option<usize>,
+    /// Most requests in flight at once [default: unlimited].
+    #[arg(long)]
+    pub max_concurrency: Option<usize>,
+    /// Requests per second, Poisson arrivals; `inf` sends all at once.
+    #[arg(long, default_value_t = f64::INFINITY)]
+    pub request_rate: f64,
+    /// Seed of the workload (and of the arrival times).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Warm-up requests before the measured run (a prompt unrelated to the workload).
+    #[arg(long, default_value_t = 1)]
+    pub warmup_requests: usize,
+    /// Flush the server's prefix cache after warm-up.
+    #[arg(long)]
+    pub flush_cache: bool,
+    /// Append each result as one JSON line to this file.
+    #[arg(long)]
+    pub output_file: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    pub disable_progress_bar: bool,
+    /// Start a fresh cluster per method (`dpserve up`) instead of using --base-url.
+    #[arg(long)]
+    pub launch: bool,
+    /// [--launch] Comma-separated load-balance methods to compare.
+    #[arg(long, default_value = DEFAULT_COMPARE)]
+    pub compare: String,
+    /// [--launch] Directory for compare.json, compare.md, compare.svg and the cluster logs.
+    #[arg(long, default_value = "bench-results")]
+    pub output_dir: PathBuf,
+    #[command(flatten)]
+    pub server: ServerFlags,
+}
+
+/// Everything a run needs, after the preset and the defaults are applied.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub backend: Backend,
+    pub model: Option<String>,
+    pub gsp: GspConfig,
+    pub num_prompts: Option<usize>,
+    pub max_concurrency: Option<usize>,
+    pub request_rate: f64,
+    pub seed: u64,
+    pub warmup_requests: usize,
+    pub flush_cache: bool,
+    pub progress: bool,
+}
+
+impl BenchArgs {
+    /// The plan and the server flags, with explicit flags over the preset over the defaults.
+    pub fn resolve(&self) -> anyhow::Result<(Plan, ServerFlags)> {
+        anyhow::ensure!(
+            self.dataset_name == "generated-shared-prefix",
+            "--dataset-name: only `generated-shared-prefix` is supported, got {:?}",
+            self.dataset_name
+        );
+        anyhow::ensure!(
+            self.request_rate > 0.0,
+            "--request-rate must be positive (or inf), got {}",
+            self.request_rate
+        );
+        let preset = self.preset.map(Preset::values);
+        let base = preset.as_ref().map_or(DEFAULT_GSP, |p| p.gsp.clone());
+        let gsp = GspConfig {
+            num_groups: self.gsp_num_groups.unwrap_or(base.num_groups),
+            prompts_per_group: self.gsp_prompts_per_group.unwrap_or(base.prompts_per_group),
+            system_prompt_len: self.gsp_system_prompt_len.unwrap_or(base.system_prompt_len),
+            question_len: self.gsp_question_len.unwrap_or(base.question_len),
+            output_len: self.gsp_output_len.unwrap_or(base.output_len),
+            range_ratio: self.gsp_range_ratio.unwrap_or(base.range_ratio),
+            send_routing_key: self.gsp_send_routing_key || base.send_routing_key,
+        };
+        let mut server = self.server.clone();
+        if let Some(p) = &preset {
+            server.dp_size.get_or_insert(p.dp_size);
+            if server.model_path.is_none() {
+                server
+                    .builtin_size
+                    .get_or_insert_with(|| p.builtin_size.to_string());
+            }
+            server.max_total_tokens.get_or_insert(p.max_total_tokens);
+        }
+        let max_concurrency = self
+            .max_concurrency
+            .or(preset.as_ref().map(|p| p.max_concurrency));
+        anyhow::ensure!(
+            max_concurrency != Some(0),
+            "--max-concurrency must be at least 1"
+        );
+        let plan = Plan {
+            backend: self.backend,
+            model: self.model.clone(),
+            gsp,
+            num_prompts: self.num_prompts,
+            max_concurrency,
+            request_rate: self.request_rate,
+            seed: self.seed,
+            warmup_requests: self.warmup_requests,
+            flush_cache: self.flush_cache,
+            progress: !self.disable_progress_bar,
+        };
+        Ok((plan, server))
+    }
+}
+
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let (plan, server) = args.resolve()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    if args.launch {
+        return run_compare(&args, &plan, &server, &rt);
+    }
+    let (info, m) = rt.block_on(run_once(&args.base_url, &plan))?;
+    print!("{}", report::result_table(&info, &m));
+    if let Some(path) = &args.output_file {
+        append_jsonl(path, &report::result_json(&info, &m))?;
+    }
+    if m.completed == 0 {
+        anyhow::bail!("no request completed");
+    }
+    Ok(())
+}
+
+fn append_jsonl(path: &Path, line: &Value) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    writeln!(f, "{line}").with_context(|| format!("writing {}", path.display()))
+}
+
+/// One benchmark run against a server.
+pub async fn run_once(base_url: &str, plan: &Plan) -> anyhow::Result<(RunInfo, BenchMetrics)> {
+    let mut client = BenchClient::new(base_url, plan.backend, plan.model.clone())?;
+    let server_info = client.server_info().await?;
+    let vocab_size = server_info["vocab_size"]
+        .as_u64()
+        .context("/get_server_info has no vocab_size")? as u32;
+    if plan.model.is_none() {
+        if let Some(name) = server_info["served_model_name"].as_str() {
+            client.set_model(name.to_string());
+        }
+    }
+    let requests = workload::generate(&plan.gsp, vocab_size, plan.num_prompts, plan.seed)?;
+    anyhow::ensure!(
+        !requests.is_empty(),
+        "the workload is empty (--num-prompts 0?)"
+    );
+
+    if plan.warmup_requests > 0 {
+        let w = workload::warmup_request(
+            vocab_size,
+            plan.gsp.system_prompt_len + plan.gsp.question_len,
+            plan.gsp.output_len.min(WARMUP_MAX_OUTPUT),
+            plan.seed,
+        );
+        let warm: Vec<BenchRequest> = (0..plan.warmup_requests).map(|_| w.clone()).collect();
+        let n = warm.len();
+        let (outcomes, _) =
+            send_all(&client, warm, vec![0.0; n], None, ProgressBar::hidden()).await;
+        if let Some(failed) = outcomes.iter().find(|o| !o.success) {
+            anyhow::bail!(
+                "warm-up failed: {}",
+                failed.error.as_deref().unwrap_or("unknown error")
+            );
+        }
+    }
+    if plan.flush_cache {
+        client.flush_cache().await?;
+        // The flush is fire-and-forget to the ranks; give it a moment to land.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let arrivals = workload::arrival_times(requests.len(), plan.request_rate, plan.seed);
+    let pb = if plan.progress {
+        let pb = ProgressBar::new(requests.len() as u64);
+        pb.set_style(
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        pb
+    } else {
+        ProgressBar::hidden()
+    };
+    let num_prompts = requests.len();
+    let (outcomes, duration) = send_all(
+        &client,
+        requests,
+        arrivals,
+        plan.max_concurrency,
+        pb.clone(),
+    )
+    .await;
+    pb.finish_and_clear();
+    let m = BenchMetrics::compute(&outcomes, duration);
+
+    // The method and per-rank hit rates as the server saw them, after the run.
+    let after = client.server_info().await.unwrap_or(server_info);
+    let mut rank_hits = Map::new();
+    for r in after["ranks"].as_array().into_iter().flatten() {
+        if let (Some(rank), Some(rate)) =
+            (r["rank"].as_u64(), r["status"]["cache_hit_rate"].as_f64())
+        {
+            rank_hits.insert(rank.to_string(), json!(rate));
+        }
+    }
+    let info = RunInfo {
+        backend: plan.backend.name().to_string(),
+        gsp: plan.gsp.clone(),
+        num_prompts,
+        request_rate: plan.request_rate,
+        max_concurrency: plan.max_concurrency,
+        seed: plan.seed,
+        load_balance_method: after["load_balance_method"].as_str().map(str::to_string),
+        dp_size: after["dp_size"].as_u64(),
+        server_rank_cache_hit_rate: rank_hits,
+    };
+    Ok((info, m))
+}
+
+/// Sends every request at its arrival time (seconds after start), at most `max_concurrency` at
+/// once; returns the outcomes in request order and the wall time of the whole run.
+async fn send_all(
+    client: &BenchClient,
+    requests: Vec<BenchRequest>,
+    arrivals: Vec<f64>,
+    max_concurrency: Option<usize>,
+    pb: ProgressBar,
+) -> (Vec<RequestOutcome>, f64) {
+    let semaphore = max_concurrency.map(|c| Arc::new(tokio::sync::Semaphore::new(c)));
+    let start = tokio::time::Instant::now();
+    let wall = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    let n = requests.len();
+    for (pos, (req, at)) in requests.into_iter().zip(arrivals).enumerate() {
+        let client = client.clone();
+        let semaphore = semaphore.clone();
+        let pb = pb.clone();
+        tasks.spawn(async move {
+            tokio::time::sleep_until(start + Duration::from_secs_f64(at)).await;
+            let _permit = match &semaphore {
+                Some(s) => Some(s.clone().acquire_owned().await),
+                None => None,
+            };
+            let outcome = client.send(&req).await;
+            pb.inc(1);
+            (pos, outcome)
+        });
+    }
+    let mut outcomes: Vec<RequestOutcome> = vec![RequestOutcome::default(); n];
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok((pos, outcome)) => outcomes[pos] = outcome,
+            Err(e) => tracing::error!("a request task failed: {e}"),
+        }
+    }
+    (outcomes, wall.elapsed().as_secs_f64())
+}
+
+/// `--launch`: a fresh cluster per method, the same workload on each, one comparison.
+fn run_compare(
+    args: &BenchArgs,
+    plan: &Plan,
+    server: &ServerFlags,
+    rt: &tokio::runtime::Runtime,
+) -> anyhow::Result<()> {
+    let methods: Vec<String> = args
+        .compare
+        .split(',')
+        .map(|m| m.trim().to_string())
+        .filter(|m| !m.is_empty())
+        .collect();
+    anyhow::ensure!(!methods.is_empty(), "--compare names no method");
+    let out_dir = &args.output_dir;
+    std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let runtime_root = std::env::temp_dir().join(format!("dpserve-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&runtime_root)
+        .with_context(|| format!("creating {}", runtime_root.display()))?;
+
+    let mut results: Vec<MethodResult> = Vec::new();
+    let mut lines: Vec<Value> = Vec::new();
+    for method in &methods {
+        eprintln!("== {method}: starting a cluster");
+        let outcome = match launch::start(method, server, &runtime_root, out_dir) {
+            Err(reason) => Err(reason),
+            Ok(mut cluster) => {
+                eprintln!(
+                    "== {method}: ready at {}; running the workload",
+                    cluster.base_url
+                );
+                let run = rt.block_on(run_once(&cluster.base_url, plan));
+                cluster.stop(Duration::from_secs(15));
+                match run {
+                    Ok((mut info, m)) => {
+                        // The method we asked for, even if the server did not report one.
+                        info.load_balance_method
+                            .get_or_insert_with(|| method.clone());
+                        print!("{}", report::result_table(&info, &m));
+                        let line = report::result_json(&info, &m);
+                        if let Some(path) = &args.output_file {
+                            append_jsonl(path, &line)?;
+                        }
+                        lines.push(line);
+                        if m.completed == 0 {
+                            Err(format!(
+                                "no request completed: {}",
+                                m.errors.first().map_or("", String::as_str)
+                            ))
+                        } else {
+                            Ok(m)
+                        }
+                    }
+                    Err(e) => Err(format!("{e:#}")),
+                }
+            }
+        };
+        if let Err(reason) = &outcome {
+            eprintln!("== {method}: skipped: {reason}");
+        }
+        results.push(MethodResult {
+            method: method.clone(),
+            result: outcome,
+        });
+    }
+    std::fs::remove_dir_all(&runtime_root).ok();
+
+    println!();
+    println!("{}", describe(plan, server));
+    print!("{}", report::compare_table(&results));
+
+    let summary = json!({
+        "workload": {
+            "dataset_name": "generated-shared-prefix",
+            "gsp_num_groups": plan.gsp.num_groups,
+            "gsp_prompts_per_group": plan.gsp.prompts_per_group,
+            "gsp_system_prompt_len": plan.gsp.system_prompt_len,
+            "gsp_question_len": plan.gsp.question_len,
+            "gsp_output_len": plan.gsp.output_len,
+            "gsp_range_ratio": plan.gsp.range_ratio,
+            "gsp_send_routing_key": plan.gsp.send_routing_key,
+            "num_prompts": plan.num_prompts,
+            "max_concurrency": plan.max_concurrency,
+            "request_rate": if plan.request_rate.is_finite() { json!(plan.request_rate) } else { json!("inf") },
+            "seed": plan.seed,
+            "backend": plan.backend.name(),
+        },
+        "server": {
+            "dp_size": server.dp_size,
+            "builtin_size": server.builtin_size,
+            "model_path": server.model_path.as_ref().map(|p| p.display().to_string()),
+            "max_total_tokens": server.max_total_tokens,
+            "max_running_requests": server.max_running_requests,
+            "up_args": server.up_args,
+        },
+        "preset": args.preset.map(|p| format!("{p:?}")),
+        "methods": results.iter().map(|r| match &r.result {
+            Ok(_) => json!({"method": r.method, "status": "ok",
+                "result": lines.iter().find(|l| l["load_balance_method"] == r.method.as_str())}),
+            Err(reason) => json!({"method": r.method, "status": "skipped", "reason": reason}),
+        }).collect::<Vec<_>>(),
+    });
+    let json_path = out_dir.join("compare.json");
+    std::fs::write(&json_path, serde_json::to_string_pretty(&summary)? + "\n")
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    let md_path = out_dir.join("compare.md");
+    let md = format!(
+        "{}\n\n{}",
+        describe(plan, server),
+        report::compare_markdown(&results)
+    );
+    std::fs::write(&md_path, md).with_context(|| format!("writing {}", md_path.display()))?;
+    let svg_path = out_dir.join("compare.svg");
+    let mut written = vec![
+        json_path.display().to_string(),
+        md_path.display().to_string(),
+    ];
+    match chart::write_svg(&results, &chart_title(plan, server), &svg_path) {
+        Ok(()) => written.push(svg_path.display().to_string()),
+        Err(e) => eprintln!("no chart: {e:#}"),
+    }
+    println!("wrote {}", written.join(", "));
+    if results.iter().all(|r| r.result.is_err()) {
+        anyhow::bail!("no method ran");
+    }
+    Ok(())
+}
+
+/// One line saying what was compared.
+fn describe(plan: &Plan, server: &ServerFlags) -> String {
+    let g = &plan.gsp;
+    format!(
+        "workload: {} groups x {} prompts, system {} + question {} tokens, output {} (range ratio {}), \
+         routing key {}, concurrency {}, rate {}, seed {}; cluster: dp {}, model {}, max_total_tokens {}",
+        g.num_groups,
+        g.prompts_per_group,
+        g.system_prompt_len,
+        g.question_len,
+        g.output_len,
+        g.range_ratio,
+        if g.send_routing_key { "per group" } else { "none" },
+        plan.max_concurrency.map_or("unlimited".into(), |c| c.to_string()),
+        plan.request_rate,
+        plan.seed,
+        server.dp_size.map_or("default".into(), |d| d.to_string()),
+        server
+            .model_path
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .or_else(|| server.builtin_size.as_ref().map(|s| format!("built-in {s}")))
+            .unwrap_or_else(|| "default".into()),
+        server.max_total_tokens.map_or("default".into(), |t| t.to_string()),
+    )
+}
+
+fn chart_title(plan: &Plan, server: &ServerFlags) -> String {
+    let g = &plan.gsp;
+    format!(
+        "dpserve bench: {}x{} shared-prefix (sys {}, q {}, out {}), dp {}",
+        g.num_groups,
+        g.prompts_per_group,
+        g.system_prompt_len,
+        g.question_len,
+        g.output_len,
+        server.dp_size.map_or("default".into(), |d| d.to_string()),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn parse(args: &[&str]) -> BenchArgs {
+        Cli::parse_from(std::iter::once("bench").chain(args.iter().copied())).bench
+    }
+
+    #[test]
+    fn defaults_are_bench_serving_s() {
+        let (plan, server) = parse(&[]).resolve().unwrap();
+        assert_eq!(plan.gsp, DEFAULT_GSP);
+        assert!(plan.request_rate.is_infinite());
+        assert_eq!(plan.max_concurrency, None);
+        assert_eq!(server.dp_size, None);
+    }
+
+    #[test]
+    fn explicit_flags_win_over_the_preset() {
+        let (plan, server) = parse(&[
+            "--preset",
+            "cpu-small",
+            "--gsp-output-len",
+            "4",
+            "--dp-size",
+            "3",
+            "--request-rate",
+            "2.5",
+        ])
+        .resolve()
+        .unwrap();
+        let p = Preset::CpuSmall.values();
+        assert_eq!(plan.gsp.output_len, 4);
+        assert_eq!(plan.gsp.num_groups, p.gsp.num_groups);
+        assert_eq!(plan.max_concurrency, Some(p.max_concurrency));
+        assert_eq!(server.dp_size, Some(3));
+        assert_eq!(server.max_total_tokens, Some(p.max_total_tokens));
+        assert_eq!(plan.request_rate, 2.5);
+    }
+
+    #[test]
+    fn cpu_small_kv_fits_own_groups_but_not_all() {
+        let p = Preset::CpuSmall.values();
+        let g = &p.gsp;
+        let own = g.num_groups.div_ceil(p.dp_size as usize) * g.system_prompt_len;
+        let running =
+            p.max_concurrency.div_ceil(p.dp_size as usize) * (g.question_len + g.output_len);
+        assert!(
+            own + running <= p.max_total_tokens,
+            "own groups + running fit"
+        );
+        assert!(
+            g.num_groups * g.system_prompt_len > p.max_total_tokens,
+            "all groups do not"
+        );
+    }
+
+    #[test]
+    fn bad_flags_are_errors() {
+        assert!(parse(&["--dataset-name", "sharegpt"]).resolve().is_err());
+        assert!(parse(&["--max-concurrency", "0"]).resolve().is_err());
+        assert!(parse(&["--request-rate", "0"]).resolve().is_err());
+    }
+}

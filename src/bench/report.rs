@@ -1,0 +1,471 @@
+//! What a benchmark run prints and writes: bench_serving's result table and JSON-line keys for
+//! one run, and the comparison across load-balance methods (terminal table, Markdown, JSON).
+//! Pure formatting: nothing here measures or talks to a server.
+
+use serde_json::{json, Map, Value};
+
+use super::metrics::{BenchMetrics, Dist};
+use super::workload::GspConfig;
+
+/// The method every comparison is measured against.
+pub const BASELINE_METHOD: &str = "round_robin";
+
+/// What a run was, besides what it measured.
+#[derive(Debug, Clone)]
+pub struct RunInfo {
+    pub backend: String,
+    pub gsp: GspConfig,
+    pub num_prompts: usize,
+    pub request_rate: f64,
+    pub max_concurrency: Option<usize>,
+    pub seed: u64,
+    pub load_balance_method: Option<String>,
+    pub dp_size: Option<u64>,
+    /// Per-rank cache hit rate the workers report (`/get_server_info` ranks[].status).
+    pub server_rank_cache_hit_rate: Map<String, Value>,
+}
+
+fn dist_keys(out: &mut Map<String, Value>, name: &str, d: &Dist) {
+    out.insert(format!("mean_{name}_ms"), json!(d.mean));
+    out.insert(format!("median_{name}_ms"), json!(d.median));
+    out.insert(format!("std_{name}_ms"), json!(d.std));
+    out.insert(format!("p90_{name}_ms"), json!(d.p90));
+    out.insert(format!("p95_{name}_ms"), json!(d.p95));
+    out.insert(format!("p99_{name}_ms"), json!(d.p99));
+}
+
+/// A request rate as JSON: a number, or `"inf"` for a burst (JSON has no infinity).
+fn rate_json(rate: f64) -> Value {
+    if rate.is_finite() {
+        json!(rate)
+    } else {
+        json!("inf")
+    }
+}
+
+/// One result as a JSON object with bench_serving's keys plus dpserve's.
+pub fn result_json(info: &RunInfo, m: &BenchMetrics) -> Value {
+    let mut o = Map::new();
+    o.insert("backend".into(), json!(info.backend));
+    o.insert("dataset_name".into(), json!("generated-shared-prefix"));
+    o.insert("request_rate".into(), rate_json(info.request_rate));
+    o.insert("max_concurrency".into(), json!(info.max_concurrency));
+    o.insert("num_prompts".into(), json!(info.num_prompts));
+    o.insert("seed".into(), json!(info.seed));
+    o.insert("gsp_num_groups".into(), json!(info.gsp.num_groups));
+    o.insert(
+        "gsp_prompts_per_group".into(),
+        json!(info.gsp.prompts_per_group),
+    );
+    o.insert(
+        "gsp_system_prompt_len".into(),
+        json!(info.gsp.system_prompt_len),
+    );
+    o.insert("gsp_question_len".into(), json!(info.gsp.question_len));
+    o.insert("gsp_output_len".into(), json!(info.gsp.output_len));
+    o.insert("gsp_range_ratio".into(), json!(info.gsp.range_ratio));
+    o.insert(
+        "gsp_send_routing_key".into(),
+        json!(info.gsp.send_routing_key),
+    );
+    o.insert(
+        "load_balance_method".into(),
+        json!(info.load_balance_method),
+    );
+    o.insert("dp_size".into(), json!(info.dp_size));
+    o.insert("duration".into(), json!(m.duration));
+    o.insert("completed".into(), json!(m.completed));
+    o.insert("failed".into(), json!(m.failed));
+    o.insert("total_input_tokens".into(), json!(m.total_input_tokens));
+    o.insert("total_output_tokens".into(), json!(m.total_output_tokens));
+    o.insert("request_throughput".into(), json!(m.request_throughput));
+    o.insert("input_throughput".into(), json!(m.input_throughput));
+    o.insert("output_throughput".into(), json!(m.output_throughput));
+    o.insert("total_throughput".into(), json!(m.total_throughput));
+    o.insert("concurrency".into(), json!(m.concurrency));
+    dist_keys(&mut o, "e2e_latency", &m.e2e);
+    dist_keys(&mut o, "ttft", &m.ttft);
+    dist_keys(&mut o, "tpot", &m.tpot);
+    dist_keys(&mut o, "itl", &m.itl);
+    o.insert("cache_hit_rate".into(), json!(m.cache_hit_rate));
+    let per_rank: Map<String, Value> = m
+        .requests_per_rank
+        .iter()
+        .map(|(r, n)| (r.to_string(), json!(n)))
+        .collect();
+    o.insert("requests_per_rank".into(), Value::Object(per_rank));
+    let share: Map<String, Value> = m
+        .rank_share
+        .iter()
+        .map(|(r, s)| (r.to_string(), json!(s)))
+        .collect();
+    o.insert("rank_share".into(), Value::Object(share));
+    o.insert(
+        "server_rank_cache_hit_rate".into(),
+        Value::Object(info.server_rank_cache_hit_rate.clone()),
+    );
+    o.insert("errors".into(), json!(m.errors));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    o.insert("timestamp".into(), json!(now));
+    Value::Object(o)
+}
+
+fn pct(x: Option<f64>) -> String {
+    x.map_or_else(|| "n/a".to_string(), |r| format!("{:.1}%", r * 100.0))
+}
+
+fn shares(m: &BenchMetrics) -> String {
+    if m.rank_share.is_empty() {
+        return "n/a".to_string();
+    }
+    m.rank_share
+        .iter()
+        .map(|(r, s)| format!("r{r} {:.0}%", s * 100.0))
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
+
+/// bench_serving's end-of-run table.
+pub fn result_table(info: &RunInfo, m: &BenchMetrics) -> String {
+    let mut rows: Vec<(String, String)> = vec![
+        ("Backend".into(), info.backend.clone()),
+        (
+            "Load-balance method".into(),
+            info.load_balance_method
+                .clone()
+                .unwrap_or_else(|| "unknown".into()),
+        ),
+        (
+            "Traffic request rate".into(),
+            if info.request_rate.is_finite() {
+                format!("{}", info.request_rate)
+            } else {
+                "inf".into()
+            },
+        ),
+        (
+            "Max request concurrency".into(),
+            info.max_concurrency
+                .map_or("not set".into(), |c| c.to_string()),
+        ),
+        ("Successful requests".into(), m.completed.to_string()),
+        ("Failed requests".into(), m.failed.to_string()),
+        (
+            "Benchmark duration (s)".into(),
+            format!("{:.2}", m.duration),
+        ),
+        (
+            "Total input tokens".into(),
+            m.total_input_tokens.to_string(),
+        ),
+        (
+            "Total generated tokens".into(),
+            m.total_output_tokens.to_string(),
+        ),
+        (
+            "Request throughput (req/s)".into(),
+            format!("{:.2}", m.request_throughput),
+        ),
+        (
+            "Input token throughput (tok/s)".into(),
+            format!("{:.2}", m.input_throughput),
+        ),
+        (
+            "Output token throughput (tok/s)".into(),
+            format!("{:.2}", m.output_throughput),
+        ),
+        (
+            "Total token throughput (tok/s)".into(),
+            format!("{:.2}", m.total_throughput),
+        ),
+        ("Concurrency".into(), format!("{:.2}", m.concurrency)),
+        ("Cache hit rate (server)".into(), pct(m.cache_hit_rate)),
+        ("Requests per rank".into(), shares(m)),
+    ];
+    for (title, name, d) in [
+        ("End-to-End Latency", "E2E Latency", &m.e2e),
+        ("Time to First Token", "TTFT", &m.ttft),
+        ("Time per Output Token (excl. 1st token)", "TPOT", &m.tpot),
+        ("Inter-Token Latency", "ITL", &m.itl),
+    ] {
+        rows.push((format!("-- {title} --"), String::new()));
+        rows.push((format!("Mean {name} (ms)"), format!("{:.2}", d.mean)));
+        rows.push((format!("Median {name} (ms)"), format!("{:.2}", d.median)));
+        rows.push((format!("P99 {name} (ms)"), format!("{:.2}", d.p99)));
+    }
+    let width = 50;
+    let mut s = format!("{:=^width$}\n", " Serving Benchmark Result ");
+    for (k, v) in rows {
+        if v.is_empty() {
+            s.push_str(&format!(
+                "{:-^width$}\n",
+                format!(" {} ", k.trim_matches(|c| c == '-' || c == ' '))
+            ));
+        } else {
+            s.push_str(&format!("{k:<40}{v:>10}\n"));
+        }
+    }
+    s.push_str(&"=".repeat(width));
+    s.push('\n');
+    for e in &m.errors {
+        s.push_str(&format!("error: {e}\n"));
+    }
+    s
+}
+
+/// One method's outcome in a comparison: its metrics, or why it was skipped.
+#[derive(Debug, Clone)]
+pub struct MethodResult {
+    pub method: String,
+    pub result: Result<BenchMetrics, String>,
+}
+
+/// `x / base` as "1.23x", or "" when there is no baseline.
+fn ratio(x: f64, base: Option<f64>) -> String {
+    match base {
+        Some(b) if b > 0.0 => format!("{:.2}x", x / b),
+        _ => String::new(),
+    }
+}
+
+const COMPARE_HEADERS: [&str; 12] = [
+    "method",
+    "req/s",
+    "out tok/s",
+    "vs rr",
+    "mean TTFT ms",
+    "vs rr",
+    "p99 TTFT ms",
+    "mean TPOT ms",
+    "mean ITL ms",
+    "p99 E2E ms",
+    "cache hit",
+    "requests per rank",
+];
+
+/// Rows of the comparison (one per method; skipped methods say why).
+pub fn compare_rows(results: &[MethodResult]) -> Vec<Vec<String>> {
+    let base = results
+        .iter()
+        .find(|r| r.method == BASELINE_METHOD)
+        .and_then(|r| r.result.as_ref().ok());
+    results
+        .iter()
+        .map(|r| match &r.result {
+            Ok(m) => vec![
+                r.method.clone(),
+                format!("{:.2}", m.request_throughput),
+                format!("{:.1}", m.output_throughput),
+                ratio(m.output_throughput, base.map(|b| b.output_throughput)),
+                format!("{:.0}", m.ttft.mean),
+                ratio(m.ttft.mean, base.map(|b| b.ttft.mean)),
+                format!("{:.0}", m.ttft.p99),
+                format!("{:.1}", m.tpot.mean),
+                format!("{:.1}", m.itl.mean),
+                format!("{:.0}", m.e2e.p99),
+                pct(m.cache_hit_rate),
+                shares(m),
+            ],
+            Err(reason) => {
+                let mut row = vec![r.method.clone(), format!("skipped: {reason}")];
+                row.resize(COMPARE_HEADERS.len(), String::new());
+                row
+            }
+        })
+        .collect()
+}
+
+/// The comparison as an aligned terminal table.
+pub fn compare_table(results: &[MethodResult]) -> String {
+    let rows = compare_rows(results);
+    let skipped = |row: &Vec<String>| row[1].starts_with("skipped");
+    let mut widths: Vec<usize> = COMPARE_HEADERS.iter().map(|h| h.len()).collect();
+    for row in rows.iter().filter(|r| !skipped(r)) {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| -> String {
+        let mut s = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i == 0 {
+                s.push_str(&format!("{cell:<w$}"));
+            } else {
+                s.push_str(&format!("  {cell:>w$}"));
+            }
+        }
+        s.trim_end().to_string()
+    };
+    let mut out = line(COMPARE_HEADERS.iter().map(|s| s.to_string()).collect());
+    out.push('\n');
+    out.push_str(&"-".repeat(widths.iter().sum::<usize>() + 2 * (widths.len() - 1)));
+    out.push('\n');
+    for row in rows {
+        if skipped(&row) {
+            out.push_str(&format!("{:<w$}  {}\n", row[0], row[1], w = widths[0]));
+        } else {
+            out.push_str(&line(row));
+            out.push('\n');
+        }
+    }
+    out.push_str(
+        "ratios: against round_robin (throughput: higher is better; TTFT: lower is better)\n",
+    );
+    out
+}
+
+/// The comparison as a Markdown table.
+pub fn compare_markdown(results: &[MethodResult]) -> String {
+    let mut out = format!("| {} |\n", COMPARE_HEADERS.join(" | "));
+    out.push_str(&format!(
+        "|{}\n",
+        COMPARE_HEADERS
+            .iter()
+            .enumerate()
+            .map(|(i, _)| if i == 0 { " --- |" } else { " ---: |" })
+            .collect::<String>()
+    ));
+    for row in compare_rows(results) {
+        out.push_str(&format!("| {} |\n", row.join(" | ")));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn metrics(out_tps: f64, ttft: f64) -> BenchMetrics {
+        BenchMetrics {
+            completed: 4,
+            duration: 2.0,
+            request_throughput: 2.0,
+            output_throughput: out_tps,
+            ttft: Dist {
+                mean: ttft,
+                p99: ttft * 2.0,
+                ..Dist::default()
+            },
+            cache_hit_rate: Some(0.5),
+            rank_share: BTreeMap::from([(0, 0.25), (1, 0.75)]),
+            requests_per_rank: BTreeMap::from([(0, 1), (1, 3)]),
+            ..BenchMetrics::default()
+        }
+    }
+
+    fn info() -> RunInfo {
+        RunInfo {
+            backend: "generate".into(),
+            gsp: GspConfig {
+                num_groups: 2,
+                prompts_per_group: 2,
+                system_prompt_len: 10,
+                question_len: 2,
+                output_len: 3,
+                range_ratio: 1.0,
+                send_routing_key: false,
+            },
+            num_prompts: 4,
+            request_rate: f64::INFINITY,
+            max_concurrency: Some(2),
+            seed: 1,
+            load_balance_method: Some("round_robin".into()),
+            dp_size: Some(2),
+            server_rank_cache_hit_rate: Map::new(),
+        }
+    }
+
+    #[test]
+    fn json_line_has_bench_serving_keys() {
+        let v = result_json(&info(), &metrics(100.0, 50.0));
+        for key in [
+            "request_throughput",
+            "input_throughput",
+            "output_throughput",
+            "total_throughput",
+            "mean_ttft_ms",
+            "median_ttft_ms",
+            "p99_ttft_ms",
+            "mean_tpot_ms",
+            "p99_tpot_ms",
+            "mean_itl_ms",
+            "p95_itl_ms",
+            "mean_e2e_latency_ms",
+            "completed",
+            "duration",
+            "total_input_tokens",
+            "total_output_tokens",
+            "load_balance_method",
+            "cache_hit_rate",
+        ] {
+            assert!(v.get(key).is_some(), "missing {key}");
+        }
+        assert_eq!(v["request_rate"], "inf");
+        assert_eq!(v["mean_ttft_ms"], 50.0);
+        assert_eq!(v["rank_share"]["1"], 0.75);
+        assert_eq!(v["requests_per_rank"]["0"], 1);
+        // One line when serialised.
+        assert!(!v.to_string().contains('\n'));
+    }
+
+    #[test]
+    fn table_names_the_metrics() {
+        let t = result_table(&info(), &metrics(100.0, 50.0));
+        for needle in [
+            "Successful requests",
+            "Mean TTFT (ms)",
+            "P99 TPOT (ms)",
+            "Median ITL (ms)",
+            "50.0%",
+            "r1 75%",
+        ] {
+            assert!(t.contains(needle), "{needle} in\n{t}");
+        }
+    }
+
+    #[test]
+    fn comparison_ratios_against_round_robin_and_skips() {
+        let results = vec![
+            MethodResult {
+                method: "round_robin".into(),
+                result: Ok(metrics(100.0, 200.0)),
+            },
+            MethodResult {
+                method: "prefix_affinity".into(),
+                result: Ok(metrics(150.0, 50.0)),
+            },
+            MethodResult {
+                method: "bogus".into(),
+                result: Err("up exited: unknown method".into()),
+            },
+        ];
+        let rows = compare_rows(&results);
+        assert_eq!(rows[0][3], "1.00x");
+        assert_eq!(rows[1][3], "1.50x");
+        assert_eq!(rows[1][5], "0.25x");
+        assert!(rows[2][1].starts_with("skipped: up exited"));
+        let table = compare_table(&results);
+        assert!(
+            table.contains("prefix_affinity") && table.contains("skipped"),
+            "{table}"
+        );
+        let md = compare_markdown(&results);
+        let lines: Vec<&str> = md.lines().collect();
+        assert_eq!(lines.len(), 5);
+        assert!(lines[1].starts_with("| --- |"));
+        assert!(lines.iter().all(|l| l.starts_with('|') && l.ends_with('|')));
+        assert_eq!(lines[0].matches('|').count(), lines[3].matches('|').count());
+    }
+
+    #[test]
+    fn no_baseline_no_ratio() {
+        let results = vec![MethodResult {
+            method: "total_tokens".into(),
+            result: Ok(metrics(1.0, 1.0)),
+        }];
+        assert_eq!(compare_rows(&results)[0][3], "");
+    }
+}

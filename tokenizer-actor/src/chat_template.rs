@@ -1,0 +1,281 @@
+//! Chat templates: turning OpenAI `messages` into the prompt text the model was trained on.
+//!
+//! Where the template comes from, first match wins: `--chat-template FILE` (a Jinja file, or a
+//! JSON file with a `chat_template` field), the model's `tokenizer_config.json` `chat_template`,
+//! a small built-in template for the built-in model, and for a model directory without one a
+//! plain role-prefixed template (logged once at start, so the operator knows). Templates are
+//! Hugging Face Jinja rendered by minijinja with Python string methods (`pycompat`) and
+//! `raise_exception`, which HF templates use.
+
+use std::path::{Path, PathBuf};
+
+use minijinja::{Environment, ErrorKind};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::tokenizer::ModelFacts;
+use crate::{Result, TokenizerError};
+
+const TEMPLATE_NAME: &str = "chat";
+
+/// The built-in model's template: role-prefixed lines in words its tokenizer knows.
+pub const BUILTIN_TEMPLATE: &str = "{{ bos_token }}\
+{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}\
+{% if add_generation_prompt %}assistant:{% endif %}";
+
+/// For a model directory whose `tokenizer_config.json` has no template.
+pub const PLAIN_TEMPLATE: &str = "\
+{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}\
+{% if add_generation_prompt %}assistant:{% endif %}";
+
+/// Where the template in use came from; shown in server info.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TemplateSource {
+    Flag(PathBuf),
+    TokenizerConfig,
+    Builtin,
+    PlainFallback,
+}
+
+impl TemplateSource {
+    pub fn describe(&self) -> String {
+        match self {
+            TemplateSource::Flag(p) => format!("--chat-template {}", p.display()),
+            TemplateSource::TokenizerConfig => "tokenizer_config.json".to_string(),
+            TemplateSource::Builtin => "built-in model template".to_string(),
+            TemplateSource::PlainFallback => "plain role-prefixed fallback".to_string(),
+        }
+    }
+}
+
+/// One chat message after its content parts were joined into text.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    pub source: TemplateSource,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl ChatTemplate {
+    /// The template for this model (see the module doc for the order).
+    pub fn load(flag: Option<&Path>, facts: &ModelFacts) -> Result<ChatTemplate> {
+        let (text, source) = match flag {
+            Some(path) => (read_template_file(path)?, TemplateSource::Flag(path.into())),
+            None => match (&facts.chat_template, &facts.model_path) {
+                (Some(t), _) => (t.clone(), TemplateSource::TokenizerConfig),
+                (None, None) => (BUILTIN_TEMPLATE.to_string(), TemplateSource::Builtin),
+                (None, Some(dir)) => {
+                    tracing::warn!(
+                        model = %dir.display(),
+                        "tokenizer_config.json has no chat_template; chat requests use a plain \
+                         role-prefixed template (pass --chat-template FILE for the right one)"
+                    );
+                    (PLAIN_TEMPLATE.to_string(), TemplateSource::PlainFallback)
+                }
+            },
+        };
+        let what = source.describe();
+        Self::from_source(text, source, facts)
+            .map_err(|reason| TokenizerError::ChatTemplate { what, reason })
+    }
+
+    fn from_source(
+        text: String,
+        source: TemplateSource,
+        facts: &ModelFacts,
+    ) -> std::result::Result<ChatTemplate, String> {
+        let mut env = Environment::new();
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> std::result::Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+            },
+        );
+        env.add_template_owned(TEMPLATE_NAME, text)
+            .map_err(|e| format!("template does not parse: {e}"))?;
+        Ok(ChatTemplate {
+            env,
+            source,
+            bos_token: facts.bos_token.clone().unwrap_or_default(),
+            eos_token: facts.eos_token.clone().unwrap_or_default(),
+        })
+    }
+
+    /// The prompt text of `messages`. An error is the template's complaint (e.g. roles that do
+    /// not alternate), meant for the client.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> std::result::Result<String, String> {
+        let tmpl = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| e.to_string())?;
+        tmpl.render(minijinja::context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token,
+            eos_token => self.eos_token,
+        })
+        .map_err(|e| match e.kind() {
+            // raise_exception's message is the template author's words; keep them plain.
+            ErrorKind::InvalidOperation => e.detail().unwrap_or("template error").to_string(),
+            _ => format!("chat template failed: {e}"),
+        })
+    }
+}
+
+/// A Jinja file, or a JSON file (`tokenizer_config.json` style) with `chat_template`.
+fn read_template_file(path: &Path) -> Result<String> {
+    let bad = |reason: String| TokenizerError::ChatTemplate {
+        what: format!("--chat-template {}", path.display()),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    if path.extension().is_some_and(|e| e == "json") {
+        let v: Value =
+            serde_json::from_str(&text).map_err(|e| bad(format!("malformed JSON: {e}")))?;
+        return template_of(&v).ok_or_else(|| bad("no chat_template field".into()));
+    }
+    Ok(text)
+}
+
+/// `chat_template` of a tokenizer config: a string, or a list of named templates (the one
+/// named `default` is used).
+pub fn template_of(tok_config: &Value) -> Option<String> {
+    match tok_config.get("chat_template")? {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(items) => items
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+            .or(items.first())
+            .and_then(|t| t.get("template"))
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        _ => None,
+    }
+}
+
+/// A special token of a tokenizer config: a string or `{"content": ...}`.
+pub fn special_token(tok_config: &Value, name: &str) -> Option<String> {
+    match tok_config.get(name)? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content").and_then(Value::as_str).map(str::to_string),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer::BuiltinTokenizer;
+
+    fn msgs(pairs: &[(&str, &str)]) -> Vec<ChatMessage> {
+        pairs
+            .iter()
+            .map(|(r, c)| ChatMessage {
+                role: r.to_string(),
+                content: c.to_string(),
+            })
+            .collect()
+    }
+
+    fn hf_facts(template: Option<&str>) -> ModelFacts {
+        ModelFacts {
+            model_path: Some("/m".into()),
+            chat_template: template.map(str::to_string),
+            bos_token: Some("<s>".into()),
+            eos_token: Some("</s>".into()),
+            ..BuiltinTokenizer::facts()
+        }
+    }
+
+    #[test]
+    fn builtin_and_plain_templates() {
+        let t = ChatTemplate::load(None, &BuiltinTokenizer::facts()).unwrap();
+        assert_eq!(t.source, TemplateSource::Builtin);
+        let m = msgs(&[("system", "be brief"), ("user", "hi")]);
+        assert_eq!(
+            t.render(&m, true).unwrap(),
+            "<s>system: be brief\nuser: hi\nassistant:"
+        );
+        let t = ChatTemplate::load(None, &hf_facts(None)).unwrap();
+        assert_eq!(t.source, TemplateSource::PlainFallback);
+        assert_eq!(t.render(&m, false).unwrap(), "system: be brief\nuser: hi\n");
+    }
+
+    #[test]
+    fn hf_llama2_style_template_with_pycompat_and_raise() {
+        let llama2 = "{{ bos_token }}{% for message in messages %}\
+            {% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}\
+            {{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}\
+            {% if message['role'] == 'user' %}{{ '[INST] ' + message['content'].strip() + ' [/INST]' }}\
+            {% elif message['role'] == 'assistant' %}{{ ' ' + message['content'].strip() + ' ' + eos_token }}{% endif %}\
+            {% endfor %}";
+        let t = ChatTemplate::load(None, &hf_facts(Some(llama2))).unwrap();
+        assert_eq!(t.source, TemplateSource::TokenizerConfig);
+        let out = t
+            .render(
+                &msgs(&[("user", " hi "), ("assistant", "yo"), ("user", "ok")]),
+                true,
+            )
+            .unwrap();
+        assert_eq!(out, "<s>[INST] hi [/INST] yo </s>[INST] ok [/INST]");
+        let err = t.render(&msgs(&[("assistant", "x")]), true).unwrap_err();
+        assert_eq!(
+            err,
+            "Conversation roles must alternate user/assistant/user/assistant/..."
+        );
+    }
+
+    #[test]
+    fn template_file_flag_jinja_and_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let jinja = dir.path().join("t.jinja");
+        std::fs::write(
+            &jinja,
+            "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}",
+        )
+        .unwrap();
+        let t = ChatTemplate::load(Some(&jinja), &hf_facts(Some("ignored"))).unwrap();
+        assert_eq!(t.render(&msgs(&[("user", "a")]), true).unwrap(), "<user>a");
+        let json = dir.path().join("tokenizer_config.json");
+        std::fs::write(
+            &json,
+            r#"{"chat_template": [{"name": "default", "template": "D{{ messages|length }}"}]}"#,
+        )
+        .unwrap();
+        let t = ChatTemplate::load(Some(&json), &hf_facts(None)).unwrap();
+        assert_eq!(t.render(&msgs(&[("user", "a")]), true).unwrap(), "D1");
+        let broken = dir.path().join("bad.jinja");
+        std::fs::write(&broken, "{% for %}").unwrap();
+        let err = ChatTemplate::load(Some(&broken), &hf_facts(None))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("bad.jinja") && err.contains("does not parse"),
+            "{err}"
+        );
+        let missing = ChatTemplate::load(Some(&dir.path().join("nope")), &hf_facts(None));
+        assert!(missing.is_err());
+    }
+
+    #[test]
+    fn special_tokens_as_strings_or_objects() {
+        let v: Value =
+            serde_json::from_str(r#"{"bos_token": "<s>", "eos_token": {"content": "</s>"}}"#)
+                .unwrap();
+        assert_eq!(special_token(&v, "bos_token").as_deref(), Some("<s>"));
+        assert_eq!(special_token(&v, "eos_token").as_deref(), Some("</s>"));
+        assert_eq!(special_token(&v, "pad_token"), None);
+    }
+}

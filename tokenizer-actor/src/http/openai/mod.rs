@@ -1,0 +1,485 @@
+//! `POST /v1/completions` and `POST /v1/chat/completions`: OpenAI shapes over the same
+//! [`InFlight`] requests as `/generate`.
+//!
+//! A request becomes one job per (prompt, choice): `n` > 1 and batched prompts fan out into
+//! several `GenerateReq`s with derived rids (`<id>-<choice index>`) and seeds (`seed + i`, so
+//! the choices differ yet reproduce), which the controller routes like any other request. The
+//! answer merges the jobs' choices; a stream interleaves them as they come. `usage` counts a
+//! prompt once however many choices it has.
+
+mod params;
+
+use std::time::Instant;
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use bytes::Bytes;
+use futures::stream::{self, LocalBoxStream};
+use futures::StreamExt;
+use protocol::FinishReason;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::generate::{header_inputs, random_rid, read_body};
+use super::inflight::{submit, Chunk, InFlight, Matched, Submission, Usage};
+use super::sse;
+use super::validate::{self, Prompt};
+use crate::state::AppState;
+pub use params::Kind;
+use params::OpenAiRequest;
+
+pub async fn completions(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    serve(req, payload, state, Kind::Completions).await
+}
+
+pub async fn chat_completions(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    serve(req, payload, state, Kind::Chat).await
+}
+
+/// One (prompt, choice) pair of a request.
+struct Job {
+    index: usize,
+    /// The first choice of its prompt carries the prompt's usage.
+    first_of_prompt: bool,
+    /// Prompt text to prepend (`echo`).
+    echo: Option<String>,
+    inflight: InFlight,
+}
+
+/// What every response object of one request shares.
+struct Shape {
+    kind: Kind,
+    id: String,
+    created: u64,
+    model: String,
+    logprobs: bool,
+}
+
+async fn serve(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+    kind: Kind,
+) -> Result<HttpResponse, ApiError> {
+    let started = Instant::now();
+    let received_at = protocol::unix_time();
+    let state = state.into_inner();
+    let body = read_body(payload, state.args.max_request_bytes).await?;
+    let r = params::parse(&body, &header_inputs(&req)?, kind)?;
+
+    let prompts = tokenize(&state, &r, kind)?;
+    let limits = state.limits();
+    let prefix = match kind {
+        Kind::Completions => "cmpl-",
+        Kind::Chat => "chatcmpl-",
+    };
+    let id = r
+        .rid
+        .clone()
+        .unwrap_or_else(|| format!("{prefix}{}", random_rid()));
+    let total = prompts.len() * r.n;
+    let mut jobs = Vec::with_capacity(total);
+    for (p, (ids, echo)) in prompts.into_iter().enumerate() {
+        let mut sampling = r.sampling.clone();
+        if r.max_tokens.is_none() {
+            // Chat without a limit: up to the end of the context, as OpenAI.
+            sampling.max_new_tokens = limits.context_len.saturating_sub(ids.len()).max(1) as u32;
+        }
+        validate::check_limits(&ids, &sampling, r.routed_dp_rank, &limits).map_err(|e| {
+            // Name the field as this endpoint spells it.
+            match (e.param.as_deref(), kind) {
+                (Some("input_ids"), _) => e.with_param("prompt"),
+                (Some("max_tokens"), Kind::Chat) => e.with_param("max_completion_tokens"),
+                _ => e,
+            }
+        })?;
+        for i in 0..r.n {
+            let index = p * r.n + i;
+            let mut sampling = sampling.clone();
+            sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
+            let sub = Submission {
+                rid: if total == 1 {
+                    id.clone()
+                } else {
+                    format!("{id}-{index}")
+                },
+                input_ids: ids.clone(),
+                sampling,
+                stop: r.stop.clone(),
+                stream: r.stream,
+                routing_key: r.routing_key.clone(),
+                routed_dp_rank: r.routed_dp_rank,
+                bootstrap_room: r.bootstrap_room,
+                return_logprob: r.logprobs,
+                received_at,
+            };
+            let inflight = submit(&state, sub, started)?;
+            jobs.push(Job {
+                index,
+                first_of_prompt: i == 0,
+                echo: echo.clone(),
+                inflight,
+            });
+        }
+    }
+    let shape = Shape {
+        kind,
+        id,
+        created: received_at as u64,
+        model: r
+            .model
+            .clone()
+            .unwrap_or_else(|| state.served_model_name.clone()),
+        logprobs: r.logprobs,
+    };
+    if r.stream {
+        stream_response(shape, jobs, r.include_usage, state).await
+    } else {
+        collect_response(shape, jobs, state).await
+    }
+}
+
+/// A prompt's token ids, and its text when `echo` wants it back.
+type TokenizedPrompt = (Vec<u32>, Option<String>);
+
+/// Token ids of each prompt, and its text when `echo` wants it back.
+fn tokenize(
+    state: &AppState,
+    r: &OpenAiRequest,
+    kind: Kind,
+) -> Result<Vec<TokenizedPrompt>, ApiError> {
+    let encode = |text: &str| {
+        state
+            .tokenizer
+            .encode(text)
+            .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))
+    };
+    match kind {
+        Kind::Completions => r
+            .prompts
+            .iter()
+            .map(|p| {
+                let (ids, text) = match p {
+                    Prompt::Text(t) => (encode(t)?, t.clone()),
+                    Prompt::Ids(ids) => (
+                        ids.clone(),
+                        state
+                            .tokenizer
+                            .decode(ids)
+                            .map_err(|e| ApiError::internal(e.to_string()))?,
+                    ),
+                };
+                Ok((ids, r.echo.then_some(text)))
+            })
+            .collect(),
+        Kind::Chat => {
+            let text = state
+                .chat_template
+                .render(&r.messages, r.add_generation_prompt)
+                .map_err(|e| ApiError::invalid_param("messages", e))?;
+            let mut ids = encode(&text)?;
+            // A template that writes `{{ bos_token }}` and an encoder that adds BOS: keep one.
+            if let Some(bos) = state.facts.bos_token_id {
+                if ids.len() >= 2 && ids[0] == bos && ids[1] == bos {
+                    ids.remove(0);
+                }
+            }
+            Ok(vec![(ids, None)])
+        }
+    }
+}
+
+fn finish_str(reason: Option<FinishReason>) -> Option<&'static str> {
+    reason.map(|r| r.as_str())
+}
+
+fn usage_json(u: &Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    })
+}
+
+/// Adds one finished job's usage: prompt and cached tokens once per prompt.
+fn add_usage(total: &mut Usage, job: &Usage, first_of_prompt: bool) {
+    total.completion_tokens += job.completion_tokens;
+    if first_of_prompt {
+        total.prompt_tokens += job.prompt_tokens;
+        total.cached_tokens += job.cached_tokens;
+    }
+}
+
+impl Shape {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.kind, chunk) {
+            (Kind::Completions, _) => "text_completion",
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+        }
+    }
+
+    fn envelope(&self, chunk: bool, choices: Vec<Value>) -> Value {
+        json!({
+            "id": self.id,
+            "object": self.object(chunk),
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": null,
+            "choices": choices,
+        })
+    }
+
+    /// Log-probabilities of `ids` in this endpoint's shape; `offset` is where their text starts.
+    fn logprobs(&self, state: &AppState, ids: &[u32], lps: Option<&[f32]>, offset: usize) -> Value {
+        let Some(lps) = lps.filter(|_| self.logprobs) else {
+            return Value::Null;
+        };
+        let tokens: Vec<String> = ids
+            .iter()
+            .map(|&id| state.tokenizer.decode(&[id]).unwrap_or_default())
+            .collect();
+        match self.kind {
+            Kind::Completions => {
+                let mut offsets = Vec::with_capacity(tokens.len());
+                let mut at = offset;
+                for t in &tokens {
+                    offsets.push(at);
+                    at += t.len();
+                }
+                json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": null, "text_offset": offsets})
+            }
+            Kind::Chat => json!({"content": tokens.iter().zip(lps).map(|(t, lp)| json!({
+                "token": t, "logprob": lp, "bytes": t.as_bytes(), "top_logprobs": [],
+            })).collect::<Vec<_>>()}),
+        }
+    }
+}
+
+/// Everything one job produced, for a non-streaming answer.
+struct Collected {
+    index: usize,
+    first_of_prompt: bool,
+    text: String,
+    ids: Vec<u32>,
+    logprobs: Option<Vec<f32>>,
+    finish_reason: Option<FinishReason>,
+    matched: Option<Matched>,
+    usage: Usage,
+}
+
+async fn collect_job(mut job: Job) -> Result<Collected, ApiError> {
+    let mut c = Collected {
+        index: job.index,
+        first_of_prompt: job.first_of_prompt,
+        text: job.echo.take().unwrap_or_default(),
+        ids: Vec::new(),
+        logprobs: None,
+        finish_reason: None,
+        matched: None,
+        usage: Usage::default(),
+    };
+    while let Some(step) = job.inflight.next().await {
+        let chunk = step?;
+        c.text.push_str(&chunk.text);
+        c.ids.extend_from_slice(&chunk.output_ids);
+        if let Some(lp) = &chunk.logprobs {
+            c.logprobs
+                .get_or_insert_with(Vec::new)
+                .extend_from_slice(lp);
+        }
+        if chunk.finished {
+            c.finish_reason = chunk.finish_reason;
+            c.matched = chunk.matched;
+            c.usage = chunk.usage;
+            return Ok(c);
+        }
+    }
+    Err(ApiError::internal("request ended without a final output"))
+}
+
+async fn collect_response(
+    shape: Shape,
+    jobs: Vec<Job>,
+    state: std::sync::Arc<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    // The first error drops the other jobs, whose guards abort them.
+    let mut done = futures::future::try_join_all(jobs.into_iter().map(collect_job)).await?;
+    done.sort_by_key(|c| c.index);
+    let mut usage = Usage::default();
+    let choices = done
+        .iter()
+        .map(|c| {
+            add_usage(&mut usage, &c.usage, c.first_of_prompt);
+            let logprobs = shape.logprobs(&state, &c.ids, c.logprobs.as_deref(), 0);
+            let matched = c.matched.as_ref().map(Matched::to_json);
+            match shape.kind {
+                Kind::Completions => json!({
+                    "index": c.index, "text": c.text, "logprobs": logprobs,
+                    "finish_reason": finish_str(c.finish_reason), "matched_stop": matched,
+                }),
+                Kind::Chat => json!({
+                    "index": c.index,
+                    "message": {"role": "assistant", "content": c.text},
+                    "logprobs": logprobs,
+                    "finish_reason": finish_str(c.finish_reason), "matched_stop": matched,
+                }),
+            }
+        })
+        .collect();
+    let mut body = shape.envelope(false, choices);
+    body["usage"] = usage_json(&usage);
+    Ok(HttpResponse::Ok().json(body))
+}
+
+type JobEvent = (usize, bool, Option<String>, Result<Chunk, ApiError>);
+
+/// The jobs' outputs interleaved as they arrive. Owning the jobs, the stream aborts them all
+/// when the client goes away.
+fn merged(jobs: Vec<Job>) -> LocalBoxStream<'static, JobEvent> {
+    let streams: Vec<LocalBoxStream<'static, JobEvent>> = jobs
+        .into_iter()
+        .map(|job| {
+            stream::unfold(job, |mut job| async move {
+                let step = job.inflight.next().await?;
+                let echo = job.echo.take();
+                Some(((job.index, job.first_of_prompt, echo, step), job))
+            })
+            .boxed_local()
+        })
+        .collect();
+    stream::select_all(streams).boxed_local()
+}
+
+struct StreamState {
+    shape: Shape,
+    state: std::sync::Arc<AppState>,
+    events: LocalBoxStream<'static, JobEvent>,
+    first: Option<JobEvent>,
+    include_usage: bool,
+    /// Chat: whether a choice's first delta (with the role) went out.
+    started: Vec<bool>,
+    /// Text bytes sent per choice (completions' `text_offset`).
+    sent_len: Vec<usize>,
+    usage: Usage,
+    ended: bool,
+}
+
+impl StreamState {
+    /// The SSE events for one job event (possibly none: an empty delta is not worth sending).
+    fn events_for(&mut self, ev: JobEvent) -> Vec<Bytes> {
+        let (index, first_of_prompt, echo, step) = ev;
+        let chunk = match step {
+            Ok(chunk) => chunk,
+            Err(err) => {
+                self.ended = true;
+                return vec![sse::event(&err.body()), sse::done()];
+            }
+        };
+        if chunk.finished {
+            add_usage(&mut self.usage, &chunk.usage, first_of_prompt);
+        }
+        let text = match echo {
+            Some(e) => e + &chunk.text,
+            None => chunk.text.clone(),
+        };
+        let first = !self.started[index];
+        if text.is_empty() && !chunk.finished && !(first && self.shape.kind == Kind::Chat) {
+            return Vec::new();
+        }
+        self.started[index] = true;
+        let logprobs = self.shape.logprobs(
+            &self.state,
+            &chunk.output_ids,
+            chunk.logprobs.as_deref(),
+            self.sent_len[index],
+        );
+        self.sent_len[index] += text.len();
+        let finish = finish_str(chunk.finish_reason);
+        let matched = chunk.matched.as_ref().map(Matched::to_json);
+        let choice = match self.shape.kind {
+            Kind::Completions => json!({
+                "index": index, "text": text, "logprobs": logprobs,
+                "finish_reason": finish, "matched_stop": matched,
+            }),
+            Kind::Chat => {
+                let delta = if first {
+                    json!({"role": "assistant", "content": text})
+                } else {
+                    json!({"content": text})
+                };
+                json!({"index": index, "delta": delta, "logprobs": logprobs,
+                       "finish_reason": finish, "matched_stop": matched})
+            }
+        };
+        let mut body = self.shape.envelope(true, vec![choice]);
+        if self.include_usage {
+            body["usage"] = Value::Null;
+        }
+        vec![sse::event(&body)]
+    }
+
+    fn closing(&mut self) -> Vec<Bytes> {
+        self.ended = true;
+        let mut out = Vec::new();
+        if self.include_usage {
+            let mut body = self.shape.envelope(true, Vec::new());
+            body["usage"] = usage_json(&self.usage);
+            out.push(sse::event(&body));
+        }
+        out.push(sse::done());
+        out
+    }
+}
+
+async fn stream_response(
+    shape: Shape,
+    jobs: Vec<Job>,
+    include_usage: bool,
+    state: std::sync::Arc<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let choices = jobs.len();
+    let mut events = merged(jobs);
+    // Wait for the first output before committing to 200 + SSE, so an error the controller
+    // answers at once (rank not live, no live rank) keeps its HTTP status.
+    let first = match events.next().await {
+        Some((_, _, _, Err(err))) => return Err(err),
+        Some(ev) => ev,
+        None => return Err(ApiError::internal("request ended without output")),
+    };
+    let st = StreamState {
+        shape,
+        state,
+        events,
+        first: Some(first),
+        include_usage,
+        started: vec![false; choices],
+        sent_len: vec![0; choices],
+        usage: Usage::default(),
+        ended: false,
+    };
+    let body = stream::unfold(st, |mut st| async move {
+        if st.ended {
+            return None;
+        }
+        let next = match st.first.take() {
+            Some(ev) => Some(ev),
+            None => st.events.next().await,
+        };
+        let out = match next {
+            Some(ev) => st.events_for(ev),
+            None => st.closing(),
+        };
+        Some((stream::iter(out), st))
+    })
+    .flatten();
+    Ok(sse::response(body))
+}

@@ -1,0 +1,602 @@
+//! Parsing and validating the body of `/v1/completions` and `/v1/chat/completions` into what
+//! the rest of the server understands. Ranges follow OpenAI's API (temperature ≤ 2, penalties
+//! in [-2, 2], logit bias in [-100, 100], at most 4 stop strings, 1 ≤ n ≤ 128); every error
+//! names its `param`. SGLang/vLLM extensions (`top_k`, `min_p`, `repetition_penalty`,
+//! `stop_token_ids`, `ignore_eos`, `routing_key`, `data_parallel_rank`, `rid`) are accepted;
+//! unknown fields are ignored. Features this server does not have are refused by name
+//! (tools, structured output, suffix, best_of > n, top log-probabilities), never faked.
+
+use protocol::SamplingParams;
+use serde_json::{Map, Value};
+
+use crate::chat_template::ChatMessage;
+use crate::http::error::ApiError;
+use crate::http::validate::{self, field, HeaderInputs, Prompt};
+
+/// Largest `n` (OpenAI's limit), and most choices per request including batched prompts.
+pub const MAX_N: usize = 128;
+/// Completions' `logprobs` and chat's `top_logprobs` limits.
+const MAX_COMPLETION_LOGPROBS: u32 = 5;
+const MAX_CHAT_TOP_LOGPROBS: u32 = 20;
+/// OpenAI's default `max_tokens` for `/v1/completions`.
+pub const COMPLETIONS_DEFAULT_MAX_TOKENS: u32 = 16;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Completions,
+    Chat,
+}
+
+/// A valid OpenAI request, before tokenization.
+#[derive(Debug, Clone)]
+pub struct OpenAiRequest {
+    pub model: Option<String>,
+    pub n: usize,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// `max_new_tokens` is set from `max_tokens` when given; see `max_tokens`.
+    pub sampling: SamplingParams,
+    /// `None` for chat without a limit: the rest of the context.
+    pub max_tokens: Option<u32>,
+    pub stop: Vec<String>,
+    pub logprobs: bool,
+    pub echo: bool,
+    pub routing_key: Option<String>,
+    pub routed_dp_rank: Option<u32>,
+    pub bootstrap_room: Option<u64>,
+    pub rid: Option<String>,
+    pub prompts: Vec<Prompt>,
+    pub messages: Vec<ChatMessage>,
+    pub add_generation_prompt: bool,
+}
+
+fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?;
+    match value {
+        Value::Object(obj) => Ok(obj),
+        _ => Err(ApiError::bad_request("request body must be a JSON object")),
+    }
+}
+
+fn refuse(param: &str, what: &str) -> ApiError {
+    ApiError::invalid_param(
+        param,
+        format!("{param}: {what} is not supported by this server"),
+    )
+}
+
+pub fn parse(body: &[u8], headers: &HeaderInputs, kind: Kind) -> Result<OpenAiRequest, ApiError> {
+    let obj = object(body)?;
+    let f32_or = |name: &str, default: f32| -> Result<f32, ApiError> {
+        Ok(field::<f32>(&obj, "", name)?.unwrap_or(default))
+    };
+    let temperature = f32_or("temperature", 1.0)?;
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(ApiError::invalid_param(
+            "temperature",
+            format!("temperature must be in [0, 2], got {temperature}"),
+        ));
+    }
+    let mut top_p = f32_or("top_p", 1.0)?;
+    if !(0.0..=1.0).contains(&top_p) {
+        return Err(ApiError::invalid_param(
+            "top_p",
+            format!("top_p must be in [0, 1], got {top_p}"),
+        ));
+    }
+    let mut top_k = field::<i32>(&obj, "", "top_k")?.unwrap_or(-1);
+    if top_k == 0 {
+        top_k = -1; // vLLM's spelling of "off"
+    }
+    if top_p == 0.0 {
+        // Only the most likely token is left: greedy.
+        top_p = 1.0;
+        top_k = 1;
+    }
+    let n = field::<i64>(&obj, "", "n")?.unwrap_or(1);
+    if !(1..=MAX_N as i64).contains(&n) {
+        return Err(ApiError::invalid_param(
+            "n",
+            format!("n must be in [1, {MAX_N}], got {n}"),
+        ));
+    }
+    let n = n as usize;
+    if let Some(best_of) = field::<i64>(&obj, "", "best_of")? {
+        if best_of < n as i64 {
+            return Err(ApiError::invalid_param("best_of", "best_of must be >= n"));
+        }
+        if best_of != n as i64 {
+            return Err(refuse("best_of", "best_of greater than n"));
+        }
+    }
+
+    let max_tokens = match kind {
+        Kind::Completions => {
+            Some(max_tokens_field(&obj, "max_tokens")?.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS))
+        }
+        Kind::Chat => match max_tokens_field(&obj, "max_completion_tokens")? {
+            Some(m) => Some(m),
+            None => max_tokens_field(&obj, "max_tokens")?,
+        },
+    };
+
+    let stream = field::<bool>(&obj, "", "stream")?.unwrap_or(false);
+    let include_usage = match obj.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => {
+            if !stream {
+                return Err(ApiError::invalid_param(
+                    "stream_options",
+                    "stream_options is only allowed when stream is true",
+                ));
+            }
+            field::<bool>(o, "stream_options.", "include_usage")?.unwrap_or(false)
+        }
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "stream_options",
+                "stream_options: expected an object",
+            ))
+        }
+    };
+
+    let logprobs = match kind {
+        Kind::Completions => match field::<u32>(&obj, "", "logprobs")? {
+            None => false,
+            Some(k) if k > MAX_COMPLETION_LOGPROBS => {
+                return Err(ApiError::invalid_param(
+                    "logprobs",
+                    format!("logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}], got {k}"),
+                ))
+            }
+            Some(0) => true,
+            Some(_) => return Err(top_logprobs_unsupported("logprobs")),
+        },
+        Kind::Chat => {
+            let on = field::<bool>(&obj, "", "logprobs")?.unwrap_or(false);
+            match field::<u32>(&obj, "", "top_logprobs")? {
+                None | Some(0) => {}
+                Some(k) if k > MAX_CHAT_TOP_LOGPROBS => {
+                    return Err(ApiError::invalid_param(
+                        "top_logprobs",
+                        format!("top_logprobs must be in [0, {MAX_CHAT_TOP_LOGPROBS}], got {k}"),
+                    ))
+                }
+                Some(_) if !on => {
+                    return Err(ApiError::invalid_param(
+                        "top_logprobs",
+                        "top_logprobs requires logprobs to be true",
+                    ))
+                }
+                Some(_) => return Err(top_logprobs_unsupported("top_logprobs")),
+            }
+            on
+        }
+    };
+
+    // Features this server does not have: refuse by name rather than ignore.
+    if obj
+        .get("tools")
+        .and_then(Value::as_array)
+        .is_some_and(|t| !t.is_empty())
+        || obj
+            .get("functions")
+            .and_then(Value::as_array)
+            .is_some_and(|t| !t.is_empty())
+    {
+        return Err(refuse("tools", "tool calling"));
+    }
+    if let Some(rf) = obj.get("response_format").filter(|v| !v.is_null()) {
+        if rf.get("type").and_then(Value::as_str) != Some("text") {
+            return Err(refuse("response_format", "structured output"));
+        }
+    }
+    if obj
+        .get("suffix")
+        .and_then(Value::as_str)
+        .is_some_and(|s| !s.is_empty())
+    {
+        return Err(refuse("suffix", "suffix"));
+    }
+
+    let seed = field::<i64>(&obj, "", "seed")?.map(|s| s as u64);
+    let d = SamplingParams::default();
+    let sampling = SamplingParams {
+        max_new_tokens: max_tokens.unwrap_or(d.max_new_tokens),
+        temperature,
+        top_p,
+        top_k,
+        min_p: f32_or("min_p", d.min_p)?,
+        seed,
+        repetition_penalty: f32_or("repetition_penalty", d.repetition_penalty)?,
+        frequency_penalty: f32_or("frequency_penalty", d.frequency_penalty)?,
+        presence_penalty: f32_or("presence_penalty", d.presence_penalty)?,
+        stop_token_ids: field(&obj, "", "stop_token_ids")?.unwrap_or_default(),
+        ignore_eos: field(&obj, "", "ignore_eos")?.unwrap_or(false),
+        logit_bias: validate::logit_bias(&obj, "")?,
+    };
+    validate::check_sampling(&sampling, "")?;
+    let stop = validate::stop_strings(&obj, "")?;
+    let (routing_key, routed_dp_rank) = validate::routing(&obj, headers)?;
+    let rid = field::<String>(&obj, "", "rid")?;
+    if rid
+        .as_deref()
+        .is_some_and(|r| r.is_empty() || r.len() > 200)
+    {
+        return Err(ApiError::invalid_param(
+            "rid",
+            "rid must be 1 to 200 characters",
+        ));
+    }
+
+    let (prompts, messages) = match kind {
+        Kind::Completions => (completion_prompts(&obj)?, Vec::new()),
+        Kind::Chat => (Vec::new(), chat_messages(&obj)?),
+    };
+    if prompts.len() * n > MAX_N {
+        return Err(ApiError::invalid_param(
+            "prompt",
+            format!(
+                "at most {MAX_N} choices per request (prompts × n), got {}",
+                prompts.len() * n
+            ),
+        ));
+    }
+    let echo = field::<bool>(&obj, "", "echo")?.unwrap_or(false);
+    if echo && kind == Kind::Chat {
+        return Err(refuse("echo", "echo on chat completions"));
+    }
+    Ok(OpenAiRequest {
+        model: field(&obj, "", "model")?,
+        n,
+        stream,
+        include_usage,
+        sampling,
+        max_tokens,
+        stop,
+        logprobs,
+        echo,
+        routing_key,
+        routed_dp_rank,
+        bootstrap_room: field(&obj, "", "bootstrap_room")?,
+        rid,
+        prompts,
+        messages,
+        add_generation_prompt: field(&obj, "", "add_generation_prompt")?.unwrap_or(true),
+    })
+}
+
+fn top_logprobs_unsupported(param: &str) -> ApiError {
+    ApiError::invalid_param(
+        param,
+        format!(
+            "{param}: top_logprobs not supported yet (the log-probability of each chosen token \
+             is: logprobs=0 on completions, logprobs=true on chat)"
+        ),
+    )
+}
+
+fn max_tokens_field(obj: &Map<String, Value>, name: &str) -> Result<Option<u32>, ApiError> {
+    match field::<i64>(obj, "", name)? {
+        None => Ok(None),
+        Some(m) if m < 1 => Err(ApiError::invalid_param(
+            name,
+            format!("{name} must be at least 1, got {m}"),
+        )),
+        Some(m) => Ok(Some(m.min(u32::MAX as i64) as u32)),
+    }
+}
+
+/// `prompt`: a string, a list of strings, a list of token ids, or a list of such lists.
+fn completion_prompts(obj: &Map<String, Value>) -> Result<Vec<Prompt>, ApiError> {
+    let err = |msg: &str| ApiError::invalid_param("prompt", format!("prompt: {msg}"));
+    const SHAPE: &str = "expected a string, a list of strings or token ids";
+    const IDS: &str = "token ids must be non-negative integers";
+    let prompts = match obj.get("prompt") {
+        None | Some(Value::Null) => return Err(err("is required")),
+        Some(Value::String(s)) => vec![Prompt::Text(s.clone())],
+        Some(Value::Array(items)) if items.is_empty() => return Err(err("is empty")),
+        Some(Value::Array(items)) => match &items[0] {
+            Value::String(_) => items
+                .iter()
+                .map(|i| i.as_str().map(|s| Prompt::Text(s.to_string())))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| err("a list must hold only strings or only token ids"))?,
+            Value::Number(_) => vec![Prompt::Ids(ids(items).ok_or_else(|| err(IDS))?)],
+            Value::Array(_) => items
+                .iter()
+                .map(|i| i.as_array().and_then(|a| ids(a)).map(Prompt::Ids))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| err(IDS))?,
+            _ => return Err(err(SHAPE)),
+        },
+        Some(_) => return Err(err(SHAPE)),
+    };
+    for p in &prompts {
+        match p {
+            Prompt::Text(t) if t.is_empty() => return Err(err("must not be empty")),
+            Prompt::Ids(i) if i.is_empty() => return Err(err("must not be empty")),
+            _ => {}
+        }
+    }
+    Ok(prompts)
+}
+
+fn ids(items: &[Value]) -> Option<Vec<u32>> {
+    items
+        .iter()
+        .map(|v| v.as_u64().and_then(|id| u32::try_from(id).ok()))
+        .collect()
+}
+
+const ROLES: &[&str] = &[
+    "system",
+    "developer",
+    "user",
+    "assistant",
+    "tool",
+    "function",
+];
+
+/// `messages`: each `{role, content}` with content a string, null, or a list of text parts.
+fn chat_messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
+    let items = match obj.get("messages") {
+        Some(Value::Array(items)) if !items.is_empty() => items,
+        Some(Value::Array(_)) => {
+            return Err(ApiError::invalid_param(
+                "messages",
+                "messages must not be empty",
+            ))
+        }
+        None | Some(Value::Null) => {
+            return Err(ApiError::invalid_param("messages", "messages is required"))
+        }
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "messages",
+                "messages: expected a list",
+            ))
+        }
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for (i, m) in items.iter().enumerate() {
+        let bad =
+            |what: &str, msg: String| ApiError::invalid_param(format!("messages[{i}].{what}"), msg);
+        let Some(m) = m.as_object() else {
+            return Err(ApiError::invalid_param(
+                format!("messages[{i}]"),
+                format!("messages[{i}]: expected an object"),
+            ));
+        };
+        let role = match m.get("role").and_then(Value::as_str) {
+            Some(r) if ROLES.contains(&r) => r.to_string(),
+            Some(r) => {
+                return Err(bad(
+                    "role",
+                    format!("messages[{i}].role: unknown role {r:?}"),
+                ))
+            }
+            None => return Err(bad("role", format!("messages[{i}].role is required"))),
+        };
+        let content = match m.get("content") {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(parts)) => {
+                let mut text = String::new();
+                for part in parts {
+                    match (
+                        part.get("type").and_then(Value::as_str),
+                        part.get("text").and_then(Value::as_str),
+                    ) {
+                        (Some("text"), Some(t)) => text.push_str(t),
+                        (kind, _) => {
+                            return Err(bad(
+                                "content",
+                                format!(
+                                    "messages[{i}].content: only text parts are supported, got {}",
+                                    kind.unwrap_or("a part without type")
+                                ),
+                            ))
+                        }
+                    }
+                }
+                text
+            }
+            Some(_) => {
+                return Err(bad(
+                    "content",
+                    format!("messages[{i}].content: expected a string or a list of parts"),
+                ))
+            }
+        };
+        out.push(ChatMessage { role, content });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_as(kind: Kind, body: &str) -> Result<OpenAiRequest, ApiError> {
+        parse(body.as_bytes(), &HeaderInputs::default(), kind)
+    }
+
+    #[test]
+    fn bad_parameters_name_their_param() {
+        let cases: &[(Kind, &str, &str)] = &[
+            (
+                Kind::Completions,
+                r#"{"prompt": "a", "temperature": 3}"#,
+                "temperature",
+            ),
+            (
+                Kind::Completions,
+                r#"{"prompt": "a", "top_p": 1.5}"#,
+                "top_p",
+            ),
+            (Kind::Completions, r#"{"prompt": "a", "n": 0}"#, "n"),
+            (Kind::Completions, r#"{"prompt": "a", "n": 129}"#, "n"),
+            (
+                Kind::Completions,
+                r#"{"prompt": "a", "max_tokens": 0}"#,
+                "max_tokens",
+            ),
+            (
+                Kind::Completions,
+                r#"{"prompt": "a", "max_tokens": "x"}"#,
+                "max_tokens",
+            ),
+            (
+                Kind::Completions,
+                r#"{"prompt": "a", "presence_penalty": -2.5}"#,
+                "presence_penalty",
+            ),
+            (
+                Kind::Completions,
+                r#"{"prompt": "a", "frequency_penalty": 9}"#,
+                "frequency_penalty",
+            ),
+            (
+                Kind::Completions,
+                r#"{"prompt": "a", "logit_bias": {"1": 200}}"#,
+                "logit_bias",
+            ),
+            (
+                Kind::Completions,
+                r#"{"prompt": "a", "stop": ["1","2","3","4","5"]}"#,
+                "stop",
+            ),
+            (
+                Kind::Completions,
+                r#"{"prompt": "a", "logprobs": 6}"#,
+                "logprobs",
+            ),
+            (
+                Kind::Completions,
+                r#"{"prompt": "a", "logprobs": 2}"#,
+                "logprobs",
+            ),
+            (
+                Kind::Completions,
+                r#"{"prompt": "a", "best_of": 3}"#,
+                "best_of",
+            ),
+            (
+                Kind::Completions,
+                r#"{"prompt": "a", "suffix": "x"}"#,
+                "suffix",
+            ),
+            (
+                Kind::Completions,
+                r#"{"prompt": "a", "stream_options": {"include_usage": true}}"#,
+                "stream_options",
+            ),
+            (Kind::Completions, r#"{}"#, "prompt"),
+            (Kind::Completions, r#"{"prompt": [1, "a"]}"#, "prompt"),
+            (Kind::Completions, r#"{"prompt": ""}"#, "prompt"),
+            (Kind::Chat, r#"{"messages": []}"#, "messages"),
+            (
+                Kind::Chat,
+                r#"{"messages": [{"content": "x"}]}"#,
+                "messages[0].role",
+            ),
+            (
+                Kind::Chat,
+                r#"{"messages": [{"role": "wizard", "content": "x"}]}"#,
+                "messages[0].role",
+            ),
+            (
+                Kind::Chat,
+                r#"{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}"#,
+                "messages[0].content",
+            ),
+            (
+                Kind::Chat,
+                r#"{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}"#,
+                "top_logprobs",
+            ),
+            (
+                Kind::Chat,
+                r#"{"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 2}"#,
+                "top_logprobs",
+            ),
+            (
+                Kind::Chat,
+                r#"{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}"#,
+                "tools",
+            ),
+            (
+                Kind::Chat,
+                r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}"#,
+                "response_format",
+            ),
+            (
+                Kind::Chat,
+                r#"{"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1}"#,
+                "max_completion_tokens",
+            ),
+        ];
+        for (kind, body, param) in cases {
+            let err = parse_as(*kind, body).expect_err(body);
+            assert_eq!(err.status, 400, "{body}");
+            assert_eq!(
+                err.param.as_deref(),
+                Some(*param),
+                "{body}: {}",
+                err.message
+            );
+        }
+        let err = parse_as(Kind::Chat, r#"{"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 2}"#).unwrap_err();
+        assert!(
+            err.message.contains("top_logprobs not supported yet"),
+            "{}",
+            err.message
+        );
+    }
+
+    #[test]
+    fn good_requests_parse() {
+        let r = parse_as(
+            Kind::Completions,
+            r#"{"model": "m", "prompt": ["a", "b"], "n": 2, "stop": "x", "seed": 5, "top_p": 0,
+                "logit_bias": {"7": -100}, "stream": true, "stream_options": {"include_usage": true},
+                "logprobs": 0, "data_parallel_rank": 1, "user": "u", "extra_field": 1}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            r.prompts,
+            vec![Prompt::Text("a".into()), Prompt::Text("b".into())]
+        );
+        assert_eq!(
+            (r.n, r.stream, r.include_usage, r.logprobs),
+            (2, true, true, true)
+        );
+        assert_eq!(r.sampling.max_new_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS);
+        assert_eq!((r.sampling.top_k, r.sampling.seed), (1, Some(5)));
+        assert_eq!(r.sampling.logit_bias, vec![(7, -100.0)]);
+        assert_eq!(r.routed_dp_rank, Some(1));
+        let r = parse_as(Kind::Completions, r#"{"prompt": [[1, 2], [3]]}"#).unwrap();
+        assert_eq!(
+            r.prompts,
+            vec![Prompt::Ids(vec![1, 2]), Prompt::Ids(vec![3])]
+        );
+        let r = parse_as(
+            Kind::Chat,
+            r#"{"messages": [{"role": "system", "content": null},
+                             {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+                "max_tokens": 9, "max_completion_tokens": 7, "logprobs": true, "top_logprobs": 0}"#,
+        )
+        .unwrap();
+        assert_eq!(r.messages[1].content, "ab");
+        assert_eq!(r.max_tokens, Some(7));
+        assert!(r.logprobs);
+        let r = parse_as(
+            Kind::Chat,
+            r#"{"messages": [{"role": "user", "content": "x"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(r.max_tokens, None);
+    }
+}
