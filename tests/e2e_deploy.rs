@@ -204,7 +204,7 @@ fn env_example_names_every_flag_with_its_default() {
             .collect();
         if !name.ends_with("_ADDR") && !ds.is_empty() {
             assert!(
-                ds.iter().any(|d| *d == value),
+                ds.contains(&value),
                 "dpserve.env.example shows {name}={value}, but the default is {ds:?}"
             );
         }

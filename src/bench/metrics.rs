@@ -92,7 +92,7 @@ pub fn chunk_itl(gap_s: f64, tokens: usize) -> impl Iterator<Item = f64> {
     } else {
         gap_s / tokens as f64
     };
-    std::iter::repeat(per).take(tokens)
+    std::iter::repeat_n(per, tokens)
 }
 
 /// The aggregated result of one run.
