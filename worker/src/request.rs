@@ -45,38 +45,41 @@ pub struct Req {
 impl Req {
     pub fn generate(req: GenerateReq) -> Self {
         let seed = req.sampling.seed.unwrap_or_else(rand::random);
-        Req {
-            rid: req.rid,
-            kind: ReqKind::Generate,
-            prompt: req.input_ids,
-            output: Vec::new(),
-            params: req.sampling,
-            return_logprob: req.return_logprob,
-            rng: StdRng::seed_from_u64(seed),
-            row: None,
-            len: 0,
-            cached_len: 0,
-            cache_node: None,
-            cached_tokens: 0,
-            admitted_once: false,
-            sent: 0,
-            logprobs: Vec::new(),
-            arrived: Instant::now(),
-        }
+        Req::new(
+            req.rid,
+            ReqKind::Generate,
+            req.input_ids,
+            req.sampling,
+            req.return_logprob,
+            seed,
+        )
     }
 
     pub fn embed(rid: String, input_ids: Vec<u32>) -> Self {
+        let params = SamplingParams {
+            max_new_tokens: 0,
+            ..SamplingParams::default()
+        };
+        Req::new(rid, ReqKind::Embed, input_ids, params, false, 0)
+    }
+
+    /// A request not yet admitted: no row, nothing computed or sent.
+    fn new(
+        rid: String,
+        kind: ReqKind,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        return_logprob: bool,
+        seed: u64,
+    ) -> Self {
         Req {
             rid,
-            kind: ReqKind::Embed,
-            prompt: input_ids,
+            kind,
+            prompt,
             output: Vec::new(),
-            params: SamplingParams {
-                max_new_tokens: 0,
-                ..SamplingParams::default()
-            },
-            return_logprob: false,
-            rng: StdRng::seed_from_u64(0),
+            params,
+            return_logprob,
+            rng: StdRng::seed_from_u64(seed),
             row: None,
             len: 0,
             cached_len: 0,

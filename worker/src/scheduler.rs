@@ -710,21 +710,7 @@ impl Scheduler {
 
     /// The tokens a running request produced since its last message.
     fn progress(&self, req: &mut Req) -> TokenOut {
-        let out = TokenOut {
-            rid: req.rid.clone(),
-            output_ids: req.output[req.sent..].to_vec(),
-            finish_reason: None,
-            matched_stop: None,
-            prompt_tokens: req.prompt.len() as u32,
-            completion_tokens: req.output.len() as u32,
-            cached_tokens: req.cached_tokens,
-            dp_rank: Some(self.config.rank),
-            logprobs: req
-                .return_logprob
-                .then(|| req.logprobs[req.sent..].to_vec()),
-            embedding: None,
-            error: None,
-        };
+        let out = self.token_out(req, None, None);
         req.sent = req.output.len();
         out
     }
@@ -732,10 +718,15 @@ impl Scheduler {
     fn finish(&mut self, mut req: Req, reason: FinishReason, matched: Option<u32>) -> TokenOut {
         self.release(&mut req);
         self.finished_rids.push(req.rid.clone());
+        self.token_out(&req, Some(reason), matched)
+    }
+
+    /// The output message for what `req` produced since its last one.
+    fn token_out(&self, req: &Req, reason: Option<FinishReason>, matched: Option<u32>) -> TokenOut {
         TokenOut {
             rid: req.rid.clone(),
             output_ids: req.output[req.sent..].to_vec(),
-            finish_reason: Some(reason),
+            finish_reason: reason,
             matched_stop: matched,
             prompt_tokens: req.prompt.len() as u32,
             completion_tokens: req.output.len() as u32,
