@@ -251,8 +251,16 @@ class Errors(unittest.TestCase):
 class Metrics(unittest.TestCase):
     def test_metrics_move(self):
         client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)
-        status, text = http_get("/metrics")
-        self.assertEqual(status, 200)
+        # Per-rank gauges come from the workers' status snapshots, relayed by the controller:
+        # wait (bounded) until both ranks' have reached the tokenizer.
+        deadline = time.monotonic() + 15
+        while True:
+            status, text = http_get("/metrics")
+            self.assertEqual(status, 200)
+            ready = all(f'dpserve:num_running_reqs{{dp_rank="{r}"}}' in text for r in (0, 1))
+            if ready or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         self.assertIn("dpserve:prompt_tokens_total", text)
         self.assertIn('dpserve:num_running_reqs{dp_rank="0"}', text)
         self.assertIn("dpserve:time_to_first_token_seconds_bucket", text)

@@ -161,6 +161,9 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         Err(e) => tracing::warn!(%e, "send to tokenizer failed"),
     };
     let mut last_status = Instant::now();
+    // The first snapshot goes out at once, so the controller (and /metrics) see this rank's
+    // load from the moment it joins rather than a second later.
+    let mut status_now = true;
     let mut last_generated = 0u64;
     let mut refused: Option<String> = None;
     // SIGTERM starts a drain: the controller stops routing here at once, what is held finishes
@@ -254,7 +257,8 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
             }
         }
         let due = last_status.elapsed();
-        if (stepped && due >= STATUS_MIN_INTERVAL) || due >= STATUS_IDLE_INTERVAL {
+        if status_now || (stepped && due >= STATUS_MIN_INTERVAL) || due >= STATUS_IDLE_INTERVAL {
+            status_now = false;
             let generated = sched.stats.generated_tokens;
             let status = WorkerStatus {
                 rank: config.rank,
@@ -264,7 +268,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
                 num_used_tokens: sched.used_tokens() as u64,
                 max_total_tokens: config.max_total_tokens as u64,
                 cache_hit_rate: sched.cache_hit_rate(),
-                gen_throughput: (generated - last_generated) as f64 / due.as_secs_f64(),
+                gen_throughput: (generated - last_generated) as f64 / due.as_secs_f64().max(1e-3),
                 finished_rids: sched.take_finished_rids(),
                 num_free_tokens: sched.free_slots() as u64,
                 num_evictable_tokens: sched.evictable_slots() as u64,
