@@ -665,11 +665,9 @@ fn worker_with_another_model_is_refused_and_the_cluster_keeps_serving() {
 }
 
 /// Graceful stop (issue 7): SIGTERM makes a worker stop taking requests at once and finish the
-/// ones it runs within `--drain-timeout`. Ignored while the controller treats the worker's first
-/// ("draining") `Shutdown` as final: it fails the rank's running requests with a 503 "data
-/// parallel rank 1 shut down" at once, though the worker goes on computing them.
+/// ones it runs within `--drain-timeout`: the controller routes nothing new to the draining rank
+/// but lets the request it holds finish.
 #[test]
-
 fn sigterm_drains_running_requests_and_stops_routing_at_once() {
     let mut c = Cluster::new(&[
         ("DPSERVE_WORKER_TIMEOUT", "60"),
