@@ -1,6 +1,10 @@
 //! The small endpoints: health, server and model info (read by sglang-router before it
 //! routes), the OpenAI model list, and cache flush. All answer from local state, without a
 //! round trip, except flush which is fire-and-forget to the controller.
+//!
+//! sglang-router (`--dp-aware`) reads `dp_size` from `/server_info` to make one worker per rank,
+//! names the model from `served_model_name`, and loads a tokenizer from `tokenizer_path` (else
+//! `model_path`): a local directory if one exists at that path, else a Hugging Face Hub id.
 
 use actix_web::{web, HttpResponse};
 use protocol::{Abort, FlushCache, Message};
@@ -8,6 +12,20 @@ use serde_json::json;
 
 use super::error::ApiError;
 use crate::state::{model_path_str, AppState};
+use crate::tokenizer::ModelFacts;
+
+/// `model_path` and `tokenizer_path` as SGLang reports them. A model directory is made absolute:
+/// a gateway on the same host resolves a relative one from its own working directory, misses
+/// it, and goes to the Hugging Face Hub instead. The built-in model reports its id.
+fn reported_model_path(facts: &ModelFacts) -> String {
+    match &facts.model_path {
+        Some(dir) => std::path::absolute(dir)
+            .unwrap_or_else(|_| dir.clone())
+            .display()
+            .to_string(),
+        None => model_path_str(facts),
+    }
+}
 
 pub async fn health(state: web::Data<AppState>) -> HttpResponse {
     match state.fresh_cluster() {
@@ -37,8 +55,10 @@ pub async fn server_info(state: web::Data<AppState>) -> HttpResponse {
         .map(|snap| snap.received.elapsed().as_secs_f64());
     HttpResponse::Ok().json(json!({
         "dp_size": state.args.dp_size,
-        "model_path": model_path_str(&state.facts),
-        "tokenizer_path": model_path_str(&state.facts),
+        // Each rank is one device: no tensor parallelism (SGLang's gateway reads this).
+        "tp_size": 1,
+        "model_path": reported_model_path(&state.facts),
+        "tokenizer_path": reported_model_path(&state.facts),
         "served_model_name": state.served_model_name,
         "live_ranks": live_ranks,
         "ranks": ranks,
@@ -60,8 +80,8 @@ pub async fn server_info(state: web::Data<AppState>) -> HttpResponse {
 
 pub async fn model_info(state: web::Data<AppState>) -> HttpResponse {
     HttpResponse::Ok().json(json!({
-        "model_path": model_path_str(&state.facts),
-        "tokenizer_path": model_path_str(&state.facts),
+        "model_path": reported_model_path(&state.facts),
+        "tokenizer_path": reported_model_path(&state.facts),
         "is_generation": true,
     }))
 }
@@ -73,7 +93,7 @@ pub async fn models(state: web::Data<AppState>) -> HttpResponse {
             "id": state.served_model_name,
             "object": "model",
             "owned_by": "dpserve",
-            "root": model_path_str(&state.facts),
+            "root": reported_model_path(&state.facts),
             "max_model_len": state.limits().context_len,
         }],
     }))
@@ -150,4 +170,23 @@ pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
 
 pub async fn not_found() -> HttpResponse {
     ApiError::new(404, "no such endpoint").into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tokenizer::BuiltinTokenizer;
+
+    #[test]
+    fn reported_model_path_is_absolute_and_builtin_reports_its_id() {
+        let builtin = BuiltinTokenizer::facts();
+        assert_eq!(reported_model_path(&builtin), protocol::builtin::MODEL_ID);
+        let relative = ModelFacts {
+            model_path: Some("../models/stories260k".into()),
+            ..builtin
+        };
+        let shown = reported_model_path(&relative);
+        assert!(std::path::Path::new(&shown).is_absolute(), "{shown}");
+        assert!(shown.ends_with("stories260k"), "{shown}");
+    }
 }
