@@ -40,9 +40,13 @@ pub struct UpArgs {
     /// Load-balance method of the controller.
     #[arg(long, env = "DPSERVE_LOAD_BALANCE_METHOD")]
     pub load_balance_method: Option<String>,
-    /// KV pool size per worker, in tokens.
+    /// KV pool size per worker, in tokens (default: sized from --mem-fraction).
     #[arg(long, env = "DPSERVE_MAX_TOTAL_TOKENS")]
     pub max_total_tokens: Option<usize>,
+    /// Share of this host's free memory for all workers' weights and KV pools together; each
+    /// of the --dp-size workers gets 1/dp-size of it (default: the worker's --mem-fraction).
+    #[arg(long, env = "DPSERVE_MEM_FRACTION", value_parser = worker::mem::parse_mem_fraction)]
+    pub mem_fraction: Option<f64>,
     /// Most running requests per worker.
     #[arg(long, env = "DPSERVE_MAX_RUNNING_REQUESTS")]
     pub max_running_requests: Option<usize>,
@@ -238,6 +242,15 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         push(&mut worker, "--worker-addr", Some(&worker_addr));
         push(&mut worker, "--tokenizer-addr", Some(&tokenizer_addr));
         push(&mut worker, "--max-total-tokens", args.max_total_tokens);
+        // The workers share this host's memory: each sizes its pool from its share.
+        let host_fraction = args
+            .mem_fraction
+            .unwrap_or(worker::mem::DEFAULT_MEM_FRACTION);
+        push(
+            &mut worker,
+            "--mem-fraction",
+            Some(host_fraction / f64::from(args.dp_size)),
+        );
         push(
             &mut worker,
             "--max-running-requests",

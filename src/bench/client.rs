@@ -80,17 +80,31 @@ impl BenchClient {
         resp.json().await.context("decoding /get_server_info")
     }
 
+    /// `POST /flush_cache`, retried while the server still reports pending requests (400): the
+    /// ranks' status of the warm-up's last requests may lag their final outputs a little.
     pub async fn flush_cache(&self) -> anyhow::Result<()> {
-        let resp = self
-            .http
-            .post(self.url("/flush_cache"))
-            .timeout(Duration::from_secs(30))
-            .send()
-            .await
-            .context("POST /flush_cache")?;
-        let status = resp.status();
-        anyhow::ensure!(status.is_success(), "POST /flush_cache: HTTP {status}");
-        Ok(())
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let resp = self
+                .http
+                .post(self.url("/flush_cache"))
+                .timeout(Duration::from_secs(30))
+                .send()
+                .await
+                .context("POST /flush_cache")?;
+            let status = resp.status();
+            if status == reqwest::StatusCode::BAD_REQUEST && tokio::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            let body = resp.text().await.unwrap_or_default();
+            anyhow::ensure!(
+                status.is_success(),
+                "POST /flush_cache: HTTP {status}: {body}"
+            );
+            return Ok(());
+        }
     }
 
     fn body(&self, req: &BenchRequest) -> (&'static str, Value) {

@@ -36,9 +36,21 @@ pub struct WorkerArgs {
     /// Tokenizer's output socket (connect, PUSH).
     #[arg(long, env = "DPSERVE_TOKENIZER_ADDR")]
     pub tokenizer_addr: Option<String>,
-    /// KV pool size in tokens (slots).
-    #[arg(long, env = "DPSERVE_MAX_TOTAL_TOKENS", default_value_t = 32768)]
-    pub max_total_tokens: usize,
+    /// KV pool size in tokens (slots). Unset: derived from --mem-fraction of the memory free at
+    /// start, less the model's weights, between one full context and max-running-requests (plus
+    /// pre-allocated rows) × context length. Set, it always wins.
+    #[arg(long, env = "DPSERVE_MAX_TOTAL_TOKENS")]
+    pub max_total_tokens: Option<usize>,
+    /// Share of the memory free at start (MemAvailable, or the cgroup's headroom when tighter)
+    /// that this worker's model weights and KV pool may take, in (0, 1]; used when
+    /// --max-total-tokens is unset. Low by default because host memory is shared, unlike a
+    /// GPU's: the OS, the page cache that reads the weights, the other actors and the forward
+    /// pass's activations live in the other half, and KV pages are only touched as slots fill,
+    /// so an over-large pool fails late (an OOM kill while serving), not at start. Workers
+    /// sharing a host must split it: `up --dp-size N` gives each 1/N of its --mem-fraction.
+    #[arg(long, env = "DPSERVE_MEM_FRACTION", default_value_t = crate::mem::DEFAULT_MEM_FRACTION,
+          value_parser = crate::mem::parse_mem_fraction)]
+    pub mem_fraction: f64,
     /// Most requests decoding at once.
     #[arg(long, env = "DPSERVE_MAX_RUNNING_REQUESTS", default_value_t = 64)]
     pub max_running_requests: usize,
@@ -96,7 +108,9 @@ pub struct WorkerConfig {
     pub model: ModelSource,
     pub worker_addr: Endpoint,
     pub tokenizer_addr: Endpoint,
-    pub max_total_tokens: usize,
+    /// `None`: derive it from `mem_fraction` once the model is known.
+    pub max_total_tokens: Option<usize>,
+    pub mem_fraction: f64,
     pub max_running_requests: usize,
     pub pre_alloc_rows: usize,
     pub chunked_prefill_size: usize,
@@ -142,13 +156,18 @@ impl WorkerArgs {
             }
             Ok(())
         };
-        positive("max-total-tokens", self.max_total_tokens)?;
+        if let Some(tokens) = self.max_total_tokens {
+            positive("max-total-tokens", tokens)?;
+            if tokens > u32::MAX as usize {
+                anyhow::bail!("--max-total-tokens must fit in 32 bits");
+            }
+        }
         positive("max-running-requests", self.max_running_requests)?;
         positive("chunked-prefill-size", self.chunked_prefill_size)?;
         positive("max-prefill-tokens", self.max_prefill_tokens)?;
-        if self.max_total_tokens > u32::MAX as usize {
-            anyhow::bail!("--max-total-tokens must fit in 32 bits");
-        }
+        // The parser checks the flag; this guards a WorkerArgs built in code.
+        crate::mem::check_mem_fraction(self.mem_fraction)
+            .map_err(|e| anyhow::anyhow!("--mem-fraction: {e}"))?;
         if !(self.drain_timeout.is_finite() && self.drain_timeout >= 0.0) {
             anyhow::bail!(
                 "--drain-timeout must be a number of seconds >= 0, got {}",
@@ -166,6 +185,7 @@ impl WorkerArgs {
             worker_addr: addr("worker-addr", &self.worker_addr, "worker")?,
             tokenizer_addr: addr("tokenizer-addr", &self.tokenizer_addr, "tokenizer")?,
             max_total_tokens: self.max_total_tokens,
+            mem_fraction: self.mem_fraction,
             max_running_requests: self.max_running_requests,
             pre_alloc_rows: self.decode_prealloc_size.rows(self.max_running_requests),
             schedule_policy: self.schedule_policy,

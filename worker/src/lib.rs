@@ -8,6 +8,7 @@
 pub mod args;
 pub mod kv_alloc;
 pub mod link;
+pub mod mem;
 pub mod model;
 pub mod radix_cache;
 pub mod req_to_token;
@@ -62,6 +63,58 @@ pub fn load_model(source: &ModelSource) -> anyhow::Result<LlamaModel> {
     }
 }
 
+/// The KV pool size from `--mem-fraction` of the memory read before the model loaded, logged
+/// with everything it came from.
+fn size_kv_pool(
+    config: &WorkerConfig,
+    mc: &ModelConfig,
+    context_len: usize,
+    reading: Result<mem::MemReading, String>,
+) -> usize {
+    let budget = mem::KvBudget {
+        available_bytes: reading.as_ref().ok().map(|r| r.available_bytes),
+        mem_fraction: config.mem_fraction,
+        // Weights are held as f32 whatever the checkpoint's dtype.
+        weight_bytes: (mc.num_params() * std::mem::size_of::<f32>()) as u64,
+        kv_bytes_per_token: model::KvBuffers::bytes_per_slot(mc) as u64,
+        context_len,
+        req_to_token_rows: config.max_running_requests + config.pre_alloc_rows,
+    };
+    let size = budget.derive();
+    let (min_tokens, max_tokens) = budget.bounds();
+    match &reading {
+        Ok(r) => tracing::info!(
+            rank = config.rank,
+            available_bytes = r.available_bytes,
+            source = %r.source,
+            mem_fraction = budget.mem_fraction,
+            weight_bytes = budget.weight_bytes,
+            budget_bytes = size.budget_bytes.unwrap_or(0),
+            kv_bytes_per_token = budget.kv_bytes_per_token,
+            min_tokens,
+            max_tokens,
+            max_total_tokens = size.max_total_tokens,
+            pool_bytes = budget.kv_bytes_per_token * size.max_total_tokens as u64,
+            limit = size.limit.as_str(),
+            "KV pool sized from --mem-fraction (set --max-total-tokens to choose it)"
+        ),
+        Err(why) => tracing::warn!(
+            rank = config.rank,
+            %why,
+            max_total_tokens = size.max_total_tokens,
+            "free memory unknown; KV pool uses the fixed default (set --max-total-tokens to choose it)"
+        ),
+    }
+    if size.limit == mem::PoolLimit::OneContext {
+        tracing::warn!(
+            rank = config.rank,
+            max_total_tokens = size.max_total_tokens,
+            "the memory budget is below one full context; the pool may not fit in memory"
+        );
+    }
+    size.max_total_tokens
+}
+
 /// Run a worker until SIGTERM/SIGINT or a `Shutdown` from the controller.
 pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let config = args.resolve()?;
@@ -74,6 +127,8 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         .thread_name(move |i| format!("compute-{i}"))
         .build()
         .context("building the compute thread pool")?;
+    // Free memory is read before the weights load, so they come out of this worker's share.
+    let free_memory = mem::read_available_memory();
     let started = Instant::now();
     let model = pool.install(|| load_model(&config.model))?;
     let mc = model.config().clone();
@@ -81,6 +136,10 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         .context_length
         .unwrap_or(mc.max_position_embeddings)
         .min(mc.max_position_embeddings);
+    let max_total_tokens = match config.max_total_tokens {
+        Some(tokens) => tokens,
+        None => size_kv_pool(&config, &mc, context_len, free_memory),
+    };
     tracing::info!(
         rank = config.rank,
         model = %mc.model_id,
@@ -88,8 +147,8 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         layers = mc.num_hidden_layers,
         hidden = mc.hidden_size,
         context_len,
-        max_total_tokens = config.max_total_tokens,
-        kv_bytes = model::KvBuffers::bytes_per_slot(&mc) * config.max_total_tokens,
+        max_total_tokens,
+        kv_bytes = model::KvBuffers::bytes_per_slot(&mc) * max_total_tokens,
         threads = config.num_threads,
         load_ms = started.elapsed().as_millis() as u64,
         "model loaded"
@@ -97,7 +156,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let hello = Hello {
         rank: config.rank,
         capacity: Capacity {
-            max_total_tokens: config.max_total_tokens as u64,
+            max_total_tokens: max_total_tokens as u64,
             max_running_requests: config.max_running_requests as u32,
             context_len: context_len as u64,
             vocab_size: mc.vocab_size as u64,
@@ -109,7 +168,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
     let mut sched = Scheduler::new(
         SchedulerConfig {
             rank: config.rank,
-            max_total_tokens: config.max_total_tokens,
+            max_total_tokens,
             max_running_requests: config.max_running_requests,
             pre_alloc_rows: config.pre_alloc_rows,
             chunked_prefill_size: config.chunked_prefill_size,
@@ -256,8 +315,15 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
                 send(&Message::TokenOut(out));
             }
         }
+        // Going idle is reported at once, not a throttle or idle interval later: `/flush_cache`
+        // and the router read "nothing running" from this status.
+        let went_idle = stepped && !sched.has_work();
         let due = last_status.elapsed();
-        if status_now || (stepped && due >= STATUS_MIN_INTERVAL) || due >= STATUS_IDLE_INTERVAL {
+        if status_now
+            || went_idle
+            || (stepped && due >= STATUS_MIN_INTERVAL)
+            || due >= STATUS_IDLE_INTERVAL
+        {
             status_now = false;
             let generated = sched.stats.generated_tokens;
             let status = WorkerStatus {
@@ -266,7 +332,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
                 num_running_reqs: sched.num_running() as u32,
                 num_waiting_reqs: sched.num_waiting() as u32,
                 num_used_tokens: sched.used_tokens() as u64,
-                max_total_tokens: config.max_total_tokens as u64,
+                max_total_tokens: max_total_tokens as u64,
                 cache_hit_rate: sched.cache_hit_rate(),
                 gen_throughput: (generated - last_generated) as f64 / due.as_secs_f64().max(1e-3),
                 finished_rids: sched.take_finished_rids(),

@@ -1,6 +1,6 @@
 //! The small endpoints: health, server and model info (read by sglang-router before it
 //! routes), the OpenAI model list, and cache flush. All answer from local state, without a
-//! round trip, except flush which is fire-and-forget to the controller.
+//! round trip, except flush, which checks that nothing runs and then tells the controller.
 //!
 //! sglang-router (`--dp-aware`) reads `dp_size` from `/server_info` to make one worker per rank,
 //! names the model from `served_model_name`, and loads a tokenizer from `tokenizer_path` (else
@@ -99,13 +99,40 @@ pub async fn models(state: web::Data<AppState>) -> HttpResponse {
     }))
 }
 
+/// `POST /flush_cache`: drop every rank's prefix cache, only when nothing runs. Refused (400,
+/// as SGLang) while this tokenizer has requests in flight or a live rank's fresh status shows
+/// running or waiting requests; a worker still refuses on its own if one arrives meanwhile.
 pub async fn flush_cache(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let Some(cluster) = state.fresh_cluster() else {
+        return Err(ApiError::unavailable(
+            "no recent cluster status from the controller; cache not flushed",
+        ));
+    };
+    if let Some(refusal) = flush_refusal(state.bridge.in_flight(), &cluster) {
+        return Err(ApiError::bad_request(refusal));
+    }
     if !state.bridge.send(Message::FlushCache(FlushCache {})) {
         return Err(ApiError::unavailable("tokenizer is shutting down"));
     }
     Ok(HttpResponse::Ok().json(json!({
-        "message": "Cache flush requested on every live rank.",
+        "message": "Cache flushed on every live rank.",
+        "ranks": cluster.live_ranks.iter().map(|r| r.rank).collect::<Vec<_>>(),
     })))
+}
+
+/// Why a flush must wait, if it must: requests in flight here, or queued or running on a rank.
+fn flush_refusal(in_flight: usize, cluster: &protocol::ClusterStatus) -> Option<String> {
+    let (mut waiting, mut running) = (0u64, 0u64);
+    for status in cluster.live_ranks.iter().filter_map(|r| r.status.as_ref()) {
+        waiting += u64::from(status.num_waiting_reqs);
+        running += u64::from(status.num_running_reqs);
+    }
+    (in_flight > 0 || waiting > 0 || running > 0).then(|| {
+        format!(
+            "Cache not flushed because there are pending requests. #queue-req: {waiting}, \
+             #running-req: {running}, #in-flight-req (this server): {in_flight}"
+        )
+    })
 }
 
 /// `POST /abort_request {"rid": R}` (or `{"abort_all": true}`): abort on the worker. A rid that
@@ -174,8 +201,73 @@ pub async fn not_found() -> HttpResponse {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use crate::tokenizer::BuiltinTokenizer;
+    use protocol::{Capacity, ClusterStatus, RankInfo, WorkerStatus};
+
+    use super::*;
+
+    fn cluster(loads: &[(u32, u32)]) -> ClusterStatus {
+        ClusterStatus {
+            timestamp: 0.0,
+            load_balance_method: "round_robin".into(),
+            live_ranks: loads
+                .iter()
+                .enumerate()
+                .map(|(rank, &(running, waiting))| RankInfo {
+                    rank: rank as u32,
+                    capacity: Capacity {
+                        max_total_tokens: 64,
+                        max_running_requests: 8,
+                        context_len: 64,
+                        vocab_size: 100,
+                    },
+                    model_id: "m".into(),
+                    last_seen_s: 0.0,
+                    status: Some(WorkerStatus {
+                        rank: rank as u32,
+                        timestamp: 0.0,
+                        num_running_reqs: running,
+                        num_waiting_reqs: waiting,
+                        num_used_tokens: 0,
+                        max_total_tokens: 64,
+                        cache_hit_rate: 0.0,
+                        gen_throughput: 0.0,
+                        finished_rids: Vec::new(),
+                        num_free_tokens: 64,
+                        num_evictable_tokens: 0,
+                    }),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn flush_waits_for_every_pending_request() {
+        assert_eq!(flush_refusal(0, &cluster(&[(0, 0), (0, 0)])), None);
+        let mut no_status = cluster(&[(0, 0)]);
+        no_status.live_ranks[0].status = None;
+        assert_eq!(
+            flush_refusal(0, &no_status),
+            None,
+            "a rank not reporting yet"
+        );
+        for (in_flight, loads, counts) in [
+            (
+                1,
+                vec![(0, 0)],
+                "#queue-req: 0, #running-req: 0, #in-flight-req (this server): 1",
+            ),
+            (0, vec![(0, 0), (2, 0)], "#queue-req: 0, #running-req: 2"),
+            (0, vec![(0, 3), (1, 1)], "#queue-req: 4, #running-req: 1"),
+        ] {
+            let refusal = flush_refusal(in_flight, &cluster(&loads)).expect("refused");
+            assert!(
+                refusal.starts_with("Cache not flushed because there are pending requests."),
+                "{refusal}"
+            );
+            assert!(refusal.contains(counts), "{refusal} lacks {counts}");
+        }
+    }
 
     #[test]
     fn reported_model_path_is_absolute_and_builtin_reports_its_id() {
