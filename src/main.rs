@@ -30,7 +30,8 @@ enum Command {
     Worker(worker::WorkerArgs),
     /// Benchmark a server with the shared-prefix workload, or compare load-balance methods.
     Bench(bench::BenchArgs),
-    /// Summarise a routing trace, or explain one request's routing (--rid).
+    /// Summarise a routing trace file or a message-trace directory, or follow one request
+    /// (--rid).
     Trace(trace::TraceArgs),
 }
 

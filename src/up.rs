@@ -4,6 +4,9 @@
 //! children on Ctrl-C or SIGTERM. A child that dies during start fails `up` with its name.
 //!
 //! Flags left unset are not forwarded, so each actor's own default stays the one source of truth.
+//! The controller's arguments are checked here, by the controller's own parser, before any child
+//! starts: a bad `--load-balance-method` or `--prefix-affinity-*` value is a startup error of
+//! `up`, not a child that dies later.
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -40,6 +43,21 @@ pub struct UpArgs {
     /// Load-balance method of the controller.
     #[arg(long, env = "DPSERVE_LOAD_BALANCE_METHOD")]
     pub load_balance_method: Option<String>,
+    /// prefix_affinity: leading input ids hashed into the key of a request without a routing
+    /// key (the controller's default when unset).
+    #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_HASH_TOKENS")]
+    pub prefix_affinity_hash_tokens: Option<usize>,
+    /// prefix_affinity: never hash the token prefix; requests without a routing key go to the
+    /// fallback method.
+    #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_DISABLE_TOKEN_FALLBACK")]
+    pub prefix_affinity_disable_token_fallback: bool,
+    /// prefix_affinity: method for requests without a key (round_robin, total_requests,
+    /// total_tokens).
+    #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_FALLBACK")]
+    pub prefix_affinity_fallback: Option<String>,
+    /// prefix_affinity: overload threshold as a multiple (>= 1.0) of the mean active requests.
+    #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_MAX_LOAD_SKEW")]
+    pub prefix_affinity_max_load_skew: Option<f64>,
     /// KV pool size per worker, in tokens (default: sized from --mem-fraction).
     #[arg(long, env = "DPSERVE_MAX_TOTAL_TOKENS")]
     pub max_total_tokens: Option<usize>,
@@ -68,7 +86,8 @@ pub struct UpArgs {
     /// Routing trace: one JSON line per routing decision (`dpserve trace FILE`).
     #[arg(long, env = "DPSERVE_TRACE_FILE")]
     pub trace_file: Option<PathBuf>,
-    /// Message traces: workers append one JSON line per message and request milestone here.
+    /// Message traces: every actor (tokenizer, controller, workers) appends one JSON line per
+    /// message and request milestone to its file here (`dpserve trace DIR [--rid R]`).
     #[arg(long, env = "DPSERVE_TRACE_DIR")]
     pub trace_dir: Option<PathBuf>,
     /// Bearer key required on every HTTP endpoint but /health.
@@ -197,6 +216,14 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         common_model.extend(["--model-path".into(), path.clone().into_os_string()]);
     }
 
+    let addrs = Addrs {
+        controller: controller_addr.clone(),
+        worker: worker_addr.clone(),
+        tokenizer: tokenizer_addr.clone(),
+    };
+    let controller = controller_args(&args, &addrs);
+    check_controller_args(&controller)?;
+
     let mut tokenizer: Vec<OsString> = vec!["tokenizer".into()];
     tokenizer.extend(common_model.iter().cloned());
     push(&mut tokenizer, "--host", Some(&args.host));
@@ -210,23 +237,12 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         "--chat-template",
         args.chat_template.as_ref().map(|p| p.display()),
     );
+    push(
+        &mut tokenizer,
+        "--trace-dir",
+        args.trace_dir.as_ref().map(|p| p.display()),
+    );
     deployment.spawn("tokenizer", tokenizer)?;
-
-    let mut controller: Vec<OsString> = vec!["controller".into()];
-    push(&mut controller, "--controller-addr", Some(&controller_addr));
-    push(&mut controller, "--worker-addr", Some(&worker_addr));
-    push(&mut controller, "--tokenizer-addr", Some(&tokenizer_addr));
-    push(
-        &mut controller,
-        "--load-balance-method",
-        args.load_balance_method.as_ref(),
-    );
-    push(&mut controller, "--worker-timeout", args.worker_timeout);
-    push(
-        &mut controller,
-        "--trace-file",
-        args.trace_file.as_ref().map(|p| p.display()),
-    );
     deployment.spawn("controller", controller)?;
 
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -325,6 +341,71 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The three ZeroMQ endpoints of this deployment.
+struct Addrs {
+    controller: String,
+    worker: String,
+    tokenizer: String,
+}
+
+/// `dpserve controller …` for this deployment.
+fn controller_args(args: &UpArgs, addrs: &Addrs) -> Vec<OsString> {
+    let mut c: Vec<OsString> = vec!["controller".into()];
+    push(&mut c, "--controller-addr", Some(&addrs.controller));
+    push(&mut c, "--worker-addr", Some(&addrs.worker));
+    push(&mut c, "--tokenizer-addr", Some(&addrs.tokenizer));
+    push(
+        &mut c,
+        "--load-balance-method",
+        args.load_balance_method.as_ref(),
+    );
+    push(
+        &mut c,
+        "--prefix-affinity-hash-tokens",
+        args.prefix_affinity_hash_tokens,
+    );
+    if args.prefix_affinity_disable_token_fallback {
+        c.push("--prefix-affinity-disable-token-fallback".into());
+    }
+    push(
+        &mut c,
+        "--prefix-affinity-fallback",
+        args.prefix_affinity_fallback.as_ref(),
+    );
+    push(
+        &mut c,
+        "--prefix-affinity-max-load-skew",
+        args.prefix_affinity_max_load_skew,
+    );
+    push(&mut c, "--worker-timeout", args.worker_timeout);
+    push(
+        &mut c,
+        "--trace-file",
+        args.trace_file.as_ref().map(|p| p.display()),
+    );
+    push(
+        &mut c,
+        "--trace-dir",
+        args.trace_dir.as_ref().map(|p| p.display()),
+    );
+    c
+}
+
+/// Parse and check the controller's arguments exactly as the child will (same parser, same
+/// environment), so a bad value stops `up` before anything starts.
+fn check_controller_args(argv: &[OsString]) -> anyhow::Result<()> {
+    #[derive(clap::Parser)]
+    struct ControllerCli {
+        #[command(flatten)]
+        args: controller::ControllerArgs,
+    }
+    use clap::Parser;
+    let cli = ControllerCli::try_parse_from(argv)
+        .map_err(|e| anyhow::anyhow!("invalid controller settings: {}", e.render()))?;
+    cli.args.resolve().context("invalid controller settings")?;
+    Ok(())
+}
+
 fn push<T: ToString>(args: &mut Vec<OsString>, flag: &str, value: Option<T>) {
     if let Some(v) = value {
         args.push(flag.into());
@@ -350,4 +431,101 @@ fn live_ranks(addr: &str, api_key: Option<&str>) -> Option<usize> {
     let body = response.split_once("\r\n\r\n")?.1;
     let info: serde_json::Value = serde_json::from_str(body).ok()?;
     Some(info.get("live_ranks")?.as_array()?.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: UpArgs,
+    }
+
+    fn up(flags: &[&str]) -> UpArgs {
+        Cli::try_parse_from(std::iter::once("up").chain(flags.iter().copied()))
+            .unwrap()
+            .args
+    }
+
+    fn addrs() -> Addrs {
+        Addrs {
+            controller: "ipc:///tmp/dps-test/c.sock".into(),
+            worker: "ipc:///tmp/dps-test/w.sock".into(),
+            tokenizer: "ipc:///tmp/dps-test/t.sock".into(),
+        }
+    }
+
+    fn strings(argv: &[OsString]) -> Vec<String> {
+        argv.iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn prefix_affinity_and_trace_flags_reach_the_controller() {
+        let args = up(&[
+            "--load-balance-method",
+            "prefix_affinity",
+            "--prefix-affinity-hash-tokens",
+            "64",
+            "--prefix-affinity-disable-token-fallback",
+            "--prefix-affinity-fallback",
+            "round_robin",
+            "--prefix-affinity-max-load-skew",
+            "2.5",
+            "--trace-dir",
+            "/tmp/dps-msgs",
+        ]);
+        let argv = controller_args(&args, &addrs());
+        let shown = strings(&argv).join(" ");
+        for want in [
+            "--prefix-affinity-hash-tokens 64",
+            "--prefix-affinity-disable-token-fallback",
+            "--prefix-affinity-fallback round_robin",
+            "--prefix-affinity-max-load-skew 2.5",
+            "--trace-dir /tmp/dps-msgs",
+        ] {
+            assert!(shown.contains(want), "{want:?} not in {shown}");
+        }
+        check_controller_args(&argv).unwrap();
+    }
+
+    #[test]
+    fn unset_flags_are_not_forwarded() {
+        let shown = strings(&controller_args(&up(&[]), &addrs())).join(" ");
+        assert!(!shown.contains("--prefix-affinity"), "{shown}");
+        assert!(!shown.contains("--trace-dir"), "{shown}");
+    }
+
+    #[test]
+    fn invalid_controller_values_are_errors_of_up_that_name_the_flag() {
+        let cases: &[(&[&str], &str)] = &[
+            (
+                &["--prefix-affinity-max-load-skew", "0.5"],
+                "--prefix-affinity-max-load-skew",
+            ),
+            (
+                &["--prefix-affinity-hash-tokens", "0"],
+                "--prefix-affinity-hash-tokens",
+            ),
+            (
+                &["--prefix-affinity-fallback", "prefix_affinity"],
+                "--prefix-affinity-fallback",
+            ),
+            (
+                &["--load-balance-method", "fastest"],
+                "--load-balance-method",
+            ),
+            (&["--worker-timeout", "0"], "--worker-timeout"),
+        ];
+        for (flags, name) in cases {
+            let err = check_controller_args(&controller_args(&up(flags), &addrs())).unwrap_err();
+            let err = format!("{err:#}");
+            assert!(err.contains(name), "{flags:?}: {err}");
+        }
+    }
 }

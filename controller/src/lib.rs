@@ -5,6 +5,7 @@ pub mod budget;
 pub mod error;
 pub mod policy;
 pub mod ranks;
+pub mod route_counts;
 pub mod router;
 pub mod server;
 pub mod trace;
@@ -61,6 +62,10 @@ pub struct ControllerArgs {
     /// Append one JSON line per routing decision to this file (read it with `dpserve trace`).
     #[arg(long, env = "DPSERVE_TRACE_FILE")]
     pub trace_file: Option<PathBuf>,
+    /// Append one JSON line per message sent or received, and per routing decision, to
+    /// DIR/controller.jsonl (`dpserve trace DIR --rid R` merges the actors' files).
+    #[arg(long, env = "DPSERVE_TRACE_DIR")]
+    pub trace_dir: Option<PathBuf>,
     /// Seconds without a heartbeat after which a worker leaves the live set.
     #[arg(long, env = "DPSERVE_WORKER_TIMEOUT", default_value_t = 3.0)]
     pub worker_timeout: f64,
@@ -93,6 +98,7 @@ impl ControllerArgs {
             method,
             prefix_affinity,
             trace_file: self.trace_file.clone(),
+            trace_dir: self.trace_dir.clone(),
             worker_timeout: Duration::from_secs_f64(self.worker_timeout),
             model_id: self.model_id.clone(),
             cluster_status_interval: Duration::from_millis(500),
@@ -157,7 +163,7 @@ mod tests {
         assert_eq!(c.prefix_affinity.fallback, FallbackMethod::TotalTokens);
         assert_eq!(c.prefix_affinity.max_load_skew, 1.5);
         assert!(c.prefix_affinity.token_fallback);
-        assert!(c.trace_file.is_none());
+        assert!(c.trace_file.is_none() && c.trace_dir.is_none());
     }
 
     #[test]
@@ -174,6 +180,8 @@ mod tests {
             "2.5",
             "--trace-file",
             "/tmp/route.jsonl",
+            "--trace-dir",
+            "/tmp/msgs",
         ])
         .unwrap();
         assert_eq!(c.method, Method::TotalRequests);
@@ -187,6 +195,7 @@ mod tests {
             }
         );
         assert_eq!(c.trace_file, Some(PathBuf::from("/tmp/route.jsonl")));
+        assert_eq!(c.trace_dir, Some(PathBuf::from("/tmp/msgs")));
     }
 
     #[test]

@@ -3,12 +3,18 @@
 //!
 //! Nothing here blocks on a peer: sends to workers fail fast (ROUTER_MANDATORY), and every
 //! request that cannot be routed or whose rank dies gets exactly one error `TokenOut`.
+//!
+//! Observability: each decision is counted per (method, branch) and reported in every
+//! `ClusterStatus`; with `--trace-file` it is also a routing-trace line, and with `--trace-dir`
+//! every frame in or out (and each decision) is a message-trace line.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
+use protocol::msg_trace::MessageTracer;
 use protocol::socket::{identity_rank, rank_identity};
 use protocol::{
     encode, ClusterStatus, Endpoint, FrameStats, HelloAck, Message, Shutdown, TokenOut,
@@ -16,6 +22,7 @@ use protocol::{
 
 use crate::policy::{LoadBalancer, Method, PrefixAffinityConfig, RouteDecision, RouteInput};
 use crate::ranks::Ranks;
+use crate::route_counts::RouteCounts;
 use crate::router::{route, RouteError};
 use crate::trace::{RouteRecord, TraceWriter};
 
@@ -29,6 +36,8 @@ pub struct ControllerConfig {
     pub prefix_affinity: PrefixAffinityConfig,
     /// Append one JSON line per routing decision here.
     pub trace_file: Option<PathBuf>,
+    /// Message traces: `DIR/controller.jsonl`, one line per frame in or out.
+    pub trace_dir: Option<PathBuf>,
     pub worker_timeout: Duration,
     pub model_id: Option<String>,
     pub cluster_status_interval: Duration,
@@ -42,6 +51,8 @@ pub struct Controller {
     ranks: Ranks,
     balancer: Box<dyn LoadBalancer>,
     trace: Option<TraceWriter>,
+    tracer: MessageTracer,
+    route_counts: RouteCounts,
     stats: FrameStats,
     from_tokenizer: zmq::Socket,
     workers: zmq::Socket,
@@ -55,6 +66,12 @@ impl Controller {
         let from_tokenizer = protocol::socket::bind(ctx, zmq::PULL, &config.controller_addr)?;
         let workers = protocol::socket::bind(ctx, zmq::ROUTER, &config.worker_addr)?;
         let to_tokenizer = protocol::socket::connect(ctx, zmq::PUSH, &config.tokenizer_addr, None)?;
+        // The message tracer first: it creates its directory, which may hold the routing trace.
+        let tracer = match &config.trace_dir {
+            Some(dir) => MessageTracer::open(dir, "controller", None)
+                .with_context(|| format!("--trace-dir {}", dir.display()))?,
+            None => MessageTracer::disabled(),
+        };
         let trace = config
             .trace_file
             .as_deref()
@@ -67,12 +84,15 @@ impl Controller {
             method = %config.method,
             prefix_affinity = ?config.prefix_affinity,
             trace_file = ?config.trace_file,
+            trace_dir = ?config.trace_dir,
             "controller listening"
         );
         Ok(Controller {
             ranks: Ranks::new(config.model_id.clone(), config.worker_timeout),
             balancer: config.method.balancer(&config.prefix_affinity),
             trace,
+            tracer,
+            route_counts: RouteCounts::default(),
             stats: FrameStats::default(),
             from_tokenizer,
             workers,
@@ -130,6 +150,7 @@ impl Controller {
                 }
             };
             if let Some(msg) = self.stats.decode_or_drop(&frame, "tokenizer") {
+                self.tracer.message(false, &msg, "tokenizer", frame.len());
                 self.on_tokenizer_message(msg);
             }
         }
@@ -158,6 +179,10 @@ impl Controller {
                 continue;
             };
             if let Some(msg) = self.stats.decode_or_drop(frame, &peer) {
+                if self.tracer.enabled() {
+                    self.tracer
+                        .message(false, &msg, &worker_peer(rank), frame.len());
+                }
                 self.on_worker_message(rank, msg);
             }
         }
@@ -217,6 +242,20 @@ impl Controller {
         self.ranks.refresh();
         let ranks = self.ranks.rank_set();
         let decision = route(self.balancer.as_mut(), input, explicit, &ranks);
+        self.route_counts.record(self.config.method, &decision);
+        if self.tracer.enabled() {
+            match &decision {
+                Ok(d) => self.tracer.event(
+                    "routed",
+                    input.rid,
+                    Some(format!(
+                        "rank={} branch={} key_source={}",
+                        d.rank, d.branch, d.key_source
+                    )),
+                ),
+                Err(e) => self.tracer.event("refused", input.rid, Some(e.to_string())),
+            }
+        }
         if let Ok(d) = &decision {
             tracing::debug!(
                 target: "dpserve::route",
@@ -378,6 +417,7 @@ impl Controller {
 
     fn fail_requests(&mut self, rids: Vec<String>, why: String) {
         for rid in rids {
+            self.tracer.event("failed", &rid, Some(why.clone()));
             self.send_to_tokenizer(&Message::TokenOut(TokenOut::error(rid, 503, why.clone())));
         }
     }
@@ -398,6 +438,7 @@ impl Controller {
             timestamp: protocol::unix_time(),
             load_balance_method: self.config.method.to_string(),
             live_ranks: self.ranks.infos(),
+            routing: self.route_counts.snapshot(),
         };
         self.send_to_tokenizer(&Message::ClusterStatus(status));
         self.last_cluster_status = Instant::now();
@@ -413,6 +454,11 @@ impl Controller {
                 return false;
             }
         };
+        // Traced before the send, so the line cannot be later than the peer's `recv` of it.
+        if self.tracer.enabled() {
+            self.tracer
+                .message(true, msg, &worker_peer(rank), frame.len());
+        }
         let identity = rank_identity(rank);
         match self
             .workers
@@ -421,14 +467,30 @@ impl Controller {
             Ok(()) => true,
             Err(e) => {
                 tracing::warn!(rank, %e, msg = msg.type_name(), "send to worker failed");
+                if let Some(rid) = msg.rid() {
+                    self.tracer
+                        .event("send_failed", rid, Some(format!("to worker-{rank}: {e}")));
+                }
                 false
             }
         }
     }
 
     fn send_to_tokenizer(&mut self, msg: &Message) {
-        if let Err(e) = protocol::socket::send(&self.to_tokenizer, msg) {
+        let frame = match encode(msg) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::error!(%e, "encode failed");
+                return;
+            }
+        };
+        self.tracer.message(true, msg, "tokenizer", frame.len());
+        if let Err(e) = self.to_tokenizer.send(&frame[..], 0) {
             tracing::warn!(%e, "send to tokenizer failed");
+            if let Some(rid) = msg.rid() {
+                self.tracer
+                    .event("send_failed", rid, Some(format!("to tokenizer: {e}")));
+            }
         }
     }
 
@@ -436,4 +498,9 @@ impl Controller {
     pub fn dropped_frames(&self) -> u64 {
         self.stats.dropped()
     }
+}
+
+/// A worker as a message-trace peer: the name of its own trace file (`worker-<rank>`).
+fn worker_peer(rank: u32) -> String {
+    format!("worker-{rank}")
 }

@@ -338,6 +338,21 @@ pub struct ClusterStatus {
     pub timestamp: f64,
     pub load_balance_method: String,
     pub live_ranks: Vec<RankInfo>,
+    /// Routing decisions since the controller started, per (method, branch): cumulative
+    /// counters, so a lost or late status loses nothing (`dpserve:routing_decisions_total`).
+    #[serde(default)]
+    pub routing: Vec<RouteCount>,
+}
+
+/// How many routing decisions took one branch of one method, since the controller started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteCount {
+    /// The configured `--load-balance-method`.
+    pub method: String,
+    /// The branch the method took (`affinity`, `spill`, `fallback`, `explicit`, `rotate`,
+    /// `least_loaded`, `room`), or `refused` for requests that could not be routed.
+    pub branch: String,
+    pub count: u64,
 }
 
 /// A worker leaving (worker → controller, `rank` set), or an order to stop

@@ -157,15 +157,23 @@ impl Inner {
 
 fn write_lines(file: File, rx: std::sync::mpsc::Receiver<TraceLine>) {
     let mut out = BufWriter::new(file);
+    let mut last_flush = std::time::Instant::now();
     loop {
         match rx.recv_timeout(FLUSH_EVERY) {
             Ok(line) => {
                 if let Ok(json) = serde_json::to_string(&line) {
                     let _ = writeln!(out, "{json}");
                 }
+                // Lines arriving more often than FLUSH_EVERY (heartbeats from many ranks) must
+                // not keep the buffer from reaching the file.
+                if last_flush.elapsed() >= FLUSH_EVERY {
+                    let _ = out.flush();
+                    last_flush = std::time::Instant::now();
+                }
             }
             Err(RecvTimeoutError::Timeout) => {
                 let _ = out.flush();
+                last_flush = std::time::Instant::now();
             }
             Err(RecvTimeoutError::Disconnected) => {
                 let _ = out.flush();

@@ -162,7 +162,7 @@ const GOLDEN: &[(&str, &str)] = &[
         "ClusterStatus",
         "
         82 a1 76 01 a3 6d 73 67 81 ad 43 6c 75 73 74 65
-        72 53 74 61 74 75 73 83 a9 74 69 6d 65 73 74 61
+        72 53 74 61 74 75 73 84 a9 74 69 6d 65 73 74 61
         6d 70 cb 41 d9 54 fc 40 10 00 00 b3 6c 6f 61 64
         5f 62 61 6c 61 6e 63 65 5f 6d 65 74 68 6f 64 af
         70 72 65 66 69 78 5f 61 66 66 69 6e 69 74 79 aa
@@ -188,7 +188,11 @@ const GOLDEN: &[(&str, &str)] = &[
         00 ad 66 69 6e 69 73 68 65 64 5f 72 69 64 73 91
         a2 72 30 af 6e 75 6d 5f 66 72 65 65 5f 74 6f 6b
         65 6e 73 cd fd e8 b4 6e 75 6d 5f 65 76 69 63 74
-        61 62 6c 65 5f 74 6f 6b 65 6e 73 cc ec
+        61 62 6c 65 5f 74 6f 6b 65 6e 73 cc ec a7 72 6f
+        75 74 69 6e 67 91 83 a6 6d 65 74 68 6f 64 af 70
+        72 65 66 69 78 5f 61 66 66 69 6e 69 74 79 a6 62
+        72 61 6e 63 68 a8 61 66 66 69 6e 69 74 79 a5 63
+        6f 75 6e 74 07
         ",
     ),
     (
@@ -405,7 +409,7 @@ const FIELD_RULES: &[FieldRules] = &[
     FieldRules {
         kind: "ClusterStatus",
         required: &["timestamp", "load_balance_method", "live_ranks"],
-        optional: &[],
+        optional: &[("routing", "[]")],
     },
     FieldRules {
         kind: "Shutdown",
@@ -489,6 +493,9 @@ fn nested_required_fields_are_enforced() {
         ("ClusterStatus", &["live_ranks", "0"], "model_id"),
         ("ClusterStatus", &["live_ranks", "0"], "last_seen_s"),
         ("ClusterStatus", &["live_ranks", "0", "status"], "rank"),
+        ("ClusterStatus", &["routing", "0"], "method"),
+        ("ClusterStatus", &["routing", "0"], "branch"),
+        ("ClusterStatus", &["routing", "0"], "count"),
     ];
     for (name, path, field) in cases {
         let (msg, mut value) = golden_value(name);

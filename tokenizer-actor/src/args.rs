@@ -74,6 +74,12 @@ pub struct TokenizerArgs {
     /// `chat_template` field (default: the model's `tokenizer_config.json`).
     #[arg(long, env = "DPSERVE_CHAT_TEMPLATE")]
     pub chat_template: Option<PathBuf>,
+
+    /// Append one JSON line per message sent or received, and per request milestone (first
+    /// token, finished), to DIR/tokenizer.jsonl (`dpserve trace DIR --rid R` merges the
+    /// actors' files).
+    #[arg(long, env = "DPSERVE_TRACE_DIR")]
+    pub trace_dir: Option<PathBuf>,
 }
 
 impl Default for TokenizerArgs {
@@ -90,6 +96,7 @@ impl Default for TokenizerArgs {
             request_timeout_s: Defaults::REQUEST_TIMEOUT_S,
             api_key: None,
             chat_template: None,
+            trace_dir: None,
         }
     }
 }

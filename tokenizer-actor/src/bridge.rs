@@ -3,6 +3,9 @@
 //! aborts and flushes out to the controller). A ZeroMQ socket belongs to one thread, so HTTP
 //! handlers never touch a socket: they register a rid to get a channel of its `TokenOut`s and
 //! hand outgoing messages to the sender thread.
+//!
+//! With `--trace-dir`, both threads record each frame they move (and the first-token and
+//! finished milestones of each request) in `DIR/tokenizer.jsonl`; without it, one branch each.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,6 +13,7 @@ use std::sync::{mpsc, Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use protocol::msg_trace::MessageTracer;
 use protocol::{ClusterStatus, Endpoint, FrameStats, Message, TokenOut};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
@@ -46,7 +50,12 @@ pub struct Bridge {
 
 impl Bridge {
     /// Bind PULL at `tokenizer_addr`, connect PUSH to `controller_addr`, start both threads.
-    pub fn start(tokenizer_addr: &str, controller_addr: &str) -> Result<Bridge> {
+    /// `tracer` records every frame in and out (a disabled one costs nothing).
+    pub fn start(
+        tokenizer_addr: &str,
+        controller_addr: &str,
+        tracer: MessageTracer,
+    ) -> Result<Bridge> {
         let pull_ep: Endpoint =
             tokenizer_addr
                 .parse()
@@ -78,14 +87,15 @@ impl Bridge {
         let reader = {
             let shared = shared.clone();
             let peer = pull_ep.to_string();
+            let tracer = tracer.clone();
             std::thread::Builder::new()
                 .name("tok-zmq-pull".into())
-                .spawn(move || reader_loop(pull, &shared, &peer))
+                .spawn(move || reader_loop(pull, &shared, &peer, &tracer))
                 .map_err(|e| io("spawn reader thread", e))?
         };
         let sender = std::thread::Builder::new()
             .name("tok-zmq-push".into())
-            .spawn(move || sender_loop(push, rx))
+            .spawn(move || sender_loop(push, rx, &tracer))
             .map_err(|e| io("spawn sender thread", e))?;
         tracing::info!(pull = %pull_ep, push = %push_ep, "tokenizer sockets ready");
         Ok(Bridge {
@@ -167,7 +177,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn reader_loop(sock: zmq::Socket, shared: &Shared, peer: &str) {
+fn reader_loop(sock: zmq::Socket, shared: &Shared, peer: &str, tracer: &MessageTracer) {
     while !shared.stop.load(Ordering::Relaxed) {
         let frame = match sock.recv_bytes(0) {
             Ok(frame) => frame,
@@ -179,7 +189,11 @@ fn reader_loop(sock: zmq::Socket, shared: &Shared, peer: &str) {
                 continue;
             }
         };
-        match shared.stats.decode_or_drop(&frame, peer) {
+        let msg = shared.stats.decode_or_drop(&frame, peer);
+        if let (Some(msg), true) = (&msg, tracer.enabled()) {
+            trace_incoming(tracer, msg, frame.len());
+        }
+        match msg {
             Some(Message::TokenOut(out)) => {
                 let tx = lock(&shared.pending).get(&out.rid).cloned();
                 match tx {
@@ -210,12 +224,55 @@ fn reader_loop(sock: zmq::Socket, shared: &Shared, peer: &str) {
     }
 }
 
-fn sender_loop(sock: zmq::Socket, rx: mpsc::Receiver<Message>) {
+fn sender_loop(sock: zmq::Socket, rx: mpsc::Receiver<Message>, tracer: &MessageTracer) {
     // Ends when the bridge drops its sender (shutdown).
     while let Ok(msg) = rx.recv() {
-        if let Err(err) = protocol::socket::send(&sock, &msg) {
+        let frame = match protocol::encode(&msg) {
+            Ok(f) => f,
+            Err(err) => {
+                tracing::error!(%err, rid = msg.rid().unwrap_or(""), "encode failed");
+                continue;
+            }
+        };
+        // Traced before the send, so the line cannot be later than the controller's `recv`.
+        tracer.message(true, &msg, "controller", frame.len());
+        if let Err(err) = sock.send(&frame[..], 0) {
             tracing::warn!(%err, rid = msg.rid().unwrap_or(""), "send to controller failed");
+            if let Some(rid) = msg.rid() {
+                tracer.event("send_failed", rid, Some(format!("to controller: {err}")));
+            }
         }
+    }
+}
+
+/// Trace an incoming frame. The PULL socket does not say who sent it: a `TokenOut` naming its
+/// rank came from that worker, anything else (cluster status, routing errors) from the
+/// controller. A request's first tokens and its end are milestones here too: they are what the
+/// client sees.
+fn trace_incoming(tracer: &MessageTracer, msg: &Message, bytes: usize) {
+    let Message::TokenOut(out) = msg else {
+        tracer.message(false, msg, "controller", bytes);
+        return;
+    };
+    let peer = out
+        .dp_rank
+        .map_or_else(|| "controller".to_string(), |r| format!("worker-{r}"));
+    tracer.message(false, msg, &peer, bytes);
+    if !out.output_ids.is_empty() && out.completion_tokens as usize == out.output_ids.len() {
+        tracer.event("first_token", &out.rid, None);
+    }
+    if let Some(reason) = out.finish_reason {
+        let mut detail = format!(
+            "reason={} completion_tokens={} cached_tokens={}",
+            reason.as_str(),
+            out.completion_tokens,
+            out.cached_tokens
+        );
+        if let Some(err) = &out.error {
+            // `message` last: it runs to the end of the line (`dpserve trace` reads it so).
+            detail.push_str(&format!(" status={} message={}", err.status, err.message));
+        }
+        tracer.event("finished", &out.rid, Some(detail));
     }
 }
 

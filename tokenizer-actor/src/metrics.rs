@@ -1,11 +1,12 @@
 //! Prometheus metrics of the tokenizer actor, in the text exposition format (`GET /metrics`).
 //!
-//! Two kinds: per-rank gauges read from the latest `ClusterStatus` at scrape time (what the
-//! workers report: running and queued requests, token usage, cache hit rate, throughput), and
-//! counters and histograms this actor records as requests run (tokens, TTFT, inter-token
-//! latency, end-to-end latency), labelled with the `dp_rank` that served them. Every name
-//! starts with `dpserve:`. Routing-decision counters (by method and branch) belong to the
-//! controller, which makes the decisions; they are not here.
+//! Three kinds: per-rank gauges read from the latest `ClusterStatus` at scrape time (what the
+//! workers report: running and queued requests, token usage, cache hit rate, throughput); the
+//! controller's routing-decision counters per (method, branch), also from `ClusterStatus`
+//! (the controller counts, cumulatively, since it makes the decisions; this actor only shows
+//! them); and counters and histograms this actor records as requests run (tokens, TTFT,
+//! inter-token latency, end-to-end latency), labelled with the `dp_rank` that served them.
+//! Every name starts with `dpserve:`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -193,6 +194,22 @@ impl Metrics {
             }
         }
 
+        let _ = writeln!(
+            out,
+            "# HELP dpserve:routing_decisions_total Routing decisions of the controller by \
+             load-balance method and branch (refused: not routable).\n\
+             # TYPE dpserve:routing_decisions_total counter"
+        );
+        for c in cluster.iter().flat_map(|c| &c.routing) {
+            let _ = writeln!(
+                out,
+                "dpserve:routing_decisions_total{{method=\"{}\",branch=\"{}\"}} {}",
+                label_value(&c.method),
+                label_value(&c.branch),
+                c.count
+            );
+        }
+
         let ranks = self.ranks.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let counters: [Series<u64>; 3] = [
             (
@@ -265,6 +282,14 @@ impl Metrics {
 type Series<T> = (&'static str, &'static str, fn(&RankSeries) -> T);
 type HistogramSeries = (&'static str, &'static str, fn(&RankSeries) -> &Histogram);
 
+/// A label value escaped as the exposition format wants (`\\`, `\"`, newline): the
+/// controller is another process, so its strings are not trusted to be plain.
+fn label_value(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
 fn gauge_header(out: &mut String, name: &str, help: &str) {
     let _ = writeln!(
         out,
@@ -333,5 +358,50 @@ mod tests {
             assert!(name.starts_with("dpserve:"), "{line}");
             value.parse::<f64>().unwrap();
         }
+    }
+
+    fn cluster(routing: Vec<protocol::RouteCount>) -> ClusterStatus {
+        ClusterStatus {
+            timestamp: 0.0,
+            load_balance_method: "prefix_affinity".into(),
+            live_ranks: Vec::new(),
+            routing,
+        }
+    }
+
+    fn count(method: &str, branch: &str, count: u64) -> protocol::RouteCount {
+        protocol::RouteCount {
+            method: method.into(),
+            branch: branch.into(),
+            count,
+        }
+    }
+
+    #[test]
+    fn routing_decisions_are_a_counter_per_method_and_branch() {
+        let m = Metrics::default();
+        let status = cluster(vec![
+            count("prefix_affinity", "affinity", 41),
+            count("prefix_affinity", "spill", 2),
+            count("prefix_affinity", "refused", 1),
+            count("odd\"name\\", "x", 3),
+        ]);
+        let text = m.render(Some(&status), 0);
+        assert!(
+            text.contains("# TYPE dpserve:routing_decisions_total counter"),
+            "{text}"
+        );
+        for want in [
+            "dpserve:routing_decisions_total{method=\"prefix_affinity\",branch=\"affinity\"} 41",
+            "dpserve:routing_decisions_total{method=\"prefix_affinity\",branch=\"spill\"} 2",
+            "dpserve:routing_decisions_total{method=\"prefix_affinity\",branch=\"refused\"} 1",
+            "dpserve:routing_decisions_total{method=\"odd\\\"name\\\\\",branch=\"x\"} 3",
+        ] {
+            assert!(text.contains(want), "missing {want:?} in\n{text}");
+        }
+        // Without a (fresh) cluster status the counter is declared but has no samples.
+        let text = m.render(None, 0);
+        assert!(text.contains("# TYPE dpserve:routing_decisions_total counter"));
+        assert!(!text.contains("dpserve:routing_decisions_total{"), "{text}");
     }
 }

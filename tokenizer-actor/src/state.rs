@@ -35,7 +35,20 @@ impl AppState {
         let LoadedTokenizer { tokenizer, facts } =
             LoadedTokenizer::load(args.model_path.as_deref())?;
         let chat_template = ChatTemplate::load(args.chat_template.as_deref(), &facts)?;
-        let bridge = Arc::new(Bridge::start(&args.tokenizer_addr, &args.controller_addr)?);
+        let tracer = match &args.trace_dir {
+            Some(dir) => protocol::msg_trace::MessageTracer::open(dir, "tokenizer", None).map_err(
+                |source| crate::TokenizerError::Io {
+                    what: format!("--trace-dir {}", dir.display()),
+                    source,
+                },
+            )?,
+            None => protocol::msg_trace::MessageTracer::disabled(),
+        };
+        let bridge = Arc::new(Bridge::start(
+            &args.tokenizer_addr,
+            &args.controller_addr,
+            tracer,
+        )?);
         let served_model_name = args
             .served_model_name
             .clone()

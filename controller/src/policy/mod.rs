@@ -114,9 +114,10 @@ pub enum Branch {
     Fallback,
 }
 
-impl fmt::Display for Branch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl Branch {
+    /// The name in traces and metrics (the serde name).
+    pub fn as_str(self) -> &'static str {
+        match self {
             Branch::Explicit => "explicit",
             Branch::Rotate => "rotate",
             Branch::LeastLoaded => "least_loaded",
@@ -124,7 +125,13 @@ impl fmt::Display for Branch {
             Branch::Affinity => "affinity",
             Branch::Spill => "spill",
             Branch::Fallback => "fallback",
-        })
+        }
+    }
+}
+
+impl fmt::Display for Branch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

@@ -3,9 +3,11 @@
 //! The controller only builds a [`RouteRecord`] and hands it to a bounded channel with
 //! `try_send`; a writer thread serialises, buffers and flushes it (every
 //! [`FLUSH_INTERVAL`] and on exit). A full channel drops the record and counts it, so a slow
-//! disk can never stall routing. Message traces across actors (`--trace-dir`) are not here.
+//! disk can never stall routing. Message traces across actors (`--trace-dir`) are written by
+//! `protocol::msg_trace`; [`timeline`] reads them back.
 
 pub mod report;
+pub mod timeline;
 
 use std::fs::OpenOptions;
 use std::io::{BufWriter, Write};

@@ -6,7 +6,8 @@
 
 use protocol::{
     Abort, Capacity, ClusterStatus, EmbedReq, FinishReason, FlushCache, GenerateReq, Heartbeat,
-    Hello, HelloAck, Message, RankInfo, SamplingParams, Shutdown, TokenOut, WorkerStatus,
+    Hello, HelloAck, Message, RankInfo, RouteCount, SamplingParams, Shutdown, TokenOut,
+    WorkerStatus,
 };
 
 /// A fixed timestamp (Unix seconds) exactly representable in an f64, so examples print exactly.
@@ -118,6 +119,11 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                     model_id: "dpserve-builtin".into(),
                     last_seen_s: 0.5,
                     status: Some(worker_status()),
+                }],
+                routing: vec![RouteCount {
+                    method: "prefix_affinity".into(),
+                    branch: "affinity".into(),
+                    count: 7,
                 }],
             }),
         ),

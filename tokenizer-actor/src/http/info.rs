@@ -238,6 +238,7 @@ mod tests {
                     }),
                 })
                 .collect(),
+            routing: Vec::new(),
         }
     }
 

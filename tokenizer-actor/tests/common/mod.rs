@@ -133,6 +133,7 @@ fn cluster(live: &[u32]) -> ClusterStatus {
                 }),
             })
             .collect(),
+        routing: Vec::new(),
     }
 }
 

@@ -1,0 +1,665 @@
+//! Failover end to end, through real HTTP: a controller, a tokenizer and three workers started as
+//! separate processes (the tiny built-in model, `prefix_affinity`, a short `--worker-timeout`,
+//! message traces on). Routing keys stick to their HRW rank; a worker SIGKILLed while it streams
+//! a long request fails that request with an error (not a hang) once its heartbeats time out; only
+//! its keys move, each to its next HRW choice; restarted with the same rank it gets back exactly
+//! its keys. Along the way: `/metrics` routing counters move, and `dpserve trace DIR --rid R`
+//! tells each request's story from the actors' message traces.
+//!
+//! Also here: `dpserve trace DIR`'s errors on its own, and `dpserve up` refusing bad
+//! `--prefix-affinity-*` values before it starts anything.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use controller::policy::{hrw, Blake2Hrw};
+use serde_json::{json, Value};
+
+const BIN: &str = env!("CARGO_BIN_EXE_dpserve");
+const RANKS: [u32; 3] = [0, 1, 2];
+/// Heartbeat silence after which the controller drops a rank. Short, so the test is quick, but
+/// twelve heartbeat periods (below), so a busy CI machine does not drop a live worker.
+const WORKER_TIMEOUT_S: f64 = 3.0;
+const HEARTBEAT_MS: u64 = 250;
+/// Generous: startup loads a model per worker on a shared 2-core machine.
+const STARTUP: Duration = Duration::from_secs(240);
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free port")
+}
+
+struct Actor {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+/// The actors of one deployment, each its own process; all stopped when dropped.
+struct Cluster {
+    /// Short path under /tmp: ipc socket paths are limited to 107 bytes.
+    dir: tempfile::TempDir,
+    actors: Vec<Actor>,
+    base: String,
+    http: reqwest::blocking::Client,
+}
+
+impl Cluster {
+    fn new() -> Cluster {
+        let dir = tempfile::Builder::new()
+            .prefix("dpsfo")
+            .tempdir_in("/tmp")
+            .expect("temp dir");
+        Cluster {
+            base: String::new(),
+            dir,
+            actors: Vec::new(),
+            http: reqwest::blocking::Client::builder()
+                .timeout(Duration::from_secs(120))
+                .build()
+                .expect("client"),
+        }
+    }
+
+    fn ipc(&self, name: &str) -> String {
+        format!("ipc://{}", self.dir.path().join(name).display())
+    }
+
+    fn traces(&self) -> PathBuf {
+        self.dir.path().join("traces")
+    }
+
+    fn spawn(&mut self, name: &str, args: &[String]) {
+        let log = self
+            .dir
+            .path()
+            .join(format!("{}.log", name.replace(' ', "-")));
+        let file = fs::File::create(&log).expect("log file");
+        let mut cmd = Command::new(BIN);
+        cmd.args(args);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("DPSERVE_") || k == "XDG_RUNTIME_DIR" {
+                cmd.env_remove(k); // only the flags below configure the actors
+            }
+        }
+        cmd.env("DPSERVE_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log file"))
+            .stderr(file);
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {name}: {e}"));
+        self.actors.push(Actor {
+            name: name.to_string(),
+            child,
+            log,
+        });
+    }
+
+    fn start_controller(&mut self) {
+        let traces = self.traces().display().to_string();
+        let args = [
+            "controller",
+            "--controller-addr",
+            &self.ipc("c.sock"),
+            "--worker-addr",
+            &self.ipc("w.sock"),
+            "--tokenizer-addr",
+            &self.ipc("t.sock"),
+            "--load-balance-method",
+            "prefix_affinity",
+            // Requests here are sequential, but a rank's speculative load is only settled by its
+            // next status: a loose guard keeps every decision on the first HRW choice, so the
+            // mapping is exactly HRW and the test can say where each key must go.
+            "--prefix-affinity-max-load-skew",
+            "1000",
+            "--worker-timeout",
+            &WORKER_TIMEOUT_S.to_string(),
+            "--trace-dir",
+            &traces,
+            "--trace-file",
+            &format!("{traces}/route.jsonl"),
+        ]
+        .map(String::from);
+        self.spawn("controller", &args);
+    }
+
+    fn start_tokenizer(&mut self) {
+        let port = free_port();
+        self.base = format!("http://127.0.0.1:{port}");
+        let args = [
+            "tokenizer",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--tokenizer-addr",
+            &self.ipc("t.sock"),
+            "--controller-addr",
+            &self.ipc("c.sock"),
+            "--dp-size",
+            "3",
+            "--trace-dir",
+            &self.traces().display().to_string(),
+        ]
+        .map(String::from);
+        self.spawn("tokenizer", &args);
+    }
+
+    fn start_worker(&mut self, rank: u32) {
+        let args = [
+            "worker",
+            "--rank",
+            &rank.to_string(),
+            "--builtin-size",
+            "tiny",
+            "--worker-addr",
+            &self.ipc("w.sock"),
+            "--tokenizer-addr",
+            &self.ipc("t.sock"),
+            "--max-total-tokens",
+            "8192",
+            "--num-threads",
+            "1",
+            "--heartbeat-interval-ms",
+            &HEARTBEAT_MS.to_string(),
+            "--trace-dir",
+            &self.traces().display().to_string(),
+        ]
+        .map(String::from);
+        self.spawn(&format!("worker {rank}"), &args);
+    }
+
+    fn actor(&mut self, name: &str) -> &mut Actor {
+        self.actors
+            .iter_mut()
+            .rev() // a restarted actor: the newest process of that name
+            .find(|a| a.name == name)
+            .unwrap_or_else(|| panic!("no actor {name}"))
+    }
+
+    fn all_logs(&self) -> String {
+        self.actors
+            .iter()
+            .map(|a| {
+                format!(
+                    "----- {} -----\n{}",
+                    a.name,
+                    fs::read_to_string(&a.log).unwrap_or_default()
+                )
+            })
+            .collect()
+    }
+
+    fn assert_running(&mut self, names: &[&str]) {
+        for name in names {
+            if let Ok(Some(status)) = self.actor(name).child.try_wait() {
+                panic!("{name} exited ({status})\n{}", self.all_logs());
+            }
+        }
+    }
+
+    /// SIGKILL: no drain, no `Shutdown`; the controller only notices the missing heartbeats.
+    fn kill(&mut self, name: &str) {
+        let actor = self.actor(name);
+        actor.child.kill().expect("SIGKILL");
+        actor.child.wait().expect("reap");
+    }
+
+    fn live_ranks(&self) -> Option<BTreeSet<u32>> {
+        let info: Value = self
+            .http
+            .get(format!("{}/get_server_info", self.base))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .ok()?
+            .json()
+            .ok()?;
+        info["live_ranks"]
+            .as_array()?
+            .iter()
+            .map(|r| r.as_u64().map(|r| r as u32))
+            .collect()
+    }
+
+    /// Poll `/get_server_info` until exactly `want` are live.
+    fn wait_live(&mut self, want: &[u32], running: &[&str], within: Duration) {
+        let want: BTreeSet<u32> = want.iter().copied().collect();
+        let deadline = Instant::now() + within;
+        let mut last = None;
+        loop {
+            self.assert_running(running);
+            last = self.live_ranks().or(last);
+            if last.as_ref() == Some(&want) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "live ranks {last:?}, want {want:?} within {within:?}\n{}",
+                self.all_logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// A short request with routing key `key`; returns the rank that served it.
+    fn generate(&self, key: &str, rid: &str) -> u32 {
+        let resp = self
+            .http
+            .post(format!("{}/generate", self.base))
+            .header("x-smg-routing-key", key)
+            .json(&json!({"rid": rid, "text": "hello world",
+                          "sampling_params": {"max_new_tokens": 2}}))
+            .send()
+            .expect("POST /generate");
+        let status = resp.status().as_u16();
+        let body: Value = resp.json().unwrap_or(Value::Null);
+        assert_eq!(status, 200, "key {key}: {body}\n{}", self.all_logs());
+        body["meta_info"]["dp_rank"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no dp_rank: {body}")) as u32
+    }
+
+    /// The rank each key lands on now.
+    fn mapping(&self, keys: &[String], round: &str) -> BTreeMap<String, u32> {
+        keys.iter()
+            .map(|k| (k.clone(), self.generate(k, &format!("{k}-{round}"))))
+            .collect()
+    }
+
+    /// `dpserve:routing_decisions_total{method="prefix_affinity",branch=B}` (0 when absent).
+    fn routing_counter(&self, branch: &str) -> u64 {
+        let text = self
+            .http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .and_then(|r| r.text())
+            .expect("GET /metrics");
+        let series = format!(
+            "dpserve:routing_decisions_total{{method=\"prefix_affinity\",branch=\"{branch}\"}} "
+        );
+        text.lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .map_or(0, |v| v.trim().parse().expect("counter value"))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for actor in &self.actors {
+            let _ = Command::new("kill")
+                .args(["-TERM", &actor.child.id().to_string()])
+                .stderr(Stdio::null())
+                .status();
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for actor in &mut self.actors {
+            while matches!(actor.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if let Ok(None) = actor.child.try_wait() {
+                actor.child.kill().ok();
+            }
+            actor.child.wait().ok();
+        }
+    }
+}
+
+/// Where HRW sends `key` among `live`: its first choice.
+fn hrw_rank(key: &str, live: &[u32]) -> u32 {
+    hrw::order(&Blake2Hrw, key.as_bytes(), live)[0]
+}
+
+/// What one SSE stream delivered, line by line, from a reader thread.
+enum Sse {
+    Data(Value),
+    Done,
+    /// The body ended (or failed) without `[DONE]`.
+    Closed(String),
+}
+
+/// Start a streaming request on its own thread; its events arrive on the returned channel.
+fn stream(base: &str, key: &str, body: Value) -> mpsc::Receiver<Sse> {
+    let (tx, rx) = mpsc::channel();
+    let url = format!("{base}/generate");
+    let key = key.to_string();
+    std::thread::spawn(move || {
+        let client = reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(600))
+            .build()
+            .expect("client");
+        let resp = match client
+            .post(url)
+            .header("x-smg-routing-key", key)
+            .json(&body)
+            .send()
+        {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = tx.send(Sse::Closed(format!("request failed: {e}")));
+                return;
+            }
+        };
+        let status = resp.status().as_u16();
+        if status != 200 {
+            let text = resp.text().unwrap_or_default();
+            let _ = tx.send(Sse::Closed(format!("status {status}: {text}")));
+            return;
+        }
+        for line in BufReader::new(resp).lines() {
+            let line = match line {
+                Ok(l) => l,
+                Err(e) => {
+                    let _ = tx.send(Sse::Closed(format!("read failed: {e}")));
+                    return;
+                }
+            };
+            let Some(data) = line.strip_prefix("data: ") else {
+                continue;
+            };
+            let event = if data == "[DONE]" {
+                Sse::Done
+            } else {
+                Sse::Data(serde_json::from_str(data).expect("SSE chunk is JSON"))
+            };
+            if tx.send(event).is_err() {
+                return;
+            }
+        }
+        let _ = tx.send(Sse::Closed("body ended".into()));
+    });
+    rx
+}
+
+fn dpserve_trace(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .arg("trace")
+        .args(args)
+        .env_remove("DPSERVE_LOG")
+        .output()
+        .expect("run dpserve trace")
+}
+
+/// Run `dpserve trace DIR --rid R` until its output has every `want` (the actors flush their
+/// trace files every 200 ms, so the last lines may lag the HTTP response a little).
+fn trace_until(dir: &Path, rid: &str, want: &[&str]) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = dpserve_trace(&[dir.to_str().expect("utf-8 path"), "--rid", rid]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success() && want.iter().all(|w| text.contains(w)) {
+            return text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "dpserve trace --rid {rid} never showed {want:?}: {}\nstdout:\n{text}\nstderr:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn killed_worker_fails_its_request_moves_only_its_keys_and_gets_them_back() {
+    let mut c = Cluster::new();
+    c.start_controller();
+    c.start_tokenizer();
+    for rank in RANKS {
+        c.start_worker(rank);
+    }
+    let everyone = [
+        "controller",
+        "tokenizer",
+        "worker 0",
+        "worker 1",
+        "worker 2",
+    ];
+    c.wait_live(&RANKS, &everyone, STARTUP);
+
+    // Every key lands on its HRW rank, and stays there.
+    let keys: Vec<String> = (0..12).map(|i| format!("tenant-{i}")).collect();
+    let affinity_before = c.routing_counter("affinity");
+    let before = c.mapping(&keys, "a");
+    for (key, &rank) in &before {
+        assert_eq!(rank, hrw_rank(key, &RANKS), "{key} is not on its HRW rank");
+    }
+    assert_eq!(
+        c.mapping(&keys, "b"),
+        before,
+        "keys moved with nothing changed"
+    );
+    let owners: BTreeSet<u32> = before.values().copied().collect();
+    assert_eq!(
+        owners,
+        RANKS.into_iter().collect(),
+        "these keys no longer cover every rank; pick others: {before:?}"
+    );
+
+    // The controller's routing counters reach /metrics (via ClusterStatus, every ~500 ms).
+    let want = affinity_before + 2 * keys.len() as u64;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c.routing_counter("affinity") < want {
+        assert!(
+            Instant::now() < deadline,
+            "routing_decisions_total{{branch=\"affinity\"}} stayed at {} (want >= {want})",
+            c.routing_counter("affinity")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // A long streaming request on the first key's rank; kill that rank once tokens flow.
+    let long_key = &keys[0];
+    let victim = before[long_key];
+    let events = stream(
+        &c.base,
+        long_key,
+        json!({"rid": "failover-long", "text": "hello", "stream": true,
+               "sampling_params": {"max_new_tokens": 7000, "ignore_eos": true}}),
+    );
+    match events.recv_timeout(Duration::from_secs(120)) {
+        Ok(Sse::Data(chunk)) => {
+            assert_eq!(chunk["meta_info"]["dp_rank"], json!(victim), "{chunk}");
+            assert!(chunk.get("error").is_none(), "{chunk}");
+        }
+        Ok(Sse::Done) => panic!("the long request ended before its first chunk"),
+        Ok(Sse::Closed(why)) => panic!("the long request failed at once: {why}"),
+        Err(e) => panic!("no first chunk of the long request: {e}\n{}", c.all_logs()),
+    }
+    let victim_name = format!("worker {victim}");
+    c.kill(&victim_name);
+
+    // The request ends with exactly one error, then [DONE]: no hang, no success.
+    let deadline = Instant::now() + Duration::from_secs_f64(WORKER_TIMEOUT_S + 60.0);
+    let mut error = None;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match events.recv_timeout(left) {
+            Ok(Sse::Data(chunk)) if chunk.get("error").is_some() => {
+                assert!(error.is_none(), "a second error: {chunk}");
+                error = Some(chunk);
+            }
+            Ok(Sse::Data(chunk)) => {
+                assert!(error.is_none(), "data after the error: {chunk}");
+                assert_ne!(
+                    chunk["meta_info"]["finish_reason"]["type"],
+                    json!("length"),
+                    "the killed rank's request cannot have finished: {chunk}"
+                );
+            }
+            Ok(Sse::Done) => break,
+            Ok(Sse::Closed(why)) => panic!("stream ended without [DONE]: {why}"),
+            Err(_) => panic!(
+                "the killed rank's request hung: no error within {WORKER_TIMEOUT_S} s + 60 s\n{}",
+                c.all_logs()
+            ),
+        }
+    }
+    let error = error.expect("an error event before [DONE]");
+    let message = error["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("rank {victim}")) && message.contains("stopped responding"),
+        "{error}"
+    );
+
+    // The rank left; only its keys moved, each to its next HRW choice among the live ranks.
+    let survivors: Vec<u32> = RANKS.into_iter().filter(|&r| r != victim).collect();
+    let running: Vec<String> = ["controller", "tokenizer"]
+        .into_iter()
+        .map(String::from)
+        .chain(survivors.iter().map(|r| format!("worker {r}")))
+        .collect();
+    let running: Vec<&str> = running.iter().map(String::as_str).collect();
+    c.wait_live(&survivors, &running, Duration::from_secs(30));
+    let during = c.mapping(&keys, "c");
+    for key in &keys {
+        if before[key] == victim {
+            assert_eq!(
+                during[key],
+                hrw_rank(key, &survivors),
+                "{key} left rank {victim} for the wrong rank"
+            );
+            assert_ne!(during[key], victim);
+        } else {
+            assert_eq!(
+                during[key], before[key],
+                "{key} moved, but its rank is alive"
+            );
+        }
+    }
+
+    // The same rank comes back and gets exactly its keys back.
+    c.start_worker(victim);
+    c.wait_live(&RANKS, &everyone, STARTUP);
+    assert_eq!(
+        c.mapping(&keys, "d"),
+        before,
+        "the restarted rank did not get its keys back"
+    );
+
+    // The message traces tell both stories.
+    let traces = c.traces();
+    let short_rid = format!("{}-a", keys[1]);
+    let short = trace_until(
+        &traces,
+        &short_rid,
+        &[
+            "tokenizer",
+            "controller",
+            &format!("worker[{}]", before[&keys[1]]),
+            &format!(
+                "was routed to rank {} via branch affinity, first token after",
+                before[&keys[1]]
+            ),
+            "(reason: length)",
+        ],
+    );
+    for kind in [
+        "GenerateReq",
+        "TokenOut",
+        "routed",
+        "first_token",
+        "finished",
+    ] {
+        assert!(short.contains(kind), "no {kind} in the timeline:\n{short}");
+    }
+    trace_until(
+        &traces,
+        "failover-long",
+        &[
+            &format!("was routed to rank {victim} via branch affinity"),
+            "failed",
+            "reason: error",
+            "stopped responding",
+        ],
+    );
+    let out = dpserve_trace(&[traces.to_str().expect("utf-8 path")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    for want in [
+        "tokenizer (",
+        "controller (",
+        "worker[0] (",
+        "requests seen: ",
+    ] {
+        assert!(text.contains(want), "{want:?} not in the overview:\n{text}");
+    }
+    let out = dpserve_trace(&[traces.to_str().expect("utf-8 path"), "--rid", "no-such"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no events for rid \"no-such\""));
+}
+
+#[test]
+fn trace_dir_errors_are_clear_and_malformed_lines_are_skipped() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().to_str().expect("utf-8 path");
+    let out = dpserve_trace(&[path]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no trace files (*.jsonl)"), "{stderr}");
+
+    let line = json!({"t": 5.0, "actor": "tokenizer", "dir": "send", "type": "GenerateReq",
+                      "rid": "r1", "peer": "controller", "bytes": 40});
+    let done = json!({"t": 5.5, "actor": "tokenizer", "dir": "event", "type": "finished",
+                      "rid": "r1", "detail": "reason=stop completion_tokens=1"});
+    fs::write(
+        dir.path().join("tokenizer.jsonl"),
+        format!("{line}\nnot json at all\n{done}\n{{\"t\": 6"),
+    )
+    .expect("write trace");
+    let out = dpserve_trace(&[path, "--rid", "r1"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("skipped 2 line(s)"), "{stderr}");
+    assert!(
+        stdout.contains("finished after 500.0 ms (reason: stop)"),
+        "{stdout}"
+    );
+    let out = dpserve_trace(&[path, "--rid", "r2"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no events for rid \"r2\""),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn up_refuses_bad_prefix_affinity_values_before_starting_anything() {
+    let runtime = tempfile::Builder::new()
+        .prefix("dpsup")
+        .tempdir_in("/tmp")
+        .expect("temp dir");
+    for (flag, value) in [
+        ("--prefix-affinity-max-load-skew", "0.5"),
+        ("--prefix-affinity-hash-tokens", "0"),
+        ("--prefix-affinity-fallback", "prefix_affinity"),
+    ] {
+        let port = free_port();
+        let out = Command::new(BIN)
+            .args(["up", "--port", &port.to_string(), "--runtime-dir"])
+            .arg(runtime.path())
+            .args([flag, value])
+            // `up` logs each child it starts at info.
+            .env("DPSERVE_LOG", "info")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run dpserve up");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag} {value}: {stderr}");
+        assert!(stderr.contains(flag), "{flag} {value}: {stderr}");
+        // Nothing was started: no actor logged, nothing listens on the port.
+        assert!(
+            !stderr.contains("started"),
+            "{flag} {value}: children were started:\n{stderr}"
+        );
+        assert!(TcpListener::bind(("127.0.0.1", port)).is_ok());
+    }
+}
