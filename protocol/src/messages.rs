@@ -139,6 +139,10 @@ pub struct GenerateReq {
     pub bootstrap_room: Option<u64>,
     #[serde(default)]
     pub return_logprob: bool,
+    /// With `return_logprob`: also send, per output token, the this-many most likely tokens
+    /// (`TokenOut.top_logprobs`). 0 means none.
+    #[serde(default)]
+    pub top_logprobs_num: u32,
     /// Unix seconds when the HTTP request arrived.
     #[serde(default)]
     pub received_at: f64,
@@ -226,6 +230,11 @@ pub struct TokenOut {
     /// Log-probability of each id in `output_ids`, when asked for.
     #[serde(default)]
     pub logprobs: Option<Vec<f32>>,
+    /// Per id in `output_ids`, when `top_logprobs_num` > 0 asked for them: the most likely
+    /// `(token id, log-probability)` pairs of the distribution `logprobs` is taken from, most
+    /// likely first (ties: lower id first), as `[id, logprob]` lists on the wire.
+    #[serde(default)]
+    pub top_logprobs: Option<Vec<Vec<(u32, f32)>>>,
     /// For an `EmbedReq`: the L2-normalised embedding.
     #[serde(default)]
     pub embedding: Option<Vec<f32>>,
@@ -246,6 +255,7 @@ impl TokenOut {
             cached_tokens: 0,
             dp_rank: None,
             logprobs: None,
+            top_logprobs: None,
             embedding: None,
             error: Some(ReqError {
                 status,

@@ -18,7 +18,7 @@ const GOLDEN: &[(&str, &str)] = &[
         "GenerateReq",
         "
         82 a1 76 01 a3 6d 73 67 81 ab 47 65 6e 65 72 61
-        74 65 52 65 71 89 a3 72 69 64 a2 72 31 a9 69 6e
+        74 65 52 65 71 8a a3 72 69 64 a2 72 31 a9 69 6e
         70 75 74 5f 69 64 73 93 01 cd 3a c3 cd 0c 72 a8
         73 61 6d 70 6c 69 6e 67 8c ae 6d 61 78 5f 6e 65
         77 5f 74 6f 6b 65 6e 73 10 ab 74 65 6d 70 65 72
@@ -36,9 +36,10 @@ const GOLDEN: &[(&str, &str)] = &[
         74 69 6e 67 5f 6b 65 79 a7 75 73 65 72 2d 34 32
         ae 72 6f 75 74 65 64 5f 64 70 5f 72 61 6e 6b c0
         ae 62 6f 6f 74 73 74 72 61 70 5f 72 6f 6f 6d c0
-        ae 72 65 74 75 72 6e 5f 6c 6f 67 70 72 6f 62 c2
-        ab 72 65 63 65 69 76 65 64 5f 61 74 cb 41 d9 54
-        fc 40 10 00 00
+        ae 72 65 74 75 72 6e 5f 6c 6f 67 70 72 6f 62 c3
+        b0 74 6f 70 5f 6c 6f 67 70 72 6f 62 73 5f 6e 75
+        6d 02 ab 72 65 63 65 69 76 65 64 5f 61 74 cb 41
+        d9 54 fc 40 10 00 00
         ",
     ),
     (
@@ -77,7 +78,7 @@ const GOLDEN: &[(&str, &str)] = &[
         "TokenOut",
         "
         82 a1 76 01 a3 6d 73 67 81 a8 54 6f 6b 65 6e 4f
-        75 74 8b a3 72 69 64 a2 72 31 aa 6f 75 74 70 75
+        75 74 8c a3 72 69 64 a2 72 31 aa 6f 75 74 70 75
         74 5f 69 64 73 92 cd 01 c2 02 ad 66 69 6e 69 73
         68 5f 72 65 61 73 6f 6e a4 73 74 6f 70 ac 6d 61
         74 63 68 65 64 5f 73 74 6f 70 02 ad 70 72 6f 6d
@@ -85,26 +86,30 @@ const GOLDEN: &[(&str, &str)] = &[
         65 74 69 6f 6e 5f 74 6f 6b 65 6e 73 02 ad 63 61
         63 68 65 64 5f 74 6f 6b 65 6e 73 01 a7 64 70 5f
         72 61 6e 6b 00 a8 6c 6f 67 70 72 6f 62 73 92 ca
-        bf 00 00 00 ca be 80 00 00 a9 65 6d 62 65 64 64
-        69 6e 67 c0 a5 65 72 72 6f 72 c0
+        bf 00 00 00 ca be 80 00 00 ac 74 6f 70 5f 6c 6f
+        67 70 72 6f 62 73 92 92 92 cd 01 c2 ca bf 00 00
+        00 92 cd 06 28 ca bf c0 00 00 92 92 02 ca be 80
+        00 00 92 cd 74 c1 ca c0 00 00 00 a9 65 6d 62 65
+        64 64 69 6e 67 c0 a5 65 72 72 6f 72 c0
         ",
     ),
     (
         "TokenOut-error",
         "
         82 a1 76 01 a3 6d 73 67 81 a8 54 6f 6b 65 6e 4f
-        75 74 8b a3 72 69 64 a2 72 32 aa 6f 75 74 70 75
+        75 74 8c a3 72 69 64 a2 72 32 aa 6f 75 74 70 75
         74 5f 69 64 73 90 ad 66 69 6e 69 73 68 5f 72 65
         61 73 6f 6e a5 65 72 72 6f 72 ac 6d 61 74 63 68
         65 64 5f 73 74 6f 70 c0 ad 70 72 6f 6d 70 74 5f
         74 6f 6b 65 6e 73 00 b1 63 6f 6d 70 6c 65 74 69
         6f 6e 5f 74 6f 6b 65 6e 73 00 ad 63 61 63 68 65
         64 5f 74 6f 6b 65 6e 73 00 a7 64 70 5f 72 61 6e
-        6b c0 a8 6c 6f 67 70 72 6f 62 73 c0 a9 65 6d 62
-        65 64 64 69 6e 67 c0 a5 65 72 72 6f 72 82 a6 73
-        74 61 74 75 73 cd 01 90 a7 6d 65 73 73 61 67 65
-        b2 72 61 6e 6b 20 35 20 69 73 20 6e 6f 74 20 6c
-        69 76 65
+        6b c0 a8 6c 6f 67 70 72 6f 62 73 c0 ac 74 6f 70
+        5f 6c 6f 67 70 72 6f 62 73 c0 a9 65 6d 62 65 64
+        64 69 6e 67 c0 a5 65 72 72 6f 72 82 a6 73 74 61
+        74 75 73 cd 01 90 a7 6d 65 73 73 61 67 65 b2 72
+        61 6e 6b 20 35 20 69 73 20 6e 6f 74 20 6c 69 76
+        65
         ",
     ),
     (
@@ -335,6 +340,7 @@ const FIELD_RULES: &[FieldRules] = &[
             ("routed_dp_rank", "null"),
             ("bootstrap_room", "null"),
             ("return_logprob", "false"),
+            ("top_logprobs_num", "0"),
             ("received_at", "0.0"),
         ],
     },
@@ -369,6 +375,7 @@ const FIELD_RULES: &[FieldRules] = &[
             ("cached_tokens", "0"),
             ("dp_rank", "null"),
             ("logprobs", "null"),
+            ("top_logprobs", "null"),
             ("embedding", "null"),
             ("error", "null"),
         ],
@@ -565,6 +572,7 @@ fn minimal_frames_from_other_languages_decode_with_defaults() {
         routed_dp_rank: None,
         bootstrap_room: None,
         return_logprob: false,
+        top_logprobs_num: 0,
         received_at: 1_700_000_000.0,
     };
     assert_eq!(req, expected);

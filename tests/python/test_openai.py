@@ -9,15 +9,19 @@ Standard library `unittest` only, so the one pinned dependency is `openai`:
     python3 -m unittest discover -s tests/python -v
 """
 
+import base64
 import json
+import math
 import os
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import struct
 import time
 import unittest
+import urllib.error
 import urllib.request
 
 import openai
@@ -38,6 +42,19 @@ def free_port():
 def http_get(path):
     with urllib.request.urlopen(SERVER["url"] + path, timeout=10) as r:
         return r.status, r.read().decode()
+
+
+def http_post(path, body, headers=None):
+    """POST JSON; returns (status, parsed body), 4xx/5xx included."""
+    req = urllib.request.Request(
+        SERVER["url"] + path, data=json.dumps(body).encode(), method="POST",
+        headers=dict({"content-type": "application/json"}, **(headers or {})),
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
 
 
 def setUpModule():
@@ -184,6 +201,25 @@ class Completions(unittest.TestCase):
         self.assertEqual(len(lp.token_logprobs), r.usage.completion_tokens)
         self.assertTrue(all(x <= 0 for x in lp.token_logprobs))
 
+    def test_top_logprobs_hold_the_greedy_token_and_stream_the_same(self):
+        r = self.greedy(max_tokens=6, logprobs=3)
+        lp = r.choices[0].logprobs
+        self.assertEqual(len(lp.top_logprobs), len(lp.tokens))
+        self.assertEqual(len(lp.tokens), r.usage.completion_tokens)
+        for token, chosen, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+            # Up to 3: two ids with the same text share one key. A JSON map: keys unordered.
+            self.assertTrue(1 <= len(top) <= 3, top)
+            values = sorted(top.values(), reverse=True)
+            self.assertLessEqual(sum(math.exp(v) for v in values), 1.0 + 1e-6)
+            # Greedy: the chosen token is the most likely one, with the same logprob.
+            self.assertEqual(values[0], chosen)
+            self.assertEqual(top[token], chosen)
+        chunks = list(self.greedy(max_tokens=6, logprobs=3, stream=True))
+        streamed = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+        self.assertEqual([t for s in streamed for t in s.tokens], lp.tokens)
+        self.assertEqual([t for s in streamed for t in s.token_logprobs], lp.token_logprobs)
+        self.assertEqual([t for s in streamed for t in s.top_logprobs], lp.top_logprobs)
+
     def test_routing_key_header_is_accepted(self):
         r = client().completions.create(
             model=MODEL, prompt=PROMPT, max_tokens=2,
@@ -220,6 +256,26 @@ class Chat(unittest.TestCase):
         self.assertGreaterEqual(len(content), 1)
         self.assertLessEqual(content[0].logprob, 0)
 
+    def test_chat_top_logprobs_hold_the_greedy_token_and_stream_the_same(self):
+        kw = dict(model=MODEL, messages=self.MESSAGES, max_tokens=6, temperature=0,
+                  logprobs=True, top_logprobs=4)
+        r = client().chat.completions.create(**kw)
+        content = r.choices[0].logprobs.content
+        self.assertEqual(len(content), r.usage.completion_tokens)
+        for item in content:
+            top = item.top_logprobs
+            self.assertEqual(len(top), 4)
+            values = [t.logprob for t in top]
+            self.assertEqual(values, sorted(values, reverse=True))
+            self.assertLessEqual(sum(math.exp(v) for v in values), 1.0 + 1e-6)
+            self.assertEqual((top[0].token, top[0].logprob), (item.token, item.logprob))
+            for t in top:
+                self.assertEqual(bytes(t.bytes), t.token.encode())
+        chunks = list(client().chat.completions.create(stream=True, **kw))
+        streamed = [i for c in chunks if c.choices and c.choices[0].logprobs
+                    for i in c.choices[0].logprobs.content]
+        self.assertEqual([i.model_dump() for i in streamed], [i.model_dump() for i in content])
+
 
 class Errors(unittest.TestCase):
     def assert_bad(self, param, call):
@@ -240,12 +296,99 @@ class Errors(unittest.TestCase):
             model=MODEL, prompt="hi", max_tokens=10**7))
         self.assert_bad("messages", lambda: c.chat.completions.create(model=MODEL, messages=[]))
         self.assert_bad("top_logprobs", lambda: c.chat.completions.create(
-            model=MODEL, messages=Chat.MESSAGES, logprobs=True, top_logprobs=2))
+            model=MODEL, messages=Chat.MESSAGES, logprobs=True, top_logprobs=21))
+        self.assert_bad("top_logprobs", lambda: c.chat.completions.create(
+            model=MODEL, messages=Chat.MESSAGES, top_logprobs=2))
+        self.assert_bad("logprobs", lambda: c.completions.create(
+            model=MODEL, prompt="hi", logprobs=6))
         self.assert_bad("presence_penalty", lambda: c.chat.completions.create(
             model=MODEL, messages=Chat.MESSAGES, presence_penalty=3))
         # Still serving.
         r = c.completions.create(model=MODEL, prompt="hi", max_tokens=1)
         self.assertEqual(len(r.choices), 1)
+
+
+class Embeddings(unittest.TestCase):
+    TEXTS = ["the little dog ran home", "a cat sat in the sun", "once upon a time"]
+
+    def embed(self, input, **kw):
+        return client().embeddings.create(model=MODEL, input=input, encoding_format="float", **kw)
+
+    def assert_close(self, a, b):
+        self.assertEqual(len(a), len(b))
+        self.assertTrue(all(abs(x - y) <= 1e-6 for x, y in zip(a, b)))
+
+    def test_shape_unit_norm_and_usage(self):
+        r = self.embed(self.TEXTS[0])
+        self.assertEqual(r.object, "list")
+        self.assertEqual(r.model, MODEL)
+        self.assertEqual(len(r.data), 1)
+        self.assertEqual((r.data[0].object, r.data[0].index), ("embedding", 0))
+        v = r.data[0].embedding
+        self.assertGreater(len(v), 8)
+        self.assertAlmostEqual(math.sqrt(sum(x * x for x in v)), 1.0, places=4)
+        self.assertGreater(r.usage.prompt_tokens, 3)
+        self.assertEqual(r.usage.total_tokens, r.usage.prompt_tokens)
+
+    def test_same_input_same_vector_on_both_ranks(self):
+        by_rank = [
+            self.embed(self.TEXTS[1], extra_headers={"X-Data-Parallel-Rank": str(rank)})
+            .data[0].embedding
+            for rank in (0, 1)
+        ]
+        self.assert_close(by_rank[0], by_rank[1])
+        # The native endpoint says where it ran: the rank asked for, and the same vector.
+        for rank in (0, 1):
+            status, body = http_post("/encode", {"text": self.TEXTS[1], "routed_dp_rank": rank})
+            self.assertEqual(status, 200, body)
+            self.assertEqual(body["meta_info"]["dp_rank"], rank)
+            self.assert_close(body["embedding"], by_rank[0])
+
+    def test_batch_keeps_input_order(self):
+        texts = self.TEXTS + [self.TEXTS[0]]
+        r = self.embed(texts)
+        self.assertEqual([d.index for d in r.data], [0, 1, 2, 3])
+        alone = [self.embed(t).data[0].embedding for t in self.TEXTS]
+        for d, want in zip(r.data, alone + alone[:1]):
+            self.assert_close(d.embedding, want)
+        self.assertNotEqual(r.data[0].embedding, r.data[1].embedding)
+        ids = [[1, 50, 60, 70], [1, 80, 90]]
+        by_ids = self.embed(ids)
+        self.assertEqual(by_ids.usage.prompt_tokens, 7)
+        self.assert_close(self.embed(ids[1]).data[0].embedding, by_ids.data[1].embedding)
+
+    def test_base64_decodes_to_the_float_result(self):
+        # JSON numbers are the f32 values printed; rounding them to f32 gives the bits back.
+        floats = self.embed(self.TEXTS[2]).data[0].embedding
+        n = len(floats)
+        as_f32 = list(struct.unpack(f"<{n}f", struct.pack(f"<{n}f", *floats)))
+        # The client asks for base64 by default and decodes it itself.
+        decoded = client().embeddings.create(model=MODEL, input=self.TEXTS[2]).data[0].embedding
+        self.assertEqual([float(x) for x in decoded], as_f32)
+        status, body = http_post(
+            "/v1/embeddings", {"input": self.TEXTS[2], "encoding_format": "base64"})
+        self.assertEqual(status, 200, body)
+        raw = base64.b64decode(body["data"][0]["embedding"])
+        self.assertEqual(len(raw), 4 * n)
+        self.assertEqual(list(struct.unpack(f"<{n}f", raw)), as_f32)
+
+    def test_bad_requests_are_400_with_param(self):
+        for param, call in [
+            ("dimensions", lambda: self.embed("hi", dimensions=8)),
+            ("input", lambda: self.embed("")),
+            ("input", lambda: self.embed([])),
+            ("encoding_format", lambda: client().embeddings.create(
+                model=MODEL, input="hi", encoding_format="int8")),
+        ]:
+            with self.assertRaises(openai.BadRequestError) as ctx:
+                call()
+            self.assertEqual(ctx.exception.body.get("param"), param, ctx.exception.body)
+        _, info = http_get("/get_server_info")
+        too_long = [5] * (json.loads(info)["context_length"] + 1)
+        with self.assertRaises(openai.BadRequestError) as ctx:
+            self.embed(too_long)
+        self.assertIn("context length", ctx.exception.body["message"])
+        self.assertEqual(len(self.embed("still serving").data), 1)
 
 
 class Metrics(unittest.TestCase):

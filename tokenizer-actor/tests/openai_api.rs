@@ -245,6 +245,7 @@ fn logprobs_of_chosen_tokens() {
     assert_eq!(lp["token_logprobs"][0], json!(-0.1f32));
     assert_eq!(lp["tokens"][0], "there");
     assert!(requests(&h)[0].return_logprob);
+    assert_eq!(requests(&h)[0].top_logprobs_num, 0);
     let (status, v) = h.post(
         "/v1/chat/completions",
         &json!({"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "max_tokens": 5}),
@@ -254,6 +255,24 @@ fn logprobs_of_chosen_tokens() {
     assert_eq!(content.len(), n_out);
     assert_eq!(content[1]["token"], "was");
     assert_eq!(content[1]["top_logprobs"], json!([]));
+    // Alternatives are asked of the worker: completions' `logprobs: k`, chat's `top_logprobs`.
+    h.post("/v1/completions", &json!({"prompt": "hi", "logprobs": 5}));
+    h.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 20}),
+    );
+    h.post(
+        "/generate",
+        &json!({"text": "hi", "return_logprob": true, "top_logprobs_num": 2}),
+    );
+    // Without return_logprob, SGLang ignores top_logprobs_num.
+    h.post("/generate", &json!({"text": "hi", "top_logprobs_num": 2}));
+    let reqs = requests(&h);
+    let asked: Vec<(bool, u32)> = reqs[2..]
+        .iter()
+        .map(|r| (r.return_logprob, r.top_logprobs_num))
+        .collect();
+    assert_eq!(asked, vec![(true, 5), (true, 20), (true, 2), (false, 0)]);
 }
 
 #[test]
@@ -284,9 +303,28 @@ fn openai_errors_have_the_openai_shape() {
         ),
         (
             "/v1/chat/completions",
-            json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 3}),
+            json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}),
             "top_logprobs",
         ),
+        (
+            "/v1/completions",
+            json!({"prompt": "a", "logprobs": 6}),
+            "logprobs",
+        ),
+        // Embeddings refused before anything reaches the controller.
+        (
+            "/v1/embeddings",
+            json!({"input": "a", "dimensions": 16}),
+            "dimensions",
+        ),
+        ("/v1/embeddings", json!({"input": [1, 9000]}), "input"),
+        (
+            "/v1/embeddings",
+            json!({"input": vec![5; protocol::builtin::CONTEXT_LEN + 1]}),
+            "input",
+        ),
+        ("/encode", json!({"text": ["a", 1]}), "text"),
+        ("/encode", json!({"input_ids": [[1], [9000]]}), "input_ids"),
     ];
     for (path, body, param) in cases {
         let (status, v) = h.post(path, &body);
@@ -435,4 +473,19 @@ fn api_key_guards_everything_but_health() {
         .send()
         .unwrap();
     assert_eq!(resp.status().as_u16(), 200);
+    // Embeddings too; with the key, a bad body reaches validation (and no further).
+    for (path, body) in [
+        ("/v1/embeddings", json!({"input": "hi", "dimensions": 4})),
+        ("/encode", json!({"text": 5})),
+    ] {
+        let resp = c.post(h.url(path)).json(&body).send().unwrap();
+        assert_eq!(resp.status().as_u16(), 401, "{path}");
+        let resp = c
+            .post(h.url(path))
+            .bearer_auth("sekrit")
+            .json(&body)
+            .send()
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 400, "{path}");
+    }
 }

@@ -21,6 +21,8 @@ pub struct Req {
     pub output: Vec<u32>,
     pub params: SamplingParams,
     pub return_logprob: bool,
+    /// Alternatives to report per output token (0: none).
+    pub top_logprobs_num: u32,
     pub rng: StdRng,
     /// Row of the request-to-token pool while admitted: column `p` is the KV slot of position
     /// `p` of `prompt ++ output`.
@@ -39,20 +41,27 @@ pub struct Req {
     /// Output tokens already sent to the tokenizer.
     pub sent: usize,
     pub logprobs: Vec<f32>,
+    /// Per output token, when `top_logprobs_num` > 0.
+    pub top_logprobs: Vec<Vec<(u32, f32)>>,
     pub arrived: Instant,
 }
 
 impl Req {
     pub fn generate(req: GenerateReq) -> Self {
         let seed = req.sampling.seed.unwrap_or_else(rand::random);
-        Req::new(
+        let mut r = Req::new(
             req.rid,
             ReqKind::Generate,
             req.input_ids,
             req.sampling,
             req.return_logprob,
             seed,
-        )
+        );
+        // Alternatives come with the chosen tokens' logprobs, never alone (as SGLang).
+        if req.return_logprob {
+            r.top_logprobs_num = req.top_logprobs_num;
+        }
+        r
     }
 
     pub fn embed(rid: String, input_ids: Vec<u32>) -> Self {
@@ -79,6 +88,7 @@ impl Req {
             output: Vec::new(),
             params,
             return_logprob,
+            top_logprobs_num: 0,
             rng: StdRng::seed_from_u64(seed),
             row: None,
             len: 0,
@@ -88,6 +98,7 @@ impl Req {
             admitted_once: false,
             sent: 0,
             logprobs: Vec::new(),
+            top_logprobs: Vec::new(),
             arrived: Instant::now(),
         }
     }

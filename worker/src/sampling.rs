@@ -1,22 +1,31 @@
 //! Token sampling from one row of logits: penalties, temperature, top-k, top-p, min-p, then a
-//! draw from the request's seeded generator. Stop conditions live in the scheduler.
+//! draw from the request's seeded generator; and the log-probabilities reported with the
+//! choice. Stop conditions live in the scheduler.
 //!
 //! Order (as vLLM/SGLang): repetition penalty over prompt ∪ output tokens (divide positive
 //! logits, multiply negative ones), frequency and presence penalties over output tokens, then
-//! `logit_bias` (added, as OpenAI; it applies to greedy too), then temperature, then the truncations on the sorted distribution. Greedy (temperature ≤ 0 or
-//! top_k == 1) is argmax with ties to the lowest index, and draws nothing from the generator.
+//! `logit_bias` (added, as OpenAI; it applies to greedy too), then temperature, then the
+//! truncations on the sorted distribution. Greedy (temperature ≤ 0 or top_k == 1) is argmax
+//! with ties to the lowest index, and draws nothing from the generator.
+//!
+//! Reported log-probabilities (the chosen token's and the top-k alternatives) all come from one
+//! distribution: the log-softmax of the penalised logits at temperature 1 for greedy, at the
+//! request's temperature (before truncation) otherwise. So with greedy the chosen token is
+//! always the first alternative, with the very same number.
 
 use protocol::SamplingParams;
 use rand::rngs::StdRng;
 use rand::Rng;
 
 /// The chosen token and its log-probability.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SampleResult {
     pub token: u32,
-    /// Log-softmax of the penalised logits at the chosen token: at temperature 1 for greedy,
-    /// at the request's temperature (before truncation) otherwise.
+    /// Log-probability of the chosen token in the reported distribution (see the module doc).
     pub logprob: f32,
+    /// The `top_logprobs_num` most likely `(token, logprob)` of the same distribution, most
+    /// likely first, ties to the lower id. Empty (and never allocated) when none were asked.
+    pub top_logprobs: Vec<(u32, f32)>,
 }
 
 /// Applies the penalties in place to `logits`.
@@ -53,26 +62,76 @@ fn apply_penalties(logits: &mut [f32], p: &SamplingParams, prompt_ids: &[u32], o
     }
 }
 
-/// `log_softmax(logits / temp)[idx]`, in f64 for stability.
-fn log_softmax_at(logits: &[f32], temp: f32, idx: usize) -> f32 {
-    let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-    let t = temp as f64;
-    let z: f64 = logits.iter().map(|&l| ((l as f64 - max) / t).exp()).sum();
-    ((logits[idx] as f64 - max) / t - z.ln()) as f32
+/// `log_softmax(logits / temp)` of one row, evaluated lazily: the normaliser is computed once
+/// (in f64, for stability) and each log-probability costs O(1), so the chosen token and its
+/// alternatives share one pass over the vocabulary and agree to the bit.
+struct LogSoftmax<'a> {
+    logits: &'a [f32],
+    max: f64,
+    temp: f64,
+    ln_z: f64,
 }
 
-/// Samples one token from `logits` (modified in place by the penalties) under `params`.
+impl<'a> LogSoftmax<'a> {
+    fn new(logits: &'a [f32], temp: f32) -> Self {
+        let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+        let temp = temp as f64;
+        let z: f64 = logits
+            .iter()
+            .map(|&l| ((l as f64 - max) / temp).exp())
+            .sum();
+        LogSoftmax {
+            logits,
+            max,
+            temp,
+            ln_z: z.ln(),
+        }
+    }
+
+    fn at(&self, idx: usize) -> f32 {
+        ((self.logits[idx] as f64 - self.max) / self.temp - self.ln_z) as f32
+    }
+
+    /// The `k` most likely ids with their log-probabilities, most likely first, ties to the
+    /// lower id (as greedy's argmax). O(V·log k) worst case, O(V) for ordinary rows: a small
+    /// sorted buffer that most logits fail to enter.
+    fn top(&self, k: usize) -> Vec<(u32, f32)> {
+        let k = k.min(self.logits.len());
+        if k == 0 {
+            return Vec::new();
+        }
+        // Descending logit, ascending id: the buffer's order is the answer's order.
+        let mut best: Vec<(usize, f32)> = Vec::with_capacity(k + 1);
+        for (i, &l) in self.logits.iter().enumerate() {
+            if best.len() == k && l <= best[k - 1].1 {
+                continue; // not better than the worst kept (an equal one has a higher id)
+            }
+            // First position whose logit is lower than `l`: equal logits keep id order.
+            let at = best.partition_point(|&(_, b)| b >= l);
+            best.insert(at, (i, l));
+            best.truncate(k);
+        }
+        best.into_iter()
+            .map(|(i, _)| (i as u32, self.at(i)))
+            .collect()
+    }
+}
+
+/// Samples one token from `logits` (modified in place by the penalties) under `params`, with
+/// the `top_logprobs_num` most likely alternatives (0: none, at no cost).
 pub fn sample(
     logits: &mut [f32],
     params: &SamplingParams,
     rng: &mut StdRng,
     prompt_ids: &[u32],
     output_ids: &[u32],
+    top_logprobs_num: usize,
 ) -> SampleResult {
     if logits.is_empty() {
         return SampleResult {
             token: 0,
             logprob: 0.0,
+            top_logprobs: Vec::new(),
         };
     }
     apply_penalties(logits, params, prompt_ids, output_ids);
@@ -82,12 +141,17 @@ pub fn sample(
             *l = f32::NEG_INFINITY;
         }
     }
+    let report = |logits: &[f32], temp: f32, token: usize| {
+        let dist = LogSoftmax::new(logits, temp);
+        SampleResult {
+            token: token as u32,
+            logprob: dist.at(token),
+            top_logprobs: dist.top(top_logprobs_num),
+        }
+    };
     if params.is_greedy() {
         let token = kernels::argmax(logits);
-        return SampleResult {
-            token: token as u32,
-            logprob: log_softmax_at(logits, 1.0, token),
-        };
+        return report(logits, 1.0, token);
     }
     let temp = params.temperature;
     let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
@@ -134,10 +198,7 @@ pub fn sample(
         }
         u -= p;
     }
-    SampleResult {
-        token: token as u32,
-        logprob: log_softmax_at(logits, temp, token),
-    }
+    report(logits, temp, token)
 }
 
 #[cfg(test)]
@@ -159,14 +220,14 @@ mod tests {
     fn draw(p: &SamplingParams, seed: u64, n: usize) -> Vec<u32> {
         let mut rng = StdRng::seed_from_u64(seed);
         (0..n)
-            .map(|_| sample(&mut logits(), p, &mut rng, &[], &[]).token)
+            .map(|_| sample(&mut logits(), p, &mut rng, &[], &[], 0).token)
             .collect()
     }
 
     #[test]
     fn greedy_is_argmax_with_low_tie_and_logprob() {
         let mut rng = StdRng::seed_from_u64(0);
-        let r = sample(&mut logits(), &params(0.0), &mut rng, &[], &[]);
+        let r = sample(&mut logits(), &params(0.0), &mut rng, &[], &[], 0);
         assert_eq!(r.token, 1);
         let l = logits();
         let z: f64 = l.iter().map(|&x| (x as f64).exp()).sum();
@@ -214,20 +275,23 @@ mod tests {
             ..params(0.0)
         };
         // Tokens 1 and 4 seen in the prompt: 2.0 / 2 = 1.0 < 1.9, so 2 wins.
-        assert_eq!(sample(&mut logits(), &rep, &mut rng, &[1, 4], &[]).token, 2);
+        assert_eq!(
+            sample(&mut logits(), &rep, &mut rng, &[1, 4], &[], 0).token,
+            2
+        );
         let freq = SamplingParams {
             frequency_penalty: 0.5,
             ..params(0.0)
         };
         let mut l = logits();
-        assert_eq!(sample(&mut l, &freq, &mut rng, &[], &[1, 4, 4]).token, 2);
+        assert_eq!(sample(&mut l, &freq, &mut rng, &[], &[1, 4, 4], 0).token, 2);
         assert_eq!((l[1], l[4]), (1.5, 1.0));
         let pres = SamplingParams {
             presence_penalty: 3.0,
             ..params(0.0)
         };
         assert_eq!(
-            sample(&mut logits(), &pres, &mut rng, &[1], &[1, 4, 2]).token,
+            sample(&mut logits(), &pres, &mut rng, &[1], &[1, 4, 2], 0).token,
             6
         );
         let neg = SamplingParams {
@@ -235,7 +299,7 @@ mod tests {
             ..params(0.0)
         };
         let mut l = logits();
-        sample(&mut l, &neg, &mut rng, &[3], &[]);
+        sample(&mut l, &neg, &mut rng, &[3], &[], 0);
         assert_eq!(l[3], -2.0);
     }
 
@@ -247,7 +311,7 @@ mod tests {
             ..params(0.0)
         };
         let mut l = logits();
-        assert_eq!(sample(&mut l, &bias, &mut rng, &[], &[]).token, 7);
+        assert_eq!(sample(&mut l, &bias, &mut rng, &[], &[], 0).token, 7);
         assert_eq!((l[1], l[7]), (-98.0, 5.3));
         // A -100 bias bans a token under sampling as well.
         let ban = SamplingParams {
@@ -256,8 +320,81 @@ mod tests {
         };
         let mut rng = StdRng::seed_from_u64(3);
         for _ in 0..200 {
-            let t = sample(&mut logits(), &ban, &mut rng, &[], &[]).token;
+            let t = sample(&mut logits(), &ban, &mut rng, &[], &[], 0).token;
             assert!(t != 1 && t != 4);
         }
+    }
+
+    /// Checks the invariants of a top-k list against the distribution it came from.
+    fn assert_top_logprobs(r: &SampleResult, k: usize, vocab: usize) {
+        let top = &r.top_logprobs;
+        assert_eq!(top.len(), k.min(vocab), "{top:?}");
+        for w in top.windows(2) {
+            assert!(
+                w[0].1 > w[1].1 || (w[0].1 == w[1].1 && w[0].0 < w[1].0),
+                "not sorted: {top:?}"
+            );
+        }
+        let mass: f64 = top.iter().map(|&(_, lp)| (lp as f64).exp()).sum();
+        assert!(mass <= 1.0 + 1e-6, "probability mass {mass} > 1: {top:?}");
+        assert!(top
+            .iter()
+            .all(|&(id, lp)| (id as usize) < vocab && lp <= 0.0));
+    }
+
+    #[test]
+    fn top_logprobs_are_sorted_hold_the_greedy_token_and_cost_nothing_unasked() {
+        let mut rng = StdRng::seed_from_u64(0);
+        for k in [1, 2, 3, 8, 20] {
+            let r = sample(&mut logits(), &params(0.0), &mut rng, &[], &[], k);
+            assert_top_logprobs(&r, k, 8);
+            // Greedy: the chosen token is the first alternative, with the same number.
+            assert_eq!(r.top_logprobs[0], (r.token, r.logprob));
+        }
+        // Ties keep id order (1 and 4 share the top logit), as argmax does.
+        let r = sample(&mut logits(), &params(0.0), &mut rng, &[], &[], 3);
+        assert_eq!(
+            r.top_logprobs.iter().map(|p| p.0).collect::<Vec<_>>(),
+            vec![1, 4, 2]
+        );
+        // All of them: a whole distribution, mass 1.
+        let all = sample(&mut logits(), &params(0.0), &mut rng, &[], &[], 8);
+        let mass: f64 = all.top_logprobs.iter().map(|p| (p.1 as f64).exp()).sum();
+        assert!((mass - 1.0).abs() < 1e-5, "{mass}");
+        assert!(sample(&mut logits(), &params(0.0), &mut rng, &[], &[], 0)
+            .top_logprobs
+            .is_empty());
+    }
+
+    #[test]
+    fn top_logprobs_follow_the_reported_distribution_when_sampling() {
+        // Sampled at temperature 0.5 with penalties and a bias: the alternatives come from the
+        // same (penalised, tempered, untruncated) distribution as the chosen token's logprob.
+        let p = SamplingParams {
+            temperature: 0.5,
+            top_k: 3,
+            presence_penalty: 1.0,
+            logit_bias: vec![(6, 3.0)],
+            ..params(0.5)
+        };
+        let mut rng = StdRng::seed_from_u64(9);
+        for _ in 0..50 {
+            let r = sample(&mut logits(), &p, &mut rng, &[], &[1], 5);
+            assert_top_logprobs(&r, 5, 8);
+            // Token 6 (1.0 + 3.0) leads; 1 lost its place to the penalty.
+            assert_eq!(r.top_logprobs[0].0, 6);
+            if let Some(&(_, lp)) = r.top_logprobs.iter().find(|t| t.0 == r.token) {
+                assert_eq!(lp, r.logprob);
+            }
+            let mut l = logits();
+            l[1] -= 1.0;
+            l[6] += 3.0;
+            let z: f64 = l.iter().map(|&x| ((x as f64 - 4.0) / 0.5).exp()).sum();
+            let want = (0.0 - z.ln()) as f32;
+            assert!((r.top_logprobs[0].1 - want).abs() < 1e-6);
+        }
+        // A huge k is capped at the vocabulary.
+        let r = sample(&mut logits(), &p, &mut rng, &[], &[], 1000);
+        assert_top_logprobs(&r, 1000, 8);
     }
 }

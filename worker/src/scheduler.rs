@@ -686,11 +686,21 @@ impl Scheduler {
         req: &mut Req,
         logits: &mut [f32],
     ) -> Option<(FinishReason, Option<u32>)> {
-        let picked = sample(logits, &req.params, &mut req.rng, &req.prompt, &req.output);
+        let picked = sample(
+            logits,
+            &req.params,
+            &mut req.rng,
+            &req.prompt,
+            &req.output,
+            req.top_logprobs_num as usize,
+        );
         let token = picked.token;
         req.output.push(token);
         if req.return_logprob {
             req.logprobs.push(picked.logprob);
+        }
+        if req.top_logprobs_num > 0 {
+            req.top_logprobs.push(picked.top_logprobs);
         }
         self.stats.generated_tokens += 1;
         let eos = &self.model.config().eos_token_ids;
@@ -735,6 +745,7 @@ impl Scheduler {
             logprobs: req
                 .return_logprob
                 .then(|| req.logprobs[req.sent..].to_vec()),
+            top_logprobs: (req.top_logprobs_num > 0).then(|| req.top_logprobs[req.sent..].to_vec()),
             embedding: None,
             error: None,
         }

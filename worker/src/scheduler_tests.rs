@@ -56,6 +56,7 @@ fn req(rid: &str, prompt: Vec<u32>, max_new_tokens: u32) -> GenerateReq {
         routed_dp_rank: None,
         bootstrap_room: None,
         return_logprob: false,
+        top_logprobs_num: 0,
         received_at: 0.0,
     }
 }
@@ -292,4 +293,97 @@ fn sixty_four_concurrent_requests_under_kv_pressure_match_running_alone() {
         assert_eq!(ids, &alone[rid], "{rid}");
     }
     assert_pool_whole(&s);
+}
+
+/// Every message of each request, in order.
+fn drain_all(s: &mut Scheduler) -> HashMap<String, Vec<TokenOut>> {
+    let mut outs: HashMap<String, Vec<TokenOut>> = HashMap::new();
+    let mut steps = 0;
+    while s.has_work() {
+        for out in s.step() {
+            outs.entry(out.rid.clone()).or_default().push(out);
+        }
+        steps += 1;
+        assert!(steps < 100_000, "scheduler does not terminate");
+    }
+    outs
+}
+
+#[test]
+fn top_logprobs_are_sorted_and_hold_the_greedy_token_with_its_logprob() {
+    let mut s = scheduler(4096, 7);
+    let mut asked = req("top", prompt(3, 20), 12);
+    asked.return_logprob = true;
+    asked.top_logprobs_num = 5;
+    s.submit(asked);
+    let mut plain = req("plain", prompt(3, 20), 12);
+    plain.return_logprob = true;
+    s.submit(plain);
+    // Alternatives come only with `return_logprob`, as SGLang.
+    let mut alone = req("alone", prompt(4, 9), 3);
+    alone.top_logprobs_num = 5;
+    s.submit(alone);
+    let outs = drain_all(&mut s);
+
+    let (mut ids, mut lps, mut tops) = (Vec::new(), Vec::new(), Vec::new());
+    for out in &outs["top"] {
+        ids.extend(&out.output_ids);
+        lps.extend(out.logprobs.clone().unwrap());
+        let top = out
+            .top_logprobs
+            .clone()
+            .expect("top_logprobs on every message");
+        assert_eq!(top.len(), out.output_ids.len());
+        tops.extend(top);
+    }
+    assert_eq!(ids.len(), 12);
+    assert_eq!(tops.len(), 12);
+    for ((id, lp), top) in ids.iter().zip(&lps).zip(&tops) {
+        assert_eq!(top.len(), 5);
+        assert!(top.windows(2).all(|w| w[0].1 >= w[1].1), "{top:?}");
+        let mass: f64 = top.iter().map(|&(_, l)| (l as f64).exp()).sum();
+        assert!(mass <= 1.0 + 1e-6, "{mass}");
+        // Greedy: the chosen token is the most likely, with the very same number.
+        assert_eq!(top[0], (*id, *lp));
+    }
+    // Asking for alternatives does not change the tokens or their logprobs.
+    let plain_ids: Vec<u32> = outs["plain"]
+        .iter()
+        .flat_map(|o| o.output_ids.clone())
+        .collect();
+    let plain_lps: Vec<f32> = outs["plain"]
+        .iter()
+        .flat_map(|o| o.logprobs.clone().unwrap())
+        .collect();
+    assert_eq!((plain_ids, plain_lps), (ids, lps));
+    assert!(outs["plain"].iter().all(|o| o.top_logprobs.is_none()));
+    assert!(outs["alone"]
+        .iter()
+        .all(|o| o.top_logprobs.is_none() && o.logprobs.is_none()));
+    assert_pool_whole(&s);
+}
+
+#[test]
+fn embeddings_are_unit_norm_and_the_same_alone_chunked_or_cached() {
+    let embed = |s: &mut Scheduler, rid: &str, ids: Vec<u32>| {
+        assert!(s.submit_embed(rid.into(), ids).is_none());
+        let mut outs = drain_all(s).remove(rid).unwrap();
+        assert_eq!(outs.len(), 1, "one final message");
+        let out = outs.pop().unwrap();
+        assert_eq!(out.finish_reason, Some(FinishReason::Stop));
+        out.embedding.expect("embedding")
+    };
+    let mut s = scheduler(4096, 2048);
+    let a = embed(&mut s, "a", prompt(5, 30));
+    let norm: f32 = a.iter().map(|x| x * x).sum::<f32>().sqrt();
+    assert!((norm - 1.0).abs() < 1e-4, "{norm}");
+    // Again: 29 of 30 tokens come from the prefix cache.
+    assert_eq!(embed(&mut s, "a2", prompt(5, 30)), a);
+    // Chunked by 4 tokens, batched with a generation.
+    let mut chunked = scheduler(4096, 4);
+    chunked.submit(req("g", prompt(6, 12), 5));
+    assert_eq!(embed(&mut chunked, "a3", prompt(5, 30)), a);
+    assert_ne!(embed(&mut s, "b", prompt(6, 30)), a);
+    assert_pool_whole(&s);
+    assert_pool_whole(&chunked);
 }

@@ -1,12 +1,17 @@
 //! `POST /generate` (SGLang-native): parse and validate, tokenize, submit one `GenerateReq`,
 //! then answer with one JSON body or an SSE stream built from the request's [`InFlight`].
+//!
+//! Log-probabilities come in SGLang's shape: `meta_info.output_token_logprobs` is one
+//! `[logprob, token_id, text_or_null]` per output token, `meta_info.output_top_logprobs` one
+//! list of such triples per output token (most likely first); the text is there only with
+//! `return_text_in_logprobs`. A stream carries each chunk's own tokens' entries.
 
 use std::time::Instant;
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::Bytes;
 use futures::StreamExt;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::error::ApiError;
 use super::inflight::{submit, Chunk, InFlight, Submission};
@@ -52,19 +57,84 @@ pub async fn generate(
         routed_dp_rank: input.routed_dp_rank,
         bootstrap_room: input.bootstrap_room,
         return_logprob: input.return_logprob,
+        top_logprobs_num: if input.return_logprob {
+            input.top_logprobs_num
+        } else {
+            0
+        },
         received_at,
     };
     let mut inflight = submit(&state, sub, started)?;
+    let lp = LogprobShape {
+        state: state.clone(),
+        with_text: input.return_text_in_logprobs,
+        logprobs: input.return_logprob,
+        top: input.return_logprob && input.top_logprobs_num > 0,
+    };
     if input.stream {
         // Wait for the first output before committing to 200 + SSE, so an error the
         // controller answers at once (rank not live, no live rank) keeps its HTTP status.
         match inflight.next().await {
-            Some(Ok(first)) => Ok(sse_response(first, inflight)),
+            Some(Ok(first)) => Ok(sse_response(first, inflight, lp)),
             Some(Err(err)) => Err(err),
             None => Err(ApiError::internal("request ended without output")),
         }
     } else {
-        collect(inflight).await
+        collect(inflight, lp).await
+    }
+}
+
+/// Writes SGLang's `[logprob, token_id, text_or_null]` triples.
+struct LogprobShape {
+    state: std::sync::Arc<AppState>,
+    with_text: bool,
+    /// Which lists the request asked for (present, if empty, even before any token).
+    logprobs: bool,
+    top: bool,
+}
+
+impl LogprobShape {
+    /// The asked-for lists, empty.
+    fn empty(&self) -> Value {
+        let mut lists = json!({});
+        if self.logprobs {
+            lists["output_token_logprobs"] = json!([]);
+        }
+        if self.top {
+            lists["output_top_logprobs"] = json!([]);
+        }
+        lists
+    }
+
+    fn entry(&self, logprob: f32, id: u32) -> Value {
+        let text = self
+            .with_text
+            .then(|| self.state.tokenizer.decode(&[id]).unwrap_or_default());
+        json!([logprob, id, text])
+    }
+
+    /// Adds the entries of `ids` to `meta` (which may already hold earlier ones).
+    fn extend(
+        &self,
+        meta: &mut Value,
+        ids: &[u32],
+        logprobs: Option<&[f32]>,
+        top: Option<&[Vec<(u32, f32)>]>,
+    ) {
+        let push = |meta: &mut Value, key: &str, items: Vec<Value>| match meta[key].as_array_mut() {
+            Some(list) => list.extend(items),
+            None => meta[key] = Value::Array(items),
+        };
+        if let Some(lps) = logprobs {
+            let items = lps.iter().zip(ids).map(|(&l, &id)| self.entry(l, id));
+            push(meta, "output_token_logprobs", items.collect());
+        }
+        if let Some(top) = top {
+            let items = top
+                .iter()
+                .map(|alts| Value::Array(alts.iter().map(|&(id, l)| self.entry(l, id)).collect()));
+            push(meta, "output_top_logprobs", items.collect());
+        }
     }
 }
 
@@ -105,25 +175,24 @@ pub fn random_rid() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
-async fn collect(mut inflight: InFlight) -> Result<HttpResponse, ApiError> {
+async fn collect(mut inflight: InFlight, lp: LogprobShape) -> Result<HttpResponse, ApiError> {
     let mut text = String::new();
     let mut output_ids = Vec::new();
-    let mut logprobs: Option<Vec<f32>> = None;
+    let mut logprobs = lp.empty();
     while let Some(step) = inflight.next().await {
         let chunk = step?;
         text.push_str(&chunk.text);
         output_ids.extend_from_slice(&chunk.output_ids);
-        if let Some(lp) = &chunk.logprobs {
-            logprobs.get_or_insert_with(Vec::new).extend_from_slice(lp);
-        }
+        lp.extend(
+            &mut logprobs,
+            &chunk.output_ids,
+            chunk.logprobs.as_deref(),
+            chunk.top_logprobs.as_deref(),
+        );
         if chunk.finished {
             let mut meta = chunk.meta_info;
-            if let Some(lp) = logprobs {
-                meta["output_token_logprobs"] = json!(lp
-                    .iter()
-                    .zip(&output_ids)
-                    .map(|(l, id)| json!([l, id]))
-                    .collect::<Vec<_>>());
+            if let (Value::Object(meta), Value::Object(lps)) = (&mut meta, logprobs) {
+                meta.extend(lps);
             }
             return Ok(HttpResponse::Ok().json(json!({
                 "text": text,
@@ -135,11 +204,21 @@ async fn collect(mut inflight: InFlight) -> Result<HttpResponse, ApiError> {
     Err(ApiError::internal("request ended without a final output"))
 }
 
-fn chunk_event(chunk: &Chunk) -> Bytes {
+fn chunk_event(chunk: &Chunk, lp: &LogprobShape) -> Bytes {
+    let mut meta = chunk.meta_info.clone();
+    if let (Value::Object(meta), Value::Object(empty)) = (&mut meta, lp.empty()) {
+        meta.extend(empty);
+    }
+    lp.extend(
+        &mut meta,
+        &chunk.output_ids,
+        chunk.logprobs.as_deref(),
+        chunk.top_logprobs.as_deref(),
+    );
     sse::event(&json!({
         "text": chunk.text,
         "output_ids": chunk.output_ids,
-        "meta_info": chunk.meta_info,
+        "meta_info": meta,
     }))
 }
 
@@ -151,10 +230,10 @@ enum SsePhase {
 }
 
 /// The SSE body; it owns the request's [`InFlight`] (see [`sse::response`]).
-fn sse_response(first: Chunk, inflight: InFlight) -> HttpResponse {
+fn sse_response(first: Chunk, inflight: InFlight, lp: LogprobShape) -> HttpResponse {
     let stream = futures::stream::unfold(
-        (SsePhase::First(first), inflight),
-        |(phase, mut inflight)| async move {
+        (SsePhase::First(first), inflight, lp),
+        |(phase, mut inflight, lp)| async move {
             let after = |chunk: &Chunk| {
                 if chunk.finished {
                     SsePhase::Done
@@ -163,16 +242,16 @@ fn sse_response(first: Chunk, inflight: InFlight) -> HttpResponse {
                 }
             };
             let (bytes, next) = match phase {
-                SsePhase::First(chunk) => (chunk_event(&chunk), after(&chunk)),
+                SsePhase::First(chunk) => (chunk_event(&chunk, &lp), after(&chunk)),
                 SsePhase::Running => match inflight.next().await {
-                    Some(Ok(chunk)) => (chunk_event(&chunk), after(&chunk)),
+                    Some(Ok(chunk)) => (chunk_event(&chunk, &lp), after(&chunk)),
                     Some(Err(err)) => (sse::event(&err.body()), SsePhase::Done),
                     None => (sse::done(), SsePhase::Ended),
                 },
                 SsePhase::Done => (sse::done(), SsePhase::Ended),
                 SsePhase::Ended => return None,
             };
-            Some((bytes, (next, inflight)))
+            Some((bytes, (next, inflight, lp)))
         },
     );
     sse::response(stream)

@@ -31,6 +31,8 @@ pub struct Submission {
     pub routed_dp_rank: Option<u32>,
     pub bootstrap_room: Option<u64>,
     pub return_logprob: bool,
+    /// With `return_logprob`: alternatives per output token (0: none).
+    pub top_logprobs_num: u32,
     /// Unix seconds when the HTTP request arrived.
     pub received_at: f64,
 }
@@ -76,6 +78,7 @@ fn to_wire(sub: Submission, state: &AppState) -> GenerateReq {
         routed_dp_rank: sub.routed_dp_rank,
         bootstrap_room: sub.bootstrap_room,
         return_logprob: sub.return_logprob,
+        top_logprobs_num: sub.top_logprobs_num,
         received_at: sub.received_at,
     }
 }
@@ -111,6 +114,8 @@ pub struct Chunk {
     pub output_ids: Vec<u32>,
     /// One per id in `output_ids`, when asked for.
     pub logprobs: Option<Vec<f32>>,
+    /// Per id in `output_ids`, the most likely `(id, logprob)` pairs, when asked for.
+    pub top_logprobs: Option<Vec<Vec<(u32, f32)>>>,
     pub finished: bool,
     /// Set when `finished`.
     pub finish_reason: Option<FinishReason>,
@@ -214,7 +219,7 @@ impl InFlight {
         None
     }
 
-    fn chunk(&mut self, out: TokenOut) -> Result<Chunk, ApiError> {
+    fn chunk(&mut self, mut out: TokenOut) -> Result<Chunk, ApiError> {
         let tok = &*self.state.tokenizer;
         let decode_err = |e: crate::TokenizerError| ApiError::internal(e.to_string());
         let mut raw = self.detok.push(tok, &out.output_ids).map_err(decode_err)?;
@@ -234,7 +239,9 @@ impl InFlight {
         self.observe_latency(out.dp_rank, out.output_ids.len());
         self.completion_tokens += out.output_ids.len();
         let output_ids = out.output_ids.clone();
-        let logprobs = out.logprobs.clone();
+        // Moved out: `last` keeps only the counters.
+        let logprobs = out.logprobs.take();
+        let top_logprobs = out.top_logprobs.take();
         self.remember(out);
         let finished = worker_finished || self.stopped_here;
         let (finish_reason, matched) = self.finish();
@@ -246,6 +253,7 @@ impl InFlight {
             text,
             output_ids,
             logprobs,
+            top_logprobs,
             finished,
             finish_reason: finished.then_some(finish_reason).flatten(),
             matched: if finished { matched } else { None },

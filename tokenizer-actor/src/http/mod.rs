@@ -3,6 +3,7 @@
 //! `inflight`; SSE framing in `sse`; `--api-key` in `auth`.
 
 mod auth;
+mod embeddings;
 pub mod error;
 mod generate;
 mod inflight;
@@ -39,6 +40,8 @@ pub fn server(
                 "/v1/chat/completions",
                 web::post().to(openai::chat_completions),
             )
+            .route("/v1/embeddings", web::post().to(embeddings::embeddings))
+            .route("/encode", web::post().to(embeddings::encode))
             .route("/abort_request", web::post().to(info::abort_request))
             .route("/metrics", web::get().to(info::metrics))
             .route("/health", web::get().to(info::health))

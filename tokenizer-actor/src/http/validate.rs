@@ -27,6 +27,10 @@ pub struct GenerateInput {
     pub routed_dp_rank: Option<u32>,
     pub bootstrap_room: Option<u64>,
     pub return_logprob: bool,
+    /// With `return_logprob`: alternatives per output token (`top_logprobs_num`).
+    pub top_logprobs_num: u32,
+    /// Put each token's text in the logprob entries instead of null.
+    pub return_text_in_logprobs: bool,
     pub rid: Option<String>,
 }
 
@@ -47,6 +51,9 @@ pub struct Limits {
     /// `None` until a fresh cluster status is known; then the live ranks.
     pub live_ranks: Option<Vec<u32>>,
 }
+
+/// Most alternatives per output token on `/generate` (`top_logprobs_num`); OpenAI's chat limit.
+pub const MAX_TOP_LOGPROBS_NUM: u32 = 20;
 
 /// `obj[name]` as `T`; absent or null is `None`.
 pub fn field<T: DeserializeOwned>(
@@ -127,6 +134,15 @@ pub fn parse_generate(body: &[u8], headers: &HeaderInputs) -> Result<GenerateInp
     {
         return Err(ApiError::bad_request("rid must be 1 to 256 characters"));
     }
+    let top_logprobs_num = field::<u32>(&obj, "", "top_logprobs_num")?.unwrap_or(0);
+    if top_logprobs_num > MAX_TOP_LOGPROBS_NUM {
+        return Err(ApiError::invalid_param(
+            "top_logprobs_num",
+            format!(
+                "top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS_NUM}], got {top_logprobs_num}"
+            ),
+        ));
+    }
 
     Ok(GenerateInput {
         prompt,
@@ -137,6 +153,8 @@ pub fn parse_generate(body: &[u8], headers: &HeaderInputs) -> Result<GenerateInp
         routed_dp_rank,
         bootstrap_room: field(&obj, "", "bootstrap_room")?,
         return_logprob: field(&obj, "", "return_logprob")?.unwrap_or(false),
+        top_logprobs_num,
+        return_text_in_logprobs: field(&obj, "", "return_text_in_logprobs")?.unwrap_or(false),
         rid,
     })
 }
@@ -360,6 +378,12 @@ pub fn check_limits(
             ),
         ));
     }
+    check_rank(routed_dp_rank, limits)
+}
+
+/// Against a fresh cluster view: some rank is live (else 503), and an explicit rank is one of
+/// them (else 400, never a silent reroute).
+pub fn check_rank(routed_dp_rank: Option<u32>, limits: &Limits) -> Result<(), ApiError> {
     if let Some(live) = &limits.live_ranks {
         if live.is_empty() {
             return Err(ApiError::unavailable("no live rank"));
@@ -465,6 +489,18 @@ mod tests {
             (
                 r#"{"text": "a", "sampling_params": {"logit_bias": {"5": 101}}}"#,
                 "[-100, 100]",
+            ),
+            (
+                r#"{"text": "a", "return_logprob": true, "top_logprobs_num": 21}"#,
+                "top_logprobs_num must be in [0, 20]",
+            ),
+            (
+                r#"{"text": "a", "top_logprobs_num": -1}"#,
+                "top_logprobs_num",
+            ),
+            (
+                r#"{"text": "a", "return_text_in_logprobs": 1}"#,
+                "return_text_in_logprobs",
             ),
         ];
         for (body, want) in cases {

@@ -24,8 +24,8 @@ use super::inflight::{submit, Chunk, InFlight, Matched, Submission, Usage};
 use super::sse;
 use super::validate::{self, Prompt};
 use crate::state::AppState;
-pub use params::Kind;
 use params::OpenAiRequest;
+pub use params::{prompt_list, Kind};
 
 pub async fn completions(
     req: HttpRequest,
@@ -60,6 +60,8 @@ struct Shape {
     created: u64,
     model: String,
     logprobs: bool,
+    /// Alternatives per token, with `logprobs`.
+    top_logprobs: u32,
 }
 
 async fn serve(
@@ -118,6 +120,7 @@ async fn serve(
                 routed_dp_rank: r.routed_dp_rank,
                 bootstrap_room: r.bootstrap_room,
                 return_logprob: r.logprobs,
+                top_logprobs_num: if r.logprobs { r.top_logprobs } else { 0 },
                 received_at,
             };
             let inflight = submit(&state, sub, started)?;
@@ -138,6 +141,7 @@ async fn serve(
             .clone()
             .unwrap_or_else(|| state.served_model_name.clone()),
         logprobs: r.logprobs,
+        top_logprobs: r.top_logprobs,
     };
     if r.stream {
         stream_response(shape, jobs, r.include_usage, state).await
@@ -238,15 +242,19 @@ impl Shape {
         })
     }
 
-    /// Log-probabilities of `ids` in this endpoint's shape; `offset` is where their text starts.
-    fn logprobs(&self, state: &AppState, ids: &[u32], lps: Option<&[f32]>, offset: usize) -> Value {
-        let Some(lps) = lps.filter(|_| self.logprobs) else {
+    /// Log-probabilities of `ids` in this endpoint's shape, with the alternatives `top` (one
+    /// list per id) when asked for; `offset` is where their text starts.
+    fn logprobs(&self, state: &AppState, lp: LogprobsOf<'_>, offset: usize) -> Value {
+        let Some(lps) = lp.logprobs.filter(|_| self.logprobs) else {
             return Value::Null;
         };
-        let tokens: Vec<String> = ids
-            .iter()
-            .map(|&id| state.tokenizer.decode(&[id]).unwrap_or_default())
-            .collect();
+        let text = |id: u32| state.tokenizer.decode(&[id]).unwrap_or_default();
+        let tokens: Vec<String> = lp.ids.iter().map(|&id| text(id)).collect();
+        // Per token its alternatives; none when not asked (or a peer sent none).
+        let tops: Vec<&[(u32, f32)]> = match lp.top.filter(|_| self.top_logprobs > 0) {
+            Some(top) => top.iter().map(Vec::as_slice).collect(),
+            None => Vec::new(),
+        };
         match self.kind {
             Kind::Completions => {
                 let mut offsets = Vec::with_capacity(tokens.len());
@@ -255,13 +263,42 @@ impl Shape {
                     offsets.push(at);
                     at += t.len();
                 }
-                json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": null, "text_offset": offsets})
+                // OpenAI's legacy shape: one {token text: logprob} map per token. Two ids with
+                // the same text keep the more likely one (the first). JSON maps here sort their
+                // keys, so a map's order says nothing; its values do.
+                let top = if self.top_logprobs > 0 && tops.len() == tokens.len() {
+                    json!(tops
+                        .iter()
+                        .map(|alts| {
+                            let mut map = serde_json::Map::new();
+                            for &(id, l) in alts.iter() {
+                                map.entry(text(id)).or_insert(json!(l));
+                            }
+                            Value::Object(map)
+                        })
+                        .collect::<Vec<_>>())
+                } else {
+                    Value::Null
+                };
+                json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": top, "text_offset": offsets})
             }
-            Kind::Chat => json!({"content": tokens.iter().zip(lps).map(|(t, lp)| json!({
-                "token": t, "logprob": lp, "bytes": t.as_bytes(), "top_logprobs": [],
-            })).collect::<Vec<_>>()}),
+            Kind::Chat => json!({"content": tokens.iter().zip(lps).enumerate().map(|(i, (t, lp))| {
+                let top: Vec<Value> = tops.get(i).map_or(&[][..], |a| *a).iter().map(|&(id, l)| {
+                    let t = text(id);
+                    json!({"token": t, "logprob": l, "bytes": t.as_bytes()})
+                }).collect();
+                json!({"token": t, "logprob": lp, "bytes": t.as_bytes(), "top_logprobs": top})
+            }).collect::<Vec<_>>()}),
         }
     }
+}
+
+/// The tokens of one step or one whole choice, with their log-probabilities.
+#[derive(Clone, Copy)]
+struct LogprobsOf<'a> {
+    ids: &'a [u32],
+    logprobs: Option<&'a [f32]>,
+    top: Option<&'a [Vec<(u32, f32)>]>,
 }
 
 /// Everything one job produced, for a non-streaming answer.
@@ -271,6 +308,7 @@ struct Collected {
     text: String,
     ids: Vec<u32>,
     logprobs: Option<Vec<f32>>,
+    top_logprobs: Option<Vec<Vec<(u32, f32)>>>,
     finish_reason: Option<FinishReason>,
     matched: Option<Matched>,
     usage: Usage,
@@ -283,6 +321,7 @@ async fn collect_job(mut job: Job) -> Result<Collected, ApiError> {
         text: job.echo.take().unwrap_or_default(),
         ids: Vec::new(),
         logprobs: None,
+        top_logprobs: None,
         finish_reason: None,
         matched: None,
         usage: Usage::default(),
@@ -295,6 +334,9 @@ async fn collect_job(mut job: Job) -> Result<Collected, ApiError> {
             c.logprobs
                 .get_or_insert_with(Vec::new)
                 .extend_from_slice(lp);
+        }
+        if let Some(top) = chunk.top_logprobs {
+            c.top_logprobs.get_or_insert_with(Vec::new).extend(top);
         }
         if chunk.finished {
             c.finish_reason = chunk.finish_reason;
@@ -319,7 +361,12 @@ async fn collect_response(
         .iter()
         .map(|c| {
             add_usage(&mut usage, &c.usage, c.first_of_prompt);
-            let logprobs = shape.logprobs(&state, &c.ids, c.logprobs.as_deref(), 0);
+            let of = LogprobsOf {
+                ids: &c.ids,
+                logprobs: c.logprobs.as_deref(),
+                top: c.top_logprobs.as_deref(),
+            };
+            let logprobs = shape.logprobs(&state, of, 0);
             let matched = c.matched.as_ref().map(Matched::to_json);
             match shape.kind {
                 Kind::Completions => json!({
@@ -392,16 +439,20 @@ impl StreamState {
             None => chunk.text.clone(),
         };
         let first = !self.started[index];
-        if text.is_empty() && !chunk.finished && !(first && self.shape.kind == Kind::Chat) {
+        // Tokens whose text is held back (a partial character, a possible stop string) still
+        // carry their log-probabilities, which the stream must not lose.
+        let has_logprobs = self.shape.logprobs && !chunk.output_ids.is_empty();
+        let announces_role = first && self.shape.kind == Kind::Chat;
+        if text.is_empty() && !(chunk.finished || has_logprobs || announces_role) {
             return Vec::new();
         }
         self.started[index] = true;
-        let logprobs = self.shape.logprobs(
-            &self.state,
-            &chunk.output_ids,
-            chunk.logprobs.as_deref(),
-            self.sent_len[index],
-        );
+        let of = LogprobsOf {
+            ids: &chunk.output_ids,
+            logprobs: chunk.logprobs.as_deref(),
+            top: chunk.top_logprobs.as_deref(),
+        };
+        let logprobs = self.shape.logprobs(&self.state, of, self.sent_len[index]);
         self.sent_len[index] += text.len();
         let finish = finish_str(chunk.finish_reason);
         let matched = chunk.matched.as_ref().map(Matched::to_json);

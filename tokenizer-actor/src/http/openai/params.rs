@@ -4,7 +4,7 @@
 //! names its `param`. SGLang/vLLM extensions (`top_k`, `min_p`, `repetition_penalty`,
 //! `stop_token_ids`, `ignore_eos`, `routing_key`, `data_parallel_rank`, `rid`) are accepted;
 //! unknown fields are ignored. Features this server does not have are refused by name
-//! (tools, structured output, suffix, best_of > n, top log-probabilities), never faked.
+//! (tools, structured output, suffix, best_of > n), never faked.
 
 use protocol::SamplingParams;
 use serde_json::{Map, Value};
@@ -40,6 +40,9 @@ pub struct OpenAiRequest {
     pub max_tokens: Option<u32>,
     pub stop: Vec<String>,
     pub logprobs: bool,
+    /// With `logprobs`: alternatives per token (completions' `logprobs: k`, chat's
+    /// `top_logprobs`).
+    pub top_logprobs: u32,
     pub echo: bool,
     pub routing_key: Option<String>,
     pub routed_dp_rank: Option<u32>,
@@ -141,22 +144,21 @@ pub fn parse(body: &[u8], headers: &HeaderInputs, kind: Kind) -> Result<OpenAiRe
         }
     };
 
-    let logprobs = match kind {
+    let (logprobs, top_logprobs) = match kind {
         Kind::Completions => match field::<u32>(&obj, "", "logprobs")? {
-            None => false,
+            None => (false, 0),
             Some(k) if k > MAX_COMPLETION_LOGPROBS => {
                 return Err(ApiError::invalid_param(
                     "logprobs",
                     format!("logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}], got {k}"),
                 ))
             }
-            Some(0) => true,
-            Some(_) => return Err(top_logprobs_unsupported("logprobs")),
+            Some(k) => (true, k),
         },
         Kind::Chat => {
             let on = field::<bool>(&obj, "", "logprobs")?.unwrap_or(false);
             match field::<u32>(&obj, "", "top_logprobs")? {
-                None | Some(0) => {}
+                None | Some(0) => (on, 0),
                 Some(k) if k > MAX_CHAT_TOP_LOGPROBS => {
                     return Err(ApiError::invalid_param(
                         "top_logprobs",
@@ -169,9 +171,8 @@ pub fn parse(body: &[u8], headers: &HeaderInputs, kind: Kind) -> Result<OpenAiRe
                         "top_logprobs requires logprobs to be true",
                     ))
                 }
-                Some(_) => return Err(top_logprobs_unsupported("top_logprobs")),
+                Some(k) => (true, k),
             }
-            on
         }
     };
 
@@ -231,7 +232,7 @@ pub fn parse(body: &[u8], headers: &HeaderInputs, kind: Kind) -> Result<OpenAiRe
     }
 
     let (prompts, messages) = match kind {
-        Kind::Completions => (completion_prompts(&obj)?, Vec::new()),
+        Kind::Completions => (prompt_list(&obj, "prompt")?, Vec::new()),
         Kind::Chat => (Vec::new(), chat_messages(&obj)?),
     };
     if prompts.len() * n > MAX_N {
@@ -256,6 +257,7 @@ pub fn parse(body: &[u8], headers: &HeaderInputs, kind: Kind) -> Result<OpenAiRe
         max_tokens,
         stop,
         logprobs,
+        top_logprobs,
         echo,
         routing_key,
         routed_dp_rank,
@@ -265,16 +267,6 @@ pub fn parse(body: &[u8], headers: &HeaderInputs, kind: Kind) -> Result<OpenAiRe
         messages,
         add_generation_prompt: field(&obj, "", "add_generation_prompt")?.unwrap_or(true),
     })
-}
-
-fn top_logprobs_unsupported(param: &str) -> ApiError {
-    ApiError::invalid_param(
-        param,
-        format!(
-            "{param}: top_logprobs not supported yet (the log-probability of each chosen token \
-             is: logprobs=0 on completions, logprobs=true on chat)"
-        ),
-    )
 }
 
 fn max_tokens_field(obj: &Map<String, Value>, name: &str) -> Result<Option<u32>, ApiError> {
@@ -288,12 +280,13 @@ fn max_tokens_field(obj: &Map<String, Value>, name: &str) -> Result<Option<u32>,
     }
 }
 
-/// `prompt`: a string, a list of strings, a list of token ids, or a list of such lists.
-fn completion_prompts(obj: &Map<String, Value>) -> Result<Vec<Prompt>, ApiError> {
-    let err = |msg: &str| ApiError::invalid_param("prompt", format!("prompt: {msg}"));
+/// `obj[name]` (completions' `prompt`, embeddings' `input`): a string, a list of strings, a
+/// list of token ids, or a list of such lists. Never empty, nor any of its prompts.
+pub fn prompt_list(obj: &Map<String, Value>, name: &str) -> Result<Vec<Prompt>, ApiError> {
+    let err = |msg: &str| ApiError::invalid_param(name, format!("{name}: {msg}"));
     const SHAPE: &str = "expected a string, a list of strings or token ids";
     const IDS: &str = "token ids must be non-negative integers";
-    let prompts = match obj.get("prompt") {
+    let prompts = match obj.get(name) {
         None | Some(Value::Null) => return Err(err("is required")),
         Some(Value::String(s)) => vec![Prompt::Text(s.clone())],
         Some(Value::Array(items)) if items.is_empty() => return Err(err("is empty")),
@@ -475,7 +468,7 @@ mod tests {
             ),
             (
                 Kind::Completions,
-                r#"{"prompt": "a", "logprobs": 2}"#,
+                r#"{"prompt": "a", "logprobs": -1}"#,
                 "logprobs",
             ),
             (
@@ -519,7 +512,7 @@ mod tests {
             ),
             (
                 Kind::Chat,
-                r#"{"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 2}"#,
+                r#"{"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}"#,
                 "top_logprobs",
             ),
             (
@@ -548,9 +541,13 @@ mod tests {
                 err.message
             );
         }
-        let err = parse_as(Kind::Chat, r#"{"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 2}"#).unwrap_err();
+        let err = parse_as(
+            Kind::Chat,
+            r#"{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}"#,
+        )
+        .unwrap_err();
         assert!(
-            err.message.contains("top_logprobs not supported yet"),
+            err.message.contains("requires logprobs to be true"),
             "{}",
             err.message
         );
@@ -591,7 +588,23 @@ mod tests {
         .unwrap();
         assert_eq!(r.messages[1].content, "ab");
         assert_eq!(r.max_tokens, Some(7));
-        assert!(r.logprobs);
+        assert_eq!((r.logprobs, r.top_logprobs), (true, 0));
+        let top = |kind, body: &str| {
+            let r = parse_as(kind, body).unwrap();
+            (r.logprobs, r.top_logprobs)
+        };
+        assert_eq!(
+            top(Kind::Completions, r#"{"prompt": "a", "logprobs": 5}"#),
+            (true, 5)
+        );
+        assert_eq!(top(Kind::Completions, r#"{"prompt": "a"}"#), (false, 0));
+        assert_eq!(
+            top(
+                Kind::Chat,
+                r#"{"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 20}"#
+            ),
+            (true, 20)
+        );
         let r = parse_as(
             Kind::Chat,
             r#"{"messages": [{"role": "user", "content": "x"}]}"#,
