@@ -663,3 +663,52 @@ fn up_refuses_bad_prefix_affinity_values_before_starting_anything() {
         assert!(TcpListener::bind(("127.0.0.1", port)).is_ok());
     }
 }
+
+/// A controller that restarts (a crash, an upgrade) gets its running workers back without
+/// restarting them: their next heartbeat reaches a controller that does not know them, it
+/// answers `HelloAck { rejoin: true }`, and they say `Hello` again.
+#[test]
+fn restarted_controller_gets_its_running_workers_back() {
+    let mut c = Cluster::new();
+    c.start_controller();
+    c.start_tokenizer();
+    c.start_worker(0);
+    c.start_worker(1);
+    let all = ["controller", "tokenizer", "worker 0", "worker 1"];
+    c.wait_live(&[0, 1], &all, Duration::from_secs(120));
+    let pids: Vec<u32> = ["worker 0", "worker 1"]
+        .map(|w| c.actor(w).child.id())
+        .to_vec();
+
+    c.kill("controller");
+    // The tokenizer's last cluster view goes stale: nothing is live without a controller.
+    c.wait_live(
+        &[],
+        &["tokenizer", "worker 0", "worker 1"],
+        Duration::from_secs(60),
+    );
+    c.start_controller();
+    c.wait_live(&[0, 1], &all, Duration::from_secs(60));
+    assert_eq!(
+        ["worker 0", "worker 1"]
+            .map(|w| c.actor(w).child.id())
+            .to_vec(),
+        pids,
+        "the same worker processes rejoined"
+    );
+    for rank in [0u32, 1] {
+        let resp = c
+            .http
+            .post(format!("{}/generate", c.base))
+            .json(&json!({"text": "hello world", "routed_dp_rank": rank,
+                          "sampling_params": {"max_new_tokens": 2}}))
+            .send()
+            .expect("POST /generate");
+        let status = resp.status().as_u16();
+        let body: Value = resp.json().unwrap_or(Value::Null);
+        assert_eq!(status, 200, "rank {rank}: {body}\n{}", c.all_logs());
+        assert_eq!(body["meta_info"]["dp_rank"], json!(rank), "{body}");
+    }
+    let log = fs::read_to_string(&c.actor("worker 0").log).unwrap_or_default();
+    assert!(log.contains("registering again"), "worker 0 log:\n{log}");
+}

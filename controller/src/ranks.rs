@@ -141,6 +141,11 @@ impl Ranks {
     }
 
     /// A heartbeat or any message from a live rank.
+    /// Whether `rank` said it is draining and has not left yet.
+    pub fn is_draining(&self, rank: u32) -> bool {
+        self.draining.contains_key(&rank)
+    }
+
     pub fn seen(&mut self, rank: u32) -> bool {
         match self.live.get_mut(&rank) {
             Some(r) => {

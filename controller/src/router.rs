@@ -51,18 +51,10 @@ pub fn route(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{PrefixAffinity, PrefixAffinityConfig, RankLoad, RoundRobin};
+    use crate::policy::{PrefixAffinity, PrefixAffinityConfig, RoundRobin};
 
     fn ranks(ids: &[u32]) -> RankSet {
-        RankSet::new(
-            ids.iter()
-                .map(|&rank| RankLoad {
-                    rank,
-                    active_requests: 0,
-                    active_tokens: 0,
-                })
-                .collect(),
-        )
+        RankSet::idle(ids)
     }
 
     const REQ: RouteInput<'static> = RouteInput {

@@ -348,11 +348,13 @@ impl Controller {
             },
             Message::Heartbeat(_) => {
                 if !self.ranks.seen(rank) {
-                    tracing::debug!(rank, "heartbeat from a rank that is not registered");
+                    self.ask_to_rejoin(rank);
                 }
             }
             Message::WorkerStatus(status) if status.rank == rank => {
-                self.ranks.status(status);
+                if !self.ranks.status(status) {
+                    self.ask_to_rejoin(rank);
+                }
             }
             Message::Shutdown(Shutdown {
                 drain_timeout_s: Some(timeout_s),
@@ -429,6 +431,29 @@ impl Controller {
                 rank,
                 accepted,
                 reason,
+                rejoin: false,
+            }),
+        );
+    }
+
+    /// A worker that heartbeats without being registered (this controller restarted, or timed
+    /// the rank out while it was stalled) is told to say `Hello` again rather than left
+    /// orphaned. A draining rank is still known and is not asked.
+    fn ask_to_rejoin(&mut self, rank: u32) {
+        if self.ranks.is_draining(rank) {
+            return;
+        }
+        tracing::info!(
+            rank,
+            "worker not registered here; asking it to say Hello again"
+        );
+        self.send_to_worker(
+            rank,
+            &Message::HelloAck(HelloAck {
+                rank,
+                accepted: false,
+                reason: Some("not registered with this controller; say Hello again".into()),
+                rejoin: true,
             }),
         );
     }

@@ -296,6 +296,11 @@ pub struct HelloAck {
     pub accepted: bool,
     #[serde(default)]
     pub reason: Option<String>,
+    /// Sent (with `accepted: false`) to a worker that heartbeats but is not registered, e.g.
+    /// after the controller restarted or timed the rank out: not a refusal, say `Hello` again.
+    /// Left out of the frame when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rejoin: bool,
 }
 
 /// Liveness signal on a timer independent of model steps: worker → controller.

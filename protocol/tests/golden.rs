@@ -8,7 +8,7 @@ mod common;
 use common::{examples, from_hex, to_hex_lines};
 use protocol::{
     codec::encode_envelope, decode, encode, DecodeError, Envelope, FlushCache, GenerateReq,
-    Message, SamplingParams, Shutdown,
+    HelloAck, Message, SamplingParams, Shutdown,
 };
 use serde_json::{json, Value};
 
@@ -388,7 +388,7 @@ const FIELD_RULES: &[FieldRules] = &[
     FieldRules {
         kind: "HelloAck",
         required: &["rank", "accepted"],
-        optional: &[("reason", "null")],
+        optional: &[("reason", "null"), ("rejoin", "false")],
     },
     FieldRules {
         kind: "Heartbeat",
@@ -437,6 +437,30 @@ fn default_json(text: &str) -> Value {
     }
 }
 
+/// Optional fields a sender leaves out of the frame while they hold their default.
+const OMITTED_WHEN_DEFAULT: &[(&str, &str)] = &[("HelloAck", "rejoin")];
+
+/// `HelloAck.rejoin` is left out while false (so the frame is what older peers sent) and
+/// travels when true.
+#[test]
+fn hello_ack_rejoin_travels_only_when_set() {
+    let mut ack = HelloAck {
+        rank: 3,
+        accepted: false,
+        reason: Some("not registered".into()),
+        rejoin: false,
+    };
+    let frame = encode(&Message::HelloAck(ack.clone())).unwrap();
+    assert!(to_value(&frame)["msg"]["HelloAck"].get("rejoin").is_none());
+    ack.rejoin = true;
+    let frame = encode(&Message::HelloAck(ack.clone())).unwrap();
+    assert_eq!(
+        to_value(&frame)["msg"]["HelloAck"]["rejoin"],
+        Value::Bool(true)
+    );
+    assert_eq!(decode(&frame).unwrap(), Message::HelloAck(ack));
+}
+
 /// Removing a required field makes the frame `Malformed` (naming the field); removing an
 /// optional one decodes to its default. Every field of every example is in the table, so a new
 /// field cannot slip in without a decision (and a line in `WIRE.md`).
@@ -453,10 +477,14 @@ fn missing_fields_are_malformed_or_default_as_documented() {
             .cloned()
             .collect();
         let listed = rules.required.len() + rules.optional.len();
+        let omitted = OMITTED_WHEN_DEFAULT
+            .iter()
+            .filter(|(k, f)| *k == kind && !fields.iter().any(|have| have == f))
+            .count();
         assert_eq!(
-            fields.len(),
+            fields.len() + omitted,
             listed,
-            "{name}: FIELD_RULES lists {listed} of {fields:?}"
+            "{name}: FIELD_RULES lists {listed} of {fields:?} (+{omitted} omitted when default)"
         );
 
         for field in &fields {

@@ -211,13 +211,19 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
     };
     tracing::info!(rank = config.rank, worker_addr = %config.worker_addr, tokenizer_addr = %config.tokenizer_addr, "worker started");
 
-    let send = |msg: &Message| match protocol::socket::send(&to_tokenizer, msg) {
-        Ok(bytes) => {
-            if let Message::TokenOut(out) = msg {
-                trace_token_out(&tracer, out, bytes);
-            }
+    // Traced before it goes out, so a merged timeline never shows the tokenizer's `recv`
+    // ahead of this `send`.
+    let send = |msg: &Message| {
+        let frame = match protocol::encode(msg) {
+            Ok(frame) => frame,
+            Err(e) => return tracing::warn!(%e, msg = msg.type_name(), "encode failed"),
+        };
+        if let Message::TokenOut(out) = msg {
+            trace_token_out(&tracer, out, frame.len());
         }
-        Err(e) => tracing::warn!(%e, "send to tokenizer failed"),
+        if let Err(e) = to_tokenizer.send(&frame[..], 0) {
+            tracing::warn!(%e, "send to tokenizer failed");
+        }
     };
     let mut last_status = Instant::now();
     // The first snapshot goes out at once, so the controller (and /metrics) see this rank's

@@ -101,6 +101,17 @@ pub fn run(link: Link) -> anyhow::Result<()> {
                         acked = true;
                         continue;
                     }
+                    Message::HelloAck(ack) if ack.rejoin => {
+                        tracing::warn!(
+                            rank,
+                            "the controller does not know this rank (it restarted, or timed \
+                             the rank out); registering again"
+                        );
+                        acked = false;
+                        dealer.send(&hello_frame[..], zmq::DONTWAIT).ok();
+                        hello_sent = Instant::now();
+                        continue;
+                    }
                     Message::HelloAck(ack) => Inbound::Refused(
                         ack.reason
                             .unwrap_or_else(|| "refused without a reason".to_string()),

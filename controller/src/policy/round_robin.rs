@@ -24,18 +24,9 @@ impl LoadBalancer for RoundRobin {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::RankLoad;
 
     fn set(ids: &[u32]) -> RankSet {
-        RankSet::new(
-            ids.iter()
-                .map(|&rank| RankLoad {
-                    rank,
-                    active_requests: 0,
-                    active_tokens: 0,
-                })
-                .collect(),
-        )
+        RankSet::idle(ids)
     }
 
     fn input() -> RouteInput<'static> {

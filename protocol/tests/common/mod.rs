@@ -103,6 +103,7 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                 rank: 0,
                 accepted: true,
                 reason: None,
+                rejoin: false,
             }),
         ),
         (
