@@ -84,7 +84,13 @@ impl ModelConfig {
             attention_bias: false,
             bos_token_id: Some(BOS_ID),
             eos_token_ids: vec![EOS_ID],
-            model_id: MODEL_ID.to_string(),
+            // The weights differ by size, so the id a worker announces in `Hello` does too: a
+            // controller refuses a `tiny` worker in a `base` cluster. (Clients see the
+            // tokenizer's served model name, the same for both.)
+            model_id: match size {
+                BuiltinSize::Base => MODEL_ID.to_string(),
+                BuiltinSize::Tiny => format!("{MODEL_ID}-tiny"),
+            },
         }
     }
 

@@ -56,6 +56,10 @@ fn builtin_sizes_parse_and_count() {
     let base = ModelConfig::builtin(BuiltinSize::Base);
     assert_eq!(base.vocab_size, protocol::builtin::VOCAB_SIZE);
     assert!((20_000_000..40_000_000).contains(&base.num_params()));
+    // Different weights, different ids: the controller will not mix the two sizes.
+    let tiny = ModelConfig::builtin(BuiltinSize::Tiny);
+    assert_eq!(base.model_id, protocol::builtin::MODEL_ID);
+    assert_ne!(tiny.model_id, base.model_id);
 }
 
 #[test]
