@@ -28,7 +28,9 @@ fn routing(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(1))
         .sample_size(20)
         .throughput(Throughput::Elements(1));
-    let prompt: Vec<u32> = (0..4096).map(|i| (i * 2_654_435_761u32) % 32_000).collect();
+    let prompt: Vec<u32> = (0..4096u32)
+        .map(|i| i.wrapping_mul(2_654_435_761) % 32_000)
+        .collect();
     let keys: Vec<String> = (0..1024).map(|k| format!("conversation-{k:06}")).collect();
     for n in [2u32, 8, 64] {
         let set = ranks(n);
