@@ -666,7 +666,7 @@ fn up_refuses_bad_prefix_affinity_values_before_starting_anything() {
 
 /// A controller that restarts (a crash, an upgrade) gets its running workers back without
 /// restarting them: their next heartbeat reaches a controller that does not know them, it
-/// answers `HelloAck { rejoin: true }`, and they say `Hello` again.
+/// answers `Rejoin`, and they say `Hello` again.
 #[test]
 fn restarted_controller_gets_its_running_workers_back() {
     let mut c = Cluster::new();

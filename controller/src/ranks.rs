@@ -140,12 +140,12 @@ impl Ranks {
         self.live.is_empty()
     }
 
-    /// A heartbeat or any message from a live rank.
     /// Whether `rank` said it is draining and has not left yet.
     pub fn is_draining(&self, rank: u32) -> bool {
         self.draining.contains_key(&rank)
     }
 
+    /// A heartbeat or any message from a live rank.
     pub fn seen(&mut self, rank: u32) -> bool {
         match self.live.get_mut(&rank) {
             Some(r) => {

@@ -17,7 +17,7 @@ use anyhow::Context;
 use protocol::msg_trace::MessageTracer;
 use protocol::socket::{identity_rank, rank_identity};
 use protocol::{
-    encode, ClusterStatus, Endpoint, FrameStats, HelloAck, Message, Shutdown, TokenOut,
+    encode, ClusterStatus, Endpoint, FrameStats, HelloAck, Message, Rejoin, Shutdown, TokenOut,
 };
 
 use crate::policy::{LoadBalancer, Method, PrefixAffinityConfig, RouteDecision, RouteInput};
@@ -390,6 +390,7 @@ impl Controller {
                     failed_requests = lost.len(),
                     "draining rank passed its deadline; removed"
                 );
+                self.abort_on(rank, &lost);
                 self.fail_requests(
                     lost,
                     format!("data parallel rank {rank} did not finish draining in time"),
@@ -405,6 +406,7 @@ impl Controller {
                     live = ?self.ranks.ids(),
                     "rank stopped sending heartbeats; removed"
                 );
+                self.abort_on(rank, &lost);
                 self.fail_requests(
                     lost,
                     format!(
@@ -413,6 +415,20 @@ impl Controller {
                     ),
                 );
                 self.cluster_changed = true;
+            }
+        }
+    }
+
+    /// Best effort: a rank that only stalled (and may rejoin) must not go on computing requests
+    /// whose clients were already told they failed. A dead rank fails the first send at once
+    /// (`ROUTER_MANDATORY`), and the rest are not tried.
+    fn abort_on(&mut self, rank: u32, rids: &[String]) {
+        for rid in rids {
+            let abort = Message::Abort(protocol::Abort {
+                rid: Some(rid.clone()),
+            });
+            if !self.send_to_worker(rank, &abort) {
+                break;
             }
         }
     }
@@ -431,7 +447,6 @@ impl Controller {
                 rank,
                 accepted,
                 reason,
-                rejoin: false,
             }),
         );
     }
@@ -447,15 +462,7 @@ impl Controller {
             rank,
             "worker not registered here; asking it to say Hello again"
         );
-        self.send_to_worker(
-            rank,
-            &Message::HelloAck(HelloAck {
-                rank,
-                accepted: false,
-                reason: Some("not registered with this controller; say Hello again".into()),
-                rejoin: true,
-            }),
-        );
+        self.send_to_worker(rank, &Message::Rejoin(Rejoin { rank }));
     }
 
     fn push_cluster_status(&mut self) {

@@ -96,6 +96,7 @@ const KNOWN_TYPES: &[&str] = &[
     "TokenOut",
     "Hello",
     "HelloAck",
+    "Rejoin",
     "Heartbeat",
     "WorkerStatus",
     "ClusterStatus",

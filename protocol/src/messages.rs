@@ -31,6 +31,7 @@ pub enum Message {
     TokenOut(TokenOut),
     Hello(Hello),
     HelloAck(HelloAck),
+    Rejoin(Rejoin),
     Heartbeat(Heartbeat),
     WorkerStatus(WorkerStatus),
     ClusterStatus(ClusterStatus),
@@ -48,6 +49,7 @@ impl Message {
             Message::TokenOut(_) => "TokenOut",
             Message::Hello(_) => "Hello",
             Message::HelloAck(_) => "HelloAck",
+            Message::Rejoin(_) => "Rejoin",
             Message::Heartbeat(_) => "Heartbeat",
             Message::WorkerStatus(_) => "WorkerStatus",
             Message::ClusterStatus(_) => "ClusterStatus",
@@ -120,6 +122,10 @@ impl SamplingParams {
         self.temperature <= 0.0 || self.top_k == 1
     }
 }
+
+/// Most alternatives per output token a worker computes (`GenerateReq.top_logprobs_num` is
+/// clamped to it): OpenAI's chat limit.
+pub const MAX_TOP_LOGPROBS_NUM: u32 = 20;
 
 /// A tokenized generation request: tokenizer → controller → worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -296,11 +302,14 @@ pub struct HelloAck {
     pub accepted: bool,
     #[serde(default)]
     pub reason: Option<String>,
-    /// Sent (with `accepted: false`) to a worker that heartbeats but is not registered, e.g.
-    /// after the controller restarted or timed the rank out: not a refusal, say `Hello` again.
-    /// Left out of the frame when false.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub rejoin: bool,
+}
+
+/// To a worker that heartbeats but is not registered (the controller restarted, or timed the
+/// rank out while the worker stalled): say `Hello` again. Not a refusal; a peer that does not
+/// know this type drops it, as for any unknown type: controller → worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rejoin {
+    pub rank: u32,
 }
 
 /// Liveness signal on a timer independent of model steps: worker → controller.

@@ -8,7 +8,7 @@ mod common;
 use common::{examples, from_hex, to_hex_lines};
 use protocol::{
     codec::encode_envelope, decode, encode, DecodeError, Envelope, FlushCache, GenerateReq,
-    HelloAck, Message, SamplingParams, Shutdown,
+    Message, SamplingParams, Shutdown,
 };
 use serde_json::{json, Value};
 
@@ -136,6 +136,13 @@ const GOLDEN: &[(&str, &str)] = &[
         ",
     ),
     (
+        "Rejoin",
+        "
+        82 a1 76 01 a3 6d 73 67 81 a6 52 65 6a 6f 69 6e
+        81 a4 72 61 6e 6b 00
+        ",
+    ),
+    (
         "Heartbeat",
         "
         82 a1 76 01 a3 6d 73 67 81 a9 48 65 61 72 74 62
@@ -251,12 +258,13 @@ fn variant_index(msg: &Message) -> usize {
         Message::WorkerStatus(_) => 8,
         Message::ClusterStatus(_) => 9,
         Message::Shutdown(_) => 10,
+        Message::Rejoin(_) => 11,
     }
 }
 
 #[test]
 fn every_message_type_has_a_golden_vector() {
-    let mut covered = [false; 11];
+    let mut covered = [false; 12];
     for (_, msg) in examples() {
         covered[variant_index(&msg)] = true;
     }
@@ -388,7 +396,12 @@ const FIELD_RULES: &[FieldRules] = &[
     FieldRules {
         kind: "HelloAck",
         required: &["rank", "accepted"],
-        optional: &[("reason", "null"), ("rejoin", "false")],
+        optional: &[("reason", "null")],
+    },
+    FieldRules {
+        kind: "Rejoin",
+        required: &["rank"],
+        optional: &[],
     },
     FieldRules {
         kind: "Heartbeat",
@@ -437,30 +450,6 @@ fn default_json(text: &str) -> Value {
     }
 }
 
-/// Optional fields a sender leaves out of the frame while they hold their default.
-const OMITTED_WHEN_DEFAULT: &[(&str, &str)] = &[("HelloAck", "rejoin")];
-
-/// `HelloAck.rejoin` is left out while false (so the frame is what older peers sent) and
-/// travels when true.
-#[test]
-fn hello_ack_rejoin_travels_only_when_set() {
-    let mut ack = HelloAck {
-        rank: 3,
-        accepted: false,
-        reason: Some("not registered".into()),
-        rejoin: false,
-    };
-    let frame = encode(&Message::HelloAck(ack.clone())).unwrap();
-    assert!(to_value(&frame)["msg"]["HelloAck"].get("rejoin").is_none());
-    ack.rejoin = true;
-    let frame = encode(&Message::HelloAck(ack.clone())).unwrap();
-    assert_eq!(
-        to_value(&frame)["msg"]["HelloAck"]["rejoin"],
-        Value::Bool(true)
-    );
-    assert_eq!(decode(&frame).unwrap(), Message::HelloAck(ack));
-}
-
 /// Removing a required field makes the frame `Malformed` (naming the field); removing an
 /// optional one decodes to its default. Every field of every example is in the table, so a new
 /// field cannot slip in without a decision (and a line in `WIRE.md`).
@@ -477,14 +466,10 @@ fn missing_fields_are_malformed_or_default_as_documented() {
             .cloned()
             .collect();
         let listed = rules.required.len() + rules.optional.len();
-        let omitted = OMITTED_WHEN_DEFAULT
-            .iter()
-            .filter(|(k, f)| *k == kind && !fields.iter().any(|have| have == f))
-            .count();
         assert_eq!(
-            fields.len() + omitted,
+            fields.len(),
             listed,
-            "{name}: FIELD_RULES lists {listed} of {fields:?} (+{omitted} omitted when default)"
+            "{name}: FIELD_RULES lists {listed} of {fields:?}"
         );
 
         for field in &fields {

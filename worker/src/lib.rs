@@ -203,6 +203,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
             heartbeat_interval: config.heartbeat_interval,
             inbound: inbound_tx,
             stop: Arc::clone(&link_stop),
+            draining: Arc::clone(&stop),
             tracer: tracer.clone(),
         };
         std::thread::Builder::new()

@@ -35,6 +35,8 @@ pub struct Link {
     pub heartbeat_interval: Duration,
     pub inbound: Sender<Inbound>,
     pub stop: Arc<AtomicBool>,
+    /// Set once the worker is stopping or draining (SIGTERM, or the controller said so).
+    pub draining: Arc<AtomicBool>,
     pub tracer: protocol::msg_trace::MessageTracer,
 }
 
@@ -48,6 +50,7 @@ pub fn run(link: Link) -> anyhow::Result<()> {
         heartbeat_interval,
         inbound,
         stop,
+        draining,
         tracer,
     } = link;
     let rank = hello.rank;
@@ -101,7 +104,15 @@ pub fn run(link: Link) -> anyhow::Result<()> {
                         acked = true;
                         continue;
                     }
-                    Message::HelloAck(ack) if ack.rejoin => {
+                    Message::Rejoin(_) if draining.load(Ordering::Relaxed) => {
+                        // Leaving anyway: what it holds still reaches the tokenizer directly.
+                        tracing::info!(
+                            rank,
+                            "the controller does not know this draining rank; not rejoining"
+                        );
+                        continue;
+                    }
+                    Message::Rejoin(_) => {
                         tracing::warn!(
                             rank,
                             "the controller does not know this rank (it restarted, or timed \

@@ -59,7 +59,8 @@ impl Req {
         );
         // Alternatives come with the chosen tokens' logprobs, never alone (as SGLang).
         if req.return_logprob {
-            r.top_logprobs_num = req.top_logprobs_num;
+            // Clamped: any peer on the wire could otherwise ask for the whole vocabulary.
+            r.top_logprobs_num = req.top_logprobs_num.min(protocol::MAX_TOP_LOGPROBS_NUM);
         }
         r
     }

@@ -30,8 +30,9 @@ impl TraceSet {
     /// Add one file: message-trace lines and routing records are told apart by their fields.
     pub fn add(&mut self, reader: impl BufRead) -> std::io::Result<()> {
         self.files += 1;
-        for line in reader.lines() {
-            let line = line?;
+        // By bytes: a line cut mid-character by a crash is malformed, not a reason to stop.
+        for line in reader.split(b'\n') {
+            let line = String::from_utf8_lossy(&line?).into_owned();
             if line.trim().is_empty() {
                 continue;
             }

@@ -6,7 +6,7 @@
 
 use protocol::{
     Abort, Capacity, ClusterStatus, EmbedReq, FinishReason, FlushCache, GenerateReq, Heartbeat,
-    Hello, HelloAck, Message, RankInfo, RouteCount, SamplingParams, Shutdown, TokenOut,
+    Hello, HelloAck, Message, RankInfo, Rejoin, RouteCount, SamplingParams, Shutdown, TokenOut,
     WorkerStatus,
 };
 
@@ -103,9 +103,9 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                 rank: 0,
                 accepted: true,
                 reason: None,
-                rejoin: false,
             }),
         ),
+        ("Rejoin", Message::Rejoin(Rejoin { rank: 0 })),
         (
             "Heartbeat",
             Message::Heartbeat(Heartbeat {

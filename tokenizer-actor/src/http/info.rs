@@ -115,7 +115,7 @@ pub async fn flush_cache(state: web::Data<AppState>) -> Result<HttpResponse, Api
         return Err(ApiError::unavailable("tokenizer is shutting down"));
     }
     Ok(HttpResponse::Ok().json(json!({
-        "message": "Cache flushed on every live rank.",
+        "message": "Cache flush sent to every live rank; each empties its prefix cache unless requests reached it meanwhile (then it refuses and logs why).",
         "ranks": cluster.live_ranks.iter().map(|r| r.rank).collect::<Vec<_>>(),
     })))
 }

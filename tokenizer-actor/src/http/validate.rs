@@ -53,7 +53,7 @@ pub struct Limits {
 }
 
 /// Most alternatives per output token on `/generate` (`top_logprobs_num`); OpenAI's chat limit.
-pub const MAX_TOP_LOGPROBS_NUM: u32 = 20;
+pub use protocol::MAX_TOP_LOGPROBS_NUM;
 
 /// `obj[name]` as `T`; absent or null is `None`.
 pub fn field<T: DeserializeOwned>(
