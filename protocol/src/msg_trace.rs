@@ -98,10 +98,19 @@ impl MessageTracer {
     }
 
     /// A message sent (`outgoing`) or received, to or from `peer`.
+    /// Liveness and load reports (`Heartbeat`, `WorkerStatus`, `ClusterStatus`) are not
+    /// traced: they say nothing about one request, and several a second per rank would make a
+    /// trace directory grow without bound on an idle deployment.
     pub fn message(&self, outgoing: bool, msg: &Message, peer: &str, bytes: usize) {
         let Some(inner) = &self.inner else {
             return;
         };
+        if matches!(
+            msg,
+            Message::Heartbeat(_) | Message::WorkerStatus(_) | Message::ClusterStatus(_)
+        ) {
+            return;
+        }
         inner.push(TraceLine {
             t: crate::unix_time(),
             actor: inner.actor.clone(),
