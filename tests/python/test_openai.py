@@ -408,6 +408,52 @@ class Metrics(unittest.TestCase):
         self.assertIn('dpserve:num_running_reqs{dp_rank="0"}', text)
         self.assertIn("dpserve:time_to_first_token_seconds_bucket", text)
 
+    @staticmethod
+    def parsed():
+        """/metrics through the reference Prometheus text parser: name -> (type, samples)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        status, text = http_get("/metrics")
+        assert status == 200, status
+        return {f.name: (f.type, f.samples) for f in text_string_to_metric_families(text)}
+
+    @staticmethod
+    def total(families, name, **labels):
+        _, samples = families.get(name, (None, []))
+        return sum(
+            s.value
+            for s in samples
+            if s.name.endswith("_total") and all(s.labels.get(k) == v for k, v in labels.items())
+        )
+
+    def test_metrics_parse_as_prometheus_text_and_counters_move(self):
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError:
+            self.skipTest("prometheus_client not installed (pip install -r tests/python/requirements.txt)")
+        before = self.parsed()
+        types = {name: t for name, (t, _) in before.items()}
+        self.assertEqual(types.get("dpserve:num_running_reqs"), "gauge", types)
+        self.assertEqual(types.get("dpserve:prompt_tokens"), "counter", types)
+        self.assertEqual(types.get("dpserve:time_to_first_token_seconds"), "histogram", types)
+        self.assertEqual(types.get("dpserve:routing_decisions"), "counter", types)
+
+        client().completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)
+        # Token counters move with the response; routing counters with the controller's next
+        # cluster status (about every 500 ms): poll, bounded.
+        deadline = time.monotonic() + 15
+        while True:
+            after = self.parsed()
+            prompt_moved = self.total(after, "dpserve:prompt_tokens") > self.total(
+                before, "dpserve:prompt_tokens")
+            routed_moved = self.total(after, "dpserve:routing_decisions") > self.total(
+                before, "dpserve:routing_decisions")
+            if (prompt_moved and routed_moved) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        self.assertTrue(prompt_moved, "dpserve:prompt_tokens_total did not move")
+        self.assertTrue(routed_moved, "dpserve:routing_decisions_total did not move")
+
 
 if __name__ == "__main__":
     sys.exit(unittest.main())
