@@ -5,13 +5,16 @@
 //!
 //! Not a test of systemd itself: nothing here needs root or a running systemd.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::fs;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
+use common::actors::{self, Actors};
 use serde_json::{json, Value};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dpserve");
@@ -271,18 +274,13 @@ fn stories_dir() -> Option<PathBuf> {
     }
 }
 
-struct Actor {
-    name: String,
-    child: Child,
-    log: PathBuf,
-}
-
 /// Actors started like the units start them: `dpserve <sub>` with a shared set of `DPSERVE_*`
 /// variables (the EnvironmentFile) plus per-unit ones. Every child is stopped when dropped.
 struct Cluster {
+    /// First, so the processes stop before their directory goes.
+    actors: Actors,
     dir: tempfile::TempDir,
     env: Vec<(String, String)>,
-    actors: Vec<Actor>,
     base: String,
     port: u16,
     http: reqwest::blocking::Client,
@@ -323,7 +321,7 @@ impl Cluster {
                 .tempdir()
                 .expect("temp dir"),
             env,
-            actors: Vec::new(),
+            actors: Actors::default(),
             base: format!("http://127.0.0.1:{}", p[3]),
             port: p[3],
             http: reqwest::blocking::Client::builder()
@@ -335,29 +333,11 @@ impl Cluster {
 
     /// Start `dpserve <args>` as actor `name`, with the shared variables and `env` on top.
     fn start(&mut self, name: &str, args: &[&str], env: &[(&str, &str)]) {
-        let log = self
-            .dir
-            .path()
-            .join(format!("{}.log", name.replace(' ', "-")));
-        let file = fs::File::create(&log).expect("log file");
-        let mut cmd = Command::new(BIN);
-        cmd.args(args);
-        for (k, _) in std::env::vars() {
-            if k.starts_with("DPSERVE_") || k == "XDG_RUNTIME_DIR" {
-                cmd.env_remove(k); // only what the "EnvironmentFile" says
-            }
-        }
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let mut cmd = actors::command(&args); // only what the "EnvironmentFile" says
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)))
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().expect("log file"))
-            .stderr(file);
-        let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {name}: {e}"));
-        self.actors.push(Actor {
-            name: name.to_string(),
-            child,
-            log,
-        });
+            .envs(env.iter().copied());
+        self.actors.spawn(name, self.dir.path(), cmd);
     }
 
     /// `dpserve worker --rank R`, as `dpserve-worker@R.service` runs it.
@@ -368,56 +348,24 @@ impl Cluster {
         self.start(&format!("worker {rank}"), &["worker", "--rank", &r], &all);
     }
 
-    fn actor(&mut self, name: &str) -> &mut Actor {
-        self.actors
-            .iter_mut()
-            .find(|a| a.name == name)
-            .unwrap_or_else(|| panic!("no actor {name}"))
-    }
-
     fn log(&self, name: &str) -> String {
-        self.actors
-            .iter()
-            .find(|a| a.name == name)
-            .map(|a| fs::read_to_string(&a.log).unwrap_or_default())
-            .unwrap_or_default()
+        self.actors.log(name)
     }
 
     fn all_logs(&self) -> String {
-        self.actors
-            .iter()
-            .map(|a| format!("----- {} -----\n{}", a.name, self.log(&a.name)))
-            .collect()
+        self.actors.all_logs()
     }
 
-    /// Panic (with every log) if an actor that should be running has exited.
     fn assert_running(&mut self, names: &[&str]) {
-        for name in names {
-            if let Ok(Some(status)) = self.actor(name).child.try_wait() {
-                panic!("{name} exited ({status})\n{}", self.all_logs());
-            }
-        }
+        self.actors.assert_running(names)
     }
 
-    /// SIGTERM, as `systemctl stop` sends it (KillSignal=SIGTERM).
     fn sigterm(&mut self, name: &str) {
-        let pid = self.actor(name).child.id();
-        let _ = Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status();
+        self.actors.sigterm(name)
     }
 
     fn wait_exit(&mut self, name: &str, within: Duration) -> ExitStatus {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Ok(Some(status)) = self.actor(name).child.try_wait() {
-                return status;
-            }
-            if Instant::now() >= deadline {
-                panic!("{name} did not exit within {within:?}\n{}", self.all_logs());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.actors.wait_exit(name, within)
     }
 
     fn server_info(&self) -> Option<Value> {
@@ -488,27 +436,6 @@ impl Cluster {
     }
 }
 
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for actor in &self.actors {
-            let _ = Command::new("kill")
-                .args(["-TERM", &actor.child.id().to_string()])
-                .stderr(Stdio::null())
-                .status();
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        for actor in &mut self.actors {
-            while matches!(actor.child.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            if let Ok(None) = actor.child.try_wait() {
-                actor.child.kill().ok();
-            }
-            actor.child.wait().ok();
-        }
-    }
-}
-
 /// The tokenizer unit's `ExecStartPost=` readiness check, as `/bin/sh` would run it.
 fn tokenizer_readiness_command() -> String {
     let unit = read(&repo().join("deploy/systemd/dpserve-tokenizer.service"));
@@ -569,7 +496,7 @@ fn tcp_cluster_of_separate_actors_grows_and_shrinks_while_serving() {
     }
 
     // Scale up: a third worker process joins and takes traffic; nothing else restarts.
-    let pids: Vec<u32> = c.actors.iter().map(|a| a.child.id()).collect();
+    let pids: Vec<u32> = c.actors.list.iter().map(|a| a.child.id()).collect();
     c.start_worker(2, &[]);
     c.wait_live(
         &[0, 1, 2],
@@ -590,6 +517,7 @@ fn tcp_cluster_of_separate_actors_grows_and_shrinks_while_serving() {
     c.assert_running(&["tokenizer", "controller", "worker 0", "worker 1"]);
     let pids_after: Vec<u32> = c
         .actors
+        .list
         .iter()
         .take(pids.len())
         .map(|a| a.child.id())

@@ -9,15 +9,19 @@
 //! Also here: `dpserve trace DIR`'s errors on its own, and `dpserve up` refusing bad
 //! `--prefix-affinity-*` values before it starts anything.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::actors::{self, Actor, Actors};
+use common::free_port;
 use controller::policy::{hrw, Blake2Hrw};
 use serde_json::{json, Value};
 
@@ -30,24 +34,12 @@ const HEARTBEAT_MS: u64 = 250;
 /// Generous: startup loads a model per worker on a shared 2-core machine.
 const STARTUP: Duration = Duration::from_secs(240);
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free port")
-}
-
-struct Actor {
-    name: String,
-    child: Child,
-    log: PathBuf,
-}
-
 /// The actors of one deployment, each its own process; all stopped when dropped.
 struct Cluster {
+    /// First, so the processes stop before their directory goes.
+    actors: Actors,
     /// Short path under /tmp: ipc socket paths are limited to 107 bytes.
     dir: tempfile::TempDir,
-    actors: Vec<Actor>,
     base: String,
     http: reqwest::blocking::Client,
 }
@@ -61,7 +53,7 @@ impl Cluster {
         Cluster {
             base: String::new(),
             dir,
-            actors: Vec::new(),
+            actors: Actors::default(),
             http: reqwest::blocking::Client::builder()
                 .timeout(Duration::from_secs(120))
                 .build()
@@ -78,28 +70,9 @@ impl Cluster {
     }
 
     fn spawn(&mut self, name: &str, args: &[String]) {
-        let log = self
-            .dir
-            .path()
-            .join(format!("{}.log", name.replace(' ', "-")));
-        let file = fs::File::create(&log).expect("log file");
-        let mut cmd = Command::new(BIN);
-        cmd.args(args);
-        for (k, _) in std::env::vars() {
-            if k.starts_with("DPSERVE_") || k == "XDG_RUNTIME_DIR" {
-                cmd.env_remove(k); // only the flags below configure the actors
-            }
-        }
-        cmd.env("DPSERVE_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().expect("log file"))
-            .stderr(file);
-        let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {name}: {e}"));
-        self.actors.push(Actor {
-            name: name.to_string(),
-            child,
-            log,
-        });
+        let mut cmd = actors::command(args); // only the flags configure the actors
+        cmd.env("DPSERVE_LOG", "info");
+        self.actors.spawn(name, self.dir.path(), cmd);
     }
 
     fn start_controller(&mut self) {
@@ -177,39 +150,19 @@ impl Cluster {
     }
 
     fn actor(&mut self, name: &str) -> &mut Actor {
-        self.actors
-            .iter_mut()
-            .rev() // a restarted actor: the newest process of that name
-            .find(|a| a.name == name)
-            .unwrap_or_else(|| panic!("no actor {name}"))
+        self.actors.get(name)
     }
 
     fn all_logs(&self) -> String {
-        self.actors
-            .iter()
-            .map(|a| {
-                format!(
-                    "----- {} -----\n{}",
-                    a.name,
-                    fs::read_to_string(&a.log).unwrap_or_default()
-                )
-            })
-            .collect()
+        self.actors.all_logs()
     }
 
     fn assert_running(&mut self, names: &[&str]) {
-        for name in names {
-            if let Ok(Some(status)) = self.actor(name).child.try_wait() {
-                panic!("{name} exited ({status})\n{}", self.all_logs());
-            }
-        }
+        self.actors.assert_running(names)
     }
 
-    /// SIGKILL: no drain, no `Shutdown`; the controller only notices the missing heartbeats.
     fn kill(&mut self, name: &str) {
-        let actor = self.actor(name);
-        actor.child.kill().expect("SIGKILL");
-        actor.child.wait().expect("reap");
+        self.actors.kill(name)
     }
 
     fn live_ranks(&self) -> Option<BTreeSet<u32>> {
@@ -287,27 +240,6 @@ impl Cluster {
         text.lines()
             .find_map(|l| l.strip_prefix(&series))
             .map_or(0, |v| v.trim().parse().expect("counter value"))
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for actor in &self.actors {
-            let _ = Command::new("kill")
-                .args(["-TERM", &actor.child.id().to_string()])
-                .stderr(Stdio::null())
-                .status();
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        for actor in &mut self.actors {
-            while matches!(actor.child.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            if let Ok(None) = actor.child.try_wait() {
-                actor.child.kill().ok();
-            }
-            actor.child.wait().ok();
-        }
     }
 }
 

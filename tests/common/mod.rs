@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod actors;
+
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -190,4 +192,33 @@ impl Drop for Server {
             self.stop();
         }
     }
+}
+
+/// Runs `python3 args…` in the checkout against the built binary (`DPSERVE_BIN`), so a Python
+/// suite under `tests/python` is part of `cargo test`. Skips with a message when `module` (the
+/// pinned package the suite drives, named `what`) cannot be imported.
+pub fn run_python_suite(what: &str, module: &str, args: &[&str]) {
+    let probe = Command::new("python3")
+        .args(["-c", &format!("import {module}")])
+        .output();
+    if !matches!(&probe, Ok(out) if out.status.success()) {
+        eprintln!(
+            "skipping: the {what} Python package is not installed \
+             (pip install -r tests/python/requirements.txt)"
+        );
+        return;
+    }
+    let out = Command::new("python3")
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("DPSERVE_BIN", env!("CARGO_BIN_EXE_dpserve"))
+        .output()
+        .expect("run python3");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{what} tests failed:\n{}\n{stderr}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    eprintln!("{stderr}");
 }
