@@ -15,6 +15,7 @@ use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use common::actors::{self, Actors};
+use common::stories_dir;
 use serde_json::{json, Value};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dpserve");
@@ -258,20 +259,6 @@ fn free_ports(n: usize) -> Vec<u16> {
         .iter()
         .map(|l| l.local_addr().expect("addr").port())
         .collect()
-}
-
-/// The stories260k model beside the checkout, if present.
-fn stories_dir() -> Option<PathBuf> {
-    let dir = repo().join("../shared/models/stories260k");
-    if dir.join("model.safetensors").exists() {
-        Some(dir)
-    } else {
-        eprintln!(
-            "skipping: ../shared/models/stories260k not found beside the checkout ({})",
-            dir.display()
-        );
-        None
-    }
 }
 
 /// Actors started like the units start them: `dpserve <sub>` with a shared set of `DPSERVE_*`

@@ -375,16 +375,7 @@ fn parse_encode(body: &[u8], headers: &HeaderInputs) -> Result<EmbedInput, ApiEr
     }
     check_count(&prompts, param)?;
     let (routing_key, routed_dp_rank) = validate::routing(&obj, headers)?;
-    let rid = field::<String>(&obj, "", "rid")?;
-    if rid
-        .as_deref()
-        .is_some_and(|r| r.is_empty() || r.len() > 200)
-    {
-        return Err(ApiError::invalid_param(
-            "rid",
-            "rid must be 1 to 200 characters",
-        ));
-    }
+    let rid = validate::rid(&obj, 200)?;
     Ok(EmbedInput {
         prompts,
         batch,

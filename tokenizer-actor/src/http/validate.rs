@@ -127,13 +127,7 @@ pub fn parse_generate(body: &[u8], headers: &HeaderInputs) -> Result<GenerateInp
     };
 
     let (routing_key, routed_dp_rank) = routing(&obj, headers)?;
-    let rid = field::<String>(&obj, "", "rid")?;
-    if rid
-        .as_deref()
-        .is_some_and(|r| r.is_empty() || r.len() > 256)
-    {
-        return Err(ApiError::bad_request("rid must be 1 to 256 characters"));
-    }
+    let rid = rid(&obj, 256)?;
     let top_logprobs_num = field::<u32>(&obj, "", "top_logprobs_num")?.unwrap_or(0);
     if top_logprobs_num > MAX_TOP_LOGPROBS_NUM {
         return Err(ApiError::invalid_param(
@@ -157,6 +151,21 @@ pub fn parse_generate(body: &[u8], headers: &HeaderInputs) -> Result<GenerateInp
         return_text_in_logprobs: field(&obj, "", "return_text_in_logprobs")?.unwrap_or(false),
         rid,
     })
+}
+
+/// A client-chosen request id (`rid`), if any: 1 to `max_len` bytes.
+pub fn rid(obj: &Map<String, Value>, max_len: usize) -> Result<Option<String>, ApiError> {
+    let rid = field::<String>(obj, "", "rid")?;
+    if rid
+        .as_deref()
+        .is_some_and(|r| r.is_empty() || r.len() > max_len)
+    {
+        return Err(ApiError::invalid_param(
+            "rid",
+            format!("rid must be 1 to {max_len} characters"),
+        ));
+    }
+    Ok(rid)
 }
 
 /// Routing key and explicit rank: headers win over the body; the rank may be given as

@@ -220,16 +220,7 @@ pub fn parse(body: &[u8], headers: &HeaderInputs, kind: Kind) -> Result<OpenAiRe
     validate::check_sampling(&sampling, "")?;
     let stop = validate::stop_strings(&obj, "")?;
     let (routing_key, routed_dp_rank) = validate::routing(&obj, headers)?;
-    let rid = field::<String>(&obj, "", "rid")?;
-    if rid
-        .as_deref()
-        .is_some_and(|r| r.is_empty() || r.len() > 200)
-    {
-        return Err(ApiError::invalid_param(
-            "rid",
-            "rid must be 1 to 200 characters",
-        ));
-    }
+    let rid = validate::rid(&obj, 200)?;
 
     let (prompts, messages) = match kind {
         Kind::Completions => (prompt_list(&obj, "prompt")?, Vec::new()),
