@@ -1,20 +1,42 @@
 //! Element-wise ops of the Llama block (SwiGLU, residual add) and argmax over logits.
 
+use crate::math::exp_fixed;
+use crate::path::{kernel_path, multiversion};
+
 /// SwiGLU: `out[t, i] = silu(gu[t, i]) * gu[t, inter + i]` for `gu` = `[tokens, 2·inter]` holding
 /// the fused gate and up projections.
 pub fn silu_mul(gu: &[f32], inter: usize, out: &mut [f32]) {
+    silu_mul_with(kernel_path(), gu, inter, out)
+}
+
+multiversion! {
+    /// [`silu_mul`] on a given path.
+    pub fn silu_mul_with(gu: &[f32], inter: usize, out: &mut [f32]) => silu_mul_body;
+}
+
+#[inline(always)]
+fn silu_mul_body(gu: &[f32], inter: usize, out: &mut [f32]) {
     assert!(inter > 0 && gu.len() == out.len() * 2, "silu_mul shape");
-    for (g, o) in gu.chunks(2 * inter).zip(out.chunks_mut(inter)) {
+    for (g, o) in gu.chunks_exact(2 * inter).zip(out.chunks_exact_mut(inter)) {
         let (gate, up) = g.split_at(inter);
-        for i in 0..inter {
-            let x = gate[i];
-            o[i] = x / (1.0 + (-x).exp()) * up[i];
+        for ((o, &x), &u) in o.iter_mut().zip(gate).zip(up) {
+            *o = x / (1.0 + exp_fixed(-x)) * u;
         }
     }
 }
 
 /// `x += y`.
 pub fn add_inplace(x: &mut [f32], y: &[f32]) {
+    add_inplace_with(kernel_path(), x, y)
+}
+
+multiversion! {
+    /// [`add_inplace`] on a given path.
+    pub fn add_inplace_with(x: &mut [f32], y: &[f32]) => add_inplace_body;
+}
+
+#[inline(always)]
+fn add_inplace_body(x: &mut [f32], y: &[f32]) {
     assert_eq!(x.len(), y.len(), "add shape");
     for (a, b) in x.iter_mut().zip(y) {
         *a += b;
@@ -55,5 +77,25 @@ mod tests {
         let silu = |x: f32| x / (1.0 + (-x).exp());
         assert!((o[0] - silu(1.0) * 3.0).abs() < 1e-6);
         assert!((o[1] - silu(-2.0) * 4.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn every_path_gives_the_same_bits() {
+        let inter = 37;
+        let gu: Vec<f32> = (0..3 * 2 * inter)
+            .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 40.0)
+            .collect();
+        let y: Vec<f32> = (0..3 * inter).map(|i| (i as f32).sin()).collect();
+        use crate::KernelPath;
+        let run = |p: KernelPath| {
+            let mut o = vec![0f32; 3 * inter];
+            silu_mul_with(p, &gu, inter, &mut o);
+            add_inplace_with(p, &mut o, &y);
+            o.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        let want = run(KernelPath::Portable);
+        for p in KernelPath::all_supported() {
+            assert_eq!(run(p), want, "{p}");
+        }
     }
 }

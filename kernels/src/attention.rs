@@ -13,7 +13,8 @@ use std::cell::Cell;
 use rayon::prelude::*;
 
 use crate::dot8;
-use crate::gemm::{gemm_impl, GemmImpl};
+use crate::math::exp_sub_sum;
+use crate::path::{kernel_path, multiversion, KernelPath};
 
 /// Shapes of one attention call.
 #[derive(Clone, Copy, Debug)]
@@ -40,11 +41,15 @@ pub fn attention(
     shape: AttnShape,
     out: &mut [f32],
 ) {
-    attention_with(gemm_impl(), q, token_slots, k_cache, v_cache, shape, out);
+    attention_with(kernel_path(), q, token_slots, k_cache, v_cache, shape, out);
 }
 
-fn attention_with(
-    imp: GemmImpl,
+/// [`attention`] on a given path (tests and benchmarks compare paths in one process).
+///
+/// # Panics
+/// As [`attention`]; and if `path` is not supported by this CPU.
+pub fn attention_with(
+    path: KernelPath,
     q: &[f32],
     token_slots: &[&[u32]],
     k_cache: &[f32],
@@ -65,6 +70,10 @@ fn attention_with(
     assert_eq!(q.len(), token_slots.len() * q_width, "q shape");
     assert_eq!(out.len(), q.len(), "out shape");
     assert_eq!(k_cache.len(), v_cache.len(), "kv shape");
+    assert!(
+        path.supported(),
+        "kernel path {path} is not supported by this CPU"
+    );
     if q.is_empty() {
         return;
     }
@@ -92,11 +101,17 @@ fn attention_with(
         let (t, kvh) = (idx / num_kv_heads, idx % num_kv_heads);
         let qg = &q[t * q_width + kvh * width..t * q_width + (kvh + 1) * width];
         let mut scores = SCORES.take();
-        match imp {
+        match path {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Avx512` is only chosen when the CPU reports avx512f.
-            GemmImpl::Avx512 => unsafe { g.attend_avx512(qg, token_slots[t], kvh, &mut scores, o) },
-            _ => g.attend::<false>(qg, token_slots[t], kvh, &mut scores, o),
+            // SAFETY: `Avx512` is only chosen (and run, see the assert above) when the CPU
+            // reports avx512f, avx2 and fma.
+            KernelPath::Avx512 => unsafe {
+                g.attend_avx512(qg, token_slots[t], kvh, &mut scores, o)
+            },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above, for avx2 and fma.
+            KernelPath::Avx2 => unsafe { g.attend_avx2(qg, token_slots[t], kvh, &mut scores, o) },
+            _ => attend_generic(path, &g, qg, token_slots[t], kvh, &mut scores, o),
         }
         SCORES.set(scores);
     };
@@ -119,15 +134,56 @@ struct Group<'a> {
     scale: f32,
 }
 
+multiversion! {
+    /// `attend` with the portable dot (portable and NEON paths).
+    fn attend_generic(
+        g: &Group<'_>,
+        qg: &[f32],
+        slots: &[u32],
+        kvh: usize,
+        scores: &mut Vec<f32>,
+        out: &mut [f32],
+    ) => attend_portable;
+}
+
+#[inline(always)]
+fn attend_portable(
+    g: &Group<'_>,
+    qg: &[f32],
+    slots: &[u32],
+    kvh: usize,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    g.attend::<false>(qg, slots, kvh, scores, out)
+}
+
 impl Group<'_> {
     /// `attend` compiled for AVX-512. Same source, no fast-math, so the same IEEE operations in
     /// the same order: only the vector width differs, never a result.
     ///
     /// # Safety
-    /// The CPU must support avx512f.
+    /// The CPU must support avx512f, avx2 and fma.
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f")]
+    #[target_feature(enable = "avx512f,avx2,fma")]
     unsafe fn attend_avx512(
+        &self,
+        qg: &[f32],
+        slots: &[u32],
+        kvh: usize,
+        scores: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        self.attend::<true>(qg, slots, kvh, scores, out)
+    }
+
+    /// `attend` compiled for AVX2 + FMA.
+    ///
+    /// # Safety
+    /// The CPU must support avx2 and fma.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn attend_avx2(
         &self,
         qg: &[f32],
         slots: &[u32],
@@ -170,8 +226,9 @@ impl Group<'_> {
                     let qj = &qg[j * d..(j + 1) * d];
                     let dots = if SIMD {
                         #[cfg(target_arch = "x86_64")]
-                        // SAFETY: `SIMD` is only set by `attend_avx512`, which requires avx512f
-                        // (hence avx); `d` is a multiple of 8 and every row holds `d` floats.
+                        // SAFETY: `SIMD` is only set by `attend_avx512` and `attend_avx2`, which
+                        // require avx2 (hence avx); `d` is a multiple of 8 and every row holds
+                        // `d` floats.
                         unsafe {
                             avx::dot8x4(qj, ks)
                         }
@@ -203,12 +260,7 @@ impl Group<'_> {
         for (j, inv) in inv.iter_mut().enumerate() {
             let sc = &mut scores[j * n..(j + 1) * n];
             let max = sc.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            let mut sum = 0f32;
-            for v in sc.iter_mut() {
-                *v = (*v - max).exp();
-                sum += *v;
-            }
-            *inv = 1.0 / sum;
+            *inv = 1.0 / exp_sub_sum(sc, max);
         }
         out.fill(0.0);
         for (i, &s) in slots.iter().enumerate() {
@@ -239,11 +291,7 @@ impl Group<'_> {
         for (j, o) in out.chunks_exact_mut(d).enumerate() {
             let sc = &mut scores[j * n..(j + 1) * n];
             let max = sc.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            let mut sum = 0f32;
-            for v in sc.iter_mut() {
-                *v = (*v - max).exp();
-                sum += *v;
-            }
+            let sum = exp_sub_sum(sc, max);
             o.fill(0.0);
             for (&s, &p) in slots.iter().zip(sc.iter()) {
                 let v = &self.v_cache[s as usize * self.kv_row + base..][..d];
@@ -345,7 +393,7 @@ mod tests {
             }
             let mut sum = 0f32;
             for sc in scores.iter_mut() {
-                *sc = (*sc - max).exp();
+                *sc = crate::math::exp_fixed(*sc - max);
                 sum += *sc;
             }
             for (&s, &p) in token_slots[t].iter().zip(&scores) {
@@ -384,7 +432,7 @@ mod tests {
             let toks: Vec<&[u32]> = (0..n).map(|p| &seq[..=p]).collect();
             let q: Vec<f32> = (0..n * nh * d).map(|_| rng.gen_range(-2.0..2.0)).collect();
             let want = reference(&q, &toks, &k, &v, shape);
-            for imp in [GemmImpl::Portable, gemm_impl()] {
+            for imp in KernelPath::all_supported() {
                 let mut out = vec![0f32; q.len()];
                 attention_with(imp, &q, &toks, &k, &v, shape, &mut out);
                 let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
@@ -444,7 +492,15 @@ mod tests {
         }
         // The portable build gives the same bits.
         let mut portable = vec![0f32; q.len()];
-        attention_with(GemmImpl::Portable, &q, &toks, &k, &v, shape, &mut portable);
+        attention_with(
+            KernelPath::Portable,
+            &q,
+            &toks,
+            &k,
+            &v,
+            shape,
+            &mut portable,
+        );
         assert_eq!(
             portable.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
             out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()

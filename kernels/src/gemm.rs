@@ -30,6 +30,8 @@ use std::cell::Cell;
 
 use rayon::prelude::*;
 
+use crate::path::{kernel_path, multiversion, KernelPath};
+
 /// Lanes of the fixed-order reduction. Part of the numeric contract: changing it changes results.
 pub const LANES: usize = 16;
 
@@ -50,29 +52,6 @@ const N_BLOCK_PANELS: usize = 16;
 /// At or below this many `x` panels (32 rows) a call is "decode-like": it is bound by streaming
 /// `W`, so `N` is cut into a few large ranges and all of `M` goes with each.
 const SMALL_M_PANELS: usize = 8;
-
-/// Which implementation runs. Chosen once per process, so every call (every batch size) uses the
-/// same one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GemmImpl {
-    Portable,
-    Avx512,
-}
-
-/// The implementation this machine uses.
-pub fn gemm_impl() -> GemmImpl {
-    use std::sync::OnceLock;
-    static CHOSEN: OnceLock<GemmImpl> = OnceLock::new();
-    *CHOSEN.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::is_x86_feature_detected!("avx512f") {
-                return GemmImpl::Avx512;
-            }
-        }
-        GemmImpl::Portable
-    })
-}
 
 /// The fixed pairwise lane tree shared by every path.
 #[inline]
@@ -265,17 +244,25 @@ pub fn linear(
 /// # Panics
 /// If the slice lengths do not match the shapes (a caller bug, never external input).
 pub fn linear_packed(x: &[f32], m: usize, w: &PackedMatrix, bias: Option<&[f32]>, y: &mut [f32]) {
-    linear_with(gemm_impl(), x, m, w, bias, y);
+    linear_with(kernel_path(), x, m, w, bias, y);
 }
 
-fn linear_with(
-    imp: GemmImpl,
+/// [`linear_packed`] on a given path (tests and benchmarks compare paths in one process).
+///
+/// # Panics
+/// As [`linear_packed`]; and if `path` is not supported by this CPU.
+pub fn linear_with(
+    path: KernelPath,
     x: &[f32],
     m: usize,
     w: &PackedMatrix,
     bias: Option<&[f32]>,
     y: &mut [f32],
 ) {
+    assert!(
+        path.supported(),
+        "kernel path {path} is not supported by this CPU"
+    );
     let (n, k, kc) = (w.n, w.k, w.kc);
     assert_eq!(x.len(), m * k, "x shape");
     assert_eq!(y.len(), m * n, "y shape");
@@ -312,7 +299,7 @@ fn linear_with(
             for q in q0..q1 {
                 let xp = &xs_ref[q * kc * X_CHUNK..(q + 1) * kc * X_CHUNK];
                 let rows = MR.min(m - q * MR);
-                micro(imp, xp, wp, kc, rows, &mut res);
+                micro(path, xp, wp, kc, rows, &mut res);
                 let bias = bias.map(|b| &b[n0..n0 + cols]);
                 for i in 0..rows {
                     let src = &mut res[i * NR..i * NR + cols];
@@ -347,7 +334,7 @@ fn linear_with(
 
 /// One `rows × NR` block: `res[i * NR + j]` = dot of x panel row `i` and W panel row `j`.
 fn micro(
-    imp: GemmImpl,
+    path: KernelPath,
     xp: &[f32],
     wp: &[f32],
     kc: usize,
@@ -355,11 +342,11 @@ fn micro(
     res: &mut [f32; OUT_SLOTS],
 ) {
     debug_assert!(xp.len() == kc * X_CHUNK && wp.len() == kc * W_CHUNK);
-    match imp {
+    match path {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Avx512` is only chosen when the CPU reports avx512f; the panels hold `kc`
-        // whole chunks (asserted in debug, guaranteed by the packing).
-        GemmImpl::Avx512 => unsafe {
+        // SAFETY: `Avx512` is only chosen (and `linear_with` only runs it) when the CPU reports
+        // avx512f; the panels hold `kc` whole chunks (asserted in debug, guaranteed by packing).
+        KernelPath::Avx512 => unsafe {
             match rows {
                 1 => avx512::micro::<1>(xp.as_ptr(), wp.as_ptr(), kc, res),
                 2 => avx512::micro::<2>(xp.as_ptr(), wp.as_ptr(), kc, res),
@@ -367,24 +354,173 @@ fn micro(
                 _ => avx512::micro::<MR>(xp.as_ptr(), wp.as_ptr(), kc, res),
             }
         },
-        _ => portable_micro(xp, wp, kc, rows, res),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Avx2` is only chosen when the CPU reports avx2 and fma; panels as above.
+        KernelPath::Avx2 => unsafe { avx2::micro(xp.as_ptr(), wp.as_ptr(), kc, rows, res) },
+        _ => lanes_micro(path, xp, wp, kc, rows, res),
     }
 }
 
-/// The portable micro-kernel: the contract order element by element.
-fn portable_micro(xp: &[f32], wp: &[f32], kc: usize, rows: usize, res: &mut [f32; OUT_SLOTS]) {
-    for i in 0..rows {
-        for j in 0..NR {
-            let mut acc = [0f32; LANES];
-            for c in 0..kc {
-                let xs = &xp[c * X_CHUNK + i * LANES..][..LANES];
-                let ws = &wp[c * W_CHUNK + j * LANES..][..LANES];
+multiversion! {
+    /// The generic micro-kernel (portable and NEON paths), in register blocks of 2 × 3 (or
+    /// 1 × 6) dot products whose 16-lane accumulators the compiler keeps in vector registers.
+    fn lanes_micro(
+        xp: &[f32],
+        wp: &[f32],
+        kc: usize,
+        rows: usize,
+        res: &mut [f32; OUT_SLOTS],
+    ) => lanes_micro_body;
+}
+
+#[inline(always)]
+fn lanes_micro_body(xp: &[f32], wp: &[f32], kc: usize, rows: usize, res: &mut [f32; OUT_SLOTS]) {
+    let mut i0 = 0;
+    while i0 < rows {
+        if rows - i0 >= 2 {
+            lanes_block::<2, 3>(xp, wp, kc, i0, 0, res);
+            lanes_block::<2, 3>(xp, wp, kc, i0, 3, res);
+            i0 += 2;
+        } else {
+            lanes_block::<1, NR>(xp, wp, kc, i0, 0, res);
+            i0 += 1;
+        }
+    }
+}
+
+/// Rows `i0..i0 + A` of the x panel against rows `j0..j0 + B` of the W panel, in the contract
+/// order (per lane: one fma per chunk, chunks in order; then `hsum16`).
+#[inline(always)]
+fn lanes_block<const A: usize, const B: usize>(
+    xp: &[f32],
+    wp: &[f32],
+    kc: usize,
+    i0: usize,
+    j0: usize,
+    res: &mut [f32; OUT_SLOTS],
+) {
+    let mut acc = [[[0f32; LANES]; B]; A];
+    for c in 0..kc {
+        let xc = &xp[c * X_CHUNK + i0 * LANES..][..A * LANES];
+        let wc = &wp[c * W_CHUNK + j0 * LANES..][..B * LANES];
+        for (i, acc_i) in acc.iter_mut().enumerate() {
+            let xs = &xc[i * LANES..(i + 1) * LANES];
+            for (j, acc_ij) in acc_i.iter_mut().enumerate() {
+                let ws = &wc[j * LANES..(j + 1) * LANES];
                 for l in 0..LANES {
-                    acc[l] = xs[l].mul_add(ws[l], acc[l]);
+                    acc_ij[l] = xs[l].mul_add(ws[l], acc_ij[l]);
                 }
             }
-            res[i * NR + j] = hsum16(&acc);
         }
+    }
+    for (i, acc_i) in acc.iter().enumerate() {
+        for (j, acc_ij) in acc_i.iter().enumerate() {
+            res[(i0 + i) * NR + j0 + j] = hsum16(acc_ij);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! The AVX2 + FMA micro-kernel: each 16-lane accumulator is a pair of 256-bit registers
+    //! (lanes 0–7, lanes 8–15), so the fma sequence per lane is `dot_fixed`'s; the tree's first
+    //! step (`a[l] + a[l + 8]`) is then one vector add of the pair.
+    // Index loops over the (i, j) register block read like the math and unroll fully.
+    #![allow(clippy::needless_range_loop)]
+    use super::{LANES, NR, OUT_SLOTS, W_CHUNK, X_CHUNK};
+    use std::arch::x86_64::*;
+
+    /// How far ahead of the current chunk the few-row kernels prefetch W (in floats, 24 KiB).
+    const PREFETCH_FLOATS: usize = 16 * W_CHUNK;
+
+    /// `res[i * NR + j]` for `i < rows`, `j < NR`.
+    ///
+    /// # Safety
+    /// The CPU must support avx2 and fma; `xp` must hold `kc * X_CHUNK` and `wp` `kc * W_CHUNK`
+    /// floats; `rows <= MR`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn micro(
+        xp: *const f32,
+        wp: *const f32,
+        kc: usize,
+        rows: usize,
+        res: &mut [f32; OUT_SLOTS],
+    ) {
+        // 12 accumulator registers of 16, either way: 1 × 6 or 2 × 3 dot products.
+        // SAFETY (all calls): function contract; i0 + A <= rows <= MR and j0 + B <= NR.
+        unsafe {
+            let mut i0 = 0;
+            while i0 < rows {
+                if rows - i0 >= 2 {
+                    block::<2, 3>(xp, wp, kc, i0, 0, res);
+                    block::<2, 3>(xp, wp, kc, i0, 3, res);
+                    i0 += 2;
+                } else {
+                    block::<1, NR>(xp, wp, kc, i0, 0, res);
+                    i0 += 1;
+                }
+            }
+        }
+    }
+
+    /// # Safety
+    /// As [`micro`], with `i0 + A <= MR` and `j0 + B <= NR`.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn block<const A: usize, const B: usize>(
+        xp: *const f32,
+        wp: *const f32,
+        kc: usize,
+        i0: usize,
+        j0: usize,
+        res: &mut [f32; OUT_SLOTS],
+    ) {
+        let mut lo = [[_mm256_setzero_ps(); B]; A];
+        let mut hi = [[_mm256_setzero_ps(); B]; A];
+        for c in 0..kc {
+            // SAFETY: chunk c < kc of both panels, rows inside it (function contract).
+            let (xc, wc) = unsafe { (xp.add(c * X_CHUNK + i0 * LANES), wp.add(c * W_CHUNK)) };
+            if A == 1 || j0 == 0 {
+                // Few rows stream W from memory: prefetch the whole chunk well ahead (a hint;
+                // past the end of the panel it never faults).
+                for j in 0..NR {
+                    let ahead = wc.wrapping_add(PREFETCH_FLOATS + j * LANES);
+                    _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+                }
+            }
+            // SAFETY: as above.
+            let wc = unsafe { wc.add(j0 * LANES) };
+            for half in 0..2 {
+                let acc = if half == 0 { &mut lo } else { &mut hi };
+                let mut xv = [_mm256_setzero_ps(); A];
+                for i in 0..A {
+                    // SAFETY: row i0 + i < MR of chunk c, 8 floats at offset 8 * half.
+                    xv[i] = unsafe { _mm256_loadu_ps(xc.add(i * LANES + 8 * half)) };
+                }
+                for j in 0..B {
+                    // SAFETY: row j0 + j < NR of chunk c.
+                    let wv = unsafe { _mm256_loadu_ps(wc.add(j * LANES + 8 * half)) };
+                    for i in 0..A {
+                        acc[i][j] = _mm256_fmadd_ps(xv[i], wv, acc[i][j]);
+                    }
+                }
+            }
+        }
+        for i in 0..A {
+            for j in 0..B {
+                res[(i0 + i) * NR + j0 + j] = hsum16_pair(lo[i][j], hi[i][j]);
+            }
+        }
+    }
+
+    /// `hsum16` of the 16 lanes `lo ++ hi`, pair for pair in its order.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    pub(super) fn hsum16_pair(lo: __m256, hi: __m256) -> f32 {
+        let s8 = _mm256_add_ps(lo, hi); // s8[i] = a[i] + a[i + 8]
+        let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+        let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4)); // [s4[0] + s4[2], s4[1] + s4[3], ..]
+        _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2)))
     }
 }
 
@@ -571,7 +707,7 @@ mod tests {
     }
 
     #[test]
-    fn both_impls_equal_dot_fixed_for_every_shape_and_batch() {
+    fn every_path_equals_dot_fixed_for_every_shape_and_batch() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(4);
         // K tails, N edges of every panel remainder, M edges of every panel remainder, and both
         // the decode-like and the blocked task layouts (M above 32 rows).
@@ -590,11 +726,7 @@ mod tests {
             let b = rand_vec(&mut rng, n);
             let pw = PackedMatrix::pack(&w, n, k);
             assert_eq!(pw.unpack(), w);
-            let mut imps = vec![GemmImpl::Portable];
-            if gemm_impl() != GemmImpl::Portable {
-                imps.push(gemm_impl());
-            }
-            for imp in imps {
+            for imp in KernelPath::all_supported() {
                 let mut y = vec![0f32; m * n];
                 linear_with(imp, &x, m, &pw, Some(&b), &mut y);
                 for i in 0..m {
@@ -616,7 +748,8 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn reduce16_is_sixteen_hsum16() {
-        if gemm_impl() != GemmImpl::Avx512 {
+        if !KernelPath::Avx512.supported() {
+            eprintln!("skipping: no avx512f on this CPU");
             return;
         }
         use std::arch::x86_64::*;
@@ -662,19 +795,26 @@ mod bench {
             let x = vec![0.5f32; m * k];
             let w = PackedMatrix::pack(&vec![0.25f32; n * k], n, k);
             let mut y = vec![0f32; m * n];
-            linear_packed(&x, m, &w, None, &mut y);
-            let reps = 20;
-            let t = Instant::now();
-            for _ in 0..reps {
-                linear_packed(&x, m, &w, None, &mut y);
+            for path in KernelPath::all_supported() {
+                linear_with(path, &x, m, &w, None, &mut y);
+                let reps = 20;
+                let t = Instant::now();
+                for _ in 0..reps {
+                    linear_with(path, &x, m, &w, None, &mut y);
+                }
+                let dt = t.elapsed().as_secs_f64() / reps as f64;
+                println!(
+                    "{path:>8} {m}x{k}x{n}: {:.3} ms, {:.1} GFLOP/s, {:.1} GB/s of W",
+                    dt * 1e3,
+                    2.0 * (m * n * k) as f64 / dt / 1e9,
+                    (n * k * 4) as f64 / dt / 1e9
+                );
             }
-            let dt = t.elapsed().as_secs_f64() / reps as f64;
-            println!(
-                "{m}x{k}x{n}: {:.3} ms, {:.1} GFLOP/s, {:.1} GB/s of W",
-                dt * 1e3,
-                2.0 * (m * n * k) as f64 / dt / 1e9,
-                (n * k * 4) as f64 / dt / 1e9
-            );
         }
+        for path in KernelPath::all_supported() {
+            let peak = crate::peak::fma_gflops(path, std::time::Duration::from_millis(300));
+            println!("{path:>8} fma peak {peak:.1} GFLOP/s");
+        }
+        println!("copy {:.1} GB/s", crate::peak::copy_gbps(256 << 20, 5));
     }
 }

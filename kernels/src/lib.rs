@@ -1,21 +1,28 @@
 //! CPU kernels for the Llama forward pass (f32): GEMM, RMSNorm, RoPE, SwiGLU, attention over KV
-//! slots, argmax. Not the model itself (that is `worker::model`), and no device selection yet.
+//! slots, argmax, on the instruction set chosen once per process ([`KernelPath`]: AVX-512,
+//! AVX2 + FMA, NEON or portable). Not the model itself (that is `worker::model`).
 //!
 //! Numeric contract: every kernel reduces each output element in an order fixed by the problem
 //! shape of that element alone (never by batch size, tiling, chunking or thread), so a token's
 //! result is bit-identical however the scheduler batches it. Shape mismatches are caller bugs and
-//! panic; callers validate external input before reaching here.
+//! panic; callers validate external input before reaching here. Every kernel path performs the
+//! same IEEE operations in the same order (fma where the contract says fma, nowhere else), so
+//! the paths agree bit for bit; the tests check each path this CPU supports against the portable one.
 
 pub mod activation;
 pub mod attention;
 pub mod gemm;
+pub mod math;
 pub mod norm;
+pub mod path;
+pub mod peak;
 pub mod rope;
 
 pub use activation::{add_inplace, argmax, silu_mul};
 pub use attention::{attention, AttnShape};
-pub use gemm::{dot_fixed, gemm_impl, linear, linear_packed, GemmImpl, PackedMatrix};
+pub use gemm::{dot_fixed, linear, linear_packed, PackedMatrix};
 pub use norm::rmsnorm;
+pub use path::{kernel_path, set_kernel_path, KernelPath, KernelPathError, KERNEL_PATH_ENV};
 pub use rope::{apply_rope, rope_tables};
 
 /// Sum of products over 8 lanes with plain multiply and add, then a fixed tree. Used where the

@@ -3,21 +3,35 @@
 use rayon::prelude::*;
 
 use crate::dot8;
+use crate::path::{kernel_path, multiversion, KernelPath};
 
 /// Normalises each row of `x` (`[rows, dim]`) into `y`.
 pub fn rmsnorm(x: &[f32], weight: &[f32], eps: f32, y: &mut [f32]) {
+    rmsnorm_with(kernel_path(), x, weight, eps, y)
+}
+
+multiversion! {
+    /// One row of [`rmsnorm`].
+    fn rmsnorm_row(xr: &[f32], weight: &[f32], eps: f32, yr: &mut [f32]) => rmsnorm_row_body;
+}
+
+#[inline(always)]
+fn rmsnorm_row_body(xr: &[f32], weight: &[f32], eps: f32, yr: &mut [f32]) {
+    let ms = dot8(xr, xr) / weight.len() as f32;
+    let inv = 1.0 / (ms + eps).sqrt();
+    for ((o, &v), &w) in yr.iter_mut().zip(xr).zip(weight) {
+        *o = w * (v * inv);
+    }
+}
+
+/// [`rmsnorm`] on a given path.
+pub fn rmsnorm_with(path: KernelPath, x: &[f32], weight: &[f32], eps: f32, y: &mut [f32]) {
     let dim = weight.len();
     assert!(
         dim > 0 && x.len().is_multiple_of(dim) && y.len() == x.len(),
         "rmsnorm shape"
     );
-    let row = |(xr, yr): (&[f32], &mut [f32])| {
-        let ms = dot8(xr, xr) / dim as f32;
-        let inv = 1.0 / (ms + eps).sqrt();
-        for ((o, &v), &w) in yr.iter_mut().zip(xr).zip(weight) {
-            *o = w * (v * inv);
-        }
-    };
+    let row = |(xr, yr): (&[f32], &mut [f32])| rmsnorm_row(path, xr, weight, eps, yr);
     // Threads only pay off for many rows; per-row math is the same either way.
     if x.len() / dim >= 64 {
         x.par_chunks(dim).zip(y.par_chunks_mut(dim)).for_each(row);
@@ -43,6 +57,15 @@ mod tests {
                 let e = w[i] as f64 * row[i] as f64 / (ms + 1e-5).sqrt();
                 assert!((y[r * 12 + i] as f64 - e).abs() < 1e-5);
             }
+        }
+        for p in KernelPath::all_supported() {
+            let mut yp = vec![0f32; 24];
+            rmsnorm_with(p, &x, &w, 1e-5, &mut yp);
+            assert_eq!(
+                yp.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{p}"
+            );
         }
     }
 }

@@ -21,8 +21,26 @@ pub fn rope_tables(positions: &[usize], head_dim: usize, theta: f32) -> (Vec<f32
     (cos, sin)
 }
 
+use crate::path::{kernel_path, multiversion};
+
 /// Rotates `x` (`[tokens, heads, head_dim]`) in place; token `t` uses row `t` of the tables.
 pub fn apply_rope(x: &mut [f32], heads: usize, head_dim: usize, cos: &[f32], sin: &[f32]) {
+    apply_rope_with(kernel_path(), x, heads, head_dim, cos, sin)
+}
+
+multiversion! {
+    /// [`apply_rope`] on a given path.
+    pub fn apply_rope_with(
+        x: &mut [f32],
+        heads: usize,
+        head_dim: usize,
+        cos: &[f32],
+        sin: &[f32],
+    ) => apply_rope_body;
+}
+
+#[inline(always)]
+fn apply_rope_body(x: &mut [f32], heads: usize, head_dim: usize, cos: &[f32], sin: &[f32]) {
     let half = head_dim / 2;
     let tokens = cos.len() / half.max(1);
     assert_eq!(x.len(), tokens * heads * head_dim, "rope shape");
@@ -32,12 +50,12 @@ pub fn apply_rope(x: &mut [f32], heads: usize, head_dim: usize, cos: &[f32], sin
             &cos[t * half..(t + 1) * half],
             &sin[t * half..(t + 1) * half],
         );
-        for head in xt.chunks_mut(head_dim) {
+        for head in xt.chunks_exact_mut(head_dim) {
             let (lo, hi) = head.split_at_mut(half);
-            for i in 0..half {
-                let (a, b) = (lo[i], hi[i]);
-                lo[i] = a * c[i] - b * s[i];
-                hi[i] = b * c[i] + a * s[i];
+            for (((l, h), &c), &s) in lo.iter_mut().zip(hi.iter_mut()).zip(c).zip(s) {
+                let (a, b) = (*l, *h);
+                *l = a * c - b * s;
+                *h = b * c + a * s;
             }
         }
     }
@@ -60,5 +78,19 @@ mod tests {
         // Pair (0, 4) at position 5 with inv_freq 1 rotates by 5 radians.
         let (a, b) = (orig[8], orig[12]);
         assert!((x[8] - (a * 5f32.cos() - b * 5f32.sin())).abs() < 1e-5);
+    }
+
+    #[test]
+    fn every_path_gives_the_same_bits() {
+        let (heads, d) = (3, 24);
+        let x0: Vec<f32> = (0..4 * heads * d).map(|i| (i as f32 * 0.7).cos()).collect();
+        let (c, s) = rope_tables(&[0, 3, 900, 4095], d, 10000.0);
+        let mut want = x0.clone();
+        apply_rope_with(crate::KernelPath::Portable, &mut want, heads, d, &c, &s);
+        for p in crate::KernelPath::all_supported() {
+            let mut x = x0.clone();
+            apply_rope_with(p, &mut x, heads, d, &c, &s);
+            assert_eq!(x, want, "{p}");
+        }
     }
 }
