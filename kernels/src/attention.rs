@@ -2,8 +2,9 @@
 //!
 //! K and V of one layer are `[num_slots, num_kv_heads, head_dim]`. Query token `t` attends to
 //! the slots `token_slots[t]` (the slots of its sequence's positions `0..=p`, in position order).
-//! The reduction for one (token, head) is fixed: scores in position order (8-lane dot), max, exp,
-//! sum in position order, V accumulated in position order, one final scale. Nothing depends on
+//! The reduction for one (token, head) is fixed: scores (8-lane dot), max, `exp_fixed`, their sum
+//! over 8 lanes (position `i` in lane `i % 8`, `dot8`'s tree), V accumulated in position order,
+//! one final scale by the sum's inverse. Nothing depends on
 //! how many other tokens share the call, so prefill, chunked prefill and batched decode agree
 //! bit for bit. Cost O(Σ_t (p_t+1) · heads · head_dim); parallel over (token, KV head), the query
 //! heads of one KV head together so each K/V row is read once per group.
@@ -13,7 +14,7 @@ use std::cell::Cell;
 use rayon::prelude::*;
 
 use crate::dot8;
-use crate::math::exp_sub_sum;
+use crate::math::exp_fixed;
 use crate::path::{kernel_path, multiversion, KernelPath};
 
 /// Shapes of one attention call.
@@ -25,9 +26,26 @@ pub struct AttnShape {
 }
 
 thread_local! {
-    /// Scores of the current (token, KV head) group, reused so no call allocates per head.
-    static SCORES: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    /// Scores and sums of the current work item, reused so no call allocates per head.
+    static SCRATCH: Cell<Scratch> = const { Cell::new(Scratch { scores: Vec::new(), acc: Vec::new(), inv: Vec::new() }) };
 }
+
+#[derive(Default)]
+struct Scratch {
+    /// `[rows][n_last]` scores, then softmax numerators.
+    scores: Vec<f32>,
+    /// `[rows][head_dim]` weighted-value sums.
+    acc: Vec<f32>,
+    /// `[rows]` inverse softmax sums.
+    inv: Vec<f32>,
+}
+
+/// Query tokens of one sequence computed together, so each K/V row they share is loaded from
+/// memory once for all of them (prefill); a decode token is a block of one.
+const QB: usize = 4;
+/// Keys per tile: a tile's K (then V) rows of one KV head stay in L1 while every query row of
+/// the block uses them.
+const KT: usize = 64;
 
 /// `out[t, h, :] = softmax(q[t,h]·K[slots]ᵀ / sqrt(d)) · V[slots]` for every query token `t`.
 ///
@@ -95,32 +113,79 @@ pub fn attention_with(
         heads: num_heads / num_kv_heads,
         scale: 1.0 / (head_dim as f32).sqrt(),
     };
-    // The query heads of one KV head are adjacent, so (token, KV head) owns one output chunk.
-    let width = g.heads * head_dim;
-    let one = |(idx, o): (usize, &mut [f32])| {
-        let (t, kvh) = (idx / num_kv_heads, idx % num_kv_heads);
-        let qg = &q[t * q_width + kvh * width..t * q_width + (kvh + 1) * width];
-        let mut scores = SCORES.take();
+    let blocks = query_blocks(token_slots);
+    let out = OutPtr(out.as_mut_ptr());
+    let one = |idx: usize| {
+        let ((t0, nq), kvh) = (blocks[idx / num_kv_heads], idx % num_kv_heads);
+        let job = Job {
+            q,
+            q_width,
+            t0,
+            nq,
+            n0: token_slots[t0].len(),
+            slots: token_slots[t0 + nq - 1],
+            kvh,
+            out,
+        };
+        let mut scratch = SCRATCH.take();
         match path {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `Avx512` is only chosen (and run, see the assert above) when the CPU
             // reports avx512f, avx2 and fma.
-            KernelPath::Avx512 => unsafe {
-                g.attend_avx512(qg, token_slots[t], kvh, &mut scores, o)
-            },
+            KernelPath::Avx512 => unsafe { g.attend_avx512(&job, &mut scratch) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above, for avx2 and fma.
-            KernelPath::Avx2 => unsafe { g.attend_avx2(qg, token_slots[t], kvh, &mut scores, o) },
-            _ => attend_generic(path, &g, qg, token_slots[t], kvh, &mut scores, o),
+            KernelPath::Avx2 => unsafe { g.attend_avx2(&job, &mut scratch) },
+            _ => attend_generic(path, &g, &job, &mut scratch),
         }
-        SCORES.set(scores);
+        SCRATCH.set(scratch);
     };
+    let items = blocks.len() * num_kv_heads;
     let work: usize = token_slots.iter().map(|s| s.len()).sum::<usize>() * num_heads;
     if work * head_dim >= 1 << 16 {
-        out.par_chunks_mut(width).enumerate().for_each(one);
+        (0..items).into_par_iter().for_each(one);
     } else {
-        out.chunks_mut(width).enumerate().for_each(one);
+        (0..items).for_each(one);
     }
+}
+
+/// Runs of at most `QB` consecutive tokens of one sequence, as `(first token, count)`: token
+/// `t + 1` continues `t`'s run when it attends to `t`'s slots plus one more.
+fn query_blocks(token_slots: &[&[u32]]) -> Vec<(usize, usize)> {
+    let mut blocks: Vec<(usize, usize)> = Vec::with_capacity(token_slots.len());
+    for (t, slots) in token_slots.iter().enumerate() {
+        if let Some((t0, nq)) = blocks.last_mut() {
+            let prev = token_slots[*t0 + *nq - 1];
+            if *nq < QB && slots.len() == prev.len() + 1 && slots.as_ptr() == prev.as_ptr() {
+                *nq += 1;
+                continue;
+            }
+        }
+        blocks.push((t, 1));
+    }
+    blocks
+}
+
+/// Raw output pointer shared by work items that write disjoint elements.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: each work item writes only its own (token, KV head) ranges, see `Group::attend`.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above; no element is written by two items or read while written.
+unsafe impl Sync for OutPtr {}
+
+/// One work item: tokens `t0..t0 + nq` (one sequence, consecutive positions) × one KV head.
+struct Job<'a> {
+    q: &'a [f32],
+    q_width: usize,
+    t0: usize,
+    nq: usize,
+    /// Keys of the first token; token `t0 + u` attends to `slots[..n0 + u]`.
+    n0: usize,
+    /// The last token's slots (every token's are a prefix of them).
+    slots: &'a [u32],
+    kvh: usize,
+    out: OutPtr,
 }
 
 /// What every (token, KV head) group shares.
@@ -136,26 +201,12 @@ struct Group<'a> {
 
 multiversion! {
     /// `attend` with the portable dot (portable and NEON paths).
-    fn attend_generic(
-        g: &Group<'_>,
-        qg: &[f32],
-        slots: &[u32],
-        kvh: usize,
-        scores: &mut Vec<f32>,
-        out: &mut [f32],
-    ) => attend_portable;
+    fn attend_generic(g: &Group<'_>, job: &Job<'_>, scratch: &mut Scratch) => attend_portable;
 }
 
 #[inline(always)]
-fn attend_portable(
-    g: &Group<'_>,
-    qg: &[f32],
-    slots: &[u32],
-    kvh: usize,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    g.attend::<false>(qg, slots, kvh, scores, out)
+fn attend_portable(g: &Group<'_>, job: &Job<'_>, scratch: &mut Scratch) {
+    g.attend::<false>(job, scratch)
 }
 
 impl Group<'_> {
@@ -166,15 +217,8 @@ impl Group<'_> {
     /// The CPU must support avx512f, avx2 and fma.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx2,fma")]
-    unsafe fn attend_avx512(
-        &self,
-        qg: &[f32],
-        slots: &[u32],
-        kvh: usize,
-        scores: &mut Vec<f32>,
-        out: &mut [f32],
-    ) {
-        self.attend::<true>(qg, slots, kvh, scores, out)
+    unsafe fn attend_avx512(&self, job: &Job<'_>, scratch: &mut Scratch) {
+        self.attend::<true>(job, scratch)
     }
 
     /// `attend` compiled for AVX2 + FMA.
@@ -183,132 +227,207 @@ impl Group<'_> {
     /// The CPU must support avx2 and fma.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn attend_avx2(
-        &self,
-        qg: &[f32],
-        slots: &[u32],
-        kvh: usize,
-        scores: &mut Vec<f32>,
-        out: &mut [f32],
-    ) {
-        self.attend::<true>(qg, slots, kvh, scores, out)
+    unsafe fn attend_avx2(&self, job: &Job<'_>, scratch: &mut Scratch) {
+        self.attend::<true>(job, scratch)
     }
 
-    /// All query heads of KV head `kvh` for one token: each K/V row is loaded once for the
-    /// group, and four keys are scored at a time (independent chains), while each head's
-    /// reduction keeps the contract order (8-lane dot, position order everywhere).
-    /// `SIMD` selects the explicit AVX dot (only when the caller runs under avx512f).
+    /// Every query head of KV head `job.kvh` for the job's tokens. Rows `r = u · heads + j`
+    /// (token `t0 + u`, head `j` of the group). Three passes over key tiles (scores, softmax,
+    /// weighted values), so a tile's K and V rows are loaded once for all rows; each row keeps
+    /// the contract order (8-lane dot per score, position order for the values).
+    /// `SIMD` selects the explicit AVX dot (only under `attend_avx512`/`attend_avx2`).
     #[inline(always)]
-    fn attend<const SIMD: bool>(
-        &self,
-        qg: &[f32],
-        slots: &[u32],
-        kvh: usize,
-        scores: &mut Vec<f32>,
-        out: &mut [f32],
-    ) {
-        let (d, n, heads) = (self.head_dim, slots.len(), self.heads);
-        let base = kvh * d;
+    fn attend<const SIMD: bool>(&self, job: &Job<'_>, scratch: &mut Scratch) {
+        let (d, heads) = (self.head_dim, self.heads);
+        let n_last = job.slots.len();
+        let rows = job.nq * heads;
+        let base = job.kvh * d;
+        let width = heads * d;
         let krow = |s: u32| &self.k_cache[s as usize * self.kv_row + base..][..d];
-        let vrow = |s: u32| &self.v_cache[s as usize * self.kv_row + base..][..d];
+        let qrow = |u: usize, j: usize| {
+            &job.q[(job.t0 + u) * job.q_width + job.kvh * width + j * d..][..d]
+        };
+        let Scratch { scores, acc, inv } = scratch;
         scores.clear();
-        scores.resize(heads * n, 0.0);
-        let mut i = 0;
-        if d.is_multiple_of(8) {
-            while i + 4 <= n {
-                let ks = [
-                    krow(slots[i]),
-                    krow(slots[i + 1]),
-                    krow(slots[i + 2]),
-                    krow(slots[i + 3]),
-                ];
+        scores.resize(rows * n_last, 0.0);
+        acc.clear();
+        acc.resize(rows * d, 0.0);
+        inv.clear();
+        for tile in (0..n_last).step_by(KT) {
+            for u in 0..job.nq {
+                let end = (tile + KT).min(job.n0 + u);
                 for j in 0..heads {
-                    let qj = &qg[j * d..(j + 1) * d];
-                    let dots = if SIMD {
-                        #[cfg(target_arch = "x86_64")]
-                        // SAFETY: `SIMD` is only set by `attend_avx512` and `attend_avx2`, which
-                        // require avx2 (hence avx); `d` is a multiple of 8 and every row holds
-                        // `d` floats.
-                        unsafe {
-                            avx::dot8x4(qj, ks)
+                    let row = &mut scores[(u * heads + j) * n_last..][..n_last];
+                    let qj = qrow(u, j);
+                    let mut i = tile;
+                    if d.is_multiple_of(8) {
+                        while i + 4 <= end {
+                            let sl = &job.slots[i..i + 4];
+                            let ks = [krow(sl[0]), krow(sl[1]), krow(sl[2]), krow(sl[3])];
+                            let dots = if SIMD {
+                                #[cfg(target_arch = "x86_64")]
+                                // SAFETY: `SIMD` is only set under avx2 (hence avx); `d` is a
+                                // multiple of 8 and every row holds `d` floats.
+                                unsafe {
+                                    avx::dot8x4(qj, ks)
+                                }
+                                #[cfg(not(target_arch = "x86_64"))]
+                                dot8x4(qj, ks)
+                            } else {
+                                dot8x4(qj, ks)
+                            };
+                            for (o, v) in row[i..i + 4].iter_mut().zip(dots) {
+                                *o = v * self.scale;
+                            }
+                            i += 4;
                         }
-                        #[cfg(not(target_arch = "x86_64"))]
-                        dot8x4(qj, ks)
-                    } else {
-                        dot8x4(qj, ks)
-                    };
-                    for (u, v) in dots.into_iter().enumerate() {
-                        scores[j * n + i + u] = v * self.scale;
+                    }
+                    while i < end {
+                        row[i] = dot8(qj, krow(job.slots[i])) * self.scale;
+                        i += 1;
                     }
                 }
-                i += 4;
             }
         }
-        for (i, &s) in slots.iter().enumerate().skip(i) {
-            let k = krow(s);
-            for j in 0..heads {
-                scores[j * n + i] = dot8(&qg[j * d..(j + 1) * d], k) * self.scale;
-            }
+        for r in 0..rows {
+            let n = job.n0 + r / heads;
+            inv.push(1.0 / softmax_exp(&mut scores[r * n_last..r * n_last + n]));
         }
-        let mut inv = [0f32; MAX_GROUP];
-        let inv = if heads <= MAX_GROUP {
-            &mut inv[..heads]
-        } else {
-            // Unusual GQA ratios: correctness over speed.
-            return self.attend_heads_one_by_one(scores, slots, out, base);
-        };
-        for (j, inv) in inv.iter_mut().enumerate() {
-            let sc = &mut scores[j * n..(j + 1) * n];
-            let max = sc.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            *inv = 1.0 / exp_sub_sum(sc, max);
-        }
-        out.fill(0.0);
-        for (i, &s) in slots.iter().enumerate() {
-            let v = vrow(s);
-            for (j, o) in out.chunks_exact_mut(d).enumerate() {
-                let p = scores[j * n + i];
-                for (acc, &x) in o.iter_mut().zip(v) {
-                    *acc += p * x;
+        for tile in (0..n_last).step_by(KT) {
+            for u in 0..job.nq {
+                let end = (tile + KT).min(job.n0 + u);
+                if end <= tile {
+                    continue;
+                }
+                let mut j0 = 0;
+                while j0 < heads {
+                    let pair = (heads - j0).min(2);
+                    let r0 = u * heads + j0;
+                    let keys = tile..end;
+                    if pair == 2 {
+                        self.values::<2>(scores, n_last, r0, keys, job.slots, base, acc);
+                    } else {
+                        self.values::<1>(scores, n_last, r0, keys, job.slots, base, acc);
+                    }
+                    j0 += pair;
                 }
             }
         }
-        for (o, &inv) in out.chunks_exact_mut(d).zip(inv.iter()) {
-            for acc in o.iter_mut() {
-                *acc *= inv;
+        for u in 0..job.nq {
+            let start = (job.t0 + u) * job.q_width + job.kvh * width;
+            // SAFETY: this job is the only writer of token `t0 + u`'s columns of KV head
+            // `kvh` (`query_blocks` gives each token to one block, and items differ in block or
+            // head); the range lies inside `out`, borrowed mutably for the whole call.
+            let o = unsafe { std::slice::from_raw_parts_mut(job.out.0.add(start), width) };
+            for j in 0..heads {
+                let r = u * heads + j;
+                for (o, &a) in o[j * d..(j + 1) * d]
+                    .iter_mut()
+                    .zip(&acc[r * d..(r + 1) * d])
+                {
+                    *o = a * inv[r];
+                }
             }
         }
     }
 
-    /// Softmax and V of each head on its own (for groups wider than `MAX_GROUP`).
-    fn attend_heads_one_by_one(
+    /// `acc[r0 + h] += Σ_{i in keys} scores[r0 + h][i] · V[slots[i]]` for `H` rows, in
+    /// position order, in blocks of the head dim whose sums stay in registers over the keys.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn values<const H: usize>(
         &self,
-        scores: &mut [f32],
+        scores: &[f32],
+        n_last: usize,
+        r0: usize,
+        keys: std::ops::Range<usize>,
         slots: &[u32],
-        out: &mut [f32],
         base: usize,
+        acc: &mut [f32],
     ) {
-        let (d, n) = (self.head_dim, slots.len());
-        for (j, o) in out.chunks_exact_mut(d).enumerate() {
-            let sc = &mut scores[j * n..(j + 1) * n];
-            let max = sc.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-            let sum = exp_sub_sum(sc, max);
-            o.fill(0.0);
-            for (&s, &p) in slots.iter().zip(sc.iter()) {
-                let v = &self.v_cache[s as usize * self.kv_row + base..][..d];
-                for (acc, &x) in o.iter_mut().zip(v) {
-                    *acc += p * x;
+        let d = self.head_dim;
+        let mut b = 0;
+        while b + 32 <= d {
+            self.values_block::<H, 32>(scores, n_last, r0, keys.clone(), slots, base, acc, b);
+            b += 32;
+        }
+        while b + 8 <= d {
+            self.values_block::<H, 8>(scores, n_last, r0, keys.clone(), slots, base, acc, b);
+            b += 8;
+        }
+        while b < d {
+            self.values_block::<H, 1>(scores, n_last, r0, keys.clone(), slots, base, acc, b);
+            b += 1;
+        }
+    }
+
+    /// Elements `b..b + W` of [`Self::values`].
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn values_block<const H: usize, const W: usize>(
+        &self,
+        scores: &[f32],
+        n_last: usize,
+        r0: usize,
+        keys: std::ops::Range<usize>,
+        slots: &[u32],
+        base: usize,
+        acc: &mut [f32],
+        b: usize,
+    ) {
+        let d = self.head_dim;
+        let mut sums = [[0f32; W]; H];
+        for (h, s) in sums.iter_mut().enumerate() {
+            s.copy_from_slice(&acc[(r0 + h) * d + b..][..W]);
+        }
+        for i in keys {
+            let v: &[f32; W] = self.v_cache[slots[i] as usize * self.kv_row + base + b..][..W]
+                .try_into()
+                .expect("W floats");
+            for (h, s) in sums.iter_mut().enumerate() {
+                let p = scores[(r0 + h) * n_last + i];
+                for (a, &x) in s.iter_mut().zip(v) {
+                    *a += p * x;
                 }
             }
-            let inv = 1.0 / sum;
-            for acc in o.iter_mut() {
-                *acc *= inv;
-            }
+        }
+        for (h, s) in sums.iter().enumerate() {
+            acc[(r0 + h) * d + b..][..W].copy_from_slice(s);
         }
     }
 }
 
-/// Query heads per KV head handled together; wider groups take the one-by-one path.
-const MAX_GROUP: usize = 16;
+/// Softmax numerators of one head's scores in place (`exp_fixed(s - max)`), returning their
+/// sum. The max is exact in any order; the sum runs over 8 lanes (position `i` into lane
+/// `i % 8`, in position order) closed by `dot8`'s tree, so it does not wait on one long chain.
+#[inline(always)]
+fn softmax_exp(sc: &mut [f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; 8];
+    let mut chunks = sc.chunks_exact(8);
+    for c in &mut chunks {
+        for l in 0..8 {
+            m[l] = m[l].max(c[l]);
+        }
+    }
+    for (l, &v) in chunks.remainder().iter().enumerate() {
+        m[l] = m[l].max(v);
+    }
+    let max = m.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    for v in sc.iter_mut() {
+        *v = exp_fixed(*v - max);
+    }
+    let mut acc = [0f32; 8];
+    let mut chunks = sc.chunks_exact(8);
+    for c in &mut chunks {
+        for l in 0..8 {
+            acc[l] += c[l];
+        }
+    }
+    for (l, &v) in chunks.remainder().iter().enumerate() {
+        acc[l] += v;
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
 
 /// `dot8(q, k[u])` for four keys at once (four independent accumulator chains), each in exactly
 /// the order of `dot8`. `q.len()` must be a multiple of 8 and equal every `k[u].len()`.
@@ -391,11 +510,13 @@ mod tests {
                 max = max.max(sc);
                 scores.push(sc);
             }
-            let mut sum = 0f32;
-            for sc in scores.iter_mut() {
+            let mut lanes = [0f32; 8];
+            for (i, sc) in scores.iter_mut().enumerate() {
                 *sc = crate::math::exp_fixed(*sc - max);
-                sum += *sc;
+                lanes[i % 8] += *sc;
             }
+            let a = lanes;
+            let sum = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
             for (&s, &p) in token_slots[t].iter().zip(&scores) {
                 let b = s as usize * kv_row + kvh * d;
                 for (acc, &v) in o.iter_mut().zip(&v_cache[b..b + d]) {

@@ -44,20 +44,6 @@ pub fn exp_fixed(x: f32) -> f32 {
     p * scale
 }
 
-/// `x[i] = exp_fixed(x[i] - sub)`, returning the sum in index order (`((x0 + x1) + x2) …`).
-#[inline(always)]
-pub(crate) fn exp_sub_sum(x: &mut [f32], sub: f32) -> f32 {
-    for v in x.iter_mut() {
-        *v = exp_fixed(*v - sub);
-    }
-    // A separate loop: the exponentials vectorize; the ordered sum is a scalar chain either way.
-    let mut sum = 0f32;
-    for &v in x.iter() {
-        sum += v;
-    }
-    sum
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -122,10 +122,10 @@ impl std::error::Error for KernelPathError {}
 impl FromStr for KernelPath {
     type Err = KernelPathError;
 
-    /// A path this CPU supports; `auto` is the best one.
+    /// A path this CPU supports; `auto` (or nothing) is the best one.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let s = s.trim();
-        if s == "auto" {
+        if s == "auto" || s.is_empty() {
             return Ok(KernelPath::best());
         }
         KernelPath::ALL

@@ -341,6 +341,10 @@ pub struct WorkerStatus {
     /// free + evictable = max_total_tokens.
     #[serde(default)]
     pub num_evictable_tokens: u64,
+    /// The CPU kernel path the worker computes with (`avx512`, `avx2`, `neon`, `portable`);
+    /// empty from workers that predate it.
+    #[serde(default)]
+    pub kernel_path: String,
 }
 
 /// One live rank as the controller sees it.

@@ -8,6 +8,7 @@
 
 pub mod chart;
 pub mod client;
+pub mod engine;
 pub mod launch;
 pub mod metrics;
 pub mod report;
@@ -178,6 +179,26 @@ pub struct BenchArgs {
     /// [--launch] Directory for compare.json, compare.md, compare.svg and the cluster logs.
     #[arg(long, default_value = "bench-results")]
     pub output_dir: PathBuf,
+    /// Benchmark the CPU engine alone (no server): prefill and decode tok/s of the model given
+    /// by --model-path / --builtin-size, beside this machine's fma-peak and memory-copy ceilings.
+    #[arg(long)]
+    pub engine: bool,
+    /// [--engine] Kernel path: `auto` (the best this CPU supports), `portable`, `neon`, `avx2`,
+    /// `avx512`, or `all` (each supported path in turn, compared).
+    #[arg(long, env = kernels::KERNEL_PATH_ENV, default_value = "auto")]
+    pub kernel_path: String,
+    /// [--engine] Prompt lengths to prefill (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "512,2048")]
+    pub engine_prompt_lens: Vec<usize>,
+    /// [--engine] Decode batch sizes (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    pub engine_batches: Vec<usize>,
+    /// [--engine] Decode steps per batch, from an empty context.
+    #[arg(long, default_value_t = 128)]
+    pub engine_decode_steps: usize,
+    /// [--engine] Timed repetitions of each prefill (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub engine_reps: usize,
     #[command(flatten)]
     pub server: ServerFlags,
 }
@@ -198,6 +219,33 @@ pub struct Plan {
 }
 
 impl BenchArgs {
+    /// The `--engine` settings.
+    pub fn engine_args(&self) -> anyhow::Result<engine::EngineArgs> {
+        let builtin_size = match &self.server.builtin_size {
+            Some(s) => s
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--builtin-size: {e}"))?,
+            None => worker::model::BuiltinSize::Base,
+        };
+        let chunk = self
+            .server
+            .chunked_prefill_size
+            .unwrap_or(worker::args::DEFAULT_CHUNKED_PREFILL_SIZE);
+        anyhow::ensure!(chunk > 0, "--chunked-prefill-size must be positive");
+        Ok(engine::EngineArgs {
+            model_path: self.server.model_path.clone(),
+            builtin_size,
+            threads: self.server.num_threads,
+            kernel_path: self.kernel_path.trim().to_string(),
+            prompt_lens: self.engine_prompt_lens.clone(),
+            batches: self.engine_batches.clone(),
+            decode_steps: self.engine_decode_steps,
+            chunk,
+            reps: self.engine_reps,
+            output_file: self.output_file.clone(),
+        })
+    }
+
     /// The plan and the server flags, with explicit flags over the preset over the defaults.
     pub fn resolve(&self) -> anyhow::Result<(Plan, ServerFlags)> {
         anyhow::ensure!(
@@ -255,6 +303,9 @@ impl BenchArgs {
 }
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.engine {
+        return engine::run(&args.engine_args()?);
+    }
     let (plan, server) = args.resolve()?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -7,9 +7,14 @@ use anyhow::Context;
 use protocol::endpoint::default_endpoint;
 use protocol::Endpoint;
 
+use kernels::KernelPath;
+
 use crate::model::BuiltinSize;
 use crate::req_to_token::DecodePrealloc;
 use crate::scheduler::SchedulePolicy;
+
+/// `--chunked-prefill-size` when not given (also the engine benchmark's chunk).
+pub const DEFAULT_CHUNKED_PREFILL_SIZE: usize = 2048;
 
 /// `dpserve worker` flags. Every flag also reads `DPSERVE_<FLAG>`.
 #[derive(clap::Args, Debug, Clone)]
@@ -55,7 +60,7 @@ pub struct WorkerArgs {
     #[arg(long, env = "DPSERVE_MAX_RUNNING_REQUESTS", default_value_t = 64)]
     pub max_running_requests: usize,
     /// Most prompt tokens of one request computed in one step (longer prompts are chunked).
-    #[arg(long, env = "DPSERVE_CHUNKED_PREFILL_SIZE", default_value_t = 2048)]
+    #[arg(long, env = "DPSERVE_CHUNKED_PREFILL_SIZE", default_value_t = DEFAULT_CHUNKED_PREFILL_SIZE)]
     pub chunked_prefill_size: usize,
     /// Most prompt tokens computed in one prefill step over all requests.
     #[arg(long, env = "DPSERVE_MAX_PREFILL_TOKENS", default_value_t = 8192)]
@@ -89,6 +94,12 @@ pub struct WorkerArgs {
     /// (`dpserve trace DIR --rid R` merges the actors' files).
     #[arg(long, env = "DPSERVE_TRACE_DIR")]
     pub trace_dir: Option<PathBuf>,
+    /// CPU kernel path: `auto` (the widest this CPU supports) or one of `avx512`, `avx2`
+    /// (AVX2 + FMA), `neon`, `portable`. All give bit-identical results; forcing one is for
+    /// tests and benchmarks. A path this CPU cannot run is refused at start.
+    #[arg(long, env = kernels::KERNEL_PATH_ENV, default_value = "auto",
+          value_parser = |s: &str| s.parse::<KernelPath>().map_err(|e| e.to_string()))]
+    pub kernel_path: KernelPath,
     /// Compute device. Only `cpu` in this build.
     #[arg(long, env = "DPSERVE_DEVICE", default_value = "cpu")]
     pub device: String,
@@ -119,6 +130,7 @@ pub struct WorkerConfig {
     pub schedule_policy: SchedulePolicy,
     pub disable_radix_cache: bool,
     pub num_threads: usize,
+    pub kernel_path: KernelPath,
     pub heartbeat_interval: Duration,
     pub drain_timeout: Duration,
     pub trace_dir: Option<PathBuf>,
@@ -194,6 +206,7 @@ impl WorkerArgs {
             max_prefill_tokens: self.max_prefill_tokens,
             context_length: self.context_length,
             num_threads,
+            kernel_path: self.kernel_path,
             heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms.max(10)),
             drain_timeout: Duration::from_secs_f64(self.drain_timeout),
             trace_dir: self.trace_dir.clone(),

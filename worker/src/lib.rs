@@ -122,6 +122,8 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handler")?;
     }
+    // Fixed before any kernel runs; every step of this process then uses it.
+    let kernel_path = kernels::set_kernel_path(config.kernel_path);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(config.num_threads)
         .thread_name(move |i| format!("compute-{i}"))
@@ -150,6 +152,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         max_total_tokens,
         kv_bytes = model::KvBuffers::bytes_per_slot(&mc) * max_total_tokens,
         threads = config.num_threads,
+        kernel_path = %kernel_path,
         load_ms = started.elapsed().as_millis() as u64,
         "model loaded"
     );
@@ -345,6 +348,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
                 finished_rids: sched.take_finished_rids(),
                 num_free_tokens: sched.free_slots() as u64,
                 num_evictable_tokens: sched.evictable_slots() as u64,
+                kernel_path: kernel_path.name().to_string(),
             };
             last_generated = generated;
             last_status = Instant::now();

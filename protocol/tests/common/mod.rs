@@ -166,6 +166,7 @@ fn worker_status() -> WorkerStatus {
         finished_rids: vec!["r0".into()],
         num_free_tokens: 65000,
         num_evictable_tokens: 236,
+        kernel_path: "avx2".into(),
     }
 }
 

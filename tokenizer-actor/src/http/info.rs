@@ -235,6 +235,7 @@ mod tests {
                         finished_rids: Vec::new(),
                         num_free_tokens: 64,
                         num_evictable_tokens: 0,
+                        kernel_path: String::new(),
                     }),
                 })
                 .collect(),

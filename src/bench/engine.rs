@@ -1,0 +1,367 @@
+//! `dpserve bench --engine`: the CPU engine alone, no server. For one model it measures prefill
+//! tok/s at given prompt lengths (in chunks of `--chunked-prefill-size`, as a worker computes
+//! them) and decode tok/s at given batch sizes (`--engine-decode-steps` steps from an empty
+//! context, as llama-bench's `tg`), with the achieved GFLOP/s and GB/s beside the machine's
+//! ceilings measured in the same run (peak fma throughput of the path, memory-copy bandwidth).
+//! `--kernel-path all` runs each path this CPU supports in its own process (a path is fixed
+//! once per process) and adds a comparison, each path as a ratio of the portable one.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use kernels::KernelPath;
+use serde::{Deserialize, Serialize};
+use worker::model::{BuiltinSize, KvBuffers, LlamaModel, ModelConfig, SeqInput};
+
+/// Prefix of the one stdout line a child (`--kernel-path` given by the parent) reports on.
+const CHILD_LINE: &str = "dpserve-engine-result ";
+
+/// What the engine benchmark needs from the command line.
+#[derive(Debug, Clone)]
+pub struct EngineArgs {
+    pub model_path: Option<PathBuf>,
+    pub builtin_size: BuiltinSize,
+    pub threads: Option<usize>,
+    /// `auto`, a path name, or `all`.
+    pub kernel_path: String,
+    pub prompt_lens: Vec<usize>,
+    pub batches: Vec<usize>,
+    pub decode_steps: usize,
+    pub chunk: usize,
+    pub reps: usize,
+    pub output_file: Option<PathBuf>,
+}
+
+/// One measurement.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EngineRow {
+    /// `pp512`, `tg128 b8`, …
+    pub test: String,
+    pub tokens_per_s: f64,
+    pub gflops: f64,
+    pub gbps: f64,
+}
+
+/// A whole run on one path.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EngineResult {
+    pub kernel_path: String,
+    pub model: String,
+    pub params: usize,
+    pub threads: usize,
+    pub cpu: String,
+    pub cpu_flags: String,
+    pub fma_peak_gflops: f64,
+    pub copy_gbps: f64,
+    pub rows: Vec<EngineRow>,
+}
+
+pub fn run(args: &EngineArgs) -> anyhow::Result<()> {
+    if args.kernel_path == "all" {
+        return run_all(args);
+    }
+    let path: KernelPath = args
+        .kernel_path
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--kernel-path: {e}"))?;
+    let fixed = kernels::set_kernel_path(path);
+    anyhow::ensure!(
+        fixed == path,
+        "the kernel path was already fixed to {fixed} (is DPSERVE_KERNEL_PATH set?)"
+    );
+    let threads = args.threads.unwrap_or_else(default_threads);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .context("building the compute thread pool")?;
+    let result = pool.install(|| measure(args, path, threads))?;
+    print!("{}", table(&result));
+    if let Some(file) = &args.output_file {
+        super::append_jsonl(file, &serde_json::to_value(&result)?)?;
+    }
+    if std::env::var_os("DPSERVE_ENGINE_CHILD").is_some() {
+        println!("{CHILD_LINE}{}", serde_json::to_string(&result)?);
+    }
+    Ok(())
+}
+
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Each supported path in a child process, then one comparison table.
+fn run_all(args: &EngineArgs) -> anyhow::Result<()> {
+    let exe = std::env::current_exe().context("locating this binary")?;
+    let mut results = Vec::new();
+    for path in KernelPath::all_supported() {
+        let mut cmd = Command::new(&exe);
+        cmd.args(["bench", "--engine", "--kernel-path", path.name()])
+            .args(["--engine-prompt-lens", &join(&args.prompt_lens)])
+            .args(["--engine-batches", &join(&args.batches)])
+            .args(["--engine-decode-steps", &args.decode_steps.to_string()])
+            .args(["--engine-reps", &args.reps.to_string()])
+            .args(["--chunked-prefill-size", &args.chunk.to_string()])
+            .args(["--builtin-size", builtin_name(args.builtin_size)])
+            .env("DPSERVE_ENGINE_CHILD", "1")
+            .env_remove(kernels::KERNEL_PATH_ENV)
+            .stdout(Stdio::piped());
+        if let Some(p) = &args.model_path {
+            cmd.arg("--model-path").arg(p);
+        }
+        if let Some(t) = args.threads {
+            cmd.args(["--num-threads", &t.to_string()]);
+        }
+        if let Some(f) = &args.output_file {
+            cmd.arg("--output-file").arg(f);
+        }
+        let mut child = cmd.spawn().context("starting the benchmark child")?;
+        let stdout = child.stdout.take().context("child stdout")?;
+        let mut result = None;
+        for line in BufReader::new(stdout).lines() {
+            let line = line?;
+            match line.strip_prefix(CHILD_LINE) {
+                Some(json) => result = Some(serde_json::from_str::<EngineResult>(json)?),
+                None => println!("{line}"),
+            }
+        }
+        let status = child.wait()?;
+        anyhow::ensure!(status.success(), "the {path} run failed ({status})");
+        results.push(result.with_context(|| format!("the {path} run reported nothing"))?);
+    }
+    print!("{}", comparison(&results));
+    Ok(())
+}
+
+fn join(v: &[usize]) -> String {
+    v.iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn builtin_name(s: BuiltinSize) -> &'static str {
+    match s {
+        BuiltinSize::Tiny => "tiny",
+        BuiltinSize::Base => "base",
+    }
+}
+
+/// Floats multiplied per token by the weight matrices of the decoder (and of `lm_head` when
+/// `with_head`): every weight is used once per token.
+fn matmul_params(c: &ModelConfig, with_head: bool) -> usize {
+    let (h, q, kv, i) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+    let layer = h * (q + 2 * kv) + q * h + 3 * h * i;
+    c.num_hidden_layers * layer + if with_head { h * c.vocab_size } else { 0 }
+}
+
+/// Attention flops of one token at position `p` (scores and weighted values, every layer).
+fn attn_flops(c: &ModelConfig, p: usize) -> f64 {
+    (c.num_hidden_layers * 4 * c.num_attention_heads * c.head_dim * (p + 1)) as f64
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn measure(args: &EngineArgs, path: KernelPath, threads: usize) -> anyhow::Result<EngineResult> {
+    let (model, name) = match &args.model_path {
+        Some(dir) => (
+            LlamaModel::load_hf(dir).with_context(|| format!("loading {}", dir.display()))?,
+            dir.display().to_string(),
+        ),
+        None => (
+            LlamaModel::dummy(ModelConfig::builtin(args.builtin_size), 0),
+            format!("built-in {}", builtin_name(args.builtin_size)),
+        ),
+    };
+    let c = model.config().clone();
+    let vocab = c.vocab_size as u32;
+    let token = |i: usize| (i as u32 * 7919 + 13) % vocab;
+    let mut rows = Vec::new();
+    let max_ctx = c.max_position_embeddings;
+
+    for &len in &args.prompt_lens {
+        anyhow::ensure!(
+            len > 0 && len <= max_ctx,
+            "prompt length {len} outside 1..={max_ctx}"
+        );
+        let ids: Vec<u32> = (0..len).map(token).collect();
+        let slots: Vec<u32> = (0..len as u32).collect();
+        let mut kv = KvBuffers::new(&c, len);
+        let mut once = || -> anyhow::Result<f64> {
+            let t = Instant::now();
+            for start in (0..len).step_by(args.chunk.max(1)) {
+                let end = (start + args.chunk).min(len);
+                model.forward(
+                    &mut kv,
+                    &[SeqInput {
+                        new_tokens: &ids[start..end],
+                        start_pos: start,
+                        slots: &slots[..end],
+                    }],
+                )?;
+            }
+            Ok(t.elapsed().as_secs_f64())
+        };
+        once()?; // warm-up: page faults, thread start
+        let times = (0..args.reps.max(1))
+            .map(|_| once())
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let dt = median(times);
+        let chunks = len.div_ceil(args.chunk.max(1));
+        let flops = 2.0
+            * (matmul_params(&c, false) * len + c.hidden_size * c.vocab_size * chunks) as f64
+            + (0..len).map(|p| attn_flops(&c, p)).sum::<f64>();
+        rows.push(EngineRow {
+            test: format!("pp{len}"),
+            tokens_per_s: len as f64 / dt,
+            gflops: flops / dt / 1e9,
+            gbps: 4.0 * matmul_params(&c, true) as f64 * chunks as f64 / dt / 1e9,
+        });
+    }
+
+    let steps = args.decode_steps.max(1);
+    for &batch in &args.batches {
+        anyhow::ensure!(batch > 0, "batch sizes must be positive");
+        anyhow::ensure!(
+            steps < max_ctx,
+            "--engine-decode-steps must be below the context"
+        );
+        let ctx = steps + 1;
+        let mut kv = KvBuffers::new(&c, batch * ctx);
+        let slots: Vec<Vec<u32>> = (0..batch)
+            .map(|b| ((b * ctx) as u32..((b + 1) * ctx) as u32).collect())
+            .collect();
+        let mut toks: Vec<Vec<u32>> = (0..batch).map(|b| vec![token(b)]).collect();
+        let mut step = |pos: usize, toks: &mut Vec<Vec<u32>>| -> anyhow::Result<()> {
+            let seqs: Vec<SeqInput> = (0..batch)
+                .map(|b| SeqInput {
+                    new_tokens: &toks[b][pos..=pos],
+                    start_pos: pos,
+                    slots: &slots[b][..=pos],
+                })
+                .collect();
+            let logits = model.forward(&mut kv, &seqs)?;
+            for (b, row) in logits.chunks_exact(c.vocab_size).enumerate() {
+                toks[b].push(kernels::argmax(row) as u32);
+            }
+            Ok(())
+        };
+        step(0, &mut toks)?; // the one-token prompts
+        let t = Instant::now();
+        for pos in 1..=steps {
+            step(pos, &mut toks)?;
+        }
+        let dt = t.elapsed().as_secs_f64();
+        let flops = (1..=steps)
+            .map(|p| 2.0 * matmul_params(&c, true) as f64 + attn_flops(&c, p))
+            .sum::<f64>()
+            * batch as f64;
+        let kv_bytes: f64 = (1..=steps)
+            .map(|p| (c.num_hidden_layers * 2 * c.kv_dim() * 4 * (p + 1)) as f64)
+            .sum::<f64>()
+            * batch as f64;
+        let weight_bytes = 4.0 * matmul_params(&c, true) as f64 * steps as f64;
+        rows.push(EngineRow {
+            test: format!("tg{steps} b{batch}"),
+            tokens_per_s: (batch * steps) as f64 / dt,
+            gflops: flops / dt / 1e9,
+            gbps: (weight_bytes + kv_bytes) / dt / 1e9,
+        });
+    }
+
+    let (cpu, cpu_flags) = cpu_info();
+    Ok(EngineResult {
+        kernel_path: path.name().to_string(),
+        model: name,
+        params: c.num_params(),
+        threads,
+        cpu,
+        cpu_flags,
+        fma_peak_gflops: kernels::peak::fma_gflops(path, Duration::from_millis(300)),
+        copy_gbps: kernels::peak::copy_gbps(256 << 20, 5),
+        rows,
+    })
+}
+
+/// The CPU model name and its SIMD flags that matter here, from `/proc/cpuinfo` (Linux).
+fn cpu_info() -> (String, String) {
+    let text = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+    };
+    let model = field("model name")
+        .or_else(|| field("CPU part"))
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    let all = field("flags")
+        .or_else(|| field("Features"))
+        .unwrap_or_default();
+    let wanted = ["avx2", "fma", "avx512f", "asimd", "neon"];
+    let flags: Vec<&str> = all
+        .split_whitespace()
+        .filter(|f| wanted.contains(f))
+        .collect();
+    (model, flags.join(" "))
+}
+
+/// The result as a Markdown table, with its context above it.
+pub fn table(r: &EngineResult) -> String {
+    let mut s = format!(
+        "\nengine: {} ({:.1}M params, f32), kernel path {}, {} threads\n\
+         CPU: {} [{}]\n\
+         ceilings (this run): fma peak {:.1} GFLOP/s ({}), memory copy {:.1} GB/s (read + write)\n\n\
+         | test | tok/s | GFLOP/s | of fma peak | GB/s | of copy |\n\
+         |---|---:|---:|---:|---:|---:|\n",
+        r.model,
+        r.params as f64 / 1e6,
+        r.kernel_path,
+        r.threads,
+        r.cpu,
+        r.cpu_flags,
+        r.fma_peak_gflops,
+        r.kernel_path,
+        r.copy_gbps
+    );
+    for row in &r.rows {
+        s += &format!(
+            "| {} | {:.1} | {:.1} | {:.0}% | {:.1} | {:.0}% |\n",
+            row.test,
+            row.tokens_per_s,
+            row.gflops,
+            100.0 * row.gflops / r.fma_peak_gflops,
+            row.gbps,
+            100.0 * row.gbps / r.copy_gbps
+        );
+    }
+    s
+}
+
+/// tok/s of every path side by side, each as a ratio of the first (portable) path's.
+pub fn comparison(results: &[EngineResult]) -> String {
+    let Some(base) = results.first() else {
+        return String::new();
+    };
+    let mut s = String::from("\n| test |");
+    for r in results {
+        s += &format!(" {} tok/s |", r.kernel_path);
+    }
+    s += "\n|---|";
+    s += &"---:|".repeat(results.len());
+    s += "\n";
+    for (i, row) in base.rows.iter().enumerate() {
+        s += &format!("| {} |", row.test);
+        for r in results {
+            let v = r.rows.get(i).map_or(0.0, |x| x.tokens_per_s);
+            s += &format!(" {:.1} ({:.2}×) |", v, v / row.tokens_per_s);
+        }
+        s += "\n";
+    }
+    s
+}
