@@ -15,6 +15,8 @@ use crate::scheduler::SchedulePolicy;
 
 /// `--chunked-prefill-size` when not given (also the engine benchmark's chunk).
 pub const DEFAULT_CHUNKED_PREFILL_SIZE: usize = 2048;
+/// `--prefill-step-target-ms` when not given.
+pub const DEFAULT_PREFILL_STEP_TARGET_MS: u64 = 500;
 
 /// `dpserve worker` flags. Every flag also reads `DPSERVE_<FLAG>`.
 #[derive(clap::Args, Debug, Clone)]
@@ -94,6 +96,11 @@ pub struct WorkerArgs {
     /// (`dpserve trace DIR --rid R` merges the actors' files).
     #[arg(long, env = "DPSERVE_TRACE_DIR")]
     pub trace_dir: Option<PathBuf>,
+    /// A prefill step computes only as many prompt tokens as fit in about this many
+    /// milliseconds (learnt from earlier steps), so status, aborts and SIGTERM are served
+    /// promptly on any CPU; 0 = no time bound (only the token limits).
+    #[arg(long, env = "DPSERVE_PREFILL_STEP_TARGET_MS", default_value_t = DEFAULT_PREFILL_STEP_TARGET_MS)]
+    pub prefill_step_target_ms: u64,
     /// CPU kernel path: `auto` (the widest this CPU supports) or one of `avx512`, `avx2`
     /// (AVX2 + FMA), `neon`, `portable`. All give bit-identical results; forcing one is for
     /// tests and benchmarks. A path this CPU cannot run is refused at start.
@@ -131,6 +138,7 @@ pub struct WorkerConfig {
     pub disable_radix_cache: bool,
     pub num_threads: usize,
     pub kernel_path: KernelPath,
+    pub prefill_step_target: Option<Duration>,
     pub heartbeat_interval: Duration,
     pub drain_timeout: Duration,
     pub trace_dir: Option<PathBuf>,
@@ -207,6 +215,8 @@ impl WorkerArgs {
             context_length: self.context_length,
             num_threads,
             kernel_path: self.kernel_path,
+            prefill_step_target: (self.prefill_step_target_ms > 0)
+                .then(|| Duration::from_millis(self.prefill_step_target_ms)),
             heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms.max(10)),
             drain_timeout: Duration::from_secs_f64(self.drain_timeout),
             trace_dir: self.trace_dir.clone(),

@@ -15,6 +15,7 @@ pub mod req_to_token;
 pub mod request;
 pub mod sampling;
 pub mod scheduler;
+pub mod step_budget;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -179,6 +180,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
             context_len,
             policy: config.schedule_policy,
             disable_radix_cache: config.disable_radix_cache,
+            prefill_step_target: config.prefill_step_target,
         },
         model,
     );

@@ -16,6 +16,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::str::FromStr;
+use std::time::{Duration, Instant};
 
 use protocol::{FinishReason, GenerateReq, TokenOut};
 
@@ -25,6 +26,7 @@ use crate::radix_cache::RadixCache;
 use crate::req_to_token::ReqToTokenPool;
 use crate::request::{Req, ReqKind};
 use crate::sampling::sample;
+use crate::step_budget::StepBudget;
 
 /// `--schedule-policy`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -77,6 +79,9 @@ pub struct SchedulerConfig {
     pub context_len: usize,
     pub policy: SchedulePolicy,
     pub disable_radix_cache: bool,
+    /// A prefill step computes only as many prompt tokens as fit in this time (learnt from
+    /// earlier steps); `None`: the token limits alone decide.
+    pub prefill_step_target: Option<Duration>,
 }
 
 /// Counters for `WorkerStatus`.
@@ -118,6 +123,8 @@ pub struct Scheduler {
     /// Prompt computed; decoding.
     running: Vec<Req>,
     finished_rids: Vec<String>,
+    /// Prompt tokens per prefill step that fit in `prefill_step_target`.
+    step_budget: StepBudget,
     pub stats: StepStats,
     /// Records request milestones (admitted, prefix hit) with `--trace-dir`.
     pub tracer: protocol::msg_trace::MessageTracer,
@@ -133,6 +140,7 @@ impl Scheduler {
             config.context_len,
         );
         Scheduler {
+            step_budget: StepBudget::new(config.prefill_step_target),
             config,
             model,
             kv,
@@ -445,8 +453,9 @@ impl Scheduler {
 
     fn prefill_step(&mut self) -> Vec<TokenOut> {
         // Choose chunks: each request at most `chunked_prefill_size`, the step at most
-        // `max_prefill_tokens`, and only what the KV pool can hold now.
-        let mut budget = self.config.max_prefill_tokens;
+        // `max_prefill_tokens` and what fits in the step's target time, and only what the KV
+        // pool can hold now.
+        let mut budget = self.step_budget.tokens(self.config.max_prefill_tokens);
         let mut planned: Vec<(usize, usize)> = Vec::new(); // (index in prefilling, chunk start)
         let mut tokens: Vec<Vec<u32>> = Vec::new();
         // Keep one slot per decoding request for their next step, so prefill does not starve
@@ -481,6 +490,7 @@ impl Scheduler {
             return self.unblock_prefill();
         }
 
+        let started = Instant::now();
         let mut outs = Vec::new();
         let mut logits_of = vec![None; planned.len()];
         let mut hidden_of = vec![None; planned.len()];
@@ -524,6 +534,8 @@ impl Scheduler {
                 Err(e) => tracing::error!(%e, "prefill forward failed"),
             }
         }
+        let computed: usize = tokens.iter().map(Vec::len).sum();
+        self.step_budget.observe(computed, started.elapsed());
 
         // Settle each planned request; rebuild the prefill line without the finished ones.
         let mut line: Vec<Option<Req>> = self.prefilling.drain(..).map(Some).collect();

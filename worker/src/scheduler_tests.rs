@@ -19,6 +19,7 @@ fn config(max_total_tokens: usize, chunk: usize) -> SchedulerConfig {
         context_len: 256,
         policy: SchedulePolicy::Lpm,
         disable_radix_cache: false,
+        prefill_step_target: None,
     }
 }
 
@@ -386,4 +387,38 @@ fn embeddings_are_unit_norm_and_the_same_alone_chunked_or_cached() {
     assert_ne!(embed(&mut s, "b", prompt(6, 30)), a);
     assert_pool_whole(&s);
     assert_pool_whole(&chunked);
+}
+
+#[test]
+fn a_step_time_target_splits_prefill_into_short_steps_with_the_same_result() {
+    let run = |target: Option<std::time::Duration>| {
+        let mut s = with_config(SchedulerConfig {
+            prefill_step_target: target,
+            ..config(1024, 256)
+        });
+        s.submit(req("a", prompt(1, 220), 4));
+        // Steps until the first token: the prefill steps.
+        let mut steps = 0;
+        let mut first = Vec::new();
+        while first.is_empty() {
+            first = s.step().into_iter().flat_map(|o| o.output_ids).collect();
+            steps += 1;
+            assert!(steps < 1000);
+        }
+        let rest = drain(&mut s);
+        assert_pool_whole(&s);
+        (steps, first, rest["a"].0.clone())
+    };
+    let (whole, first, rest) = run(None);
+    assert_eq!(whole, 1, "220 tokens fit one step without a time target");
+    // A target no step can meet: the probe step, then the minimum per step.
+    let (split, first_t, rest_t) = run(Some(std::time::Duration::from_nanos(1)));
+    let min = crate::step_budget::MIN_TOKENS;
+    let probe = crate::step_budget::PROBE_TOKENS;
+    assert_eq!(split, 1 + (220 - probe).div_ceil(min));
+    assert_eq!(
+        (first_t, rest_t),
+        (first, rest),
+        "chunking changed the output"
+    );
 }
