@@ -2,9 +2,9 @@
 //!
 //! K and V of one layer are `[num_slots, num_kv_heads, head_dim]`. Query token `t` attends to
 //! the slots `token_slots[t]` (the slots of its sequence's positions `0..=p`, in position order).
-//! The reduction for one (token, head) is fixed: scores (8-lane dot), max, `exp_fixed`, their sum
-//! over 8 lanes (position `i` in lane `i % 8`, `dot8`'s tree), V accumulated in position order,
-//! one final scale by the sum's inverse. Nothing depends on
+//! The reduction for one (token, head) is fixed: scores (8-lane fma dot, `dot8_fma`), max,
+//! `exp_fixed`, their sum over 8 lanes (position `i` in lane `i % 8`, the same tree), V
+//! accumulated by fma in position order, one final scale by the sum's inverse. Nothing depends on
 //! how many other tokens share the call, so prefill, chunked prefill and batched decode agree
 //! bit for bit. Cost O(Σ_t (p_t+1) · heads · head_dim); parallel over (token, KV head), the query
 //! heads of one KV head together so each K/V row is read once per group.
@@ -13,7 +13,6 @@ use std::cell::Cell;
 
 use rayon::prelude::*;
 
-use crate::dot8;
 use crate::math::exp_fixed;
 use crate::path::{kernel_path, multiversion, KernelPath};
 
@@ -283,7 +282,7 @@ impl Group<'_> {
                         }
                     }
                     while i < end {
-                        row[i] = dot8(qj, krow(job.slots[i])) * self.scale;
+                        row[i] = dot8_fma(qj, krow(job.slots[i])) * self.scale;
                         i += 1;
                     }
                 }
@@ -387,7 +386,7 @@ impl Group<'_> {
             for (h, s) in sums.iter_mut().enumerate() {
                 let p = scores[(r0 + h) * n_last + i];
                 for (a, &x) in s.iter_mut().zip(v) {
-                    *a += p * x;
+                    *a = p.mul_add(x, *a);
                 }
             }
         }
@@ -399,7 +398,7 @@ impl Group<'_> {
 
 /// Softmax numerators of one head's scores in place (`exp_fixed(s - max)`), returning their
 /// sum. The max is exact in any order; the sum runs over 8 lanes (position `i` into lane
-/// `i % 8`, in position order) closed by `dot8`'s tree, so it does not wait on one long chain.
+/// `i % 8`, in position order) closed by `tree8`, so it does not wait on one long chain.
 #[inline(always)]
 fn softmax_exp(sc: &mut [f32]) -> f32 {
     let mut m = [f32::NEG_INFINITY; 8];
@@ -429,8 +428,31 @@ fn softmax_exp(sc: &mut [f32]) -> f32 {
     ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
 }
 
-/// `dot8(q, k[u])` for four keys at once (four independent accumulator chains), each in exactly
-/// the order of `dot8`. `q.len()` must be a multiple of 8 and equal every `k[u].len()`.
+/// One score: 8 lane accumulators, `acc[i % 8] = fma(q[i], k[i], acc[i % 8])` in index
+/// order, closed by the tree `((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))`.
+#[inline(always)]
+fn dot8_fma(q: &[f32], k: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut qc = q.chunks_exact(8);
+    let mut kc = k.chunks_exact(8);
+    for (x, y) in (&mut qc).zip(&mut kc) {
+        for l in 0..8 {
+            acc[l] = x[l].mul_add(y[l], acc[l]);
+        }
+    }
+    for (l, (x, y)) in qc.remainder().iter().zip(kc.remainder()).enumerate() {
+        acc[l] = x.mul_add(*y, acc[l]);
+    }
+    tree8(&acc)
+}
+
+#[inline(always)]
+fn tree8(a: &[f32; 8]) -> f32 {
+    ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+}
+
+/// `dot8_fma(q, k[u])` for four keys at once (four independent accumulator chains).
+/// `q.len()` must be a multiple of 8 and equal every `k[u].len()`.
 #[inline(always)]
 fn dot8x4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
     let mut acc = [[0f32; 8]; 4];
@@ -438,22 +460,23 @@ fn dot8x4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
         for u in 0..4 {
             let kc = &k[u][c * 8..c * 8 + 8];
             for l in 0..8 {
-                acc[u][l] += qc[l] * kc[l];
+                acc[u][l] = qc[l].mul_add(kc[l], acc[u][l]);
             }
         }
     }
-    acc.map(|a| ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])))
+    acc.map(|a| tree8(&a))
 }
 
 #[cfg(target_arch = "x86_64")]
 mod avx {
-    //! `dot8x4` with 8-lane AVX vectors: lane `l` of a key's accumulator is its `acc[l]`, and
-    //! separate multiply and add (no fma) keep every rounding of the scalar form.
+    //! `dot8x4` with 8-lane AVX vectors: lane `l` of a key's accumulator is its `acc[l]`; the
+    //! four trees are done together with shuffles, each adding the same pairs as `tree8`.
     use std::arch::x86_64::*;
 
     /// # Safety
-    /// The CPU must support avx; `q.len()` must be a multiple of 8 and every `k[u]` as long.
-    #[target_feature(enable = "avx")]
+    /// The CPU must support avx2 and fma; `q.len()` must be a multiple of 8 and every `k[u]`
+    /// as long.
+    #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn dot8x4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
         debug_assert!(q.len().is_multiple_of(8) && k.iter().all(|r| r.len() == q.len()));
         let mut acc = [_mm256_setzero_ps(); 4];
@@ -464,19 +487,31 @@ mod avx {
                 let qv = _mm256_loadu_ps(q.as_ptr().add(c));
                 for u in 0..4 {
                     let kv = _mm256_loadu_ps(k[u].as_ptr().add(c));
-                    acc[u] = _mm256_add_ps(acc[u], _mm256_mul_ps(qv, kv));
+                    acc[u] = _mm256_fmadd_ps(qv, kv, acc[u]);
                 }
             }
             c += 8;
         }
-        // ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)), as `dot8`.
-        let mut out = [0f32; 4];
-        for (o, a) in out.iter_mut().zip(acc) {
-            let h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
-            let p = _mm_add_ps(h, _mm_movehl_ps(h, h));
-            *o = _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps::<1>(p, p)));
-        }
-        out
+        // s4[i] = a[i] + a[i + 4]: key u's four in half (u % 2) of r[u / 2].
+        let r01 = _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(acc[0], acc[1]),
+            _mm256_permute2f128_ps::<0x31>(acc[0], acc[1]),
+        );
+        let r23 = _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x20>(acc[2], acc[3]),
+            _mm256_permute2f128_ps::<0x31>(acc[2], acc[3]),
+        );
+        // s2 = [s4[0] + s4[2], s4[1] + s4[3]] per key: [k0 | k2] in the low half, [k1 | k3] high.
+        let s2 = _mm256_add_ps(
+            _mm256_shuffle_ps::<0x44>(r01, r23),
+            _mm256_shuffle_ps::<0xEE>(r01, r23),
+        );
+        // s2[0] + s2[1] per key: lanes [k0, k2, k0, k2 | k1, k3, k1, k3].
+        let s1 = _mm256_hadd_ps(s2, s2);
+        let mut out = [0f32; 8];
+        // SAFETY: `out` holds 8 floats.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), s1) };
+        [out[0], out[4], out[1], out[5]]
     }
 }
 
@@ -506,7 +541,7 @@ mod tests {
             let mut max = f32::NEG_INFINITY;
             for &s in token_slots[t] {
                 let b = s as usize * kv_row + kvh * d;
-                let sc = dot8(qv, &k_cache[b..b + d]) * scale;
+                let sc = dot8_fma(qv, &k_cache[b..b + d]) * scale;
                 max = max.max(sc);
                 scores.push(sc);
             }
@@ -520,7 +555,7 @@ mod tests {
             for (&s, &p) in token_slots[t].iter().zip(&scores) {
                 let b = s as usize * kv_row + kvh * d;
                 for (acc, &v) in o.iter_mut().zip(&v_cache[b..b + d]) {
-                    *acc += p * v;
+                    *acc = p.mul_add(v, *acc);
                 }
             }
             let inv = 1.0 / sum;
@@ -636,5 +671,43 @@ mod tests {
                 .map(|x| x.to_bits())
                 .collect::<Vec<_>>()
         );
+    }
+}
+
+#[cfg(test)]
+mod bench {
+    use super::*;
+    use std::time::Instant;
+
+    /// `cargo test --release -p kernels attention_speed -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn attention_speed() {
+        let (nh, nkv, d, t) = (8, 4, 64, 2048);
+        let shape = AttnShape {
+            num_heads: nh,
+            num_kv_heads: nkv,
+            head_dim: d,
+        };
+        let kv: Vec<f32> = (0..t * nkv * d).map(|i| (i as f32 * 0.37).sin()).collect();
+        let q: Vec<f32> = (0..t * nh * d).map(|i| (i as f32 * 0.11).cos()).collect();
+        let slots: Vec<u32> = (0..t as u32).collect();
+        let toks: Vec<&[u32]> = (0..t).map(|p| &slots[..=p]).collect();
+        let mut out = vec![0f32; q.len()];
+        let flops = 4.0 * (nh * d) as f64 * (t * (t + 1) / 2) as f64;
+        for path in KernelPath::all_supported() {
+            attention_with(path, &q, &toks, &kv, &kv, shape, &mut out);
+            let reps = 3;
+            let start = Instant::now();
+            for _ in 0..reps {
+                attention_with(path, &q, &toks, &kv, &kv, shape, &mut out);
+            }
+            let dt = start.elapsed().as_secs_f64() / reps as f64;
+            println!(
+                "{path:>8} prefill {t}: {:.1} ms, {:.1} GFLOP/s",
+                dt * 1e3,
+                flops / dt / 1e9
+            );
+        }
     }
 }
