@@ -80,6 +80,15 @@ pub struct UpArgs {
     /// Compute threads per worker (default: this host's CPUs divided by --dp-size).
     #[arg(long, env = "DPSERVE_NUM_THREADS")]
     pub num_threads: Option<usize>,
+    /// CPU kernel path of every worker: `auto` (the widest this CPU supports), `avx512`,
+    /// `avx2`, `neon` or `portable` (bit-identical results; forcing one is for tests and
+    /// benchmarks). A path this CPU cannot run is refused before anything starts.
+    #[arg(long, env = kernels::KERNEL_PATH_ENV)]
+    pub kernel_path: Option<String>,
+    /// A worker's prefill step computes only the prompt tokens that fit in about this many
+    /// milliseconds (0 = no time bound; the workers' default when unset).
+    #[arg(long, env = "DPSERVE_PREFILL_STEP_TARGET_MS")]
+    pub prefill_step_target_ms: Option<u64>,
     /// Seconds without a heartbeat before a worker leaves the live set.
     #[arg(long, env = "DPSERVE_WORKER_TIMEOUT")]
     pub worker_timeout: Option<f64>,
@@ -189,6 +198,10 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     if args.dp_size == 0 {
         bail!("--dp-size must be at least 1");
     }
+    if let Some(path) = &args.kernel_path {
+        path.parse::<kernels::KernelPath>()
+            .map_err(|e| anyhow::anyhow!("--kernel-path: {e}"))?;
+    }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handler")?;
@@ -280,6 +293,12 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         push(&mut worker, "--max-prefill-tokens", args.max_prefill_tokens);
         push(&mut worker, "--context-length", args.context_length);
         push(&mut worker, "--num-threads", Some(threads));
+        push(&mut worker, "--kernel-path", args.kernel_path.as_ref());
+        push(
+            &mut worker,
+            "--prefill-step-target-ms",
+            args.prefill_step_target_ms,
+        );
         push(&mut worker, "--drain-timeout", args.drain_timeout);
         push(
             &mut worker,

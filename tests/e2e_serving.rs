@@ -230,3 +230,78 @@ fn a_repeated_long_prompt_is_served_from_the_prefix_cache() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+#[test]
+fn a_forced_kernel_path_serves_and_each_rank_reports_its_path() {
+    let server = Server::up_with_env(
+        &[
+            "--builtin-size",
+            "tiny",
+            "--dp-size",
+            "2",
+            "--max-total-tokens",
+            "4096",
+        ],
+        &[("DPSERVE_KERNEL_PATH", "portable")],
+    );
+    let body = json!({"text": "once upon a time",
+                      "sampling_params": {"max_new_tokens": 4, "temperature": 0}});
+    let (status, resp) = server.post("/generate", &body);
+    assert_eq!(status, 200, "{resp}");
+    // Workers send a status on start and after steps: both ranks name their path.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (_, info) = server.get("/get_server_info");
+        let paths: Vec<String> = info["ranks"]
+            .as_array()
+            .map(|r| {
+                r.iter()
+                    .map(|r| {
+                        r["status"]["kernel_path"]
+                            .as_str()
+                            .unwrap_or("")
+                            .to_string()
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if paths == ["portable", "portable"] {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "ranks report {paths:?}: {info}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_worker_refuses_a_kernel_path_this_cpu_cannot_run() {
+    for (path, why) in [
+        ("sse9", "is not a kernel path"),
+        ("neon", "not supported by this CPU"),
+    ] {
+        if path == "neon" && cfg!(target_arch = "aarch64") {
+            continue;
+        }
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpserve"))
+            .args([
+                "worker",
+                "--rank",
+                "0",
+                "--builtin-size",
+                "tiny",
+                "--kernel-path",
+                path,
+            ])
+            .output()
+            .expect("run dpserve worker");
+        assert!(!out.status.success(), "{path} accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(why) && err.contains("--kernel-path"),
+            "{path}: {err}"
+        );
+    }
+}

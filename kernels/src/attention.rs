@@ -26,6 +26,8 @@ pub struct AttnShape {
 
 thread_local! {
     /// Scores and sums of the current work item, reused so no call allocates per head.
+    /// The query blocks of the current call (kept so a call allocates nothing).
+    static BLOCKS: Cell<Vec<(usize, usize)>> = const { Cell::new(Vec::new()) };
     static SCRATCH: Cell<Scratch> = const { Cell::new(Scratch { scores: Vec::new(), acc: Vec::new(), inv: Vec::new() }) };
 }
 
@@ -112,7 +114,8 @@ pub fn attention_with(
         heads: num_heads / num_kv_heads,
         scale: 1.0 / (head_dim as f32).sqrt(),
     };
-    let blocks = query_blocks(token_slots);
+    let mut blocks = BLOCKS.take();
+    query_blocks(token_slots, &mut blocks);
     let out = OutPtr(out.as_mut_ptr());
     let one = |idx: usize| {
         let ((t0, nq), kvh) = (blocks[idx / num_kv_heads], idx % num_kv_heads);
@@ -146,12 +149,13 @@ pub fn attention_with(
     } else {
         (0..items).for_each(one);
     }
+    BLOCKS.set(blocks);
 }
 
 /// Runs of at most `QB` consecutive tokens of one sequence, as `(first token, count)`: token
 /// `t + 1` continues `t`'s run when it attends to `t`'s slots plus one more.
-fn query_blocks(token_slots: &[&[u32]]) -> Vec<(usize, usize)> {
-    let mut blocks: Vec<(usize, usize)> = Vec::with_capacity(token_slots.len());
+fn query_blocks(token_slots: &[&[u32]], blocks: &mut Vec<(usize, usize)>) {
+    blocks.clear();
     for (t, slots) in token_slots.iter().enumerate() {
         if let Some((t0, nq)) = blocks.last_mut() {
             let prev = token_slots[*t0 + *nq - 1];
@@ -162,7 +166,6 @@ fn query_blocks(token_slots: &[&[u32]]) -> Vec<(usize, usize)> {
         }
         blocks.push((t, 1));
     }
-    blocks
 }
 
 /// Raw output pointer shared by work items that write disjoint elements.

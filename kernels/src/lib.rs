@@ -23,7 +23,7 @@ pub use attention::{attention, AttnShape};
 pub use gemm::{dot_fixed, linear, linear_packed, PackedMatrix};
 pub use norm::rmsnorm;
 pub use path::{kernel_path, set_kernel_path, KernelPath, KernelPathError, KERNEL_PATH_ENV};
-pub use rope::{apply_rope, rope_tables};
+pub use rope::{apply_rope, rope_tables, rope_tables_into};
 
 /// Sum of products over 8 lanes with plain multiply and add, then a fixed tree. Used where the
 /// portable build must be fast without FMA (attention scores, norms) and deterministic.

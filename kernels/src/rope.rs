@@ -5,20 +5,30 @@
 /// does (`pos * inv_freq`), then cos/sin are taken in f64 and rounded, so a table entry depends
 /// only on (position, i).
 pub fn rope_tables(positions: &[usize], head_dim: usize, theta: f32) -> (Vec<f32>, Vec<f32>) {
+    let (mut cos, mut sin) = (Vec::new(), Vec::new());
+    rope_tables_into(positions, head_dim, theta, &mut cos, &mut sin);
+    (cos, sin)
+}
+
+/// [`rope_tables`] into reused buffers (cleared first), so a step allocates nothing.
+pub fn rope_tables_into(
+    positions: &[usize],
+    head_dim: usize,
+    theta: f32,
+    cos: &mut Vec<f32>,
+    sin: &mut Vec<f32>,
+) {
     let half = head_dim / 2;
-    let inv_freq: Vec<f32> = (0..half)
-        .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
-        .collect();
-    let mut cos = Vec::with_capacity(positions.len() * half);
-    let mut sin = Vec::with_capacity(positions.len() * half);
+    cos.clear();
+    sin.clear();
     for &p in positions {
-        for &f in &inv_freq {
+        for i in 0..half {
+            let f = 1.0 / theta.powf((2 * i) as f32 / head_dim as f32);
             let angle = (p as f32 * f) as f64;
             cos.push(angle.cos() as f32);
             sin.push(angle.sin() as f32);
         }
     }
-    (cos, sin)
 }
 
 use crate::path::{kernel_path, multiversion};

@@ -43,6 +43,11 @@ pub struct Server {
 impl Server {
     /// `dpserve up` with `args`, ready to serve.
     pub fn up(args: &[&str]) -> Server {
+        Self::up_with_env(args, &[])
+    }
+
+    /// `dpserve up` with `args` and extra environment variables, ready to serve.
+    pub fn up_with_env(args: &[&str], env: &[(&str, &str)]) -> Server {
         let port = free_port();
         // Short path: ipc socket paths are limited to 107 bytes.
         let runtime_dir = tempfile::Builder::new()
@@ -56,6 +61,7 @@ impl Server {
             .arg(runtime_dir.path())
             .args(args)
             .env("DPSERVE_LOG", "warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .spawn()
             .expect("spawn dpserve up");

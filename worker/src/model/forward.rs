@@ -3,6 +3,8 @@
 //! token. Every kernel is row-wise batch-invariant, so a token's logits do not depend on what
 //! else is in the step, on chunking, or on prefix-cache hits.
 
+use std::cell::Cell;
+
 use kernels::{AttnShape, PackedMatrix};
 
 use super::config::ModelConfig;
@@ -10,6 +12,35 @@ use super::error::{ModelError, Result};
 use super::kv::KvBuffers;
 use super::weights::Weights;
 use super::SeqInput;
+
+/// Activations of one step, kept between steps (per thread) so a step allocates nothing but
+/// its result once the buffers have grown to the largest step seen.
+#[derive(Default)]
+struct Buffers {
+    x: Vec<f32>,
+    hn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    attn: Vec<f32>,
+    act: Vec<f32>,
+    qkv: Vec<f32>,
+    o: Vec<f32>,
+    gu: Vec<f32>,
+    down: Vec<f32>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    last: Vec<f32>,
+}
+
+thread_local! {
+    static BUFFERS: Cell<Option<Box<Buffers>>> = const { Cell::new(None) };
+}
+
+/// `v` with `len` elements (contents unspecified: every caller overwrites them all).
+fn sized(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    v.resize(len, 0.0);
+    &mut v[..]
+}
 
 /// All new tokens of one step, flattened in sequence order.
 struct StepTokens<'a> {
@@ -109,20 +140,35 @@ pub(crate) fn hidden_last(
         num_kv_heads: cfg.num_key_value_heads,
         head_dim: hd,
     };
-    let mut x = vec![0f32; t * h];
+    let mut bufs = BUFFERS.take().unwrap_or_default();
+    let Buffers {
+        x,
+        hn,
+        q,
+        k,
+        attn,
+        act,
+        qkv,
+        o,
+        gu,
+        down,
+        cos,
+        sin,
+        last,
+    } = &mut *bufs;
+    let x = sized(x, t * h);
     for (row, &id) in x.chunks_exact_mut(h).zip(&st.ids) {
         w.embed.copy_row(id as usize, row);
     }
-    let (cos, sin) = kernels::rope_tables(&st.positions, hd, cfg.rope_theta);
-    let mut hn = vec![0f32; t * h];
-    let mut q = vec![0f32; t * qd];
-    let mut k = vec![0f32; t * kvd];
-    let mut attn = vec![0f32; t * qd];
-    let mut act = vec![0f32; t * inter];
-    let (mut qkv, mut o, mut gu, mut down) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    kernels::rope_tables_into(&st.positions, hd, cfg.rope_theta, cos, sin);
+    let hn = sized(hn, t * h);
+    let q = sized(q, t * qd);
+    let k = sized(k, t * kvd);
+    let attn = sized(attn, t * qd);
+    let act = sized(act, t * inter);
     for (l, lw) in w.layers.iter().enumerate() {
-        kernels::rmsnorm(&x, &lw.attn_norm, cfg.rms_norm_eps, &mut hn);
-        linear(&hn, t, &lw.wqkv, lw.bqkv.as_deref(), &mut qkv);
+        kernels::rmsnorm(x, &lw.attn_norm, cfg.rms_norm_eps, hn);
+        linear(hn, t, &lw.wqkv, lw.bqkv.as_deref(), qkv);
         let (kc, vc) = (&mut kv.k[l], &mut kv.v[l]);
         for (r, row) in qkv.chunks_exact(qd + 2 * kvd).enumerate() {
             q[r * qd..(r + 1) * qd].copy_from_slice(&row[..qd]);
@@ -130,28 +176,29 @@ pub(crate) fn hidden_last(
             let s = st.write_slots[r] as usize * kvd;
             vc[s..s + kvd].copy_from_slice(&row[qd + kvd..]);
         }
-        kernels::apply_rope(&mut q, cfg.num_attention_heads, hd, &cos, &sin);
-        kernels::apply_rope(&mut k, cfg.num_key_value_heads, hd, &cos, &sin);
+        kernels::apply_rope(q, cfg.num_attention_heads, hd, cos, sin);
+        kernels::apply_rope(k, cfg.num_key_value_heads, hd, cos, sin);
         for (r, &slot) in st.write_slots.iter().enumerate() {
             let s = slot as usize * kvd;
             kc[s..s + kvd].copy_from_slice(&k[r * kvd..(r + 1) * kvd]);
         }
-        kernels::attention(&q, &st.attend, kc, vc, shape, &mut attn);
-        linear(&attn, t, &lw.wo, None, &mut o);
-        kernels::add_inplace(&mut x, &o);
+        kernels::attention(q, &st.attend, kc, vc, shape, attn);
+        linear(attn, t, &lw.wo, None, o);
+        kernels::add_inplace(x, o);
 
-        kernels::rmsnorm(&x, &lw.mlp_norm, cfg.rms_norm_eps, &mut hn);
-        linear(&hn, t, &lw.wgu, None, &mut gu);
-        kernels::silu_mul(&gu, inter, &mut act);
-        linear(&act, t, &lw.wdown, None, &mut down);
-        kernels::add_inplace(&mut x, &down);
+        kernels::rmsnorm(x, &lw.mlp_norm, cfg.rms_norm_eps, hn);
+        linear(hn, t, &lw.wgu, None, gu);
+        kernels::silu_mul(gu, inter, act);
+        linear(act, t, &lw.wdown, None, down);
+        kernels::add_inplace(x, down);
     }
-    let mut last = Vec::with_capacity(st.last_rows.len() * h);
+    last.clear();
     for &r in &st.last_rows {
         last.extend_from_slice(&x[r * h..(r + 1) * h]);
     }
     let mut out = vec![0f32; last.len()];
-    kernels::rmsnorm(&last, &w.norm, cfg.rms_norm_eps, &mut out);
+    kernels::rmsnorm(last, &w.norm, cfg.rms_norm_eps, &mut out);
+    BUFFERS.set(Some(bufs));
     Ok(out)
 }
 
