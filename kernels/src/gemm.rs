@@ -446,14 +446,21 @@ mod avx2 {
         rows: usize,
         res: &mut [f32; OUT_SLOTS],
     ) {
-        // 12 accumulator registers of 16, either way: 1 × 6 or 2 × 3 dot products.
+        // 12 accumulator registers of 16: two rows × six W rows, one half of the lanes at a
+        // time (lane l's chain never meets lane l + 8's before the tree), or one row × six W
+        // rows with both halves (a single row streams W from memory: read it once).
         // SAFETY (all calls): function contract; i0 + A <= rows <= MR and j0 + B <= NR.
         unsafe {
             let mut i0 = 0;
             while i0 < rows {
                 if rows - i0 >= 2 {
-                    block::<2, 3>(xp, wp, kc, i0, 0, res);
-                    block::<2, 3>(xp, wp, kc, i0, 3, res);
+                    let lo = half::<2>(xp, wp, kc, i0, 0);
+                    let hi = half::<2>(xp, wp, kc, i0, 8);
+                    for i in 0..2 {
+                        for j in 0..NR {
+                            res[(i0 + i) * NR + j] = hsum16_pair(lo[i][j], hi[i][j]);
+                        }
+                    }
                     i0 += 2;
                 } else {
                     block::<1, NR>(xp, wp, kc, i0, 0, res);
@@ -461,6 +468,43 @@ mod avx2 {
                 }
             }
         }
+    }
+
+    /// Lanes `off..off + 8` of the accumulators of rows `i0..i0 + A` against all `NR` W rows.
+    ///
+    /// # Safety
+    /// As [`micro`], with `i0 + A <= MR` and `off` 0 or 8.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn half<const A: usize>(
+        xp: *const f32,
+        wp: *const f32,
+        kc: usize,
+        i0: usize,
+        off: usize,
+    ) -> [[__m256; NR]; A] {
+        let mut acc = [[_mm256_setzero_ps(); NR]; A];
+        for c in 0..kc {
+            // SAFETY: chunk c < kc of both panels, rows i0 + i < MR and j < NR inside it, 8
+            // floats at `off` (function contract).
+            unsafe {
+                let (xc, wc) = (
+                    xp.add(c * X_CHUNK + i0 * LANES + off),
+                    wp.add(c * W_CHUNK + off),
+                );
+                let mut xv = [_mm256_setzero_ps(); A];
+                for i in 0..A {
+                    xv[i] = _mm256_loadu_ps(xc.add(i * LANES));
+                }
+                for j in 0..NR {
+                    let wv = _mm256_loadu_ps(wc.add(j * LANES));
+                    for i in 0..A {
+                        acc[i][j] = _mm256_fmadd_ps(xv[i], wv, acc[i][j]);
+                    }
+                }
+            }
+        }
+        acc
     }
 
     /// # Safety
