@@ -115,3 +115,83 @@ fn bench_launch_compares_methods_and_writes_json() {
     let svg = std::fs::read_to_string(out.path().join("compare.svg")).unwrap();
     assert!(svg.contains("<svg") && svg.contains("prefix_affinity"));
 }
+
+/// `dpserve bench --engine` as the README runs it, scaled down: every supported kernel path in
+/// its own process, a table each, the comparison, and one JSON line per path.
+#[test]
+fn bench_engine_compares_every_kernel_path() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let jsonl = dir.path().join("engine.jsonl");
+    let out = Command::new(env!("CARGO_BIN_EXE_dpserve"))
+        .args([
+            "bench",
+            "--engine",
+            "--kernel-path",
+            "all",
+            "--builtin-size",
+            "tiny",
+            "--engine-prompt-lens",
+            "40,70",
+            "--engine-batches",
+            "1,3",
+            "--engine-decode-steps",
+            "5",
+            "--engine-reps",
+            "1",
+            "--num-threads",
+            "2",
+            "--output-file",
+        ])
+        .arg(&jsonl)
+        .env_remove("DPSERVE_KERNEL_PATH")
+        .output()
+        .expect("run dpserve bench --engine");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = std::fs::read_to_string(&jsonl)
+        .expect("results written")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    assert!(!lines.is_empty());
+    assert_eq!(
+        lines[0]["kernel_path"], "portable",
+        "portable first: the baseline"
+    );
+    for r in &lines {
+        let path = r["kernel_path"].as_str().unwrap();
+        assert!(
+            stdout.contains(&format!("kernel path {path}, 2 threads")),
+            "{stdout}"
+        );
+        let tests: Vec<&str> = r["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|row| row["test"].as_str().unwrap())
+            .collect();
+        assert_eq!(tests, ["pp40", "pp70", "tg5 b1", "tg5 b3"], "{path}");
+        for row in r["rows"].as_array().unwrap() {
+            assert!(row["tokens_per_s"].as_f64().unwrap() > 0.0, "{path}: {row}");
+        }
+        assert!(r["fma_peak_gflops"].as_f64().unwrap() > 0.0);
+        assert!(r["copy_gbps"].as_f64().unwrap() > 0.0);
+    }
+    // The comparison table: one column per path, the baseline at 1.00×.
+    assert!(
+        stdout.contains("| pp40 |") && stdout.contains("(1.00×)"),
+        "{stdout}"
+    );
+
+    // A path this CPU cannot run is refused by name.
+    let out = Command::new(env!("CARGO_BIN_EXE_dpserve"))
+        .args(["bench", "--engine", "--kernel-path", "sse9"])
+        .output()
+        .expect("run dpserve bench --engine");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a kernel path"));
+}
