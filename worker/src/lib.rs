@@ -67,6 +67,7 @@ pub fn load_model(source: &ModelSource) -> anyhow::Result<LlamaModel> {
 /// with everything it came from.
 fn size_kv_pool(
     config: &WorkerConfig,
+    mem_fraction_given: bool,
     mc: &ModelConfig,
     context_len: usize,
     reading: Result<mem::MemReading, String>,
@@ -79,6 +80,7 @@ fn size_kv_pool(
         kv_bytes_per_token: model::KvBuffers::bytes_per_slot(mc) as u64,
         context_len,
         req_to_token_rows: config.max_running_requests + config.pre_alloc_rows,
+        tokens_per_request: (!mem_fraction_given).then_some(mem::KV_TOKENS_PER_RUNNING_REQUEST),
     };
     let size = budget.derive();
     let (min_tokens, max_tokens) = budget.bounds();
@@ -93,10 +95,11 @@ fn size_kv_pool(
             kv_bytes_per_token = budget.kv_bytes_per_token,
             min_tokens,
             max_tokens,
+            tokens_per_request = ?budget.tokens_per_request,
             max_total_tokens = size.max_total_tokens,
             pool_bytes = budget.kv_bytes_per_token * size.max_total_tokens as u64,
             limit = size.limit.as_str(),
-            "KV pool sized from --mem-fraction (set --max-total-tokens to choose it)"
+            "KV pool sized from --mem-fraction and max-running-requests (set --max-total-tokens to choose it)"
         ),
         Err(why) => tracing::warn!(
             rank = config.rank,
@@ -116,7 +119,10 @@ fn size_kv_pool(
 }
 
 /// Run a worker until SIGTERM/SIGINT or a `Shutdown` from the controller.
-pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
+/// `mem_fraction_given`: `--mem-fraction` (or its variable) was set, so a pool sized without
+/// `--max-total-tokens` takes what that share of memory allows rather than the default of a
+/// few thousand slots per running request.
+pub fn run(args: WorkerArgs, mem_fraction_given: bool) -> anyhow::Result<()> {
     let config = args.resolve()?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -138,7 +144,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         .min(mc.max_position_embeddings);
     let max_total_tokens = match config.max_total_tokens {
         Some(tokens) => tokens,
-        None => size_kv_pool(&config, &mc, context_len, free_memory),
+        None => size_kv_pool(&config, mem_fraction_given, &mc, context_len, free_memory),
     };
     tracing::info!(
         rank = config.rank,
