@@ -390,9 +390,94 @@ fn uncommented_empty_lines_of_the_env_example_mean_unset() {
 // 3 and 4: the controller down, restarted, duplicated
 // ---------------------------------------------------------------------------------------------
 
+#[test]
+fn with_the_controller_down_requests_get_503_and_retry_after_at_once() {
+    let mut c = Cluster::new(&[]);
+    c.start_tokenizer();
+    c.start_controller("controller");
+    c.start_worker("worker 0", 0, &[]);
+    c.wait_live(&[0], &["tokenizer", "controller", "worker 0"], STARTUP);
+    assert_eq!(c.health(), 200);
+
+    c.actors.kill("controller");
+    let killed = Instant::now();
+    while c.health() != 503 {
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "/health still not 503 {:?} after the controller died",
+            killed.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("/health said 503 {:?} after SIGKILL", killed.elapsed());
+    // Well past the old 5 s stale window too: every request is answered, quickly.
+    for round in 0..3 {
+        let asked = Instant::now();
+        let (status, retry_after, body) = c.generate(None);
+        assert_eq!(status, 503, "round {round}: {body}");
+        assert!(retry_after.is_some(), "round {round}: no Retry-After");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("controller")),
+            "{body}"
+        );
+        assert!(
+            asked.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            asked.elapsed()
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    }
+
+    // Back: the stale socket of the killed controller is reclaimed, the worker rejoins, and
+    // requests are served again (after at most a few more 503s, while the tokenizer's
+    // connection to the new controller comes up).
+    c.start_controller("controller");
+    c.wait_live(&[0], &["tokenizer", "controller", "worker 0"], STARTUP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, retry_after, body) = c.generate(Some(0));
+        if status == 200 {
+            assert_eq!(body["meta_info"]["dp_rank"], json!(0), "{body}");
+            break;
+        }
+        assert!(status == 503 && retry_after.is_some(), "{status}: {body}");
+        assert!(
+            Instant::now() < deadline,
+            "not served again: {body}\n{}",
+            c.all_logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // 5: what the logs say, and a stopping tokenizer
 // ---------------------------------------------------------------------------------------------
+
+#[test]
+fn a_stopping_tokenizer_ends_open_streams_with_an_error_and_done() {
+    let mut c = Cluster::new(&[]);
+    c.start_tokenizer();
+    c.start_controller("controller");
+    c.start_worker("worker 0", 0, &[]);
+    c.wait_live(&[0], &["tokenizer", "controller", "worker 0"], STARTUP);
+
+    let events = long_stream(&c.base, "cut-by-stop", 0);
+    first_chunk(&c, &events);
+    c.actors.sigterm("tokenizer");
+    let error = stream_error(&c, &events, Duration::from_secs(4));
+    assert_eq!(error["error"]["code"], json!(503), "{error}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("tokenizer is stopping")),
+        "{error}"
+    );
+    let status = c.wait_exit("tokenizer", Duration::from_secs(30));
+    assert!(status.success(), "tokenizer exited with {status}");
+}
 
 // ---------------------------------------------------------------------------------------------
 // 6: dpserve trace with an unreadable file

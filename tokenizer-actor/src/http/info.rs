@@ -34,7 +34,7 @@ pub async fn health(state: web::Data<AppState>) -> HttpResponse {
             "live_ranks": c.live_ranks.iter().map(|r| r.rank).collect::<Vec<_>>(),
         })),
         Some(_) => ApiError::unavailable("no live rank").into(),
-        None => ApiError::unavailable("no recent cluster status from the controller").into(),
+        None => ApiError::unavailable(super::validate::CONTROLLER_UNREACHABLE).into(),
     }
 }
 
