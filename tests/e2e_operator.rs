@@ -13,8 +13,6 @@
 //! - `dp_size` counts the live ranks, the default KV pool is sized for the requests, and one
 //!   unreadable file does not stop `dpserve trace`.
 
-#![allow(dead_code)] // some helpers serve only the tests still to come
-
 mod common;
 
 use std::collections::BTreeSet;
@@ -386,6 +384,53 @@ fn uncommented_empty_lines_of_the_env_example_mean_unset() {
 // 2: a duplicate rank
 // ---------------------------------------------------------------------------------------------
 
+#[test]
+fn a_second_worker_claiming_a_live_rank_is_refused_and_the_first_keeps_it() {
+    let mut c = Cluster::new(&[]);
+    c.start_tokenizer();
+    c.start_controller("controller");
+    c.start_worker("worker 0", 0, &[]);
+    let all = ["tokenizer", "controller", "worker 0"];
+    c.wait_live(&[0], &all, STARTUP);
+
+    c.start_worker("duplicate 0", 0, &[]);
+    let status = c.wait_exit("duplicate 0", STARTUP);
+    assert_eq!(
+        status.code(),
+        Some(78),
+        "a refused worker exits EX_CONFIG, so its unit is not restarted\n{}",
+        c.all_logs()
+    );
+    let dup = c.log("duplicate 0");
+    assert!(
+        dup.contains("refused by the controller") && dup.contains("already held by a live worker"),
+        "the duplicate's log should say why it was refused:\n{dup}"
+    );
+    let pid = c.actors.get("worker 0").child.id();
+    let ctl = c.log("controller");
+    assert!(
+        ctl.contains("refusing worker")
+            && ctl.contains("already held by a live worker")
+            && ctl.contains(&format!("pid {pid}")),
+        "the controller's log should say whom it refused and who holds the rank:\n{ctl}"
+    );
+
+    // The first worker keeps its rank for longer than a heartbeat timeout after the duplicate
+    // left (its Shutdown and silence are not the rank's), and serves.
+    let watch = Instant::now() + Duration::from_secs(2 * WORKER_TIMEOUT_S + 1);
+    while Instant::now() < watch {
+        c.actors.assert_running(&all);
+        assert_eq!(
+            c.live_ranks(),
+            Some(BTreeSet::from([0])),
+            "rank 0 left the live set\n{}",
+            c.all_logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    c.assert_serves_on(0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 3 and 4: the controller down, restarted, duplicated
 // ---------------------------------------------------------------------------------------------
@@ -452,6 +497,77 @@ fn with_the_controller_down_requests_get_503_and_retry_after_at_once() {
     }
 }
 
+#[test]
+fn a_worker_that_dies_after_a_controller_restart_fails_its_requests_at_once() {
+    let mut c = Cluster::new(&[]);
+    c.start_tokenizer();
+    c.start_controller("controller");
+    c.start_worker("worker 0", 0, &[]);
+    c.start_worker("worker 1", 1, &[]);
+    let all = ["tokenizer", "controller", "worker 0", "worker 1"];
+    c.wait_live(&[0, 1], &all, STARTUP);
+
+    let events = long_stream(&c.base, "held-across-restart", 0);
+    first_chunk(&c, &events);
+    c.actors.kill("controller");
+    c.start_controller("controller");
+    // The tokenizer's view may still be the old controller's: wait for the new one's word
+    // that both ranks registered again.
+    c.wait_log("controller", "Hello again", STARTUP);
+    c.wait_live(&[0, 1], &all, STARTUP);
+
+    // The new controller adopted what rank 0 holds: its death fails the request at once
+    // (heartbeat timeout), not at the 600 s request timeout.
+    c.actors.kill("worker 0");
+    let error = stream_error(&c, &events, Duration::from_secs(WORKER_TIMEOUT_S + 30));
+    let message = error["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("rank 0") && message.contains("stopped responding"),
+        "{error}"
+    );
+
+    // One line about the workers asked to rejoin, not one per heartbeat or status.
+    let ctl = c.log("controller");
+    let asked = ctl.lines().filter(|l| l.contains("Hello again")).count();
+    let joined = ctl.lines().filter(|l| l.contains("rank joined")).count();
+    assert_eq!(asked, 1, "new controller's log:\n{ctl}");
+    assert_eq!(joined, 0, "rejoining ranks are in the summary line:\n{ctl}");
+    assert!(ctl.contains("rejoined={0, 1}"), "{ctl}");
+}
+
+#[test]
+fn a_second_controller_on_the_same_ipc_path_is_refused() {
+    let mut c = Cluster::new(&[]);
+    c.start_tokenizer();
+    c.start_controller("controller");
+    c.start_worker("worker 0", 0, &[]);
+    let all = ["tokenizer", "controller", "worker 0"];
+    c.wait_live(&[0], &all, STARTUP);
+
+    c.start_controller("second controller");
+    let status = c.wait_exit("second controller", Duration::from_secs(60));
+    assert!(!status.success(), "the second controller ran");
+    let log = c.log("second controller");
+    assert!(
+        log.contains("already served by a running process")
+            && !log.contains("controller listening"),
+        "{log}"
+    );
+    // The first one still owns every path and serves; its worker is still heard.
+    let watch = Instant::now() + Duration::from_secs(2 * WORKER_TIMEOUT_S + 1);
+    while Instant::now() < watch {
+        c.actors.assert_running(&all);
+        assert_eq!(
+            c.live_ranks(),
+            Some(BTreeSet::from([0])),
+            "{}",
+            c.all_logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    c.assert_serves_on(0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 5: what the logs say, and a stopping tokenizer
 // ---------------------------------------------------------------------------------------------
@@ -477,6 +593,73 @@ fn a_stopping_tokenizer_ends_open_streams_with_an_error_and_done() {
     );
     let status = c.wait_exit("tokenizer", Duration::from_secs(30));
     assert!(status.success(), "tokenizer exited with {status}");
+}
+
+#[test]
+fn a_finished_drain_is_logged_as_such_and_a_lost_worker_says_it_is_lost() {
+    let mut c = Cluster::new(&[("DPSERVE_DRAIN_TIMEOUT", "120")]);
+    c.start_tokenizer();
+    c.start_controller("controller");
+    c.start_worker("worker 0", 0, &[]);
+    // Pointed at a socket nobody binds: it must say so while it waits.
+    let nowhere = format!("ipc://{}", c.dir.path().join("nowhere.sock").display());
+    c.start_worker(
+        "lost worker",
+        5,
+        &[("DPSERVE_WORKER_ADDR", nowhere.as_str())],
+    );
+    c.wait_live(&[0], &["tokenizer", "controller", "worker 0"], STARTUP);
+
+    // A request that ends on its own while its rank drains.
+    let url = format!("{}/generate", c.base);
+    let request = std::thread::spawn(move || {
+        reqwest::blocking::Client::builder()
+            .timeout(Duration::from_secs(300))
+            .build()
+            .expect("client")
+            .post(url)
+            .json(&json!({"text": "hello", "routed_dp_rank": 0,
+                          "sampling_params": {"max_new_tokens": 4000, "ignore_eos": true}}))
+            .send()
+            .map(|r| r.status().as_u16())
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let running = |c: &Cluster| {
+        c.server_info()
+            .and_then(|i| i["ranks"][0]["status"]["num_running_reqs"].as_u64())
+            .unwrap_or(0)
+    };
+    while running(&c) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the request never ran\n{}",
+            c.all_logs()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.actors.sigterm("worker 0");
+    assert_eq!(request.join().expect("request thread").ok(), Some(200));
+    let status = c.wait_exit("worker 0", Duration::from_secs(60));
+    assert!(status.success(), "worker 0 exited with {status}");
+    c.wait_log("controller", "rank left", Duration::from_secs(10));
+    let ctl = c.log("controller");
+    assert!(ctl.contains("drained: its requests finished in"), "{ctl}");
+    assert!(!ctl.contains("ran out"), "{ctl}");
+
+    c.wait_log(
+        "lost worker",
+        "no answer from a controller",
+        Duration::from_secs(60),
+    );
+    let log = c.log("lost worker");
+    let warning = log
+        .lines()
+        .find(|l| l.contains("no answer from a controller"))
+        .unwrap_or_default();
+    assert!(
+        warning.contains("WARN") && warning.contains("nowhere.sock"),
+        "{log}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

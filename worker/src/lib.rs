@@ -170,6 +170,7 @@ pub fn run(args: WorkerArgs, mem_fraction_given: bool) -> anyhow::Result<()> {
         model_id: mc.model_id.clone(),
         protocol_version: protocol::PROTOCOL_VERSION,
         pid: std::process::id(),
+        held_rids: Vec::new(),
     };
     let mut sched = Scheduler::new(
         SchedulerConfig {
@@ -198,6 +199,7 @@ pub fn run(args: WorkerArgs, mem_fraction_given: bool) -> anyhow::Result<()> {
         None => protocol::msg_trace::MessageTracer::disabled(),
     };
     sched.tracer = tracer.clone();
+    let held_rids = link::HeldRids::default();
     let (inbound_tx, inbound) = mpsc::channel();
     let link_stop = Arc::new(AtomicBool::new(false));
     let link = {
@@ -211,6 +213,7 @@ pub fn run(args: WorkerArgs, mem_fraction_given: bool) -> anyhow::Result<()> {
             stop: Arc::clone(&link_stop),
             draining: Arc::clone(&stop),
             tracer: tracer.clone(),
+            held_rids: held_rids.clone(),
         };
         std::thread::Builder::new()
             .name("controller-link".into())
@@ -227,6 +230,9 @@ pub fn run(args: WorkerArgs, mem_fraction_given: bool) -> anyhow::Result<()> {
         };
         if let Message::TokenOut(out) = msg {
             trace_token_out(&tracer, out, frame.len());
+            if out.finish_reason.is_some() {
+                held_rids.remove(&out.rid);
+            }
         }
         if let Err(e) = to_tokenizer.send(&frame[..], 0) {
             tracing::warn!(%e, "send to tokenizer failed");
@@ -295,11 +301,14 @@ pub fn run(args: WorkerArgs, mem_fraction_given: bool) -> anyhow::Result<()> {
                     send(&Message::TokenOut(draining_error(&req.rid, config.rank)));
                 }
                 Inbound::Msg(Message::GenerateReq(req)) => {
+                    // Held until its final output goes out (a refusal is one too).
+                    held_rids.insert(&req.rid);
                     if let Some(out) = sched.submit(req) {
                         send(&Message::TokenOut(out));
                     }
                 }
                 Inbound::Msg(Message::EmbedReq(req)) => {
+                    held_rids.insert(&req.rid);
                     if let Some(out) = sched.submit_embed(req.rid, req.input_ids) {
                         send(&Message::TokenOut(out));
                     }
@@ -364,10 +373,19 @@ pub fn run(args: WorkerArgs, mem_fraction_given: bool) -> anyhow::Result<()> {
             "worker {} was refused by the controller: {reason}",
             config.rank
         ),
-        None if drain_deadline.is_some() => format!(
+        // Only what is still held when the drain ends ran out of time.
+        None if drain_deadline.is_some() && sched.has_work() => format!(
             "data parallel rank {} stopped: its drain timeout ({:.1}s) ran out",
             config.rank,
             config.drain_timeout.as_secs_f64()
+        ),
+        None if drain_deadline.is_some() => format!(
+            "data parallel rank {} drained: its requests finished in {:.1}s",
+            config.rank,
+            drain_deadline
+                .map(|d| (Instant::now() + config.drain_timeout).saturating_duration_since(d))
+                .unwrap_or_default()
+                .as_secs_f64()
         ),
         None => format!("data parallel rank {} is shutting down", config.rank),
     };
