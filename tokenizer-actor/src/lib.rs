@@ -46,7 +46,7 @@ pub fn serve(
     let stopper = state.bridge.clone();
     let result = actix_rt::System::new().block_on(async move {
         // Signals are ours, not actix's: open requests must end with an answer first.
-        let server = http::server(state, listener, false)?;
+        let server = http::server(state, listener)?;
         tracing::info!(?addr, "tokenizer HTTP server listening");
         if let Some(ready) = ready {
             let _ = ready.send(server.handle());
