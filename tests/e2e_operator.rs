@@ -9,7 +9,8 @@
 //!   says so; a worker that dies after a controller restart fails its requests at once;
 //! - a second controller on the same ipc path is refused, a stale socket is reclaimed;
 //! - logs that say what happened (one rejoin line per restart, an honest drain line, a worker
-//!   that cannot reach its controller says so), and a stopping tokenizer ends its streams;
+//!   that cannot reach its controller says so, no stray `kill` error from `up`), and a stopping
+//!   tokenizer ends its streams;
 //! - `dp_size` counts the live ranks, the default KV pool is sized for the requests, and one
 //!   unreadable file does not stop `dpserve trace`.
 
@@ -660,6 +661,94 @@ fn a_finished_drain_is_logged_as_such_and_a_lost_worker_says_it_is_lost() {
         warning.contains("WARN") && warning.contains("nowhere.sock"),
         "{log}"
     );
+}
+
+/// The children of process `pid`, by command line.
+fn children(pid: u32) -> Vec<(u32, String)> {
+    let mut out = Vec::new();
+    for task in fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let list = fs::read_to_string(task.path().join("children")).unwrap_or_default();
+        for child in list
+            .split_whitespace()
+            .filter_map(|p| p.parse::<u32>().ok())
+        {
+            let cmdline = fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+            out.push((child, String::from_utf8_lossy(&cmdline).replace('\0', " ")));
+        }
+    }
+    out
+}
+
+#[test]
+fn up_stopping_after_a_child_died_prints_no_stray_kill_errors() {
+    let dir = tempfile::Builder::new()
+        .prefix("dpsup")
+        .tempdir_in("/tmp")
+        .expect("temp dir");
+    let stderr = dir.path().join("up.stderr");
+    let port = free_port().to_string();
+    let args: Vec<String> = [
+        "up",
+        "--port",
+        &port,
+        "--dp-size",
+        "1",
+        "--builtin-size",
+        "tiny",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .chain([
+        "--runtime-dir".to_string(),
+        dir.path().join("rt").display().to_string(),
+    ])
+    .collect();
+    let mut up = actors::command(&args)
+        .env("DPSERVE_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(fs::File::create(&stderr).expect("stderr file"))
+        .spawn()
+        .expect("spawn dpserve up");
+    // Kept open to the end: up may still print.
+    let mut stdout = BufReader::new(up.stdout.take().expect("stdout")).lines();
+    let ready = stdout
+        .by_ref()
+        .map_while(Result::ok)
+        .any(|l| l.contains("dpserve is ready"));
+    assert!(
+        ready,
+        "up never got ready:\n{}",
+        fs::read_to_string(&stderr).unwrap_or_default()
+    );
+    // The controller dies: up stops the deployment, and must not try to signal the dead one.
+    let (controller, _) = children(up.id())
+        .into_iter()
+        .find(|(_, cmd)| cmd.contains(" controller"))
+        .expect("up's controller child");
+    Command::new("kill")
+        .args(["-KILL", &controller.to_string()])
+        .status()
+        .expect("kill");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = up.try_wait().expect("wait") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            up.kill().ok();
+            panic!("up did not stop after its controller died");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let log = fs::read_to_string(&stderr).unwrap_or_default();
+    assert!(!status.success(), "{log}");
+    assert!(log.contains("controller exited"), "{log}");
+    assert!(!log.contains("No such process"), "{log}");
+    drop(stdout);
 }
 
 // ---------------------------------------------------------------------------------------------
