@@ -5,7 +5,7 @@ mod bench;
 mod trace;
 mod up;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -48,14 +48,46 @@ fn init_logging() {
         .init();
 }
 
+/// An empty `DPSERVE_*` variable means "unset", for every actor and every flag: an
+/// uncommented `DPSERVE_X=` line in the EnvironmentFile must not turn into `--x ''` (a parse
+/// error for numbers and paths, an empty API key that refuses every call, an empty model id
+/// that refuses every worker). Done once, before clap reads the environment, and inherited by
+/// the children `up` starts. Returns the names removed.
+fn unset_empty_dpserve_vars() -> Vec<String> {
+    let empty: Vec<std::ffi::OsString> = std::env::vars_os()
+        .filter(|(k, v)| k.to_string_lossy().starts_with("DPSERVE_") && v.is_empty())
+        .map(|(k, _)| k)
+        .collect();
+    for key in &empty {
+        // Single-threaded here: nothing else reads the environment yet.
+        std::env::remove_var(key);
+    }
+    empty
+        .iter()
+        .map(|k| k.to_string_lossy().into_owned())
+        .collect()
+}
+
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let unset = unset_empty_dpserve_vars();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     init_logging();
+    if !unset.is_empty() {
+        tracing::debug!(?unset, "empty DPSERVE_* variables ignored (same as unset)");
+    }
     let result = match cli.command {
         Command::Up(args) => up::run(args),
         Command::Tokenizer(args) => tokenizer_actor::run(args),
         Command::Controller(args) => controller::run(args),
-        Command::Worker(args) => worker::run(args),
+        Command::Worker(args) => {
+            // Given on the command line or in the environment, not clap's default.
+            let mem_fraction_given = matches
+                .subcommand_matches("worker")
+                .and_then(|m| m.value_source("mem_fraction"))
+                .is_some_and(|source| source != clap::parser::ValueSource::DefaultValue);
+            worker::run(args, mem_fraction_given)
+        }
         Command::Bench(args) => bench::run(args),
         Command::Trace(args) => trace::run(args),
     };

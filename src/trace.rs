@@ -70,9 +70,15 @@ fn run_dir(dir: &Path, rid: Option<&str>) -> anyhow::Result<()> {
     }
     let mut set = timeline::TraceSet::default();
     for path in &files {
-        let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-        set.add(BufReader::new(file))
-            .with_context(|| format!("reading {}", path.display()))?;
+        // One unreadable file (another user's, cut off by a full disk) must not hide what the
+        // other actors' files say: skip it, and say so.
+        let added = File::open(path).and_then(|file| set.add(BufReader::new(file)));
+        if let Err(e) = added {
+            eprintln!(
+                "dpserve trace: warning: skipped {} (cannot read it: {e})",
+                path.display()
+            );
+        }
     }
     if set.malformed > 0 {
         eprintln!(

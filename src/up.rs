@@ -155,8 +155,12 @@ impl Deployment {
 
     /// SIGTERM every child, give them `grace` to exit, then SIGKILL the rest.
     fn stop(&mut self, grace: Duration) {
-        for actor in &self.actors {
-            terminate(actor.child.id());
+        for actor in &mut self.actors {
+            // A child already reaped (it exited, which is often why we stop) has no pid left
+            // to signal; `kill` would only complain on the terminal.
+            if let Ok(None) = actor.child.try_wait() {
+                terminate(actor.child.id());
+            }
         }
         let deadline = Instant::now() + grace;
         for actor in &mut self.actors {
@@ -191,6 +195,7 @@ fn terminate(pid: u32) {
     let _ = Command::new("kill")
         .arg("-TERM")
         .arg(pid.to_string())
+        .stderr(std::process::Stdio::null())
         .status();
 }
 

@@ -5,6 +5,7 @@ pub mod budget;
 pub mod error;
 pub mod policy;
 pub mod ranks;
+pub mod rejoin;
 pub mod route_counts;
 pub mod router;
 pub mod server;

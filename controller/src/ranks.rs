@@ -27,11 +27,40 @@ pub struct LiveRank {
     pub inflight: HashMap<String, u64>,
 }
 
+/// The worker process that holds a rank: the one whose `Hello` was accepted for it, known by
+/// its DEALER identity (unique per process) and pid. Kept while the rank is live or draining.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Holder {
+    pub identity: Vec<u8>,
+    pub pid: u32,
+}
+
+/// What an accepted `Hello` did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Joined {
+    /// The holder repeating its `Hello` (it missed our ack, or was asked to rejoin while
+    /// registered): nothing changed, nothing to log.
+    Repeat,
+    /// A new registration. `lost`: requests a previous holder of the rank took with it.
+    New { lost: Vec<String> },
+}
+
 /// Why a `Hello` was refused.
 #[derive(Debug, Clone, PartialEq)]
 pub enum HelloRefusal {
-    ModelMismatch { expected: String, got: String },
-    ProtocolVersion { expected: u32, got: u32 },
+    ModelMismatch {
+        expected: String,
+        got: String,
+    },
+    ProtocolVersion {
+        expected: u32,
+        got: u32,
+    },
+    /// Another live worker process holds the rank (two units or hosts given the same rank).
+    RankTaken {
+        rank: u32,
+        holder_pid: u32,
+    },
 }
 
 impl std::fmt::Display for HelloRefusal {
@@ -45,6 +74,11 @@ impl std::fmt::Display for HelloRefusal {
                 f,
                 "protocol version {got} differs from the controller's {expected}"
             ),
+            HelloRefusal::RankTaken { rank, holder_pid } => write!(
+                f,
+                "rank {rank} is already held by a live worker (pid {holder_pid}); \
+                 every worker needs its own rank"
+            ),
         }
     }
 }
@@ -56,6 +90,8 @@ pub struct Ranks {
     /// Ranks that said they are draining: no new requests, but what they hold may still finish
     /// until the deadline. rank → (in-flight rids, deadline).
     draining: BTreeMap<u32, (HashMap<String, u64>, Instant)>,
+    /// Who holds each live or draining rank.
+    holders: BTreeMap<u32, Holder>,
     /// The model every rank must serve: fixed by `--model-id` or by the first accepted `Hello`.
     model_id: Option<String>,
     timeout: Duration,
@@ -66,14 +102,25 @@ impl Ranks {
         Ranks {
             live: BTreeMap::new(),
             draining: BTreeMap::new(),
+            holders: BTreeMap::new(),
             model_id,
             timeout,
         }
     }
 
-    /// Register (or re-register) a rank. Returns the requests the rank held under a previous
-    /// registration: a worker that says `Hello` again has restarted and lost them.
-    pub fn hello(&mut self, hello: &Hello) -> Result<Vec<String>, HelloRefusal> {
+    /// Register (or re-register) a rank for the worker process `identity`.
+    ///
+    /// A rank held (live or draining) by another process is refused while `holder_alive` (the
+    /// caller found the holder's connection still up): the newcomer is the mistake, and the
+    /// worker already serving keeps its rank. A holder that is gone (crashed and restarted
+    /// faster than its heartbeats time out) is replaced, and the requests it held are returned
+    /// as lost.
+    pub fn hello(
+        &mut self,
+        hello: &Hello,
+        identity: &[u8],
+        holder_alive: bool,
+    ) -> Result<Joined, HelloRefusal> {
         if hello.protocol_version != protocol::PROTOCOL_VERSION {
             return Err(HelloRefusal::ProtocolVersion {
                 expected: protocol::PROTOCOL_VERSION,
@@ -90,12 +137,19 @@ impl Ranks {
             Some(_) => {}
             None => self.model_id = Some(hello.model_id.clone()),
         }
-        if let Some(existing) = self.live.get_mut(&hello.rank) {
-            if existing.pid == hello.pid {
-                // The same process repeating its Hello (it missed our ack): nothing was lost.
-                existing.last_seen = Instant::now();
-                existing.capacity = hello.capacity.clone();
-                return Ok(Vec::new());
+        if let Some(holder) = self.holders.get(&hello.rank) {
+            let same_process = holder.identity == identity && holder.pid == hello.pid;
+            if same_process {
+                if let Some(existing) = self.live.get_mut(&hello.rank) {
+                    existing.last_seen = Instant::now();
+                    existing.capacity = hello.capacity.clone();
+                    return Ok(Joined::Repeat);
+                }
+            } else if holder.identity != identity && holder_alive {
+                return Err(HelloRefusal::RankTaken {
+                    rank: hello.rank,
+                    holder_pid: holder.pid,
+                });
             }
         }
         let drained: Vec<String> = self
@@ -109,6 +163,13 @@ impl Ranks {
             .map(|old| old.inflight.into_keys().collect())
             .unwrap_or_default();
         lost.extend(drained);
+        self.holders.insert(
+            hello.rank,
+            Holder {
+                identity: identity.to_vec(),
+                pid: hello.pid,
+            },
+        );
         self.live.insert(
             hello.rank,
             LiveRank {
@@ -118,10 +179,26 @@ impl Ranks {
                 last_seen: Instant::now(),
                 status: None,
                 budget: RankBudget::default(),
-                inflight: HashMap::new(),
+                // What it reports holding (after a controller restart) is ours to fail should
+                // it die; its load arrives with its next status.
+                inflight: hello.held_rids.iter().map(|rid| (rid.clone(), 0)).collect(),
             },
         );
-        Ok(lost)
+        Ok(Joined::New { lost })
+    }
+
+    /// The process holding `rank` (live or draining), if any.
+    pub fn holder(&self, rank: u32) -> Option<&Holder> {
+        self.holders.get(&rank)
+    }
+
+    /// Whether `identity` is the process holding `rank`. Anything a worker sends is only
+    /// believed from the holder: a refused duplicate's heartbeats must not keep the rank alive,
+    /// nor its `Shutdown` remove it.
+    pub fn is_holder(&self, rank: u32, identity: &[u8]) -> bool {
+        self.holders
+            .get(&rank)
+            .is_some_and(|h| h.identity == identity)
     }
 
     pub fn is_live(&self, rank: u32) -> bool {
@@ -145,8 +222,11 @@ impl Ranks {
         self.draining.contains_key(&rank)
     }
 
-    /// A heartbeat or any message from a live rank.
-    pub fn seen(&mut self, rank: u32) -> bool {
+    /// A heartbeat from `identity`; false when it does not hold a live `rank`.
+    pub fn seen(&mut self, rank: u32, identity: &[u8]) -> bool {
+        if !self.is_holder(rank, identity) {
+            return false;
+        }
         match self.live.get_mut(&rank) {
             Some(r) => {
                 r.last_seen = Instant::now();
@@ -158,7 +238,10 @@ impl Ranks {
 
     /// A status snapshot: settles finished requests, and feeds the budget (which skips stale
     /// snapshots and applies at most one per refresh interval).
-    pub fn status(&mut self, status: WorkerStatus) -> bool {
+    pub fn status(&mut self, status: WorkerStatus, identity: &[u8]) -> bool {
+        if !self.is_holder(status.rank, identity) {
+            return false;
+        }
         let now = Instant::now();
         if let Some((inflight, _)) = self.draining.get_mut(&status.rank) {
             for rid in &status.finished_rids {
@@ -204,6 +287,7 @@ impl Ranks {
     /// Forget a rank that said `Shutdown` or timed out (live or draining); returns the requests
     /// it still held.
     pub fn remove(&mut self, rank: u32) -> Option<Vec<String>> {
+        self.holders.remove(&rank);
         let live = self.live.remove(&rank).map(|r| r.inflight);
         let draining = self.draining.remove(&rank).map(|(inflight, _)| inflight);
         match (live, draining) {
@@ -298,15 +382,20 @@ mod tests {
             model_id: model.into(),
             protocol_version: protocol::PROTOCOL_VERSION,
             pid: 1,
+            held_rids: Vec::new(),
         }
+    }
+
+    fn id(rank: u32) -> Vec<u8> {
+        format!("rank-{rank}.1").into_bytes()
     }
 
     #[test]
     fn first_hello_fixes_the_model() {
         let mut ranks = Ranks::new(None, Duration::from_secs(3));
-        assert!(ranks.hello(&hello(0, "a")).is_ok());
+        assert!(ranks.hello(&hello(0, "a"), &id(0), false).is_ok());
         assert!(matches!(
-            ranks.hello(&hello(1, "b")),
+            ranks.hello(&hello(1, "b"), &id(1), false),
             Err(HelloRefusal::ModelMismatch { .. })
         ));
         assert_eq!(ranks.ids(), vec![0]);
@@ -318,7 +407,7 @@ mod tests {
         let mut h = hello(0, "a");
         h.protocol_version = 99;
         assert!(matches!(
-            ranks.hello(&h),
+            ranks.hello(&h, &id(0), false),
             Err(HelloRefusal::ProtocolVersion { .. })
         ));
     }
@@ -326,19 +415,22 @@ mod tests {
     #[test]
     fn speculative_load_is_replaced_by_status_and_finished_rids_settle() {
         let mut ranks = Ranks::new(None, Duration::from_secs(3));
-        ranks.hello(&hello(0, "a")).unwrap();
+        ranks.hello(&hello(0, "a"), &id(0), false).unwrap();
         ranks.dispatched(0, "x", 10);
         ranks.dispatched(0, "y", 5);
         assert_eq!(ranks.rank_set().loads()[0].active_requests, 2);
         // A snapshot taken after both dispatches counts them itself.
-        ranks.status(WorkerStatus {
-            rank: 0,
-            timestamp: protocol::unix_time() + 1.0,
-            num_running_reqs: 1,
-            num_used_tokens: 5,
-            finished_rids: vec!["x".into()],
-            ..Default::default()
-        });
+        ranks.status(
+            WorkerStatus {
+                rank: 0,
+                timestamp: protocol::unix_time() + 1.0,
+                num_running_reqs: 1,
+                num_used_tokens: 5,
+                finished_rids: vec!["x".into()],
+                ..Default::default()
+            },
+            &id(0),
+        );
         let load = ranks.rank_set().loads()[0];
         assert_eq!((load.active_requests, load.active_tokens), (1, 5));
         assert_eq!(ranks.remove(0), Some(vec!["y".to_string()]));
@@ -347,7 +439,7 @@ mod tests {
     #[test]
     fn a_draining_rank_leaves_routing_but_keeps_its_requests_until_it_ends() {
         let mut ranks = Ranks::new(None, Duration::from_secs(3));
-        ranks.hello(&hello(0, "a")).unwrap();
+        ranks.hello(&hello(0, "a"), &id(0), false).unwrap();
         ranks.dispatched(0, "x", 10);
         ranks.dispatched(0, "y", 10);
         assert!(ranks.start_drain(0, Duration::from_secs(30)));
@@ -355,12 +447,15 @@ mod tests {
             ranks.ids().is_empty(),
             "no new requests go to a draining rank"
         );
-        ranks.status(WorkerStatus {
-            rank: 0,
-            timestamp: 1.0,
-            finished_rids: vec!["x".into()],
-            ..Default::default()
-        });
+        ranks.status(
+            WorkerStatus {
+                rank: 0,
+                timestamp: 1.0,
+                finished_rids: vec!["x".into()],
+                ..Default::default()
+            },
+            &id(0),
+        );
         assert!(ranks.drain_expired().is_empty());
         assert_eq!(ranks.remove(0), Some(vec!["y".to_string()]));
     }
@@ -368,8 +463,44 @@ mod tests {
     #[test]
     fn silent_ranks_expire() {
         let mut ranks = Ranks::new(None, Duration::from_millis(0));
-        ranks.hello(&hello(3, "a")).unwrap();
+        ranks.hello(&hello(3, "a"), &id(3), false).unwrap();
         std::thread::sleep(Duration::from_millis(2));
         assert_eq!(ranks.expired(), vec![3]);
+    }
+
+    #[test]
+    fn a_second_process_claiming_a_held_rank_is_refused_while_the_holder_lives() {
+        let mut ranks = Ranks::new(None, Duration::from_secs(3));
+        assert_eq!(
+            ranks.hello(&hello(0, "a"), b"rank-0.first", false),
+            Ok(Joined::New { lost: vec![] })
+        );
+        ranks.dispatched(0, "x", 10);
+        let mut dup = hello(0, "a");
+        dup.pid = 2;
+        assert_eq!(
+            ranks.hello(&dup, b"rank-0.second", true),
+            Err(HelloRefusal::RankTaken {
+                rank: 0,
+                holder_pid: 1
+            })
+        );
+        // Only the holder is believed: the duplicate's heartbeats are not the rank's.
+        assert!(!ranks.seen(0, b"rank-0.second"));
+        assert!(ranks.seen(0, b"rank-0.first"));
+        // The holder repeating its Hello changes nothing.
+        assert_eq!(
+            ranks.hello(&hello(0, "a"), b"rank-0.first", false),
+            Ok(Joined::Repeat)
+        );
+        // A holder whose connection is gone (crashed, restarted before it timed out) is
+        // replaced, and what it held is lost.
+        assert_eq!(
+            ranks.hello(&dup, b"rank-0.second", false),
+            Ok(Joined::New {
+                lost: vec!["x".to_string()]
+            })
+        );
+        assert!(ranks.is_holder(0, b"rank-0.second"));
     }
 }

@@ -21,7 +21,8 @@ use protocol::{
 };
 
 use crate::policy::{LoadBalancer, Method, PrefixAffinityConfig, RouteDecision, RouteInput};
-use crate::ranks::Ranks;
+use crate::ranks::{Joined, Ranks};
+use crate::rejoin::Rejoins;
 use crate::route_counts::RouteCounts;
 use crate::router::{route, RouteError};
 use crate::trace::{RouteRecord, TraceWriter};
@@ -45,7 +46,6 @@ pub struct ControllerConfig {
 
 /// How often liveness is checked; also the poll timeout.
 const TICK: Duration = Duration::from_millis(50);
-
 pub struct Controller {
     config: ControllerConfig,
     ranks: Ranks,
@@ -59,6 +59,7 @@ pub struct Controller {
     to_tokenizer: zmq::Socket,
     last_cluster_status: Instant,
     cluster_changed: bool,
+    rejoins: Rejoins,
 }
 
 impl Controller {
@@ -99,6 +100,7 @@ impl Controller {
             to_tokenizer,
             last_cluster_status: Instant::now(),
             cluster_changed: true,
+            rejoins: Rejoins::default(),
             config,
         })
     }
@@ -128,6 +130,7 @@ impl Controller {
                 last_tick = Instant::now();
                 self.expire_ranks();
                 self.ranks.refresh();
+                self.summarise_rejoins();
             }
             if self.cluster_changed
                 || self.last_cluster_status.elapsed() >= self.config.cluster_status_interval
@@ -183,7 +186,7 @@ impl Controller {
                     self.tracer
                         .message(false, &msg, &worker_peer(rank), frame.len());
                 }
-                self.on_worker_message(rank, msg);
+                self.on_worker_message(identity, rank, msg);
             }
         }
     }
@@ -313,7 +316,8 @@ impl Controller {
         }
     }
 
-    fn on_worker_message(&mut self, rank: u32, msg: Message) {
+    /// A frame from the worker process `identity`, which claims `rank`.
+    fn on_worker_message(&mut self, identity: &[u8], rank: u32, msg: Message) {
         match msg {
             Message::Hello(hello) if hello.rank != rank => {
                 tracing::warn!(
@@ -322,39 +326,27 @@ impl Controller {
                     "Hello rank differs from the socket identity; refused"
                 );
                 self.send_ack(
+                    identity,
                     rank,
                     false,
                     Some("Hello rank differs from the socket identity".into()),
                 );
             }
-            Message::Hello(hello) => match self.ranks.hello(&hello) {
-                Ok(lost) => {
-                    tracing::info!(
-                        rank,
-                        pid = hello.pid,
-                        max_total_tokens = hello.capacity.max_total_tokens,
-                        max_running_requests = hello.capacity.max_running_requests,
-                        live = ?self.ranks.ids(),
-                        "rank joined"
-                    );
-                    self.send_ack(rank, true, None);
-                    self.fail_requests(lost, format!("data parallel rank {rank} restarted"));
-                    self.cluster_changed = true;
-                }
-                Err(refusal) => {
-                    tracing::error!(rank, %refusal, "refusing worker");
-                    self.send_ack(rank, false, Some(refusal.to_string()));
-                }
-            },
+            Message::Hello(hello) => self.on_hello(identity, &hello),
             Message::Heartbeat(_) => {
-                if !self.ranks.seen(rank) {
-                    self.ask_to_rejoin(rank);
+                if !self.ranks.seen(rank, identity) {
+                    self.ask_to_rejoin(identity, rank);
                 }
             }
             Message::WorkerStatus(status) if status.rank == rank => {
-                if !self.ranks.status(status) {
-                    self.ask_to_rejoin(rank);
+                if !self.ranks.status(status, identity) {
+                    self.ask_to_rejoin(identity, rank);
                 }
+            }
+            Message::Shutdown(shutdown) if !self.ranks.is_holder(rank, identity) => {
+                // A refused duplicate leaving, or a process that lost its rank to a restart:
+                // the rank's holder is not going anywhere.
+                tracing::debug!(rank, reason = %shutdown.reason, "Shutdown from a worker that does not hold its rank; ignored");
             }
             Message::Shutdown(Shutdown {
                 drain_timeout_s: Some(timeout_s),
@@ -433,6 +425,78 @@ impl Controller {
         }
     }
 
+    fn on_hello(&mut self, identity: &[u8], hello: &protocol::Hello) {
+        let rank = hello.rank;
+        // Another process holding the rank keeps it while its connection is up; a dead one
+        // (crashed and restarted before its heartbeats timed out) is replaced.
+        let holder_alive = match self.ranks.holder(rank) {
+            Some(h) if h.identity != identity => {
+                let old = h.identity.clone();
+                self.holder_reachable(&old, rank)
+            }
+            _ => false,
+        };
+        match self.ranks.hello(hello, identity, holder_alive) {
+            Ok(Joined::Repeat) => {
+                tracing::debug!(
+                    rank,
+                    pid = hello.pid,
+                    "repeated Hello from the rank's holder"
+                );
+                self.send_ack(identity, rank, true, None);
+            }
+            Ok(Joined::New { lost }) if self.rejoins.was_asked(rank) => {
+                // Summarised with the others (see `summarise_rejoins`).
+                tracing::debug!(
+                    rank,
+                    pid = hello.pid,
+                    held = hello.held_rids.len(),
+                    "rank registered again"
+                );
+                self.rejoins.rejoined(rank);
+                self.send_ack(identity, rank, true, None);
+                self.fail_requests(lost, format!("data parallel rank {rank} restarted"));
+                self.cluster_changed = true;
+            }
+            Ok(Joined::New { lost }) => {
+                tracing::info!(
+                    rank,
+                    pid = hello.pid,
+                    max_total_tokens = hello.capacity.max_total_tokens,
+                    max_running_requests = hello.capacity.max_running_requests,
+                    live = ?self.ranks.ids(),
+                    "rank joined"
+                );
+                self.send_ack(identity, rank, true, None);
+                self.fail_requests(lost, format!("data parallel rank {rank} restarted"));
+                self.cluster_changed = true;
+            }
+            Err(refusal) => {
+                tracing::error!(rank, pid = hello.pid, %refusal, "refusing worker");
+                self.send_ack(identity, rank, false, Some(refusal.to_string()));
+            }
+        }
+    }
+
+    /// Whether the worker process `identity` is still connected. ROUTER_MANDATORY makes a send
+    /// to a peer whose connection is gone fail at once (EHOSTUNREACH); the probe is a repeat of
+    /// the ack it already had, which a registered worker ignores.
+    fn holder_reachable(&mut self, identity: &[u8], rank: u32) -> bool {
+        let probe = Message::HelloAck(HelloAck {
+            rank,
+            accepted: true,
+            reason: None,
+        });
+        let Ok(frame) = encode(&probe) else {
+            return true;
+        };
+        !matches!(
+            self.workers
+                .send_multipart([identity, frame.as_slice()], zmq::DONTWAIT),
+            Err(zmq::Error::EHOSTUNREACH)
+        )
+    }
+
     fn fail_requests(&mut self, rids: Vec<String>, why: String) {
         for rid in rids {
             self.tracer.event("failed", &rid, Some(why.clone()));
@@ -440,8 +504,10 @@ impl Controller {
         }
     }
 
-    fn send_ack(&mut self, rank: u32, accepted: bool, reason: Option<String>) {
-        self.send_to_worker(
+    /// Answer a `Hello` to the process that sent it (which may not be the rank's holder).
+    fn send_ack(&mut self, identity: &[u8], rank: u32, accepted: bool, reason: Option<String>) {
+        self.send_to_peer(
+            identity,
             rank,
             &Message::HelloAck(HelloAck {
                 rank,
@@ -454,15 +520,34 @@ impl Controller {
     /// A worker that heartbeats without being registered (this controller restarted, or timed
     /// the rank out while it was stalled) is told to say `Hello` again rather than left
     /// orphaned. A draining rank is still known and is not asked.
-    fn ask_to_rejoin(&mut self, rank: u32) {
-        if self.ranks.is_draining(rank) {
+    fn ask_to_rejoin(&mut self, identity: &[u8], rank: u32) {
+        // A draining holder is known; another process claiming a held rank already said
+        // `Hello` (and is refused), asking it again would only repeat that.
+        if self.ranks.holder(rank).is_some() {
             return;
         }
-        tracing::info!(
+        if !self.rejoins.ask(identity, rank, Instant::now()) {
+            return;
+        }
+        tracing::debug!(
             rank,
             "worker not registered here; asking it to say Hello again"
         );
-        self.send_to_worker(rank, &Message::Rejoin(Rejoin { rank }));
+        self.send_to_peer(identity, rank, &Message::Rejoin(Rejoin { rank }));
+    }
+
+    /// One line for a wave of `Rejoin`s (a controller restart asks every running worker at
+    /// once), once it is over (see `rejoin`).
+    fn summarise_rejoins(&mut self) {
+        if let Some(wave) = self.rejoins.summary(Instant::now()) {
+            tracing::info!(
+                rejoined = ?wave.rejoined,
+                not_back = ?wave.not_back,
+                live = ?self.ranks.ids(),
+                "running workers not registered here (this controller restarted, or timed them \
+                 out) were asked to say Hello again"
+            );
+        }
     }
 
     fn push_cluster_status(&mut self) {
@@ -477,8 +562,19 @@ impl Controller {
         self.cluster_changed = false;
     }
 
-    /// Send to a worker; false when it cannot be reached.
+    /// Send to the process holding `rank` (or, for a rank no process holds, to the bare
+    /// `rank-<R>` identity); false when it cannot be reached.
     fn send_to_worker(&mut self, rank: u32, msg: &Message) -> bool {
+        let identity = match self.ranks.holder(rank) {
+            Some(h) => h.identity.clone(),
+            None => rank_identity(rank),
+        };
+        self.send_to_peer(&identity, rank, msg)
+    }
+
+    /// Send to the worker process `identity`, which claims `rank`; false when it cannot be
+    /// reached.
+    fn send_to_peer(&mut self, identity: &[u8], rank: u32, msg: &Message) -> bool {
         let frame = match encode(msg) {
             Ok(f) => f,
             Err(e) => {
@@ -491,10 +587,9 @@ impl Controller {
             self.tracer
                 .message(true, msg, &worker_peer(rank), frame.len());
         }
-        let identity = rank_identity(rank);
         match self
             .workers
-            .send_multipart([identity.as_slice(), frame.as_slice()], zmq::DONTWAIT)
+            .send_multipart([identity, frame.as_slice()], zmq::DONTWAIT)
         {
             Ok(()) => true,
             Err(e) => {

@@ -12,6 +12,11 @@ pub enum ProtocolError {
         #[source]
         source: zmq::Error,
     },
+    #[error(
+        "{endpoint} is already served by a running process (another controller or tokenizer \
+         of this deployment?); stop that one first, or give this one another address"
+    )]
+    EndpointInUse { endpoint: String },
     #[error("cannot encode {what}: {reason}")]
     Encode { what: &'static str, reason: String },
     #[error("runtime directory {path}: {source}")]

@@ -292,6 +292,12 @@ pub struct Hello {
     pub protocol_version: u32,
     #[serde(default)]
     pub pid: u32,
+    /// The requests this worker holds (running or queued) as it says `Hello`: empty on its
+    /// first `Hello`, filled when it registers again after a `Rejoin`. A restarted controller
+    /// adopts them, so they fail at once (503) should this rank then die, not at the
+    /// tokenizer's request timeout.
+    #[serde(default)]
+    pub held_rids: Vec<String>,
 }
 
 /// The controller's answer to `Hello`: accepted, or refused with a reason (wrong model id or

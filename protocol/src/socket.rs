@@ -24,8 +24,9 @@ pub fn bind(ctx: &zmq::Context, kind: zmq::SocketType, endpoint: &Endpoint) -> R
     let sock = ctx.socket(kind).map_err(|e| ProtocolError::zmq(&what, e))?;
     configure(&sock, &what)?;
     if kind == zmq::ROUTER {
-        // Sending to a peer that is gone is an error we see, not a silent drop; a worker that
-        // restarts with the same rank takes over its identity.
+        // Sending to a peer that is gone is an error we see, not a silent drop. Workers use one
+        // identity per process (`worker_identity`), so handover only matters for older workers
+        // that send the bare `rank-<R>`: a restarted one takes over its identity.
         sock.set_router_mandatory(true)
             .map_err(|e| ProtocolError::zmq(&what, e))?;
         sock.set_router_handover(true)
@@ -37,7 +38,14 @@ pub fn bind(ctx: &zmq::Context, kind: zmq::SocketType, endpoint: &Endpoint) -> R
                 crate::RuntimeDir::create(dir)?;
             }
         }
-        // A stale socket file from a crashed run would make bind fail with EADDRINUSE.
+        // A socket file that still accepts connections belongs to a live process: taking the
+        // path over would leave that process serving nobody, and the path dead once we exit.
+        // One that refuses them is stale (a crashed run) and would make bind fail: reclaim it.
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(ProtocolError::EndpointInUse {
+                endpoint: endpoint.to_string(),
+            });
+        }
         let _ = std::fs::remove_file(path);
     }
     sock.bind(&endpoint.to_string())
@@ -76,16 +84,68 @@ pub fn send(sock: &zmq::Socket, msg: &Message) -> Result<usize> {
     Ok(frame.len())
 }
 
-/// The ROUTER identity of a worker rank.
+/// The bare ROUTER identity of a worker rank, as workers before per-process identities sent it.
 pub fn rank_identity(rank: u32) -> Vec<u8> {
     format!("rank-{rank}").into_bytes()
 }
 
-/// Parse a ROUTER identity back into a rank.
+/// The DEALER identity of one worker process: `rank-<R>.<instance>`, unique per process, so
+/// two processes claiming the same rank are two peers the controller can tell apart (and
+/// refuse one of) instead of one identity that ZeroMQ silently hands from one to the other.
+pub fn worker_identity(rank: u32) -> Vec<u8> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let instance = nanos ^ (u64::from(std::process::id()) << 40);
+    format!("rank-{rank}.{instance:x}").into_bytes()
+}
+
+/// Parse a ROUTER identity (`rank-<R>` or `rank-<R>.<instance>`) back into a rank.
 pub fn identity_rank(identity: &[u8]) -> Option<u32> {
-    std::str::from_utf8(identity)
-        .ok()?
-        .strip_prefix("rank-")?
-        .parse()
-        .ok()
+    let rest = std::str::from_utf8(identity).ok()?.strip_prefix("rank-")?;
+    let rank = rest.split_once('.').map_or(rest, |(rank, _)| rank);
+    rank.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identities_name_their_rank_and_each_process_gets_its_own() {
+        assert_eq!(identity_rank(b"rank-12"), Some(12));
+        assert_eq!(identity_rank(&rank_identity(3)), Some(3));
+        let a = worker_identity(7);
+        assert_eq!(identity_rank(&a), Some(7));
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        assert_ne!(a, worker_identity(7));
+        for bad in [&b"rank-"[..], b"rank-x", b"rank-1x.2", b"worker-1", b"\xff"] {
+            assert_eq!(identity_rank(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn an_ipc_path_served_by_a_live_socket_is_refused_and_a_stale_one_reclaimed() {
+        let dir = std::env::temp_dir().join(format!("dpserve-bind-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.sock");
+        let ep = Endpoint::Ipc(path.clone());
+        // A stale socket file: created by a listener that is gone.
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        assert!(path.exists());
+        let ctx = zmq::Context::new();
+        let first = bind(&ctx, zmq::PULL, &ep).expect("a stale socket file is reclaimed");
+        let Err(err) = bind(&ctx, zmq::PULL, &ep) else {
+            panic!("a live socket was taken over");
+        };
+        assert!(matches!(err, ProtocolError::EndpointInUse { .. }), "{err}");
+        assert!(err.to_string().contains("already served"), "{err}");
+        // The first socket still owns the path.
+        let push = connect(&ctx, zmq::PUSH, &ep, None).unwrap();
+        push.send("still here", 0).unwrap();
+        assert_eq!(first.recv_bytes(0).unwrap(), b"still here");
+        drop((first, push));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

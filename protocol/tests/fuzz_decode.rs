@@ -214,6 +214,7 @@ const FIELD_NAMES: &[&str] = &[
     "model_id",
     "protocol_version",
     "pid",
+    "held_rids",
     "max_total_tokens",
     "max_running_requests",
     "context_len",

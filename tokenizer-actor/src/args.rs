@@ -49,7 +49,8 @@ pub struct TokenizerArgs {
     #[arg(long, env = "DPSERVE_CONTROLLER_ADDR", default_value_t = Defaults::controller_addr())]
     pub controller_addr: String,
 
-    /// Expected number of data-parallel ranks, reported in server info.
+    /// Expected number of data-parallel ranks; server info reports it as `dp_size` only while
+    /// no rank is live (then it reports the live ranks).
     #[arg(long, env = "DPSERVE_DP_SIZE", default_value_t = Defaults::DP_SIZE)]
     pub dp_size: u32,
 

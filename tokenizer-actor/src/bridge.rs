@@ -17,10 +17,15 @@ use protocol::msg_trace::MessageTracer;
 use protocol::{ClusterStatus, Endpoint, FrameStats, Message, TokenOut};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
+use crate::http::validate::CONTROLLER_UNREACHABLE;
+use crate::state::CLUSTER_STATUS_STALE_AFTER;
 use crate::{Result, TokenizerError};
 
 /// How often the reader wakes without traffic to notice shutdown.
 const READER_POLL_MS: i32 = 100;
+/// How long a request waits for the connection to a controller whose status is fresh (one that
+/// just restarted) to come up, before it gets a 503.
+const CONNECT_WAIT_MS: i64 = 1000;
 
 /// Why a rid could not be registered.
 #[derive(Debug, PartialEq, Eq)]
@@ -33,12 +38,21 @@ pub struct ClusterSnapshot {
     pub received: Instant,
 }
 
+/// One registered request: where its outputs go, and whether anything came back for it yet.
+struct Pending {
+    tx: UnboundedSender<TokenOut>,
+    registered: Instant,
+    answered: bool,
+}
+
 #[derive(Default)]
 struct Shared {
-    pending: Mutex<HashMap<String, UnboundedSender<TokenOut>>>,
+    pending: Mutex<HashMap<String, Pending>>,
     cluster: RwLock<Option<ClusterSnapshot>>,
     stats: FrameStats,
     stop: AtomicBool,
+    /// Set by [`Bridge::end_all`]: the tokenizer is stopping and takes no new requests.
+    stopping: AtomicBool,
 }
 
 /// Handle to the two socket threads; shared by every HTTP worker.
@@ -77,6 +91,14 @@ impl Bridge {
         pull.set_rcvtimeo(READER_POLL_MS)
             .map_err(|e| protocol::ProtocolError::zmq("set rcvtimeo", e))?;
         let push = protocol::socket::connect(&ctx, zmq::PUSH, &push_ep, None)?;
+        // Queue only to a controller that is connected: with none, a send fails at once and
+        // the request gets a 503, instead of waiting in a queue for a controller that may
+        // never come back.
+        push.set_immediate(true)
+            .map_err(|e| protocol::ProtocolError::zmq("set immediate", e))?;
+        // A restarted controller is reconnected to within 200 ms, not the default backoff's 1 s.
+        push.set_reconnect_ivl_max(200)
+            .map_err(|e| protocol::ProtocolError::zmq("set reconnect_ivl_max", e))?;
 
         let shared = Arc::new(Shared::default());
         let (tx, rx) = mpsc::channel::<Message>();
@@ -93,10 +115,13 @@ impl Bridge {
                 .spawn(move || reader_loop(pull, &shared, &peer, &tracer))
                 .map_err(|e| io("spawn reader thread", e))?
         };
-        let sender = std::thread::Builder::new()
-            .name("tok-zmq-push".into())
-            .spawn(move || sender_loop(push, rx, &tracer))
-            .map_err(|e| io("spawn sender thread", e))?;
+        let sender = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("tok-zmq-push".into())
+                .spawn(move || sender_loop(push, rx, &shared, &tracer))
+        }
+        .map_err(|e| io("spawn sender thread", e))?;
         tracing::info!(pull = %pull_ep, push = %push_ep, "tokenizer sockets ready");
         Ok(Bridge {
             shared,
@@ -115,7 +140,14 @@ impl Bridge {
         if pending.contains_key(rid) {
             return Err(RidInUse);
         }
-        pending.insert(rid.to_string(), tx);
+        pending.insert(
+            rid.to_string(),
+            Pending {
+                tx,
+                registered: Instant::now(),
+                answered: false,
+            },
+        );
         Ok(rx)
     }
 
@@ -123,8 +155,13 @@ impl Bridge {
         lock(&self.shared.pending).remove(rid);
     }
 
-    /// Queue `msg` for the controller. Returns false once the bridge is shut down.
+    /// Queue `msg` for the controller. Returns false once the bridge is shut down, and for a
+    /// new request once the tokenizer is stopping.
     pub fn send(&self, msg: Message) -> bool {
+        let new_request = matches!(msg, Message::GenerateReq(_) | Message::EmbedReq(_));
+        if new_request && self.shared.stopping.load(Ordering::Relaxed) {
+            return false;
+        }
         match lock(&self.outbox).as_ref() {
             Some(tx) => tx.send(msg).is_ok(),
             None => false,
@@ -150,6 +187,25 @@ impl Bridge {
             .filter(|k| pred(k))
             .cloned()
             .collect()
+    }
+
+    /// The tokenizer is stopping: every request still open ends now with a 503 saying `why`
+    /// (a stream gets it as its last event, then `[DONE]`), and is aborted on its worker; new
+    /// requests are refused. Returns how many were open.
+    pub fn end_all(&self, why: &str) -> usize {
+        self.shared.stopping.store(true, Ordering::Relaxed);
+        let open: Vec<String> = lock(&self.shared.pending)
+            .iter()
+            .filter(|(_, p)| !p.tx.is_closed())
+            .map(|(rid, _)| rid.clone())
+            .collect();
+        for rid in &open {
+            self.send(Message::Abort(protocol::Abort {
+                rid: Some(rid.clone()),
+            }));
+            fail_locally(&self.shared, rid, why);
+        }
+        open.len()
     }
 
     pub fn frames_dropped(&self) -> u64 {
@@ -179,6 +235,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 fn reader_loop(sock: zmq::Socket, shared: &Shared, peer: &str, tracer: &MessageTracer) {
     while !shared.stop.load(Ordering::Relaxed) {
+        fail_unrouted_when_controller_gone(shared);
         let frame = match sock.recv_bytes(0) {
             Ok(frame) => frame,
             Err(zmq::Error::EAGAIN) | Err(zmq::Error::EINTR) => continue,
@@ -195,7 +252,10 @@ fn reader_loop(sock: zmq::Socket, shared: &Shared, peer: &str, tracer: &MessageT
         }
         match msg {
             Some(Message::TokenOut(out)) => {
-                let tx = lock(&shared.pending).get(&out.rid).cloned();
+                let tx = lock(&shared.pending).get_mut(&out.rid).map(|p| {
+                    p.answered = true;
+                    p.tx.clone()
+                });
                 match tx {
                     Some(tx) => {
                         // The receiver is gone only if the request just ended; nothing to do.
@@ -224,7 +284,49 @@ fn reader_loop(sock: zmq::Socket, shared: &Shared, peer: &str, tracer: &MessageT
     }
 }
 
-fn sender_loop(sock: zmq::Socket, rx: mpsc::Receiver<Message>, tracer: &MessageTracer) {
+/// Once the controller has gone quiet (no cluster status for
+/// [`CLUSTER_STATUS_STALE_AFTER`]), a request sent after its last status that no worker has
+/// answered most likely went into a connection that was already dead: fail it now with a 503
+/// (the client may retry) rather than at the request timeout. Requests a worker answered go
+/// on: their tokens come straight from the worker.
+fn fail_unrouted_when_controller_gone(shared: &Shared) {
+    let last_status = match &*shared.cluster.read().unwrap_or_else(|p| p.into_inner()) {
+        Some(snap) if snap.received.elapsed() >= CLUSTER_STATUS_STALE_AFTER => snap.received,
+        _ => return,
+    };
+    for (rid, p) in lock(&shared.pending).iter_mut() {
+        if !p.answered && p.registered >= last_status {
+            p.answered = true;
+            let _ =
+                p.tx.send(TokenOut::error(rid.clone(), 503, CONTROLLER_UNREACHABLE));
+        }
+    }
+}
+
+/// Whether a cluster status arrived recently: the controller is alive.
+fn controller_fresh(shared: &Shared) -> bool {
+    shared
+        .cluster
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .is_some_and(|snap| snap.received.elapsed() < CLUSTER_STATUS_STALE_AFTER)
+}
+
+/// A request the sender could not hand to the controller ends here, at once, with a 503.
+fn fail_locally(shared: &Shared, rid: &str, why: &str) {
+    if let Some(p) = lock(&shared.pending).get_mut(rid) {
+        p.answered = true;
+        let _ = p.tx.send(TokenOut::error(rid, 503, why));
+    }
+}
+
+fn sender_loop(
+    sock: zmq::Socket,
+    rx: mpsc::Receiver<Message>,
+    shared: &Shared,
+    tracer: &MessageTracer,
+) {
     // Ends when the bridge drops its sender (shutdown).
     while let Ok(msg) = rx.recv() {
         let frame = match protocol::encode(&msg) {
@@ -236,8 +338,26 @@ fn sender_loop(sock: zmq::Socket, rx: mpsc::Receiver<Message>, tracer: &MessageT
         };
         // Traced before the send, so the line cannot be later than the controller's `recv`.
         tracer.message(true, &msg, "controller", frame.len());
-        if let Err(err) = sock.send(&frame[..], 0) {
-            tracing::warn!(%err, rid = msg.rid().unwrap_or(""), "send to controller failed");
+        // Never blocks for long: with no controller connected (or its queue full) the send
+        // fails, after a short wait only if the controller is alive and the connection to it
+        // is still coming up.
+        let sent = match sock.send(&frame[..], zmq::DONTWAIT) {
+            Err(zmq::Error::EAGAIN) if controller_fresh(shared) => {
+                let mut items = [sock.as_poll_item(zmq::POLLOUT)];
+                let _ = zmq::poll(&mut items, CONNECT_WAIT_MS);
+                sock.send(&frame[..], zmq::DONTWAIT)
+            }
+            other => other,
+        };
+        if let Err(err) = sent {
+            let rid = msg.rid().unwrap_or("");
+            match &msg {
+                Message::GenerateReq(_) | Message::EmbedReq(_) => {
+                    tracing::warn!(%err, rid, "controller not connected; request refused (503)");
+                    fail_locally(shared, rid, CONTROLLER_UNREACHABLE);
+                }
+                _ => tracing::debug!(%err, rid, msg = msg.type_name(), "send to controller failed"),
+            }
             if let Some(rid) = msg.rid() {
                 tracer.event("send_failed", rid, Some(format!("to controller: {err}")));
             }

@@ -43,11 +43,25 @@ pub fn serve(
     let state = Arc::new(AppState::start(&args)?);
     let addr = listener.local_addr().ok();
     let bridge = state.bridge.clone();
+    let stopper = state.bridge.clone();
     let result = actix_rt::System::new().block_on(async move {
-        let server = http::server(state, listener, signals)?;
+        // Signals are ours, not actix's: open requests must end with an answer first.
+        let server = http::server(state, listener)?;
         tracing::info!(?addr, "tokenizer HTTP server listening");
         if let Some(ready) = ready {
             let _ = ready.send(server.handle());
+        }
+        if signals {
+            let handle = server.handle();
+            let bridge = stopper;
+            actix_rt::spawn(async move {
+                let signal = stop_signal().await;
+                // Each open request ends with a 503 (a stream: an error event, then [DONE])
+                // before the server stops, rather than being cut at the shutdown timeout.
+                let open = bridge.end_all("the tokenizer is stopping; retry the request");
+                tracing::info!(signal, open_requests = open, "tokenizer stopping");
+                handle.stop(true).await;
+            });
         }
         server.await
     });
@@ -56,6 +70,24 @@ pub fn serve(
         what: "HTTP server".to_string(),
         source,
     })?)
+}
+
+/// The first SIGTERM or SIGINT, by name.
+async fn stop_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        },
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::error!(%e, "cannot install signal handlers; stop with SIGKILL");
+            std::future::pending().await
+        }
+    }
 }
 
 /// A server running on its own thread, for tests and embedding. Stops when dropped.

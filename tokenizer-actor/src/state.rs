@@ -14,9 +14,10 @@ use crate::metrics::Metrics;
 use crate::tokenizer::{LoadedTokenizer, ModelFacts, TextTokenizer};
 use crate::{Result, TokenizerArgs};
 
-/// A cluster status older than this means the controller is gone: `/health` turns 503 and
-/// requests are no longer checked against it. The controller sends one about every 500 ms.
-pub const CLUSTER_STATUS_STALE_AFTER: Duration = Duration::from_secs(5);
+/// A cluster status older than this means the controller is unreachable: `/health` turns 503
+/// and requests are answered 503 with `Retry-After` at once rather than sent into a socket
+/// nobody reads. The controller sends one about every 500 ms, so this is three missed.
+pub const CLUSTER_STATUS_STALE_AFTER: Duration = Duration::from_millis(1500);
 
 pub struct AppState {
     pub tokenizer: Box<dyn TextTokenizer>,

@@ -240,6 +240,52 @@ fn silent_request_times_out_with_504_and_abort() {
     h.wait_abort("hang-2");
 }
 
+/// A request sent just before the controller went quiet (after its last status) that nothing
+/// answers most likely went into a dead connection: once the controller counts as gone it
+/// ends with a 503, not at the request timeout.
+#[test]
+fn a_request_lost_with_the_controller_gets_503_once_it_is_gone() {
+    let h = Harness::start(None, builtin_ids("hi"), 60);
+    h.fake.mute_status();
+    // The last status has arrived (none for 200 ms, four periods): the request below is sent
+    // after it, but while it is still fresh.
+    loop {
+        let (_, info) = h.get("/get_server_info");
+        if info["cluster_status_age_s"].as_f64().unwrap() >= 0.2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let started = std::time::Instant::now();
+    let (status, resp) = h.post("/generate", &json!({"text": "hi", "rid": "silent-lost"}));
+    assert_eq!(status, 503, "{resp}");
+    assert!(
+        resp["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("controller is unreachable"),
+        "{resp}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        h.fake
+            .script
+            .lock()
+            .unwrap()
+            .requests
+            .iter()
+            .any(|r| r.rid == "silent-lost"),
+        "the request did reach the (now silent) controller"
+    );
+    // And from now on, every request is refused at once.
+    let (status, resp) = h.post("/generate", &json!({"text": "hi"}));
+    assert_eq!(status, 503, "{resp}");
+}
+
 #[test]
 fn stories260k_golden_text_over_http() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/models/stories260k");

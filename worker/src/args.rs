@@ -45,7 +45,7 @@ pub struct WorkerArgs {
     pub tokenizer_addr: Option<String>,
     /// KV pool size in tokens (slots). Unset: derived from --mem-fraction of the memory free at
     /// start, less the model's weights, between one full context and max-running-requests (plus
-    /// pre-allocated rows) × context length. Set, it always wins.
+    /// pre-allocated rows) × 2048 (× context length when --mem-fraction is set). Set, it wins.
     #[arg(long, env = "DPSERVE_MAX_TOTAL_TOKENS")]
     pub max_total_tokens: Option<usize>,
     /// Share of the memory free at start (MemAvailable, or the cgroup's headroom when tighter)

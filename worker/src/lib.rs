@@ -68,6 +68,7 @@ pub fn load_model(source: &ModelSource) -> anyhow::Result<LlamaModel> {
 /// with everything it came from.
 fn size_kv_pool(
     config: &WorkerConfig,
+    mem_fraction_given: bool,
     mc: &ModelConfig,
     context_len: usize,
     reading: Result<mem::MemReading, String>,
@@ -80,6 +81,7 @@ fn size_kv_pool(
         kv_bytes_per_token: model::KvBuffers::bytes_per_slot(mc) as u64,
         context_len,
         req_to_token_rows: config.max_running_requests + config.pre_alloc_rows,
+        tokens_per_request: (!mem_fraction_given).then_some(mem::KV_TOKENS_PER_RUNNING_REQUEST),
     };
     let size = budget.derive();
     let (min_tokens, max_tokens) = budget.bounds();
@@ -94,10 +96,11 @@ fn size_kv_pool(
             kv_bytes_per_token = budget.kv_bytes_per_token,
             min_tokens,
             max_tokens,
+            tokens_per_request = ?budget.tokens_per_request,
             max_total_tokens = size.max_total_tokens,
             pool_bytes = budget.kv_bytes_per_token * size.max_total_tokens as u64,
             limit = size.limit.as_str(),
-            "KV pool sized from --mem-fraction (set --max-total-tokens to choose it)"
+            "KV pool sized from --mem-fraction and max-running-requests (set --max-total-tokens to choose it)"
         ),
         Err(why) => tracing::warn!(
             rank = config.rank,
@@ -117,7 +120,10 @@ fn size_kv_pool(
 }
 
 /// Run a worker until SIGTERM/SIGINT or a `Shutdown` from the controller.
-pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
+/// `mem_fraction_given`: `--mem-fraction` (or its variable) was set, so a pool sized without
+/// `--max-total-tokens` takes what that share of memory allows rather than the default of a
+/// few thousand slots per running request.
+pub fn run(args: WorkerArgs, mem_fraction_given: bool) -> anyhow::Result<()> {
     let config = args.resolve()?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -141,7 +147,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         .min(mc.max_position_embeddings);
     let max_total_tokens = match config.max_total_tokens {
         Some(tokens) => tokens,
-        None => size_kv_pool(&config, &mc, context_len, free_memory),
+        None => size_kv_pool(&config, mem_fraction_given, &mc, context_len, free_memory),
     };
     tracing::info!(
         rank = config.rank,
@@ -168,6 +174,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         model_id: mc.model_id.clone(),
         protocol_version: protocol::PROTOCOL_VERSION,
         pid: std::process::id(),
+        held_rids: Vec::new(),
     };
     let mut sched = Scheduler::new(
         SchedulerConfig {
@@ -197,6 +204,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         None => protocol::msg_trace::MessageTracer::disabled(),
     };
     sched.tracer = tracer.clone();
+    let held_rids = link::HeldRids::default();
     let (inbound_tx, inbound) = mpsc::channel();
     let link_stop = Arc::new(AtomicBool::new(false));
     let link = {
@@ -210,6 +218,7 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
             stop: Arc::clone(&link_stop),
             draining: Arc::clone(&stop),
             tracer: tracer.clone(),
+            held_rids: held_rids.clone(),
         };
         std::thread::Builder::new()
             .name("controller-link".into())
@@ -226,6 +235,9 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
         };
         if let Message::TokenOut(out) = msg {
             trace_token_out(&tracer, out, frame.len());
+            if out.finish_reason.is_some() {
+                held_rids.remove(&out.rid);
+            }
         }
         if let Err(e) = to_tokenizer.send(&frame[..], 0) {
             tracing::warn!(%e, "send to tokenizer failed");
@@ -294,11 +306,14 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
                     send(&Message::TokenOut(draining_error(&req.rid, config.rank)));
                 }
                 Inbound::Msg(Message::GenerateReq(req)) => {
+                    // Held until its final output goes out (a refusal is one too).
+                    held_rids.insert(&req.rid);
                     if let Some(out) = sched.submit(req) {
                         send(&Message::TokenOut(out));
                     }
                 }
                 Inbound::Msg(Message::EmbedReq(req)) => {
+                    held_rids.insert(&req.rid);
                     if let Some(out) = sched.submit_embed(req.rid, req.input_ids) {
                         send(&Message::TokenOut(out));
                     }
@@ -364,10 +379,19 @@ pub fn run(args: WorkerArgs) -> anyhow::Result<()> {
             "worker {} was refused by the controller: {reason}",
             config.rank
         ),
-        None if drain_deadline.is_some() => format!(
+        // Only what is still held when the drain ends ran out of time.
+        None if drain_deadline.is_some() && sched.has_work() => format!(
             "data parallel rank {} stopped: its drain timeout ({:.1}s) ran out",
             config.rank,
             config.drain_timeout.as_secs_f64()
+        ),
+        None if drain_deadline.is_some() => format!(
+            "data parallel rank {} drained: its requests finished in {:.1}s",
+            config.rank,
+            drain_deadline
+                .map(|d| (Instant::now() + config.drain_timeout).saturating_duration_since(d))
+                .unwrap_or_default()
+                .as_secs_f64()
         ),
         None => format!("data parallel rank {} is shutting down", config.rank),
     };

@@ -3,12 +3,13 @@
 //! dead worker), forwards what the scheduler sends through an inproc pipe, and hands incoming
 //! messages to the scheduler over a channel.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use protocol::socket::rank_identity;
+use protocol::socket::worker_identity;
 use protocol::{encode, Endpoint, FrameStats, Heartbeat, Hello, Message};
 
 /// The inproc endpoint the scheduler pushes controller-bound frames to.
@@ -16,6 +17,33 @@ pub const OUTBOX: &str = "inproc://worker-outbox";
 
 /// How long to wait for a `HelloAck` before saying `Hello` again.
 const HELLO_RETRY: Duration = Duration::from_secs(1);
+/// How often a worker that is not registered says so in its log: a wrong `--worker-addr`, or
+/// a controller that is down, must not look like a quiet, healthy worker.
+const UNREGISTERED_WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// The requests this worker holds (from receipt to final output), shared by the scheduler
+/// thread, which keeps it, and the link, which reports it in a `Hello` after a `Rejoin`.
+#[derive(Debug, Clone, Default)]
+pub struct HeldRids(Arc<Mutex<BTreeSet<String>>>);
+
+impl HeldRids {
+    pub fn insert(&self, rid: &str) {
+        self.lock().insert(rid.to_string());
+    }
+
+    pub fn remove(&self, rid: &str) {
+        self.lock().remove(rid);
+    }
+
+    pub fn snapshot(&self) -> Vec<String> {
+        self.lock().iter().cloned().collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        // A panic elsewhere mid-update leaves a set that is still usable.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
 
 /// What the link hands the scheduler.
 #[derive(Debug)]
@@ -38,6 +66,8 @@ pub struct Link {
     /// Set once the worker is stopping or draining (SIGTERM, or the controller said so).
     pub draining: Arc<AtomicBool>,
     pub tracer: protocol::msg_trace::MessageTracer,
+    /// Reported in the `Hello` that answers a `Rejoin`.
+    pub held_rids: HeldRids,
 }
 
 /// Run the link until `stop` is set.
@@ -52,15 +82,23 @@ pub fn run(link: Link) -> anyhow::Result<()> {
         stop,
         draining,
         tracer,
+        held_rids,
     } = link;
     let rank = hello.rank;
-    let dealer =
-        protocol::socket::connect(&ctx, zmq::DEALER, &worker_addr, Some(&rank_identity(rank)))?;
+    let dealer = protocol::socket::connect(
+        &ctx,
+        zmq::DEALER,
+        &worker_addr,
+        Some(&worker_identity(rank)),
+    )?;
     let stats = FrameStats::default();
-    let hello_frame = encode(&Message::Hello(hello))?;
+    let mut hello_frame = encode(&Message::Hello(hello.clone()))?;
     dealer.send(&hello_frame[..], 0)?;
     let mut hello_sent = Instant::now();
     let mut acked = false;
+    // Since when this worker has been without a registration, and when it last said so.
+    let mut unregistered_since = Instant::now();
+    let mut unregistered_warned = Instant::now();
     let mut last_beat = Instant::now();
     loop {
         let (from_controller, from_scheduler) = {
@@ -113,12 +151,23 @@ pub fn run(link: Link) -> anyhow::Result<()> {
                         continue;
                     }
                     Message::Rejoin(_) => {
-                        tracing::warn!(
-                            rank,
-                            "the controller does not know this rank (it restarted, or timed \
-                             the rank out); registering again"
-                        );
+                        if acked {
+                            tracing::warn!(
+                                rank,
+                                "the controller does not know this rank (it restarted, or \
+                                 timed the rank out); registering again"
+                            );
+                        }
                         acked = false;
+                        // A restarted controller learns what this rank holds, to fail it
+                        // should the rank die.
+                        let again = Hello {
+                            held_rids: held_rids.snapshot(),
+                            ..hello.clone()
+                        };
+                        hello_frame = encode(&Message::Hello(again))?;
+                        unregistered_since = Instant::now();
+                        unregistered_warned = Instant::now();
                         dealer.send(&hello_frame[..], zmq::DONTWAIT).ok();
                         hello_sent = Instant::now();
                         continue;
@@ -137,6 +186,16 @@ pub fn run(link: Link) -> anyhow::Result<()> {
         if !acked && hello_sent.elapsed() >= HELLO_RETRY {
             dealer.send(&hello_frame[..], zmq::DONTWAIT).ok();
             hello_sent = Instant::now();
+        }
+        if !acked && unregistered_warned.elapsed() >= UNREGISTERED_WARN_EVERY {
+            tracing::warn!(
+                rank,
+                %worker_addr,
+                waited_s = unregistered_since.elapsed().as_secs(),
+                "no answer from a controller at this address yet; check --worker-addr \
+                 (DPSERVE_WORKER_ADDR) and that the controller runs"
+            );
+            unregistered_warned = Instant::now();
         }
         if last_beat.elapsed() >= heartbeat_interval {
             let beat = encode(&Message::Heartbeat(Heartbeat {

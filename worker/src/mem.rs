@@ -5,12 +5,17 @@
 //!
 //! ```text
 //! budget = mem_fraction × available − weight_bytes
-//! slots  = clamp(budget / kv_bytes_per_token, context_len, req_to_token_rows × context_len)
+//! slots  = clamp(budget / kv_bytes_per_token, context_len, req_to_token_rows × per_request)
+//! per_request = min(context_len, KV_TOKENS_PER_RUNNING_REQUEST)   unless --mem-fraction is given
+//!             = context_len                                       when it is
 //! ```
 //!
-//! The lower bound lets one request use the whole context; the upper bound is every slot the
-//! request-to-token table can address at once (beyond it, slots could only ever hold evictable
-//! cache), so a large host does not reserve a giant pool for nothing.
+//! The lower bound lets one request use the whole context. The upper bound, by default, is a
+//! few thousand tokens per running request: what serving needs, so a small model (the built-in
+//! one has an 8192-token context and 64 running requests) does not reserve gigabytes of a host
+//! it shares. An operator who sets `--mem-fraction` asks for the pool the memory allows, up to
+//! every slot the request-to-token table can address at once (beyond it, slots could only ever
+//! hold evictable cache).
 
 use std::path::Path;
 
@@ -20,6 +25,11 @@ pub const DEFAULT_MEM_FRACTION: f64 = 0.5;
 /// KV slots when the free memory cannot be read (no `/proc/meminfo`): the pool size dpserve
 /// used before it sized pools from memory, still clamped like a derived size.
 pub const FALLBACK_MAX_TOTAL_TOKENS: usize = 32768;
+
+/// KV slots per running request in a default pool (no `--max-total-tokens`, no
+/// `--mem-fraction`): with the prefix cache, plenty for the prompts and answers a request
+/// holds; one full context stays the floor for a single long request.
+pub const KV_TOKENS_PER_RUNNING_REQUEST: usize = 2048;
 
 /// `--mem-fraction` parser: a number in (0, 1]. NaN, 0, negatives and more than 1 are refused
 /// at startup, before anything is loaded.
@@ -121,6 +131,9 @@ pub struct KvBudget {
     pub context_len: usize,
     /// Rows of the request-to-token table (running plus pre-allocated).
     pub req_to_token_rows: usize,
+    /// Most slots per row the pool is sized for: `Some(KV_TOKENS_PER_RUNNING_REQUEST)` by
+    /// default, `None` (a full context per row) when `--mem-fraction` was given.
+    pub tokens_per_request: Option<usize>,
 }
 
 /// What bounded the derived size.
@@ -141,7 +154,7 @@ impl PoolLimit {
         match self {
             PoolLimit::Budget => "memory budget",
             PoolLimit::OneContext => "raised to one full context",
-            PoolLimit::ReqToTokenTable => "capped at req-to-token rows × context_len",
+            PoolLimit::ReqToTokenTable => "capped at req-to-token rows × tokens per request",
             PoolLimit::Fallback => "fixed fallback (free memory unknown)",
         }
     }
@@ -157,13 +170,19 @@ pub struct KvPoolSize {
 }
 
 impl KvBudget {
-    /// Smallest and largest sensible pool: one full context, and every slot the
-    /// request-to-token table can address (and slot ids must fit in 32 bits).
+    /// Smallest and largest sensible pool: one full context, and `tokens_per_request` slots
+    /// for each request-to-token row (by default a few thousand, else a full context each:
+    /// every slot the table can address). Slot ids must fit in 32 bits.
     pub fn bounds(&self) -> (usize, usize) {
+        let per_row = self
+            .tokens_per_request
+            .map_or(self.context_len, |t| t.min(self.context_len));
+        // Never below one full context, whatever the cap per row.
         let max = self
             .req_to_token_rows
             .max(1)
-            .saturating_mul(self.context_len)
+            .saturating_mul(per_row)
+            .max(self.context_len)
             .min(u32::MAX as usize);
         (self.context_len.clamp(1, max), max)
     }
@@ -214,7 +233,33 @@ mod tests {
             kv_bytes_per_token: 16 * 1024, // the built-in base model
             context_len: 8192,
             req_to_token_rows: 64,
+            // As when --mem-fraction is given: the memory decides.
+            tokens_per_request: None,
         }
+    }
+
+    #[test]
+    fn the_default_pool_is_sized_for_the_requests_not_the_host() {
+        // The built-in base model on a 24 GiB host: a full context per running request would
+        // be 64 × 8192 slots × 16 KiB = 8 GiB; the default stops at a few thousand per request.
+        let mut b = budget(Some(20 * GIB), 0.5, 0);
+        assert_eq!(b.derive().max_total_tokens, 64 * 8192);
+        b.tokens_per_request = Some(KV_TOKENS_PER_RUNNING_REQUEST);
+        let size = b.derive();
+        assert_eq!(size.max_total_tokens, 64 * KV_TOKENS_PER_RUNNING_REQUEST);
+        assert_eq!(size.limit, PoolLimit::ReqToTokenTable);
+        assert!(size.max_total_tokens as u64 * b.kv_bytes_per_token <= 2 * GIB);
+        // A small memory budget still wins, and one full context is still the floor.
+        let mut small = budget(Some(GIB), 0.5, 0);
+        small.tokens_per_request = Some(KV_TOKENS_PER_RUNNING_REQUEST);
+        assert_eq!(
+            small.derive().max_total_tokens,
+            (GIB / 2 / (16 * 1024)) as usize
+        );
+        let mut one = budget(Some(20 * GIB), 0.5, 0);
+        one.req_to_token_rows = 1;
+        one.tokens_per_request = Some(KV_TOKENS_PER_RUNNING_REQUEST);
+        assert_eq!(one.derive().max_total_tokens, 8192);
     }
 
     #[test]

@@ -95,6 +95,7 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                 model_id: "dpserve-builtin".into(),
                 protocol_version: 1,
                 pid: 4242,
+                held_rids: vec!["r1".into()],
             }),
         ),
         (

@@ -69,6 +69,10 @@ impl ApiError {
     }
 }
 
+/// `Retry-After` of a 503, in seconds: about how long a controller restart or a rank rejoining
+/// takes.
+pub const RETRY_AFTER_S: u64 = 1;
+
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         // A status outside 100..=999 from a peer would be a bug there; answer 500, not panic.
@@ -76,7 +80,13 @@ impl ResponseError for ApiError {
     }
 
     fn error_response(&self) -> HttpResponse {
-        HttpResponse::build(self.status_code()).json(self.body())
+        let mut resp = HttpResponse::build(self.status_code());
+        if self.status == 503 {
+            // Every 503 here is transient (no live rank, controller unreachable, a rank
+            // draining or gone): clients and gateways may retry after a short pause.
+            resp.insert_header(("Retry-After", RETRY_AFTER_S.to_string()));
+        }
+        resp.json(self.body())
     }
 }
 

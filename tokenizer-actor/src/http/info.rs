@@ -34,7 +34,7 @@ pub async fn health(state: web::Data<AppState>) -> HttpResponse {
             "live_ranks": c.live_ranks.iter().map(|r| r.rank).collect::<Vec<_>>(),
         })),
         Some(_) => ApiError::unavailable("no live rank").into(),
-        None => ApiError::unavailable("no recent cluster status from the controller").into(),
+        None => ApiError::unavailable(super::validate::CONTROLLER_UNREACHABLE).into(),
     }
 }
 
@@ -54,7 +54,7 @@ pub async fn server_info(state: web::Data<AppState>) -> HttpResponse {
         .cluster()
         .map(|snap| snap.received.elapsed().as_secs_f64());
     HttpResponse::Ok().json(json!({
-        "dp_size": state.args.dp_size,
+        "dp_size": reported_dp_size(live_ranks.len(), state.args.dp_size),
         // Each rank is one device: no tensor parallelism (SGLang's gateway reads this).
         "tp_size": 1,
         "model_path": reported_model_path(&state.facts),
@@ -76,6 +76,17 @@ pub async fn server_info(state: web::Data<AppState>) -> HttpResponse {
         "chat_template": state.chat_template.source.describe(),
         "api_key_required": state.args.api_key.is_some(),
     }))
+}
+
+/// `dp_size` as SGLang's gateway reads it: how many ranks are live now, so a deployment grown
+/// or shrunk by starting and stopping worker units reports what actually serves; `--dp-size`
+/// (the starting expectation) only while no rank is known live.
+fn reported_dp_size(live: usize, configured: u32) -> u32 {
+    if live > 0 {
+        u32::try_from(live).unwrap_or(u32::MAX)
+    } else {
+        configured
+    }
 }
 
 pub async fn model_info(state: web::Data<AppState>) -> HttpResponse {
@@ -282,5 +293,20 @@ mod tests {
         let shown = reported_model_path(&relative);
         assert!(std::path::Path::new(&shown).is_absolute(), "{shown}");
         assert!(shown.ends_with("stories260k"), "{shown}");
+    }
+
+    #[test]
+    fn dp_size_counts_the_live_ranks_and_falls_back_to_the_flag() {
+        assert_eq!(
+            reported_dp_size(2, 1),
+            2,
+            "two units serving, DPSERVE_DP_SIZE unset"
+        );
+        assert_eq!(reported_dp_size(1, 4), 1, "three of four ranks gone");
+        assert_eq!(
+            reported_dp_size(0, 4),
+            4,
+            "nothing live yet: the expectation"
+        );
     }
 }

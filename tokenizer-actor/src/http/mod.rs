@@ -20,17 +20,15 @@ use actix_web::{web, App, HttpServer};
 
 use crate::state::AppState;
 
-/// How long in-flight requests get to finish after SIGTERM.
+/// How long responses already ended (SIGTERM fails every open request at once) get to reach
+/// their clients before the server stops.
 const SHUTDOWN_TIMEOUT_S: u64 = 5;
 
-/// Build the server on `listener`; must be called inside an actix `System`.
-pub fn server(
-    state: Arc<AppState>,
-    listener: TcpListener,
-    signals: bool,
-) -> std::io::Result<Server> {
+/// Build the server on `listener`; must be called inside an actix `System`. It does not handle
+/// signals itself: the caller stops it (see `crate::serve`), after ending open requests.
+pub fn server(state: Arc<AppState>, listener: TcpListener) -> std::io::Result<Server> {
     let data = web::Data::from(state);
-    let mut server = HttpServer::new(move || {
+    let server = HttpServer::new(move || {
         App::new()
             .app_data(data.clone())
             .wrap(actix_web::middleware::from_fn(auth::require_api_key))
@@ -59,9 +57,7 @@ pub fn server(
     // handler future or SSE stream at once, so the request guard sends `Abort`. With the
     // default (half-close allowed) actix notices only when a write fails.
     .h1_allow_half_closed(false)
+    .disable_signals()
     .listen(listener)?;
-    if !signals {
-        server = server.disable_signals();
-    }
     Ok(server.run())
 }

@@ -48,7 +48,8 @@ pub struct HeaderInputs {
 pub struct Limits {
     pub vocab_size: usize,
     pub context_len: usize,
-    /// `None` until a fresh cluster status is known; then the live ranks.
+    /// The live ranks per a fresh cluster status; `None` without one (the controller is
+    /// unreachable, or not heard from yet), which refuses every request with a 503.
     pub live_ranks: Option<Vec<u32>>,
 }
 
@@ -390,23 +391,28 @@ pub fn check_limits(
     check_rank(routed_dp_rank, limits)
 }
 
-/// Against a fresh cluster view: some rank is live (else 503), and an explicit rank is one of
-/// them (else 400, never a silent reroute).
+/// Against a fresh cluster view: the controller is reachable and some rank is live (else 503),
+/// and an explicit rank is one of them (else 400, never a silent reroute).
 pub fn check_rank(routed_dp_rank: Option<u32>, limits: &Limits) -> Result<(), ApiError> {
-    if let Some(live) = &limits.live_ranks {
-        if live.is_empty() {
-            return Err(ApiError::unavailable("no live rank"));
-        }
-        if let Some(rank) = routed_dp_rank {
-            if !live.contains(&rank) {
-                return Err(ApiError::bad_request(format!(
-                    "rank {rank} is not live (live ranks: {live:?})"
-                )));
-            }
+    let Some(live) = &limits.live_ranks else {
+        return Err(ApiError::unavailable(CONTROLLER_UNREACHABLE));
+    };
+    if live.is_empty() {
+        return Err(ApiError::unavailable("no live rank"));
+    }
+    if let Some(rank) = routed_dp_rank {
+        if !live.contains(&rank) {
+            return Err(ApiError::bad_request(format!(
+                "rank {rank} is not live (live ranks: {live:?})"
+            )));
         }
     }
     Ok(())
 }
+
+/// Why a request is refused while no fresh cluster status arrives.
+pub const CONTROLLER_UNREACHABLE: &str =
+    "the controller is unreachable (no cluster status from it recently); retry shortly";
 
 #[cfg(test)]
 mod tests {
@@ -612,10 +618,12 @@ mod tests {
             ..limits.clone()
         };
         assert_eq!(check(&[1], &none_live).unwrap_err().status, 503);
-        let unknown = Limits {
+        let unreachable = Limits {
             live_ranks: None,
             ..limits
         };
-        assert!(check(&[1], &unknown).is_ok());
+        let err = check(&[1], &unreachable).unwrap_err();
+        assert_eq!(err.status, 503);
+        assert!(err.message.contains("controller is unreachable"), "{err}");
     }
 }

@@ -23,6 +23,9 @@ pub struct Script {
     pub aborts: Vec<String>,
     pub requests: Vec<protocol::GenerateReq>,
     pub flushes: usize,
+    /// Stop sending cluster status (a controller that died, as the tokenizer sees it), while
+    /// still taking requests.
+    pub mute_status: bool,
 }
 
 pub struct FakeController {
@@ -46,7 +49,8 @@ impl FakeController {
         let thread = std::thread::spawn(move || {
             let mut last_status = Instant::now() - Duration::from_secs(1);
             while !st.load(Ordering::Relaxed) {
-                if last_status.elapsed() > Duration::from_millis(50) {
+                let muted = s.lock().unwrap().mute_status;
+                if last_status.elapsed() > Duration::from_millis(50) && !muted {
                     let live = s.lock().unwrap().live_ranks.clone();
                     protocol::socket::send(&push, &Message::ClusterStatus(cluster(&live))).unwrap();
                     last_status = Instant::now();
@@ -89,6 +93,10 @@ impl FakeController {
 
     pub fn set_live(&self, live: &[u32]) {
         self.script.lock().unwrap().live_ranks = live.to_vec();
+    }
+
+    pub fn mute_status(&self) {
+        self.script.lock().unwrap().mute_status = true;
     }
 
     pub fn aborts(&self) -> Vec<String> {
