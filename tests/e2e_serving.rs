@@ -7,16 +7,24 @@ use common::Server;
 use serde_json::{json, Value};
 
 fn tiny() -> Server {
-    Server::up(&[
-        "--builtin-size",
-        "tiny",
-        "--dp-size",
-        "2",
-        "--max-total-tokens",
-        "4096",
-        "--load-balance-method",
-        "round_robin",
-    ])
+    tiny_with_env(&[])
+}
+
+/// Two ranks of the tiny built-in model, round robin, with extra environment variables.
+fn tiny_with_env(env: &[(&str, &str)]) -> Server {
+    Server::up_with_env(
+        &[
+            "--builtin-size",
+            "tiny",
+            "--dp-size",
+            "2",
+            "--max-total-tokens",
+            "4096",
+            "--load-balance-method",
+            "round_robin",
+        ],
+        env,
+    )
 }
 
 #[test]
@@ -233,17 +241,7 @@ fn a_repeated_long_prompt_is_served_from_the_prefix_cache() {
 
 #[test]
 fn a_forced_kernel_path_serves_and_each_rank_reports_its_path() {
-    let server = Server::up_with_env(
-        &[
-            "--builtin-size",
-            "tiny",
-            "--dp-size",
-            "2",
-            "--max-total-tokens",
-            "4096",
-        ],
-        &[("DPSERVE_KERNEL_PATH", "portable")],
-    );
+    let server = tiny_with_env(&[("DPSERVE_KERNEL_PATH", "portable")]);
     let body = json!({"text": "once upon a time",
                       "sampling_params": {"max_new_tokens": 4, "temperature": 0}});
     let (status, resp) = server.post("/generate", &body);

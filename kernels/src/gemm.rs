@@ -49,6 +49,9 @@ const OUT_SLOTS: usize = (MR * NR).next_multiple_of(LANES);
 const M_BLOCK_PANELS: usize = 16;
 /// `W` panels per task for large `M` (96 rows).
 const N_BLOCK_PANELS: usize = 16;
+/// How far ahead of the current chunk the few-row SIMD kernels prefetch W (in floats, 24 KiB):
+/// across the page boundaries where the hardware streamer stops.
+const PREFETCH_FLOATS: usize = 16 * W_CHUNK;
 /// At or below this many `x` panels (32 rows) a call is "decode-like": it is bound by streaming
 /// `W`, so `N` is cut into a few large ranges and all of `M` goes with each.
 const SMALL_M_PANELS: usize = 8;
@@ -427,11 +430,8 @@ mod avx2 {
     //! step (`a[l] + a[l + 8]`) is then one vector add of the pair.
     // Index loops over the (i, j) register block read like the math and unroll fully.
     #![allow(clippy::needless_range_loop)]
-    use super::{LANES, NR, OUT_SLOTS, W_CHUNK, X_CHUNK};
+    use super::{LANES, NR, OUT_SLOTS, PREFETCH_FLOATS, W_CHUNK, X_CHUNK};
     use std::arch::x86_64::*;
-
-    /// How far ahead of the current chunk the few-row kernels prefetch W (in floats, 24 KiB).
-    const PREFETCH_FLOATS: usize = 16 * W_CHUNK;
 
     /// `res[i * NR + j]` for `i < rows`, `j < NR`.
     ///
@@ -449,7 +449,7 @@ mod avx2 {
         // 12 accumulator registers of 16: two rows × six W rows, one half of the lanes at a
         // time (lane l's chain never meets lane l + 8's before the tree), or one row × six W
         // rows with both halves (a single row streams W from memory: read it once).
-        // SAFETY (all calls): function contract; i0 + A <= rows <= MR and j0 + B <= NR.
+        // SAFETY (all calls): function contract; i0 + 2 <= rows <= MR, or i0 < rows.
         unsafe {
             let mut i0 = 0;
             while i0 < rows {
@@ -463,7 +463,7 @@ mod avx2 {
                     }
                     i0 += 2;
                 } else {
-                    block::<1, NR>(xp, wp, kc, i0, 0, res);
+                    one_row(xp, wp, kc, i0, res);
                     i0 += 1;
                 }
             }
@@ -507,53 +507,41 @@ mod avx2 {
         acc
     }
 
+    /// Row `i0` of the x panel against all `NR` W rows, both halves of the lanes at once.
+    ///
     /// # Safety
-    /// As [`micro`], with `i0 + A <= MR` and `j0 + B <= NR`.
+    /// As [`micro`], with `i0 < MR`.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    unsafe fn block<const A: usize, const B: usize>(
+    unsafe fn one_row(
         xp: *const f32,
         wp: *const f32,
         kc: usize,
         i0: usize,
-        j0: usize,
         res: &mut [f32; OUT_SLOTS],
     ) {
-        let mut lo = [[_mm256_setzero_ps(); B]; A];
-        let mut hi = [[_mm256_setzero_ps(); B]; A];
+        let mut acc = [[_mm256_setzero_ps(); NR]; 2];
         for c in 0..kc {
-            // SAFETY: chunk c < kc of both panels, rows inside it (function contract).
+            // SAFETY: chunk c < kc of both panels, row i0 < MR inside it (function contract).
             let (xc, wc) = unsafe { (xp.add(c * X_CHUNK + i0 * LANES), wp.add(c * W_CHUNK)) };
-            if A == 1 || j0 == 0 {
-                // Few rows stream W from memory: prefetch the whole chunk well ahead (a hint;
-                // past the end of the panel it never faults).
-                for j in 0..NR {
-                    let ahead = wc.wrapping_add(PREFETCH_FLOATS + j * LANES);
-                    _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
-                }
+            // One row streams W from memory: prefetch the whole chunk well ahead (a hint; past
+            // the end of the panel it never faults).
+            for j in 0..NR {
+                let ahead = wc.wrapping_add(PREFETCH_FLOATS + j * LANES);
+                _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
             }
-            // SAFETY: as above.
-            let wc = unsafe { wc.add(j0 * LANES) };
-            for half in 0..2 {
-                let acc = if half == 0 { &mut lo } else { &mut hi };
-                let mut xv = [_mm256_setzero_ps(); A];
-                for i in 0..A {
-                    // SAFETY: row i0 + i < MR of chunk c, 8 floats at offset 8 * half.
-                    xv[i] = unsafe { _mm256_loadu_ps(xc.add(i * LANES + 8 * half)) };
-                }
-                for j in 0..B {
-                    // SAFETY: row j0 + j < NR of chunk c.
+            for (half, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: 8 floats at offset 8 * half of row i0 < MR of chunk c.
+                let xv = unsafe { _mm256_loadu_ps(xc.add(8 * half)) };
+                for j in 0..NR {
+                    // SAFETY: row j < NR of chunk c.
                     let wv = unsafe { _mm256_loadu_ps(wc.add(j * LANES + 8 * half)) };
-                    for i in 0..A {
-                        acc[i][j] = _mm256_fmadd_ps(xv[i], wv, acc[i][j]);
-                    }
+                    acc[j] = _mm256_fmadd_ps(xv, wv, acc[j]);
                 }
             }
         }
-        for i in 0..A {
-            for j in 0..B {
-                res[(i0 + i) * NR + j0 + j] = hsum16_pair(lo[i][j], hi[i][j]);
-            }
+        for j in 0..NR {
+            res[i0 * NR + j] = hsum16_pair(acc[0][j], acc[1][j]);
         }
     }
 
@@ -573,11 +561,8 @@ mod avx512 {
     //! The AVX-512 micro-kernel; same FMA sequence and lane tree as `dot_fixed`.
     // Index loops over the (i, j) register block read like the math and unroll fully.
     #![allow(clippy::needless_range_loop)]
-    use super::{LANES, NR, OUT_SLOTS, W_CHUNK, X_CHUNK};
+    use super::{LANES, NR, OUT_SLOTS, PREFETCH_FLOATS, W_CHUNK, X_CHUNK};
     use std::arch::x86_64::*;
-
-    /// How far ahead of the current chunk the few-row kernel prefetches W (in floats, 24 KiB).
-    const PREFETCH_FLOATS: usize = 16 * W_CHUNK;
 
     /// `res[i * NR + j]` for `i < A`: the dot products of packed x panel rows and W panel rows.
     ///

@@ -156,10 +156,7 @@ pub fn kernel_path() -> KernelPath {
 
 /// The path `DPSERVE_KERNEL_PATH` asks for (the best one when unset, empty or `auto`).
 pub fn from_env() -> Result<KernelPath, KernelPathError> {
-    match std::env::var(KERNEL_PATH_ENV) {
-        Ok(v) if !v.trim().is_empty() => v.parse(),
-        _ => Ok(KernelPath::best()),
-    }
+    std::env::var(KERNEL_PATH_ENV).map_or(Ok(KernelPath::best()), |v| v.parse())
 }
 
 /// Fixes the process's path before any kernel runs. Returns the path in force: `path` itself,

@@ -20,13 +20,16 @@ pub fn rope_tables_into(
 ) {
     let half = head_dim / 2;
     cos.clear();
+    cos.resize(positions.len() * half, 0.0);
     sin.clear();
-    for &p in positions {
-        for i in 0..half {
-            let f = 1.0 / theta.powf((2 * i) as f32 / head_dim as f32);
+    sin.resize(positions.len() * half, 0.0);
+    // Frequency outer, so each `powf` is taken once per call, not once per position.
+    for i in 0..half {
+        let f = 1.0 / theta.powf((2 * i) as f32 / head_dim as f32);
+        for (t, &p) in positions.iter().enumerate() {
             let angle = (p as f32 * f) as f64;
-            cos.push(angle.cos() as f32);
-            sin.push(angle.sin() as f32);
+            cos[t * half + i] = angle.cos() as f32;
+            sin[t * half + i] = angle.sin() as f32;
         }
     }
 }

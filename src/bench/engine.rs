@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use kernels::KernelPath;
 use serde::{Deserialize, Serialize};
-use worker::model::{BuiltinSize, KvBuffers, LlamaModel, ModelConfig, SeqInput};
+use worker::model::{BuiltinSize, KvBuffers, ModelConfig, SeqInput};
+use worker::ModelSource;
 
 /// Prefix of the one stdout line a child (`--kernel-path` given by the parent) reports on.
 const CHILD_LINE: &str = "dpserve-engine-result ";
@@ -104,7 +105,7 @@ fn run_all(args: &EngineArgs) -> anyhow::Result<()> {
             .args(["--engine-decode-steps", &args.decode_steps.to_string()])
             .args(["--engine-reps", &args.reps.to_string()])
             .args(["--chunked-prefill-size", &args.chunk.to_string()])
-            .args(["--builtin-size", builtin_name(args.builtin_size)])
+            .args(["--builtin-size", &args.builtin_size.to_string()])
             .env("DPSERVE_ENGINE_CHILD", "1")
             .env_remove(kernels::KERNEL_PATH_ENV)
             .stdout(Stdio::piped());
@@ -142,13 +143,6 @@ fn join(v: &[usize]) -> String {
         .join(",")
 }
 
-fn builtin_name(s: BuiltinSize) -> &'static str {
-    match s {
-        BuiltinSize::Tiny => "tiny",
-        BuiltinSize::Base => "base",
-    }
-}
-
 /// Floats multiplied per token by the weight matrices of the decoder (and of `lm_head` when
 /// `with_head`): every weight is used once per token.
 fn matmul_params(c: &ModelConfig, with_head: bool) -> usize {
@@ -168,16 +162,17 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn measure(args: &EngineArgs, path: KernelPath, threads: usize) -> anyhow::Result<EngineResult> {
-    let (model, name) = match &args.model_path {
-        Some(dir) => (
-            LlamaModel::load_hf(dir).with_context(|| format!("loading {}", dir.display()))?,
-            dir.display().to_string(),
-        ),
+    let (source, name) = match &args.model_path {
+        Some(dir) => (ModelSource::HfDir(dir.clone()), dir.display().to_string()),
         None => (
-            LlamaModel::dummy(ModelConfig::builtin(args.builtin_size), 0),
-            format!("built-in {}", builtin_name(args.builtin_size)),
+            ModelSource::Builtin {
+                size: args.builtin_size,
+                seed: 0,
+            },
+            format!("built-in {}", args.builtin_size),
         ),
     };
+    let model = worker::load_model(&source)?;
     let c = model.config().clone();
     let vocab = c.vocab_size as u32;
     let token = |i: usize| (i as u32 * 7919 + 13) % vocab;
