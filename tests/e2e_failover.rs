@@ -13,7 +13,6 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -22,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use common::actors::{self, Actor, Actors};
 use common::free_port;
+use common::sse::{self, Sse};
 use controller::policy::{hrw, Blake2Hrw};
 use serde_json::{json, Value};
 
@@ -248,65 +248,9 @@ fn hrw_rank(key: &str, live: &[u32]) -> u32 {
     hrw::order(&Blake2Hrw, key.as_bytes(), live)[0]
 }
 
-/// What one SSE stream delivered, line by line, from a reader thread.
-enum Sse {
-    Data(Value),
-    Done,
-    /// The body ended (or failed) without `[DONE]`.
-    Closed(String),
-}
-
-/// Start a streaming request on its own thread; its events arrive on the returned channel.
+/// Start a streaming request with routing key `key`; its events arrive on the channel.
 fn stream(base: &str, key: &str, body: Value) -> mpsc::Receiver<Sse> {
-    let (tx, rx) = mpsc::channel();
-    let url = format!("{base}/generate");
-    let key = key.to_string();
-    std::thread::spawn(move || {
-        let client = reqwest::blocking::Client::builder()
-            .timeout(Duration::from_secs(600))
-            .build()
-            .expect("client");
-        let resp = match client
-            .post(url)
-            .header("x-smg-routing-key", key)
-            .json(&body)
-            .send()
-        {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = tx.send(Sse::Closed(format!("request failed: {e}")));
-                return;
-            }
-        };
-        let status = resp.status().as_u16();
-        if status != 200 {
-            let text = resp.text().unwrap_or_default();
-            let _ = tx.send(Sse::Closed(format!("status {status}: {text}")));
-            return;
-        }
-        for line in BufReader::new(resp).lines() {
-            let line = match line {
-                Ok(l) => l,
-                Err(e) => {
-                    let _ = tx.send(Sse::Closed(format!("read failed: {e}")));
-                    return;
-                }
-            };
-            let Some(data) = line.strip_prefix("data: ") else {
-                continue;
-            };
-            let event = if data == "[DONE]" {
-                Sse::Done
-            } else {
-                Sse::Data(serde_json::from_str(data).expect("SSE chunk is JSON"))
-            };
-            if tx.send(event).is_err() {
-                return;
-            }
-        }
-        let _ = tx.send(Sse::Closed("body ended".into()));
-    });
-    rx
+    sse::stream(base, &[("x-smg-routing-key", key)], body)
 }
 
 fn dpserve_trace(args: &[&str]) -> Output {

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use common::actors::{self, Actors};
 use common::free_port;
+use common::sse::{self, Sse};
 use serde_json::{json, Value};
 
 const BIN: &str = env!("CARGO_BIN_EXE_dpserve");
@@ -223,61 +224,11 @@ impl Cluster {
     }
 }
 
-/// What one SSE stream delivered, from a reader thread.
-#[derive(Debug)]
-enum Sse {
-    Data(Value),
-    Done,
-    /// The body ended (or failed) without `[DONE]`, or the request was refused.
-    Closed(String),
-}
-
 /// A long streaming request on rank `rank`; its events arrive on the returned channel.
 fn long_stream(base: &str, rid: &str, rank: u64) -> mpsc::Receiver<Sse> {
-    let (tx, rx) = mpsc::channel();
-    let url = format!("{base}/generate");
     let body = json!({"rid": rid, "text": "hello", "stream": true, "routed_dp_rank": rank,
                       "sampling_params": {"max_new_tokens": 7000, "ignore_eos": true}});
-    std::thread::spawn(move || {
-        let client = reqwest::blocking::Client::builder()
-            .timeout(Duration::from_secs(600))
-            .build()
-            .expect("client");
-        let resp = match client.post(url).json(&body).send() {
-            Ok(r) if r.status().as_u16() == 200 => r,
-            Ok(r) => {
-                let status = r.status().as_u16();
-                let _ = tx.send(Sse::Closed(format!("status {status}: {:?}", r.text())));
-                return;
-            }
-            Err(e) => {
-                let _ = tx.send(Sse::Closed(format!("request failed: {e}")));
-                return;
-            }
-        };
-        for line in BufReader::new(resp).lines() {
-            let line = match line {
-                Ok(l) => l,
-                Err(e) => {
-                    let _ = tx.send(Sse::Closed(format!("read failed: {e}")));
-                    return;
-                }
-            };
-            let Some(data) = line.strip_prefix("data: ") else {
-                continue;
-            };
-            let event = if data == "[DONE]" {
-                Sse::Done
-            } else {
-                Sse::Data(serde_json::from_str(data).expect("SSE chunk is JSON"))
-            };
-            if tx.send(event).is_err() {
-                return;
-            }
-        }
-        let _ = tx.send(Sse::Closed("body ended".into()));
-    });
-    rx
+    sse::stream(base, &[], body)
 }
 
 /// Wait for the stream's first chunk of tokens.

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod actors;
+pub mod sse;
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
