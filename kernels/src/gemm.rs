@@ -13,8 +13,8 @@
 //! `vfmadd`), which the tests check.
 //!
 //! Layout (the speed, not the numbers): `W` is packed once into [`PackedMatrix`] panels of `NR`
-//! rows, chunk-interleaved (`[panel][chunk][NR][16]`, zero-padded in `K` and `N`), so a
-//! micro-kernel reads one sequential stream of `W`; `x` is packed per call the same way in
+//! rows, chunk-interleaved (`[panel][chunk][NR][16]`, zero-padded in `K` and `N`, starting on
+//! a cache line, see [`LineVec`]), so a micro-kernel reads one sequential stream of `W`; `x` is packed per call the same way in
 //! panels of `MR` rows. The micro-kernel keeps `MR × NR` lane accumulators in registers, so each
 //! loaded `W` chunk serves `MR` rows of `x` and each `x` chunk `NR` rows of `W`; the 16-lane
 //! trees of 16 outputs are then done together with shuffles (same pairs, same order as
@@ -30,6 +30,7 @@ use std::cell::Cell;
 
 use rayon::prelude::*;
 
+use crate::linevec::LineVec;
 use crate::path::{kernel_path, multiversion, KernelPath};
 
 /// Lanes of the fixed-order reduction. Part of the numeric contract: changing it changes results.
@@ -55,6 +56,9 @@ const PREFETCH_FLOATS: usize = 16 * W_CHUNK;
 /// At or below this many `x` panels (32 rows) a call is "decode-like": it is bound by streaming
 /// `W`, so `N` is cut into a few large ranges and all of `M` goes with each.
 const SMALL_M_PANELS: usize = 8;
+/// How many chunks ahead the many-row AVX-512 kernel prefetches its x panel (streamed from L2
+/// while a W panel sits in L1): 8 chunks = 2 KiB, about 100 cycles ahead.
+const X_PREFETCH: usize = 8;
 
 /// The fixed pairwise lane tree shared by every path.
 #[inline]
@@ -105,7 +109,7 @@ pub struct PackedMatrix {
     k: usize,
     /// Chunks of `LANES` per row (`ceil(k / 16)`).
     kc: usize,
-    data: Vec<f32>,
+    data: LineVec,
 }
 
 impl std::fmt::Debug for PackedMatrix {
@@ -125,7 +129,8 @@ impl PackedMatrix {
     pub fn pack(w: &[f32], n: usize, k: usize) -> Self {
         assert_eq!(w.len(), n * k, "w shape");
         let kc = k.div_ceil(LANES);
-        let mut data = vec![0f32; n.div_ceil(NR) * kc * W_CHUNK];
+        let mut buf = LineVec::zeroed(n.div_ceil(NR) * kc * W_CHUNK);
+        let data = &mut buf[..];
         if k > 0 {
             for (r, row) in w.chunks_exact(k).enumerate() {
                 let base = (r / NR) * kc * W_CHUNK + (r % NR) * LANES;
@@ -135,7 +140,12 @@ impl PackedMatrix {
                 }
             }
         }
-        PackedMatrix { n, k, kc, data }
+        PackedMatrix {
+            n,
+            k,
+            kc,
+            data: buf,
+        }
     }
 
     /// Rows (`n`, output features).
@@ -181,23 +191,29 @@ impl PackedMatrix {
 
 thread_local! {
     /// The packed `x` of the current call, kept between calls so a decode step allocates nothing.
-    static X_PACK: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    static X_PACK: Cell<LineVec> = const { Cell::new(LineVec::new()) };
 }
 
-/// Packs `x` (`[m, k]`) into `[m/MR][kc][MR][16]`, zero-padded, reusing `buf`.
-fn pack_x(x: &[f32], m: usize, k: usize, kc: usize, buf: &mut Vec<f32>) {
+/// Packs `x` (`[m, k]`) into `[m/MR][kc][MR][16]`, zero-padded, reusing `buf`. Every element
+/// is written once (whole chunks as fixed 16-float copies), so the buffer needs no clearing.
+fn pack_x(x: &[f32], m: usize, k: usize, kc: usize, buf: &mut LineVec) {
     let panel = kc * X_CHUNK;
-    buf.clear();
-    buf.resize(m.div_ceil(MR) * panel, 0.0);
-    if k == 0 {
-        return;
-    }
+    buf.resize(m.div_ceil(MR) * panel);
     let fill = |(q, dst): (usize, &mut [f32])| {
-        for i in 0..MR.min(m - q * MR) {
-            let row = &x[(q * MR + i) * k..(q * MR + i + 1) * k];
-            for (c, part) in row.chunks(LANES).enumerate() {
-                let o = c * X_CHUNK + i * LANES;
-                dst[o..o + part.len()].copy_from_slice(part);
+        let rows = MR.min(m - q * MR);
+        for (c, chunk) in dst.chunks_exact_mut(X_CHUNK).enumerate() {
+            let (k0, k1) = (c * LANES, ((c + 1) * LANES).min(k));
+            for (i, lanes) in chunk.chunks_exact_mut(LANES).enumerate() {
+                if i >= rows {
+                    lanes.fill(0.0);
+                } else if k1 - k0 == LANES {
+                    let src = &x[(q * MR + i) * k + k0..][..LANES];
+                    lanes.copy_from_slice(src);
+                } else {
+                    let src = &x[(q * MR + i) * k + k0..(q * MR + i) * k + k1];
+                    lanes[..src.len()].copy_from_slice(src);
+                    lanes[src.len()..].fill(0.0);
+                }
             }
         }
     };
@@ -289,7 +305,7 @@ pub fn linear_with(
     };
     let (m_blocks, n_blocks) = (mp.div_ceil(m_block), np.div_ceil(n_block));
     let out = OutPtr(y.as_mut_ptr());
-    let xs_ref = &xs;
+    let xs_ref = &xs[..];
     let run = |task: usize| {
         let (mt, nt) = (task / n_blocks, task % n_blocks);
         let (q0, q1) = (mt * m_block, ((mt + 1) * m_block).min(mp));
@@ -311,17 +327,13 @@ pub fn linear_with(
                             *v += b;
                         }
                     }
-                    // SAFETY: this task is the only writer of rows of x panels q0..q1 and
-                    // columns of W panels p0..p1; row q*MR+i < m and columns n0..n0+cols <= n
-                    // lie inside `y`, which is borrowed mutably for the whole call and does not
-                    // overlap the local `res`.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            src.as_ptr(),
-                            out.at((q * MR + i) * n + n0),
-                            cols,
-                        )
-                    };
+                    // Element stores, not a copy call: `cols` is at most NR.
+                    for (j, &v) in src.iter().enumerate() {
+                        // SAFETY: this task is the only writer of rows of x panels q0..q1 and
+                        // columns of W panels p0..p1; row q*MR+i < m and column n0+j < n lie
+                        // inside `y`, which is borrowed mutably for the whole call.
+                        unsafe { *out.at((q * MR + i) * n + n0 + j) = v };
+                    }
                 }
             }
         }
@@ -561,7 +573,7 @@ mod avx512 {
     //! The AVX-512 micro-kernel; same FMA sequence and lane tree as `dot_fixed`.
     // Index loops over the (i, j) register block read like the math and unroll fully.
     #![allow(clippy::needless_range_loop)]
-    use super::{LANES, NR, OUT_SLOTS, PREFETCH_FLOATS, W_CHUNK, X_CHUNK};
+    use super::{LANES, NR, OUT_SLOTS, PREFETCH_FLOATS, W_CHUNK, X_CHUNK, X_PREFETCH};
     use std::arch::x86_64::*;
 
     /// `res[i * NR + j]` for `i < A`: the dot products of packed x panel rows and W panel rows.
@@ -575,6 +587,37 @@ mod avx512 {
         kc: usize,
         res: &mut [f32; OUT_SLOTS],
     ) {
+        // SAFETY: function contract.
+        let acc = unsafe { chains::<A>(xp, wp, kc) };
+        let mut flat = [_mm512_setzero_ps(); OUT_SLOTS];
+        for i in 0..A {
+            for j in 0..NR {
+                flat[i * NR + j] = acc[i][j];
+            }
+        }
+        let used = (A * NR).div_ceil(LANES);
+        for g in 0..used {
+            let mut v = [_mm512_setzero_ps(); LANES];
+            v.copy_from_slice(&flat[g * LANES..(g + 1) * LANES]);
+            // SAFETY: avx512f is present (function contract); `res` holds OUT_SLOTS >= (g + 1) * 16
+            // floats.
+            unsafe { _mm512_storeu_ps(res.as_mut_ptr().add(g * LANES), reduce16(&v)) };
+        }
+    }
+
+    /// The per-lane fma chains of rows `0..A` of the x panel against the `NR` W rows, kept in
+    /// its own function so the register allocator sees only the loop (inlined into the
+    /// reduction it spilled an accumulator every chunk).
+    ///
+    /// # Safety
+    /// As [`micro`].
+    #[target_feature(enable = "avx512f")]
+    #[inline(never)]
+    unsafe fn chains<const A: usize>(
+        xp: *const f32,
+        wp: *const f32,
+        kc: usize,
+    ) -> [[__m512; NR]; A] {
         let mut acc = [[_mm512_setzero_ps(); NR]; A];
         for c in 0..kc {
             // SAFETY: chunk c < kc of both panels is in bounds (function contract).
@@ -585,6 +628,13 @@ mod avx512 {
                 // flight. A prefetch is a hint: past the end of the panel it never faults.
                 for j in 0..NR {
                     let ahead = wc.wrapping_add(PREFETCH_FLOATS + j * LANES);
+                    _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+                }
+            } else {
+                // Many rows: the x panel streams from L2 (a hint again; past its end it runs
+                // into the next panel, which comes next).
+                for i in 0..A {
+                    let ahead = xc.wrapping_add(X_PREFETCH * X_CHUNK + i * LANES);
                     _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
                 }
             }
@@ -601,20 +651,7 @@ mod avx512 {
                 }
             }
         }
-        let mut flat = [_mm512_setzero_ps(); OUT_SLOTS];
-        for i in 0..A {
-            for j in 0..NR {
-                flat[i * NR + j] = acc[i][j];
-            }
-        }
-        let used = (A * NR).div_ceil(LANES);
-        for g in 0..used {
-            let mut v = [_mm512_setzero_ps(); LANES];
-            v.copy_from_slice(&flat[g * LANES..(g + 1) * LANES]);
-            // SAFETY: avx512f is present (function contract); `res` holds OUT_SLOTS >= (g + 1) * 16
-            // floats.
-            unsafe { _mm512_storeu_ps(res.as_mut_ptr().add(g * LANES), reduce16(&v)) };
-        }
+        acc
     }
 
     /// Lane `o` of the result is `hsum16(v[o])`, with the very same pairs added in the same

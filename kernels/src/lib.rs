@@ -12,6 +12,7 @@
 pub mod activation;
 pub mod attention;
 pub mod gemm;
+pub mod linevec;
 pub mod math;
 pub mod norm;
 pub mod path;
@@ -21,6 +22,7 @@ pub mod rope;
 pub use activation::{add_inplace, argmax, silu_mul};
 pub use attention::{attention, AttnShape};
 pub use gemm::{dot_fixed, linear, linear_packed, PackedMatrix};
+pub use linevec::LineVec;
 pub use norm::rmsnorm;
 pub use path::{kernel_path, set_kernel_path, KernelPath, KernelPathError, KERNEL_PATH_ENV};
 pub use rope::{apply_rope, rope_tables, rope_tables_into};

@@ -5,7 +5,7 @@
 
 use std::cell::Cell;
 
-use kernels::{AttnShape, PackedMatrix};
+use kernels::{AttnShape, LineVec, PackedMatrix};
 
 use super::config::ModelConfig;
 use super::error::{ModelError, Result};
@@ -14,19 +14,20 @@ use super::weights::Weights;
 use super::SeqInput;
 
 /// Activations of one step, kept between steps (per thread) so a step allocates nothing but
-/// its result once the buffers have grown to the largest step seen.
+/// its result once the buffers have grown to the largest step seen. Line-aligned where the
+/// kernels read them with vector loads.
 #[derive(Default)]
 struct Buffers {
-    x: Vec<f32>,
-    hn: Vec<f32>,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    attn: Vec<f32>,
-    act: Vec<f32>,
-    qkv: Vec<f32>,
-    o: Vec<f32>,
-    gu: Vec<f32>,
-    down: Vec<f32>,
+    x: LineVec,
+    hn: LineVec,
+    q: LineVec,
+    k: LineVec,
+    attn: LineVec,
+    act: LineVec,
+    qkv: LineVec,
+    o: LineVec,
+    gu: LineVec,
+    down: LineVec,
     cos: Vec<f32>,
     sin: Vec<f32>,
     last: Vec<f32>,
@@ -37,8 +38,8 @@ thread_local! {
 }
 
 /// `v` with `len` elements (contents unspecified: every caller overwrites them all).
-fn sized(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    v.resize(len, 0.0);
+fn sized(v: &mut LineVec, len: usize) -> &mut [f32] {
+    v.resize(len);
     &mut v[..]
 }
 
@@ -118,8 +119,8 @@ fn flatten<'a>(cfg: &ModelConfig, kv: &KvBuffers, seqs: &[SeqInput<'a>]) -> Resu
 }
 
 /// `y = x · Wᵀ (+ b)` over `m` rows into `y` (resized, so one buffer serves every layer).
-fn linear(x: &[f32], m: usize, w: &PackedMatrix, b: Option<&[f32]>, y: &mut Vec<f32>) {
-    y.resize(m * w.rows(), 0.0);
+fn linear(x: &[f32], m: usize, w: &PackedMatrix, b: Option<&[f32]>, y: &mut LineVec) {
+    y.resize(m * w.rows());
     kernels::linear_packed(x, m, w, b, y);
 }
 
@@ -205,7 +206,7 @@ pub(crate) fn hidden_last(
 /// Logits `[rows, vocab]` of final-normed hidden states.
 pub(crate) fn logits(cfg: &ModelConfig, w: &Weights, hidden: &[f32]) -> Vec<f32> {
     let rows = hidden.len() / cfg.hidden_size;
-    let mut y = Vec::new();
-    linear(hidden, rows, w.lm_head(), None, &mut y);
+    let mut y = vec![0f32; rows * w.lm_head().rows()];
+    kernels::linear_packed(hidden, rows, w.lm_head(), None, &mut y);
     y
 }

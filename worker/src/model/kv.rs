@@ -1,12 +1,15 @@
 //! The KV slot pool's storage: per layer one K and one V buffer of `[num_slots, kv_heads,
 //! head_dim]` f32. Which slot belongs to which token is the scheduler's business, not this one's.
 
+use kernels::LineVec;
+
 use super::config::ModelConfig;
 
 /// K and V of every layer for `num_slots` token slots.
 pub struct KvBuffers {
-    pub(crate) k: Vec<Vec<f32>>,
-    pub(crate) v: Vec<Vec<f32>>,
+    /// Line-aligned, so a head's 64-float row never straddles two cache lines.
+    pub(crate) k: Vec<LineVec>,
+    pub(crate) v: Vec<LineVec>,
     pub(crate) row: usize,
     num_slots: usize,
 }
@@ -15,7 +18,7 @@ impl KvBuffers {
     /// Zeroed buffers (the allocator hands out pages lazily, so a large pool is cheap until used).
     pub fn new(config: &ModelConfig, num_slots: usize) -> Self {
         let row = config.kv_dim();
-        let layer = || vec![0f32; num_slots * row];
+        let layer = || LineVec::zeroed(num_slots * row);
         KvBuffers {
             k: (0..config.num_hidden_layers).map(|_| layer()).collect(),
             v: (0..config.num_hidden_layers).map(|_| layer()).collect(),
