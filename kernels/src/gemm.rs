@@ -442,7 +442,7 @@ mod avx2 {
     //! step (`a[l] + a[l + 8]`) is then one vector add of the pair.
     // Index loops over the (i, j) register block read like the math and unroll fully.
     #![allow(clippy::needless_range_loop)]
-    use super::{LANES, NR, OUT_SLOTS, PREFETCH_FLOATS, W_CHUNK, X_CHUNK};
+    use super::{LANES, NR, OUT_SLOTS, PREFETCH_FLOATS, W_CHUNK, X_CHUNK, X_PREFETCH};
     use std::arch::x86_64::*;
 
     /// `res[i * NR + j]` for `i < rows`, `j < NR`.
@@ -504,6 +504,12 @@ mod avx2 {
                     xp.add(c * X_CHUNK + i0 * LANES + off),
                     wp.add(c * W_CHUNK + off),
                 );
+                if off == 0 {
+                    for i in 0..A {
+                        let ahead = xc.wrapping_add(X_PREFETCH * X_CHUNK + i * LANES);
+                        _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+                    }
+                }
                 let mut xv = [_mm256_setzero_ps(); A];
                 for i in 0..A {
                     xv[i] = _mm256_loadu_ps(xc.add(i * LANES));
