@@ -255,31 +255,59 @@ impl Group<'_> {
         acc.clear();
         acc.resize(rows * d, 0.0);
         inv.clear();
+        let qrow = |r: usize| qrow(r / heads, r % heads);
+        let end = |tile: usize, r: usize| (tile + KT).min(job.n0 + r / heads);
         for tile in (0..n_last).step_by(KT) {
-            for u in 0..job.nq {
-                let end = (tile + KT).min(job.n0 + u);
-                for j in 0..heads {
-                    let row = &mut scores[(u * heads + j) * n_last..][..n_last];
-                    let qj = qrow(u, j);
-                    let mut i = tile;
+            // Rows in pairs that share every K load; a pair's keys are those both rows see
+            // (rows of one token see the same keys; across tokens the later one sees one more,
+            // which its single-row pass below adds).
+            let mut r = 0;
+            while r < rows {
+                let mut i = tile;
+                if r + 1 < rows && d.is_multiple_of(8) {
+                    let (q0, q1) = (qrow(r), qrow(r + 1));
+                    let both = end(tile, r).min(end(tile, r + 1));
+                    while i + 4 <= both {
+                        let sl = &job.slots[i..i + 4];
+                        let ks = [krow(sl[0]), krow(sl[1]), krow(sl[2]), krow(sl[3])];
+                        let (s0, s1) = scores.split_at_mut((r + 1) * n_last);
+                        let out = [four(&mut s0[r * n_last + i..]), four(&mut s1[i..])];
+                        if SIMD {
+                            #[cfg(target_arch = "x86_64")]
+                            // SAFETY: `SIMD` is only set under avx2 (hence avx); `d` is a
+                            // multiple of 8 and every row holds `d` floats.
+                            unsafe {
+                                avx::scores_2x4(q0, q1, ks, self.scale, out)
+                            }
+                            #[cfg(not(target_arch = "x86_64"))]
+                            scores_2x4(q0, q1, ks, self.scale, out)
+                        } else {
+                            scores_2x4(q0, q1, ks, self.scale, out)
+                        }
+                        i += 4;
+                    }
+                }
+                let pair = if r + 1 < rows { 2 } else { 1 };
+                for r in r..r + pair {
+                    let row = &mut scores[r * n_last..][..n_last];
+                    let qj = qrow(r);
+                    let mut i = i;
+                    let end = end(tile, r);
                     if d.is_multiple_of(8) {
                         while i + 4 <= end {
                             let sl = &job.slots[i..i + 4];
                             let ks = [krow(sl[0]), krow(sl[1]), krow(sl[2]), krow(sl[3])];
-                            let dots = if SIMD {
+                            let out = four(&mut row[i..]);
+                            if SIMD {
                                 #[cfg(target_arch = "x86_64")]
-                                // SAFETY: `SIMD` is only set under avx2 (hence avx); `d` is a
-                                // multiple of 8 and every row holds `d` floats.
+                                // SAFETY: as above.
                                 unsafe {
-                                    avx::dot8x4(qj, ks)
+                                    avx::scores4(qj, ks, self.scale, out)
                                 }
                                 #[cfg(not(target_arch = "x86_64"))]
-                                dot8x4(qj, ks)
+                                scores4(qj, ks, self.scale, out)
                             } else {
-                                dot8x4(qj, ks)
-                            };
-                            for (o, v) in row[i..i + 4].iter_mut().zip(dots) {
-                                *o = v * self.scale;
+                                scores4(qj, ks, self.scale, out)
                             }
                             i += 4;
                         }
@@ -289,6 +317,7 @@ impl Group<'_> {
                         i += 1;
                     }
                 }
+                r += pair;
             }
         }
         for r in 0..rows {
@@ -431,6 +460,12 @@ fn softmax_exp(sc: &mut [f32]) -> f32 {
     ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
 }
 
+/// The first four elements of `s`.
+#[inline(always)]
+fn four(s: &mut [f32]) -> &mut [f32; 4] {
+    (&mut s[..4]).try_into().expect("four elements")
+}
+
 /// One score: 8 lane accumulators, `acc[i % 8] = fma(q[i], k[i], acc[i % 8])` in index
 /// order, closed by the tree `((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))`.
 #[inline(always)]
@@ -470,17 +505,35 @@ fn dot8x4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
     acc.map(|a| tree8(&a))
 }
 
+/// Scaled scores of one query row against four keys.
+#[inline(always)]
+fn scores4(q: &[f32], k: [&[f32]; 4], scale: f32, out: &mut [f32; 4]) {
+    for (o, v) in out.iter_mut().zip(dot8x4(q, k)) {
+        *o = v * scale;
+    }
+}
+
+/// [`scores4`] of two query rows, each key row loaded once for both (eight independent
+/// chains).
+#[inline(always)]
+fn scores_2x4(q0: &[f32], q1: &[f32], k: [&[f32]; 4], scale: f32, out: [&mut [f32; 4]; 2]) {
+    let [o0, o1] = out;
+    scores4(q0, k, scale, o0);
+    scores4(q1, k, scale, o1);
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx {
-    //! `dot8x4` with 8-lane AVX vectors: lane `l` of a key's accumulator is its `acc[l]`; the
-    //! four trees are done together with shuffles, each adding the same pairs as `tree8`.
+    //! `scores4` and `scores_2x4` with 8-lane AVX vectors: lane `l` of a key's accumulator is
+    //! its `acc[l]`; the four trees are done together with shuffles, each adding the same pairs
+    //! as `tree8`, and the scale is one vector multiply (the same per-element product).
     use std::arch::x86_64::*;
 
     /// # Safety
     /// The CPU must support avx2 and fma; `q.len()` must be a multiple of 8 and every `k[u]`
     /// as long.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn dot8x4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
+    pub(super) unsafe fn scores4(q: &[f32], k: [&[f32]; 4], scale: f32, out: &mut [f32; 4]) {
         debug_assert!(q.len().is_multiple_of(8) && k.iter().all(|r| r.len() == q.len()));
         let mut acc = [_mm256_setzero_ps(); 4];
         let mut c = 0;
@@ -495,6 +548,62 @@ mod avx {
             }
             c += 8;
         }
+        // SAFETY: avx2 is present (function contract); `out` holds 4 floats.
+        unsafe {
+            _mm_storeu_ps(
+                out.as_mut_ptr(),
+                _mm_mul_ps(trees4(acc), _mm_set1_ps(scale)),
+            )
+        }
+    }
+
+    /// Two query rows against four keys: each key chunk is loaded once for both rows.
+    ///
+    /// # Safety
+    /// As [`dot8x4`], for `q0` and `q1`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn scores_2x4(
+        q0: &[f32],
+        q1: &[f32],
+        k: [&[f32]; 4],
+        scale: f32,
+        out: [&mut [f32; 4]; 2],
+    ) {
+        debug_assert!(q0.len().is_multiple_of(8) && q1.len() == q0.len());
+        debug_assert!(k.iter().all(|r| r.len() == q0.len()));
+        let mut a0 = [_mm256_setzero_ps(); 4];
+        let mut a1 = [_mm256_setzero_ps(); 4];
+        let mut c = 0;
+        while c < q0.len() {
+            // SAFETY: c + 8 <= the length of both query rows and every key row.
+            unsafe {
+                let x0 = _mm256_loadu_ps(q0.as_ptr().add(c));
+                let x1 = _mm256_loadu_ps(q1.as_ptr().add(c));
+                for u in 0..4 {
+                    let kv = _mm256_loadu_ps(k[u].as_ptr().add(c));
+                    a0[u] = _mm256_fmadd_ps(x0, kv, a0[u]);
+                    a1[u] = _mm256_fmadd_ps(x1, kv, a1[u]);
+                }
+            }
+            c += 8;
+        }
+        // SAFETY: avx2 is present (function contract); each `out` holds 4 floats.
+        unsafe {
+            let scale = _mm_set1_ps(scale);
+            let [o0, o1] = out;
+            _mm_storeu_ps(o0.as_mut_ptr(), _mm_mul_ps(trees4(a0), scale));
+            _mm_storeu_ps(o1.as_mut_ptr(), _mm_mul_ps(trees4(a1), scale));
+        }
+    }
+
+    /// `tree8` of four 8-lane accumulators at once, each adding the same pairs as `tree8`; the
+    /// four sums in key order.
+    ///
+    /// # Safety
+    /// The CPU must support avx2.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn trees4(acc: [__m256; 4]) -> __m128 {
         // s4[i] = a[i] + a[i + 4]: key u's four in half (u % 2) of r[u / 2].
         let r01 = _mm256_add_ps(
             _mm256_permute2f128_ps::<0x20>(acc[0], acc[1]),
@@ -511,10 +620,8 @@ mod avx {
         );
         // s2[0] + s2[1] per key: lanes [k0, k2, k0, k2 | k1, k3, k1, k3].
         let s1 = _mm256_hadd_ps(s2, s2);
-        let mut out = [0f32; 8];
-        // SAFETY: `out` holds 8 floats.
-        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), s1) };
-        [out[0], out[4], out[1], out[5]]
+        // [k0, k1, k2, k3].
+        _mm_unpacklo_ps(_mm256_castps256_ps128(s1), _mm256_extractf128_ps::<1>(s1))
     }
 }
 
@@ -578,6 +685,10 @@ mod tests {
             (6, 6, 12, 9),
             (8, 1, 16, 5),
             (32, 1, 8, 7),
+            // One head per group and three: score row pairs that span two tokens (whose key
+            // ranges differ by one), over several 4-key blocks and more than one key tile.
+            (4, 4, 16, 71),
+            (6, 2, 8, 19),
         ] {
             let shape = AttnShape {
                 num_heads: nh,
@@ -692,8 +803,15 @@ mod bench {
             num_kv_heads: nkv,
             head_dim: d,
         };
-        let kv: Vec<f32> = (0..t * nkv * d).map(|i| (i as f32 * 0.37).sin()).collect();
-        let q: Vec<f32> = (0..t * nh * d).map(|i| (i as f32 * 0.11).cos()).collect();
+        // Line-aligned, as the worker's KV buffers and activations are.
+        let mut kv = crate::LineVec::zeroed(t * nkv * d);
+        for (i, x) in kv.iter_mut().enumerate() {
+            *x = (i as f32 * 0.37).sin();
+        }
+        let mut q = crate::LineVec::zeroed(t * nh * d);
+        for (i, x) in q.iter_mut().enumerate() {
+            *x = (i as f32 * 0.11).cos();
+        }
         let slots: Vec<u32> = (0..t as u32).collect();
         let toks: Vec<&[u32]> = (0..t).map(|p| &slots[..=p]).collect();
         let mut out = vec![0f32; q.len()];
