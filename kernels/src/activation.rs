@@ -43,6 +43,42 @@ fn add_inplace_body(x: &mut [f32], y: &[f32]) {
     }
 }
 
+/// Softmax weights of one row of logits: `out[i] = exp_fixed((x[i] - max) · inv_temp)`; returns
+/// their sum, in f64 over 8 lanes (element `i` into lane `i % 8`, in index order) closed by a
+/// fixed tree, so every path gives the same bits. `max` is the row's maximum (the largest
+/// weight is then exactly 1).
+///
+/// # Panics
+/// If `out.len() != x.len()`.
+pub fn softmax_weights(x: &[f32], max: f32, inv_temp: f32, out: &mut [f32]) -> f64 {
+    softmax_weights_with(kernel_path(), x, max, inv_temp, out)
+}
+
+multiversion! {
+    /// [`softmax_weights`] on a given path.
+    pub fn softmax_weights_with(x: &[f32], max: f32, inv_temp: f32, out: &mut [f32]) -> f64
+        => softmax_weights_body;
+}
+
+#[inline(always)]
+fn softmax_weights_body(x: &[f32], max: f32, inv_temp: f32, out: &mut [f32]) -> f64 {
+    assert_eq!(x.len(), out.len(), "softmax_weights shape");
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = exp_fixed((v - max) * inv_temp);
+    }
+    let mut acc = [0f64; 8];
+    let mut chunks = out.chunks_exact(8);
+    for c in &mut chunks {
+        for l in 0..8 {
+            acc[l] += c[l] as f64;
+        }
+    }
+    for (l, &v) in chunks.remainder().iter().enumerate() {
+        acc[l] += v as f64;
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
+}
+
 /// Index of the largest value, ties to the lowest index; NaNs are never chosen unless all are.
 pub fn argmax(x: &[f32]) -> usize {
     let mut best = 0;
@@ -67,6 +103,30 @@ mod tests {
         assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), 1);
         assert_eq!(argmax(&[f32::NAN, -1.0, -2.0]), 1);
         assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NEG_INFINITY]), 0);
+    }
+
+    #[test]
+    fn softmax_weights_match_exp_and_agree_on_every_path() {
+        let x: Vec<f32> = (0..1003)
+            .map(|i| ((i * 37) % 101) as f32 * 0.13 - 6.0)
+            .collect();
+        let max = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let mut want = vec![0f32; x.len()];
+        let sum = softmax_weights_with(crate::KernelPath::Portable, &x, max, 0.7, &mut want);
+        let exact: f64 = x.iter().map(|&v| ((v - max) as f64 * 0.7).exp()).sum();
+        assert!((sum - exact).abs() < 1e-5 * exact, "{sum} vs {exact}");
+        assert!(want.contains(&1.0));
+        for path in crate::KernelPath::all_supported() {
+            let mut got = vec![0f32; x.len()];
+            let s = softmax_weights_with(path, &x, max, 0.7, &mut got);
+            assert_eq!(s.to_bits(), sum.to_bits(), "{path}");
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{path}"
+            );
+        }
     }
 
     #[test]

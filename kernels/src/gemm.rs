@@ -52,12 +52,14 @@ const M_BLOCK_PANELS: usize = 16;
 const N_BLOCK_PANELS: usize = 16;
 /// How far ahead of the current chunk the few-row SIMD kernels prefetch W (in floats, 24 KiB):
 /// across the page boundaries where the hardware streamer stops.
+#[cfg(target_arch = "x86_64")]
 const PREFETCH_FLOATS: usize = 16 * W_CHUNK;
 /// At or below this many `x` panels (32 rows) a call is "decode-like": it is bound by streaming
 /// `W`, so `N` is cut into a few large ranges and all of `M` goes with each.
 const SMALL_M_PANELS: usize = 8;
-/// How many chunks ahead the many-row AVX-512 kernel prefetches its x panel (streamed from L2
+/// How many chunks ahead the many-row x86 kernels prefetch their x panel (streamed from L2
 /// while a W panel sits in L1): 8 chunks = 2 KiB, about 100 cycles ahead.
+#[cfg(target_arch = "x86_64")]
 const X_PREFETCH: usize = 8;
 
 /// The fixed pairwise lane tree shared by every path.

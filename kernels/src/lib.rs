@@ -19,7 +19,7 @@ pub mod path;
 pub mod peak;
 pub mod rope;
 
-pub use activation::{add_inplace, argmax, silu_mul};
+pub use activation::{add_inplace, argmax, silu_mul, softmax_weights};
 pub use attention::{attention, AttnShape};
 pub use gemm::{dot_fixed, linear, linear_packed, PackedMatrix};
 pub use linevec::LineVec;

@@ -11,6 +11,7 @@ use rayon::prelude::*;
 use crate::path::KernelPath;
 
 /// Independent accumulator chains per thread: enough to cover the fma latency on two ports.
+#[cfg(target_arch = "x86_64")]
 const CHAINS: usize = 10;
 /// Iterations between clock reads.
 const BATCH: usize = 1 << 16;

@@ -62,34 +62,37 @@ fn apply_penalties(logits: &mut [f32], p: &SamplingParams, prompt_ids: &[u32], o
     }
 }
 
-/// `log_softmax(logits / temp)` of one row, evaluated lazily: the normaliser is computed once
-/// (in f64, for stability) and each log-probability costs O(1), so the chosen token and its
-/// alternatives share one pass over the vocabulary and agree to the bit.
+/// `log_softmax(logits / temp)` of one row, evaluated lazily: the softmax weights are computed
+/// once (vectorized, [`kernels::softmax_weights`]), their sum accumulated in f64, and each
+/// log-probability costs O(1), so the chosen token and its alternatives share one pass over the
+/// vocabulary and agree to the bit. Sampling draws from the same weights.
 struct LogSoftmax<'a> {
     logits: &'a [f32],
-    max: f64,
-    temp: f64,
+    /// `exp((logit - max) / temp)`: the most likely token's weight is exactly 1.
+    weights: Vec<f32>,
+    max: f32,
+    inv_temp: f32,
     ln_z: f64,
 }
 
 impl<'a> LogSoftmax<'a> {
+    /// `logits` must hold no NaN and at least one value above -inf.
     fn new(logits: &'a [f32], temp: f32) -> Self {
-        let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-        let temp = temp as f64;
-        let z: f64 = logits
-            .iter()
-            .map(|&l| ((l as f64 - max) / temp).exp())
-            .sum();
+        let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let inv_temp = 1.0 / temp;
+        let mut weights = vec![0f32; logits.len()];
+        let z = kernels::softmax_weights(logits, max, inv_temp, &mut weights);
         LogSoftmax {
             logits,
+            weights,
             max,
-            temp,
+            inv_temp,
             ln_z: z.ln(),
         }
     }
 
     fn at(&self, idx: usize) -> f32 {
-        ((self.logits[idx] as f64 - self.max) / self.temp - self.ln_z) as f32
+        (((self.logits[idx] - self.max) * self.inv_temp) as f64 - self.ln_z) as f32
     }
 
     /// The `k` most likely ids with their log-probabilities, most likely first, ties to the
@@ -117,6 +120,37 @@ impl<'a> LogSoftmax<'a> {
     }
 }
 
+/// Candidates sorted by descending weight, ties to the lower id: deterministic truncation.
+fn by_weight(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// The shortest prefix of the candidates, in [`by_weight`] order, whose weights reach `target`
+/// (all of them if none does). Sorts only as much as it needs: the top 64, then 8× more while
+/// the mass falls short, so a top-p over a large vocabulary costs O(V) plus a small sort.
+fn nucleus(cand: &mut Vec<(u32, f32)>, target: f64) {
+    let n = cand.len();
+    let mut m = n.min(64);
+    loop {
+        if m < n {
+            cand.select_nth_unstable_by(m - 1, by_weight);
+        }
+        cand[..m].sort_unstable_by(by_weight);
+        let mut cum = 0.0;
+        if let Some(i) = cand[..m].iter().position(|c| {
+            cum += c.1 as f64;
+            cum >= target
+        }) {
+            cand.truncate(i + 1);
+            return;
+        }
+        if m == n {
+            return;
+        }
+        m = (m * 8).min(n);
+    }
+}
+
 /// Samples one token from `logits` (modified in place by the penalties) under `params`, with
 /// the `top_logprobs_num` most likely alternatives (0: none, at no cost).
 pub fn sample(
@@ -135,70 +169,70 @@ pub fn sample(
         };
     }
     apply_penalties(logits, params, prompt_ids, output_ids);
-    // NaN logits (a broken model) must not poison the choice; treat them as impossible.
+    // NaN logits (a broken model) must not poison the choice; treat them as impossible. +inf
+    // is clamped so the weights stay finite (it is then simply the most likely).
     for l in logits.iter_mut() {
         if l.is_nan() {
             *l = f32::NEG_INFINITY;
+        } else if *l == f32::INFINITY {
+            *l = f32::MAX;
         }
     }
-    let report = |logits: &[f32], temp: f32, token: usize| {
-        let dist = LogSoftmax::new(logits, temp);
-        SampleResult {
-            token: token as u32,
-            logprob: dist.at(token),
-            top_logprobs: dist.top(top_logprobs_num),
-        }
+    if logits.iter().all(|&l| l == f32::NEG_INFINITY) {
+        // Nothing is possible (e.g. every token banned): the lowest id, as greedy's argmax.
+        return SampleResult {
+            token: 0,
+            logprob: f32::NEG_INFINITY,
+            top_logprobs: Vec::new(),
+        };
+    }
+    let greedy = params.is_greedy();
+    let dist = LogSoftmax::new(logits, if greedy { 1.0 } else { params.temperature });
+    let token = if greedy {
+        kernels::argmax(logits)
+    } else {
+        draw(logits, &dist.weights, params, rng)
     };
-    if params.is_greedy() {
-        let token = kernels::argmax(logits);
-        return report(logits, 1.0, token);
+    SampleResult {
+        token: token as u32,
+        logprob: dist.at(token),
+        top_logprobs: dist.top(top_logprobs_num),
     }
-    let temp = params.temperature;
-    let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-    let mut probs: Vec<(usize, f64)> = logits
+}
+
+/// A draw from the softmax weights after top-k, top-p and min-p. Tokens whose logit is -inf
+/// (banned, or NaN) are never drawn (`exp_fixed` would give them a tiny weight, not 0).
+fn draw(logits: &[f32], weights: &[f32], params: &SamplingParams, rng: &mut StdRng) -> usize {
+    let mut cand: Vec<(u32, f32)> = weights
         .iter()
+        .zip(logits)
         .enumerate()
-        .map(|(i, &l)| (i, ((l as f64 - max) / temp as f64).exp()))
+        .filter(|&(_, (_, &l))| l > f32::NEG_INFINITY)
+        .map(|(i, (&w, _))| (i as u32, w))
         .collect();
-    // Descending probability, ties to the lower index, so truncation is deterministic.
-    let by_prob = |a: &(usize, f64), b: &(usize, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    if params.top_k > 0 && (params.top_k as usize) < probs.len() {
+    if params.top_k > 0 && (params.top_k as usize) < cand.len() {
         let k = params.top_k as usize;
-        probs.select_nth_unstable_by(k - 1, by_prob);
-        probs.truncate(k);
+        cand.select_nth_unstable_by(k - 1, by_weight);
+        cand.truncate(k);
     }
-    probs.sort_unstable_by(by_prob);
-    let total: f64 = probs.iter().map(|p| p.1).sum();
     if params.top_p < 1.0 {
-        let target = params.top_p.max(0.0) as f64 * total;
-        let mut cum = 0.0;
-        let mut keep = probs.len();
-        for (i, p) in probs.iter().enumerate() {
-            cum += p.1;
-            if cum >= target {
-                keep = i + 1;
-                break;
-            }
-        }
-        probs.truncate(keep.max(1));
+        let mass: f64 = cand.iter().map(|c| c.1 as f64).sum();
+        nucleus(&mut cand, params.top_p.max(0.0) as f64 * mass);
     }
     if params.min_p > 0.0 {
-        // probs[0] is the most likely token; min_p is relative to it.
-        let floor = params.min_p as f64 * probs[0].1;
-        let keep = probs.iter().take_while(|p| p.1 >= floor).count();
-        probs.truncate(keep.max(1));
+        // The most likely token's weight is exactly 1, and it is always kept (top-k and
+        // top-p keep the heaviest first), so min_p relative to it is min_p itself.
+        cand.retain(|c| c.1 >= params.min_p);
     }
-    let kept: f64 = probs.iter().map(|p| p.1).sum();
+    let kept: f64 = cand.iter().map(|c| c.1 as f64).sum();
     let mut u = rng.gen::<f64>() * kept;
-    let mut token = probs[probs.len() - 1].0;
-    for &(i, p) in &probs {
-        if u < p {
-            token = i;
-            break;
+    for &(i, w) in &cand {
+        if u < w as f64 {
+            return i as usize;
         }
-        u -= p;
+        u -= w as f64;
     }
-    report(logits, temp, token)
+    cand.last().map_or(0, |c| c.0 as usize)
 }
 
 #[cfg(test)]
@@ -215,6 +249,63 @@ mod tests {
 
     fn logits() -> Vec<f32> {
         vec![0.5, 2.0, 1.9, -1.0, 2.0, 0.0, 1.0, 0.3]
+    }
+
+    #[test]
+    fn nucleus_equals_the_prefix_of_a_full_sort_on_a_large_vocabulary() {
+        let mut rng = StdRng::seed_from_u64(7);
+        // 50k weights with many ties and a long tail, as a real vocabulary's.
+        let weights: Vec<(u32, f32)> = (0..50_000u32)
+            .map(|i| (i, (rng.gen_range(0..400) as f32 * 0.05 - 20.0).exp()))
+            .collect();
+        let mass: f64 = weights.iter().map(|c| c.1 as f64).sum();
+        let mut sorted = weights.clone();
+        sorted.sort_unstable_by(by_weight);
+        for top_p in [0.0, 1e-9, 0.1, 0.5, 0.9, 0.999, 1.0] {
+            let target = top_p * mass;
+            let mut cum = 0.0;
+            let keep = sorted
+                .iter()
+                .position(|c| {
+                    cum += c.1 as f64;
+                    cum >= target
+                })
+                .map_or(sorted.len(), |i| i + 1);
+            let mut cand = weights.clone();
+            nucleus(&mut cand, target);
+            assert_eq!(cand, sorted[..keep], "top_p {top_p}");
+        }
+    }
+
+    #[test]
+    fn min_p_keeps_tokens_within_its_share_of_the_most_likely() {
+        // Weights at temperature 1 relative to the top (2.0): 1.9 -> 0.905, 1.0 -> 0.37.
+        let p = SamplingParams {
+            min_p: 0.5,
+            ..params(1.0)
+        };
+        let drawn = draw(&p, 3, 300);
+        assert!(drawn.iter().all(|t| [1, 2, 4].contains(t)), "{drawn:?}");
+        assert!([1, 2, 4].iter().all(|t| drawn.contains(t)));
+    }
+
+    #[test]
+    fn banned_tokens_are_never_drawn_and_all_banned_is_token_zero() {
+        let mut rng = StdRng::seed_from_u64(1);
+        let mut l = vec![f32::NEG_INFINITY, 5.0, f32::NAN, f32::NEG_INFINITY];
+        for _ in 0..200 {
+            let r = sample(&mut l.clone(), &params(100.0), &mut rng, &[], &[], 0);
+            assert_eq!(r.token, 1);
+            assert_eq!(r.logprob, 0.0);
+        }
+        l[1] = f32::NEG_INFINITY;
+        let r = sample(&mut l, &params(1.0), &mut rng, &[], &[], 2);
+        assert_eq!((r.token, r.logprob), (0, f32::NEG_INFINITY));
+        let mut inf = vec![0.0, f32::INFINITY, 1.0];
+        assert_eq!(
+            sample(&mut inf, &params(0.0), &mut rng, &[], &[], 0).token,
+            1
+        );
     }
 
     fn draw(p: &SamplingParams, seed: u64, n: usize) -> Vec<u32> {
@@ -396,5 +487,63 @@ mod tests {
         // A huge k is capped at the vocabulary.
         let r = sample(&mut logits(), &p, &mut rng, &[], &[], 1000);
         assert_top_logprobs(&r, 1000, 8);
+    }
+}
+
+#[cfg(test)]
+mod speed {
+    use super::*;
+    use rand::SeedableRng;
+
+    /// `cargo test --release -p worker sampling_speed -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn sampling_speed() {
+        let v = 32_000;
+        let mut rng = StdRng::seed_from_u64(1);
+        let logits: Vec<f32> = (0..v).map(|_| rng.gen_range(-8.0f32..8.0)).collect();
+        let cases = [
+            (
+                "greedy",
+                SamplingParams {
+                    temperature: 0.0,
+                    ..SamplingParams::default()
+                },
+            ),
+            (
+                "temp 0.8",
+                SamplingParams {
+                    temperature: 0.8,
+                    ..SamplingParams::default()
+                },
+            ),
+            (
+                "temp 0.8 top_p 0.9",
+                SamplingParams {
+                    temperature: 0.8,
+                    top_p: 0.9,
+                    ..SamplingParams::default()
+                },
+            ),
+            (
+                "temp 0.8 top_k 50",
+                SamplingParams {
+                    temperature: 0.8,
+                    top_k: 50,
+                    ..SamplingParams::default()
+                },
+            ),
+        ];
+        for (name, p) in cases {
+            let reps = 200;
+            let t = std::time::Instant::now();
+            for _ in 0..reps {
+                std::hint::black_box(sample(&mut logits.clone(), &p, &mut rng, &[], &[], 0));
+            }
+            println!(
+                "vocab {v}, {name}: {:.1} us/token",
+                t.elapsed().as_secs_f64() / reps as f64 * 1e6
+            );
+        }
     }
 }
