@@ -12,8 +12,24 @@ use worker::model::{BuiltinSize, KvBuffers, LlamaModel, ModelConfig, SeqInput};
 /// Set in the children this test starts (the child test does nothing without it).
 const CHILD: &str = "DPSERVE_KERNEL_PATH_TEST_CHILD";
 
+/// A command that runs this test binary again. Under an emulator (the aarch64 tests run under
+/// qemu-user, see `.ci/aarch64`) the child needs the same runner: `DPSERVE_TEST_RUNNER` names
+/// it, program and arguments split at spaces.
+fn this_binary() -> Command {
+    let exe = std::env::current_exe().expect("test binary");
+    match std::env::var("DPSERVE_TEST_RUNNER") {
+        Ok(runner) if !runner.trim().is_empty() => {
+            let mut words = runner.split_whitespace();
+            let mut cmd = Command::new(words.next().expect("a runner program"));
+            cmd.args(words).arg(exe);
+            cmd
+        }
+        _ => Command::new(exe),
+    }
+}
+
 fn child(path: &str) -> std::process::Output {
-    Command::new(std::env::current_exe().expect("test binary"))
+    this_binary()
         .args([
             "--exact",
             "child_fingerprint",
