@@ -263,54 +263,25 @@ impl Group<'_> {
             // which its single-row pass below adds).
             let mut r = 0;
             while r < rows {
+                let pair = if r + 1 < rows { 2 } else { 1 };
                 let mut i = tile;
-                if r + 1 < rows && d.is_multiple_of(8) {
-                    let (q0, q1) = (qrow(r), qrow(r + 1));
+                if pair == 2 {
                     let both = end(tile, r).min(end(tile, r + 1));
-                    while i + 4 <= both {
-                        let sl = &job.slots[i..i + 4];
-                        let ks = [krow(sl[0]), krow(sl[1]), krow(sl[2]), krow(sl[3])];
+                    if both > tile {
                         let (s0, s1) = scores.split_at_mut((r + 1) * n_last);
-                        let out = [four(&mut s0[r * n_last + i..]), four(&mut s1[i..])];
-                        if SIMD {
-                            #[cfg(target_arch = "x86_64")]
-                            // SAFETY: `SIMD` is only set under avx2 (hence avx); `d` is a
-                            // multiple of 8 and every row holds `d` floats.
-                            unsafe {
-                                avx::scores_2x4(q0, q1, ks, self.scale, out)
-                            }
-                            #[cfg(not(target_arch = "x86_64"))]
-                            scores_2x4(q0, q1, ks, self.scale, out)
-                        } else {
-                            scores_2x4(q0, q1, ks, self.scale, out)
-                        }
-                        i += 4;
+                        let out = [&mut s0[r * n_last + tile..], &mut s1[tile..]];
+                        let q = [qrow(r), qrow(r + 1)];
+                        i += self.scores::<SIMD, 2>(q, base, &job.slots[tile..both], out);
                     }
                 }
-                let pair = if r + 1 < rows { 2 } else { 1 };
                 for r in r..r + pair {
                     let row = &mut scores[r * n_last..][..n_last];
                     let qj = qrow(r);
-                    let mut i = i;
                     let end = end(tile, r);
-                    if d.is_multiple_of(8) {
-                        while i + 4 <= end {
-                            let sl = &job.slots[i..i + 4];
-                            let ks = [krow(sl[0]), krow(sl[1]), krow(sl[2]), krow(sl[3])];
-                            let out = four(&mut row[i..]);
-                            if SIMD {
-                                #[cfg(target_arch = "x86_64")]
-                                // SAFETY: as above.
-                                unsafe {
-                                    avx::scores4(qj, ks, self.scale, out)
-                                }
-                                #[cfg(not(target_arch = "x86_64"))]
-                                scores4(qj, ks, self.scale, out)
-                            } else {
-                                scores4(qj, ks, self.scale, out)
-                            }
-                            i += 4;
-                        }
+                    let mut i = i;
+                    if end > i {
+                        let out = [&mut row[i..]];
+                        i += self.scores::<SIMD, 1>([qj], base, &job.slots[i..end], out);
                     }
                     while i < end {
                         row[i] = dot8_fma(qj, krow(job.slots[i])) * self.scale;
@@ -360,6 +331,47 @@ impl Group<'_> {
                 }
             }
         }
+    }
+
+    /// Scaled scores of the `R` query rows `q` against the keys `slots` (K rows at
+    /// `base` of each slot's row), into `out[h][..]`, in blocks of four keys: returns how many
+    /// keys it did (a multiple of four; the caller finishes the rest one by one). Each K load
+    /// serves all `R` rows.
+    #[inline(always)]
+    fn scores<const SIMD: bool, const R: usize>(
+        &self,
+        q: [&[f32]; R],
+        base: usize,
+        slots: &[u32],
+        out: [&mut [f32]; R],
+    ) -> usize {
+        let d = self.head_dim;
+        if !d.is_multiple_of(8) {
+            return 0;
+        }
+        assert!(base + d <= self.kv_row && q.iter().all(|q| q.len() == d));
+        assert!(out.iter().all(|o| o.len() >= slots.len()));
+        if SIMD {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `SIMD` is only set under avx2 and fma; `attention_with` checked every
+            // slot against the cache, and the shapes are asserted above.
+            return unsafe {
+                avx::scores(q, self.k_cache, self.kv_row, base, slots, self.scale, out)
+            };
+        }
+        let n = slots.len() / 4 * 4;
+        let mut out = out;
+        for i in (0..n).step_by(4) {
+            let ks: [&[f32]; 4] = std::array::from_fn(|u| {
+                &self.k_cache[slots[i + u] as usize * self.kv_row + base..][..d]
+            });
+            for (q, o) in q.iter().zip(out.iter_mut()) {
+                for (o, v) in o[i..i + 4].iter_mut().zip(dot8x4(q, ks)) {
+                    *o = v * self.scale;
+                }
+            }
+        }
+        n
     }
 
     /// `acc[r0 + h] += Σ_{i in keys} scores[r0 + h][i] · V[slots[i]]` for `H` rows, in
@@ -460,12 +472,6 @@ fn softmax_exp(sc: &mut [f32]) -> f32 {
     ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
 }
 
-/// The first four elements of `s`.
-#[inline(always)]
-fn four(s: &mut [f32]) -> &mut [f32; 4] {
-    (&mut s[..4]).try_into().expect("four elements")
-}
-
 /// One score: 8 lane accumulators, `acc[i % 8] = fma(q[i], k[i], acc[i % 8])` in index
 /// order, closed by the tree `((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))`.
 #[inline(always)]
@@ -505,95 +511,63 @@ fn dot8x4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
     acc.map(|a| tree8(&a))
 }
 
-/// Scaled scores of one query row against four keys.
-#[inline(always)]
-fn scores4(q: &[f32], k: [&[f32]; 4], scale: f32, out: &mut [f32; 4]) {
-    for (o, v) in out.iter_mut().zip(dot8x4(q, k)) {
-        *o = v * scale;
-    }
-}
-
-/// [`scores4`] of two query rows, each key row loaded once for both (eight independent
-/// chains).
-#[inline(always)]
-fn scores_2x4(q0: &[f32], q1: &[f32], k: [&[f32]; 4], scale: f32, out: [&mut [f32; 4]; 2]) {
-    let [o0, o1] = out;
-    scores4(q0, k, scale, o0);
-    scores4(q1, k, scale, o1);
-}
-
 #[cfg(target_arch = "x86_64")]
 mod avx {
-    //! `scores4` and `scores_2x4` with 8-lane AVX vectors: lane `l` of a key's accumulator is
+    //! `Group::scores` with 8-lane AVX vectors: lane `l` of a key's accumulator is
     //! its `acc[l]`; the four trees are done together with shuffles, each adding the same pairs
     //! as `tree8`, and the scale is one vector multiply (the same per-element product).
     use std::arch::x86_64::*;
 
-    /// # Safety
-    /// The CPU must support avx2 and fma; `q.len()` must be a multiple of 8 and every `k[u]`
-    /// as long.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn scores4(q: &[f32], k: [&[f32]; 4], scale: f32, out: &mut [f32; 4]) {
-        debug_assert!(q.len().is_multiple_of(8) && k.iter().all(|r| r.len() == q.len()));
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut c = 0;
-        while c < q.len() {
-            // SAFETY: c + 8 <= len of q and of every key row (function contract).
-            unsafe {
-                let qv = _mm256_loadu_ps(q.as_ptr().add(c));
-                for u in 0..4 {
-                    let kv = _mm256_loadu_ps(k[u].as_ptr().add(c));
-                    acc[u] = _mm256_fmadd_ps(qv, kv, acc[u]);
-                }
-            }
-            c += 8;
-        }
-        // SAFETY: avx2 is present (function contract); `out` holds 4 floats.
-        unsafe {
-            _mm_storeu_ps(
-                out.as_mut_ptr(),
-                _mm_mul_ps(trees4(acc), _mm_set1_ps(scale)),
-            )
-        }
-    }
-
-    /// Two query rows against four keys: each key chunk is loaded once for both rows.
+    /// Scaled scores of `R` query rows against the keys `slots`, four keys at a time (each
+    /// key chunk loaded once for all rows, `4 R` independent chains); returns the keys done.
     ///
     /// # Safety
-    /// As [`dot8x4`], for `q0` and `q1`.
+    /// The CPU must support avx2 and fma; `d = q[h].len()` is a multiple of 8 with
+    /// `base + d <= kv_row`; every slot `s` has `(s + 1) * kv_row <= k.len()`; every `out[h]`
+    /// holds `slots.len()` floats.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn scores_2x4(
-        q0: &[f32],
-        q1: &[f32],
-        k: [&[f32]; 4],
+    pub(super) unsafe fn scores<const R: usize>(
+        q: [&[f32]; R],
+        k: &[f32],
+        kv_row: usize,
+        base: usize,
+        slots: &[u32],
         scale: f32,
-        out: [&mut [f32; 4]; 2],
-    ) {
-        debug_assert!(q0.len().is_multiple_of(8) && q1.len() == q0.len());
-        debug_assert!(k.iter().all(|r| r.len() == q0.len()));
-        let mut a0 = [_mm256_setzero_ps(); 4];
-        let mut a1 = [_mm256_setzero_ps(); 4];
-        let mut c = 0;
-        while c < q0.len() {
-            // SAFETY: c + 8 <= the length of both query rows and every key row.
-            unsafe {
-                let x0 = _mm256_loadu_ps(q0.as_ptr().add(c));
-                let x1 = _mm256_loadu_ps(q1.as_ptr().add(c));
+        out: [&mut [f32]; R],
+    ) -> usize {
+        let d = q[0].len();
+        debug_assert!(d.is_multiple_of(8) && base + d <= kv_row);
+        debug_assert!(slots.iter().all(|&s| (s as usize + 1) * kv_row <= k.len()));
+        let n = slots.len() / 4 * 4;
+        let scale = _mm_set1_ps(scale);
+        for i in (0..n).step_by(4) {
+            // SAFETY (the loads): slot rows, `base + c + 8 <= kv_row`, and q rows of `d`
+            // floats are in bounds by the function contract.
+            let kp: [*const f32; 4] = std::array::from_fn(|u| unsafe {
+                k.as_ptr().add(slots[i + u] as usize * kv_row + base)
+            });
+            let mut acc = [[_mm256_setzero_ps(); 4]; R];
+            for c in (0..d).step_by(8) {
+                let mut x = [_mm256_setzero_ps(); R];
+                for h in 0..R {
+                    x[h] = unsafe { _mm256_loadu_ps(q[h].as_ptr().add(c)) };
+                }
                 for u in 0..4 {
-                    let kv = _mm256_loadu_ps(k[u].as_ptr().add(c));
-                    a0[u] = _mm256_fmadd_ps(x0, kv, a0[u]);
-                    a1[u] = _mm256_fmadd_ps(x1, kv, a1[u]);
+                    let kv = unsafe { _mm256_loadu_ps(kp[u].add(c)) };
+                    for h in 0..R {
+                        acc[h][u] = _mm256_fmadd_ps(x[h], kv, acc[h][u]);
+                    }
                 }
             }
-            c += 8;
+            for h in 0..R {
+                // SAFETY: avx2 is present; `out[h]` holds `slots.len() >= i + 4` floats.
+                unsafe {
+                    let v = _mm_mul_ps(trees4(acc[h]), scale);
+                    _mm_storeu_ps(out[h].as_mut_ptr().add(i), v);
+                }
+            }
         }
-        // SAFETY: avx2 is present (function contract); each `out` holds 4 floats.
-        unsafe {
-            let scale = _mm_set1_ps(scale);
-            let [o0, o1] = out;
-            _mm_storeu_ps(o0.as_mut_ptr(), _mm_mul_ps(trees4(a0), scale));
-            _mm_storeu_ps(o1.as_mut_ptr(), _mm_mul_ps(trees4(a1), scale));
-        }
+        n
     }
 
     /// `tree8` of four 8-lane accumulators at once, each adding the same pairs as `tree8`; the

@@ -23,8 +23,10 @@
 //!
 //! Cost: O(M·N·K). Parallelism: one rayon region per call over (M block × N block) tasks; small
 //! `M` (decode) gets a few large contiguous `N` ranges per thread, so the call streams `W` once
-//! at memory bandwidth (its kernel also prefetches `W` 24 KiB ahead); large `M` (prefill) gets cache-sized blocks (a `W` panel stays in L1
-//! while the block's `x` panels stream from L2).
+//! at memory bandwidth (its kernel also prefetches `W` 24 KiB ahead); large `M` (prefill) gets
+//! cache-sized blocks (a `W` panel stays in L1 while the block's `x` panels stream from L2),
+//! ordered so that consecutive tasks share their `W` block (read from memory once per call;
+//! the packed `x` is the smaller operand).
 
 use std::cell::Cell;
 
@@ -309,7 +311,7 @@ pub fn linear_with(
     let out = OutPtr(y.as_mut_ptr());
     let xs_ref = &xs[..];
     let run = |task: usize| {
-        let (mt, nt) = (task / n_blocks, task % n_blocks);
+        let (mt, nt) = (task % m_blocks, task / m_blocks);
         let (q0, q1) = (mt * m_block, ((mt + 1) * m_block).min(mp));
         let (p0, p1) = (nt * n_block, ((nt + 1) * n_block).min(np));
         let mut res = [0f32; OUT_SLOTS];
