@@ -7,6 +7,7 @@
 
 pub mod args;
 pub mod kv_alloc;
+pub mod kv_memory;
 pub mod link;
 pub mod mem;
 pub mod model;

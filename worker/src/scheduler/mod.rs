@@ -1,0 +1,351 @@
+//! Continuous batching. Each step is either a prefill of admitted requests (prompt chunks of at
+//! most `chunked_prefill_size` tokens each, at most `max_prefill_tokens` in all) or one decode
+//! token for every running request.
+//!
+//! Memory: a request admitted takes a row of the [`ReqToTokenPool`]; its prompt prefix comes
+//! from the [`RadixCache`] when cached (locked while in use) and the rest gets fresh slots from
+//! the [`KvSlotAllocator`]. After every prefill chunk, and when a request ends, its computed
+//! tokens are inserted into the cache, so the next request with that prefix (or the rest of the
+//! same batch under `lpm`) reuses them. When slots run short the cache evicts least recently
+//! used unlocked leaves; if decode still lacks room, the requests with the fewest generated
+//! tokens are retracted to the queue (their output is kept and recomputed later: nothing lost).
+//!
+//! The scheduler owns no sockets: `submit`/`abort`/`step` return the `TokenOut`s to send, so it
+//! is tested in-process.
+//!
+//! Layout: this file holds the state and the public API (queues, submit, abort, outputs);
+//! [`admission`] decides what enters the prefill line, [`prefill`] plans and runs prompt chunks,
+//! [`decode`] makes room and runs one token for every running request. Where a request's KV
+//! lives is [`KvMemory`]'s business.
+
+mod admission;
+mod decode;
+mod prefill;
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use protocol::{FinishReason, GenerateReq, TokenOut};
+
+use crate::kv_memory::{KvMemory, KvMemoryConfig};
+use crate::model::LlamaModel;
+use crate::request::Req;
+use crate::step_budget::StepBudget;
+
+/// `--schedule-policy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SchedulePolicy {
+    /// First come, first served.
+    Fcfs,
+    /// Longest cached prefix first; a request sharing an uncached prefix with one being
+    /// prefilled waits for it instead of computing the same prefix twice.
+    #[default]
+    Lpm,
+}
+
+impl FromStr for SchedulePolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "fcfs" => Ok(SchedulePolicy::Fcfs),
+            "lpm" => Ok(SchedulePolicy::Lpm),
+            other => Err(format!("expected fcfs or lpm, got {other:?}")),
+        }
+    }
+}
+
+impl fmt::Display for SchedulePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SchedulePolicy::Fcfs => "fcfs",
+            SchedulePolicy::Lpm => "lpm",
+        })
+    }
+}
+
+/// Scheduling limits.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    pub rank: u32,
+    pub max_total_tokens: usize,
+    pub max_running_requests: usize,
+    /// Extra request-to-token rows (see [`crate::req_to_token`]).
+    pub pre_alloc_rows: usize,
+    pub chunked_prefill_size: usize,
+    pub max_prefill_tokens: usize,
+    pub context_len: usize,
+    pub policy: SchedulePolicy,
+    pub disable_radix_cache: bool,
+    /// A prefill step computes only as many prompt tokens as fit in this time (learnt from
+    /// earlier steps); `None`: the token limits alone decide.
+    pub prefill_step_target: Option<Duration>,
+}
+
+/// Counters for `WorkerStatus`.
+#[derive(Debug, Default, Clone)]
+pub struct StepStats {
+    pub generated_tokens: u64,
+    /// Prompt tokens of admitted requests, and how many of them came from the cache.
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+}
+
+/// Why a cache flush was refused.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlushRefused {
+    pub running: usize,
+}
+
+impl fmt::Display for FlushRefused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cannot flush the cache while {} requests are running or queued",
+            self.running
+        )
+    }
+}
+
+pub struct Scheduler {
+    config: SchedulerConfig,
+    model: LlamaModel,
+    mem: KvMemory,
+    /// Admitted but not yet fully prefilled, in admission order.
+    prefilling: VecDeque<Req>,
+    /// Not admitted yet (or retracted).
+    waiting: VecDeque<Req>,
+    /// Prompt computed; decoding.
+    running: Vec<Req>,
+    finished_rids: Vec<String>,
+    /// Prompt tokens per prefill step that fit in `prefill_step_target`.
+    step_budget: StepBudget,
+    pub stats: StepStats,
+    /// Records request milestones (admitted, prefix hit) with `--trace-dir`.
+    pub tracer: protocol::msg_trace::MessageTracer,
+}
+
+impl Scheduler {
+    pub fn new(config: SchedulerConfig, model: LlamaModel) -> Self {
+        let mem = KvMemory::new(
+            model.config(),
+            KvMemoryConfig {
+                max_total_tokens: config.max_total_tokens,
+                max_running_requests: config.max_running_requests,
+                pre_alloc_rows: config.pre_alloc_rows,
+                context_len: config.context_len,
+                radix_cache: !config.disable_radix_cache,
+            },
+        );
+        Scheduler {
+            step_budget: StepBudget::new(config.prefill_step_target),
+            config,
+            model,
+            mem,
+            prefilling: VecDeque::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            finished_rids: Vec::new(),
+            stats: StepStats::default(),
+            tracer: protocol::msg_trace::MessageTracer::disabled(),
+        }
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    pub fn model(&self) -> &LlamaModel {
+        &self.model
+    }
+
+    pub fn has_work(&self) -> bool {
+        !(self.prefilling.is_empty() && self.waiting.is_empty() && self.running.is_empty())
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len() + self.prefilling.len()
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Slots neither free nor evictable: held by requests or locked in the cache.
+    pub fn used_tokens(&self) -> usize {
+        self.mem.used_tokens()
+    }
+
+    pub fn free_slots(&self) -> usize {
+        self.mem.free_slots()
+    }
+
+    pub fn evictable_slots(&self) -> usize {
+        self.mem.evictable_slots()
+    }
+
+    /// Share of queried prompt tokens found in the cache since start.
+    pub fn cache_hit_rate(&self) -> f64 {
+        if self.stats.prompt_tokens == 0 {
+            0.0
+        } else {
+            self.stats.cached_tokens as f64 / self.stats.prompt_tokens as f64
+        }
+    }
+
+    /// Requests finished since the last call.
+    pub fn take_finished_rids(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.finished_rids)
+    }
+
+    /// Queue a generation request, or refuse it at once with a 400.
+    pub fn submit(&mut self, req: GenerateReq) -> Option<TokenOut> {
+        if let Err(message) = self.validate(&req.input_ids, req.sampling.max_new_tokens) {
+            return Some(self.error_out(&req.rid, 400, message));
+        }
+        self.waiting.push_back(Req::generate(req));
+        None
+    }
+
+    /// Queue an embedding request, or refuse it at once with a 400.
+    pub fn submit_embed(&mut self, rid: String, input_ids: Vec<u32>) -> Option<TokenOut> {
+        if let Err(message) = self.validate(&input_ids, 0) {
+            return Some(self.error_out(&rid, 400, message));
+        }
+        self.waiting.push_back(Req::embed(rid, input_ids));
+        None
+    }
+
+    fn validate(&self, ids: &[u32], max_new_tokens: u32) -> Result<(), String> {
+        let vocab = self.model.config().vocab_size;
+        if ids.is_empty() {
+            return Err("the prompt is empty".into());
+        }
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(format!(
+                "token id {bad} is outside the vocabulary (size {vocab})"
+            ));
+        }
+        let need = ids.len() + max_new_tokens as usize;
+        if need > self.config.context_len {
+            return Err(format!(
+                "prompt ({} tokens) + max_new_tokens ({max_new_tokens}) exceeds the context length {}",
+                ids.len(),
+                self.config.context_len
+            ));
+        }
+        if ids.len() + 1 > self.config.max_total_tokens {
+            return Err(format!(
+                "prompt ({} tokens) does not fit in this rank's KV pool ({} tokens)",
+                ids.len(),
+                self.config.max_total_tokens
+            ));
+        }
+        Ok(())
+    }
+
+    /// Abort one request (or all with `None`); each aborted request gets its final message.
+    pub fn abort(&mut self, rid: Option<&str>) -> Vec<TokenOut> {
+        let matches = |r: &Req| rid.is_none_or(|id| r.rid == id);
+        let mut aborted = Vec::new();
+        for queue in [&mut self.waiting, &mut self.prefilling] {
+            let (gone, keep): (VecDeque<Req>, VecDeque<Req>) =
+                queue.drain(..).partition(|r| matches(r));
+            *queue = keep;
+            aborted.extend(gone);
+        }
+        let (gone, keep): (Vec<Req>, Vec<Req>) = self.running.drain(..).partition(|r| matches(r));
+        self.running = keep;
+        aborted.extend(gone);
+        aborted
+            .into_iter()
+            .map(|req| self.finish(req, FinishReason::Abort, None))
+            .collect()
+    }
+
+    /// Fail every request (worker shutting down).
+    pub fn fail_all(&mut self, status: u16, message: &str) -> Vec<TokenOut> {
+        let mut all: Vec<Req> = self.waiting.drain(..).collect();
+        all.extend(self.prefilling.drain(..));
+        all.append(&mut self.running);
+        all.into_iter()
+            .map(|mut req| {
+                self.mem.release(&mut req);
+                self.finished_rids.push(req.rid.clone());
+                self.error_out(&req.rid, status, message.to_string())
+            })
+            .collect()
+    }
+
+    /// Drop the whole prefix cache; refused while any request is queued or running (their
+    /// cached prefixes are locked, and a flush is meant to start from a clean state).
+    pub fn flush_cache(&mut self) -> Result<usize, FlushRefused> {
+        let busy = self.num_running() + self.num_waiting();
+        if busy > 0 {
+            return Err(FlushRefused { running: busy });
+        }
+        Ok(self.mem.flush())
+    }
+
+    /// Run one scheduling step; returns the messages it produced.
+    pub fn step(&mut self) -> Vec<TokenOut> {
+        self.admit();
+        if !self.prefilling.is_empty() {
+            self.prefill_step()
+        } else if !self.running.is_empty() {
+            self.decode_step()
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// The tokens a running request produced since its last message.
+    fn progress(&self, req: &mut Req) -> TokenOut {
+        let out = self.token_out(req, None, None);
+        req.sent = req.output.len();
+        out
+    }
+
+    fn finish(&mut self, mut req: Req, reason: FinishReason, matched: Option<u32>) -> TokenOut {
+        self.mem.release(&mut req);
+        self.finished_rids.push(req.rid.clone());
+        self.token_out(&req, Some(reason), matched)
+    }
+
+    /// The output message for what `req` produced since its last one.
+    fn token_out(&self, req: &Req, reason: Option<FinishReason>, matched: Option<u32>) -> TokenOut {
+        TokenOut {
+            rid: req.rid.clone(),
+            output_ids: req.output[req.sent..].to_vec(),
+            finish_reason: reason,
+            matched_stop: matched,
+            prompt_tokens: req.prompt.len() as u32,
+            completion_tokens: req.output.len() as u32,
+            cached_tokens: req.cached_tokens,
+            dp_rank: Some(self.config.rank),
+            logprobs: req
+                .return_logprob
+                .then(|| req.logprobs[req.sent..].to_vec()),
+            top_logprobs: (req.top_logprobs_num > 0).then(|| req.top_logprobs[req.sent..].to_vec()),
+            embedding: None,
+            error: None,
+        }
+    }
+
+    fn fail(&mut self, mut req: Req, status: u16, message: String) -> TokenOut {
+        self.mem.release(&mut req);
+        self.finished_rids.push(req.rid.clone());
+        self.error_out(&req.rid, status, message)
+    }
+
+    fn error_out(&self, rid: &str, status: u16, message: String) -> TokenOut {
+        let mut out = TokenOut::error(rid, status, message);
+        out.dp_rank = Some(self.config.rank);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests;
