@@ -2,6 +2,7 @@
 //! processes; `tokenizer`, `controller` and `worker` run one actor each (for systemd).
 
 mod bench;
+mod forwarded;
 mod trace;
 mod up;
 

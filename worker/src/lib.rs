@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use protocol::{Capacity, Hello, Message, Shutdown, WorkerStatus};
 
-pub use args::{ModelSource, WorkerArgs, WorkerConfig};
+pub use args::{DeviceArgs, ModelArgs, ModelSource, ServeArgs, WorkerArgs, WorkerConfig};
 use link::Inbound;
 use model::{LlamaModel, ModelConfig};
 use scheduler::{Scheduler, SchedulerConfig};

@@ -60,7 +60,7 @@ pub async fn embeddings(
 ) -> Result<HttpResponse, ApiError> {
     let started = Instant::now();
     let state = state.into_inner();
-    let body = read_body(payload, state.args.max_request_bytes).await?;
+    let body = read_body(payload, state.args.http.max_request_bytes).await?;
     let input = parse_openai(&body, &header_inputs(&req)?)?;
     let rid = format!("embd-{}", random_rid());
     let done = embed_all(&state, &input, rid, started).await?;
@@ -91,7 +91,7 @@ pub async fn encode(
 ) -> Result<HttpResponse, ApiError> {
     let started = Instant::now();
     let state = state.into_inner();
-    let body = read_body(payload, state.args.max_request_bytes).await?;
+    let body = read_body(payload, state.args.http.max_request_bytes).await?;
     let input = parse_encode(&body, &header_inputs(&req)?)?;
     let rid = input.rid.clone().unwrap_or_else(random_rid);
     let done = embed_all(&state, &input, rid, started).await?;
@@ -193,7 +193,7 @@ async fn embed_one(
     if !state.bridge.send(Message::EmbedReq(req)) {
         return Err(ApiError::unavailable("tokenizer is shutting down"));
     }
-    let timeout_s = state.args.request_timeout_s;
+    let timeout_s = state.args.http.request_timeout_s;
     let deadline =
         tokio::time::Instant::from_std(started) + std::time::Duration::from_secs(timeout_s);
     loop {

@@ -30,7 +30,7 @@ pub async fn generate(
     let started = Instant::now();
     let received_at = protocol::unix_time();
     let state = state.into_inner();
-    let body = read_body(payload, state.args.max_request_bytes).await?;
+    let body = read_body(payload, state.args.http.max_request_bytes).await?;
     let input = validate::parse_generate(&body, &header_inputs(&req)?)?;
 
     let input_ids = match &input.prompt {

@@ -73,7 +73,7 @@ async fn serve(
     let started = Instant::now();
     let received_at = protocol::unix_time();
     let state = state.into_inner();
-    let body = read_body(payload, state.args.max_request_bytes).await?;
+    let body = read_body(payload, state.args.http.max_request_bytes).await?;
     let r = params::parse(&body, &header_inputs(&req)?, kind)?;
 
     let prompts = tokenize(&state, &r, kind)?;
