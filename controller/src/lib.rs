@@ -205,6 +205,13 @@ mod tests {
     }
 
     #[test]
+    fn clap_defaults_are_the_routing_defaults() {
+        let cli = Cli::try_parse_from(["controller"]).unwrap();
+        assert_eq!(cli.args.routing, RoutingArgs::default());
+        assert_eq!(cli.args.routing.worker_timeout, DEFAULT_WORKER_TIMEOUT_S);
+    }
+
+    #[test]
     fn every_flag_is_read() {
         let c = parse(&[
             "--load-balance-method",

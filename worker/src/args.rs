@@ -380,3 +380,79 @@ impl WorkerArgs {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: WorkerArgs,
+    }
+
+    fn parse(flags: &[&str]) -> Result<WorkerArgs, clap::Error> {
+        Cli::try_parse_from(["worker", "--rank", "0"].iter().chain(flags)).map(|c| c.args)
+    }
+
+    #[test]
+    fn clap_defaults_are_the_groups_defaults() {
+        let args = parse(&[]).unwrap();
+        assert_eq!(args.model, ModelArgs::default());
+        assert_eq!(args.serve, ServeArgs::default());
+        assert_eq!(args.device, DeviceArgs::default());
+    }
+
+    #[test]
+    fn closed_sets_parse_to_their_enums() {
+        let args = parse(&[
+            "--load-format",
+            "dummy",
+            "--builtin-size",
+            "tiny",
+            "--schedule-policy",
+            "fcfs",
+            "--device",
+            "cpu",
+            "--kernel-path",
+            "portable",
+        ])
+        .unwrap();
+        assert_eq!(args.model.load_format, LoadFormat::Dummy);
+        assert_eq!(args.model.builtin_size, BuiltinSize::Tiny);
+        assert_eq!(args.serve.schedule_policy, SchedulePolicy::Fcfs);
+        assert_eq!(args.device.kernel_path, KernelPath::Portable);
+        for (flag, bad) in [
+            ("--load-format", "pt"),
+            ("--builtin-size", "huge"),
+            ("--schedule-policy", "lifo"),
+            ("--device", "cuda"),
+        ] {
+            let err = parse(&[flag, bad]).unwrap_err().to_string();
+            assert!(err.contains(flag), "{flag} {bad}: {err}");
+        }
+        // The kernel path says why, not only "not one of these".
+        let err = parse(&["--kernel-path", "sse9"]).unwrap_err().to_string();
+        assert!(err.contains("is not a kernel path"), "{err}");
+    }
+
+    #[test]
+    fn the_model_source_follows_load_format_and_path() {
+        let dir = ["--model-path", "/m"];
+        let source = |flags: &[&str]| parse(flags).unwrap().model.source();
+        assert!(matches!(source(&dir), ModelSource::HfDir(_)));
+        assert!(matches!(
+            source(&[&dir[..], &["--load-format", "dummy"]].concat()),
+            ModelSource::Builtin { .. }
+        ));
+        assert!(matches!(
+            source(&["--weight-seed", "9"]),
+            ModelSource::Builtin {
+                size: BuiltinSize::Base,
+                seed: 9
+            }
+        ));
+    }
+}
