@@ -87,6 +87,9 @@ async fn serve(
         .clone()
         .unwrap_or_else(|| format!("{prefix}{}", random_rid()));
     let total = prompts.len() * r.n;
+    // Several sub-requests: each rid gets its index.
+    let indexed = total > 1;
+    validate::check_child_rids(&id, indexed.then(|| total - 1))?;
     let mut jobs = Vec::with_capacity(total);
     for (p, (ids, echo)) in prompts.into_iter().enumerate() {
         let mut sampling = r.sampling.clone();
@@ -107,11 +110,7 @@ async fn serve(
             let mut sampling = sampling.clone();
             sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
             let sub = Submission {
-                rid: if total == 1 {
-                    id.clone()
-                } else {
-                    format!("{id}-{index}")
-                },
+                rid: validate::child_rid(&id, indexed.then_some(index)),
                 input_ids: ids.clone(),
                 sampling,
                 stop: r.stop.clone(),
