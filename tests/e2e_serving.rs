@@ -158,6 +158,34 @@ fn bad_input_is_a_clear_4xx_and_the_server_keeps_serving() {
 }
 
 #[test]
+fn completions_top_logprobs_list_the_likeliest_token_first() {
+    let server = tiny();
+    let (status, resp) = server.post(
+        "/v1/completions",
+        &json!({"prompt": "once upon a time", "max_tokens": 3, "logprobs": 5, "temperature": 0}),
+    );
+    assert_eq!(status, 200, "{resp}");
+    let tops = resp["choices"][0]["logprobs"]["top_logprobs"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no top_logprobs in {resp}"));
+    assert_eq!(tops.len(), 3, "{resp}");
+    for map in tops {
+        // Parsed with the order kept (serde_json's preserve_order, as the server writes it).
+        let values: Vec<f64> = map
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert!(!values.is_empty() && values.len() <= 5, "{map}");
+        assert!(
+            values.windows(2).all(|w| w[0] >= w[1]),
+            "not likeliest first: {map}"
+        );
+    }
+}
+
+#[test]
 fn garbage_frames_are_dropped_and_serving_continues() {
     let server = tiny();
     let ctx = zmq::Context::new();

@@ -223,7 +223,8 @@ fn chunk_event(chunk: &Chunk, lp: &LogprobShape) -> Bytes {
 }
 
 enum SsePhase {
-    First(Chunk),
+    /// Boxed: a chunk is large (its JSON maps keep their order) and the other phases are empty.
+    First(Box<Chunk>),
     Running,
     Done,
     Ended,
@@ -232,7 +233,7 @@ enum SsePhase {
 /// The SSE body; it owns the request's [`InFlight`] (see [`sse::response`]).
 fn sse_response(first: Chunk, inflight: InFlight, lp: LogprobShape) -> HttpResponse {
     let stream = futures::stream::unfold(
-        (SsePhase::First(first), inflight, lp),
+        (SsePhase::First(Box::new(first)), inflight, lp),
         |(phase, mut inflight, lp)| async move {
             let after = |chunk: &Chunk| {
                 if chunk.finished {

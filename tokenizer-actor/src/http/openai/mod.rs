@@ -262,15 +262,17 @@ impl Shape {
                     offsets.push(at);
                     at += t.len();
                 }
-                // OpenAI's legacy shape: one {token text: logprob} map per token. Two ids with
-                // the same text keep the more likely one (the first). JSON maps here sort their
-                // keys, so a map's order says nothing; its values do.
+                // OpenAI's legacy shape: one {token text: logprob} map per token, likeliest
+                // first (JSON maps keep their order: serde_json's `preserve_order`), as OpenAI,
+                // SGLang and vLLM send it. Two ids with the same text keep the likelier one.
                 let top = if self.top_logprobs > 0 && tops.len() == tokens.len() {
                     json!(tops
                         .iter()
                         .map(|alts| {
+                            let mut alts = alts.to_vec();
+                            alts.sort_by(|a, b| b.1.total_cmp(&a.1));
                             let mut map = serde_json::Map::new();
-                            for &(id, l) in alts.iter() {
+                            for (id, l) in alts {
                                 map.entry(text(id)).or_insert(json!(l));
                             }
                             Value::Object(map)
