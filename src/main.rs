@@ -2,6 +2,9 @@
 //! processes; `tokenizer`, `controller` and `worker` run one actor each (for systemd).
 
 mod bench;
+#[cfg(test)]
+mod cli_contract;
+mod forwarded;
 mod trace;
 mod up;
 

@@ -3,10 +3,12 @@
 //! run alone the same way), waits until every rank is live, prints the URL, and stops all
 //! children on Ctrl-C or SIGTERM. A child that dies during start fails `up` with its name.
 //!
-//! Flags left unset are not forwarded, so each actor's own default stays the one source of truth.
-//! The controller's arguments are checked here, by the controller's own parser, before any child
-//! starts: a bad `--load-balance-method` or `--prefix-affinity-*` value is a startup error of
-//! `up`, not a child that dies later.
+//! The actors' flags are not declared here: `up` flattens their own groups (the tokenizer's
+//! [`HttpArgs`], the controller's [`RoutingArgs`], the worker's [`ModelArgs`], [`ServeArgs`] and
+//! [`DeviceArgs`]) through [`Given`], and passes on only the flags the user set, so each actor's
+//! own default stays the one source of truth. Values clap cannot check alone (the controller's
+//! `--prefix-affinity-*`, `--worker-timeout`) are checked by the controller's own `resolve`
+//! before any child starts: a bad value is a startup error of `up`, not a child that dies later.
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -18,101 +20,52 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use controller::RoutingArgs;
 use protocol::RuntimeDir;
+use tokenizer_actor::HttpArgs;
+use worker::{DeviceArgs, ModelArgs, ServeArgs};
+
+use crate::forwarded::Given;
+
+/// `up --dp-size` when not given (the tokenizer alone expects 1 rank; `up` starts 2).
+pub const DEFAULT_DP_SIZE: u32 = 2;
+/// `--startup-timeout` (seconds) of `up`, and of each cluster `bench --launch` starts.
+pub const DEFAULT_STARTUP_TIMEOUT_S: f64 = 300.0;
+/// How long children get to stop beyond the workers' drain timeout.
+const STOP_GRACE: Duration = Duration::from_secs(5);
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct UpArgs {
-    /// Number of data-parallel workers to start.
-    #[arg(long, env = "DPSERVE_DP_SIZE", default_value_t = 2)]
-    pub dp_size: u32,
-    /// Hugging Face model directory (default: the built-in model, no download).
-    #[arg(long, env = "DPSERVE_MODEL_PATH")]
-    pub model_path: Option<PathBuf>,
-    /// `auto` or `dummy` (built-in model with random weights).
-    #[arg(long, env = "DPSERVE_LOAD_FORMAT")]
-    pub load_format: Option<String>,
-    /// Built-in model size: `base` or `tiny`.
-    #[arg(long, env = "DPSERVE_BUILTIN_SIZE")]
-    pub builtin_size: Option<String>,
-    /// HTTP bind address.
-    #[arg(long, env = "DPSERVE_HOST", default_value = "127.0.0.1")]
-    pub host: String,
-    /// HTTP port.
-    #[arg(long, env = "DPSERVE_PORT", default_value_t = 30000)]
-    pub port: u16,
-    /// Load-balance method of the controller.
-    #[arg(long, env = "DPSERVE_LOAD_BALANCE_METHOD")]
-    pub load_balance_method: Option<String>,
-    /// prefix_affinity: leading input ids hashed into the key of a request without a routing
-    /// key (the controller's default when unset).
-    #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_HASH_TOKENS")]
-    pub prefix_affinity_hash_tokens: Option<usize>,
-    /// prefix_affinity: never hash the token prefix; requests without a routing key go to the
-    /// fallback method.
-    #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_DISABLE_TOKEN_FALLBACK")]
-    pub prefix_affinity_disable_token_fallback: bool,
-    /// prefix_affinity: method for requests without a key (round_robin, total_requests,
-    /// total_tokens).
-    #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_FALLBACK")]
-    pub prefix_affinity_fallback: Option<String>,
-    /// prefix_affinity: overload threshold as a multiple (>= 1.0) of the mean active requests.
-    #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_MAX_LOAD_SKEW")]
-    pub prefix_affinity_max_load_skew: Option<f64>,
-    /// KV pool size per worker, in tokens (default: sized from --mem-fraction).
-    #[arg(long, env = "DPSERVE_MAX_TOTAL_TOKENS")]
-    pub max_total_tokens: Option<usize>,
-    /// Share of this host's free memory for all workers' weights and KV pools together; each
-    /// of the --dp-size workers gets 1/dp-size of it (default: the worker's --mem-fraction).
-    #[arg(long, env = "DPSERVE_MEM_FRACTION", value_parser = worker::mem::parse_mem_fraction)]
-    pub mem_fraction: Option<f64>,
-    /// Most running requests per worker.
-    #[arg(long, env = "DPSERVE_MAX_RUNNING_REQUESTS")]
-    pub max_running_requests: Option<usize>,
-    /// Prompt chunk size per request per step.
-    #[arg(long, env = "DPSERVE_CHUNKED_PREFILL_SIZE")]
-    pub chunked_prefill_size: Option<usize>,
-    /// Prompt tokens per prefill step.
-    #[arg(long, env = "DPSERVE_MAX_PREFILL_TOKENS")]
-    pub max_prefill_tokens: Option<usize>,
-    /// Context length (default: the model's).
-    #[arg(long, env = "DPSERVE_CONTEXT_LENGTH")]
-    pub context_length: Option<usize>,
-    /// Compute threads per worker (default: this host's CPUs divided by --dp-size).
-    #[arg(long, env = "DPSERVE_NUM_THREADS")]
-    pub num_threads: Option<usize>,
-    /// CPU kernel path of every worker: `auto` (the widest this CPU supports), `avx512`,
-    /// `avx2`, `neon` or `portable` (bit-identical results; forcing one is for tests and
-    /// benchmarks). A path this CPU cannot run is refused before anything starts.
-    #[arg(long, env = kernels::KERNEL_PATH_ENV)]
-    pub kernel_path: Option<String>,
-    /// A worker's prefill step computes only the prompt tokens that fit in about this many
-    /// milliseconds (0 = no time bound; the workers' default when unset).
-    #[arg(long, env = "DPSERVE_PREFILL_STEP_TARGET_MS")]
-    pub prefill_step_target_ms: Option<u64>,
-    /// Seconds without a heartbeat before a worker leaves the live set.
-    #[arg(long, env = "DPSERVE_WORKER_TIMEOUT")]
-    pub worker_timeout: Option<f64>,
-    /// Routing trace: one JSON line per routing decision (`dpserve trace FILE`).
-    #[arg(long, env = "DPSERVE_TRACE_FILE")]
-    pub trace_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    #[command(flatten)]
+    pub http: Given<HttpArgs>,
+    #[command(flatten)]
+    pub routing: Given<RoutingArgs>,
+    #[command(flatten)]
+    pub device: Given<DeviceArgs>,
     /// Message traces: every actor (tokenizer, controller, workers) appends one JSON line per
     /// message and request milestone to its file here (`dpserve trace DIR [--rid R]`).
     #[arg(long, env = "DPSERVE_TRACE_DIR")]
     pub trace_dir: Option<PathBuf>,
-    /// Bearer key required on every HTTP endpoint but /health.
-    #[arg(long, env = "DPSERVE_API_KEY", hide_env_values = true)]
-    pub api_key: Option<String>,
-    /// Chat template file (Jinja) instead of the model's.
-    #[arg(long, env = "DPSERVE_CHAT_TEMPLATE")]
-    pub chat_template: Option<PathBuf>,
-    /// Seconds a stopping worker keeps running what it holds (its default when unset).
-    #[arg(long, env = "DPSERVE_DRAIN_TIMEOUT")]
-    pub drain_timeout: Option<f64>,
     /// Directory for the ipc sockets (default: a fresh one per deployment, mode 0700).
     #[arg(long, env = "DPSERVE_RUNTIME_DIR")]
     pub runtime_dir: Option<PathBuf>,
+}
+
+/// The flags that shape the cluster: `up`'s, and `bench --launch`'s (which reads them from
+/// `DPSERVE_BENCH_<FLAG>` and passes the set ones on to `up`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct ClusterArgs {
+    /// Number of data-parallel workers to start.
+    #[arg(long, env = "DPSERVE_DP_SIZE", default_value_t = DEFAULT_DP_SIZE)]
+    pub dp_size: u32,
+    #[command(flatten)]
+    pub model: Given<ModelArgs>,
+    #[command(flatten)]
+    pub serve: Given<ServeArgs>,
     /// Seconds to wait for every rank to become live.
-    #[arg(long, env = "DPSERVE_STARTUP_TIMEOUT", default_value_t = 300.0)]
+    #[arg(long, env = "DPSERVE_STARTUP_TIMEOUT", default_value_t = DEFAULT_STARTUP_TIMEOUT_S)]
     pub startup_timeout: f64,
 }
 
@@ -186,7 +139,7 @@ impl Deployment {
 
 impl Drop for Deployment {
     fn drop(&mut self) {
-        self.stop(Duration::from_secs(5));
+        self.stop(STOP_GRACE);
     }
 }
 
@@ -200,12 +153,9 @@ fn terminate(pid: u32) {
 }
 
 pub fn run(args: UpArgs) -> anyhow::Result<()> {
-    if args.dp_size == 0 {
+    let cluster = &args.cluster;
+    if cluster.dp_size == 0 {
         bail!("--dp-size must be at least 1");
-    }
-    if let Some(path) = &args.kernel_path {
-        path.parse::<kernels::KernelPath>()
-            .map_err(|e| anyhow::anyhow!("--kernel-path: {e}"))?;
     }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -221,126 +171,56 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             true,
         ),
     };
-    let controller_addr = dir.endpoint("controller.sock").to_string();
-    let worker_addr = dir.endpoint("worker.sock").to_string();
-    let tokenizer_addr = dir.endpoint("tokenizer.sock").to_string();
+    let addrs = Addrs {
+        controller: dir.endpoint("controller.sock").to_string(),
+        worker: dir.endpoint("worker.sock").to_string(),
+        tokenizer: dir.endpoint("tokenizer.sock").to_string(),
+    };
     let mut deployment = Deployment {
         actors: Vec::new(),
         runtime_dir: owned.then(|| dir.path().to_path_buf()),
     };
 
-    let mut common_model: Vec<OsString> = Vec::new();
-    if let Some(path) = &args.model_path {
-        common_model.extend(["--model-path".into(), path.clone().into_os_string()]);
-    }
-
-    let addrs = Addrs {
-        controller: controller_addr.clone(),
-        worker: worker_addr.clone(),
-        tokenizer: tokenizer_addr.clone(),
-    };
     let controller = controller_args(&args, &addrs);
     check_controller_args(&controller)?;
-
-    let mut tokenizer: Vec<OsString> = vec!["tokenizer".into()];
-    tokenizer.extend(common_model.iter().cloned());
-    push(&mut tokenizer, "--host", Some(&args.host));
-    push(&mut tokenizer, "--port", Some(args.port));
-    push(&mut tokenizer, "--tokenizer-addr", Some(&tokenizer_addr));
-    push(&mut tokenizer, "--controller-addr", Some(&controller_addr));
-    push(&mut tokenizer, "--dp-size", Some(args.dp_size));
-    push(&mut tokenizer, "--api-key", args.api_key.as_ref());
-    push(
-        &mut tokenizer,
-        "--chat-template",
-        args.chat_template.as_ref().map(|p| p.display()),
-    );
-    push(
-        &mut tokenizer,
-        "--trace-dir",
-        args.trace_dir.as_ref().map(|p| p.display()),
-    );
-    deployment.spawn("tokenizer", tokenizer)?;
+    deployment.spawn("tokenizer", tokenizer_args(&args, &addrs))?;
     deployment.spawn("controller", controller)?;
-
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = args
-        .num_threads
-        .unwrap_or_else(|| (cpus / args.dp_size as usize).max(1));
-    for rank in 0..args.dp_size {
-        let mut worker: Vec<OsString> = vec!["worker".into()];
-        push(&mut worker, "--rank", Some(rank));
-        worker.extend(common_model.iter().cloned());
-        push(&mut worker, "--load-format", args.load_format.as_ref());
-        push(&mut worker, "--builtin-size", args.builtin_size.as_ref());
-        push(&mut worker, "--worker-addr", Some(&worker_addr));
-        push(&mut worker, "--tokenizer-addr", Some(&tokenizer_addr));
-        push(&mut worker, "--max-total-tokens", args.max_total_tokens);
-        // The workers share this host's memory: each sizes its pool from its share.
-        let host_fraction = args
-            .mem_fraction
-            .unwrap_or(worker::mem::DEFAULT_MEM_FRACTION);
-        push(
-            &mut worker,
-            "--mem-fraction",
-            Some(host_fraction / f64::from(args.dp_size)),
-        );
-        push(
-            &mut worker,
-            "--max-running-requests",
-            args.max_running_requests,
-        );
-        push(
-            &mut worker,
-            "--chunked-prefill-size",
-            args.chunked_prefill_size,
-        );
-        push(&mut worker, "--max-prefill-tokens", args.max_prefill_tokens);
-        push(&mut worker, "--context-length", args.context_length);
-        push(&mut worker, "--num-threads", Some(threads));
-        push(&mut worker, "--kernel-path", args.kernel_path.as_ref());
-        push(
-            &mut worker,
-            "--prefill-step-target-ms",
-            args.prefill_step_target_ms,
-        );
-        push(&mut worker, "--drain-timeout", args.drain_timeout);
-        push(
-            &mut worker,
-            "--trace-dir",
-            args.trace_dir.as_ref().map(|p| p.display()),
-        );
-        deployment.spawn(&format!("worker {rank}"), worker)?;
+    for rank in 0..cluster.dp_size {
+        deployment.spawn(
+            &format!("worker {rank}"),
+            worker_args(&args, &addrs, rank, cpus),
+        )?;
     }
 
     // Wait until the tokenizer reports every rank live.
-    let deadline = Instant::now() + Duration::from_secs_f64(args.startup_timeout.max(1.0));
-    let probe = format!("127.0.0.1:{}", args.port);
+    let deadline = Instant::now() + Duration::from_secs_f64(cluster.startup_timeout.max(1.0));
+    let probe = format!("127.0.0.1:{}", args.http.port);
     loop {
         if stop.load(Ordering::Relaxed) {
-            deployment.stop(Duration::from_secs(5));
+            deployment.stop(STOP_GRACE);
             bail!("interrupted during start");
         }
         if let Some((name, status)) = deployment.exited() {
-            deployment.stop(Duration::from_secs(5));
+            deployment.stop(STOP_GRACE);
             bail!("{name} exited during start ({status}); see its log above");
         }
-        if let Some(live) = live_ranks(&probe, args.api_key.as_deref()) {
-            if live >= args.dp_size as usize {
+        if let Some(live) = live_ranks(&probe, args.http.api_key.as_deref()) {
+            if live >= cluster.dp_size as usize {
                 break;
             }
         }
         if Instant::now() >= deadline {
-            deployment.stop(Duration::from_secs(5));
+            deployment.stop(STOP_GRACE);
             bail!(
                 "not every rank became live within {}s (--startup-timeout)",
-                args.startup_timeout
+                cluster.startup_timeout
             );
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let url = format!("http://{}:{}", args.host, args.port);
-    println!("dpserve is ready: {url} ({} ranks live)", args.dp_size);
+    let url = format!("http://{}:{}", args.http.host, args.http.port);
+    println!("dpserve is ready: {url} ({} ranks live)", cluster.dp_size);
     println!("try: curl -s {url}/generate -d '{{\"text\": \"hello\", \"sampling_params\": {{\"max_new_tokens\": 16}}}}'");
     std::io::stdout().flush().ok();
 
@@ -352,16 +232,16 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
                 tracing::error!(actor = %name, %status, "worker exited; serving with the remaining ranks");
                 deployment.actors.retain(|a| a.name != name);
             } else {
-                deployment.stop(Duration::from_secs(5));
+                deployment.stop(STOP_GRACE);
                 bail!("{name} exited ({status}); stopping the deployment");
             }
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     tracing::info!("stopping");
-    // Workers drain what they hold first (30 s unless --drain-timeout says otherwise).
-    let grace = args.drain_timeout.unwrap_or(30.0).max(0.0) + 5.0;
-    deployment.stop(Duration::from_secs_f64(grace));
+    // Workers drain what they hold first (within their --drain-timeout).
+    let drain = Duration::from_secs_f64(cluster.serve.drain_timeout.max(0.0));
+    deployment.stop(drain + STOP_GRACE);
     Ok(())
 }
 
@@ -372,47 +252,70 @@ struct Addrs {
     tokenizer: String,
 }
 
+/// `dpserve tokenizer …` for this deployment.
+fn tokenizer_args(args: &UpArgs, addrs: &Addrs) -> Vec<OsString> {
+    let mut t: Vec<OsString> = vec!["tokenizer".into()];
+    let model_path = args.cluster.model.model_path.as_ref();
+    push(&mut t, "--model-path", model_path.map(|p| p.display()));
+    // Always: `up` probes this address for readiness.
+    push(&mut t, "--host", Some(&args.http.host));
+    push(&mut t, "--port", Some(args.http.port));
+    t.extend(args.http.argv_without(&["host", "port"]));
+    push(&mut t, "--tokenizer-addr", Some(&addrs.tokenizer));
+    push(&mut t, "--controller-addr", Some(&addrs.controller));
+    push(&mut t, "--dp-size", Some(args.cluster.dp_size));
+    push(
+        &mut t,
+        "--trace-dir",
+        args.trace_dir.as_ref().map(|p| p.display()),
+    );
+    t
+}
+
 /// `dpserve controller …` for this deployment.
 fn controller_args(args: &UpArgs, addrs: &Addrs) -> Vec<OsString> {
     let mut c: Vec<OsString> = vec!["controller".into()];
     push(&mut c, "--controller-addr", Some(&addrs.controller));
     push(&mut c, "--worker-addr", Some(&addrs.worker));
     push(&mut c, "--tokenizer-addr", Some(&addrs.tokenizer));
-    push(
-        &mut c,
-        "--load-balance-method",
-        args.load_balance_method.as_ref(),
-    );
-    push(
-        &mut c,
-        "--prefix-affinity-hash-tokens",
-        args.prefix_affinity_hash_tokens,
-    );
-    if args.prefix_affinity_disable_token_fallback {
-        c.push("--prefix-affinity-disable-token-fallback".into());
-    }
-    push(
-        &mut c,
-        "--prefix-affinity-fallback",
-        args.prefix_affinity_fallback.as_ref(),
-    );
-    push(
-        &mut c,
-        "--prefix-affinity-max-load-skew",
-        args.prefix_affinity_max_load_skew,
-    );
-    push(&mut c, "--worker-timeout", args.worker_timeout);
-    push(
-        &mut c,
-        "--trace-file",
-        args.trace_file.as_ref().map(|p| p.display()),
-    );
+    c.extend(args.routing.argv());
     push(
         &mut c,
         "--trace-dir",
         args.trace_dir.as_ref().map(|p| p.display()),
     );
     c
+}
+
+/// `dpserve worker --rank R …` for this deployment, on a host with `cpus` CPUs.
+fn worker_args(args: &UpArgs, addrs: &Addrs, rank: u32, cpus: usize) -> Vec<OsString> {
+    let cluster = &args.cluster;
+    let mut w: Vec<OsString> = vec!["worker".into()];
+    push(&mut w, "--rank", Some(rank));
+    w.extend(cluster.model.argv());
+    push(&mut w, "--worker-addr", Some(&addrs.worker));
+    push(&mut w, "--tokenizer-addr", Some(&addrs.tokenizer));
+    w.extend(cluster.serve.argv_without(&["mem_fraction", "num_threads"]));
+    // The workers share this host's memory and CPUs: each sizes its pool from its share, and
+    // computes on its share of the CPUs unless told otherwise.
+    let dp = cluster.dp_size.max(1);
+    push(
+        &mut w,
+        "--mem-fraction",
+        Some(cluster.serve.mem_fraction / f64::from(dp)),
+    );
+    let threads = cluster
+        .serve
+        .num_threads
+        .unwrap_or_else(|| (cpus / dp as usize).max(1));
+    push(&mut w, "--num-threads", Some(threads));
+    w.extend(args.device.argv());
+    push(
+        &mut w,
+        "--trace-dir",
+        args.trace_dir.as_ref().map(|p| p.display()),
+    );
+    w
 }
 
 /// Parse and check the controller's arguments exactly as the child will (same parser, same
@@ -525,6 +428,17 @@ mod tests {
         assert!(!shown.contains("--trace-dir"), "{shown}");
     }
 
+    /// The error `up` stops with for these flags: its parser's, or the controller's check.
+    fn up_error(flags: &[&str]) -> String {
+        match Cli::try_parse_from(std::iter::once("up").chain(flags.iter().copied())) {
+            Err(e) => e.render().to_string(),
+            Ok(cli) => {
+                let argv = controller_args(&cli.args, &addrs());
+                format!("{:#}", check_controller_args(&argv).unwrap_err())
+            }
+        }
+    }
+
     #[test]
     fn invalid_controller_values_are_errors_of_up_that_name_the_flag() {
         let cases: &[(&[&str], &str)] = &[
@@ -545,11 +459,65 @@ mod tests {
                 "--load-balance-method",
             ),
             (&["--worker-timeout", "0"], "--worker-timeout"),
+            (&["--kernel-path", "sse9"], "--kernel-path"),
+            (&["--builtin-size", "huge"], "--builtin-size"),
         ];
         for (flags, name) in cases {
-            let err = check_controller_args(&controller_args(&up(flags), &addrs())).unwrap_err();
-            let err = format!("{err:#}");
+            let err = up_error(flags);
             assert!(err.contains(name), "{flags:?}: {err}");
         }
+    }
+
+    #[test]
+    fn worker_flags_reach_every_worker_with_a_share_of_the_host() {
+        let args = up(&[
+            "--dp-size",
+            "4",
+            "--mem-fraction",
+            "0.8",
+            "--schedule-policy",
+            "fcfs",
+            "--disable-radix-cache",
+            "--builtin-size",
+            "tiny",
+            "--drain-timeout",
+            "7",
+            "--kernel-path",
+            "portable",
+        ]);
+        let shown = strings(&worker_args(&args, &addrs(), 3, 8)).join(" ");
+        for want in [
+            "worker --rank 3 --builtin-size tiny",
+            "--schedule-policy fcfs",
+            "--disable-radix-cache",
+            "--drain-timeout 7",
+            "--mem-fraction 0.2",
+            "--num-threads 2",
+            "--kernel-path portable",
+            "--worker-addr ipc:///tmp/dps-test/w.sock",
+        ] {
+            assert!(shown.contains(want), "{want:?} not in {shown}");
+        }
+        assert!(!shown.contains("--max-running-requests"), "{shown}");
+        // Unset, each worker gets 1/dp of the worker's own default fraction.
+        let shown = strings(&worker_args(&up(&["--dp-size", "2"]), &addrs(), 0, 2)).join(" ");
+        let half = worker::mem::DEFAULT_MEM_FRACTION / 2.0;
+        assert!(shown.contains(&format!("--mem-fraction {half}")), "{shown}");
+        assert!(shown.contains("--num-threads 1"), "{shown}");
+    }
+
+    #[test]
+    fn http_flags_reach_the_tokenizer() {
+        let args = up(&["--port", "0", "--api-key", "k", "--request-timeout-s", "9"]);
+        let shown = strings(&tokenizer_args(&args, &addrs())).join(" ");
+        for want in [
+            "--host 127.0.0.1 --port 0",
+            "--api-key k",
+            "--request-timeout-s 9",
+            "--dp-size 2",
+        ] {
+            assert!(shown.contains(want), "{want:?} not in {shown}");
+        }
+        assert!(!shown.contains("--max-request-bytes"), "{shown}");
     }
 }

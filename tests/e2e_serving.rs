@@ -100,7 +100,6 @@ fn bad_input_is_a_clear_4xx_and_the_server_keeps_serving() {
     let server = tiny();
     let cases: Vec<(&str, Value)> = vec![
         ("wrong type", json!({"text": 5})),
-        ("empty prompt", json!({"text": ""})),
         ("no prompt", json!({"sampling_params": {}})),
         (
             "negative max_new_tokens",
@@ -141,6 +140,14 @@ fn bad_input_is_a_clear_4xx_and_the_server_keeps_serving() {
         "malformed JSON: {status} {resp}"
     );
 
+    // An empty text is BOS alone, a one-token prompt (as in SGLang and vLLM), not an error.
+    let (status, resp) = server.post(
+        "/generate",
+        &json!({"text": "", "sampling_params": {"max_new_tokens": 2}}),
+    );
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!(resp["meta_info"]["prompt_tokens"], 1, "{resp}");
+
     // Unknown fields are ignored, as gateways send many.
     let (status, resp) = server.post(
         "/generate",
@@ -148,6 +155,34 @@ fn bad_input_is_a_clear_4xx_and_the_server_keeps_serving() {
                 "sampling_params": {"max_new_tokens": 2, "some_future_knob": 1}}),
     );
     assert_eq!(status, 200, "{resp}");
+}
+
+#[test]
+fn completions_top_logprobs_list_the_likeliest_token_first() {
+    let server = tiny();
+    let (status, resp) = server.post(
+        "/v1/completions",
+        &json!({"prompt": "once upon a time", "max_tokens": 3, "logprobs": 5, "temperature": 0}),
+    );
+    assert_eq!(status, 200, "{resp}");
+    let tops = resp["choices"][0]["logprobs"]["top_logprobs"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no top_logprobs in {resp}"));
+    assert_eq!(tops.len(), 3, "{resp}");
+    for map in tops {
+        // Parsed with the order kept (serde_json's preserve_order, as the server writes it).
+        let values: Vec<f64> = map
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert!(!values.is_empty() && values.len() <= 5, "{map}");
+        assert!(
+            values.windows(2).all(|w| w[0] >= w[1]),
+            "not likeliest first: {map}"
+        );
+    }
 }
 
 #[test]

@@ -7,12 +7,6 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum Error {
-    #[error("{flag}: unknown method {got:?}; expected one of: {expected}")]
-    UnknownMethod {
-        flag: &'static str,
-        got: String,
-        expected: String,
-    },
     #[error("--prefix-affinity-max-load-skew must be a finite number >= 1.0, got {got}")]
     LoadSkew { got: f64 },
     #[error("--prefix-affinity-hash-tokens must be at least 1, got {got}")]

@@ -24,6 +24,9 @@ pub use error::{Error, Result};
 pub use policy::{FallbackMethod, Method, PrefixAffinityConfig};
 pub use server::{Controller, ControllerConfig};
 
+/// `--worker-timeout` (seconds) when not given.
+pub const DEFAULT_WORKER_TIMEOUT_S: f64 = 3.0;
+
 /// `dpserve controller` flags. Every flag also reads `DPSERVE_<FLAG>`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ControllerArgs {
@@ -37,10 +40,20 @@ pub struct ControllerArgs {
     /// The tokenizer's output socket (connect).
     #[arg(long, env = "DPSERVE_TOKENIZER_ADDR")]
     pub tokenizer_addr: Option<String>,
-    /// Load-balance method: round_robin, total_requests, total_tokens, follow_bootstrap_room,
-    /// prefix_affinity.
-    #[arg(long, env = "DPSERVE_LOAD_BALANCE_METHOD", default_value_t = Method::default().to_string())]
-    pub load_balance_method: String,
+    #[command(flatten)]
+    pub routing: RoutingArgs,
+    /// Append one JSON line per message sent or received, and per routing decision, to
+    /// DIR/controller.jsonl (`dpserve trace DIR --rid R` merges the actors' files).
+    #[arg(long, env = "DPSERVE_TRACE_DIR")]
+    pub trace_dir: Option<PathBuf>,
+}
+
+/// How requests are routed and which workers belong (also `dpserve up`'s, which flattens them).
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct RoutingArgs {
+    /// Load-balance method.
+    #[arg(long, env = "DPSERVE_LOAD_BALANCE_METHOD", value_enum, default_value_t = Method::default())]
+    pub load_balance_method: Method,
     /// prefix_affinity: how many leading input ids are hashed into the key of a request
     /// without a routing key.
     #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_HASH_TOKENS",
@@ -50,11 +63,10 @@ pub struct ControllerArgs {
     /// fallback method.
     #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_DISABLE_TOKEN_FALLBACK")]
     pub prefix_affinity_disable_token_fallback: bool,
-    /// prefix_affinity: method for requests without a key (round_robin, total_requests,
-    /// total_tokens).
-    #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_FALLBACK",
-          default_value_t = PrefixAffinityConfig::default().fallback.to_string())]
-    pub prefix_affinity_fallback: String,
+    /// prefix_affinity: method for requests without a key.
+    #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_FALLBACK", value_enum,
+          default_value_t = PrefixAffinityConfig::default().fallback)]
+    pub prefix_affinity_fallback: FallbackMethod,
     /// prefix_affinity: a rank is overloaded when its active requests exceed this multiple
     /// (>= 1.0) of max(mean over live ranks, 1); the key then spills to its next HRW choice.
     #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_MAX_LOAD_SKEW",
@@ -63,16 +75,28 @@ pub struct ControllerArgs {
     /// Append one JSON line per routing decision to this file (read it with `dpserve trace`).
     #[arg(long, env = "DPSERVE_TRACE_FILE")]
     pub trace_file: Option<PathBuf>,
-    /// Append one JSON line per message sent or received, and per routing decision, to
-    /// DIR/controller.jsonl (`dpserve trace DIR --rid R` merges the actors' files).
-    #[arg(long, env = "DPSERVE_TRACE_DIR")]
-    pub trace_dir: Option<PathBuf>,
     /// Seconds without a heartbeat after which a worker leaves the live set.
-    #[arg(long, env = "DPSERVE_WORKER_TIMEOUT", default_value_t = 3.0)]
+    #[arg(long, env = "DPSERVE_WORKER_TIMEOUT", default_value_t = DEFAULT_WORKER_TIMEOUT_S)]
     pub worker_timeout: f64,
     /// Model id every worker must serve (default: the first worker's).
     #[arg(long, env = "DPSERVE_MODEL_ID")]
     pub model_id: Option<String>,
+}
+
+impl Default for RoutingArgs {
+    fn default() -> Self {
+        let affinity = PrefixAffinityConfig::default();
+        RoutingArgs {
+            load_balance_method: Method::default(),
+            prefix_affinity_hash_tokens: affinity.hash_tokens,
+            prefix_affinity_disable_token_fallback: !affinity.token_fallback,
+            prefix_affinity_fallback: affinity.fallback,
+            prefix_affinity_max_load_skew: affinity.max_load_skew,
+            trace_file: None,
+            worker_timeout: DEFAULT_WORKER_TIMEOUT_S,
+            model_id: None,
+        }
+    }
 }
 
 impl ControllerArgs {
@@ -83,27 +107,40 @@ impl ControllerArgs {
                 None => Ok(default_endpoint(name)),
             }
         };
-        if !(self.worker_timeout.is_finite() && self.worker_timeout > 0.0) {
-            return Err(Error::WorkerTimeout {
-                got: self.worker_timeout,
-            }
-            .into());
-        }
-        let method = self.load_balance_method.parse::<Method>()?;
+        let routing = &self.routing;
+        routing.check_worker_timeout()?;
         // Validated whatever the method, so a typo surfaces before someone switches to it.
-        let prefix_affinity = self.prefix_affinity_config()?;
+        let prefix_affinity = routing.prefix_affinity_config()?;
         Ok(ControllerConfig {
             controller_addr: addr("controller-addr", &self.controller_addr, "controller")?,
             worker_addr: addr("worker-addr", &self.worker_addr, "worker")?,
             tokenizer_addr: addr("tokenizer-addr", &self.tokenizer_addr, "tokenizer")?,
-            method,
+            method: routing.load_balance_method,
             prefix_affinity,
-            trace_file: self.trace_file.clone(),
+            trace_file: routing.trace_file.clone(),
             trace_dir: self.trace_dir.clone(),
-            worker_timeout: Duration::from_secs_f64(self.worker_timeout),
-            model_id: self.model_id.clone(),
+            worker_timeout: Duration::from_secs_f64(routing.worker_timeout),
+            model_id: routing.model_id.clone(),
             cluster_status_interval: Duration::from_millis(500),
         })
+    }
+}
+
+impl RoutingArgs {
+    /// Every check of these flags that clap's parsers do not make (`up` runs it before it
+    /// starts anything).
+    pub fn check(&self) -> Result<()> {
+        self.check_worker_timeout()?;
+        self.prefix_affinity_config().map(|_| ())
+    }
+
+    fn check_worker_timeout(&self) -> Result<()> {
+        if !(self.worker_timeout.is_finite() && self.worker_timeout > 0.0) {
+            return Err(Error::WorkerTimeout {
+                got: self.worker_timeout,
+            });
+        }
+        Ok(())
     }
 
     /// The `--prefix-affinity-*` flags, checked.
@@ -120,7 +157,7 @@ impl ControllerArgs {
         Ok(PrefixAffinityConfig {
             hash_tokens: self.prefix_affinity_hash_tokens,
             token_fallback: !self.prefix_affinity_disable_token_fallback,
-            fallback: self.prefix_affinity_fallback.parse::<FallbackMethod>()?,
+            fallback: self.prefix_affinity_fallback,
             max_load_skew: skew,
         })
     }
@@ -165,6 +202,13 @@ mod tests {
         assert_eq!(c.prefix_affinity.max_load_skew, 1.5);
         assert!(c.prefix_affinity.token_fallback);
         assert!(c.trace_file.is_none() && c.trace_dir.is_none());
+    }
+
+    #[test]
+    fn clap_defaults_are_the_routing_defaults() {
+        let cli = Cli::try_parse_from(["controller"]).unwrap();
+        assert_eq!(cli.args.routing, RoutingArgs::default());
+        assert_eq!(cli.args.routing.worker_timeout, DEFAULT_WORKER_TIMEOUT_S);
     }
 
     #[test]

@@ -193,6 +193,8 @@ impl Controller {
 
     fn on_tokenizer_message(&mut self, msg: Message) {
         match msg {
+            Message::GenerateReq(req) if self.refused_rid(&req.rid) => {}
+            Message::EmbedReq(req) if self.refused_rid(&req.rid) => {}
             Message::GenerateReq(req) => {
                 let input = RouteInput {
                     rid: &req.rid,
@@ -233,6 +235,17 @@ impl Controller {
                 "unexpected message from the tokenizer; dropped"
             ),
         }
+    }
+
+    /// Whether `rid` breaks the one rid limit ([`protocol::MAX_RID_LEN`]); if so the request is
+    /// answered with a 400 and goes nowhere (the tokenizer never sends one; another peer might).
+    fn refused_rid(&mut self, rid: &str) -> bool {
+        let Some(why) = protocol::rid_problem(rid) else {
+            return false;
+        };
+        tracing::warn!(rid_len = rid.len(), "request refused: {why}");
+        self.send_to_tokenizer(&Message::TokenOut(TokenOut::error(rid, 400, why)));
+        true
     }
 
     /// Route one request on fresh loads, and record the decision (trace file and the

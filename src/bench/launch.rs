@@ -14,90 +14,39 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// The `up` flags the benchmark forwards (unset ones are left to `up`'s own defaults).
-#[derive(clap::Args, Debug, Clone, Default)]
+use crate::forwarded::{BenchEnv, Given};
+use crate::up::ClusterArgs;
+
+/// The cluster flags of `up`, as `bench --launch` takes them: the same names, values and
+/// defaults, read from `DPSERVE_BENCH_<FLAG>`; the set ones are passed on to `up`.
+#[derive(clap::Args, Debug, Clone)]
 pub struct ServerFlags {
-    /// [--launch] Data-parallel workers per cluster.
-    #[arg(long, env = "DPSERVE_BENCH_DP_SIZE")]
-    pub dp_size: Option<u32>,
-    /// [--launch] Hugging Face model directory (default: the built-in model).
-    #[arg(long, env = "DPSERVE_BENCH_MODEL_PATH")]
-    pub model_path: Option<PathBuf>,
-    /// [--launch] Built-in model size: `base` or `tiny`.
-    #[arg(long, env = "DPSERVE_BENCH_BUILTIN_SIZE")]
-    pub builtin_size: Option<String>,
-    /// [--launch] `auto` or `dummy`.
-    #[arg(long, env = "DPSERVE_BENCH_LOAD_FORMAT")]
-    pub load_format: Option<String>,
-    /// [--launch] KV pool size per worker, in tokens.
-    #[arg(long, env = "DPSERVE_BENCH_MAX_TOTAL_TOKENS")]
-    pub max_total_tokens: Option<usize>,
-    /// [--launch] Most running requests per worker.
-    #[arg(long, env = "DPSERVE_BENCH_MAX_RUNNING_REQUESTS")]
-    pub max_running_requests: Option<usize>,
-    /// [--launch] Prompt chunk size per request per step.
-    #[arg(long, env = "DPSERVE_BENCH_CHUNKED_PREFILL_SIZE")]
-    pub chunked_prefill_size: Option<usize>,
-    /// [--launch] Prompt tokens per prefill step.
-    #[arg(long, env = "DPSERVE_BENCH_MAX_PREFILL_TOKENS")]
-    pub max_prefill_tokens: Option<usize>,
-    /// [--launch] Context length.
-    #[arg(long, env = "DPSERVE_BENCH_CONTEXT_LENGTH")]
-    pub context_length: Option<usize>,
-    /// [--launch] Compute threads per worker.
-    #[arg(long, env = "DPSERVE_BENCH_NUM_THREADS")]
-    pub num_threads: Option<usize>,
+    #[command(flatten)]
+    pub cluster: BenchEnv<Given<ClusterArgs>>,
     /// [--launch] Any other `up` argument, verbatim (repeat: `--up-arg=--flag --up-arg=value`).
     #[arg(long = "up-arg", allow_hyphen_values = true)]
     pub up_args: Vec<String>,
-    /// [--launch] Seconds to wait for a cluster to become ready.
-    #[arg(long, env = "DPSERVE_BENCH_STARTUP_TIMEOUT", default_value_t = 300.0)]
-    pub startup_timeout: f64,
 }
 
 impl ServerFlags {
+    /// The parsed cluster flags (defaults where unset).
+    pub fn cluster(&self) -> &ClusterArgs {
+        &self.cluster.0.value
+    }
+
     /// The `up` arguments for one method, on `port` with sockets under `runtime_dir`.
     pub fn up_args(&self, method: &str, port: u16, runtime_dir: &Path) -> Vec<OsString> {
         let mut a: Vec<OsString> = vec!["up".into()];
-        let mut push = |flag: &str, v: Option<String>| {
-            if let Some(v) = v {
-                a.push(flag.into());
-                a.push(v.into());
-            }
-        };
-        push("--port", Some(port.to_string()));
-        push("--host", Some("127.0.0.1".into()));
-        push("--runtime-dir", Some(runtime_dir.display().to_string()));
-        push("--load-balance-method", Some(method.to_string()));
-        push("--dp-size", self.dp_size.map(|v| v.to_string()));
-        push(
-            "--model-path",
-            self.model_path.as_ref().map(|p| p.display().to_string()),
-        );
-        push("--builtin-size", self.builtin_size.clone());
-        push("--load-format", self.load_format.clone());
-        push(
-            "--max-total-tokens",
-            self.max_total_tokens.map(|v| v.to_string()),
-        );
-        push(
-            "--max-running-requests",
-            self.max_running_requests.map(|v| v.to_string()),
-        );
-        push(
-            "--chunked-prefill-size",
-            self.chunked_prefill_size.map(|v| v.to_string()),
-        );
-        push(
-            "--max-prefill-tokens",
-            self.max_prefill_tokens.map(|v| v.to_string()),
-        );
-        push(
-            "--context-length",
-            self.context_length.map(|v| v.to_string()),
-        );
-        push("--num-threads", self.num_threads.map(|v| v.to_string()));
-        push("--startup-timeout", Some(self.startup_timeout.to_string()));
+        for (flag, value) in [
+            ("--port", port.to_string()),
+            ("--host", "127.0.0.1".into()),
+            ("--runtime-dir", runtime_dir.display().to_string()),
+            ("--load-balance-method", method.to_string()),
+        ] {
+            a.push(flag.into());
+            a.push(value.into());
+        }
+        a.extend(self.cluster.argv());
         a.extend(self.up_args.iter().map(OsString::from));
         a
     }
@@ -154,7 +103,8 @@ pub fn start(
         log_path,
         runtime_dir,
     };
-    let deadline = Instant::now() + Duration::from_secs_f64(flags.startup_timeout.max(1.0) + 5.0);
+    let startup_timeout = flags.cluster().startup_timeout;
+    let deadline = Instant::now() + Duration::from_secs_f64(startup_timeout.max(1.0) + 5.0);
     loop {
         match rx.recv_timeout(Duration::from_millis(100)) {
             Ok(line) if line.contains("dpserve is ready") => return Ok(cluster),
@@ -178,7 +128,7 @@ pub fn start(
         if Instant::now() >= deadline {
             return Err(format!(
                 "not ready within {}s: {}",
-                flags.startup_timeout,
+                startup_timeout,
                 last_error_line(&cluster.log_path)
             ));
         }
@@ -265,15 +215,29 @@ impl Drop for Cluster {
 mod tests {
     use super::*;
 
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        flags: ServerFlags,
+    }
+
     #[test]
     fn up_args_forward_only_what_is_set() {
-        let flags = ServerFlags {
-            dp_size: Some(2),
-            builtin_size: Some("tiny".into()),
-            up_args: vec!["--worker-timeout".into(), "5".into()],
-            startup_timeout: 60.0,
-            ..ServerFlags::default()
-        };
+        use clap::Parser;
+        let flags = Cli::try_parse_from([
+            "bench",
+            "--dp-size",
+            "2",
+            "--builtin-size",
+            "tiny",
+            "--up-arg=--worker-timeout",
+            "--up-arg=5",
+            "--startup-timeout",
+            "60",
+        ])
+        .unwrap()
+        .flags;
+        assert_eq!(flags.cluster().startup_timeout, 60.0);
         let args: Vec<String> = flags
             .up_args("total_tokens", 1234, Path::new("/tmp/x"))
             .into_iter()
@@ -284,6 +248,7 @@ mod tests {
         assert!(joined.contains("--port 1234"));
         assert!(joined.contains("--load-balance-method total_tokens"));
         assert!(joined.contains("--dp-size 2") && joined.contains("--builtin-size tiny"));
+        assert!(joined.contains("--startup-timeout 60"));
         assert!(joined.ends_with("--worker-timeout 5"));
         assert!(!joined.contains("--max-total-tokens") && !joined.contains("--model-path"));
     }

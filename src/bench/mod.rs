@@ -27,6 +27,7 @@ use client::{Backend, BenchClient};
 use launch::ServerFlags;
 use metrics::{BenchMetrics, RequestOutcome};
 use report::{MethodResult, RunInfo};
+use worker::model::BuiltinSize;
 use workload::{BenchRequest, GspConfig};
 
 /// bench_serving's defaults for the generated-shared-prefix dataset.
@@ -60,7 +61,7 @@ pub struct PresetValues {
     pub gsp: GspConfig,
     pub max_concurrency: usize,
     pub dp_size: u32,
-    pub builtin_size: &'static str,
+    pub builtin_size: BuiltinSize,
     pub max_total_tokens: usize,
 }
 
@@ -86,7 +87,7 @@ impl Preset {
                     gsp,
                     max_concurrency,
                     dp_size,
-                    builtin_size: "base",
+                    builtin_size: BuiltinSize::Base,
                 }
             }
         }
@@ -183,9 +184,10 @@ pub struct BenchArgs {
     /// by --model-path / --builtin-size, beside this machine's fma-peak and memory-copy ceilings.
     #[arg(long)]
     pub engine: bool,
-    /// [--engine] Kernel path: `auto` (the best this CPU supports), `portable`, `neon`, `avx2`,
-    /// `avx512`, or `all` (each supported path in turn, compared).
-    #[arg(long, env = kernels::KERNEL_PATH_ENV, default_value = "auto")]
+    /// [--engine] Kernel path: `auto` (the best this CPU supports), a named one, or `all` (each
+    /// supported path in turn, compared).
+    #[arg(long, env = kernels::KERNEL_PATH_ENV, default_value = "auto",
+          value_parser = engine_kernel_path_parser())]
     pub kernel_path: String,
     /// [--engine] Prompt lengths to prefill (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "512,2048")]
@@ -201,6 +203,15 @@ pub struct BenchArgs {
     pub engine_reps: usize,
     #[command(flatten)]
     pub server: ServerFlags,
+}
+
+/// `--kernel-path` of `--engine`: the worker's choices plus `all`; the engine checks the name
+/// (so a path this CPU lacks is refused with the paths it has).
+fn engine_kernel_path_parser() -> worker::args::Listed<String> {
+    worker::args::Listed {
+        parse: |s| Ok(s.trim().to_string()),
+        names: || worker::args::kernel_path_names().chain(["all"]).collect(),
+    }
 }
 
 /// Everything a run needs, after the preset and the defaults are applied.
@@ -221,21 +232,13 @@ pub struct Plan {
 impl BenchArgs {
     /// The `--engine` settings.
     pub fn engine_args(&self) -> anyhow::Result<engine::EngineArgs> {
-        let builtin_size = match &self.server.builtin_size {
-            Some(s) => s
-                .parse()
-                .map_err(|e| anyhow::anyhow!("--builtin-size: {e}"))?,
-            None => worker::model::BuiltinSize::Base,
-        };
-        let chunk = self
-            .server
-            .chunked_prefill_size
-            .unwrap_or(worker::args::DEFAULT_CHUNKED_PREFILL_SIZE);
+        let cluster = self.server.cluster();
+        let chunk = cluster.serve.chunked_prefill_size;
         anyhow::ensure!(chunk > 0, "--chunked-prefill-size must be positive");
         Ok(engine::EngineArgs {
-            model_path: self.server.model_path.clone(),
-            builtin_size,
-            threads: self.server.num_threads,
+            model_path: cluster.model.model_path.clone(),
+            builtin_size: cluster.model.builtin_size,
+            threads: cluster.serve.num_threads,
             kernel_path: self.kernel_path.trim().to_string(),
             prompt_lens: self.engine_prompt_lens.clone(),
             batches: self.engine_batches.clone(),
@@ -271,13 +274,16 @@ impl BenchArgs {
         };
         let mut server = self.server.clone();
         if let Some(p) = &preset {
-            server.dp_size.get_or_insert(p.dp_size);
-            if server.model_path.is_none() {
-                server
-                    .builtin_size
-                    .get_or_insert_with(|| p.builtin_size.to_string());
+            let cluster = &mut server.cluster.0;
+            cluster.default_to("dp_size", &p.dp_size.to_string(), |c| c.dp_size = p.dp_size);
+            if cluster.model.model_path.is_none() {
+                cluster.default_to("builtin_size", &p.builtin_size.to_string(), |c| {
+                    c.model.value.builtin_size = p.builtin_size
+                });
             }
-            server.max_total_tokens.get_or_insert(p.max_total_tokens);
+            cluster.default_to("max_total_tokens", &p.max_total_tokens.to_string(), |c| {
+                c.serve.value.max_total_tokens = Some(p.max_total_tokens)
+            });
         }
         let max_concurrency = self
             .max_concurrency
@@ -536,6 +542,7 @@ fn run_compare(
 
     println!();
     println!("{}", describe(plan, server));
+    let cluster = server.cluster();
     print!("{}", report::compare_table(&results));
 
     let summary = json!({
@@ -555,11 +562,11 @@ fn run_compare(
             "backend": plan.backend.name(),
         },
         "server": {
-            "dp_size": server.dp_size,
-            "builtin_size": server.builtin_size,
-            "model_path": server.model_path.as_ref().map(|p| p.display().to_string()),
-            "max_total_tokens": server.max_total_tokens,
-            "max_running_requests": server.max_running_requests,
+            "dp_size": cluster.dp_size,
+            "builtin_size": cluster.model.builtin_size.to_string(),
+            "model_path": cluster.model.model_path.as_ref().map(|p| p.display().to_string()),
+            "max_total_tokens": cluster.serve.max_total_tokens,
+            "max_running_requests": cluster.serve.max_running_requests,
             "up_args": server.up_args,
         },
         "preset": args.preset.map(|p| format!("{p:?}")),
@@ -598,6 +605,7 @@ fn run_compare(
 /// One line saying what was compared.
 fn describe(plan: &Plan, server: &ServerFlags) -> String {
     let g = &plan.gsp;
+    let cluster = server.cluster();
     format!(
         "workload: {} groups x {} prompts, system {} + question {} tokens, output {} (range ratio {}), \
          routing key {}, concurrency {}, rate {}, seed {}; cluster: dp {}, model {}, max_total_tokens {}",
@@ -611,14 +619,13 @@ fn describe(plan: &Plan, server: &ServerFlags) -> String {
         plan.max_concurrency.map_or("unlimited".into(), |c| c.to_string()),
         plan.request_rate,
         plan.seed,
-        server.dp_size.map_or("default".into(), |d| d.to_string()),
-        server
+        cluster.dp_size,
+        cluster
+            .model
             .model_path
             .as_ref()
-            .map(|p| p.display().to_string())
-            .or_else(|| server.builtin_size.as_ref().map(|s| format!("built-in {s}")))
-            .unwrap_or_else(|| "default".into()),
-        server.max_total_tokens.map_or("default".into(), |t| t.to_string()),
+            .map_or_else(|| format!("built-in {}", cluster.model.builtin_size), |p| p.display().to_string()),
+        cluster.serve.max_total_tokens.map_or("default".into(), |t| t.to_string()),
     )
 }
 
@@ -631,7 +638,7 @@ fn chart_title(plan: &Plan, server: &ServerFlags) -> String {
         g.system_prompt_len,
         g.question_len,
         g.output_len,
-        server.dp_size.map_or("default".into(), |d| d.to_string()),
+        server.cluster().dp_size,
     )
 }
 
@@ -656,7 +663,11 @@ mod tests {
         assert_eq!(plan.gsp, DEFAULT_GSP);
         assert!(plan.request_rate.is_infinite());
         assert_eq!(plan.max_concurrency, None);
-        assert_eq!(server.dp_size, None);
+        assert!(
+            server.cluster.argv().is_empty(),
+            "nothing set, nothing passed on"
+        );
+        assert_eq!(server.cluster().dp_size, crate::up::DEFAULT_DP_SIZE);
     }
 
     #[test]
@@ -677,8 +688,21 @@ mod tests {
         assert_eq!(plan.gsp.output_len, 4);
         assert_eq!(plan.gsp.num_groups, p.gsp.num_groups);
         assert_eq!(plan.max_concurrency, Some(p.max_concurrency));
-        assert_eq!(server.dp_size, Some(3));
-        assert_eq!(server.max_total_tokens, Some(p.max_total_tokens));
+        assert_eq!(server.cluster().dp_size, 3);
+        assert_eq!(
+            server.cluster().serve.max_total_tokens,
+            Some(p.max_total_tokens)
+        );
+        let argv: Vec<String> = server
+            .cluster
+            .argv()
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect();
+        let argv = argv.join(" ");
+        assert!(argv.contains("--dp-size 3"), "{argv}");
+        assert!(argv.contains(&format!("--max-total-tokens {}", p.max_total_tokens)));
+        assert!(argv.contains("--builtin-size base"), "{argv}");
         assert_eq!(plan.request_rate, 2.5);
     }
 

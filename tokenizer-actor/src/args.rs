@@ -25,16 +25,11 @@ impl Defaults {
     }
 }
 
-/// Flags of `dpserve tokenizer` (and the tokenizer part of `dpserve up`).
+/// Flags of `dpserve tokenizer`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct TokenizerArgs {
-    /// Address the HTTP server listens on.
-    #[arg(long, env = "DPSERVE_HOST", default_value = Defaults::HOST)]
-    pub host: String,
-
-    /// Port the HTTP server listens on (0 picks a free one).
-    #[arg(long, env = "DPSERVE_PORT", default_value_t = Defaults::PORT)]
-    pub port: u16,
+    #[command(flatten)]
+    pub http: HttpArgs,
 
     /// Hugging Face model directory (tokenizer.json, config.json); without it the built-in
     /// word-level tokenizer of the dummy model is used.
@@ -53,6 +48,24 @@ pub struct TokenizerArgs {
     /// no rank is live (then it reports the live ranks).
     #[arg(long, env = "DPSERVE_DP_SIZE", default_value_t = Defaults::DP_SIZE)]
     pub dp_size: u32,
+
+    /// Append one JSON line per message sent or received, and per request milestone (first
+    /// token, finished), to DIR/tokenizer.jsonl (`dpserve trace DIR --rid R` merges the
+    /// actors' files).
+    #[arg(long, env = "DPSERVE_TRACE_DIR")]
+    pub trace_dir: Option<PathBuf>,
+}
+
+/// The HTTP server's flags (also `dpserve up`'s, which flattens them).
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct HttpArgs {
+    /// Address the HTTP server listens on.
+    #[arg(long, env = "DPSERVE_HOST", default_value = Defaults::HOST)]
+    pub host: String,
+
+    /// Port the HTTP server listens on (0 picks a free one).
+    #[arg(long, env = "DPSERVE_PORT", default_value_t = Defaults::PORT)]
+    pub port: u16,
 
     /// Model name shown by `/v1/models` and server info (default: the model path, or the
     /// built-in model id).
@@ -75,28 +88,30 @@ pub struct TokenizerArgs {
     /// `chat_template` field (default: the model's `tokenizer_config.json`).
     #[arg(long, env = "DPSERVE_CHAT_TEMPLATE")]
     pub chat_template: Option<PathBuf>,
-
-    /// Append one JSON line per message sent or received, and per request milestone (first
-    /// token, finished), to DIR/tokenizer.jsonl (`dpserve trace DIR --rid R` merges the
-    /// actors' files).
-    #[arg(long, env = "DPSERVE_TRACE_DIR")]
-    pub trace_dir: Option<PathBuf>,
 }
 
-impl Default for TokenizerArgs {
+impl Default for HttpArgs {
     fn default() -> Self {
-        TokenizerArgs {
+        HttpArgs {
             host: Defaults::HOST.to_string(),
             port: Defaults::PORT,
-            model_path: None,
-            tokenizer_addr: Defaults::tokenizer_addr(),
-            controller_addr: Defaults::controller_addr(),
-            dp_size: Defaults::DP_SIZE,
             served_model_name: None,
             max_request_bytes: Defaults::MAX_REQUEST_BYTES,
             request_timeout_s: Defaults::REQUEST_TIMEOUT_S,
             api_key: None,
             chat_template: None,
+        }
+    }
+}
+
+impl Default for TokenizerArgs {
+    fn default() -> Self {
+        TokenizerArgs {
+            http: HttpArgs::default(),
+            model_path: None,
+            tokenizer_addr: Defaults::tokenizer_addr(),
+            controller_addr: Defaults::controller_addr(),
+            dp_size: Defaults::DP_SIZE,
             trace_dir: None,
         }
     }
@@ -117,11 +132,8 @@ mod tests {
     fn clap_defaults_match_default_impl() {
         let parsed = Cli::parse_from(["x"]).args;
         let def = TokenizerArgs::default();
-        assert_eq!(parsed.host, def.host);
-        assert_eq!(parsed.port, def.port);
+        assert_eq!(parsed.http, def.http);
         assert_eq!(parsed.dp_size, def.dp_size);
-        assert_eq!(parsed.max_request_bytes, def.max_request_bytes);
-        assert_eq!(parsed.request_timeout_s, def.request_timeout_s);
         assert_eq!(parsed.tokenizer_addr, def.tokenizer_addr);
         assert_eq!(parsed.controller_addr, def.controller_addr);
     }

@@ -16,19 +16,20 @@ pub mod tokenizer;
 use std::net::TcpListener;
 use std::sync::Arc;
 
-pub use args::{Defaults, TokenizerArgs};
+pub use args::{Defaults, HttpArgs, TokenizerArgs};
 pub use error::{Result, TokenizerError};
 
 use state::AppState;
 
 /// Bind `--host:--port` and serve until SIGTERM or SIGINT.
 pub fn run(args: TokenizerArgs) -> anyhow::Result<()> {
-    let listener = TcpListener::bind((args.host.as_str(), args.port)).map_err(|source| {
-        TokenizerError::Io {
-            what: format!("bind HTTP {}:{}", args.host, args.port),
-            source,
-        }
-    })?;
+    let listener =
+        TcpListener::bind((args.http.host.as_str(), args.http.port)).map_err(|source| {
+            TokenizerError::Io {
+                what: format!("bind HTTP {}:{}", args.http.host, args.http.port),
+                source,
+            }
+        })?;
     serve(args, listener, true, None)
 }
 

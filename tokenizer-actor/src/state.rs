@@ -35,7 +35,7 @@ impl AppState {
     pub fn start(args: &TokenizerArgs) -> Result<AppState> {
         let LoadedTokenizer { tokenizer, facts } =
             LoadedTokenizer::load(args.model_path.as_deref())?;
-        let chat_template = ChatTemplate::load(args.chat_template.as_deref(), &facts)?;
+        let chat_template = ChatTemplate::load(args.http.chat_template.as_deref(), &facts)?;
         let tracer = match &args.trace_dir {
             Some(dir) => protocol::msg_trace::MessageTracer::open(dir, "tokenizer", None).map_err(
                 |source| crate::TokenizerError::Io {
@@ -51,6 +51,7 @@ impl AppState {
             tracer,
         )?);
         let served_model_name = args
+            .http
             .served_model_name
             .clone()
             .unwrap_or_else(|| model_path_str(&facts));
@@ -59,7 +60,7 @@ impl AppState {
             vocab_size = facts.vocab_size,
             context_len = facts.context_len,
             chat_template = %chat_template.source.describe(),
-            auth = args.api_key.is_some(),
+            auth = args.http.api_key.is_some(),
             "tokenizer loaded"
         );
         Ok(AppState {

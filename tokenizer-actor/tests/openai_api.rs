@@ -444,7 +444,9 @@ fn metrics_are_prometheus_text_and_move() {
 
 #[test]
 fn api_key_guards_everything_but_health() {
-    let h = Harness::start_with(builtin_ids(STORY), |a| a.api_key = Some("sekrit".into()));
+    let h = Harness::start_with(builtin_ids(STORY), |a| {
+        a.http.api_key = Some("sekrit".into())
+    });
     let c = Harness::client();
     assert_eq!(
         c.get(h.url("/health")).send().unwrap().status().as_u16(),

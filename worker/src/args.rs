@@ -1,14 +1,19 @@
-//! `dpserve worker` flags and their resolution into a [`WorkerConfig`].
+//! `dpserve worker` flags and their resolution into a [`WorkerConfig`]. Every default lives
+//! once, as a constant here (or beside its idea, like [`crate::mem::DEFAULT_MEM_FRACTION`]), read
+//! by clap and by the groups' `Default`; `dpserve up` and `dpserve bench --launch` flatten the
+//! groups ([`ModelArgs`], [`ServeArgs`], [`DeviceArgs`]) instead of declaring the flags again.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+use clap::builder::{PossibleValue, TypedValueParser};
 use protocol::endpoint::default_endpoint;
 use protocol::Endpoint;
 
 use kernels::KernelPath;
 
+use crate::mem::DEFAULT_MEM_FRACTION;
 use crate::model::BuiltinSize;
 use crate::req_to_token::DecodePrealloc;
 use crate::scheduler::SchedulePolicy;
@@ -17,6 +22,14 @@ use crate::scheduler::SchedulePolicy;
 pub const DEFAULT_CHUNKED_PREFILL_SIZE: usize = 2048;
 /// `--prefill-step-target-ms` when not given.
 pub const DEFAULT_PREFILL_STEP_TARGET_MS: u64 = 500;
+/// `--max-running-requests` when not given.
+pub const DEFAULT_MAX_RUNNING_REQUESTS: usize = 64;
+/// `--max-prefill-tokens` when not given.
+pub const DEFAULT_MAX_PREFILL_TOKENS: usize = 8192;
+/// `--heartbeat-interval-ms` when not given.
+pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 500;
+/// `--drain-timeout` (seconds) when not given.
+pub const DEFAULT_DRAIN_TIMEOUT_S: f64 = 30.0;
 
 /// `dpserve worker` flags. Every flag also reads `DPSERVE_<FLAG>`.
 #[derive(clap::Args, Debug, Clone)]
@@ -24,25 +37,94 @@ pub struct WorkerArgs {
     /// This worker's data-parallel rank (its stable id in the live set).
     #[arg(long, env = "DPSERVE_RANK")]
     pub rank: u32,
-    /// Hugging Face model directory. Without it, the built-in model with random weights.
-    #[arg(long, env = "DPSERVE_MODEL_PATH")]
-    pub model_path: Option<PathBuf>,
-    /// `auto` (the model directory, or the built-in model without one) or `dummy` (the
-    /// built-in model, seeded random weights).
-    #[arg(long, env = "DPSERVE_LOAD_FORMAT", default_value = "auto")]
-    pub load_format: String,
-    /// Size of the built-in model: `base` (tens of millions of parameters) or `tiny` (tests).
-    #[arg(long, env = "DPSERVE_BUILTIN_SIZE", default_value = "base")]
-    pub builtin_size: String,
-    /// Seed of the built-in model's weights; every rank must use the same one.
-    #[arg(long, env = "DPSERVE_WEIGHT_SEED", default_value_t = 0)]
-    pub weight_seed: u64,
+    #[command(flatten)]
+    pub model: ModelArgs,
     /// Controller's worker socket (connect, DEALER).
     #[arg(long, env = "DPSERVE_WORKER_ADDR")]
     pub worker_addr: Option<String>,
     /// Tokenizer's output socket (connect, PUSH).
     #[arg(long, env = "DPSERVE_TOKENIZER_ADDR")]
     pub tokenizer_addr: Option<String>,
+    #[command(flatten)]
+    pub serve: ServeArgs,
+    /// Append one JSON line per message and request milestone to DIR/worker-<rank>.jsonl
+    /// (`dpserve trace DIR --rid R` merges the actors' files).
+    #[arg(long, env = "DPSERVE_TRACE_DIR")]
+    pub trace_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+}
+
+/// Where the weights come from (also `up`'s and `bench --launch`'s model flags).
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct ModelArgs {
+    /// Hugging Face model directory. Without it, the built-in model with random weights.
+    #[arg(long, env = "DPSERVE_MODEL_PATH")]
+    pub model_path: Option<PathBuf>,
+    /// Where the weights come from.
+    #[arg(long, env = "DPSERVE_LOAD_FORMAT", value_enum, default_value_t = LoadFormat::Auto)]
+    pub load_format: LoadFormat,
+    /// Size of the built-in model.
+    #[arg(long, env = "DPSERVE_BUILTIN_SIZE", value_enum, default_value_t = BuiltinSize::Base)]
+    pub builtin_size: BuiltinSize,
+    /// Seed of the built-in model's weights; every rank must use the same one.
+    #[arg(long, env = "DPSERVE_WEIGHT_SEED", default_value_t = 0)]
+    pub weight_seed: u64,
+}
+
+impl Default for ModelArgs {
+    fn default() -> Self {
+        ModelArgs {
+            model_path: None,
+            load_format: LoadFormat::Auto,
+            builtin_size: BuiltinSize::Base,
+            weight_seed: 0,
+        }
+    }
+}
+
+/// `--load-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LoadFormat {
+    /// The model directory (--model-path), or the built-in model without one.
+    Auto,
+    /// The built-in model with seeded random weights.
+    Dummy,
+}
+
+/// `--builtin-size` (the type lives with the model; its names are its `Display`).
+impl clap::ValueEnum for BuiltinSize {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[BuiltinSize::Base, BuiltinSize::Tiny]
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        let help = match self {
+            BuiltinSize::Base => "about 29M parameters",
+            BuiltinSize::Tiny => "a few hundred thousand parameters, for tests",
+        };
+        Some(PossibleValue::new(self.to_string()).help(help))
+    }
+}
+
+/// `--schedule-policy` (the type lives with the scheduler; its names are its `Display`).
+impl clap::ValueEnum for SchedulePolicy {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[SchedulePolicy::Lpm, SchedulePolicy::Fcfs]
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        let help = match self {
+            SchedulePolicy::Lpm => "longest cached prefix first, shared prefixes computed once",
+            SchedulePolicy::Fcfs => "first come, first served",
+        };
+        Some(PossibleValue::new(self.to_string()).help(help))
+    }
+}
+
+/// Memory, batching and lifecycle of one worker (also `up`'s and `bench --launch`'s).
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct ServeArgs {
     /// KV pool size in tokens (slots). Unset: derived from --mem-fraction of the memory free at
     /// start, less the model's weights, between one full context and max-running-requests (plus
     /// pre-allocated rows) × 2048 (× context length when --mem-fraction is set). Set, it wins.
@@ -55,26 +137,25 @@ pub struct WorkerArgs {
     /// pass's activations live in the other half, and KV pages are only touched as slots fill,
     /// so an over-large pool fails late (an OOM kill while serving), not at start. Workers
     /// sharing a host must split it: `up --dp-size N` gives each 1/N of its --mem-fraction.
-    #[arg(long, env = "DPSERVE_MEM_FRACTION", default_value_t = crate::mem::DEFAULT_MEM_FRACTION,
+    #[arg(long, env = "DPSERVE_MEM_FRACTION", default_value_t = DEFAULT_MEM_FRACTION,
           value_parser = crate::mem::parse_mem_fraction)]
     pub mem_fraction: f64,
     /// Most requests decoding at once.
-    #[arg(long, env = "DPSERVE_MAX_RUNNING_REQUESTS", default_value_t = 64)]
+    #[arg(long, env = "DPSERVE_MAX_RUNNING_REQUESTS", default_value_t = DEFAULT_MAX_RUNNING_REQUESTS)]
     pub max_running_requests: usize,
     /// Most prompt tokens of one request computed in one step (longer prompts are chunked).
     #[arg(long, env = "DPSERVE_CHUNKED_PREFILL_SIZE", default_value_t = DEFAULT_CHUNKED_PREFILL_SIZE)]
     pub chunked_prefill_size: usize,
     /// Most prompt tokens computed in one prefill step over all requests.
-    #[arg(long, env = "DPSERVE_MAX_PREFILL_TOKENS", default_value_t = 8192)]
+    #[arg(long, env = "DPSERVE_MAX_PREFILL_TOKENS", default_value_t = DEFAULT_MAX_PREFILL_TOKENS)]
     pub max_prefill_tokens: usize,
     /// Extra request-to-token rows beyond --max-running-requests for requests that hold KV
     /// without running (disaggregated decode): `auto` = 2 × max-running-requests when that is
     /// at most 32, else 0; or a row count.
     #[arg(long, env = "DPSERVE_DECODE_PREALLOC_SIZE", default_value_t = DecodePrealloc::Auto)]
     pub decode_prealloc_size: DecodePrealloc,
-    /// Scheduling policy: `lpm` (longest cached prefix first, shared prefixes computed once)
-    /// or `fcfs`.
-    #[arg(long, env = "DPSERVE_SCHEDULE_POLICY", default_value_t = SchedulePolicy::Lpm)]
+    /// Scheduling policy.
+    #[arg(long, env = "DPSERVE_SCHEDULE_POLICY", value_enum, default_value_t = SchedulePolicy::Lpm)]
     pub schedule_policy: SchedulePolicy,
     /// Do not keep or reuse prompt prefixes.
     #[arg(long, env = "DPSERVE_DISABLE_RADIX_CACHE")]
@@ -82,34 +163,112 @@ pub struct WorkerArgs {
     /// Context length (default: the model's `max_position_embeddings`).
     #[arg(long, env = "DPSERVE_CONTEXT_LENGTH")]
     pub context_length: Option<usize>,
-    /// Compute threads of this worker (default: the CPUs this process may use).
+    /// Compute threads of each worker (default: the CPUs the process may use; under `up`,
+    /// this host's CPUs divided by --dp-size).
     #[arg(long, env = "DPSERVE_NUM_THREADS")]
     pub num_threads: Option<usize>,
     /// Heartbeat period in milliseconds (independent of model steps).
-    #[arg(long, env = "DPSERVE_HEARTBEAT_INTERVAL_MS", default_value_t = 500)]
+    #[arg(long, env = "DPSERVE_HEARTBEAT_INTERVAL_MS", default_value_t = DEFAULT_HEARTBEAT_INTERVAL_MS)]
     pub heartbeat_interval_ms: u64,
     /// Seconds a worker told to stop (SIGTERM) keeps running what it holds before it exits;
     /// 0 stops at once. New requests go elsewhere from the first moment.
-    #[arg(long, env = "DPSERVE_DRAIN_TIMEOUT", default_value_t = 30.0)]
+    #[arg(long, env = "DPSERVE_DRAIN_TIMEOUT", default_value_t = DEFAULT_DRAIN_TIMEOUT_S)]
     pub drain_timeout: f64,
-    /// Append one JSON line per message and request milestone to DIR/worker-<rank>.jsonl
-    /// (`dpserve trace DIR --rid R` merges the actors' files).
-    #[arg(long, env = "DPSERVE_TRACE_DIR")]
-    pub trace_dir: Option<PathBuf>,
     /// A prefill step computes only as many prompt tokens as fit in about this many
     /// milliseconds (learnt from earlier steps), so status, aborts and SIGTERM are served
     /// promptly on any CPU; 0 = no time bound (only the token limits).
     #[arg(long, env = "DPSERVE_PREFILL_STEP_TARGET_MS", default_value_t = DEFAULT_PREFILL_STEP_TARGET_MS)]
     pub prefill_step_target_ms: u64,
-    /// CPU kernel path: `auto` (the widest this CPU supports) or one of `avx512`, `avx2`
-    /// (AVX2 + FMA), `neon`, `portable`. All give bit-identical results; forcing one is for
-    /// tests and benchmarks. A path this CPU cannot run is refused at start.
+}
+
+impl Default for ServeArgs {
+    fn default() -> Self {
+        ServeArgs {
+            max_total_tokens: None,
+            mem_fraction: DEFAULT_MEM_FRACTION,
+            max_running_requests: DEFAULT_MAX_RUNNING_REQUESTS,
+            chunked_prefill_size: DEFAULT_CHUNKED_PREFILL_SIZE,
+            max_prefill_tokens: DEFAULT_MAX_PREFILL_TOKENS,
+            decode_prealloc_size: DecodePrealloc::Auto,
+            schedule_policy: SchedulePolicy::Lpm,
+            disable_radix_cache: false,
+            context_length: None,
+            num_threads: None,
+            heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT_S,
+            prefill_step_target_ms: DEFAULT_PREFILL_STEP_TARGET_MS,
+        }
+    }
+}
+
+/// What the worker computes on (also `up`'s; `bench --engine` has its own `--kernel-path`,
+/// which also takes `all`).
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct DeviceArgs {
+    /// CPU kernel path: `auto` (the widest this CPU supports) or a named one. All give
+    /// bit-identical results; forcing one is for tests and benchmarks. A path this CPU cannot
+    /// run is refused at start.
     #[arg(long, env = kernels::KERNEL_PATH_ENV, default_value = "auto",
-          value_parser = |s: &str| s.parse::<KernelPath>().map_err(|e| e.to_string()))]
+          value_parser = kernel_path_parser())]
     pub kernel_path: KernelPath,
-    /// Compute device. Only `cpu` in this build.
-    #[arg(long, env = "DPSERVE_DEVICE", default_value = "cpu")]
-    pub device: String,
+    /// Compute device.
+    #[arg(long, env = "DPSERVE_DEVICE", value_enum, default_value_t = Device::Cpu)]
+    pub device: Device,
+}
+
+impl Default for DeviceArgs {
+    fn default() -> Self {
+        DeviceArgs {
+            kernel_path: KernelPath::best(),
+            device: Device::Cpu,
+        }
+    }
+}
+
+/// `--device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Device {
+    /// The CPU kernels (the only device in this build).
+    Cpu,
+}
+
+/// The names `--kernel-path` takes: `auto` and every path, supported here or not.
+pub fn kernel_path_names() -> impl Iterator<Item = &'static str> {
+    std::iter::once("auto").chain(KernelPath::ALL.iter().map(|p| p.name()))
+}
+
+/// `--kernel-path`'s parser: [`KernelPath`]'s own `FromStr` (so a path this CPU lacks is
+/// refused with the paths it has), with the names listed in `--help`.
+pub fn kernel_path_parser() -> Listed<KernelPath> {
+    Listed {
+        parse: |s| s.parse::<KernelPath>().map_err(|e| e.to_string()),
+        names: || kernel_path_names().collect(),
+    }
+}
+
+/// A value parser for a closed set whose parse says more than "not one of these" (a kernel
+/// path this CPU cannot run): `parse` decides, `names` are shown by `--help`.
+#[derive(Clone, Copy)]
+pub struct Listed<T> {
+    pub parse: fn(&str) -> Result<T, String>,
+    pub names: fn() -> Vec<&'static str>,
+}
+
+impl<T: Clone + Send + Sync + 'static> TypedValueParser for Listed<T> {
+    type Value = T;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<T, clap::Error> {
+        self.parse.parse_ref(cmd, arg, value)
+    }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
+        Some(Box::new((self.names)().into_iter().map(PossibleValue::new)))
+    }
 }
 
 /// Where the model comes from.
@@ -144,6 +303,19 @@ pub struct WorkerConfig {
     pub trace_dir: Option<PathBuf>,
 }
 
+impl ModelArgs {
+    /// The model these flags name.
+    pub fn source(&self) -> ModelSource {
+        match (self.load_format, &self.model_path) {
+            (LoadFormat::Dummy, _) | (LoadFormat::Auto, None) => ModelSource::Builtin {
+                size: self.builtin_size,
+                seed: self.weight_seed,
+            },
+            (LoadFormat::Auto, Some(path)) => ModelSource::HfDir(path.clone()),
+        }
+    }
+}
+
 impl WorkerArgs {
     pub fn resolve(&self) -> anyhow::Result<WorkerConfig> {
         let addr = |flag: &str, value: &Option<String>, name: &str| -> anyhow::Result<Endpoint> {
@@ -152,49 +324,34 @@ impl WorkerArgs {
                 None => Ok(default_endpoint(name)),
             }
         };
-        let size: BuiltinSize = self
-            .builtin_size
-            .parse()
-            .map_err(|e| anyhow::anyhow!("--builtin-size: {e}"))?;
-        let model = match (self.load_format.as_str(), &self.model_path) {
-            ("dummy", _) | ("auto", None) => ModelSource::Builtin {
-                size,
-                seed: self.weight_seed,
-            },
-            ("auto", Some(path)) => ModelSource::HfDir(path.clone()),
-            (other, _) => anyhow::bail!("--load-format must be auto or dummy, got {other:?}"),
-        };
-        if self.device != "cpu" {
-            anyhow::bail!(
-                "--device {:?} is not available in this build (only cpu)",
-                self.device
-            );
-        }
+        let model = self.model.source();
+        let Device::Cpu = self.device.device;
+        let serve = &self.serve;
         let positive = |flag: &str, v: usize| -> anyhow::Result<()> {
             if v == 0 {
                 anyhow::bail!("--{flag} must be at least 1");
             }
             Ok(())
         };
-        if let Some(tokens) = self.max_total_tokens {
+        if let Some(tokens) = serve.max_total_tokens {
             positive("max-total-tokens", tokens)?;
             if tokens > u32::MAX as usize {
                 anyhow::bail!("--max-total-tokens must fit in 32 bits");
             }
         }
-        positive("max-running-requests", self.max_running_requests)?;
-        positive("chunked-prefill-size", self.chunked_prefill_size)?;
-        positive("max-prefill-tokens", self.max_prefill_tokens)?;
+        positive("max-running-requests", serve.max_running_requests)?;
+        positive("chunked-prefill-size", serve.chunked_prefill_size)?;
+        positive("max-prefill-tokens", serve.max_prefill_tokens)?;
         // The parser checks the flag; this guards a WorkerArgs built in code.
-        crate::mem::check_mem_fraction(self.mem_fraction)
+        crate::mem::check_mem_fraction(serve.mem_fraction)
             .map_err(|e| anyhow::anyhow!("--mem-fraction: {e}"))?;
-        if !(self.drain_timeout.is_finite() && self.drain_timeout >= 0.0) {
+        if !(serve.drain_timeout.is_finite() && serve.drain_timeout >= 0.0) {
             anyhow::bail!(
                 "--drain-timeout must be a number of seconds >= 0, got {}",
-                self.drain_timeout
+                serve.drain_timeout
             );
         }
-        let num_threads = match self.num_threads {
+        let num_threads = match serve.num_threads {
             Some(0) => anyhow::bail!("--num-threads must be at least 1"),
             Some(n) => n,
             None => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -204,22 +361,98 @@ impl WorkerArgs {
             model,
             worker_addr: addr("worker-addr", &self.worker_addr, "worker")?,
             tokenizer_addr: addr("tokenizer-addr", &self.tokenizer_addr, "tokenizer")?,
-            max_total_tokens: self.max_total_tokens,
-            mem_fraction: self.mem_fraction,
-            max_running_requests: self.max_running_requests,
-            pre_alloc_rows: self.decode_prealloc_size.rows(self.max_running_requests),
-            schedule_policy: self.schedule_policy,
-            disable_radix_cache: self.disable_radix_cache,
-            chunked_prefill_size: self.chunked_prefill_size,
-            max_prefill_tokens: self.max_prefill_tokens,
-            context_length: self.context_length,
+            max_total_tokens: serve.max_total_tokens,
+            mem_fraction: serve.mem_fraction,
+            max_running_requests: serve.max_running_requests,
+            pre_alloc_rows: serve.decode_prealloc_size.rows(serve.max_running_requests),
+            schedule_policy: serve.schedule_policy,
+            disable_radix_cache: serve.disable_radix_cache,
+            chunked_prefill_size: serve.chunked_prefill_size,
+            max_prefill_tokens: serve.max_prefill_tokens,
+            context_length: serve.context_length,
             num_threads,
-            kernel_path: self.kernel_path,
-            prefill_step_target: (self.prefill_step_target_ms > 0)
-                .then(|| Duration::from_millis(self.prefill_step_target_ms)),
-            heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms.max(10)),
-            drain_timeout: Duration::from_secs_f64(self.drain_timeout),
+            kernel_path: self.device.kernel_path,
+            prefill_step_target: (serve.prefill_step_target_ms > 0)
+                .then(|| Duration::from_millis(serve.prefill_step_target_ms)),
+            heartbeat_interval: Duration::from_millis(serve.heartbeat_interval_ms.max(10)),
+            drain_timeout: Duration::from_secs_f64(serve.drain_timeout),
             trace_dir: self.trace_dir.clone(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: WorkerArgs,
+    }
+
+    fn parse(flags: &[&str]) -> Result<WorkerArgs, clap::Error> {
+        Cli::try_parse_from(["worker", "--rank", "0"].iter().chain(flags)).map(|c| c.args)
+    }
+
+    #[test]
+    fn clap_defaults_are_the_groups_defaults() {
+        let args = parse(&[]).unwrap();
+        assert_eq!(args.model, ModelArgs::default());
+        assert_eq!(args.serve, ServeArgs::default());
+        assert_eq!(args.device, DeviceArgs::default());
+    }
+
+    #[test]
+    fn closed_sets_parse_to_their_enums() {
+        let args = parse(&[
+            "--load-format",
+            "dummy",
+            "--builtin-size",
+            "tiny",
+            "--schedule-policy",
+            "fcfs",
+            "--device",
+            "cpu",
+            "--kernel-path",
+            "portable",
+        ])
+        .unwrap();
+        assert_eq!(args.model.load_format, LoadFormat::Dummy);
+        assert_eq!(args.model.builtin_size, BuiltinSize::Tiny);
+        assert_eq!(args.serve.schedule_policy, SchedulePolicy::Fcfs);
+        assert_eq!(args.device.kernel_path, KernelPath::Portable);
+        for (flag, bad) in [
+            ("--load-format", "pt"),
+            ("--builtin-size", "huge"),
+            ("--schedule-policy", "lifo"),
+            ("--device", "cuda"),
+        ] {
+            let err = parse(&[flag, bad]).unwrap_err().to_string();
+            assert!(err.contains(flag), "{flag} {bad}: {err}");
+        }
+        // The kernel path says why, not only "not one of these".
+        let err = parse(&["--kernel-path", "sse9"]).unwrap_err().to_string();
+        assert!(err.contains("is not a kernel path"), "{err}");
+    }
+
+    #[test]
+    fn the_model_source_follows_load_format_and_path() {
+        let dir = ["--model-path", "/m"];
+        let source = |flags: &[&str]| parse(flags).unwrap().model.source();
+        assert!(matches!(source(&dir), ModelSource::HfDir(_)));
+        assert!(matches!(
+            source(&[&dir[..], &["--load-format", "dummy"]].concat()),
+            ModelSource::Builtin { .. }
+        ));
+        assert!(matches!(
+            source(&["--weight-seed", "9"]),
+            ModelSource::Builtin {
+                size: BuiltinSize::Base,
+                seed: 9
+            }
+        ));
     }
 }

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use protocol::{Capacity, Hello, Message, Shutdown, WorkerStatus};
 
-pub use args::{ModelSource, WorkerArgs, WorkerConfig};
+pub use args::{DeviceArgs, ModelArgs, ModelSource, ServeArgs, WorkerArgs, WorkerConfig};
 use link::Inbound;
 use model::{LlamaModel, ModelConfig};
 use scheduler::{Scheduler, SchedulerConfig};
@@ -300,6 +300,12 @@ pub fn run(args: WorkerArgs, mem_fraction_given: bool) -> anyhow::Result<()> {
                     refused = Some(reason);
                     stop.store(true, Ordering::Relaxed);
                 }
+                Inbound::Msg(Message::GenerateReq(protocol::GenerateReq { rid, .. }))
+                | Inbound::Msg(Message::EmbedReq(protocol::EmbedReq { rid, .. }))
+                    if protocol::rid_problem(&rid).is_some() =>
+                {
+                    send(&Message::TokenOut(bad_rid_error(&rid)));
+                }
                 Inbound::Msg(Message::GenerateReq(req)) if drain_deadline.is_some() => {
                     send(&Message::TokenOut(draining_error(&req.rid, config.rank)));
                 }
@@ -424,6 +430,14 @@ pub fn run(args: WorkerArgs, mem_fraction_given: bool) -> anyhow::Result<()> {
     }
 }
 
+/// The answer to a request whose rid breaks the one rid limit ([`protocol::MAX_RID_LEN`]):
+/// the controller refuses those already, so only a peer that skips it meets this.
+fn bad_rid_error(rid: &str) -> protocol::TokenOut {
+    let why = protocol::rid_problem(rid).unwrap_or_default();
+    tracing::warn!(rid_len = rid.len(), "request refused: {why}");
+    protocol::TokenOut::error(rid, 400, why)
+}
+
 fn draining_error(rid: &str, rank: u32) -> protocol::TokenOut {
     let mut out = protocol::TokenOut::error(
         rid,
@@ -458,5 +472,19 @@ fn trace_token_out(
                 out.cached_tokens
             )),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rid_over_the_limit_is_answered_with_a_400() {
+        let long = "x".repeat(protocol::MAX_RID_LEN + 1);
+        let out = bad_rid_error(&long);
+        assert_eq!(out.rid, long);
+        assert_eq!(out.finish_reason, Some(protocol::FinishReason::Error));
+        assert_eq!(out.error.map(|e| e.status), Some(400));
     }
 }

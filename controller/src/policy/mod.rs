@@ -16,11 +16,8 @@ pub use prefix_affinity::{PrefixAffinity, PrefixAffinityConfig};
 pub use round_robin::RoundRobin;
 
 use std::fmt;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
-
-use crate::error::Error;
 
 /// What the router knows about a request when it picks a rank.
 #[derive(Debug, Clone, Copy)]
@@ -198,27 +195,26 @@ pub trait LoadBalancer: Send {
     fn select(&mut self, req: &RouteInput<'_>, ranks: &RankSet) -> RouteDecision;
 }
 
-/// The `--load-balance-method` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// The `--load-balance-method` values (clap lists them, with these comments, in `--help`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[value(rename_all = "snake_case")]
 pub enum Method {
+    /// Each live rank in turn.
     RoundRobin,
+    /// The rank with the fewest active requests.
     TotalRequests,
+    /// The rank with the fewest active tokens (ties: fewest requests).
     TotalTokens,
+    /// bootstrap_room % live ranks (stable rank ids).
     FollowBootstrapRoom,
-    /// The default: requests sharing a prefix meet the cache that holds it.
+    /// Rendezvous hashing on the routing key or the prompt's first tokens, with an overload
+    /// guard: requests sharing a prefix meet the cache that holds it (the default).
     #[default]
     PrefixAffinity,
 }
 
 impl Method {
-    pub const ALL: &'static [Method] = &[
-        Method::RoundRobin,
-        Method::TotalRequests,
-        Method::TotalTokens,
-        Method::FollowBootstrapRoom,
-        Method::PrefixAffinity,
-    ];
-
+    /// The name in flags, traces and metrics (clap's name too; a test keeps them equal).
     pub fn as_str(self) -> &'static str {
         match self {
             Method::RoundRobin => "round_robin",
@@ -241,30 +237,6 @@ impl Method {
     }
 }
 
-fn names(methods: &[Method]) -> String {
-    methods
-        .iter()
-        .map(|m| m.as_str())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-impl FromStr for Method {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Method::ALL
-            .iter()
-            .copied()
-            .find(|m| m.as_str() == s)
-            .ok_or_else(|| Error::UnknownMethod {
-                flag: "--load-balance-method",
-                got: s.to_string(),
-                expected: names(Method::ALL),
-            })
-    }
-}
-
 impl fmt::Display for Method {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -272,22 +244,20 @@ impl fmt::Display for Method {
 }
 
 /// The `--prefix-affinity-fallback` values: the keyless methods.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+#[value(rename_all = "snake_case")]
 pub enum FallbackMethod {
+    /// Each live rank in turn.
     RoundRobin,
+    /// The rank with the fewest active requests.
     TotalRequests,
-    /// The default: without a key, put the request where the fewest tokens are.
+    /// The rank with the fewest active tokens (the default: without a key, put the request
+    /// where the fewest tokens are).
     #[default]
     TotalTokens,
 }
 
 impl FallbackMethod {
-    pub const ALL: &'static [FallbackMethod] = &[
-        FallbackMethod::RoundRobin,
-        FallbackMethod::TotalRequests,
-        FallbackMethod::TotalTokens,
-    ];
-
     pub fn method(self) -> Method {
         match self {
             FallbackMethod::RoundRobin => Method::RoundRobin,
@@ -305,26 +275,6 @@ impl FallbackMethod {
     }
 }
 
-impl FromStr for FallbackMethod {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        FallbackMethod::ALL
-            .iter()
-            .copied()
-            .find(|m| m.method().as_str() == s)
-            .ok_or_else(|| Error::UnknownMethod {
-                flag: "--prefix-affinity-fallback",
-                got: s.to_string(),
-                expected: FallbackMethod::ALL
-                    .iter()
-                    .map(|m| m.method().as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })
-    }
-}
-
 impl fmt::Display for FallbackMethod {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.method().as_str())
@@ -336,27 +286,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_method_name_round_trips() {
-        for &m in Method::ALL {
-            assert_eq!(m.as_str().parse::<Method>().unwrap(), m);
+    fn clap_names_are_the_trace_and_metric_names() {
+        use clap::ValueEnum;
+        for m in Method::value_variants() {
+            let name = m.to_possible_value().unwrap();
+            assert_eq!(name.get_name(), m.as_str());
+            assert_eq!(Method::from_str(m.as_str(), false).unwrap(), *m);
         }
-        for &m in FallbackMethod::ALL {
-            assert_eq!(m.to_string().parse::<FallbackMethod>().unwrap(), m);
+        for m in FallbackMethod::value_variants() {
+            let name = m.to_possible_value().unwrap();
+            assert_eq!(name.get_name(), m.to_string());
         }
-    }
-
-    #[test]
-    fn unknown_names_list_the_choices() {
-        let err = "fastest".parse::<Method>().unwrap_err().to_string();
-        assert!(
-            err.contains("prefix_affinity") && err.contains("fastest"),
-            "{err}"
+        let names: Vec<&str> = Method::value_variants()
+            .iter()
+            .map(|m| m.as_str())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "round_robin",
+                "total_requests",
+                "total_tokens",
+                "follow_bootstrap_room",
+                "prefix_affinity"
+            ]
         );
-        let err = "prefix_affinity"
-            .parse::<FallbackMethod>()
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("--prefix-affinity-fallback"), "{err}");
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub async fn require_api_key(
 ) -> Result<ServiceResponse<BoxBody>, actix_web::Error> {
     let expected = req
         .app_data::<web::Data<AppState>>()
-        .and_then(|s| s.args.api_key.clone());
+        .and_then(|s| s.args.http.api_key.clone());
     if let Some(key) = expected {
         if !OPEN_PATHS.contains(&req.path()) {
             let given = req

@@ -60,7 +60,7 @@ pub async fn embeddings(
 ) -> Result<HttpResponse, ApiError> {
     let started = Instant::now();
     let state = state.into_inner();
-    let body = read_body(payload, state.args.max_request_bytes).await?;
+    let body = read_body(payload, state.args.http.max_request_bytes).await?;
     let input = parse_openai(&body, &header_inputs(&req)?)?;
     let rid = format!("embd-{}", random_rid());
     let done = embed_all(&state, &input, rid, started).await?;
@@ -91,7 +91,7 @@ pub async fn encode(
 ) -> Result<HttpResponse, ApiError> {
     let started = Instant::now();
     let state = state.into_inner();
-    let body = read_body(payload, state.args.max_request_bytes).await?;
+    let body = read_body(payload, state.args.http.max_request_bytes).await?;
     let input = parse_encode(&body, &header_inputs(&req)?)?;
     let rid = input.rid.clone().unwrap_or_else(random_rid);
     let done = embed_all(&state, &input, rid, started).await?;
@@ -120,6 +120,9 @@ async fn embed_all(
 ) -> Result<Vec<Embedded>, ApiError> {
     let received_at = protocol::unix_time();
     let limits = state.limits();
+    // A batch (even of one): each rid gets its index.
+    let last = input.batch.then(|| input.prompts.len().saturating_sub(1));
+    validate::check_child_rids(&rid, last)?;
     let mut reqs = Vec::with_capacity(input.prompts.len());
     for (i, prompt) in input.prompts.iter().enumerate() {
         let ids = match prompt {
@@ -136,11 +139,7 @@ async fn embed_all(
         };
         check_ids(&ids, input.param, &name, &limits)?;
         reqs.push(EmbedReq {
-            rid: if input.batch {
-                format!("{rid}-{i}")
-            } else {
-                rid.clone()
-            },
+            rid: validate::child_rid(&rid, input.batch.then_some(i)),
             input_ids: ids,
             routing_key: input.routing_key.clone(),
             routed_dp_rank: input.routed_dp_rank,
@@ -193,7 +192,7 @@ async fn embed_one(
     if !state.bridge.send(Message::EmbedReq(req)) {
         return Err(ApiError::unavailable("tokenizer is shutting down"));
     }
-    let timeout_s = state.args.request_timeout_s;
+    let timeout_s = state.args.http.request_timeout_s;
     let deadline =
         tokio::time::Instant::from_std(started) + std::time::Duration::from_secs(timeout_s);
     loop {
@@ -261,6 +260,13 @@ fn check_count(prompts: &[Prompt], param: &str) -> Result<(), ApiError> {
 fn parse_openai(body: &[u8], headers: &HeaderInputs) -> Result<EmbedInput, ApiError> {
     let obj = object(body)?;
     let prompts = prompt_list(&obj, "input")?;
+    // OpenAI's embeddings refuse an empty string (completions take it as BOS alone).
+    if prompts
+        .iter()
+        .any(|p| matches!(p, Prompt::Text(t) if t.is_empty()))
+    {
+        return Err(ApiError::invalid_param("input", "input: must not be empty"));
+    }
     check_count(&prompts, "input")?;
     let batch = matches!(obj.get("input"), Some(Value::Array(items))
         if !items.first().is_some_and(Value::is_number));
@@ -375,7 +381,7 @@ fn parse_encode(body: &[u8], headers: &HeaderInputs) -> Result<EmbedInput, ApiEr
     }
     check_count(&prompts, param)?;
     let (routing_key, routed_dp_rank) = validate::routing(&obj, headers)?;
-    let rid = validate::rid(&obj, 200)?;
+    let rid = validate::rid(&obj)?;
     Ok(EmbedInput {
         prompts,
         batch,

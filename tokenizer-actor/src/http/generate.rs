@@ -30,7 +30,7 @@ pub async fn generate(
     let started = Instant::now();
     let received_at = protocol::unix_time();
     let state = state.into_inner();
-    let body = read_body(payload, state.args.max_request_bytes).await?;
+    let body = read_body(payload, state.args.http.max_request_bytes).await?;
     let input = validate::parse_generate(&body, &header_inputs(&req)?)?;
 
     let input_ids = match &input.prompt {
@@ -223,7 +223,8 @@ fn chunk_event(chunk: &Chunk, lp: &LogprobShape) -> Bytes {
 }
 
 enum SsePhase {
-    First(Chunk),
+    /// Boxed: a chunk is large (its JSON maps keep their order) and the other phases are empty.
+    First(Box<Chunk>),
     Running,
     Done,
     Ended,
@@ -232,7 +233,7 @@ enum SsePhase {
 /// The SSE body; it owns the request's [`InFlight`] (see [`sse::response`]).
 fn sse_response(first: Chunk, inflight: InFlight, lp: LogprobShape) -> HttpResponse {
     let stream = futures::stream::unfold(
-        (SsePhase::First(first), inflight, lp),
+        (SsePhase::First(Box::new(first)), inflight, lp),
         |(phase, mut inflight, lp)| async move {
             let after = |chunk: &Chunk| {
                 if chunk.finished {

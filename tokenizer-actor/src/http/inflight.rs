@@ -151,7 +151,7 @@ impl InFlight {
         sub: &Submission,
         started: Instant,
     ) -> Self {
-        let timeout = std::time::Duration::from_secs(state.args.request_timeout_s);
+        let timeout = std::time::Duration::from_secs(state.args.http.request_timeout_s);
         InFlight {
             deadline: tokio::time::Instant::from_std(started) + timeout,
             state,
@@ -191,7 +191,7 @@ impl InFlight {
                         format!(
                             "request {} got no final output within {} s",
                             self.rid(),
-                            self.state.args.request_timeout_s
+                            self.state.args.http.request_timeout_s
                         ),
                     )));
                 }

@@ -67,14 +67,14 @@ pub async fn server_info(state: web::Data<AppState>) -> HttpResponse {
         "version": env!("CARGO_PKG_VERSION"),
         "context_length": limits.context_len,
         "vocab_size": limits.vocab_size,
-        "max_request_bytes": state.args.max_request_bytes,
-        "request_timeout_s": state.args.request_timeout_s,
+        "max_request_bytes": state.args.http.max_request_bytes,
+        "request_timeout_s": state.args.http.request_timeout_s,
         "tokenizer_addr": state.args.tokenizer_addr,
         "controller_addr": state.args.controller_addr,
         "requests_in_flight": state.bridge.in_flight(),
         "frames_dropped": state.bridge.frames_dropped(),
         "chat_template": state.chat_template.source.describe(),
-        "api_key_required": state.args.api_key.is_some(),
+        "api_key_required": state.args.http.api_key.is_some(),
     }))
 }
 

@@ -105,7 +105,8 @@ pub fn parse_generate(body: &[u8], headers: &HeaderInputs) -> Result<GenerateInp
                 "one of text or input_ids is required",
             ))
         }
-        (Some(t), None) if t.is_empty() => return Err(ApiError::bad_request("text is empty")),
+        // An empty text is a prompt: a tokenizer that adds BOS makes it one token, as in SGLang
+        // and vLLM; one that adds nothing is refused by `check_limits` (no tokens).
         (None, Some(ids)) if ids.is_empty() => {
             return Err(ApiError::bad_request("input_ids is empty"))
         }
@@ -128,7 +129,7 @@ pub fn parse_generate(body: &[u8], headers: &HeaderInputs) -> Result<GenerateInp
     };
 
     let (routing_key, routed_dp_rank) = routing(&obj, headers)?;
-    let rid = rid(&obj, 256)?;
+    let rid = rid(&obj)?;
     let top_logprobs_num = field::<u32>(&obj, "", "top_logprobs_num")?.unwrap_or(0);
     if top_logprobs_num > MAX_TOP_LOGPROBS_NUM {
         return Err(ApiError::invalid_param(
@@ -154,19 +155,38 @@ pub fn parse_generate(body: &[u8], headers: &HeaderInputs) -> Result<GenerateInp
     })
 }
 
-/// A client-chosen request id (`rid`), if any: 1 to `max_len` bytes.
-pub fn rid(obj: &Map<String, Value>, max_len: usize) -> Result<Option<String>, ApiError> {
+/// A client-chosen request id (`rid`), if any: 1 to [`protocol::MAX_RID_LEN`] bytes, the one
+/// limit the controller and the workers check too.
+pub fn rid(obj: &Map<String, Value>) -> Result<Option<String>, ApiError> {
     let rid = field::<String>(obj, "", "rid")?;
-    if rid
-        .as_deref()
-        .is_some_and(|r| r.is_empty() || r.len() > max_len)
-    {
-        return Err(ApiError::invalid_param(
-            "rid",
-            format!("rid must be 1 to {max_len} characters"),
-        ));
+    if let Some(why) = rid.as_deref().and_then(protocol::rid_problem) {
+        return Err(ApiError::invalid_param("rid", why));
     }
     Ok(rid)
+}
+
+/// The rid of sub-request `index` of a batch or of `n` > 1 (`rid-index`), or of the one
+/// request (`None`: `rid` itself).
+pub fn child_rid(rid: &str, index: Option<usize>) -> String {
+    match index {
+        Some(i) => format!("{rid}-{i}"),
+        None => rid.to_string(),
+    }
+}
+
+/// Checks, before anything is sent, that the longest rid [`child_rid`] makes (that of
+/// `last_index`) fits [`protocol::MAX_RID_LEN`].
+pub fn check_child_rids(rid: &str, last_index: Option<usize>) -> Result<(), ApiError> {
+    match protocol::rid_problem(&child_rid(rid, last_index)) {
+        Some(why) => Err(ApiError::invalid_param(
+            "rid",
+            match last_index {
+                Some(i) => format!("{why} with the suffix -{i} of a batch or n > 1"),
+                None => why,
+            },
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Routing key and explicit rank: headers win over the body; the rank may be given as
@@ -423,13 +443,45 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_text_is_a_prompt_and_no_tokens_is_a_400() {
+        assert!(
+            matches!(parse(r#"{"text": ""}"#).unwrap().prompt, Prompt::Text(t) if t.is_empty())
+        );
+        let limits = Limits {
+            vocab_size: 100,
+            context_len: 4096,
+            live_ranks: Some(vec![0]),
+        };
+        let sampling = SamplingParams::default();
+        let err = check_limits(&[], &sampling, None, &limits).unwrap_err();
+        assert_eq!(err.status, 400);
+        assert!(err.message.contains("no tokens"), "{}", err.message);
+        // BOS alone is a prompt.
+        check_limits(&[1], &sampling, None, &limits).unwrap();
+    }
+
+    #[test]
+    fn the_rid_limit_is_protocol_s_with_the_suffix_of_sub_requests() {
+        let max = protocol::MAX_RID_LEN;
+        let body = |rid: &str| format!(r#"{{"text": "a", "rid": "{rid}"}}"#);
+        assert!(parse(&body(&"r".repeat(max))).is_ok());
+        let err = parse(&body(&"r".repeat(max + 1))).unwrap_err();
+        assert!(err.message.contains(&max.to_string()), "{}", err.message);
+        let rid = "r".repeat(max - 2);
+        assert_eq!(child_rid(&rid, None), rid);
+        assert_eq!(child_rid("a", Some(3)), "a-3");
+        assert!(check_child_rids(&rid, Some(9)).is_ok());
+        let err = check_child_rids(&rid, Some(10)).unwrap_err();
+        assert!(err.message.contains("-10"), "{}", err.message);
+    }
+
+    #[test]
     fn bad_bodies_are_400_with_a_message() {
         let cases: &[(&str, &str)] = &[
             ("{", "malformed JSON"),
             ("[1]", "must be a JSON object"),
             ("{}", "one of text or input_ids"),
             (r#"{"text": "a", "input_ids": [1]}"#, "not both"),
-            (r#"{"text": ""}"#, "text is empty"),
             (r#"{"input_ids": []}"#, "input_ids is empty"),
             (r#"{"text": 5}"#, "text: expected a string"),
             (r#"{"text": ["a", "b"]}"#, "batch requests"),

@@ -211,7 +211,7 @@ impl Harness {
     pub fn start(model_path: Option<PathBuf>, outputs: Vec<u32>, timeout_s: u64) -> Harness {
         Self::start_with(outputs, |args| {
             args.model_path = model_path;
-            args.request_timeout_s = timeout_s;
+            args.http.request_timeout_s = timeout_s;
         })
     }
 

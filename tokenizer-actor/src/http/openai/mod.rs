@@ -73,7 +73,7 @@ async fn serve(
     let started = Instant::now();
     let received_at = protocol::unix_time();
     let state = state.into_inner();
-    let body = read_body(payload, state.args.max_request_bytes).await?;
+    let body = read_body(payload, state.args.http.max_request_bytes).await?;
     let r = params::parse(&body, &header_inputs(&req)?, kind)?;
 
     let prompts = tokenize(&state, &r, kind)?;
@@ -87,6 +87,9 @@ async fn serve(
         .clone()
         .unwrap_or_else(|| format!("{prefix}{}", random_rid()));
     let total = prompts.len() * r.n;
+    // Several sub-requests: each rid gets its index.
+    let indexed = total > 1;
+    validate::check_child_rids(&id, indexed.then(|| total - 1))?;
     let mut jobs = Vec::with_capacity(total);
     for (p, (ids, echo)) in prompts.into_iter().enumerate() {
         let mut sampling = r.sampling.clone();
@@ -107,11 +110,7 @@ async fn serve(
             let mut sampling = sampling.clone();
             sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
             let sub = Submission {
-                rid: if total == 1 {
-                    id.clone()
-                } else {
-                    format!("{id}-{index}")
-                },
+                rid: validate::child_rid(&id, indexed.then_some(index)),
                 input_ids: ids.clone(),
                 sampling,
                 stop: r.stop.clone(),
@@ -263,15 +262,17 @@ impl Shape {
                     offsets.push(at);
                     at += t.len();
                 }
-                // OpenAI's legacy shape: one {token text: logprob} map per token. Two ids with
-                // the same text keep the more likely one (the first). JSON maps here sort their
-                // keys, so a map's order says nothing; its values do.
+                // OpenAI's legacy shape: one {token text: logprob} map per token, likeliest
+                // first (JSON maps keep their order: serde_json's `preserve_order`), as OpenAI,
+                // SGLang and vLLM send it. Two ids with the same text keep the likelier one.
                 let top = if self.top_logprobs > 0 && tops.len() == tokens.len() {
                     json!(tops
                         .iter()
                         .map(|alts| {
+                            let mut alts = alts.to_vec();
+                            alts.sort_by(|a, b| b.1.total_cmp(&a.1));
                             let mut map = serde_json::Map::new();
-                            for &(id, l) in alts.iter() {
+                            for (id, l) in alts {
                                 map.entry(text(id)).or_insert(json!(l));
                             }
                             Value::Object(map)

@@ -220,7 +220,7 @@ pub fn parse(body: &[u8], headers: &HeaderInputs, kind: Kind) -> Result<OpenAiRe
     validate::check_sampling(&sampling, "")?;
     let stop = validate::stop_strings(&obj, "")?;
     let (routing_key, routed_dp_rank) = validate::routing(&obj, headers)?;
-    let rid = validate::rid(&obj, 200)?;
+    let rid = validate::rid(&obj)?;
 
     let (prompts, messages) = match kind {
         Kind::Completions => (prompt_list(&obj, "prompt")?, Vec::new()),
@@ -272,7 +272,7 @@ fn max_tokens_field(obj: &Map<String, Value>, name: &str) -> Result<Option<u32>,
 }
 
 /// `obj[name]` (completions' `prompt`, embeddings' `input`): a string, a list of strings, a
-/// list of token ids, or a list of such lists. Never empty, nor any of its prompts.
+/// list of token ids, or a list of such lists. Never empty, nor any list of ids in it.
 pub fn prompt_list(obj: &Map<String, Value>, name: &str) -> Result<Vec<Prompt>, ApiError> {
     let err = |msg: &str| ApiError::invalid_param(name, format!("{name}: {msg}"));
     const SHAPE: &str = "expected a string, a list of strings or token ids";
@@ -297,12 +297,13 @@ pub fn prompt_list(obj: &Map<String, Value>, name: &str) -> Result<Vec<Prompt>, 
         },
         Some(_) => return Err(err(SHAPE)),
     };
-    for p in &prompts {
-        match p {
-            Prompt::Text(t) if t.is_empty() => return Err(err("must not be empty")),
-            Prompt::Ids(i) if i.is_empty() => return Err(err("must not be empty")),
-            _ => {}
-        }
+    // An empty text is a prompt (BOS alone, as in SGLang and vLLM; `check_limits` refuses it
+    // if the tokenizer makes no tokens of it); an empty list of ids is not.
+    if prompts
+        .iter()
+        .any(|p| matches!(p, Prompt::Ids(i) if i.is_empty()))
+    {
+        return Err(err("must not be empty"));
     }
     Ok(prompts)
 }
@@ -408,6 +409,18 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_prompt_text_is_a_prompt() {
+        let r = parse_as(Kind::Completions, r#"{"prompt": ""}"#).unwrap();
+        assert!(matches!(&r.prompts[..], [Prompt::Text(t)] if t.is_empty()));
+        let max = protocol::MAX_RID_LEN;
+        let body = format!(r#"{{"prompt": "a", "rid": "{}"}}"#, "r".repeat(max));
+        assert!(
+            parse_as(Kind::Completions, &body).is_ok(),
+            "the one rid limit"
+        );
+    }
+
+    #[test]
     fn bad_parameters_name_their_param() {
         let cases: &[(Kind, &str, &str)] = &[
             (
@@ -479,7 +492,7 @@ mod tests {
             ),
             (Kind::Completions, r#"{}"#, "prompt"),
             (Kind::Completions, r#"{"prompt": [1, "a"]}"#, "prompt"),
-            (Kind::Completions, r#"{"prompt": ""}"#, "prompt"),
+            (Kind::Completions, r#"{"prompt": [[]]}"#, "prompt"),
             (Kind::Chat, r#"{"messages": []}"#, "messages"),
             (
                 Kind::Chat,

@@ -1,0 +1,315 @@
+//! The command-line contract (`../shared/DESIGN.md`, README, `deploy/`): every flag of `up`, the
+//! actors and `bench --launch` with its variable, its default and a value it must accept, checked
+//! against the parser that `main` uses. A flag added, renamed or given another default fails here
+//! until this table, and the docs it mirrors, say so.
+
+use clap::{Arg, ArgMatches, Command, CommandFactory};
+
+use crate::Cli;
+
+/// `(subcommand, flag, variable, default, a value it accepts)`. Default `"*"`: computed at run
+/// time (the runtime directory); a switch's value is `""` (given bare, `true` in a variable).
+type Row = (
+    &'static str,
+    &'static str,
+    &'static str,
+    Option<&'static str>,
+    &'static str,
+);
+
+#[rustfmt::skip]
+const CONTRACT: &[Row] = &[
+    // dpserve up
+    ("up", "--dp-size", "DPSERVE_DP_SIZE", Some("2"), "3"),
+    ("up", "--model-path", "DPSERVE_MODEL_PATH", None, "/m"),
+    ("up", "--load-format", "DPSERVE_LOAD_FORMAT", Some("auto"), "dummy"),
+    ("up", "--builtin-size", "DPSERVE_BUILTIN_SIZE", Some("base"), "tiny"),
+    ("up", "--weight-seed", "DPSERVE_WEIGHT_SEED", Some("0"), "5"),
+    ("up", "--max-total-tokens", "DPSERVE_MAX_TOTAL_TOKENS", None, "4096"),
+    ("up", "--mem-fraction", "DPSERVE_MEM_FRACTION", Some("0.5"), "0.25"),
+    ("up", "--max-running-requests", "DPSERVE_MAX_RUNNING_REQUESTS", Some("64"), "8"),
+    ("up", "--chunked-prefill-size", "DPSERVE_CHUNKED_PREFILL_SIZE", Some("2048"), "256"),
+    ("up", "--max-prefill-tokens", "DPSERVE_MAX_PREFILL_TOKENS", Some("8192"), "1024"),
+    ("up", "--decode-prealloc-size", "DPSERVE_DECODE_PREALLOC_SIZE", Some("auto"), "4"),
+    ("up", "--schedule-policy", "DPSERVE_SCHEDULE_POLICY", Some("lpm"), "fcfs"),
+    ("up", "--disable-radix-cache", "DPSERVE_DISABLE_RADIX_CACHE", None, ""),
+    ("up", "--context-length", "DPSERVE_CONTEXT_LENGTH", None, "512"),
+    ("up", "--num-threads", "DPSERVE_NUM_THREADS", None, "2"),
+    ("up", "--heartbeat-interval-ms", "DPSERVE_HEARTBEAT_INTERVAL_MS", Some("500"), "100"),
+    ("up", "--drain-timeout", "DPSERVE_DRAIN_TIMEOUT", Some("30"), "7"),
+    ("up", "--prefill-step-target-ms", "DPSERVE_PREFILL_STEP_TARGET_MS", Some("500"), "0"),
+    ("up", "--startup-timeout", "DPSERVE_STARTUP_TIMEOUT", Some("300"), "60"),
+    ("up", "--host", "DPSERVE_HOST", Some("127.0.0.1"), "0.0.0.0"),
+    ("up", "--port", "DPSERVE_PORT", Some("30000"), "8080"),
+    ("up", "--served-model-name", "DPSERVE_SERVED_MODEL_NAME", None, "m"),
+    ("up", "--max-request-bytes", "DPSERVE_MAX_REQUEST_BYTES", Some("33554432"), "1024"),
+    ("up", "--request-timeout-s", "DPSERVE_REQUEST_TIMEOUT_S", Some("600"), "9"),
+    ("up", "--api-key", "DPSERVE_API_KEY", None, "k"),
+    ("up", "--chat-template", "DPSERVE_CHAT_TEMPLATE", None, "/t.jinja"),
+    ("up", "--load-balance-method", "DPSERVE_LOAD_BALANCE_METHOD", Some("prefix_affinity"), "round_robin"),
+    ("up", "--prefix-affinity-hash-tokens", "DPSERVE_PREFIX_AFFINITY_HASH_TOKENS", Some("4096"), "64"),
+    ("up", "--prefix-affinity-disable-token-fallback", "DPSERVE_PREFIX_AFFINITY_DISABLE_TOKEN_FALLBACK", None, ""),
+    ("up", "--prefix-affinity-fallback", "DPSERVE_PREFIX_AFFINITY_FALLBACK", Some("total_tokens"), "total_requests"),
+    ("up", "--prefix-affinity-max-load-skew", "DPSERVE_PREFIX_AFFINITY_MAX_LOAD_SKEW", Some("1.5"), "2.5"),
+    ("up", "--trace-file", "DPSERVE_TRACE_FILE", None, "/r.jsonl"),
+    ("up", "--worker-timeout", "DPSERVE_WORKER_TIMEOUT", Some("3"), "5"),
+    ("up", "--model-id", "DPSERVE_MODEL_ID", None, "m"),
+    ("up", "--kernel-path", "DPSERVE_KERNEL_PATH", Some("auto"), "portable"),
+    ("up", "--device", "DPSERVE_DEVICE", Some("cpu"), "cpu"),
+    ("up", "--trace-dir", "DPSERVE_TRACE_DIR", None, "/d"),
+    ("up", "--runtime-dir", "DPSERVE_RUNTIME_DIR", None, "/rt"),
+    // dpserve tokenizer
+    ("tokenizer", "--host", "DPSERVE_HOST", Some("127.0.0.1"), "0.0.0.0"),
+    ("tokenizer", "--port", "DPSERVE_PORT", Some("30000"), "8080"),
+    ("tokenizer", "--served-model-name", "DPSERVE_SERVED_MODEL_NAME", None, "m"),
+    ("tokenizer", "--max-request-bytes", "DPSERVE_MAX_REQUEST_BYTES", Some("33554432"), "1024"),
+    ("tokenizer", "--request-timeout-s", "DPSERVE_REQUEST_TIMEOUT_S", Some("600"), "9"),
+    ("tokenizer", "--api-key", "DPSERVE_API_KEY", None, "k"),
+    ("tokenizer", "--chat-template", "DPSERVE_CHAT_TEMPLATE", None, "/t.jinja"),
+    ("tokenizer", "--model-path", "DPSERVE_MODEL_PATH", None, "/m"),
+    ("tokenizer", "--tokenizer-addr", "DPSERVE_TOKENIZER_ADDR", Some("*"), "ipc:///x/t.sock"),
+    ("tokenizer", "--controller-addr", "DPSERVE_CONTROLLER_ADDR", Some("*"), "ipc:///x/c.sock"),
+    ("tokenizer", "--dp-size", "DPSERVE_DP_SIZE", Some("1"), "3"),
+    ("tokenizer", "--trace-dir", "DPSERVE_TRACE_DIR", None, "/d"),
+    // dpserve controller
+    ("controller", "--controller-addr", "DPSERVE_CONTROLLER_ADDR", None, "ipc:///x/c.sock"),
+    ("controller", "--worker-addr", "DPSERVE_WORKER_ADDR", None, "ipc:///x/w.sock"),
+    ("controller", "--tokenizer-addr", "DPSERVE_TOKENIZER_ADDR", None, "ipc:///x/t.sock"),
+    ("controller", "--load-balance-method", "DPSERVE_LOAD_BALANCE_METHOD", Some("prefix_affinity"), "round_robin"),
+    ("controller", "--prefix-affinity-hash-tokens", "DPSERVE_PREFIX_AFFINITY_HASH_TOKENS", Some("4096"), "64"),
+    ("controller", "--prefix-affinity-disable-token-fallback", "DPSERVE_PREFIX_AFFINITY_DISABLE_TOKEN_FALLBACK", None, ""),
+    ("controller", "--prefix-affinity-fallback", "DPSERVE_PREFIX_AFFINITY_FALLBACK", Some("total_tokens"), "total_requests"),
+    ("controller", "--prefix-affinity-max-load-skew", "DPSERVE_PREFIX_AFFINITY_MAX_LOAD_SKEW", Some("1.5"), "2.5"),
+    ("controller", "--trace-file", "DPSERVE_TRACE_FILE", None, "/r.jsonl"),
+    ("controller", "--worker-timeout", "DPSERVE_WORKER_TIMEOUT", Some("3"), "5"),
+    ("controller", "--model-id", "DPSERVE_MODEL_ID", None, "m"),
+    ("controller", "--trace-dir", "DPSERVE_TRACE_DIR", None, "/d"),
+    // dpserve worker
+    ("worker", "--rank", "DPSERVE_RANK", None, "3"),
+    ("worker", "--model-path", "DPSERVE_MODEL_PATH", None, "/m"),
+    ("worker", "--load-format", "DPSERVE_LOAD_FORMAT", Some("auto"), "dummy"),
+    ("worker", "--builtin-size", "DPSERVE_BUILTIN_SIZE", Some("base"), "tiny"),
+    ("worker", "--weight-seed", "DPSERVE_WEIGHT_SEED", Some("0"), "5"),
+    ("worker", "--worker-addr", "DPSERVE_WORKER_ADDR", None, "ipc:///x/w.sock"),
+    ("worker", "--tokenizer-addr", "DPSERVE_TOKENIZER_ADDR", None, "ipc:///x/t.sock"),
+    ("worker", "--max-total-tokens", "DPSERVE_MAX_TOTAL_TOKENS", None, "4096"),
+    ("worker", "--mem-fraction", "DPSERVE_MEM_FRACTION", Some("0.5"), "0.25"),
+    ("worker", "--max-running-requests", "DPSERVE_MAX_RUNNING_REQUESTS", Some("64"), "8"),
+    ("worker", "--chunked-prefill-size", "DPSERVE_CHUNKED_PREFILL_SIZE", Some("2048"), "256"),
+    ("worker", "--max-prefill-tokens", "DPSERVE_MAX_PREFILL_TOKENS", Some("8192"), "1024"),
+    ("worker", "--decode-prealloc-size", "DPSERVE_DECODE_PREALLOC_SIZE", Some("auto"), "4"),
+    ("worker", "--schedule-policy", "DPSERVE_SCHEDULE_POLICY", Some("lpm"), "fcfs"),
+    ("worker", "--disable-radix-cache", "DPSERVE_DISABLE_RADIX_CACHE", None, ""),
+    ("worker", "--context-length", "DPSERVE_CONTEXT_LENGTH", None, "512"),
+    ("worker", "--num-threads", "DPSERVE_NUM_THREADS", None, "2"),
+    ("worker", "--heartbeat-interval-ms", "DPSERVE_HEARTBEAT_INTERVAL_MS", Some("500"), "100"),
+    ("worker", "--drain-timeout", "DPSERVE_DRAIN_TIMEOUT", Some("30"), "7"),
+    ("worker", "--trace-dir", "DPSERVE_TRACE_DIR", None, "/d"),
+    ("worker", "--prefill-step-target-ms", "DPSERVE_PREFILL_STEP_TARGET_MS", Some("500"), "0"),
+    ("worker", "--kernel-path", "DPSERVE_KERNEL_PATH", Some("auto"), "portable"),
+    ("worker", "--device", "DPSERVE_DEVICE", Some("cpu"), "cpu"),
+    // dpserve bench: the cluster flags of --launch, and --engine's kernel path
+    ("bench", "--kernel-path", "DPSERVE_KERNEL_PATH", Some("auto"), "portable"),
+    ("bench", "--dp-size", "DPSERVE_BENCH_DP_SIZE", Some("2"), "3"),
+    ("bench", "--model-path", "DPSERVE_BENCH_MODEL_PATH", None, "/m"),
+    ("bench", "--load-format", "DPSERVE_BENCH_LOAD_FORMAT", Some("auto"), "dummy"),
+    ("bench", "--builtin-size", "DPSERVE_BENCH_BUILTIN_SIZE", Some("base"), "tiny"),
+    ("bench", "--weight-seed", "DPSERVE_BENCH_WEIGHT_SEED", Some("0"), "5"),
+    ("bench", "--max-total-tokens", "DPSERVE_BENCH_MAX_TOTAL_TOKENS", None, "4096"),
+    ("bench", "--mem-fraction", "DPSERVE_BENCH_MEM_FRACTION", Some("0.5"), "0.25"),
+    ("bench", "--max-running-requests", "DPSERVE_BENCH_MAX_RUNNING_REQUESTS", Some("64"), "8"),
+    ("bench", "--chunked-prefill-size", "DPSERVE_BENCH_CHUNKED_PREFILL_SIZE", Some("2048"), "256"),
+    ("bench", "--max-prefill-tokens", "DPSERVE_BENCH_MAX_PREFILL_TOKENS", Some("8192"), "1024"),
+    ("bench", "--decode-prealloc-size", "DPSERVE_BENCH_DECODE_PREALLOC_SIZE", Some("auto"), "4"),
+    ("bench", "--schedule-policy", "DPSERVE_BENCH_SCHEDULE_POLICY", Some("lpm"), "fcfs"),
+    ("bench", "--disable-radix-cache", "DPSERVE_BENCH_DISABLE_RADIX_CACHE", None, ""),
+    ("bench", "--context-length", "DPSERVE_BENCH_CONTEXT_LENGTH", None, "512"),
+    ("bench", "--num-threads", "DPSERVE_BENCH_NUM_THREADS", None, "2"),
+    ("bench", "--heartbeat-interval-ms", "DPSERVE_BENCH_HEARTBEAT_INTERVAL_MS", Some("500"), "100"),
+    ("bench", "--drain-timeout", "DPSERVE_BENCH_DRAIN_TIMEOUT", Some("30"), "7"),
+    ("bench", "--prefill-step-target-ms", "DPSERVE_BENCH_PREFILL_STEP_TARGET_MS", Some("500"), "0"),
+    ("bench", "--startup-timeout", "DPSERVE_BENCH_STARTUP_TIMEOUT", Some("300"), "60"),
+];
+
+/// Subcommands whose every flag is in [`CONTRACT`] (`bench` has workload flags besides).
+const COMPLETE: &[&str] = &["up", "tokenizer", "controller", "worker"];
+
+fn sub(name: &str) -> Command {
+    Cli::command()
+        .find_subcommand(name)
+        .unwrap_or_else(|| panic!("no subcommand {name}"))
+        .clone()
+}
+
+fn arg<'a>(cmd: &'a Command, long: &str) -> &'a Arg {
+    cmd.get_arguments()
+        .find(|a| a.get_long().map(|l| format!("--{l}")).as_deref() == Some(long))
+        .unwrap_or_else(|| panic!("{} has no {long}", cmd.get_name()))
+}
+
+fn is_switch(a: &Arg) -> bool {
+    !a.get_action().takes_values()
+}
+
+#[test]
+fn every_flag_has_its_documented_variable_and_default() {
+    for &(name, long, env, default, _) in CONTRACT {
+        let cmd = sub(name);
+        let a = arg(&cmd, long);
+        assert_eq!(
+            a.get_env().and_then(|e| e.to_str()),
+            Some(env),
+            "{name} {long}"
+        );
+        let got: Vec<String> = a
+            .get_default_values()
+            .iter()
+            .map(|v| v.to_string_lossy().into_owned())
+            .collect();
+        match default {
+            Some("*") => assert_eq!(got.len(), 1, "{name} {long}: {got:?}"),
+            Some(d) => assert_eq!(got, [d], "{name} {long}"),
+            // A switch: unset is false (clap fills that in only when the command is built).
+            None if is_switch(a) => assert!(got.is_empty() || got == ["false"], "{name} {long}"),
+            None => assert!(got.is_empty(), "{name} {long}: {got:?}"),
+        }
+    }
+}
+
+#[test]
+fn no_flag_is_outside_the_contract() {
+    for &name in COMPLETE {
+        let cmd = sub(name);
+        for a in cmd.get_arguments() {
+            let Some(long) = a.get_long() else { continue };
+            if matches!(long, "help" | "version") {
+                continue;
+            }
+            let long = format!("--{long}");
+            assert!(
+                CONTRACT.iter().any(|r| r.0 == name && r.1 == long),
+                "{name} {long} is not in the contract table"
+            );
+        }
+    }
+}
+
+/// The argv that gives every flag of `name` its sample value.
+fn sample_argv(name: &str) -> Vec<String> {
+    let cmd = sub(name);
+    let mut argv = vec!["dpserve".to_string(), name.to_string()];
+    for &(_, long, _, _, value) in CONTRACT.iter().filter(|r| r.0 == name) {
+        argv.push(long.to_string());
+        if !is_switch(arg(&cmd, long)) {
+            argv.push(value.to_string());
+        }
+    }
+    argv
+}
+
+/// Checks that `m` (the matches of subcommand `name`) holds every sample value.
+fn check_samples(name: &str, m: &ArgMatches) {
+    let cmd = sub(name);
+    for &(_, long, _, _, value) in CONTRACT.iter().filter(|r| r.0 == name) {
+        let a = arg(&cmd, long);
+        let id = a.get_id().as_str();
+        if is_switch(a) {
+            assert_eq!(m.get_one::<bool>(id), Some(&true), "{name} {long}");
+        } else {
+            let raw: Vec<String> = m
+                .get_raw(id)
+                .unwrap_or_else(|| panic!("{name} {long}: no value"))
+                .map(|v| v.to_string_lossy().into_owned())
+                .collect();
+            assert_eq!(raw, [value], "{name} {long}");
+        }
+    }
+}
+
+#[test]
+fn every_flag_accepts_a_value_on_the_command_line() {
+    for name in ["up", "tokenizer", "controller", "worker", "bench"] {
+        let m = Cli::command()
+            .try_get_matches_from(sample_argv(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let (_, m) = m.subcommand().unwrap();
+        check_samples(name, m);
+    }
+}
+
+/// Set in the child process of [`every_flag_reads_its_variable`].
+const CHILD: &str = "DPSERVE_CLI_CONTRACT_CHILD";
+
+#[test]
+fn every_flag_reads_its_variable() {
+    // In a child process: variables set here would race the other tests' parsing.
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+    child.args([
+        "cli_contract::parse_from_variables",
+        "--exact",
+        "--ignored",
+        "--nocapture",
+    ]);
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("DPSERVE_") {
+            child.env_remove(key);
+        }
+    }
+    child.env(CHILD, "1");
+    for &(_, _, env, _, value) in CONTRACT {
+        child.env(env, if value.is_empty() { "true" } else { value });
+    }
+    let out = child.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+#[ignore = "run by every_flag_reads_its_variable, in a child process with the variables set"]
+fn parse_from_variables() {
+    assert!(std::env::var_os(CHILD).is_some(), "run only as a child");
+    for name in ["up", "tokenizer", "controller", "worker", "bench"] {
+        let m = Cli::command()
+            .try_get_matches_from(["dpserve", name])
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let (_, m) = m.subcommand().unwrap();
+        check_samples(name, m);
+    }
+}
+
+#[test]
+fn help_lists_the_choices_of_closed_sets() {
+    let cases: &[(&str, &[&str])] = &[
+        (
+            "worker",
+            &["dummy", "tiny", "fcfs", "avx512", "portable", "cpu"],
+        ),
+        (
+            "controller",
+            &["round_robin", "follow_bootstrap_room", "total_requests"],
+        ),
+        (
+            "up",
+            &["dummy", "tiny", "fcfs", "avx2", "prefix_affinity", "cpu"],
+        ),
+        (
+            "bench",
+            &["dummy", "tiny", "fcfs", "all", "cpu-small", "openai"],
+        ),
+    ];
+    for (name, choices) in cases {
+        let help = sub(name).render_long_help().to_string();
+        for choice in *choices {
+            assert!(
+                help.contains(&format!("- {choice}"))
+                    || help.contains(&format!(" {choice},"))
+                    || help.contains(&format!(" {choice}]")),
+                "{name} --help does not list {choice}:\n{help}"
+            );
+        }
+    }
+}
