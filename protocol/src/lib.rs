@@ -9,6 +9,7 @@ pub mod endpoint;
 pub mod error;
 pub mod messages;
 pub mod msg_trace;
+pub mod trace_event;
 pub mod socket;
 
 pub use codec::{decode, encode, encode_envelope, DecodeError, FrameStats};
