@@ -71,7 +71,11 @@ impl Outputs<'_> {
             bail!("no routing decisions in {} to draw", source.display());
         }
         let tr = traffic::Traffic::of(points);
-        let title = format!("routing over time: {}", source.display());
+        let name = source.file_name().map_or_else(
+            || source.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        let title = format!("routing over time: {name}");
         self.write(|| traffic::traffic_svg(&tr, &title), || chrome::traffic_json(&tr))
     }
 }

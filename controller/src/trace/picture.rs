@@ -156,9 +156,10 @@ pub fn request_svg(j: &Journey) -> String {
             svg.group("route", &[]);
             svg.title("the routing decision");
             let top = lanes[ctl].0 + 16.0;
+            let x = route_text_x(j, &axis, ctl);
             for (n, line) in j.route.iter().enumerate() {
                 let style = if n == 0 { "font-weight=\"bold\" fill=\"#6b3d7a\"" } else { "fill=\"#6b3d7a\"" };
-                svg.text(LEFT + 8.0, top + n as f64 * ROUTE_LINE, 12.0, Anchor::Start, style, line);
+                svg.text(x, top + n as f64 * ROUTE_LINE, 12.0, Anchor::Start, style, line);
             }
             svg.end();
         }
@@ -167,6 +168,23 @@ pub fn request_svg(j: &Journey) -> String {
     draw_marks(&mut svg, j, &axis, &track);
     draw_ticks(&mut svg, j, &axis, bottom);
     svg.finish()
+}
+
+/// Where the routing decision's text starts: right of the arrows that bring the request to the
+/// controller and take it on (their labels sit at the height of the text), and never so far
+/// right that the text runs off the picture.
+fn route_text_x(j: &Journey, axis: &TimeAxis, ctl: usize) -> f64 {
+    let last_hop = j
+        .messages
+        .iter()
+        .filter(|a| a.from == ctl || a.to == ctl)
+        .filter(|a| matches!(a.msg_type.as_str(), "GenerateReq" | "EmbedReq"))
+        .filter_map(|a| a.sent.or(a.received))
+        .map(|t| axis.x(t))
+        .next_back()
+        .unwrap_or(LEFT);
+    let widest = j.route.iter().map(|l| l.chars().count()).max().unwrap_or(0) as f64 * 6.8;
+    (last_hop + 130.0).min(WIDTH - 12.0 - widest).max(LEFT + 8.0)
 }
 
 fn draw_phases(svg: &mut Svg, j: &Journey, axis: &TimeAxis, track: &dyn Fn(usize) -> f64) {

@@ -168,7 +168,7 @@ const WIDTH: f64 = 1100.0;
 const LEFT: f64 = 70.0;
 const RIGHT: f64 = 200.0;
 const PANEL: f64 = 200.0;
-const TOP: f64 = 60.0;
+const TOP: f64 = 84.0;
 const GAP: f64 = 60.0;
 
 /// Branch colours fixed by name, so pictures of different runs compare.
@@ -191,7 +191,7 @@ fn rank_color(rank: u32) -> &'static str {
 
 /// The routing picture: two stacked-area panels sharing a time axis.
 pub fn traffic_svg(tr: &Traffic, title: &str) -> String {
-    let height = TOP + 2.0 * PANEL + GAP + 70.0;
+    let height = TOP + 2.0 * PANEL + GAP + 36.0;
     let mut svg = Svg::new(WIDTH, height);
     let bins = tr.bins().max(1);
     let span = tr.bin_s * bins as f64;
