@@ -49,15 +49,23 @@ impl Outputs<'_> {
         self.svg.is_some() || self.chrome.is_some()
     }
 
-    fn write(&self, svg: impl FnOnce() -> String, chrome: impl FnOnce() -> serde_json::Value) -> anyhow::Result<()> {
+    fn write(
+        &self,
+        svg: impl FnOnce() -> String,
+        chrome: impl FnOnce() -> serde_json::Value,
+    ) -> anyhow::Result<()> {
         if let Some(path) = self.svg {
             std::fs::write(path, svg()).with_context(|| format!("writing {}", path.display()))?;
             eprintln!("dpserve trace: wrote {}", path.display());
         }
         if let Some(path) = self.chrome {
             let text = serde_json::to_string(&chrome())?;
-            std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
-            eprintln!("dpserve trace: wrote {} (open it in https://ui.perfetto.dev)", path.display());
+            std::fs::write(path, text + "\n")
+                .with_context(|| format!("writing {}", path.display()))?;
+            eprintln!(
+                "dpserve trace: wrote {} (open it in https://ui.perfetto.dev)",
+                path.display()
+            );
         }
         Ok(())
     }
@@ -76,7 +84,10 @@ impl Outputs<'_> {
             |n| n.to_string_lossy().into_owned(),
         );
         let title = format!("routing over time: {name}");
-        self.write(|| traffic::traffic_svg(&tr, &title), || chrome::traffic_json(&tr))
+        self.write(
+            || traffic::traffic_svg(&tr, &title),
+            || chrome::traffic_json(&tr),
+        )
     }
 }
 

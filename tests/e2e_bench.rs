@@ -119,7 +119,10 @@ fn bench_launch_compares_methods_and_writes_json() {
     for method in ["round_robin", "prefix_affinity"] {
         let svg = std::fs::read_to_string(out.path().join(format!("routing-{method}.svg")))
             .unwrap_or_else(|e| panic!("routing-{method}.svg: {e}"));
-        assert!(svg.contains(&format!("routing over time: {method}")), "{svg}");
+        assert!(
+            svg.contains(&format!("routing over time: {method}")),
+            "{svg}"
+        );
         assert!(svg.contains("class=\"area\" data-rank=\"0\""), "{svg}");
         assert!(svg.contains("class=\"area\" data-rank=\"1\""), "{svg}");
         // The workload's 8 requests, plus whatever the bench sends to learn the server.

@@ -524,20 +524,42 @@ fn check_request_picture(traces: &Path, rid: &str, rank: u32) {
         "--chrome",
         json_path.to_str().expect("utf-8 path"),
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let svg = fs::read_to_string(&svg_path).expect("svg written");
-    for lane in ["tokenizer".to_string(), "controller".into(), format!("worker[{rank}]")] {
-        assert!(svg.contains(&format!("class=\"lane\" data-lane=\"{lane}\"")), "no lane {lane}");
+    for lane in [
+        "tokenizer".to_string(),
+        "controller".into(),
+        format!("worker[{rank}]"),
+    ] {
+        assert!(
+            svg.contains(&format!("class=\"lane\" data-lane=\"{lane}\"")),
+            "no lane {lane}"
+        );
     }
     let lines = traced_lines(traces, rid);
     let count = |dir: &str| lines.iter().filter(|(d, _)| d == dir).count();
     // Every actor traced: each message has both ends, and is one arrow.
     assert_eq!(count("send"), count("recv"), "{lines:?}");
-    assert_eq!(svg.matches("class=\"msg\"").count(), count("send"), "{lines:?}");
-    assert_eq!(svg.matches("class=\"mark\"").count(), count("event"), "{lines:?}");
+    assert_eq!(
+        svg.matches("class=\"msg\"").count(),
+        count("send"),
+        "{lines:?}"
+    );
+    assert_eq!(
+        svg.matches("class=\"mark\"").count(),
+        count("event"),
+        "{lines:?}"
+    );
     for (dir, kind) in &lines {
         if dir == "event" {
-            assert!(svg.contains(&format!("class=\"mark\" data-name=\"{kind}\"")), "{kind}");
+            assert!(
+                svg.contains(&format!("class=\"mark\" data-name=\"{kind}\"")),
+                "{kind}"
+            );
         }
     }
     assert!(svg.contains("class=\"route\""));
@@ -559,10 +581,17 @@ fn check_routing_picture(traces: &Path, victim: u32) {
         "--chrome",
         json_path.to_str().expect("utf-8 path"),
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let svg = fs::read_to_string(&svg_path).expect("svg written");
     for r in RANKS {
-        assert!(svg.contains(&format!("class=\"area\" data-rank=\"{r}\"")), "rank {r}");
+        assert!(
+            svg.contains(&format!("class=\"area\" data-rank=\"{r}\"")),
+            "rank {r}"
+        );
     }
     assert!(svg.contains("class=\"area\" data-branch=\"affinity\""));
     for what in ["left", "joined"] {

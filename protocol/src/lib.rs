@@ -9,8 +9,8 @@ pub mod endpoint;
 pub mod error;
 pub mod messages;
 pub mod msg_trace;
-pub mod trace_event;
 pub mod socket;
+pub mod trace_event;
 
 pub use codec::{decode, encode, encode_envelope, DecodeError, FrameStats};
 pub use endpoint::{Endpoint, RuntimeDir};

@@ -18,8 +18,8 @@ use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use crate::trace_event::{Milestone, TraceEvent, TraceLine};
 use crate::trace_event::MessageSeen;
+pub use crate::trace_event::{Milestone, TraceEvent, TraceLine};
 use crate::{Message, TokenOut};
 
 /// Lines buffered between an actor and its writer thread.

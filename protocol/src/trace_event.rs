@@ -127,8 +127,8 @@ impl Milestone {
 
     /// The milestones an output marks: its first token, its end.
     pub fn of_token_out(out: &TokenOut) -> impl Iterator<Item = Milestone> {
-        let first = !out.output_ids.is_empty()
-            && out.completion_tokens as usize == out.output_ids.len();
+        let first =
+            !out.output_ids.is_empty() && out.completion_tokens as usize == out.output_ids.len();
         let finished = out.finish_reason.map(|reason| Milestone::Finished {
             reason,
             completion_tokens: out.completion_tokens,
@@ -152,7 +152,10 @@ impl fmt::Display for Milestone {
                 branch,
                 key_source,
                 ..
-            } => write!(f, "rank={chosen_rank} branch={branch} key_source={key_source}"),
+            } => write!(
+                f,
+                "rank={chosen_rank} branch={branch} key_source={key_source}"
+            ),
             Milestone::Refused { error } | Milestone::Failed { error } => f.write_str(error),
             Milestone::SendFailed { to, error } => write!(f, "to {to}: {error}"),
             Milestone::Admitted {
@@ -292,7 +295,6 @@ impl fmt::Display for KeySource {
         })
     }
 }
-
 
 /// Lines of files written before the events were typed: `{"dir", "type", "detail": "k=v …"}`.
 /// Read once into the typed form; the writer never produces them.
@@ -493,7 +495,10 @@ mod tests {
         assert_eq!(v["rid"], "r1");
         assert_eq!(v["prefix_hit_tokens"], 4);
         let v: serde_json::Value = serde_json::to_value(&every_kind()[0]).unwrap();
-        assert_eq!((&v["dir"], &v["type"], &v["bytes"]), (&"send".into(), &"GenerateReq".into(), &339.into()));
+        assert_eq!(
+            (&v["dir"], &v["type"], &v["bytes"]),
+            (&"send".into(), &"GenerateReq".into(), &339.into())
+        );
     }
 
     #[test]
@@ -509,15 +514,26 @@ mod tests {
         assert_eq!(lines[0].message().unwrap().1.bytes, 40);
         assert!(matches!(
             lines[1].milestone(),
-            Some(Milestone::Routed { chosen_rank: 2, branch: Branch::Spill, .. })
+            Some(Milestone::Routed {
+                chosen_rank: 2,
+                branch: Branch::Spill,
+                ..
+            })
         ));
         assert!(matches!(
             lines[2].milestone(),
-            Some(Milestone::Admitted { prefix_hit_tokens: 7, .. })
+            Some(Milestone::Admitted {
+                prefix_hit_tokens: 7,
+                ..
+            })
         ));
         assert_eq!(lines[3].milestone(), Some(&Milestone::FirstToken {}));
         match lines[4].milestone() {
-            Some(Milestone::Finished { reason, error: Some(e), .. }) => {
+            Some(Milestone::Finished {
+                reason,
+                error: Some(e),
+                ..
+            }) => {
                 assert_eq!((*reason, e.status), (FinishReason::Error, 503));
                 assert_eq!(e.message, "rank 2 is gone");
             }
@@ -531,7 +547,9 @@ mod tests {
     fn an_output_marks_its_first_token_and_its_end() {
         let mut out = TokenOut::error("r", 503, "gone");
         assert_eq!(
-            Milestone::of_token_out(&out).map(|m| m.name()).collect::<Vec<_>>(),
+            Milestone::of_token_out(&out)
+                .map(|m| m.name())
+                .collect::<Vec<_>>(),
             ["finished"]
         );
         out = TokenOut::error("r", 503, "gone");
@@ -540,7 +558,9 @@ mod tests {
         out.output_ids = vec![5];
         out.completion_tokens = 1;
         assert_eq!(
-            Milestone::of_token_out(&out).map(|m| m.name()).collect::<Vec<_>>(),
+            Milestone::of_token_out(&out)
+                .map(|m| m.name())
+                .collect::<Vec<_>>(),
             ["first_token"]
         );
     }

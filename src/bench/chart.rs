@@ -17,12 +17,20 @@ const TPUT_COLOR: RGBColor = RGBColor(0x55, 0xa8, 0x68);
 /// Draws routing over time from the routing trace at `trace` into `out`; returns `out` shown.
 pub fn write_routing_svg(trace: &Path, method: &str, out: &Path) -> anyhow::Result<String> {
     use controller::trace::{report, traffic};
-    let file = std::fs::File::open(trace).with_context(|| format!("opening {}", trace.display()))?;
+    let file =
+        std::fs::File::open(trace).with_context(|| format!("opening {}", trace.display()))?;
     let (records, _) = report::parse(std::io::BufReader::new(file))
         .with_context(|| format!("reading {}", trace.display()))?;
-    anyhow::ensure!(!records.is_empty(), "{} holds no routing decision", trace.display());
+    anyhow::ensure!(
+        !records.is_empty(),
+        "{} holds no routing decision",
+        trace.display()
+    );
     let points: Vec<_> = records.iter().map(traffic::RoutePoint::of_record).collect();
-    let svg = traffic::traffic_svg(&traffic::Traffic::of(&points), &format!("routing over time: {method}"));
+    let svg = traffic::traffic_svg(
+        &traffic::Traffic::of(&points),
+        &format!("routing over time: {method}"),
+    );
     std::fs::write(out, svg).with_context(|| format!("writing {}", out.display()))?;
     Ok(out.display().to_string())
 }

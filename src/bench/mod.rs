@@ -539,7 +539,11 @@ fn run_compare(
         if let Err(reason) = &outcome {
             eprintln!("== {method}: skipped: {reason}");
         } else if traced {
-            match chart::write_routing_svg(&route_trace, method, &out_dir.join(format!("routing-{method}.svg"))) {
+            match chart::write_routing_svg(
+                &route_trace,
+                method,
+                &out_dir.join(format!("routing-{method}.svg")),
+            ) {
                 Ok(path) => pictures.push(path),
                 Err(e) => eprintln!("== {method}: no routing picture: {e:#}"),
             }

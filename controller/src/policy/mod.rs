@@ -21,7 +21,6 @@ pub use protocol::trace_event::{Branch, KeySource, RankLoad};
 use std::fmt;
 use std::str::FromStr;
 
-
 use crate::error::Error;
 
 /// What the router knows about a request when it picks a rank.

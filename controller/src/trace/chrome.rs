@@ -27,26 +27,38 @@ pub fn request_json(j: &Journey) -> Value {
     let pid = |lane: usize| lane as u64 + 1;
     let mut ev = Vec::new();
     for (i, lane) in j.lanes.iter().enumerate() {
-        ev.push(json!({"name": "process_name", "ph": "M", "ts": 0, "pid": pid(i), "tid": 0,
-                       "args": {"name": lane}}));
-        ev.push(json!({"name": "process_sort_index", "ph": "M", "ts": 0, "pid": pid(i), "tid": 0,
-                       "args": {"sort_index": i}}));
-        ev.push(json!({"name": "thread_name", "ph": "M", "ts": 0, "pid": pid(i), "tid": 1,
-                       "args": {"name": "phases and milestones"}}));
-        ev.push(json!({"name": "thread_name", "ph": "M", "ts": 0, "pid": pid(i), "tid": 2,
-                       "args": {"name": "messages"}}));
+        ev.push(
+            json!({"name": "process_name", "ph": "M", "ts": 0, "pid": pid(i), "tid": 0,
+                       "args": {"name": lane}}),
+        );
+        ev.push(
+            json!({"name": "process_sort_index", "ph": "M", "ts": 0, "pid": pid(i), "tid": 0,
+                       "args": {"sort_index": i}}),
+        );
+        ev.push(
+            json!({"name": "thread_name", "ph": "M", "ts": 0, "pid": pid(i), "tid": 1,
+                       "args": {"name": "phases and milestones"}}),
+        );
+        ev.push(
+            json!({"name": "thread_name", "ph": "M", "ts": 0, "pid": pid(i), "tid": 2,
+                       "args": {"name": "messages"}}),
+        );
     }
     for p in &j.phases {
-        ev.push(json!({"name": p.name, "cat": "phase", "ph": "X", "ts": us(p.start, j.t0),
-                       "dur": us(p.end, p.start), "pid": pid(p.lane), "tid": 1}));
+        ev.push(
+            json!({"name": p.name, "cat": "phase", "ph": "X", "ts": us(p.start, j.t0),
+                       "dur": us(p.end, p.start), "pid": pid(p.lane), "tid": 1}),
+        );
     }
     for m in &j.marks {
         let mut args = serde_json::to_value(&m.milestone).unwrap_or(Value::Null);
         if m.milestone.name() == "routed" && !j.route.is_empty() {
             args["decision"] = json!(j.route);
         }
-        ev.push(json!({"name": m.milestone.name(), "cat": "milestone", "ph": "i", "s": "p",
-                       "ts": us(m.t, j.t0), "pid": pid(m.lane), "tid": 1, "args": args}));
+        ev.push(
+            json!({"name": m.milestone.name(), "cat": "milestone", "ph": "i", "s": "p",
+                       "ts": us(m.t, j.t0), "pid": pid(m.lane), "tid": 1, "args": args}),
+        );
     }
     for (id, a) in j.messages.iter().enumerate() {
         let args = json!({"bytes": a.bytes, "from": j.lanes[a.from], "to": j.lanes[a.to]});
@@ -56,16 +68,26 @@ pub fn request_json(j: &Journey) -> Value {
                 let (ts, tr) = (us(s, j.t0), us(r, j.t0));
                 ev.push(json!({"name": name, "cat": "message", "ph": "X", "ts": ts,
                                "dur": (tr - ts).max(0.0), "pid": pid(a.from), "tid": 2, "args": args}));
-                ev.push(json!({"name": name, "cat": "message", "ph": "X", "ts": tr, "dur": 0.001,
-                               "pid": pid(a.to), "tid": 2, "args": args}));
-                ev.push(json!({"name": name, "cat": "message", "ph": "s", "id": id, "ts": ts,
-                               "pid": pid(a.from), "tid": 2}));
-                ev.push(json!({"name": name, "cat": "message", "ph": "f", "bp": "e", "id": id,
-                               "ts": tr, "pid": pid(a.to), "tid": 2}));
+                ev.push(
+                    json!({"name": name, "cat": "message", "ph": "X", "ts": tr, "dur": 0.001,
+                               "pid": pid(a.to), "tid": 2, "args": args}),
+                );
+                ev.push(
+                    json!({"name": name, "cat": "message", "ph": "s", "id": id, "ts": ts,
+                               "pid": pid(a.from), "tid": 2}),
+                );
+                ev.push(
+                    json!({"name": name, "cat": "message", "ph": "f", "bp": "e", "id": id,
+                               "ts": tr, "pid": pid(a.to), "tid": 2}),
+                );
             }
             (Some(t), None) | (None, Some(t)) => {
                 let lane = if a.sent.is_some() { a.from } else { a.to };
-                let what = if a.sent.is_some() { "sent, receive not traced" } else { "received, send not traced" };
+                let what = if a.sent.is_some() {
+                    "sent, receive not traced"
+                } else {
+                    "received, send not traced"
+                };
                 ev.push(json!({"name": name, "cat": "message", "ph": "i", "s": "t",
                                "ts": us(t, j.t0), "pid": pid(lane), "tid": 2,
                                "args": {"bytes": a.bytes, "from": j.lanes[a.from],
@@ -79,8 +101,10 @@ pub fn request_json(j: &Journey) -> Value {
 
 /// Routing over a run.
 pub fn traffic_json(tr: &Traffic) -> Value {
-    let mut ev = vec![json!({"name": "process_name", "ph": "M", "ts": 0, "pid": 1, "tid": 0,
-                             "args": {"name": "routing"}})];
+    let mut ev = vec![
+        json!({"name": "process_name", "ph": "M", "ts": 0, "pid": 1, "tid": 0,
+                             "args": {"name": "routing"}}),
+    ];
     for b in 0..=tr.bins() {
         let ts = b as f64 * tr.bin_s * 1e6;
         // The last sample closes the final bin at zero.
@@ -95,15 +119,21 @@ pub fn traffic_json(tr: &Traffic) -> Value {
             .iter()
             .map(|(name, v)| (name.clone(), json!(rate(v))))
             .collect();
-        ev.push(json!({"name": "requests/s by rank", "ph": "C", "ts": ts, "pid": 1, "tid": 0,
-                       "args": ranks}));
-        ev.push(json!({"name": "requests/s by branch", "ph": "C", "ts": ts, "pid": 1, "tid": 0,
-                       "args": branches}));
+        ev.push(
+            json!({"name": "requests/s by rank", "ph": "C", "ts": ts, "pid": 1, "tid": 0,
+                       "args": ranks}),
+        );
+        ev.push(
+            json!({"name": "requests/s by branch", "ph": "C", "ts": ts, "pid": 1, "tid": 0,
+                       "args": branches}),
+        );
     }
     for c in &tr.changes {
         let what = if c.joined { "joined" } else { "left" };
-        ev.push(json!({"name": format!("rank {} {what}", c.rank), "ph": "i", "s": "g",
-                       "ts": us(c.t, tr.t0), "pid": 1, "tid": 0}));
+        ev.push(
+            json!({"name": format!("rank {} {what}", c.rank), "ph": "i", "s": "g",
+                       "ts": us(c.t, tr.t0), "pid": 1, "tid": 0}),
+        );
     }
     document(ev)
 }
@@ -151,7 +181,10 @@ mod tests {
         assert_eq!(count("X", "phase"), j.phases.len());
         let routed = events.iter().find(|e| e["name"] == "routed").unwrap();
         assert_eq!(routed["args"]["chosen_rank"], 1);
-        assert!(routed["args"]["decision"][0].as_str().unwrap().contains("branch affinity"));
+        assert!(routed["args"]["decision"][0]
+            .as_str()
+            .unwrap()
+            .contains("branch affinity"));
     }
 
     #[test]

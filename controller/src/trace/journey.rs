@@ -167,9 +167,7 @@ impl Journey {
                     let me = lane(&r.actor);
                     let other = lane(&lane_of_peer(&seen.peer));
                     let (from, to) = if *outgoing { (me, other) } else { (other, me) };
-                    let ends = by_key
-                        .entry((from, to, seen.msg_type.clone()))
-                        .or_default();
+                    let ends = by_key.entry((from, to, seen.msg_type.clone())).or_default();
                     let side = if *outgoing { &mut ends.0 } else { &mut ends.1 };
                     side.push((r.t, seen.bytes));
                 }
@@ -305,44 +303,26 @@ fn loads_line(loads: &[RankLoad], threshold: Option<f64>) -> String {
     s
 }
 
-fn route_lines(
-    method: &str,
-    rank: u32,
-    branch: impl std::fmt::Display,
-    key: String,
-    hrw_order: &[u32],
-    loads: &[RankLoad],
-    threshold: Option<f64>,
-    fallback: Option<&str>,
-) -> Vec<String> {
-    let mut lines = vec![format!(
-        "{method} → rank {rank}, branch {branch}{}",
-        fallback.map_or(String::new(), |f| format!(" (by {f})"))
-    )];
-    let mut second = format!("key {key}");
-    if !hrw_order.is_empty() {
-        let order: Vec<String> = hrw_order.iter().map(u32::to_string).collect();
-        second.push_str(&format!("; HRW order {}", order.join(" > ")));
-    }
-    lines.push(second);
-    if !loads.is_empty() {
-        lines.push(loads_line(loads, threshold));
-    }
-    lines
-}
-
 fn route_lines_of_record(r: &RouteRecord) -> Vec<String> {
     match (r.rank, r.branch, &r.error) {
-        (Some(rank), Some(branch), None) => route_lines(
-            &r.method,
-            rank,
-            branch,
-            key_text(r.key_source, r.key_digest.as_deref()),
-            &r.hrw_order,
-            &r.loads,
-            r.threshold,
-            r.fallback.as_deref(),
-        ),
+        (Some(rank), Some(branch), None) => {
+            let by = r
+                .fallback
+                .as_ref()
+                .map_or(String::new(), |f| format!(" (by {f})"));
+            let mut lines = vec![format!("{} → rank {rank}, branch {branch}{by}", r.method)];
+            let mut second = format!("key {}", key_text(r.key_source, r.key_digest.as_deref()));
+            if !r.hrw_order.is_empty() {
+                let order: Vec<String> = r.hrw_order.iter().map(u32::to_string).collect();
+                second.push_str(&format!("; HRW order {}", order.join(" > ")));
+            }
+            lines.push(second);
+            if !r.loads.is_empty() {
+                lines.push(loads_line(&r.loads, r.threshold));
+            }
+            lines
+        }
+        (_, _, Some(err)) if r.loads.is_empty() => vec![format!("{}: refused: {err}", r.method)],
         (_, _, Some(err)) => vec![
             format!("{}: refused: {err}", r.method),
             loads_line(&r.loads, r.threshold),
@@ -351,7 +331,22 @@ fn route_lines_of_record(r: &RouteRecord) -> Vec<String> {
     }
 }
 
+/// The controller's `routed` (or `refused`) milestone as the record it mirrors.
 fn route_lines_of_milestone(m: &Milestone) -> Option<Vec<String>> {
+    let mut rec = RouteRecord {
+        rid: String::new(),
+        time: 0.0,
+        method: "routed".into(),
+        key_source: protocol::trace_event::KeySource::None,
+        key_digest: None,
+        hrw_order: Vec::new(),
+        loads: Vec::new(),
+        threshold: None,
+        rank: None,
+        branch: None,
+        fallback: None,
+        error: None,
+    };
     match m {
         Milestone::Routed {
             method,
@@ -363,19 +358,26 @@ fn route_lines_of_milestone(m: &Milestone) -> Option<Vec<String>> {
             threshold,
             loads,
             fallback,
-        } => Some(route_lines(
-            if method.is_empty() { "routed" } else { method },
-            *chosen_rank,
-            branch,
-            key_text(*key_source, key_digest.as_deref()),
-            hrw_order,
-            loads,
-            *threshold,
-            fallback.as_deref(),
-        )),
-        Milestone::Refused { error } => Some(vec![format!("refused: {error}")]),
-        _ => None,
+        } => {
+            if !method.is_empty() {
+                rec.method = method.clone();
+            }
+            rec.rank = Some(*chosen_rank);
+            rec.branch = Some(*branch);
+            rec.key_source = *key_source;
+            rec.key_digest = key_digest.clone();
+            rec.hrw_order = hrw_order.clone();
+            rec.threshold = *threshold;
+            rec.loads = loads.clone();
+            rec.fallback = fallback.clone();
+        }
+        Milestone::Refused { error } => {
+            rec.method = "routing".into();
+            rec.error = Some(error.clone());
+        }
+        _ => return None,
     }
+    Some(route_lines_of_record(&rec))
 }
 
 fn key_text(source: protocol::trace_event::KeySource, digest: Option<&str>) -> String {
@@ -398,20 +400,41 @@ mod tests {
         assert_eq!(j.lanes, ["tokenizer", "controller", "worker[1]"]);
         // tokenizer→controller, controller→worker, two TokenOuts worker→tokenizer.
         assert_eq!(j.messages.len(), 4);
-        assert!(j.messages.iter().all(|a| a.sent.is_some() && a.received.is_some()));
+        assert!(j
+            .messages
+            .iter()
+            .all(|a| a.sent.is_some() && a.received.is_some()));
         assert_eq!((j.messages[0].from, j.messages[0].to), (0, 1));
         assert_eq!((j.messages[1].from, j.messages[1].to), (1, 2));
         let names: Vec<&str> = j.marks.iter().map(|m| m.milestone.name()).collect();
         assert_eq!(
             names,
-            ["routed", "admitted", "first_token", "first_token", "finished", "finished"]
+            [
+                "routed",
+                "admitted",
+                "first_token",
+                "first_token",
+                "finished",
+                "finished"
+            ]
         );
         let phases: Vec<&str> = j.phases.iter().map(|p| p.name).collect();
         assert_eq!(
             phases,
-            ["waiting for first token", "streaming", "routing", "queued", "prefill", "decode"]
+            [
+                "waiting for first token",
+                "streaming",
+                "routing",
+                "queued",
+                "prefill",
+                "decode"
+            ]
         );
-        assert!(j.route[0].contains("prefix_affinity → rank 1, branch affinity"), "{:?}", j.route);
+        assert!(
+            j.route[0].contains("prefix_affinity → rank 1, branch affinity"),
+            "{:?}",
+            j.route
+        );
         assert!(j.route[1].contains("HRW order 1 > 0"), "{:?}", j.route);
         assert!(j.route[2].contains("threshold 1.50"), "{:?}", j.route);
     }
@@ -419,7 +442,8 @@ mod tests {
     #[test]
     fn a_message_received_but_not_traced_as_sent_is_still_one_arrow() {
         let mut tl = timeline(&traces(), "r1").unwrap();
-        tl.rows.retain(|r| !(r.actor == "worker[1]" && r.dir() == "send"));
+        tl.rows
+            .retain(|r| !(r.actor == "worker[1]" && r.dir() == "send"));
         let j = Journey::of(&tl);
         assert_eq!(j.messages.len(), 4);
         let open: Vec<&Arrow> = j.messages.iter().filter(|a| a.sent.is_none()).collect();

@@ -132,12 +132,23 @@ pub fn request_svg(j: &Journey) -> String {
     };
 
     let mut times: Vec<f64> = vec![j.t0, j.t_end];
-    times.extend(j.messages.iter().flat_map(|a| a.sent.into_iter().chain(a.received)));
+    times.extend(
+        j.messages
+            .iter()
+            .flat_map(|a| a.sent.into_iter().chain(a.received)),
+    );
     times.extend(j.marks.iter().map(|m| m.t));
     times.extend(j.phases.iter().flat_map(|p| [p.start, p.end]));
     let axis = TimeAxis::new(times, LEFT + 10.0, WIDTH - LEFT - RIGHT - 10.0);
 
-    svg.text(16.0, 26.0, 17.0, Anchor::Start, "font-weight=\"bold\"", &format!("request {}", j.rid));
+    svg.text(
+        16.0,
+        26.0,
+        17.0,
+        Anchor::Start,
+        "font-weight=\"bold\"",
+        &format!("request {}", j.rid),
+    );
     svg.text(16.0, 48.0, 12.0, Anchor::Start, "fill=\"#333\"", &j.summary);
 
     for (i, label) in j.lanes.iter().enumerate() {
@@ -145,8 +156,21 @@ pub fn request_svg(j: &Journey) -> String {
         svg.group("lane", &[("lane", label)]);
         let fill = if i % 2 == 0 { "#f6f6f6" } else { "#ffffff" };
         svg.rect(0.0, y, WIDTH, h, &format!("fill=\"{fill}\""));
-        svg.text(16.0, track(i) + 4.0, 13.0, Anchor::Start, "font-weight=\"bold\"", label);
-        svg.line(LEFT, track(i), WIDTH - RIGHT + 20.0, track(i), "stroke=\"#999\"");
+        svg.text(
+            16.0,
+            track(i) + 4.0,
+            13.0,
+            Anchor::Start,
+            "font-weight=\"bold\"",
+            label,
+        );
+        svg.line(
+            LEFT,
+            track(i),
+            WIDTH - RIGHT + 20.0,
+            track(i),
+            "stroke=\"#999\"",
+        );
         svg.end();
     }
 
@@ -158,8 +182,19 @@ pub fn request_svg(j: &Journey) -> String {
             let top = lanes[ctl].0 + 16.0;
             let x = route_text_x(j, &axis, ctl);
             for (n, line) in j.route.iter().enumerate() {
-                let style = if n == 0 { "font-weight=\"bold\" fill=\"#6b3d7a\"" } else { "fill=\"#6b3d7a\"" };
-                svg.text(x, top + n as f64 * ROUTE_LINE, 12.0, Anchor::Start, style, line);
+                let style = if n == 0 {
+                    "font-weight=\"bold\" fill=\"#6b3d7a\""
+                } else {
+                    "fill=\"#6b3d7a\""
+                };
+                svg.text(
+                    x,
+                    top + n as f64 * ROUTE_LINE,
+                    12.0,
+                    Anchor::Start,
+                    style,
+                    line,
+                );
             }
             svg.end();
         }
@@ -184,7 +219,9 @@ fn route_text_x(j: &Journey, axis: &TimeAxis, ctl: usize) -> f64 {
         .next_back()
         .unwrap_or(LEFT);
     let widest = j.route.iter().map(|l| l.chars().count()).max().unwrap_or(0) as f64 * 6.8;
-    (last_hop + 130.0).min(WIDTH - 12.0 - widest).max(LEFT + 8.0)
+    (last_hop + 130.0)
+        .min(WIDTH - 12.0 - widest)
+        .max(LEFT + 8.0)
 }
 
 fn draw_phases(svg: &mut Svg, j: &Journey, axis: &TimeAxis, track: &dyn Fn(usize) -> f64) {
@@ -194,12 +231,29 @@ fn draw_phases(svg: &mut Svg, j: &Journey, axis: &TimeAxis, track: &dyn Fn(usize
         let y = track(p.lane) + 8.0;
         svg.group("phase", &[("phase", p.name)]);
         svg.title(&p.label());
-        svg.rect(x0, y, (x1 - x0).max(2.0), 12.0, &format!("fill=\"{}\" stroke=\"#bbb\"", phase_color(p.name)));
+        svg.rect(
+            x0,
+            y,
+            (x1 - x0).max(2.0),
+            12.0,
+            &format!("fill=\"{}\" stroke=\"#bbb\"", phase_color(p.name)),
+        );
         let label = p.label();
         let approx_w = label.len() as f64 * 6.0;
         let (last_end, level) = last_label_end[p.lane];
-        let level = if x0 < last_end + 6.0 { (level + 1) % 3 } else { 0 };
-        svg.text(x0 + 2.0, y + 24.0 + level as f64 * 12.0, 10.5, Anchor::Start, "fill=\"#555\"", &label);
+        let level = if x0 < last_end + 6.0 {
+            (level + 1) % 3
+        } else {
+            0
+        };
+        svg.text(
+            x0 + 2.0,
+            y + 24.0 + level as f64 * 12.0,
+            10.5,
+            Anchor::Start,
+            "fill=\"#555\"",
+            &label,
+        );
         last_label_end[p.lane] = (x0 + approx_w, level);
         svg.end();
     }
@@ -217,9 +271,20 @@ fn draw_messages(svg: &mut Svg, j: &Journey, axis: &TimeAxis, track: &dyn Fn(usi
             (None, None) => continue,
         };
         let color = msg_color(&a.msg_type);
-        svg.group("msg", &[("type", &a.msg_type), ("from", &j.lanes[a.from]), ("to", &j.lanes[a.to])]);
+        svg.group(
+            "msg",
+            &[
+                ("type", &a.msg_type),
+                ("from", &j.lanes[a.from]),
+                ("to", &j.lanes[a.to]),
+            ],
+        );
         svg.title(&arrow_title(j, a));
-        let dash = if open { " stroke-dasharray=\"4 3\"" } else { "" };
+        let dash = if open {
+            " stroke-dasharray=\"4 3\""
+        } else {
+            ""
+        };
         // Stop short of the track so the head is not hidden by a mark.
         let dir = if y1 > y0 { 1.0 } else { -1.0 };
         svg.line(
@@ -233,7 +298,14 @@ fn draw_messages(svg: &mut Svg, j: &Journey, axis: &TimeAxis, track: &dyn Fn(usi
         let mid_x = (x0 + x1) / 2.0;
         if mid_x - last_label.get(&key).copied().unwrap_or(f64::NEG_INFINITY) >= 120.0 {
             let mid_y = (y0 + y1) / 2.0;
-            svg.text(mid_x + 5.0, mid_y + 4.0, 10.5, Anchor::Start, &format!("fill=\"{color}\""), &a.label());
+            svg.text(
+                mid_x + 5.0,
+                mid_y + 4.0,
+                10.5,
+                Anchor::Start,
+                &format!("fill=\"{color}\""),
+                &a.label(),
+            );
             last_label.insert(key, mid_x);
         }
         svg.end();
@@ -260,10 +332,22 @@ fn draw_marks(svg: &mut Svg, j: &Journey, axis: &TimeAxis, track: &dyn Fn(usize)
         let name = m.milestone.name();
         svg.group("mark", &[("name", name), ("lane", &j.lanes[m.lane])]);
         svg.title(&mark_title(j, m));
-        svg.circle(x, y, 5.0, &format!("fill=\"{}\" stroke=\"#fff\" stroke-width=\"1.5\"", mark_color(name)));
+        svg.circle(
+            x,
+            y,
+            5.0,
+            &format!(
+                "fill=\"{}\" stroke=\"#fff\" stroke-width=\"1.5\"",
+                mark_color(name)
+            ),
+        );
         let label = m.label();
         let (last_end, level) = last[m.lane];
-        let level = if x < last_end + 8.0 { (level + 1) % 3 } else { 0 };
+        let level = if x < last_end + 8.0 {
+            (level + 1) % 3
+        } else {
+            0
+        };
         let ly = y - 10.0 - level as f64 * 13.0;
         let w = label.chars().count() as f64 * 6.2;
         let (anchor, end) = if x + w > WIDTH - 8.0 {
@@ -271,15 +355,31 @@ fn draw_marks(svg: &mut Svg, j: &Journey, axis: &TimeAxis, track: &dyn Fn(usize)
         } else {
             (Anchor::Start, x + w)
         };
-        let lx = if matches!(anchor, Anchor::End) { x - 4.0 } else { x + 4.0 };
-        svg.text(lx, ly, 11.0, anchor, &format!("fill=\"{}\"", mark_color(name)), &label);
+        let lx = if matches!(anchor, Anchor::End) {
+            x - 4.0
+        } else {
+            x + 4.0
+        };
+        svg.text(
+            lx,
+            ly,
+            11.0,
+            anchor,
+            &format!("fill=\"{}\"", mark_color(name)),
+            &label,
+        );
         last[m.lane] = (end, level);
         svg.end();
     }
 }
 
 fn mark_title(j: &Journey, m: &Mark) -> String {
-    format!("{} at {}: {}", m.milestone.name(), ms_text((m.t - j.t0) * 1e3), m.milestone)
+    format!(
+        "{} at {}: {}",
+        m.milestone.name(),
+        ms_text((m.t - j.t0) * 1e3),
+        m.milestone
+    )
 }
 
 fn draw_ticks(svg: &mut Svg, j: &Journey, axis: &TimeAxis, bottom: f64) {
@@ -294,7 +394,14 @@ fn draw_ticks(svg: &mut Svg, j: &Journey, axis: &TimeAxis, bottom: f64) {
         let x = axis.x(j.t0 + t / 1e3);
         svg.line(x, y, x, y + 5.0, "stroke=\"#666\"");
         if x - last_x >= 64.0 {
-            svg.text(x, y + 17.0, 10.5, Anchor::Middle, "fill=\"#444\"", &ms_text(t));
+            svg.text(
+                x,
+                y + 17.0,
+                10.5,
+                Anchor::Middle,
+                "fill=\"#444\"",
+                &ms_text(t),
+            );
             last_x = x;
         }
         t += step;
@@ -336,12 +443,21 @@ mod tests {
         let j = Journey::of(&timeline(&traces(), "r1").unwrap());
         let svg = request_svg(&j);
         for lane in ["tokenizer", "controller", "worker[1]"] {
-            assert!(svg.contains(&format!("class=\"lane\" data-lane=\"{lane}\"")), "{lane}");
+            assert!(
+                svg.contains(&format!("class=\"lane\" data-lane=\"{lane}\"")),
+                "{lane}"
+            );
         }
         assert_eq!(svg.matches("class=\"msg\"").count(), 4);
-        assert_eq!(svg.matches("class=\"msg\" data-type=\"TokenOut\"").count(), 2);
+        assert_eq!(
+            svg.matches("class=\"msg\" data-type=\"TokenOut\"").count(),
+            2
+        );
         for name in ["routed", "admitted", "first_token", "finished"] {
-            assert!(svg.contains(&format!("class=\"mark\" data-name=\"{name}\"")), "{name}");
+            assert!(
+                svg.contains(&format!("class=\"mark\" data-name=\"{name}\"")),
+                "{name}"
+            );
         }
         assert_eq!(svg.matches("class=\"mark\"").count(), j.marks.len());
         assert!(svg.contains("class=\"route\""));
@@ -354,8 +470,14 @@ mod tests {
     #[test]
     fn the_axis_keeps_order_and_widens_short_gaps() {
         let a = TimeAxis::new(vec![0.0, 0.000_001, 0.000_002, 1.0], 100.0, 1000.0);
-        let xs: Vec<f64> = [0.0, 0.000_001, 0.000_002, 1.0].iter().map(|&t| a.x(t)).collect();
-        assert!(xs.windows(2).all(|w| w[1] - w[0] >= MIN_GAP - 1e-6), "{xs:?}");
+        let xs: Vec<f64> = [0.0, 0.000_001, 0.000_002, 1.0]
+            .iter()
+            .map(|&t| a.x(t))
+            .collect();
+        assert!(
+            xs.windows(2).all(|w| w[1] - w[0] >= MIN_GAP - 1e-6),
+            "{xs:?}"
+        );
         assert!((xs[3] - 1100.0).abs() < 1.0, "{xs:?}");
         assert!(a.x(0.5) > xs[2] && a.x(0.5) < xs[3]);
         assert_eq!(nice_step(0.3), 0.5);

@@ -81,7 +81,10 @@ pub struct Row {
 #[derive(Debug, Clone, PartialEq)]
 pub enum RowKind {
     /// A message the actor sent (`outgoing`) or received.
-    Message { outgoing: bool, seen: MessageSeen },
+    Message {
+        outgoing: bool,
+        seen: MessageSeen,
+    },
     Milestone(Milestone),
     /// A routing-trace record (`--trace-file` in the same directory).
     Route(Box<RouteRecord>),
@@ -538,7 +541,10 @@ mod tests {
             text.contains("event routed") && text.contains("rank=1 branch=affinity"),
             "{text}"
         );
-        assert!(text.contains("prefix_hit_tokens=0 prompt_tokens=12"), "{text}");
+        assert!(
+            text.contains("prefix_hit_tokens=0 prompt_tokens=12"),
+            "{text}"
+        );
         assert!(timeline(&set, "nope").is_none());
     }
 

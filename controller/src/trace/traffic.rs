@@ -138,10 +138,18 @@ impl Traffic {
             let now: BTreeSet<u32> = p.live.iter().copied().collect();
             if let Some(before) = &live {
                 for &rank in now.difference(before) {
-                    changes.push(RankChange { t: p.t, rank, joined: true });
+                    changes.push(RankChange {
+                        t: p.t,
+                        rank,
+                        joined: true,
+                    });
                 }
                 for &rank in before.difference(&now) {
-                    changes.push(RankChange { t: p.t, rank, joined: false });
+                    changes.push(RankChange {
+                        t: p.t,
+                        rank,
+                        joined: false,
+                    });
                 }
             }
             live = Some(now);
@@ -212,7 +220,14 @@ pub fn traffic_svg(tr: &Traffic, title: &str) -> String {
         .max(1) as f64
         / tr.bin_s;
 
-    svg.text(16.0, 26.0, 17.0, Anchor::Start, "font-weight=\"bold\"", title);
+    svg.text(
+        16.0,
+        26.0,
+        17.0,
+        Anchor::Start,
+        "font-weight=\"bold\"",
+        title,
+    );
     let methods = if tr.methods.is_empty() {
         String::new()
     } else {
@@ -230,7 +245,9 @@ pub fn traffic_svg(tr: &Traffic, title: &str) -> String {
         ),
     );
 
-    let panels: [(&str, &str, Vec<(String, &'static str, &Vec<u64>)>); 2] = [
+    // (kind, title, bands of (name, colour, counts per bin)).
+    type Bands<'a> = Vec<(String, &'static str, &'a Vec<u64>)>;
+    let panels: [(&str, &str, Bands<'_>); 2] = [
         (
             "rank",
             "requests per second, by rank",
@@ -254,11 +271,25 @@ pub fn traffic_svg(tr: &Traffic, title: &str) -> String {
         let y = |rate: f64| base - rate / y_max * (PANEL - 10.0);
         svg.group("panel", &[("by", kind)]);
         svg.rect(LEFT, top, plot_w, PANEL, "fill=\"#fafafa\" stroke=\"#ccc\"");
-        svg.text(LEFT, top - 6.0, 12.0, Anchor::Start, "font-weight=\"bold\"", label);
+        svg.text(
+            LEFT,
+            top - 6.0,
+            12.0,
+            Anchor::Start,
+            "font-weight=\"bold\"",
+            label,
+        );
         for frac in [0.5, 1.0] {
             let yy = y(y_max * frac);
             svg.line(LEFT, yy, LEFT + plot_w, yy, "stroke=\"#e4e4e4\"");
-            svg.text(LEFT - 6.0, yy + 4.0, 10.0, Anchor::End, "fill=\"#555\"", &format!("{:.1}", y_max * frac));
+            svg.text(
+                LEFT - 6.0,
+                yy + 4.0,
+                10.0,
+                Anchor::End,
+                "fill=\"#555\"",
+                &format!("{:.1}", y_max * frac),
+            );
         }
         let mut below = vec![0u64; bins];
         let all: u64 = series.iter().map(|(_, _, v)| v.iter().sum::<u64>()).sum();
@@ -281,12 +312,36 @@ pub fn traffic_svg(tr: &Traffic, title: &str) -> String {
             let total: u64 = counts.iter().sum();
             svg.group("area", &[(kind, name)]);
             svg.title(&format!("{kind} {name}: {total} decisions"));
-            svg.polygon(&upper, &format!("fill=\"{color}\" fill-opacity=\"0.85\" stroke=\"{color}\""));
+            svg.polygon(
+                &upper,
+                &format!("fill=\"{color}\" fill-opacity=\"0.85\" stroke=\"{color}\""),
+            );
             let ly = top + 14.0 + i as f64 * 16.0;
-            svg.rect(LEFT + plot_w + 14.0, ly - 9.0, 10.0, 10.0, &format!("fill=\"{color}\""));
-            let share = if all > 0 { 100.0 * total as f64 / all as f64 } else { 0.0 };
-            let who = if *kind == "rank" { format!("rank {name}") } else { name.clone() };
-            svg.text(LEFT + plot_w + 30.0, ly, 11.0, Anchor::Start, "", &format!("{who}: {total} ({share:.0}%)"));
+            svg.rect(
+                LEFT + plot_w + 14.0,
+                ly - 9.0,
+                10.0,
+                10.0,
+                &format!("fill=\"{color}\""),
+            );
+            let share = if all > 0 {
+                100.0 * total as f64 / all as f64
+            } else {
+                0.0
+            };
+            let who = if *kind == "rank" {
+                format!("rank {name}")
+            } else {
+                name.clone()
+            };
+            svg.text(
+                LEFT + plot_w + 30.0,
+                ly,
+                11.0,
+                Anchor::Start,
+                "",
+                &format!("{who}: {total} ({share:.0}%)"),
+            );
             svg.end();
         }
         svg.end();
@@ -298,17 +353,40 @@ pub fn traffic_svg(tr: &Traffic, title: &str) -> String {
     let mut t = 0.0;
     while t <= span + 1e-9 {
         svg.line(x(t), axis_y, x(t), axis_y + 5.0, "stroke=\"#666\"");
-        svg.text(x(t), axis_y + 17.0, 10.0, Anchor::Middle, "fill=\"#444\"", &format!("{t:.2} s"));
+        svg.text(
+            x(t),
+            axis_y + 17.0,
+            10.0,
+            Anchor::Middle,
+            "fill=\"#444\"",
+            &format!("{t:.2} s"),
+        );
         t += step;
     }
 
     for c in &tr.changes {
         let cx = x(c.t - tr.t0);
         let what = if c.joined { "joined" } else { "left" };
-        svg.group("rank-event", &[("what", what), ("rank", &c.rank.to_string())]);
+        svg.group(
+            "rank-event",
+            &[("what", what), ("rank", &c.rank.to_string())],
+        );
         svg.title(&format!("rank {} {what} at {:.3} s", c.rank, c.t - tr.t0));
-        svg.line(cx, TOP, cx, axis_y, "stroke=\"#d62728\" stroke-dasharray=\"5 3\" stroke-width=\"1.5\"");
-        svg.text(cx + 3.0, TOP + 12.0, 11.0, Anchor::Start, "fill=\"#d62728\"", &format!("rank {} {what}", c.rank));
+        svg.line(
+            cx,
+            TOP,
+            cx,
+            axis_y,
+            "stroke=\"#d62728\" stroke-dasharray=\"5 3\" stroke-width=\"1.5\"",
+        );
+        svg.text(
+            cx + 3.0,
+            TOP + 12.0,
+            11.0,
+            Anchor::Start,
+            "fill=\"#d62728\"",
+            &format!("rank {} {what}", c.rank),
+        );
         svg.end();
     }
     svg.finish()
@@ -349,9 +427,17 @@ mod tests {
         let mut v = Vec::new();
         for i in 0..100 {
             let t = 100.0 + i as f64 * 0.1;
-            let live: &[u32] = if (5.0..8.0).contains(&(t - 100.0)) { &[0, 1] } else { &[0, 1, 2] };
+            let live: &[u32] = if (5.0..8.0).contains(&(t - 100.0)) {
+                &[0, 1]
+            } else {
+                &[0, 1, 2]
+            };
             let rank = live[i % live.len()];
-            let branch = if i % 7 == 0 { Branch::Spill } else { Branch::Affinity };
+            let branch = if i % 7 == 0 {
+                Branch::Spill
+            } else {
+                Branch::Affinity
+            };
             v.push(RoutePoint::of_record(&record(t, rank, branch, live)));
         }
         v
@@ -364,7 +450,10 @@ mod tests {
         assert_eq!(tr.bins(), 50);
         let total: u64 = tr.per_rank.values().flatten().sum();
         assert_eq!(total, 100);
-        assert_eq!(tr.per_branch.keys().collect::<Vec<_>>(), ["affinity", "spill"]);
+        assert_eq!(
+            tr.per_branch.keys().collect::<Vec<_>>(),
+            ["affinity", "spill"]
+        );
         let moves: Vec<(u32, bool)> = tr.changes.iter().map(|c| (c.rank, c.joined)).collect();
         assert_eq!(moves, [(2, false), (2, true)]);
         assert!((tr.changes[0].t - 105.0).abs() < 0.11, "{:?}", tr.changes);
@@ -374,10 +463,16 @@ mod tests {
     fn the_picture_has_a_band_per_rank_and_branch_and_the_rank_moves() {
         let svg = traffic_svg(&Traffic::of(&run()), "routing <test>");
         for r in 0..3 {
-            assert!(svg.contains(&format!("class=\"area\" data-rank=\"{r}\"")), "{r}");
+            assert!(
+                svg.contains(&format!("class=\"area\" data-rank=\"{r}\"")),
+                "{r}"
+            );
         }
         for b in ["affinity", "spill"] {
-            assert!(svg.contains(&format!("class=\"area\" data-branch=\"{b}\"")), "{b}");
+            assert!(
+                svg.contains(&format!("class=\"area\" data-branch=\"{b}\"")),
+                "{b}"
+            );
         }
         assert!(svg.contains("class=\"rank-event\" data-what=\"left\" data-rank=\"2\""));
         assert!(svg.contains("class=\"rank-event\" data-what=\"joined\" data-rank=\"2\""));
