@@ -197,29 +197,51 @@ fn rank_color(rank: u32) -> &'static str {
     PALETTE[rank as usize % PALETTE.len()]
 }
 
+/// One stacked band: its name, colour and decisions per bin.
+struct Band<'a> {
+    name: String,
+    color: &'static str,
+    counts: &'a [u64],
+}
+
+/// The plot's scale, shared by both panels.
+struct Frame {
+    bins: usize,
+    bin_s: f64,
+    span: f64,
+    /// Decisions per second at the top of a panel.
+    y_max: f64,
+}
+
+impl Frame {
+    fn of(tr: &Traffic) -> Frame {
+        let bins = tr.bins().max(1);
+        fn most<K>(series: &BTreeMap<K, Vec<u64>>, bins: usize) -> u64 {
+            (0..bins)
+                .map(|b| series.values().map(|v| v[b]).sum::<u64>())
+                .max()
+                .unwrap_or(0)
+        }
+        let top = most(&tr.per_rank, bins)
+            .max(most(&tr.per_branch, bins))
+            .max(1);
+        Frame {
+            bins,
+            bin_s: tr.bin_s,
+            span: tr.bin_s * bins as f64,
+            y_max: top as f64 / tr.bin_s,
+        }
+    }
+
+    fn x(&self, t_rel: f64) -> f64 {
+        LEFT + t_rel / self.span * (WIDTH - LEFT - RIGHT)
+    }
+}
+
 /// The routing picture: two stacked-area panels sharing a time axis.
 pub fn traffic_svg(tr: &Traffic, title: &str) -> String {
-    let height = TOP + 2.0 * PANEL + GAP + 36.0;
-    let mut svg = Svg::new(WIDTH, height);
-    let bins = tr.bins().max(1);
-    let span = tr.bin_s * bins as f64;
-    let plot_w = WIDTH - LEFT - RIGHT;
-    let x = |t_rel: f64| LEFT + t_rel / span * plot_w;
-    let totals: Vec<u64> = (0..bins)
-        .map(|b| tr.per_rank.values().map(|v| v[b]).sum())
-        .collect();
-    let branch_totals: Vec<u64> = (0..bins)
-        .map(|b| tr.per_branch.values().map(|v| v[b]).sum())
-        .collect();
-    let y_max = totals
-        .iter()
-        .chain(&branch_totals)
-        .copied()
-        .max()
-        .unwrap_or(1)
-        .max(1) as f64
-        / tr.bin_s;
-
+    let mut svg = Svg::new(WIDTH, TOP + 2.0 * PANEL + GAP + 36.0);
+    let f = Frame::of(tr);
     svg.text(
         16.0,
         26.0,
@@ -233,163 +255,164 @@ pub fn traffic_svg(tr: &Traffic, title: &str) -> String {
     } else {
         format!(" ({})", tr.methods.join(", "))
     };
-    svg.text(
-        16.0,
-        46.0,
-        12.0,
-        Anchor::Start,
-        "fill=\"#333\"",
-        &format!(
-            "{} routing decisions over {:.2} s{methods}, in bins of {:.3} s",
-            tr.decisions, span, tr.bin_s
-        ),
+    let subtitle = format!(
+        "{} routing decisions over {:.2} s{methods}, in bins of {:.3} s",
+        tr.decisions, f.span, tr.bin_s
     );
-
-    // (kind, title, bands of (name, colour, counts per bin)).
-    type Bands<'a> = Vec<(String, &'static str, &'a Vec<u64>)>;
-    let panels: [(&str, &str, Bands<'_>); 2] = [
-        (
-            "rank",
-            "requests per second, by rank",
-            tr.per_rank
-                .iter()
-                .map(|(r, v)| (r.to_string(), rank_color(*r), v))
-                .collect(),
-        ),
-        (
-            "branch",
-            "requests per second, by branch",
-            tr.per_branch
-                .iter()
-                .map(|(b, v)| (b.clone(), branch_color(b), v))
-                .collect(),
-        ),
-    ];
-    for (n, (kind, label, series)) in panels.iter().enumerate() {
-        let top = TOP + n as f64 * (PANEL + GAP);
-        let base = top + PANEL;
-        let y = |rate: f64| base - rate / y_max * (PANEL - 10.0);
-        svg.group("panel", &[("by", kind)]);
-        svg.rect(LEFT, top, plot_w, PANEL, "fill=\"#fafafa\" stroke=\"#ccc\"");
-        svg.text(
-            LEFT,
-            top - 6.0,
-            12.0,
-            Anchor::Start,
-            "font-weight=\"bold\"",
-            label,
-        );
-        for frac in [0.5, 1.0] {
-            let yy = y(y_max * frac);
-            svg.line(LEFT, yy, LEFT + plot_w, yy, "stroke=\"#e4e4e4\"");
-            svg.text(
-                LEFT - 6.0,
-                yy + 4.0,
-                10.0,
-                Anchor::End,
-                "fill=\"#555\"",
-                &format!("{:.1}", y_max * frac),
-            );
-        }
-        let mut below = vec![0u64; bins];
-        let all: u64 = series.iter().map(|(_, _, v)| v.iter().sum::<u64>()).sum();
-        for (i, (name, color, counts)) in series.iter().enumerate() {
-            // A step-shaped band: flat over each bin, stacked on the bands before it.
-            let mut upper = Vec::with_capacity(bins * 2);
-            let mut lower = Vec::with_capacity(bins * 2);
-            for b in 0..bins {
-                let (x0, x1) = (x(b as f64 * tr.bin_s), x((b + 1) as f64 * tr.bin_s));
-                let lo = below[b] as f64 / tr.bin_s;
-                let hi = (below[b] + counts[b]) as f64 / tr.bin_s;
-                upper.push((x0, y(hi)));
-                upper.push((x1, y(hi)));
-                lower.push((x0, y(lo)));
-                lower.push((x1, y(lo)));
-                below[b] += counts[b];
-            }
-            lower.reverse();
-            upper.extend(lower);
-            let total: u64 = counts.iter().sum();
-            svg.group("area", &[(kind, name)]);
-            svg.title(&format!("{kind} {name}: {total} decisions"));
-            svg.polygon(
-                &upper,
-                &format!("fill=\"{color}\" fill-opacity=\"0.85\" stroke=\"{color}\""),
-            );
-            let ly = top + 14.0 + i as f64 * 16.0;
-            svg.rect(
-                LEFT + plot_w + 14.0,
-                ly - 9.0,
-                10.0,
-                10.0,
-                &format!("fill=\"{color}\""),
-            );
-            let share = if all > 0 {
-                100.0 * total as f64 / all as f64
-            } else {
-                0.0
-            };
-            let who = if *kind == "rank" {
-                format!("rank {name}")
-            } else {
-                name.clone()
-            };
-            svg.text(
-                LEFT + plot_w + 30.0,
-                ly,
-                11.0,
-                Anchor::Start,
-                "",
-                &format!("{who}: {total} ({share:.0}%)"),
-            );
-            svg.end();
-        }
-        svg.end();
-    }
-
-    // Time axis under the lower panel.
-    let axis_y = TOP + 2.0 * PANEL + GAP;
-    let step = nice_step_s(span / 8.0);
-    let mut t = 0.0;
-    while t <= span + 1e-9 {
-        svg.line(x(t), axis_y, x(t), axis_y + 5.0, "stroke=\"#666\"");
-        svg.text(
-            x(t),
-            axis_y + 17.0,
-            10.0,
-            Anchor::Middle,
-            "fill=\"#444\"",
-            &format!("{t:.2} s"),
-        );
-        t += step;
-    }
-
+    svg.text(16.0, 46.0, 12.0, Anchor::Start, "fill=\"#333\"", &subtitle);
+    let by_rank: Vec<Band<'_>> = tr
+        .per_rank
+        .iter()
+        .map(|(r, v)| Band {
+            name: r.to_string(),
+            color: rank_color(*r),
+            counts: v,
+        })
+        .collect();
+    let by_branch: Vec<Band<'_>> = tr
+        .per_branch
+        .iter()
+        .map(|(b, v)| Band {
+            name: b.clone(),
+            color: branch_color(b),
+            counts: v,
+        })
+        .collect();
+    draw_panel(
+        &mut svg,
+        &f,
+        TOP,
+        "rank",
+        "requests per second, by rank",
+        &by_rank,
+    );
+    let second = TOP + PANEL + GAP;
+    draw_panel(
+        &mut svg,
+        &f,
+        second,
+        "branch",
+        "requests per second, by branch",
+        &by_branch,
+    );
+    draw_axis(&mut svg, &f, second + PANEL);
     for c in &tr.changes {
-        let cx = x(c.t - tr.t0);
+        let cx = f.x(c.t - tr.t0);
         let what = if c.joined { "joined" } else { "left" };
         svg.group(
             "rank-event",
             &[("what", what), ("rank", &c.rank.to_string())],
         );
         svg.title(&format!("rank {} {what} at {:.3} s", c.rank, c.t - tr.t0));
-        svg.line(
-            cx,
-            TOP,
-            cx,
-            axis_y,
-            "stroke=\"#d62728\" stroke-dasharray=\"5 3\" stroke-width=\"1.5\"",
-        );
+        let style = "stroke=\"#d62728\" stroke-dasharray=\"5 3\" stroke-width=\"1.5\"";
+        svg.line(cx, TOP, cx, second + PANEL, style);
+        let label = format!("rank {} {what}", c.rank);
         svg.text(
             cx + 3.0,
             TOP + 12.0,
             11.0,
             Anchor::Start,
             "fill=\"#d62728\"",
-            &format!("rank {} {what}", c.rank),
+            &label,
         );
         svg.end();
     }
     svg.finish()
+}
+
+/// One panel: step-shaped bands (flat over each bin) stacked in order, and their legend.
+fn draw_panel(svg: &mut Svg, f: &Frame, top: f64, kind: &str, label: &str, bands: &[Band<'_>]) {
+    let plot_w = WIDTH - LEFT - RIGHT;
+    let base = top + PANEL;
+    let y = |rate: f64| base - rate / f.y_max * (PANEL - 10.0);
+    svg.group("panel", &[("by", kind)]);
+    svg.rect(LEFT, top, plot_w, PANEL, "fill=\"#fafafa\" stroke=\"#ccc\"");
+    svg.text(
+        LEFT,
+        top - 6.0,
+        12.0,
+        Anchor::Start,
+        "font-weight=\"bold\"",
+        label,
+    );
+    for frac in [0.5, 1.0] {
+        let yy = y(f.y_max * frac);
+        svg.line(LEFT, yy, LEFT + plot_w, yy, "stroke=\"#e4e4e4\"");
+        let tick = format!("{:.1}", f.y_max * frac);
+        svg.text(
+            LEFT - 6.0,
+            yy + 4.0,
+            10.0,
+            Anchor::End,
+            "fill=\"#555\"",
+            &tick,
+        );
+    }
+    let mut below = vec![0u64; f.bins];
+    let all: u64 = bands.iter().map(|b| b.counts.iter().sum::<u64>()).sum();
+    for (i, band) in bands.iter().enumerate() {
+        let mut upper = Vec::with_capacity(f.bins * 2);
+        let mut lower = Vec::with_capacity(f.bins * 2);
+        for b in 0..f.bins {
+            let (x0, x1) = (f.x(b as f64 * f.bin_s), f.x((b + 1) as f64 * f.bin_s));
+            let n = band.counts.get(b).copied().unwrap_or(0);
+            let (lo, hi) = (below[b] as f64 / f.bin_s, (below[b] + n) as f64 / f.bin_s);
+            upper.extend([(x0, y(hi)), (x1, y(hi))]);
+            lower.extend([(x0, y(lo)), (x1, y(lo))]);
+            below[b] += n;
+        }
+        lower.reverse();
+        upper.extend(lower);
+        let total: u64 = band.counts.iter().sum();
+        svg.group("area", &[(kind, &band.name)]);
+        svg.title(&format!("{kind} {}: {total} decisions", band.name));
+        let c = band.color;
+        svg.polygon(
+            &upper,
+            &format!("fill=\"{c}\" fill-opacity=\"0.85\" stroke=\"{c}\""),
+        );
+        let ly = top + 14.0 + i as f64 * 16.0;
+        svg.rect(
+            LEFT + plot_w + 14.0,
+            ly - 9.0,
+            10.0,
+            10.0,
+            &format!("fill=\"{c}\""),
+        );
+        let share = if all > 0 {
+            100.0 * total as f64 / all as f64
+        } else {
+            0.0
+        };
+        let who = if kind == "rank" {
+            format!("rank {}", band.name)
+        } else {
+            band.name.clone()
+        };
+        let legend = format!("{who}: {total} ({share:.0}%)");
+        svg.text(LEFT + plot_w + 30.0, ly, 11.0, Anchor::Start, "", &legend);
+        svg.end();
+    }
+    svg.end();
+}
+
+/// Seconds since the first decision, under the lower panel.
+fn draw_axis(svg: &mut Svg, f: &Frame, y: f64) {
+    let step = nice_step_s(f.span / 8.0);
+    let mut t = 0.0;
+    while t <= f.span + 1e-9 {
+        svg.line(f.x(t), y, f.x(t), y + 5.0, "stroke=\"#666\"");
+        let label = format!("{t:.2} s");
+        svg.text(
+            f.x(t),
+            y + 17.0,
+            10.0,
+            Anchor::Middle,
+            "fill=\"#444\"",
+            &label,
+        );
+        t += step;
+    }
 }
 
 fn nice_step_s(raw: f64) -> f64 {
