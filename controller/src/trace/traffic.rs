@@ -353,13 +353,13 @@ fn draw_panel(svg: &mut Svg, f: &Frame, top: f64, kind: &str, label: &str, bands
     for (i, band) in bands.iter().enumerate() {
         let mut upper = Vec::with_capacity(f.bins * 2);
         let mut lower = Vec::with_capacity(f.bins * 2);
-        for b in 0..f.bins {
+        for (b, under) in below.iter_mut().enumerate() {
             let (x0, x1) = (f.x(b as f64 * f.bin_s), f.x((b + 1) as f64 * f.bin_s));
             let n = band.counts.get(b).copied().unwrap_or(0);
-            let (lo, hi) = (below[b] as f64 / f.bin_s, (below[b] + n) as f64 / f.bin_s);
+            let (lo, hi) = (*under as f64 / f.bin_s, (*under + n) as f64 / f.bin_s);
             upper.extend([(x0, y(hi)), (x1, y(hi))]);
             lower.extend([(x0, y(lo)), (x1, y(lo))]);
-            below[b] += n;
+            *under += n;
         }
         lower.reverse();
         upper.extend(lower);
