@@ -6,14 +6,19 @@
 //!   trace if one is there; merge them into one request's timeline (`--rid`), or count messages
 //!   per actor and list the requests seen.
 //!
-//! The analysis lives in `controller::trace::{report, timeline}`; this file is only the I/O.
+//! With `--svg OUT.svg` and/or `--chrome OUT.json` it also draws: with `--rid`, the request's
+//! journey across the actors (a directory); without, routing over the whole run (a file or a
+//! directory).
+//!
+//! The analysis lives in `controller::trace::{report, timeline, journey, picture, traffic,
+//! chrome}`; this file is only the I/O.
 
 use std::fs::File;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use controller::trace::{report, timeline};
+use controller::trace::{chrome, journey, picture, report, timeline, traffic};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct TraceArgs {
@@ -23,11 +28,82 @@ pub struct TraceArgs {
     /// directory).
     #[arg(long)]
     pub rid: Option<String>,
+    /// Also draw an SVG: the request's journey across the actors (with `--rid`, a directory), or
+    /// routing over the run (requests per rank and per branch over time, ranks joining and
+    /// leaving).
+    #[arg(long, value_name = "OUT.svg")]
+    pub svg: Option<PathBuf>,
+    /// Also write the same as Chrome trace-event JSON, for Perfetto or chrome://tracing.
+    #[arg(long, value_name = "OUT.json")]
+    pub chrome: Option<PathBuf>,
+}
+
+/// Where the pictures go.
+struct Outputs<'a> {
+    svg: Option<&'a Path>,
+    chrome: Option<&'a Path>,
+}
+
+impl Outputs<'_> {
+    fn any(&self) -> bool {
+        self.svg.is_some() || self.chrome.is_some()
+    }
+
+    fn write(
+        &self,
+        svg: impl FnOnce() -> String,
+        chrome: impl FnOnce() -> serde_json::Value,
+    ) -> anyhow::Result<()> {
+        if let Some(path) = self.svg {
+            std::fs::write(path, svg()).with_context(|| format!("writing {}", path.display()))?;
+            eprintln!("dpserve trace: wrote {}", path.display());
+        }
+        if let Some(path) = self.chrome {
+            let text = serde_json::to_string(&chrome())?;
+            std::fs::write(path, text + "\n")
+                .with_context(|| format!("writing {}", path.display()))?;
+            eprintln!(
+                "dpserve trace: wrote {} (open it in https://ui.perfetto.dev)",
+                path.display()
+            );
+        }
+        Ok(())
+    }
+
+    /// Routing over a run.
+    fn traffic(&self, points: &[traffic::RoutePoint], source: &Path) -> anyhow::Result<()> {
+        if !self.any() {
+            return Ok(());
+        }
+        if points.is_empty() {
+            bail!("no routing decisions in {} to draw", source.display());
+        }
+        let tr = traffic::Traffic::of(points);
+        let name = source.file_name().map_or_else(
+            || source.display().to_string(),
+            |n| n.to_string_lossy().into_owned(),
+        );
+        let title = format!("routing over time: {name}");
+        self.write(
+            || traffic::traffic_svg(&tr, &title),
+            || chrome::traffic_json(&tr),
+        )
+    }
 }
 
 pub fn run(args: TraceArgs) -> anyhow::Result<()> {
+    let out = Outputs {
+        svg: args.svg.as_deref(),
+        chrome: args.chrome.as_deref(),
+    };
     if args.path.is_dir() {
-        return run_dir(&args.path, args.rid.as_deref());
+        return run_dir(&args.path, args.rid.as_deref(), &out);
+    }
+    if args.rid.is_some() && out.any() {
+        bail!(
+            "a request's picture needs its message traces: give the --trace-dir directory \
+             (with the routing trace in it), not the routing trace file"
+        );
     }
     let file = File::open(&args.path)
         .with_context(|| format!("cannot open trace file {}", args.path.display()))?;
@@ -50,12 +126,16 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
                 print!("{}", report::explain(r));
             }
         }
-        None => print!("{}", report::summarize(&records)),
+        None => {
+            print!("{}", report::summarize(&records));
+            let points: Vec<_> = records.iter().map(traffic::RoutePoint::of_record).collect();
+            out.traffic(&points, &args.path)?;
+        }
     }
     Ok(())
 }
 
-fn run_dir(dir: &Path, rid: Option<&str>) -> anyhow::Result<()> {
+fn run_dir(dir: &Path, rid: Option<&str>, out: &Outputs<'_>) -> anyhow::Result<()> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .with_context(|| format!("cannot read trace directory {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -96,7 +176,11 @@ fn run_dir(dir: &Path, rid: Option<&str>) -> anyhow::Result<()> {
     }
     match rid {
         Some(rid) => match timeline::timeline(&set, rid) {
-            Some(tl) => print!("{tl}"),
+            Some(tl) => {
+                print!("{tl}");
+                let j = journey::Journey::of(&tl);
+                out.write(|| picture::request_svg(&j), || chrome::request_json(&j))?;
+            }
             None => {
                 let rids = set.rids();
                 let children: Vec<&str> = rids
@@ -123,7 +207,10 @@ fn run_dir(dir: &Path, rid: Option<&str>) -> anyhow::Result<()> {
                 );
             }
         },
-        None => print!("{}", timeline::overview(&set)),
+        None => {
+            print!("{}", timeline::overview(&set));
+            out.traffic(&traffic::points_of_set(&set), dir)?;
+        }
     }
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! End to end: `dpserve bench --launch` starts a cluster per method (the tiny built-in model),
 //! runs a small shared-prefix workload on each, and writes the comparison. Checks the JSON
-//! it writes (counts, keys, per-rank shares) and that an unknown method is skipped with its
-//! reason instead of failing the comparison.
+//! it writes (counts, keys, per-rank shares), the routing picture of each method, and that an
+//! unknown method is skipped with its reason instead of failing the comparison.
 
 use std::process::Command;
 
@@ -114,6 +114,27 @@ fn bench_launch_compares_methods_and_writes_json() {
     assert!(md.contains("| round_robin |") && md.contains("skipped"));
     let svg = std::fs::read_to_string(out.path().join("compare.svg")).unwrap();
     assert!(svg.contains("<svg") && svg.contains("prefix_affinity"));
+    // Each method that ran has its routing picture beside the tables, drawn from its cluster's
+    // routing trace: a band per rank, and every decision counted.
+    for method in ["round_robin", "prefix_affinity"] {
+        let svg = std::fs::read_to_string(out.path().join(format!("routing-{method}.svg")))
+            .unwrap_or_else(|e| panic!("routing-{method}.svg: {e}"));
+        assert!(
+            svg.contains(&format!("routing over time: {method}")),
+            "{svg}"
+        );
+        assert!(svg.contains("class=\"area\" data-rank=\"0\""), "{svg}");
+        assert!(svg.contains("class=\"area\" data-rank=\"1\""), "{svg}");
+        // The workload's 8 requests, plus whatever the bench sends to learn the server.
+        let decisions: usize = svg
+            .split(" routing decisions")
+            .next()
+            .and_then(|s| s.rsplit('>').next())
+            .and_then(|n| n.parse().ok())
+            .expect("a decision count");
+        assert!(decisions >= 8, "{svg}");
+    }
+    assert!(!out.path().join("routing-no_such_method.svg").exists());
 }
 
 /// `dpserve bench --engine` as the README runs it, scaled down: every supported kernel path in

@@ -4,7 +4,8 @@
 //! a long request fails that request with an error (not a hang) once its heartbeats time out; only
 //! its keys move, each to its next HRW choice; restarted with the same rank it gets back exactly
 //! its keys. Along the way: `/metrics` routing counters move, and `dpserve trace DIR --rid R`
-//! tells each request's story from the actors' message traces.
+//! tells each request's story from the actors' message traces, and `--svg`/`--chrome` draw it
+//! (the request's journey, routing over the run with the victim leaving and coming back).
 //!
 //! Also here: `dpserve trace DIR`'s errors on its own, and `dpserve up` refusing bad
 //! `--prefix-affinity-*` values before it starts anything.
@@ -469,6 +470,140 @@ fn killed_worker_fails_its_request_moves_only_its_keys_and_gets_them_back() {
     let out = dpserve_trace(&[traces.to_str().expect("utf-8 path"), "--rid", "no-such"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no events for rid \"no-such\""));
+
+    // The same traces as pictures.
+    check_request_picture(&traces, &short_rid, before[&keys[1]]);
+    check_routing_picture(&traces, victim);
+}
+
+/// `(dir, type)` of every line about `rid` in the actors' message traces.
+fn traced_lines(dir: &Path, rid: &str) -> Vec<(String, String)> {
+    let mut lines = Vec::new();
+    for entry in fs::read_dir(dir).expect("trace dir") {
+        let path = entry.expect("entry").path();
+        if path.file_name().is_some_and(|n| n == "route.jsonl") {
+            continue;
+        }
+        for line in fs::read_to_string(&path).expect("trace file").lines() {
+            let Ok(v) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
+            if v["rid"] == rid {
+                let s = |k: &str| v[k].as_str().unwrap_or("").to_string();
+                lines.push((s("dir"), s("type")));
+            }
+        }
+    }
+    lines
+}
+
+/// Perfetto's JSON importer needs `traceEvents`, each with `ph`, `ts`, `pid` and `tid`.
+fn check_chrome(path: &Path) -> Vec<Value> {
+    let doc: Value = serde_json::from_str(&fs::read_to_string(path).expect("chrome json"))
+        .expect("chrome trace is JSON");
+    let events = doc["traceEvents"].as_array().expect("traceEvents").clone();
+    assert!(!events.is_empty());
+    for e in &events {
+        assert!(e["ph"].is_string() && e["ts"].is_number(), "{e}");
+        assert!(e["pid"].is_u64() && e["tid"].is_u64(), "{e}");
+    }
+    events
+}
+
+/// `dpserve trace DIR --rid R --svg --chrome` on a request recorded by the real run: a lane per
+/// actor it crossed, one arrow per traced message, a mark per traced milestone, the decision.
+fn check_request_picture(traces: &Path, rid: &str, rank: u32) {
+    let out_dir = tempfile::tempdir().expect("temp dir");
+    let (svg_path, json_path) = (out_dir.path().join("r.svg"), out_dir.path().join("r.json"));
+    let out = dpserve_trace(&[
+        traces.to_str().expect("utf-8 path"),
+        "--rid",
+        rid,
+        "--svg",
+        svg_path.to_str().expect("utf-8 path"),
+        "--chrome",
+        json_path.to_str().expect("utf-8 path"),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let svg = fs::read_to_string(&svg_path).expect("svg written");
+    for lane in [
+        "tokenizer".to_string(),
+        "controller".into(),
+        format!("worker[{rank}]"),
+    ] {
+        assert!(
+            svg.contains(&format!("class=\"lane\" data-lane=\"{lane}\"")),
+            "no lane {lane}"
+        );
+    }
+    let lines = traced_lines(traces, rid);
+    let count = |dir: &str| lines.iter().filter(|(d, _)| d == dir).count();
+    // Every actor traced: each message has both ends, and is one arrow.
+    assert_eq!(count("send"), count("recv"), "{lines:?}");
+    assert_eq!(
+        svg.matches("class=\"msg\"").count(),
+        count("send"),
+        "{lines:?}"
+    );
+    assert_eq!(
+        svg.matches("class=\"mark\"").count(),
+        count("event"),
+        "{lines:?}"
+    );
+    for (dir, kind) in &lines {
+        if dir == "event" {
+            assert!(
+                svg.contains(&format!("class=\"mark\" data-name=\"{kind}\"")),
+                "{kind}"
+            );
+        }
+    }
+    assert!(svg.contains("class=\"route\""));
+    assert!(svg.contains(&format!("prefix_affinity → rank {rank}, branch affinity")));
+    let events = check_chrome(&json_path);
+    let flows = events.iter().filter(|e| e["ph"] == "s").count();
+    assert_eq!(flows, count("send"));
+}
+
+/// `dpserve trace DIR --svg --chrome` over the whole run: a band per rank, the victim's leaving
+/// and coming back marked.
+fn check_routing_picture(traces: &Path, victim: u32) {
+    let out_dir = tempfile::tempdir().expect("temp dir");
+    let (svg_path, json_path) = (out_dir.path().join("t.svg"), out_dir.path().join("t.json"));
+    let out = dpserve_trace(&[
+        traces.to_str().expect("utf-8 path"),
+        "--svg",
+        svg_path.to_str().expect("utf-8 path"),
+        "--chrome",
+        json_path.to_str().expect("utf-8 path"),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let svg = fs::read_to_string(&svg_path).expect("svg written");
+    for r in RANKS {
+        assert!(
+            svg.contains(&format!("class=\"area\" data-rank=\"{r}\"")),
+            "rank {r}"
+        );
+    }
+    assert!(svg.contains("class=\"area\" data-branch=\"affinity\""));
+    for what in ["left", "joined"] {
+        assert!(
+            svg.contains(&format!(
+                "class=\"rank-event\" data-what=\"{what}\" data-rank=\"{victim}\""
+            )),
+            "rank {victim} {what} not marked"
+        );
+    }
+    let events = check_chrome(&json_path);
+    assert!(events.iter().any(|e| e["ph"] == "C"));
 }
 
 #[test]

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use protocol::msg_trace::MessageTracer;
+use protocol::msg_trace::{MessageTracer, Milestone};
 use protocol::socket::{identity_rank, rank_identity};
 use protocol::{
     encode, ClusterStatus, Endpoint, FrameStats, HelloAck, Message, Rejoin, Shutdown, TokenOut,
@@ -260,17 +260,13 @@ impl Controller {
         let decision = route(self.balancer.as_mut(), input, explicit, &ranks);
         self.route_counts.record(self.config.method, &decision);
         if self.tracer.enabled() {
-            match &decision {
-                Ok(d) => self.tracer.event(
-                    "routed",
-                    input.rid,
-                    Some(format!(
-                        "rank={} branch={} key_source={}",
-                        d.rank, d.branch, d.key_source
-                    )),
-                ),
-                Err(e) => self.tracer.event("refused", input.rid, Some(e.to_string())),
-            }
+            let milestone = match &decision {
+                Ok(d) => d.milestone(self.config.method, &ranks),
+                Err(e) => Milestone::Refused {
+                    error: e.to_string(),
+                },
+            };
+            self.tracer.milestone(input.rid, milestone);
         }
         if let Ok(d) = &decision {
             tracing::debug!(
@@ -512,7 +508,8 @@ impl Controller {
 
     fn fail_requests(&mut self, rids: Vec<String>, why: String) {
         for rid in rids {
-            self.tracer.event("failed", &rid, Some(why.clone()));
+            self.tracer
+                .milestone(&rid, Milestone::Failed { error: why.clone() });
             self.send_to_tokenizer(&Message::TokenOut(TokenOut::error(rid, 503, why.clone())));
         }
     }
@@ -608,8 +605,13 @@ impl Controller {
             Err(e) => {
                 tracing::warn!(rank, %e, msg = msg.type_name(), "send to worker failed");
                 if let Some(rid) = msg.rid() {
-                    self.tracer
-                        .event("send_failed", rid, Some(format!("to worker-{rank}: {e}")));
+                    self.tracer.milestone(
+                        rid,
+                        Milestone::SendFailed {
+                            to: format!("worker-{rank}"),
+                            error: e.to_string(),
+                        },
+                    );
                 }
                 false
             }
@@ -628,8 +630,13 @@ impl Controller {
         if let Err(e) = self.to_tokenizer.send(&frame[..], 0) {
             tracing::warn!(%e, "send to tokenizer failed");
             if let Some(rid) = msg.rid() {
-                self.tracer
-                    .event("send_failed", rid, Some(format!("to tokenizer: {e}")));
+                self.tracer.milestone(
+                    rid,
+                    Milestone::SendFailed {
+                        to: "tokenizer".into(),
+                        error: e.to_string(),
+                    },
+                );
             }
         }
     }

@@ -10,6 +10,7 @@ pub mod error;
 pub mod messages;
 pub mod msg_trace;
 pub mod socket;
+pub mod trace_event;
 
 pub use codec::{decode, encode, encode_envelope, DecodeError, FrameStats};
 pub use endpoint::{Endpoint, RuntimeDir};

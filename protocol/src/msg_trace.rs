@@ -2,50 +2,30 @@
 //! or receives, and per request milestone (admitted, first token, ...), to
 //! `DIR/<actor>[-<rank>].jsonl`. `dpserve trace DIR --rid R` merges the files into one timeline.
 //!
+//! What a line says is typed in [`crate::trace_event`]; this module only records.
+//!
 //! Recording never blocks an actor: lines go through a bounded channel to a writer thread with a
-//! buffered file; when the channel is full the line is dropped and counted. Disabled tracing is
-//! one branch per call.
+//! buffered file; when the channel is full the line is dropped and counted. The writer flushes
+//! whenever the channel runs empty (so `dpserve trace` run right after a response sees all of
+//! it) and at least every [`FLUSH_EVERY`] under a steady stream. Disabled tracing is one branch
+//! per call.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
-use crate::Message;
+use crate::trace_event::MessageSeen;
+pub use crate::trace_event::{Milestone, TraceEvent, TraceLine};
+use crate::{Message, TokenOut};
 
 /// Lines buffered between an actor and its writer thread.
 const QUEUE: usize = 65_536;
-/// The writer flushes at least this often while lines arrive.
+/// The writer flushes at least this often while lines arrive without a pause.
 const FLUSH_EVERY: Duration = Duration::from_millis(200);
-
-/// One line of a message trace.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TraceLine {
-    /// Unix seconds.
-    pub t: f64,
-    pub actor: String,
-    #[serde(default)]
-    pub rank: Option<u32>,
-    /// `send`, `recv` or `event`.
-    pub dir: String,
-    /// Message type, or the event name (`http_in`, `admitted`, `first_token`, ...).
-    #[serde(rename = "type")]
-    pub kind: String,
-    #[serde(default)]
-    pub rid: Option<String>,
-    #[serde(default)]
-    pub peer: Option<String>,
-    #[serde(default)]
-    pub bytes: Option<usize>,
-    /// Free-form detail of an event (e.g. `cached_tokens=512`).
-    #[serde(default)]
-    pub detail: Option<String>,
-}
 
 /// Handle an actor records through; cheap to clone.
 #[derive(Clone, Default)]
@@ -111,35 +91,35 @@ impl MessageTracer {
         ) {
             return;
         }
-        inner.push(TraceLine {
-            t: crate::unix_time(),
-            actor: inner.actor.clone(),
-            rank: inner.rank,
-            dir: if outgoing { "send" } else { "recv" }.into(),
-            kind: msg.type_name().into(),
-            rid: msg.rid().map(str::to_string),
-            peer: Some(peer.to_string()),
-            bytes: Some(bytes),
-            detail: None,
-        });
+        let seen = MessageSeen {
+            msg_type: msg.type_name().into(),
+            peer: peer.to_string(),
+            bytes,
+        };
+        inner.push(
+            msg.rid(),
+            if outgoing {
+                TraceEvent::Send(seen)
+            } else {
+                TraceEvent::Recv(seen)
+            },
+        );
     }
 
     /// A request milestone inside the actor.
-    pub fn event(&self, name: &str, rid: &str, detail: Option<String>) {
-        let Some(inner) = &self.inner else {
-            return;
-        };
-        inner.push(TraceLine {
-            t: crate::unix_time(),
-            actor: inner.actor.clone(),
-            rank: inner.rank,
-            dir: "event".into(),
-            kind: name.into(),
-            rid: Some(rid.to_string()),
-            peer: None,
-            bytes: None,
-            detail,
-        });
+    pub fn milestone(&self, rid: &str, milestone: Milestone) {
+        if let Some(inner) = &self.inner {
+            inner.push(Some(rid), TraceEvent::Event(milestone));
+        }
+    }
+
+    /// The milestones an output marks (first token, finished), where this actor sees it.
+    pub fn token_out_milestones(&self, out: &TokenOut) {
+        if self.inner.is_some() {
+            for m in Milestone::of_token_out(out) {
+                self.milestone(&out.rid, m);
+            }
+        }
     }
 
     /// Lines dropped because the writer fell behind.
@@ -151,9 +131,16 @@ impl MessageTracer {
 }
 
 impl Inner {
-    fn push(&self, line: TraceLine) {
+    fn push(&self, rid: Option<&str>, event: TraceEvent) {
         let Some(tx) = &self.tx else {
             return;
+        };
+        let line = TraceLine {
+            t: crate::unix_time(),
+            actor: self.actor.clone(),
+            rank: self.rank,
+            rid: rid.map(str::to_string),
+            event,
         };
         match tx.try_send(line) {
             Ok(()) => {}
@@ -166,30 +153,27 @@ impl Inner {
 
 fn write_lines(file: File, rx: std::sync::mpsc::Receiver<TraceLine>) {
     let mut out = BufWriter::new(file);
-    let mut last_flush = std::time::Instant::now();
-    loop {
-        match rx.recv_timeout(FLUSH_EVERY) {
-            Ok(line) => {
-                if let Ok(json) = serde_json::to_string(&line) {
-                    let _ = writeln!(out, "{json}");
-                }
-                // Lines arriving more often than FLUSH_EVERY (heartbeats from many ranks) must
-                // not keep the buffer from reaching the file.
-                if last_flush.elapsed() >= FLUSH_EVERY {
-                    let _ = out.flush();
-                    last_flush = std::time::Instant::now();
-                }
-            }
-            Err(RecvTimeoutError::Timeout) => {
-                let _ = out.flush();
-                last_flush = std::time::Instant::now();
-            }
-            Err(RecvTimeoutError::Disconnected) => {
-                let _ = out.flush();
-                return;
+    let write = |out: &mut BufWriter<File>, line: &TraceLine| {
+        if let Ok(json) = serde_json::to_string(line) {
+            let _ = writeln!(out, "{json}");
+        }
+    };
+    // Ends when the tracer is dropped (the channel closes).
+    while let Ok(line) = rx.recv() {
+        write(&mut out, &line);
+        // Take what else is queued, then flush once the queue is empty: a reader right after a
+        // response sees every line, and a burst still costs one write. A queue that never
+        // empties is flushed every FLUSH_EVERY.
+        let batch = std::time::Instant::now();
+        while batch.elapsed() < FLUSH_EVERY {
+            match rx.try_recv() {
+                Ok(line) => write(&mut out, &line),
+                Err(_) => break,
             }
         }
+        let _ = out.flush();
     }
+    let _ = out.flush();
 }
 
 impl Drop for Inner {
@@ -228,7 +212,21 @@ mod tests {
                 "controller",
                 20,
             );
-            t.event("admitted", "r1", Some("cached_tokens=4".into()));
+            t.milestone(
+                "r1",
+                Milestone::Admitted {
+                    prefix_hit_tokens: 4,
+                    prompt_tokens: 9,
+                },
+            );
+            // The writer flushes when its queue runs empty: the lines are in the file while
+            // the tracer is still open.
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            let path = dir.join("worker-3.jsonl");
+            while std::fs::read_to_string(&path).map_or(0, |s| s.lines().count()) < 2 {
+                assert!(std::time::Instant::now() < deadline, "lines not flushed");
+                std::thread::sleep(Duration::from_millis(2));
+            }
         }
         let text = std::fs::read_to_string(dir.join("worker-3.jsonl")).unwrap();
         let lines: Vec<TraceLine> = text
@@ -236,9 +234,9 @@ mod tests {
             .map(|l| serde_json::from_str(l).unwrap())
             .collect();
         assert_eq!(lines.len(), 2);
-        assert_eq!(lines[0].kind, "Abort");
+        assert_eq!(lines[0].message().unwrap().1.msg_type, "Abort");
         assert_eq!(lines[0].rid.as_deref(), Some("r1"));
-        assert_eq!(lines[1].dir, "event");
+        assert_eq!(lines[1].milestone().unwrap().name(), "admitted");
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -1,5 +1,7 @@
 //! The comparison chart: an SVG with two bar panels, TTFT (mean and p99) and output throughput
-//! per load-balance method, drawn with plotters' SVG backend (no fonts or system libraries).
+//! per load-balance method, drawn with plotters' SVG backend (no fonts or system libraries);
+//! and each method's routing over time, drawn from its cluster's routing trace by the same
+//! code as `dpserve trace FILE --svg`.
 
 use std::path::Path;
 
@@ -11,6 +13,27 @@ use super::report::MethodResult;
 const MEAN_COLOR: RGBColor = RGBColor(0x4c, 0x72, 0xb0);
 const P99_COLOR: RGBColor = RGBColor(0xdd, 0x84, 0x52);
 const TPUT_COLOR: RGBColor = RGBColor(0x55, 0xa8, 0x68);
+
+/// Draws routing over time from the routing trace at `trace` into `out`; returns `out` shown.
+pub fn write_routing_svg(trace: &Path, method: &str, out: &Path) -> anyhow::Result<String> {
+    use controller::trace::{report, traffic};
+    let file =
+        std::fs::File::open(trace).with_context(|| format!("opening {}", trace.display()))?;
+    let (records, _) = report::parse(std::io::BufReader::new(file))
+        .with_context(|| format!("reading {}", trace.display()))?;
+    anyhow::ensure!(
+        !records.is_empty(),
+        "{} holds no routing decision",
+        trace.display()
+    );
+    let points: Vec<_> = records.iter().map(traffic::RoutePoint::of_record).collect();
+    let svg = traffic::traffic_svg(
+        &traffic::Traffic::of(&points),
+        &format!("routing over time: {method}"),
+    );
+    std::fs::write(out, svg).with_context(|| format!("writing {}", out.display()))?;
+    Ok(out.display().to_string())
+}
 
 /// Writes the chart of the methods that ran (skipped ones are left out) to `path`.
 pub fn write_svg(results: &[MethodResult], title: &str, path: &Path) -> anyhow::Result<()> {

@@ -495,8 +495,20 @@ fn run_compare(
 
     let mut results: Vec<MethodResult> = Vec::new();
     let mut lines: Vec<Value> = Vec::new();
+    let mut pictures: Vec<String> = Vec::new();
     for method in &methods {
         eprintln!("== {method}: starting a cluster");
+        // Each cluster writes a routing trace, drawn beside the tables as routing-<method>.svg
+        // (unless the caller routes traces elsewhere with --up-arg=--trace-file).
+        let route_trace = out_dir.join(format!("route-{method}.jsonl"));
+        let mut server = server.clone();
+        let traced = !server.up_args.iter().any(|a| a.starts_with("--trace-file"));
+        if traced {
+            std::fs::remove_file(&route_trace).ok();
+            server.up_args.push("--trace-file".into());
+            server.up_args.push(route_trace.display().to_string());
+        }
+        let server = &server;
         let outcome = match launch::start(method, server, &runtime_root, out_dir) {
             Err(reason) => Err(reason),
             Ok(mut cluster) => {
@@ -532,6 +544,15 @@ fn run_compare(
         };
         if let Err(reason) = &outcome {
             eprintln!("== {method}: skipped: {reason}");
+        } else if traced {
+            match chart::write_routing_svg(
+                &route_trace,
+                method,
+                &out_dir.join(format!("routing-{method}.svg")),
+            ) {
+                Ok(path) => pictures.push(path),
+                Err(e) => eprintln!("== {method}: no routing picture: {e:#}"),
+            }
         }
         results.push(MethodResult {
             method: method.clone(),
@@ -595,6 +616,7 @@ fn run_compare(
         Ok(()) => written.push(svg_path.display().to_string()),
         Err(e) => eprintln!("no chart: {e:#}"),
     }
+    written.extend(pictures);
     println!("wrote {}", written.join(", "));
     if results.iter().all(|r| r.result.is_err()) {
         anyhow::bail!("no method ran");

@@ -13,7 +13,7 @@ use std::sync::{mpsc, Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use protocol::msg_trace::MessageTracer;
+use protocol::msg_trace::{MessageTracer, Milestone};
 use protocol::{ClusterStatus, Endpoint, FrameStats, Message, TokenOut};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
@@ -359,7 +359,13 @@ fn sender_loop(
                 _ => tracing::debug!(%err, rid, msg = msg.type_name(), "send to controller failed"),
             }
             if let Some(rid) = msg.rid() {
-                tracer.event("send_failed", rid, Some(format!("to controller: {err}")));
+                tracer.milestone(
+                    rid,
+                    Milestone::SendFailed {
+                        to: "controller".into(),
+                        error: err.to_string(),
+                    },
+                );
             }
         }
     }
@@ -378,22 +384,7 @@ fn trace_incoming(tracer: &MessageTracer, msg: &Message, bytes: usize) {
         .dp_rank
         .map_or_else(|| "controller".to_string(), |r| format!("worker-{r}"));
     tracer.message(false, msg, &peer, bytes);
-    if !out.output_ids.is_empty() && out.completion_tokens as usize == out.output_ids.len() {
-        tracer.event("first_token", &out.rid, None);
-    }
-    if let Some(reason) = out.finish_reason {
-        let mut detail = format!(
-            "reason={} completion_tokens={} cached_tokens={}",
-            reason.as_str(),
-            out.completion_tokens,
-            out.cached_tokens
-        );
-        if let Some(err) = &out.error {
-            // `message` last: it runs to the end of the line (`dpserve trace` reads it so).
-            detail.push_str(&format!(" status={} message={}", err.status, err.message));
-        }
-        tracer.event("finished", &out.rid, Some(detail));
-    }
+    tracer.token_out_milestones(out);
 }
 
 /// Sends `Abort` for its rid when dropped before the request finished: a client that goes

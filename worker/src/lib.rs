@@ -458,21 +458,7 @@ fn trace_token_out(
         return;
     }
     tracer.message(true, &Message::TokenOut(out.clone()), "tokenizer", bytes);
-    if !out.output_ids.is_empty() && out.completion_tokens as usize == out.output_ids.len() {
-        tracer.event("first_token", &out.rid, None);
-    }
-    if let Some(reason) = out.finish_reason {
-        tracer.event(
-            "finished",
-            &out.rid,
-            Some(format!(
-                "reason={} completion_tokens={} cached_tokens={}",
-                reason.as_str(),
-                out.completion_tokens,
-                out.cached_tokens
-            )),
-        );
-    }
+    tracer.token_out_milestones(out);
 }
 
 #[cfg(test)]

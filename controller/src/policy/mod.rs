@@ -15,6 +15,9 @@ pub use least_loaded::{TotalRequests, TotalTokens};
 pub use prefix_affinity::{PrefixAffinity, PrefixAffinityConfig};
 pub use round_robin::RoundRobin;
 
+/// The routing vocabulary lives in `protocol::trace_event`, beside the trace events that carry it.
+pub use protocol::trace_event::{Branch, KeySource, RankLoad};
+
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -26,16 +29,6 @@ pub struct RouteInput<'a> {
     pub input_ids: &'a [u32],
     pub routing_key: Option<&'a str>,
     pub bootstrap_room: Option<u64>,
-}
-
-/// One live rank and its load as the budget sees it (status plus speculative increments).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RankLoad {
-    pub rank: u32,
-    /// Running + waiting requests, plus those dispatched since the last status.
-    pub active_requests: u64,
-    /// Tokens resident or reserved on the rank, plus those of speculative dispatches.
-    pub active_tokens: u64,
 }
 
 /// The live ranks, sorted by rank id. Never empty when handed to a balancer.
@@ -91,72 +84,6 @@ impl RankSet {
     }
 }
 
-/// Which branch of a method produced the decision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Branch {
-    /// The client named the rank.
-    Explicit,
-    /// Round-robin rotation.
-    Rotate,
-    /// Least-loaded choice (`total_requests`, `total_tokens`).
-    LeastLoaded,
-    /// `bootstrap_room % live ranks`.
-    Room,
-    /// The preferred (first HRW) rank was taken.
-    Affinity,
-    /// The preferred rank was over the load threshold; a later HRW candidate was taken.
-    Spill,
-    /// No key (or no bootstrap room); the fallback method chose.
-    Fallback,
-}
-
-impl Branch {
-    /// The name in traces and metrics (the serde name).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Branch::Explicit => "explicit",
-            Branch::Rotate => "rotate",
-            Branch::LeastLoaded => "least_loaded",
-            Branch::Room => "room",
-            Branch::Affinity => "affinity",
-            Branch::Spill => "spill",
-            Branch::Fallback => "fallback",
-        }
-    }
-}
-
-impl fmt::Display for Branch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// Where an affinity key came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum KeySource {
-    /// `x-smg-routing-key` header or body `routing_key`.
-    RoutingKey,
-    /// Hash of the first `--prefix-affinity-hash-tokens` input ids.
-    TokenPrefix,
-    /// No key: the method does not use one, or the request had none.
-    None,
-    /// The client named the rank; no key was looked at.
-    Explicit,
-}
-
-impl fmt::Display for KeySource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            KeySource::RoutingKey => "routing_key",
-            KeySource::TokenPrefix => "token_prefix",
-            KeySource::None => "none",
-            KeySource::Explicit => "explicit",
-        })
-    }
-}
-
 /// A routing decision: the rank and why. The affinity fields stay empty for methods without a
 /// key, which costs nothing (`Vec::new` does not allocate).
 #[derive(Debug, Clone, PartialEq)]
@@ -185,6 +112,21 @@ impl RouteDecision {
             hrw_order: Vec::new(),
             threshold: None,
             fallback: None,
+        }
+    }
+
+    /// The `routed` milestone of a message trace: this decision and the loads it saw.
+    pub fn milestone(&self, method: Method, ranks: &RankSet) -> protocol::trace_event::Milestone {
+        protocol::trace_event::Milestone::Routed {
+            method: method.to_string(),
+            chosen_rank: self.rank,
+            branch: self.branch,
+            key_source: self.key_source,
+            key_digest: self.key_digest.map(|k| format!("{k:016x}")),
+            hrw_order: self.hrw_order.clone(),
+            threshold: self.threshold,
+            loads: ranks.loads().to_vec(),
+            fallback: self.fallback.map(|m| m.to_string()),
         }
     }
 }

@@ -1,19 +1,28 @@
 //! Routing traces: one JSON line per routing decision, written off the controller thread.
 //!
 //! The controller only builds a [`RouteRecord`] and hands it to a bounded channel with
-//! `try_send`; a writer thread serialises, buffers and flushes it (every
-//! [`FLUSH_INTERVAL`] and on exit). A full channel drops the record and counts it, so a slow
+//! `try_send`; a writer thread serialises, buffers and flushes it (whenever the channel runs
+//! empty, at least every [`FLUSH_INTERVAL`] under a steady stream, and on exit). A full channel drops the record and counts it, so a slow
 //! disk can never stall routing. Message traces across actors (`--trace-dir`) are written by
-//! `protocol::msg_trace`; [`timeline`] reads them back.
+//! `protocol::msg_trace`; [`timeline`] reads them back. Pictures: [`journey`] turns one request's
+//! timeline into lanes, arrows and marks that [`picture`] draws as SVG; [`traffic`] counts and
+//! draws routing over a run; [`chrome`] writes either as Chrome trace-event JSON.
 
+pub mod chrome;
+#[cfg(test)]
+mod fixtures;
+pub mod journey;
+pub mod picture;
 pub mod report;
+mod svg;
 pub mod timeline;
+pub mod traffic;
 
 use std::fs::OpenOptions;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -26,7 +35,7 @@ use crate::router::RouteError;
 
 /// Records waiting for the writer before new ones are dropped.
 pub const CHANNEL_CAPACITY: usize = 65_536;
-/// The writer flushes at least this often while records arrive, and when idle this long.
+/// The writer flushes at least this often while records arrive without a pause.
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(200);
 
 /// One routing decision, as written to `--trace-file` (one JSON object per line).
@@ -179,34 +188,37 @@ impl Drop for TraceWriter {
 }
 
 fn write_loop(rx: Receiver<RouteRecord>, mut out: impl Write, path: &str) {
-    let mut last_flush = Instant::now();
     let mut failed = false;
-    loop {
-        let rec = match rx.recv_timeout(FLUSH_INTERVAL) {
-            Ok(rec) => Some(rec),
-            Err(RecvTimeoutError::Timeout) => None,
-            Err(RecvTimeoutError::Disconnected) => break,
-        };
-        if let Some(rec) = rec {
-            let res = serde_json::to_writer(&mut out, &rec)
-                .map_err(std::io::Error::from)
-                .and_then(|()| out.write_all(b"\n"));
-            if let Err(e) = res {
-                // Log once: a full disk would otherwise flood the log with one line per request.
-                if !failed {
-                    tracing::error!(path, %e, "writing route trace failed");
-                    failed = true;
-                }
+    let mut report = |what: &str, e: std::io::Error| {
+        // Log once: a full disk would otherwise flood the log with one line per request.
+        if !failed {
+            tracing::error!(path, %e, "{what} route trace failed");
+            failed = true;
+        }
+    };
+    let write = |out: &mut dyn Write, rec: &RouteRecord| {
+        serde_json::to_writer(&mut *out, rec)
+            .map_err(std::io::Error::from)
+            .and_then(|()| out.write_all(b"\n"))
+    };
+    // Ends when the writer is dropped (the channel closes).
+    while let Ok(rec) = rx.recv() {
+        let batch = Instant::now();
+        let mut res = write(&mut out, &rec);
+        // Take what else is queued, then flush once the queue is empty, so `dpserve trace`
+        // run right after a response sees its decision; a queue that never empties is
+        // flushed every FLUSH_INTERVAL.
+        while res.is_ok() && batch.elapsed() < FLUSH_INTERVAL {
+            match rx.try_recv() {
+                Ok(rec) => res = write(&mut out, &rec),
+                Err(_) => break,
             }
         }
-        if last_flush.elapsed() >= FLUSH_INTERVAL {
-            if let Err(e) = out.flush() {
-                if !failed {
-                    tracing::error!(path, %e, "flushing route trace failed");
-                    failed = true;
-                }
-            }
-            last_flush = Instant::now();
+        if let Err(e) = res {
+            report("writing", e);
+        }
+        if let Err(e) = out.flush() {
+            report("flushing", e);
         }
     }
     if let Err(e) = out.flush() {
@@ -288,6 +300,28 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap();
         assert_eq!(text.lines().count(), 101);
         assert!(text.lines().last().unwrap().contains("again"));
+    }
+
+    #[test]
+    fn a_record_reaches_the_file_while_the_writer_is_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("route.jsonl");
+        let w = TraceWriter::create(&path).unwrap();
+        let ranks = RankSet::idle(&[0, 1, 2]);
+        w.record(RouteRecord::new(
+            "r1",
+            1.0,
+            Method::PrefixAffinity,
+            &ranks,
+            &Ok(decision()),
+        ));
+        // Flushed because the queue ran empty, not because the writer closed.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while std::fs::read_to_string(&path).map_or(0, |s| s.lines().count()) < 1 {
+            assert!(Instant::now() < deadline, "record not flushed");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        drop(w);
     }
 
     #[test]

@@ -12,7 +12,9 @@ use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 use std::io::BufRead;
 
-use protocol::msg_trace::TraceLine;
+use protocol::msg_trace::{Milestone, TraceLine};
+use protocol::trace_event::{Branch, MessageSeen, TraceEvent};
+use protocol::FinishReason;
 
 use super::RouteRecord;
 
@@ -36,7 +38,7 @@ impl TraceSet {
             if line.trim().is_empty() {
                 continue;
             }
-            if let Ok(l) = serde_json::from_str::<TraceLine>(&line) {
+            if let Some(l) = TraceLine::parse(&line) {
                 self.lines.push(l);
             } else if let Ok(r) = serde_json::from_str::<RouteRecord>(&line) {
                 self.routes.push(r);
@@ -65,40 +67,91 @@ impl TraceSet {
     }
 }
 
-/// `worker[1]`, `controller`: an actor and its rank.
-pub fn actor_label(line: &TraceLine) -> String {
-    match line.rank {
-        Some(r) => format!("{}[{r}]", line.actor),
-        None => line.actor.clone(),
-    }
-}
-
 /// One row of a timeline.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
     /// Unix seconds.
     pub t: f64,
+    /// `worker[1]`, `controller`: the actor and its rank.
     pub actor: String,
-    /// `send`, `recv`, `event`, or `route` (a routing-trace record).
-    pub dir: String,
-    pub kind: String,
-    pub peer: Option<String>,
-    pub bytes: Option<usize>,
-    pub detail: Option<String>,
+    pub what: RowKind,
+}
+
+/// What a row says.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RowKind {
+    /// A message the actor sent (`outgoing`) or received.
+    Message {
+        outgoing: bool,
+        seen: MessageSeen,
+    },
+    Milestone(Milestone),
+    /// A routing-trace record (`--trace-file` in the same directory).
+    Route(Box<RouteRecord>),
+}
+
+impl Row {
+    fn of_line(l: &TraceLine) -> Row {
+        Row {
+            t: l.t,
+            actor: l.actor_label(),
+            what: match &l.event {
+                TraceEvent::Send(seen) => RowKind::Message {
+                    outgoing: true,
+                    seen: seen.clone(),
+                },
+                TraceEvent::Recv(seen) => RowKind::Message {
+                    outgoing: false,
+                    seen: seen.clone(),
+                },
+                TraceEvent::Event(m) => RowKind::Milestone(m.clone()),
+            },
+        }
+    }
+
+    /// `send`, `recv`, `event` or `route`.
+    pub fn dir(&self) -> &'static str {
+        match &self.what {
+            RowKind::Message { outgoing: true, .. } => "send",
+            RowKind::Message { .. } => "recv",
+            RowKind::Milestone(_) => "event",
+            RowKind::Route(_) => "route",
+        }
+    }
+
+    /// The message type, the milestone's name, or the routing method.
+    pub fn kind(&self) -> &str {
+        match &self.what {
+            RowKind::Message { seen, .. } => &seen.msg_type,
+            RowKind::Milestone(m) => m.name(),
+            RowKind::Route(r) => &r.method,
+        }
+    }
+
+    /// `send GenerateReq`, `event admitted`: what the overview counts.
+    pub fn dir_and_kind(&self) -> String {
+        format!("{} {}", self.dir(), self.kind())
+    }
+
+    pub fn milestone(&self) -> Option<&Milestone> {
+        match &self.what {
+            RowKind::Milestone(m) => Some(m),
+            _ => None,
+        }
+    }
 }
 
 /// How one request went, as far as the traces tell.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Outcome {
     pub rank: Option<u32>,
-    pub branch: Option<String>,
+    pub branch: Option<Branch>,
     /// Why it was not routed, when it was not.
     pub refused: Option<String>,
     /// Milliseconds from the request's first trace line.
     pub first_token_ms: Option<f64>,
     pub finished_ms: Option<f64>,
-    /// `stop`, `length`, `abort`, `error`, ...
-    pub reason: Option<String>,
+    pub reason: Option<FinishReason>,
     /// The error message of a failed request.
     pub error: Option<String>,
 }
@@ -124,16 +177,12 @@ pub fn timeline(set: &TraceSet, rid: &str) -> Option<Timeline> {
     }
     let mut rows: Vec<Row> = lines
         .iter()
-        .map(|l| Row {
-            t: l.t,
-            actor: actor_label(l),
-            dir: l.dir.clone(),
-            kind: l.kind.clone(),
-            peer: l.peer.clone(),
-            bytes: l.bytes,
-            detail: l.detail.clone(),
-        })
-        .chain(routes.iter().map(|r| route_row(r)))
+        .map(|l| Row::of_line(l))
+        .chain(routes.iter().map(|r| Row {
+            t: r.time,
+            actor: "controller".into(),
+            what: RowKind::Route(Box::new((*r).clone())),
+        }))
         .collect();
     // Stable: lines of one actor written in the same microsecond keep their file order.
     rows.sort_by(|a, b| a.t.total_cmp(&b.t));
@@ -145,8 +194,9 @@ pub fn timeline(set: &TraceSet, rid: &str) -> Option<Timeline> {
     })
 }
 
-fn route_row(r: &RouteRecord) -> Row {
-    let detail = match (r.rank, r.branch, &r.error) {
+/// What the text timeline prints after a routing record.
+pub fn route_detail(r: &RouteRecord) -> String {
+    match (r.rank, r.branch, &r.error) {
         (_, _, Some(err)) => format!("refused: {err}"),
         (Some(rank), Some(branch), _) => {
             let mut d = format!("rank={rank} branch={branch} key_source={}", r.key_source);
@@ -162,88 +212,74 @@ fn route_row(r: &RouteRecord) -> Row {
             d
         }
         _ => "incomplete record".to_string(),
-    };
-    Row {
-        t: r.time,
-        actor: "controller".into(),
-        dir: "route".into(),
-        kind: r.method.clone(),
-        peer: None,
-        bytes: None,
-        detail: Some(detail),
-    }
-}
-
-/// The value of `key=` in an event detail: up to the next space, except `message=`, which is
-/// last and runs to the end (error messages have spaces).
-fn detail_field<'a>(detail: &'a str, key: &str) -> Option<&'a str> {
-    let at = if detail.starts_with(&format!("{key}=")) {
-        0
-    } else {
-        detail.find(&format!(" {key}="))? + 1
-    };
-    let value = &detail[at + key.len() + 1..];
-    if key == "message" {
-        Some(value)
-    } else {
-        Some(value.split(' ').next().unwrap_or(value))
     }
 }
 
 fn outcome(lines: &[&TraceLine], routes: &[&RouteRecord], t0: f64) -> Outcome {
     let ms = |t: f64| (t - t0) * 1e3;
+    // The first `name` milestone `actor` wrote.
     let event = |actor: &str, name: &str| {
         lines
             .iter()
-            .find(|l| l.dir == "event" && l.actor == actor && l.kind == name)
-            .copied()
+            .find(|l| l.actor == actor && l.milestone().is_some_and(|m| m.name() == name))
+            .and_then(|l| Some((l.t, l.milestone()?)))
     };
     let mut o = Outcome::default();
 
     // Where it went: the routing record (the last, if a rid was routed twice), else the
-    // controller's event, else the worker that received it.
+    // controller's milestone, else the worker that received it.
+    let routed = lines.iter().rev().find_map(|l| match l.milestone() {
+        Some(Milestone::Routed {
+            chosen_rank,
+            branch,
+            ..
+        }) if l.actor == "controller" => Some((*chosen_rank, *branch)),
+        _ => None,
+    });
     if let Some(r) = routes.last() {
         o.rank = r.rank;
-        o.branch = r.branch.map(|b| b.to_string());
+        o.branch = r.branch;
         o.refused = r.error.clone();
-    } else if let Some(e) = lines
-        .iter()
-        .rev()
-        .find(|l| l.actor == "controller" && l.dir == "event" && l.kind == "routed")
-    {
-        let d = e.detail.as_deref().unwrap_or("");
-        o.rank = detail_field(d, "rank").and_then(|r| r.parse().ok());
-        o.branch = detail_field(d, "branch").map(str::to_string);
-    } else if let Some(e) = event("controller", "refused") {
-        o.refused = Some(e.detail.clone().unwrap_or_default());
+    } else if let Some((rank, branch)) = routed {
+        o.rank = Some(rank);
+        o.branch = Some(branch);
+    } else if let Some((_, Milestone::Refused { error })) = event("controller", "refused") {
+        o.refused = Some(error.clone());
     }
     if o.rank.is_none() && o.refused.is_none() {
         o.rank = lines
             .iter()
-            .find(|l| l.actor == "worker" && l.kind == "GenerateReq")
+            .find(|l| {
+                l.actor == "worker"
+                    && l.message()
+                        .is_some_and(|(out, m)| !out && m.msg_type == "GenerateReq")
+            })
             .and_then(|l| l.rank);
     }
 
     let first = event("tokenizer", "first_token").or_else(|| event("worker", "first_token"));
-    o.first_token_ms = first.map(|l| ms(l.t));
+    o.first_token_ms = first.map(|(t, _)| ms(t));
 
+    let failed = event("controller", "failed").and_then(|(t, m)| match m {
+        Milestone::Failed { error } => Some((t, error.clone())),
+        _ => None,
+    });
     let finished = event("tokenizer", "finished").or_else(|| event("worker", "finished"));
-    if let Some(f) = finished {
-        o.finished_ms = Some(ms(f.t));
-        let d = f.detail.as_deref().unwrap_or("");
-        o.reason = detail_field(d, "reason").map(str::to_string);
-        o.error = detail_field(d, "message").map(str::to_string);
-    } else if let Some(f) = event("controller", "failed") {
+    if let Some((t, Milestone::Finished { reason, error, .. })) = finished {
+        o.finished_ms = Some(ms(t));
+        o.reason = Some(*reason);
+        o.error = error.as_ref().map(|e| e.message.clone());
+    } else if let Some((t, error)) = &failed {
         // The rank died and the tokenizer did not trace: the controller's word is the end.
-        o.finished_ms = Some(ms(f.t));
-        o.reason = Some("error".into());
-        o.error = f.detail.clone();
+        o.finished_ms = Some(ms(*t));
+        o.reason = Some(FinishReason::Error);
+        o.error = Some(error.clone());
     }
-    if o.error.is_none() && o.reason.as_deref() == Some("error") {
-        o.error = event("controller", "failed").and_then(|l| l.detail.clone());
+    if o.error.is_none() && o.reason == Some(FinishReason::Error) {
+        o.error = failed.map(|(_, e)| e);
     }
     if o.refused.is_some() && o.reason.is_none() {
-        o.reason = Some("error".into());
+        o.reason = Some(FinishReason::Error);
     }
     o
 }
@@ -276,7 +312,7 @@ impl Outcome {
         }
         match (self.finished_ms, &self.reason) {
             (Some(t), Some(reason)) => {
-                let _ = write!(s, ", finished after {t:.1} ms (reason: {reason}");
+                let _ = write!(s, ", finished after {t:.1} ms (reason: {}", reason.as_str());
                 if let Some(e) = &self.error {
                     let _ = write!(s, ": {e}");
                 }
@@ -307,24 +343,32 @@ impl fmt::Display for Timeline {
             actors.join(", ")
         )?;
         for r in &self.rows {
-            let what = match (r.dir.as_str(), &r.peer) {
-                ("send", Some(p)) => format!("→ {p}"),
-                ("recv", Some(p)) => format!("← {p}"),
+            let what = match &r.what {
+                RowKind::Message {
+                    outgoing: true,
+                    seen,
+                } => format!("→ {}", seen.peer),
+                RowKind::Message { seen, .. } => format!("← {}", seen.peer),
                 _ => String::new(),
             };
             let mut line = format!(
                 "{:>11.3} ms  {:<12} {:<5} {:<14} {:<13}",
                 (r.t - t0) * 1e3,
                 r.actor,
-                r.dir,
-                r.kind,
+                r.dir(),
+                r.kind(),
                 what
             );
-            if let Some(b) = r.bytes {
-                let _ = write!(line, " {b:>7} B");
-            }
-            if let Some(d) = &r.detail {
-                let _ = write!(line, "  {d}");
+            match &r.what {
+                RowKind::Message { seen, .. } => {
+                    let _ = write!(line, " {:>7} B", seen.bytes);
+                }
+                RowKind::Milestone(m) => {
+                    let _ = write!(line, "  {m}");
+                }
+                RowKind::Route(rec) => {
+                    let _ = write!(line, "  {}", route_detail(rec));
+                }
             }
             writeln!(f, "{}", line.trim_end())?;
         }
@@ -367,9 +411,9 @@ pub fn overview(set: &TraceSet) -> Overview {
     let mut by_rid: BTreeMap<&str, (Vec<&TraceLine>, Vec<&RouteRecord>)> = BTreeMap::new();
     for l in &set.lines {
         *o.per_actor
-            .entry(actor_label(l))
+            .entry(l.actor_label())
             .or_default()
-            .entry(format!("{} {}", l.dir, l.kind))
+            .entry(Row::of_line(l).dir_and_kind())
             .or_default() += 1;
         if let Some(rid) = &l.rid {
             by_rid.entry(rid).or_default().0.push(l);
@@ -439,14 +483,14 @@ impl fmt::Display for Overview {
             let rank = o.rank.map_or("-".into(), |r| r.to_string());
             let end = match (&o.refused, &o.reason, o.finished_ms) {
                 (Some(_), _, _) => "refused".to_string(),
-                (None, Some(r), Some(t)) => format!("{r} after {t:.1} ms"),
-                (None, Some(r), None) => r.clone(),
+                (None, Some(r), Some(t)) => format!("{} after {t:.1} ms", r.as_str()),
+                (None, Some(r), None) => r.as_str().to_string(),
                 (None, None, _) => "unfinished".to_string(),
             };
             writeln!(
                 f,
                 "  {rid:<34} rank {rank:>4}  {:<13} {end}",
-                o.branch.as_deref().unwrap_or("-")
+                o.branch.map_or("-", Branch::as_str)
             )?;
         }
         if self.requests.len() > REQUESTS_SHOWN {
@@ -462,178 +506,25 @@ impl fmt::Display for Overview {
 
 #[cfg(test)]
 mod tests {
+    use super::super::fixtures::{event, line, send, traces};
     use super::*;
-    use crate::policy::{Branch, KeySource, Method, RankSet, RouteDecision};
-
-    fn line(
-        t: f64,
-        actor: &str,
-        rank: Option<u32>,
-        dir: &str,
-        kind: &str,
-        peer: Option<&str>,
-        detail: Option<&str>,
-    ) -> String {
-        serde_json::to_string(&TraceLine {
-            t,
-            actor: actor.into(),
-            rank,
-            dir: dir.into(),
-            kind: kind.into(),
-            rid: Some("r1".into()),
-            peer: peer.map(str::to_string),
-            bytes: peer.map(|_| 100),
-            detail: detail.map(str::to_string),
-        })
-        .unwrap()
-    }
-
-    /// Three actors' files and a routing trace, as `dpserve trace DIR` would read them.
-    fn traces() -> TraceSet {
-        let tokenizer = [
-            line(
-                10.000,
-                "tokenizer",
-                None,
-                "send",
-                "GenerateReq",
-                Some("controller"),
-                None,
-            ),
-            line(
-                10.020,
-                "tokenizer",
-                None,
-                "recv",
-                "TokenOut",
-                Some("worker-1"),
-                None,
-            ),
-            line(
-                10.020,
-                "tokenizer",
-                None,
-                "event",
-                "first_token",
-                None,
-                None,
-            ),
-            line(
-                10.050,
-                "tokenizer",
-                None,
-                "recv",
-                "TokenOut",
-                Some("worker-1"),
-                None,
-            ),
-            line(
-                10.050,
-                "tokenizer",
-                None,
-                "event",
-                "finished",
-                None,
-                Some("reason=length completion_tokens=2"),
-            ),
-        ]
-        .join("\n");
-        let controller = [
-            line(
-                10.001,
-                "controller",
-                None,
-                "recv",
-                "GenerateReq",
-                Some("tokenizer"),
-                None,
-            ),
-            line(
-                10.001,
-                "controller",
-                None,
-                "event",
-                "routed",
-                None,
-                Some("rank=1 branch=affinity key_source=routing_key"),
-            ),
-            line(
-                10.002,
-                "controller",
-                None,
-                "send",
-                "GenerateReq",
-                Some("worker-1"),
-                None,
-            ),
-        ]
-        .join("\n");
-        // The worker's file ends in half a line (killed mid-write).
-        let worker = [
-            line(
-                10.003,
-                "worker",
-                Some(1),
-                "recv",
-                "GenerateReq",
-                Some("controller"),
-                None,
-            ),
-            line(
-                10.019,
-                "worker",
-                Some(1),
-                "event",
-                "first_token",
-                None,
-                None,
-            ),
-            "{\"t\": 10.0".to_string(),
-        ]
-        .join("\n");
-        let d = RouteDecision {
-            rank: 1,
-            branch: Branch::Affinity,
-            key_source: KeySource::RoutingKey,
-            key_digest: Some(0xab),
-            hrw_order: vec![1, 0],
-            threshold: Some(1.5),
-            fallback: None,
-        };
-        let route = RouteRecord::new(
-            "r1",
-            10.0015,
-            Method::PrefixAffinity,
-            &RankSet::idle(&[0, 1]),
-            &Ok(d),
-        );
-        let mut set = TraceSet::default();
-        for text in [
-            tokenizer,
-            controller,
-            worker,
-            serde_json::to_string(&route).unwrap(),
-        ] {
-            set.add(text.as_bytes()).unwrap();
-        }
-        set
-    }
+    use crate::policy::{Method, RankSet};
 
     #[test]
     fn merges_every_actor_in_time_order_and_summarises() {
         let set = traces();
         assert_eq!((set.files, set.malformed, set.routes.len()), (4, 1, 1));
         let tl = timeline(&set, "r1").unwrap();
-        assert_eq!(tl.rows.len(), 11);
+        assert_eq!(tl.rows.len(), 15);
         assert!(tl.rows.windows(2).all(|w| w[0].t <= w[1].t));
         assert_eq!(tl.rows[0].actor, "tokenizer");
         assert!(tl.rows.iter().any(|r| r.actor == "worker[1]"));
-        assert!(tl.rows.iter().any(|r| r.dir == "route"));
+        assert!(tl.rows.iter().any(|r| r.dir() == "route"));
         let o = &tl.outcome;
-        assert_eq!((o.rank, o.branch.as_deref()), (Some(1), Some("affinity")));
+        assert_eq!((o.rank, o.branch), (Some(1), Some(Branch::Affinity)));
         assert!((o.first_token_ms.unwrap() - 20.0).abs() < 1e-6, "{o:?}");
         assert!((o.finished_ms.unwrap() - 50.0).abs() < 1e-6, "{o:?}");
-        assert_eq!(o.reason.as_deref(), Some("length"));
+        assert_eq!(o.reason, Some(FinishReason::Length));
         let text = tl.to_string();
         assert!(
             text.contains(
@@ -646,47 +537,53 @@ mod tests {
             text.contains("→ worker-1") && text.contains("← tokenizer"),
             "{text}"
         );
+        assert!(
+            text.contains("event routed") && text.contains("rank=1 branch=affinity"),
+            "{text}"
+        );
+        assert!(
+            text.contains("prefix_hit_tokens=0 prompt_tokens=12"),
+            "{text}"
+        );
         assert!(timeline(&set, "nope").is_none());
     }
 
     #[test]
     fn a_failed_request_names_its_error_without_a_routing_trace() {
+        let mut decision = super::super::fixtures::decision();
+        decision.rank = 2;
+        decision.branch = Branch::Spill;
+        let ranks = RankSet::idle(&[0, 1, 2]);
+        let why = "data parallel rank 2 stopped responding";
         let text = [
-            line(
-                1.0,
-                "tokenizer",
-                None,
-                "send",
-                "GenerateReq",
-                Some("controller"),
-                None,
-            ),
+            line(1.0, "tokenizer", None, send("GenerateReq", "controller")),
             line(
                 1.0,
                 "controller",
                 None,
-                "event",
-                "routed",
-                None,
-                Some("rank=2 branch=spill key_source=routing_key"),
+                event(decision.milestone(Method::PrefixAffinity, &ranks)),
             ),
             line(
                 4.0,
                 "controller",
                 None,
-                "event",
-                "failed",
-                None,
-                Some("data parallel rank 2 stopped responding (no heartbeat for 2.0s)"),
+                event(Milestone::Failed {
+                    error: format!("{why} (no heartbeat for 2.0s)"),
+                }),
             ),
             line(
                 4.001,
                 "tokenizer",
                 None,
-                "event",
-                "finished",
-                None,
-                Some("reason=error status=503 message=data parallel rank 2 stopped responding"),
+                event(Milestone::Finished {
+                    reason: FinishReason::Error,
+                    completion_tokens: 0,
+                    cached_tokens: 0,
+                    error: Some(protocol::ReqError {
+                        status: 503,
+                        message: why.into(),
+                    }),
+                }),
             ),
         ]
         .join("\n");
@@ -727,18 +624,9 @@ mod tests {
         assert_eq!(o.per_actor["tokenizer"]["recv TokenOut"], 2);
         assert_eq!(o.per_actor["worker[1]"]["recv GenerateReq"], 1);
         assert_eq!(o.requests.len(), 1);
-        assert_eq!(o.requests[0].1.reason.as_deref(), Some("length"));
+        assert_eq!(o.requests[0].1.reason, Some(FinishReason::Length));
         let text = o.to_string();
         assert!(text.contains("requests seen: 1 (length 1)"), "{text}");
         assert!(text.contains("controller (3 lines):"), "{text}");
-    }
-
-    #[test]
-    fn detail_fields() {
-        let d = "reason=error status=503 message=rank 1 is gone";
-        assert_eq!(detail_field(d, "reason"), Some("error"));
-        assert_eq!(detail_field(d, "status"), Some("503"));
-        assert_eq!(detail_field(d, "message"), Some("rank 1 is gone"));
-        assert_eq!(detail_field(d, "son"), None);
     }
 }

@@ -74,10 +74,12 @@ impl Scheduler {
 
     /// Records an admission (trace milestone; prompt and cache counters on the first one).
     fn admitted(&mut self, req: &mut Req, hit: usize) {
-        self.tracer.event(
-            "admitted",
+        self.tracer.milestone(
             &req.rid,
-            Some(format!("prefix_hit_tokens={hit}")),
+            protocol::trace_event::Milestone::Admitted {
+                prefix_hit_tokens: hit,
+                prompt_tokens: req.prompt.len(),
+            },
         );
         if !req.admitted_once {
             req.admitted_once = true;
