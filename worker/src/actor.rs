@@ -1,0 +1,470 @@
+//! The worker's main loop as an actor with explicit state: what arrives ([`WorkerActor::on_inbound`]),
+//! one round of compute and status ([`WorkerActor::tick`]), the drain on SIGTERM
+//! ([`WorkerActor::keep_running`]) and the farewell ([`WorkerActor::leave`]). Sockets stay
+//! outside, behind [`Outbox`], so each handler runs in a unit test with a recording outbox.
+//!
+//! Why not an actor framework (actix) here: this loop is a compute loop. A step holds the
+//! thread for milliseconds to seconds of model work on the rayon pool, and the design wants
+//! one owner of the scheduler and its KV memory with no locks; the link thread already turns
+//! the controller's socket into a channel this loop drains between steps. A mailbox with an
+//! executor would add a hop per message and nothing the channel does not give.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kernels::KernelPath;
+use protocol::{Message, Shutdown, TokenOut, WorkerStatus};
+
+use crate::link::{HeldRids, Inbound};
+use crate::scheduler::Scheduler;
+
+/// Status snapshots go out at most this often while the worker is busy.
+const STATUS_MIN_INTERVAL: Duration = Duration::from_millis(20);
+/// ...and at least this often while it is idle.
+const STATUS_IDLE_INTERVAL: Duration = Duration::from_millis(1000);
+
+/// Where the actor's messages go: outputs to the tokenizer, status and farewells to the
+/// controller (through the link's outbox).
+pub trait Outbox {
+    fn to_tokenizer(&mut self, msg: &Message);
+    fn to_controller(&mut self, msg: &Message);
+}
+
+/// The actor's state besides the scheduler.
+pub struct WorkerActor<O: Outbox> {
+    pub(crate) rank: u32,
+    drain_timeout: Duration,
+    pub(crate) sched: Scheduler,
+    pool: rayon::ThreadPool,
+    kernel_path: KernelPath,
+    max_total_tokens: usize,
+    out: O,
+    /// Requests accepted and not yet answered (the link reports them in its `Hello`).
+    held: HeldRids,
+    /// Set by a signal, a `Shutdown` from the controller or a refusal; shared with the link.
+    stop: Arc<AtomicBool>,
+    refused: Option<String>,
+    /// When a drain must end; `None` until one starts.
+    drain_deadline: Option<Instant>,
+    status: StatusClock,
+}
+
+/// When the next status snapshot is due.
+struct StatusClock {
+    last: Instant,
+    /// Send one at the next tick whatever the time (the first one, so the controller sees this
+    /// rank's load from the moment it joins).
+    now: bool,
+    last_generated: u64,
+}
+
+impl<O: Outbox> WorkerActor<O> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        rank: u32,
+        drain_timeout: Duration,
+        sched: Scheduler,
+        pool: rayon::ThreadPool,
+        kernel_path: KernelPath,
+        out: O,
+        held: HeldRids,
+        stop: Arc<AtomicBool>,
+    ) -> Self {
+        WorkerActor {
+            rank,
+            drain_timeout,
+            max_total_tokens: sched.config().max_total_tokens,
+            sched,
+            pool,
+            kernel_path,
+            out,
+            held,
+            stop,
+            refused: None,
+            drain_deadline: None,
+            status: StatusClock {
+                last: Instant::now(),
+                now: true,
+                last_generated: 0,
+            },
+        }
+    }
+
+    /// Whether there is anything to compute (the loop blocks on its inbox only when not).
+    pub fn busy(&self) -> bool {
+        self.sched.has_work()
+    }
+
+    /// The controller's reason, if it refused this worker.
+    pub fn refused(&self) -> Option<&str> {
+        self.refused.as_deref()
+    }
+
+    /// Between rounds: false when the worker should leave. A stop request starts a drain (the
+    /// controller stops routing here at once; what is held finishes within the drain timeout),
+    /// or ends the loop at once when nothing is held or the timeout is zero.
+    pub fn keep_running(&mut self) -> bool {
+        if self.refused.is_some() {
+            return false;
+        }
+        if self.stop.load(Ordering::Relaxed) && self.drain_deadline.is_none() {
+            if !self.sched.has_work() || self.drain_timeout.is_zero() {
+                return false;
+            }
+            self.begin_drain();
+        }
+        match self.drain_deadline {
+            Some(deadline) => self.sched.has_work() && Instant::now() < deadline,
+            None => true,
+        }
+    }
+
+    fn begin_drain(&mut self) {
+        tracing::info!(
+            rank = self.rank,
+            running = self.sched.num_running(),
+            waiting = self.sched.num_waiting(),
+            drain_timeout_s = self.drain_timeout.as_secs_f64(),
+            "draining before exit"
+        );
+        self.out.to_controller(&Message::Shutdown(Shutdown {
+            rank: Some(self.rank),
+            reason: "draining".into(),
+            drain_timeout_s: Some(self.drain_timeout.as_secs_f64()),
+        }));
+        self.drain_deadline = Some(Instant::now() + self.drain_timeout);
+    }
+
+    /// One message from the controller (or the link's verdict).
+    pub fn on_inbound(&mut self, item: Inbound) {
+        let msg = match item {
+            Inbound::Refused(reason) => {
+                self.refused = Some(reason);
+                self.stop.store(true, Ordering::Relaxed);
+                return;
+            }
+            Inbound::Msg(msg) => msg,
+        };
+        match msg {
+            Message::GenerateReq(req) => {
+                if let Some(out) = self.refusal(&req.rid) {
+                    return self.emit(out);
+                }
+                // Held until its final output goes out (a refusal is one too).
+                self.held.insert(&req.rid);
+                if let Some(out) = self.sched.submit(req) {
+                    self.emit(out);
+                }
+            }
+            Message::EmbedReq(req) => {
+                if let Some(out) = self.refusal(&req.rid) {
+                    return self.emit(out);
+                }
+                self.held.insert(&req.rid);
+                if let Some(out) = self.sched.submit_embed(req.rid, req.input_ids) {
+                    self.emit(out);
+                }
+            }
+            Message::Abort(abort) => {
+                for out in self.sched.abort(abort.rid.as_deref()) {
+                    self.emit(out);
+                }
+            }
+            Message::FlushCache(_) => match self.sched.flush_cache() {
+                Ok(freed) => tracing::info!(freed_slots = freed, "prefix cache flushed"),
+                Err(refused) => tracing::warn!(%refused, "flush_cache refused"),
+            },
+            Message::Shutdown(s) => {
+                tracing::info!(reason = %s.reason, "controller asked this worker to stop");
+                self.stop.store(true, Ordering::Relaxed);
+            }
+            other => tracing::warn!(msg = other.type_name(), "unexpected message; dropped"),
+        }
+    }
+
+    /// The answer to a request this worker does not take: a rid over the limit, or any new
+    /// request while draining.
+    fn refusal(&self, rid: &str) -> Option<TokenOut> {
+        if let Some(why) = protocol::rid_problem(rid) {
+            // The controller refuses those already, so only a peer that skips it meets this.
+            tracing::warn!(rid_len = rid.len(), "request refused: {why}");
+            return Some(TokenOut::error(rid, 400, why));
+        }
+        self.drain_deadline.map(|_| {
+            let mut out = TokenOut::error(
+                rid,
+                503,
+                format!(
+                    "data parallel rank {} is draining and takes no new requests",
+                    self.rank
+                ),
+            );
+            out.dp_rank = Some(self.rank);
+            out
+        })
+    }
+
+    /// One round: a scheduler step when there is work, then a status snapshot when one is due.
+    pub fn tick(&mut self) {
+        let stepped = self.sched.has_work();
+        if stepped {
+            let sched = &mut self.sched;
+            for out in self.pool.install(|| sched.step()) {
+                self.emit(out);
+            }
+        }
+        self.maybe_status(stepped);
+    }
+
+    /// Going idle is reported at once, not a throttle or idle interval later: `/flush_cache`
+    /// and the router read "nothing running" from this status.
+    fn maybe_status(&mut self, stepped: bool) {
+        let went_idle = stepped && !self.sched.has_work();
+        let due = self.status.last.elapsed();
+        if !(self.status.now
+            || went_idle
+            || (stepped && due >= STATUS_MIN_INTERVAL)
+            || due >= STATUS_IDLE_INTERVAL)
+        {
+            return;
+        }
+        let sched = &mut self.sched;
+        let generated = sched.stats.generated_tokens;
+        let status = WorkerStatus {
+            rank: self.rank,
+            timestamp: protocol::unix_time(),
+            num_running_reqs: sched.num_running() as u32,
+            num_waiting_reqs: sched.num_waiting() as u32,
+            num_used_tokens: sched.used_tokens() as u64,
+            max_total_tokens: self.max_total_tokens as u64,
+            cache_hit_rate: sched.cache_hit_rate(),
+            gen_throughput: (generated - self.status.last_generated) as f64
+                / due.as_secs_f64().max(1e-3),
+            finished_rids: sched.take_finished_rids(),
+            num_free_tokens: sched.free_slots() as u64,
+            num_evictable_tokens: sched.evictable_slots() as u64,
+            kernel_path: self.kernel_path.name().to_string(),
+        };
+        self.status = StatusClock {
+            last: Instant::now(),
+            now: false,
+            last_generated: generated,
+        };
+        self.out.to_controller(&Message::WorkerStatus(status));
+    }
+
+    /// Leaving: no request may hang, so everything still held fails with a clear error, and the
+    /// controller hears why this rank goes. Returns that reason.
+    pub fn leave(&mut self) -> String {
+        let why = self.farewell_reason();
+        for out in self.sched.fail_all(503, &why) {
+            self.emit(out);
+        }
+        self.out.to_controller(&Message::Shutdown(Shutdown {
+            rank: Some(self.rank),
+            reason: why.clone(),
+            drain_timeout_s: None,
+        }));
+        why
+    }
+
+    fn farewell_reason(&self) -> String {
+        let rank = self.rank;
+        match (&self.refused, self.drain_deadline) {
+            (Some(reason), _) => format!("worker {rank} was refused by the controller: {reason}"),
+            // Only what is still held when the drain ends ran out of time.
+            (None, Some(_)) if self.sched.has_work() => format!(
+                "data parallel rank {rank} stopped: its drain timeout ({:.1}s) ran out",
+                self.drain_timeout.as_secs_f64()
+            ),
+            (None, Some(deadline)) => format!(
+                "data parallel rank {rank} drained: its requests finished in {:.1}s",
+                (Instant::now() + self.drain_timeout)
+                    .saturating_duration_since(deadline)
+                    .as_secs_f64()
+            ),
+            (None, None) => format!("data parallel rank {rank} is shutting down"),
+        }
+    }
+
+    /// An output to the tokenizer; a final one releases its rid.
+    fn emit(&mut self, out: TokenOut) {
+        if out.finish_reason.is_some() {
+            self.held.remove(&out.rid);
+        }
+        self.out.to_tokenizer(&Message::TokenOut(out));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{BuiltinSize, LlamaModel, ModelConfig};
+    use crate::scheduler::{SchedulePolicy, SchedulerConfig};
+    use protocol::{FinishReason, GenerateReq, SamplingParams};
+
+    #[derive(Default)]
+    struct Recorded {
+        tokenizer: Vec<Message>,
+        controller: Vec<Message>,
+    }
+
+    impl Outbox for Recorded {
+        fn to_tokenizer(&mut self, msg: &Message) {
+            self.tokenizer.push(msg.clone());
+        }
+        fn to_controller(&mut self, msg: &Message) {
+            self.controller.push(msg.clone());
+        }
+    }
+
+    fn actor(drain_timeout: Duration) -> WorkerActor<Recorded> {
+        let config = ModelConfig::builtin(BuiltinSize::Tiny);
+        let model = LlamaModel::dummy(config, 7);
+        let sched = Scheduler::new(
+            SchedulerConfig {
+                rank: 3,
+                max_total_tokens: 512,
+                max_running_requests: 4,
+                pre_alloc_rows: 0,
+                chunked_prefill_size: 64,
+                max_prefill_tokens: 256,
+                context_len: 128,
+                policy: SchedulePolicy::Lpm,
+                disable_radix_cache: false,
+                prefill_step_target: None,
+            },
+            model,
+        );
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .expect("pool");
+        WorkerActor::new(
+            3,
+            drain_timeout,
+            sched,
+            pool,
+            KernelPath::Portable,
+            Recorded::default(),
+            HeldRids::default(),
+            Arc::new(AtomicBool::new(false)),
+        )
+    }
+
+    fn generate(rid: &str, max_new_tokens: u32) -> Inbound {
+        Inbound::Msg(Message::GenerateReq(GenerateReq {
+            rid: rid.into(),
+            input_ids: vec![1, 5, 9, 13],
+            sampling: SamplingParams {
+                temperature: 0.0,
+                max_new_tokens,
+                ignore_eos: true,
+                ..SamplingParams::default()
+            },
+            stream: false,
+            routing_key: None,
+            routed_dp_rank: None,
+            bootstrap_room: None,
+            return_logprob: false,
+            top_logprobs_num: 0,
+            received_at: 0.0,
+        }))
+    }
+
+    /// The final output of `rid` among what went to the tokenizer.
+    fn final_of<'a>(a: &'a WorkerActor<Recorded>, rid: &str) -> Option<&'a TokenOut> {
+        a.out.tokenizer.iter().find_map(|m| match m {
+            Message::TokenOut(o) if o.rid == rid && o.finish_reason.is_some() => Some(o),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn a_request_runs_to_its_end_and_the_first_status_goes_out_at_once() {
+        let mut a = actor(Duration::from_secs(5));
+        a.on_inbound(generate("r1", 3));
+        assert_eq!(a.held.snapshot(), ["r1"]);
+        while a.busy() {
+            a.tick();
+        }
+        let out = final_of(&a, "r1").expect("a final output");
+        assert_eq!(out.finish_reason, Some(FinishReason::Length));
+        assert_eq!(out.completion_tokens, 3);
+        assert!(
+            a.held.snapshot().is_empty(),
+            "the final output releases the rid"
+        );
+        let Some(Message::WorkerStatus(s)) = a.out.controller.first() else {
+            panic!("no status: {:?}", a.out.controller);
+        };
+        assert_eq!((s.rank, s.kernel_path.as_str()), (3, "portable"));
+        // Going idle is reported by the last tick, with the finished rid.
+        let Some(Message::WorkerStatus(last)) = a.out.controller.last() else {
+            panic!("no status");
+        };
+        assert_eq!(last.num_running_reqs, 0);
+        assert!(a
+            .out
+            .controller
+            .iter()
+            .any(|m| matches!(m, Message::WorkerStatus(s) if s.finished_rids == ["r1"])));
+    }
+
+    #[test]
+    fn a_stop_drains_what_is_held_and_refuses_new_requests() {
+        let mut a = actor(Duration::from_secs(30));
+        a.on_inbound(generate("held", 4));
+        a.stop.store(true, Ordering::Relaxed);
+        assert!(a.keep_running(), "something is held: drain");
+        assert!(matches!(
+            a.out.controller.last(),
+            Some(Message::Shutdown(s)) if s.reason == "draining"
+        ));
+        a.on_inbound(generate("late", 4));
+        let late = final_of(&a, "late").expect("refused at once");
+        assert_eq!(late.error.as_ref().map(|e| e.status), Some(503));
+        while a.keep_running() {
+            a.tick();
+        }
+        assert_eq!(
+            final_of(&a, "held").and_then(|o| o.finish_reason),
+            Some(FinishReason::Length)
+        );
+        let why = a.leave();
+        assert!(why.contains("drained"), "{why}");
+        assert!(matches!(
+            a.out.controller.last(),
+            Some(Message::Shutdown(s)) if s.reason == why && s.drain_timeout_s.is_none()
+        ));
+    }
+
+    #[test]
+    fn leaving_fails_what_is_held_and_a_refusal_ends_the_loop() {
+        let mut a = actor(Duration::ZERO);
+        a.on_inbound(generate("r", 8));
+        a.on_inbound(Inbound::Refused("model mismatch".into()));
+        assert!(!a.keep_running());
+        assert_eq!(a.refused(), Some("model mismatch"));
+        let why = a.leave();
+        assert!(
+            why.contains("refused by the controller: model mismatch"),
+            "{why}"
+        );
+        let out = final_of(&a, "r").expect("failed, not lost");
+        assert_eq!(out.error.as_ref().map(|e| e.status), Some(503));
+        assert!(a.held.snapshot().is_empty());
+    }
+
+    #[test]
+    fn a_rid_over_the_limit_is_answered_with_a_400() {
+        let mut a = actor(Duration::ZERO);
+        let long = "x".repeat(protocol::MAX_RID_LEN + 1);
+        a.on_inbound(generate(&long, 1));
+        let out = final_of(&a, &long).expect("answered");
+        assert_eq!(out.finish_reason, Some(FinishReason::Error));
+        assert_eq!(out.error.as_ref().map(|e| e.status), Some(400));
+        assert!(!a.busy() && a.held.snapshot().is_empty());
+    }
+}
