@@ -98,6 +98,9 @@ pub enum Milestone {
         #[serde(default)]
         prompt_tokens: usize,
     },
+    /// The worker computed one chunk of the prompt (positions `start..start + tokens`) in a
+    /// prefill step.
+    PrefillChunk { start: usize, tokens: usize },
     /// The first generated token left the worker, or reached the tokenizer.
     FirstToken {},
     /// The request ended (worker: sent its last output; tokenizer: as the client sees it).
@@ -120,6 +123,7 @@ impl Milestone {
             Milestone::Failed { .. } => "failed",
             Milestone::SendFailed { .. } => "send_failed",
             Milestone::Admitted { .. } => "admitted",
+            Milestone::PrefillChunk { .. } => "prefill_chunk",
             Milestone::FirstToken {} => "first_token",
             Milestone::Finished { .. } => "finished",
         }
@@ -165,6 +169,7 @@ impl fmt::Display for Milestone {
                 f,
                 "prefix_hit_tokens={prefix_hit_tokens} prompt_tokens={prompt_tokens}"
             ),
+            Milestone::PrefillChunk { start, tokens } => write!(f, "start={start} tokens={tokens}"),
             Milestone::FirstToken {} => Ok(()),
             Milestone::Finished {
                 reason,
@@ -460,6 +465,10 @@ mod tests {
             TraceEvent::Event(Milestone::Admitted {
                 prefix_hit_tokens: 4,
                 prompt_tokens: 12,
+            }),
+            TraceEvent::Event(Milestone::PrefillChunk {
+                start: 0,
+                tokens: 12,
             }),
             TraceEvent::Event(Milestone::FirstToken {}),
             TraceEvent::Event(Milestone::Finished {

@@ -20,8 +20,6 @@ pub use protocol::trace_event::{Branch, KeySource, RankLoad};
 
 use std::fmt;
 
-use serde::{Deserialize, Serialize};
-
 /// What the router knows about a request when it picks a rank.
 #[derive(Debug, Clone, Copy)]
 pub struct RouteInput<'a> {

@@ -95,6 +95,20 @@ pub fn traces() -> TraceSet {
                 prompt_tokens: 12,
             }),
         ),
+        wrk(
+            10.012,
+            event(Milestone::PrefillChunk {
+                start: 0,
+                tokens: 8,
+            }),
+        ),
+        wrk(
+            10.018,
+            event(Milestone::PrefillChunk {
+                start: 8,
+                tokens: 4,
+            }),
+        ),
         wrk(10.019, send("TokenOut", "tokenizer")),
         wrk(10.019, event(Milestone::FirstToken {})),
         wrk(10.049, send("TokenOut", "tokenizer")),

@@ -76,6 +76,9 @@ impl Mark {
                 prefix_hit_tokens,
                 prompt_tokens,
             } => format!("admitted ({prefix_hit_tokens} of {prompt_tokens} prompt tokens cached)"),
+            Milestone::PrefillChunk { start, tokens } => {
+                format!("prefill chunk {start}..{}", start + tokens)
+            }
             Milestone::FirstToken {} => "first token".into(),
             Milestone::Finished {
                 reason,
@@ -412,6 +415,8 @@ mod tests {
             [
                 "routed",
                 "admitted",
+                "prefill_chunk",
+                "prefill_chunk",
                 "first_token",
                 "first_token",
                 "finished",

@@ -515,7 +515,7 @@ mod tests {
         let set = traces();
         assert_eq!((set.files, set.malformed, set.routes.len()), (4, 1, 1));
         let tl = timeline(&set, "r1").unwrap();
-        assert_eq!(tl.rows.len(), 15);
+        assert_eq!(tl.rows.len(), 17);
         assert!(tl.rows.windows(2).all(|w| w[0].t <= w[1].t));
         assert_eq!(tl.rows[0].actor, "tokenizer");
         assert!(tl.rows.iter().any(|r| r.actor == "worker[1]"));

@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use protocol::trace_event::Milestone;
 use protocol::{FinishReason, TokenOut};
 
 use super::Scheduler;
@@ -120,6 +121,13 @@ impl Scheduler {
             };
             let n = c.tokens.len();
             if result.is_some() {
+                self.tracer.milestone(
+                    &req.rid,
+                    Milestone::PrefillChunk {
+                        start: c.start,
+                        tokens: n,
+                    },
+                );
                 req.len += n;
                 // Share what was just computed: later chunks and other requests reuse it.
                 self.mem.share_computed(&mut req);
