@@ -72,138 +72,196 @@ pub struct Link {
 
 /// Run the link until `stop` is set.
 pub fn run(link: Link) -> anyhow::Result<()> {
-    let Link {
-        ctx,
-        outbox,
-        worker_addr,
-        hello,
-        heartbeat_interval,
-        inbound,
-        stop,
-        draining,
-        tracer,
-        held_rids,
-    } = link;
-    let rank = hello.rank;
     let dealer = protocol::socket::connect(
-        &ctx,
+        &link.ctx,
         zmq::DEALER,
-        &worker_addr,
-        Some(&worker_identity(rank)),
+        &link.worker_addr,
+        Some(&worker_identity(link.hello.rank)),
     )?;
-    let stats = FrameStats::default();
-    let mut hello_frame = encode(&Message::Hello(hello.clone()))?;
-    dealer.send(&hello_frame[..], 0)?;
-    let mut hello_sent = Instant::now();
-    let mut acked = false;
-    // Since when this worker has been without a registration, and when it last said so.
-    let mut unregistered_since = Instant::now();
-    let mut unregistered_warned = Instant::now();
-    let mut last_beat = Instant::now();
+    let mut state = LinkState::new(link, dealer)?;
     loop {
-        let (from_controller, from_scheduler) = {
-            let mut items = [
-                dealer.as_poll_item(zmq::POLLIN),
-                outbox.as_poll_item(zmq::POLLIN),
-            ];
-            let timeout = heartbeat_interval.saturating_sub(last_beat.elapsed());
-            match zmq::poll(&mut items, timeout.as_millis() as i64) {
-                Ok(_) => (items[0].is_readable(), items[1].is_readable()),
-                Err(zmq::Error::EINTR) => (false, false),
-                Err(e) => return Err(e.into()),
-            }
-        };
-        if from_scheduler {
+        let (from_controller, from_worker) = state.poll()?;
+        if from_worker {
             // Drain everything first: the final Shutdown travels this way too.
-            while let Ok(frame) = outbox.recv_bytes(zmq::DONTWAIT) {
-                if let Err(e) = dealer.send(&frame[..], zmq::DONTWAIT) {
+            state.forward_outbox(true);
+        }
+        if state.link.stop.load(Ordering::Relaxed) {
+            // What the worker queued before setting the flag (its Shutdown) still goes out.
+            state.forward_outbox(false);
+            return Ok(());
+        }
+        if from_controller && !state.receive()? {
+            return Ok(()); // the worker is gone
+        }
+        state.keep_registered()?;
+    }
+}
+
+/// The link thread's state: its sockets and where its registration stands.
+struct LinkState {
+    link: Link,
+    dealer: zmq::Socket,
+    stats: FrameStats,
+    /// The `Hello` to (re)send until the controller acknowledges it.
+    hello_frame: Vec<u8>,
+    hello_sent: Instant,
+    acked: bool,
+    /// Since when this worker has been without a registration, and when it last said so.
+    unregistered_since: Instant,
+    unregistered_warned: Instant,
+    last_beat: Instant,
+}
+
+impl LinkState {
+    fn new(link: Link, dealer: zmq::Socket) -> anyhow::Result<Self> {
+        let hello_frame = encode(&Message::Hello(link.hello.clone()))?;
+        dealer.send(&hello_frame[..], 0)?;
+        let now = Instant::now();
+        Ok(LinkState {
+            link,
+            dealer,
+            stats: FrameStats::default(),
+            hello_frame,
+            hello_sent: now,
+            acked: false,
+            unregistered_since: now,
+            unregistered_warned: now,
+            last_beat: now,
+        })
+    }
+
+    fn rank(&self) -> u32 {
+        self.link.hello.rank
+    }
+
+    /// Waits (at most until the next heartbeat is due) for frames from the controller or from
+    /// the worker's outbox.
+    fn poll(&self) -> anyhow::Result<(bool, bool)> {
+        let mut items = [
+            self.dealer.as_poll_item(zmq::POLLIN),
+            self.link.outbox.as_poll_item(zmq::POLLIN),
+        ];
+        let timeout = self
+            .link
+            .heartbeat_interval
+            .saturating_sub(self.last_beat.elapsed());
+        match zmq::poll(&mut items, timeout.as_millis() as i64) {
+            Ok(_) => Ok((items[0].is_readable(), items[1].is_readable())),
+            Err(zmq::Error::EINTR) => Ok((false, false)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Sends the controller everything the worker queued.
+    fn forward_outbox(&self, warn: bool) {
+        while let Ok(frame) = self.link.outbox.recv_bytes(zmq::DONTWAIT) {
+            if let Err(e) = self.dealer.send(&frame[..], zmq::DONTWAIT) {
+                if warn {
                     tracing::warn!(%e, "send to controller failed");
                 }
             }
         }
-        if stop.load(Ordering::Relaxed) {
-            // What the scheduler queued before setting the flag (its Shutdown) still goes out.
-            while let Ok(frame) = outbox.recv_bytes(zmq::DONTWAIT) {
-                dealer.send(&frame[..], zmq::DONTWAIT).ok();
+    }
+
+    /// Takes every frame the controller sent; false when the worker is gone.
+    fn receive(&mut self) -> anyhow::Result<bool> {
+        while let Ok(frame) = self.dealer.recv_bytes(zmq::DONTWAIT) {
+            let Some(msg) = self.stats.decode_or_drop(&frame, "controller") else {
+                continue;
+            };
+            self.link
+                .tracer
+                .message(false, &msg, "controller", frame.len());
+            let Some(inbound) = self.on_message(msg)? else {
+                continue;
+            };
+            if self.link.inbound.send(inbound).is_err() {
+                return Ok(false);
             }
-            return Ok(());
         }
-        if from_controller {
-            while let Ok(frame) = dealer.recv_bytes(zmq::DONTWAIT) {
-                let Some(msg) = stats.decode_or_drop(&frame, "controller") else {
-                    continue;
-                };
-                tracer.message(false, &msg, "controller", frame.len());
-                let inbound_msg = match msg {
-                    Message::HelloAck(ack) if ack.accepted => {
-                        if !acked {
-                            tracing::info!(rank, "registered with the controller");
-                        }
-                        acked = true;
-                        continue;
-                    }
-                    Message::Rejoin(_) if draining.load(Ordering::Relaxed) => {
-                        // Leaving anyway: what it holds still reaches the tokenizer directly.
-                        tracing::info!(
-                            rank,
-                            "the controller does not know this draining rank; not rejoining"
-                        );
-                        continue;
-                    }
-                    Message::Rejoin(_) => {
-                        if acked {
-                            tracing::warn!(
-                                rank,
-                                "the controller does not know this rank (it restarted, or \
-                                 timed the rank out); registering again"
-                            );
-                        }
-                        acked = false;
-                        // A restarted controller learns what this rank holds, to fail it
-                        // should the rank die.
-                        let again = Hello {
-                            held_rids: held_rids.snapshot(),
-                            ..hello.clone()
-                        };
-                        hello_frame = encode(&Message::Hello(again))?;
-                        unregistered_since = Instant::now();
-                        unregistered_warned = Instant::now();
-                        dealer.send(&hello_frame[..], zmq::DONTWAIT).ok();
-                        hello_sent = Instant::now();
-                        continue;
-                    }
-                    Message::HelloAck(ack) => Inbound::Refused(
-                        ack.reason
-                            .unwrap_or_else(|| "refused without a reason".to_string()),
-                    ),
-                    other => Inbound::Msg(other),
-                };
-                if inbound.send(inbound_msg).is_err() {
-                    return Ok(()); // the scheduler is gone
+        Ok(true)
+    }
+
+    /// Registration messages are the link's own; everything else goes to the worker.
+    fn on_message(&mut self, msg: Message) -> anyhow::Result<Option<Inbound>> {
+        let rank = self.rank();
+        Ok(match msg {
+            Message::HelloAck(ack) if ack.accepted => {
+                if !self.acked {
+                    tracing::info!(rank, "registered with the controller");
                 }
+                self.acked = true;
+                None
             }
-        }
-        if !acked && hello_sent.elapsed() >= HELLO_RETRY {
-            dealer.send(&hello_frame[..], zmq::DONTWAIT).ok();
-            hello_sent = Instant::now();
-        }
-        if !acked && unregistered_warned.elapsed() >= UNREGISTERED_WARN_EVERY {
+            Message::HelloAck(ack) => Some(Inbound::Refused(
+                ack.reason
+                    .unwrap_or_else(|| "refused without a reason".to_string()),
+            )),
+            Message::Rejoin(_) if self.link.draining.load(Ordering::Relaxed) => {
+                // Leaving anyway: what it holds still reaches the tokenizer directly.
+                tracing::info!(
+                    rank,
+                    "the controller does not know this draining rank; not rejoining"
+                );
+                None
+            }
+            Message::Rejoin(_) => {
+                self.rejoin()?;
+                None
+            }
+            other => Some(Inbound::Msg(other)),
+        })
+    }
+
+    /// The controller does not know this rank (it restarted, or timed the rank out): register
+    /// again, telling a restarted controller what this rank holds, to fail it should the rank
+    /// die.
+    fn rejoin(&mut self) -> anyhow::Result<()> {
+        if self.acked {
             tracing::warn!(
-                rank,
-                %worker_addr,
-                waited_s = unregistered_since.elapsed().as_secs(),
+                rank = self.rank(),
+                "the controller does not know this rank (it restarted, or timed the rank out); \
+                 registering again"
+            );
+        }
+        self.acked = false;
+        let again = Hello {
+            held_rids: self.link.held_rids.snapshot(),
+            ..self.link.hello.clone()
+        };
+        self.hello_frame = encode(&Message::Hello(again))?;
+        self.unregistered_since = Instant::now();
+        self.unregistered_warned = Instant::now();
+        self.dealer.send(&self.hello_frame[..], zmq::DONTWAIT).ok();
+        self.hello_sent = Instant::now();
+        Ok(())
+    }
+
+    /// Until acknowledged, the `Hello` is sent again (and its absence warned about); a
+    /// heartbeat goes out every interval.
+    fn keep_registered(&mut self) -> anyhow::Result<()> {
+        if !self.acked && self.hello_sent.elapsed() >= HELLO_RETRY {
+            self.dealer.send(&self.hello_frame[..], zmq::DONTWAIT).ok();
+            self.hello_sent = Instant::now();
+        }
+        if !self.acked && self.unregistered_warned.elapsed() >= UNREGISTERED_WARN_EVERY {
+            tracing::warn!(
+                rank = self.rank(),
+                worker_addr = %self.link.worker_addr,
+                waited_s = self.unregistered_since.elapsed().as_secs(),
                 "no answer from a controller at this address yet; check --worker-addr \
                  (DPSERVE_WORKER_ADDR) and that the controller runs"
             );
-            unregistered_warned = Instant::now();
+            self.unregistered_warned = Instant::now();
         }
-        if last_beat.elapsed() >= heartbeat_interval {
+        if self.last_beat.elapsed() >= self.link.heartbeat_interval {
             let beat = encode(&Message::Heartbeat(Heartbeat {
-                rank,
+                rank: self.rank(),
                 timestamp: protocol::unix_time(),
             }))?;
-            dealer.send(&beat[..], zmq::DONTWAIT).ok();
-            last_beat = Instant::now();
+            self.dealer.send(&beat[..], zmq::DONTWAIT).ok();
+            self.last_beat = Instant::now();
         }
+        Ok(())
     }
 }
