@@ -96,10 +96,15 @@ fn main() -> std::process::ExitCode {
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(err) if err.downcast_ref::<worker::Refused>().is_some() => {
+        Err(err)
+            if matches!(
+                err.downcast_ref::<worker::WorkerError>(),
+                Some(worker::WorkerError::Refused(_))
+            ) =>
+        {
             eprintln!("dpserve: error: {err:#}");
             // EX_CONFIG: retrying cannot help, so systemd units can stop restarting on it.
-            std::process::ExitCode::from(worker::Refused::EXIT_CODE)
+            std::process::ExitCode::from(worker::WorkerError::REFUSED_EXIT_CODE)
         }
         Err(err) => {
             eprintln!("dpserve: error: {err:#}");

@@ -8,6 +8,7 @@
 
 pub mod actor;
 pub mod args;
+pub mod error;
 pub mod kv_alloc;
 pub mod kv_memory;
 pub mod link;
@@ -30,26 +31,9 @@ use protocol::{Capacity, Hello, Message};
 
 use actor::{Outbox, WorkerActor};
 pub use args::{DeviceArgs, ModelArgs, ModelSource, ServeArgs, WorkerArgs, WorkerConfig};
+pub use error::{RequestError, WorkerError};
 use model::{LlamaModel, ModelConfig};
 use scheduler::{Scheduler, SchedulerConfig};
-
-/// The controller refused this worker (wrong model or protocol version): a configuration error
-/// that restarting will not fix.
-#[derive(Debug)]
-pub struct Refused(pub String);
-
-impl Refused {
-    /// `EX_CONFIG` from sysexits.h.
-    pub const EXIT_CODE: u8 = 78;
-}
-
-impl std::fmt::Display for Refused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "refused by the controller: {}", self.0)
-    }
-}
-
-impl std::error::Error for Refused {}
 
 /// Load the model the config names.
 pub fn load_model(source: &ModelSource) -> anyhow::Result<LlamaModel> {
@@ -285,7 +269,7 @@ fn serve(
         Err(_) => anyhow::bail!("controller link thread panicked"),
     }
     match actor.refused() {
-        Some(reason) => Err(Refused(reason.to_string()).into()),
+        Some(reason) => Err(WorkerError::Refused(reason.to_string()).into()),
         None => {
             tracing::info!(rank = config.rank, "worker stopped");
             Ok(())

@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use protocol::{FinishReason, GenerateReq, TokenOut};
 
+use crate::error::{RequestError, WorkerError};
 use crate::kv_memory::{KvMemory, KvMemoryConfig};
 use crate::model::LlamaModel;
 use crate::request::Req;
@@ -91,22 +92,6 @@ pub struct StepStats {
     /// Prompt tokens of admitted requests, and how many of them came from the cache.
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
-}
-
-/// Why a cache flush was refused.
-#[derive(Debug, Clone, PartialEq)]
-pub struct FlushRefused {
-    pub running: usize,
-}
-
-impl fmt::Display for FlushRefused {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "cannot flush the cache while {} requests are running or queued",
-            self.running
-        )
-    }
 }
 
 pub struct Scheduler {
@@ -202,8 +187,8 @@ impl Scheduler {
 
     /// Queue a generation request, or refuse it at once with a 400.
     pub fn submit(&mut self, req: GenerateReq) -> Option<TokenOut> {
-        if let Err(message) = self.validate(&req.input_ids, req.sampling.max_new_tokens) {
-            return Some(self.error_out(&req.rid, 400, message));
+        if let Err(e) = self.validate(&req.input_ids, req.sampling.max_new_tokens) {
+            return Some(self.error_out(&req.rid, e.status(), e.to_string()));
         }
         self.waiting.push_back(Req::generate(req));
         None
@@ -211,37 +196,33 @@ impl Scheduler {
 
     /// Queue an embedding request, or refuse it at once with a 400.
     pub fn submit_embed(&mut self, rid: String, input_ids: Vec<u32>) -> Option<TokenOut> {
-        if let Err(message) = self.validate(&input_ids, 0) {
-            return Some(self.error_out(&rid, 400, message));
+        if let Err(e) = self.validate(&input_ids, 0) {
+            return Some(self.error_out(&rid, e.status(), e.to_string()));
         }
         self.waiting.push_back(Req::embed(rid, input_ids));
         None
     }
 
-    fn validate(&self, ids: &[u32], max_new_tokens: u32) -> Result<(), String> {
+    fn validate(&self, ids: &[u32], max_new_tokens: u32) -> Result<(), RequestError> {
         let vocab = self.model.config().vocab_size;
         if ids.is_empty() {
-            return Err("the prompt is empty".into());
+            return Err(RequestError::EmptyPrompt);
         }
-        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
-            return Err(format!(
-                "token id {bad} is outside the vocabulary (size {vocab})"
-            ));
+        if let Some(&id) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(RequestError::TokenOutsideVocab { id, vocab });
         }
-        let need = ids.len() + max_new_tokens as usize;
-        if need > self.config.context_len {
-            return Err(format!(
-                "prompt ({} tokens) + max_new_tokens ({max_new_tokens}) exceeds the context length {}",
-                ids.len(),
-                self.config.context_len
-            ));
+        if ids.len() + max_new_tokens as usize > self.config.context_len {
+            return Err(RequestError::LongerThanContext {
+                prompt: ids.len(),
+                max_new_tokens,
+                context_len: self.config.context_len,
+            });
         }
         if ids.len() + 1 > self.config.max_total_tokens {
-            return Err(format!(
-                "prompt ({} tokens) does not fit in this rank's KV pool ({} tokens)",
-                ids.len(),
-                self.config.max_total_tokens
-            ));
+            return Err(RequestError::LargerThanPool {
+                prompt: ids.len(),
+                pool: self.config.max_total_tokens,
+            });
         }
         Ok(())
     }
@@ -281,10 +262,10 @@ impl Scheduler {
 
     /// Drop the whole prefix cache; refused while any request is queued or running (their
     /// cached prefixes are locked, and a flush is meant to start from a clean state).
-    pub fn flush_cache(&mut self) -> Result<usize, FlushRefused> {
+    pub fn flush_cache(&mut self) -> Result<usize, WorkerError> {
         let busy = self.num_running() + self.num_waiting();
         if busy > 0 {
-            return Err(FlushRefused { running: busy });
+            return Err(WorkerError::FlushBusy { running: busy });
         }
         Ok(self.mem.flush())
     }

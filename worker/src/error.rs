@@ -1,0 +1,50 @@
+//! The worker's errors. [`WorkerError`] is what ends or refuses something on this rank;
+//! [`RequestError`] is why a request is refused at submission (the client gets it as a 400).
+//! Model-file and forward-pass errors are [`crate::model::ModelError`].
+
+use thiserror::Error;
+
+/// What makes a worker stop or refuse an operation.
+#[derive(Debug, Error)]
+pub enum WorkerError {
+    /// The controller refused this worker (wrong model or protocol version): a configuration
+    /// error that restarting will not fix.
+    #[error("refused by the controller: {0}")]
+    Refused(String),
+    /// `flush_cache` while requests hold parts of the cache (they must finish first).
+    #[error("cannot flush the cache while {running} requests are running or queued")]
+    FlushBusy { running: usize },
+}
+
+impl WorkerError {
+    /// The exit status for [`WorkerError::Refused`]: `EX_CONFIG` from sysexits.h, so a systemd
+    /// unit can stop restarting on it.
+    pub const REFUSED_EXIT_CODE: u8 = 78;
+}
+
+/// Why a request is refused before it is queued.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum RequestError {
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("token id {id} is outside the vocabulary (size {vocab})")]
+    TokenOutsideVocab { id: u32, vocab: usize },
+    #[error(
+        "prompt ({prompt} tokens) + max_new_tokens ({max_new_tokens}) exceeds the context length \
+         {context_len}"
+    )]
+    LongerThanContext {
+        prompt: usize,
+        max_new_tokens: u32,
+        context_len: usize,
+    },
+    #[error("prompt ({prompt} tokens) does not fit in this rank's KV pool ({pool} tokens)")]
+    LargerThanPool { prompt: usize, pool: usize },
+}
+
+impl RequestError {
+    /// The HTTP status the client sees.
+    pub fn status(&self) -> u16 {
+        400
+    }
+}
