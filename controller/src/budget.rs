@@ -3,17 +3,21 @@
 //!
 //! ```text
 //! load = applied snapshot (running + waiting, used tokens)
-//!      + speculative dispatches the snapshot cannot include yet
-//! on dispatch  : add (rid, tokens, sent_at) to speculative
+//!      + speculative dispatches the snapshot does not count
+//! on dispatch  : add (rid, tokens, seq, sent_at) to speculative; seq numbers the dispatches
+//!                to this rank (GenerateReq.dispatch_seq)
 //! on finished  : remove rid from speculative (the request is gone, whatever the snapshot says)
 //! on status    : skip if older than the newest held; else hold it as pending, and apply it
 //!                only if the last apply was ≥ 20 ms ago (refresh() applies it later otherwise)
-//! on apply     : drop speculative entries sent before the snapshot was taken (it counts them)
-//!                and any older than SPECULATIVE_MAX_AGE (bounds clock skew between hosts)
+//! on apply     : the snapshot says the last dispatch it took in (taken_seq): it counts every
+//!                entry up to that number and none after, so exactly those are dropped.
+//!                From a worker that does not report it (taken_seq null): drop entries sent before
+//!                the snapshot's timestamp and any older than SPECULATIVE_MAX_AGE.
 //! ```
 //! Without the speculative part, a burst arriving between two snapshots would see the same
-//! loads for every request and herd onto one rank. Keeping entries sent *after* the snapshot's
-//! timestamp is what prevents a snapshot that overtakes a burst from erasing it.
+//! loads for every request and herd onto one rank. Judging by dispatch numbers rather than
+//! clocks matters during long steps: a request sent while the worker computes waits in its
+//! channel, and a status taken after the step (later than the send) does not count it yet.
 //!
 //! Cost: O(1) per dispatch and finished rid; O(speculative entries) per applied snapshot.
 
@@ -34,11 +38,15 @@ struct Snapshot {
     timestamp: f64,
     requests: u64,
     tokens: u64,
+    /// The last dispatch it counts (0: none yet); `None` from a worker that does not say.
+    taken_seq: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct Speculative {
     tokens: u64,
+    /// This dispatch's number (0: unnumbered).
+    seq: u64,
     /// Controller wall clock (unix seconds), compared with the worker's snapshot timestamp.
     sent_unix: f64,
     sent_at: Instant,
@@ -65,9 +73,10 @@ pub struct RankBudget {
 
 impl RankBudget {
     /// A request was sent to this rank.
-    pub fn on_dispatch(&mut self, rid: &str, tokens: u64, now: Instant, now_unix: f64) {
+    pub fn on_dispatch(&mut self, rid: &str, tokens: u64, seq: u64, now: Instant, now_unix: f64) {
         let entry = Speculative {
             tokens,
+            seq,
             sent_unix: now_unix,
             sent_at: now,
         };
@@ -98,6 +107,7 @@ impl RankBudget {
             timestamp: status.timestamp,
             requests: u64::from(status.num_running_reqs) + u64::from(status.num_waiting_reqs),
             tokens: status.num_used_tokens,
+            taken_seq: status.taken_seq,
         });
         if self.refresh(now) {
             StatusOutcome::Applied
@@ -119,8 +129,12 @@ impl RankBudget {
         self.applied = Some(snap);
         self.applied_at = Some(now);
         self.speculative.retain(|_, s| {
-            s.sent_unix > snap.timestamp
-                && now.saturating_duration_since(s.sent_at) < SPECULATIVE_MAX_AGE
+            if let (Some(taken), true) = (snap.taken_seq, s.seq > 0) {
+                s.seq > taken
+            } else {
+                s.sent_unix > snap.timestamp
+                    && now.saturating_duration_since(s.sent_at) < SPECULATIVE_MAX_AGE
+            }
         });
         self.speculative_tokens = self.speculative.values().map(|s| s.tokens).sum();
         true
@@ -156,7 +170,7 @@ mod tests {
         let mut b = RankBudget::default();
         let t0 = Instant::now();
         for i in 0..5 {
-            b.on_dispatch(&format!("r{i}"), 10, t0, 100.0);
+            b.on_dispatch(&format!("r{i}"), 10, 0, t0, 100.0);
         }
         assert_eq!(b.load(), (5, 50));
     }
@@ -165,8 +179,8 @@ mod tests {
     fn a_snapshot_replaces_what_it_already_counts_and_keeps_what_came_after() {
         let mut b = RankBudget::default();
         let t0 = Instant::now();
-        b.on_dispatch("early", 10, t0, 100.0);
-        b.on_dispatch("late", 7, t0, 100.5);
+        b.on_dispatch("early", 10, 0, t0, 100.0);
+        b.on_dispatch("late", 7, 0, t0, 100.5);
         // Taken at 100.2: it includes "early" but cannot include "late".
         assert_eq!(
             b.on_status(&status(100.2, 1, 10, &[]), t0),
@@ -180,8 +194,8 @@ mod tests {
         let mut b = RankBudget::default();
         let t0 = Instant::now();
         b.on_status(&status(100.0, 0, 0, &[]), t0);
-        b.on_dispatch("x", 10, t0, 101.0);
-        b.on_dispatch("y", 5, t0, 101.0);
+        b.on_dispatch("x", 10, 0, t0, 101.0);
+        b.on_dispatch("y", 5, 0, t0, 101.0);
         // Within the refresh window: the snapshot waits, but the finished rid counts now.
         let t1 = t0 + Duration::from_millis(5);
         assert_eq!(
@@ -225,12 +239,89 @@ mod tests {
         assert_eq!(b.load(), (3, 30));
     }
 
+    fn numbered(timestamp: f64, running: u32, taken_seq: u64, finished: &[&str]) -> WorkerStatus {
+        WorkerStatus {
+            taken_seq: Some(taken_seq),
+            ..status(timestamp, running, 0, finished)
+        }
+    }
+
+    #[test]
+    fn a_status_counts_exactly_the_dispatches_it_took_in() {
+        let mut b = RankBudget::default();
+        let t0 = Instant::now();
+        for (i, rid) in ["a", "b", "c"].into_iter().enumerate() {
+            b.on_dispatch(rid, 10, i as u64 + 1, t0, 100.0);
+        }
+        // Taken after all three were sent (a long step), but the worker had only taken in "a":
+        // by timestamps all three would be dropped and the rank would look idle but for one.
+        b.on_status(&numbered(105.0, 1, 1, &[]), t0);
+        assert_eq!(b.load().0, 3);
+        b.on_status(&numbered(106.0, 3, 3, &[]), t0 + STATUS_REFRESH);
+        assert_eq!(b.load().0, 3, "now the snapshot counts them all");
+    }
+
+    proptest::proptest! {
+        /// A rank's worker as a queue (dispatched, not yet taken in) and a held set; any
+        /// interleaving of dispatches, take-ins, finishes and statuses (some arriving within
+        /// the refresh interval, so deferred). The controller's view never falls below what the
+        /// rank holds, queued or taken in.
+        #[test]
+        fn the_view_never_falls_below_what_the_rank_holds(
+            ops in proptest::collection::vec((0u8..4, 0u64..30), 1..200)
+        ) {
+            let mut b = RankBudget::default();
+            let t0 = Instant::now();
+            let mut now = t0;
+            let (mut seq, mut taken) = (0u64, 0u64);
+            let mut channel = std::collections::VecDeque::new();
+            let mut held: Vec<String> = Vec::new();
+            let mut finished: Vec<String> = Vec::new();
+            for (op, arg) in ops {
+                now += Duration::from_millis(arg);
+                match op {
+                    0 => {
+                        seq += 1;
+                        let rid = format!("r{seq}");
+                        b.on_dispatch(&rid, 1, seq, now, 0.0);
+                        channel.push_back((rid, seq));
+                    }
+                    1 => {
+                        if let Some((rid, s)) = channel.pop_front() {
+                            held.push(rid);
+                            taken = s;
+                        }
+                    }
+                    2 => {
+                        if !held.is_empty() {
+                            finished.push(held.remove(arg as usize % held.len()));
+                        }
+                    }
+                    _ => {
+                        let done: Vec<&str> = finished.iter().map(String::as_str).collect();
+                        let st = numbered(
+                            now.duration_since(t0).as_secs_f64(),
+                            held.len() as u32,
+                            taken,
+                            &done,
+                        );
+                        b.on_status(&st, now);
+                        finished.clear();
+                    }
+                }
+                b.refresh(now);
+                let holds = (held.len() + channel.len()) as u64;
+                proptest::prop_assert!(b.load().0 >= holds, "view {:?} < holds {holds}", b.load());
+            }
+        }
+    }
+
     #[test]
     fn old_speculative_entries_expire_even_if_the_worker_clock_lags() {
         let mut b = RankBudget::default();
         let t0 = Instant::now();
         // The controller's clock is an hour ahead of the worker's.
-        b.on_dispatch("x", 10, t0, 3600.0 + 10.0);
+        b.on_dispatch("x", 10, 0, t0, 3600.0 + 10.0);
         b.on_status(&status(11.0, 1, 10, &[]), t0 + Duration::from_millis(100));
         assert_eq!(
             b.load(),

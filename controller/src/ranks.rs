@@ -25,6 +25,9 @@ pub struct LiveRank {
     pub budget: RankBudget,
     /// Requests dispatched to this rank and not yet reported finished: rid → prompt tokens.
     pub inflight: HashMap<String, u64>,
+    /// The `dispatch_seq` the last request sent to this rank carried (counts from 1 per
+    /// registration).
+    pub last_seq: u64,
 }
 
 /// The worker process that holds a rank: the one whose `Hello` was accepted for it, known by
@@ -182,6 +185,7 @@ impl Ranks {
                 // What it reports holding (after a controller restart) is ours to fail should
                 // it die; its load arrives with its next status.
                 inflight: hello.held_rids.iter().map(|rid| (rid.clone(), 0)).collect(),
+                last_seq: 0,
             },
         );
         Ok(Joined::New { lost })
@@ -267,11 +271,20 @@ impl Ranks {
         true
     }
 
-    /// Account a request dispatched to `rank`.
-    pub fn dispatched(&mut self, rank: u32, rid: &str, tokens: u64) {
+    /// The number the next request sent to `rank` carries (`GenerateReq.dispatch_seq`); 0 for
+    /// a rank that is not live.
+    pub fn next_dispatch_seq(&mut self, rank: u32) -> u64 {
+        self.live.get_mut(&rank).map_or(0, |r| {
+            r.last_seq += 1;
+            r.last_seq
+        })
+    }
+
+    /// Account a request dispatched to `rank` with number `seq`.
+    pub fn dispatched(&mut self, rank: u32, rid: &str, tokens: u64, seq: u64) {
         if let Some(r) = self.live.get_mut(&rank) {
             r.budget
-                .on_dispatch(rid, tokens, Instant::now(), protocol::unix_time());
+                .on_dispatch(rid, tokens, seq, Instant::now(), protocol::unix_time());
             r.inflight.insert(rid.to_string(), tokens);
         }
     }
@@ -416,8 +429,8 @@ mod tests {
     fn speculative_load_is_replaced_by_status_and_finished_rids_settle() {
         let mut ranks = Ranks::new(None, Duration::from_secs(3));
         ranks.hello(&hello(0, "a"), &id(0), false).unwrap();
-        ranks.dispatched(0, "x", 10);
-        ranks.dispatched(0, "y", 5);
+        ranks.dispatched(0, "x", 10, 0);
+        ranks.dispatched(0, "y", 5, 0);
         assert_eq!(ranks.rank_set().loads()[0].active_requests, 2);
         // A snapshot taken after both dispatches counts them itself.
         ranks.status(
@@ -440,8 +453,8 @@ mod tests {
     fn a_draining_rank_leaves_routing_but_keeps_its_requests_until_it_ends() {
         let mut ranks = Ranks::new(None, Duration::from_secs(3));
         ranks.hello(&hello(0, "a"), &id(0), false).unwrap();
-        ranks.dispatched(0, "x", 10);
-        ranks.dispatched(0, "y", 10);
+        ranks.dispatched(0, "x", 10, 0);
+        ranks.dispatched(0, "y", 10, 0);
         assert!(ranks.start_drain(0, Duration::from_secs(30)));
         assert!(
             ranks.ids().is_empty(),
@@ -475,7 +488,7 @@ mod tests {
             ranks.hello(&hello(0, "a"), b"rank-0.first", false),
             Ok(Joined::New { lost: vec![] })
         );
-        ranks.dispatched(0, "x", 10);
+        ranks.dispatched(0, "x", 10, 0);
         let mut dup = hello(0, "a");
         dup.pid = 2;
         assert_eq!(

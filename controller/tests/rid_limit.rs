@@ -20,6 +20,7 @@ fn request(rid: String) -> Message {
         return_logprob: false,
         top_logprobs_num: 0,
         received_at: 0.0,
+        dispatch_seq: 0,
     })
 }
 

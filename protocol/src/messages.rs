@@ -152,6 +152,10 @@ pub struct GenerateReq {
     /// Unix seconds when the HTTP request arrived.
     #[serde(default)]
     pub received_at: f64,
+    /// The controller's number for this request among those it dispatched to the chosen rank
+    /// (1, 2, … since the rank registered); 0 until the controller sets it. The worker reports the last one it took in (`WorkerStatus.taken_seq`).
+    #[serde(default)]
+    pub dispatch_seq: u64,
 }
 
 /// A tokenized embedding request: tokenizer → controller → worker.
@@ -165,6 +169,9 @@ pub struct EmbedReq {
     pub routed_dp_rank: Option<u32>,
     #[serde(default)]
     pub received_at: f64,
+    /// As `GenerateReq.dispatch_seq`.
+    #[serde(default)]
+    pub dispatch_seq: u64,
 }
 
 /// Abort one request (`rid`) or, with `rid: null`, every request.
@@ -351,6 +358,12 @@ pub struct WorkerStatus {
     /// empty from workers that predate it.
     #[serde(default)]
     pub kernel_path: String,
+    /// The `dispatch_seq` of the last request the worker took in before this snapshot (0: none
+    /// yet): every dispatch up to it is counted here (queued, running, or in `finished_rids`),
+    /// every later one is not. `None` from workers that predate it (the controller then judges
+    /// by timestamps).
+    #[serde(default)]
+    pub taken_seq: Option<u64>,
 }
 
 /// One live rank as the controller sees it.

@@ -197,6 +197,8 @@ const FIELD_NAMES: &[&str] = &[
     "bootstrap_room",
     "return_logprob",
     "received_at",
+    "dispatch_seq",
+    "taken_seq",
     "output_ids",
     "finish_reason",
     "matched_stop",

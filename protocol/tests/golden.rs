@@ -18,7 +18,7 @@ const GOLDEN: &[(&str, &str)] = &[
         "GenerateReq",
         "
         82 a1 76 01 a3 6d 73 67 81 ab 47 65 6e 65 72 61
-        74 65 52 65 71 8a a3 72 69 64 a2 72 31 a9 69 6e
+        74 65 52 65 71 8b a3 72 69 64 a2 72 31 a9 69 6e
         70 75 74 5f 69 64 73 93 01 cd 3a c3 cd 0c 72 a8
         73 61 6d 70 6c 69 6e 67 8c ae 6d 61 78 5f 6e 65
         77 5f 74 6f 6b 65 6e 73 10 ab 74 65 6d 70 65 72
@@ -39,18 +39,20 @@ const GOLDEN: &[(&str, &str)] = &[
         ae 72 65 74 75 72 6e 5f 6c 6f 67 70 72 6f 62 c3
         b0 74 6f 70 5f 6c 6f 67 70 72 6f 62 73 5f 6e 75
         6d 02 ab 72 65 63 65 69 76 65 64 5f 61 74 cb 41
-        d9 54 fc 40 10 00 00
+        d9 54 fc 40 10 00 00 ac 64 69 73 70 61 74 63 68
+        5f 73 65 71 07
         ",
     ),
     (
         "EmbedReq",
         "
         82 a1 76 01 a3 6d 73 67 81 a8 45 6d 62 65 64 52
-        65 71 85 a3 72 69 64 a2 65 31 a9 69 6e 70 75 74
+        65 71 86 a3 72 69 64 a2 65 31 a9 69 6e 70 75 74
         5f 69 64 73 92 01 cd 3a c3 ab 72 6f 75 74 69 6e
         67 5f 6b 65 79 c0 ae 72 6f 75 74 65 64 5f 64 70
         5f 72 61 6e 6b 01 ab 72 65 63 65 69 76 65 64 5f
-        61 74 cb 41 d9 54 fc 40 10 00 00
+        61 74 cb 41 d9 54 fc 40 10 00 00 ac 64 69 73 70
+        61 74 63 68 5f 73 65 71 07
         ",
     ),
     (
@@ -155,7 +157,7 @@ const GOLDEN: &[(&str, &str)] = &[
         "WorkerStatus",
         "
         82 a1 76 01 a3 6d 73 67 81 ac 57 6f 72 6b 65 72
-        53 74 61 74 75 73 8c a4 72 61 6e 6b 00 a9 74 69
+        53 74 61 74 75 73 8d a4 72 61 6e 6b 00 a9 74 69
         6d 65 73 74 61 6d 70 cb 41 d9 54 fc 40 10 00 00
         b0 6e 75 6d 5f 72 75 6e 6e 69 6e 67 5f 72 65 71
         73 02 b0 6e 75 6d 5f 77 61 69 74 69 6e 67 5f 72
@@ -169,7 +171,8 @@ const GOLDEN: &[(&str, &str)] = &[
         6e 75 6d 5f 66 72 65 65 5f 74 6f 6b 65 6e 73 cd
         fd e8 b4 6e 75 6d 5f 65 76 69 63 74 61 62 6c 65
         5f 74 6f 6b 65 6e 73 cc ec ab 6b 65 72 6e 65 6c
-        5f 70 61 74 68 a4 61 76 78 32
+        5f 70 61 74 68 a4 61 76 78 32 a9 74 61 6b 65 6e
+        5f 73 65 71 07
         ",
     ),
     (
@@ -189,7 +192,7 @@ const GOLDEN: &[(&str, &str)] = &[
         7a 65 cd 20 00 a8 6d 6f 64 65 6c 5f 69 64 af 64
         70 73 65 72 76 65 2d 62 75 69 6c 74 69 6e ab 6c
         61 73 74 5f 73 65 65 6e 5f 73 cb 3f e0 00 00 00
-        00 00 00 a6 73 74 61 74 75 73 8c a4 72 61 6e 6b
+        00 00 00 a6 73 74 61 74 75 73 8d a4 72 61 6e 6b
         00 a9 74 69 6d 65 73 74 61 6d 70 cb 41 d9 54 fc
         40 10 00 00 b0 6e 75 6d 5f 72 75 6e 6e 69 6e 67
         5f 72 65 71 73 02 b0 6e 75 6d 5f 77 61 69 74 69
@@ -203,11 +206,12 @@ const GOLDEN: &[(&str, &str)] = &[
         a2 72 30 af 6e 75 6d 5f 66 72 65 65 5f 74 6f 6b
         65 6e 73 cd fd e8 b4 6e 75 6d 5f 65 76 69 63 74
         61 62 6c 65 5f 74 6f 6b 65 6e 73 cc ec ab 6b 65
-        72 6e 65 6c 5f 70 61 74 68 a4 61 76 78 32 a7 72
-        6f 75 74 69 6e 67 91 83 a6 6d 65 74 68 6f 64 af
-        70 72 65 66 69 78 5f 61 66 66 69 6e 69 74 79 a6
-        62 72 61 6e 63 68 a8 61 66 66 69 6e 69 74 79 a5
-        63 6f 75 6e 74 07
+        72 6e 65 6c 5f 70 61 74 68 a4 61 76 78 32 a9 74
+        61 6b 65 6e 5f 73 65 71 07 a7 72 6f 75 74 69 6e
+        67 91 83 a6 6d 65 74 68 6f 64 af 70 72 65 66 69
+        78 5f 61 66 66 69 6e 69 74 79 a6 62 72 61 6e 63
+        68 a8 61 66 66 69 6e 69 74 79 a5 63 6f 75 6e 74
+        07
         ",
     ),
     (
@@ -353,6 +357,7 @@ const FIELD_RULES: &[FieldRules] = &[
             ("return_logprob", "false"),
             ("top_logprobs_num", "0"),
             ("received_at", "0.0"),
+            ("dispatch_seq", "0"),
         ],
     },
     FieldRules {
@@ -362,6 +367,7 @@ const FIELD_RULES: &[FieldRules] = &[
             ("routing_key", "null"),
             ("routed_dp_rank", "null"),
             ("received_at", "0.0"),
+            ("dispatch_seq", "0"),
         ],
     },
     FieldRules {
@@ -428,6 +434,7 @@ const FIELD_RULES: &[FieldRules] = &[
             ("num_free_tokens", "0"),
             ("num_evictable_tokens", "0"),
             ("kernel_path", "\"\""),
+            ("taken_seq", "null"),
         ],
     },
     FieldRules {
@@ -591,6 +598,7 @@ fn minimal_frames_from_other_languages_decode_with_defaults() {
         return_logprob: false,
         top_logprobs_num: 0,
         received_at: 1_700_000_000.0,
+        dispatch_seq: 0,
     };
     assert_eq!(req, expected);
 

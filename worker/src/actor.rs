@@ -48,6 +48,9 @@ pub struct WorkerActor<O: Outbox> {
     /// When a drain must end; `None` until one starts.
     drain_deadline: Option<Instant>,
     status: StatusClock,
+    /// The controller's `dispatch_seq` of the last request taken in (reported in each status,
+    /// so the controller knows which of its dispatches the status counts).
+    taken_seq: u64,
 }
 
 /// When the next status snapshot is due.
@@ -83,6 +86,7 @@ impl<O: Outbox> WorkerActor<O> {
             stop,
             refused: None,
             drain_deadline: None,
+            taken_seq: 0,
             status: StatusClock {
                 last: Instant::now(),
                 now: true,
@@ -146,6 +150,15 @@ impl<O: Outbox> WorkerActor<O> {
             }
             Inbound::Msg(msg) => msg,
         };
+        if let Message::GenerateReq(protocol::GenerateReq { dispatch_seq, .. })
+        | Message::EmbedReq(protocol::EmbedReq { dispatch_seq, .. }) = &msg
+        {
+            // Requests arrive in dispatch order on one connection; a restarted controller
+            // numbers from 1 again, so this is the last seen, not the largest.
+            if *dispatch_seq > 0 {
+                self.taken_seq = *dispatch_seq;
+            }
+        }
         match msg {
             Message::GenerateReq(req) => {
                 if let Some(out) = self.refusal(&req.rid) {
@@ -245,6 +258,7 @@ impl<O: Outbox> WorkerActor<O> {
             num_free_tokens: sched.free_slots() as u64,
             num_evictable_tokens: sched.evictable_slots() as u64,
             kernel_path: self.kernel_path.name().to_string(),
+            taken_seq: Some(self.taken_seq),
         };
         self.status = StatusClock {
             last: Instant::now(),
@@ -370,6 +384,7 @@ mod tests {
             return_logprob: false,
             top_logprobs_num: 0,
             received_at: 0.0,
+            dispatch_seq: 0,
         }))
     }
 
@@ -455,6 +470,33 @@ mod tests {
         let out = final_of(&a, "r").expect("failed, not lost");
         assert_eq!(out.error.as_ref().map(|e| e.status), Some(503));
         assert!(a.held.snapshot().is_empty());
+    }
+
+    #[test]
+    fn a_status_says_the_last_dispatch_it_took_in() {
+        let mut a = actor(Duration::ZERO);
+        a.tick();
+        let Some(Message::WorkerStatus(first)) = a.out.controller.last() else {
+            panic!("no status");
+        };
+        assert_eq!(first.taken_seq, Some(0), "none taken in yet");
+        for seq in [1, 2] {
+            let Inbound::Msg(Message::GenerateReq(mut req)) = generate(&format!("r{seq}"), 2)
+            else {
+                unreachable!()
+            };
+            req.dispatch_seq = seq;
+            a.on_inbound(Inbound::Msg(Message::GenerateReq(req)));
+        }
+        a.status.now = true; // past the 20 ms throttle
+        a.tick();
+        let Some(Message::WorkerStatus(s)) = a.out.controller.last() else {
+            panic!("no status");
+        };
+        assert_eq!(
+            (s.taken_seq, s.num_running_reqs + s.num_waiting_reqs),
+            (Some(2), 2)
+        );
     }
 
     #[test]

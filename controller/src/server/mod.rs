@@ -314,8 +314,16 @@ impl Controller {
                 return;
             }
         };
+        // Numbered per rank, so the rank's statuses can say exactly which dispatches they count.
+        let seq = self.ranks.next_dispatch_seq(decision.rank);
+        let mut msg = msg;
+        if let Message::GenerateReq(protocol::GenerateReq { dispatch_seq, .. })
+        | Message::EmbedReq(protocol::EmbedReq { dispatch_seq, .. }) = &mut msg
+        {
+            *dispatch_seq = seq;
+        }
         if self.send_to_worker(decision.rank, &msg) {
-            self.ranks.dispatched(decision.rank, rid, tokens);
+            self.ranks.dispatched(decision.rank, rid, tokens, seq);
         } else {
             self.send_to_tokenizer(&Message::TokenOut(TokenOut::error(
                 rid,

@@ -43,6 +43,7 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                 return_logprob: true,
                 top_logprobs_num: 2,
                 received_at: T0,
+                dispatch_seq: 7,
             }),
         ),
         (
@@ -53,6 +54,7 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                 routing_key: None,
                 routed_dp_rank: Some(1),
                 received_at: T0,
+                dispatch_seq: 7,
             }),
         ),
         (
@@ -168,6 +170,7 @@ fn worker_status() -> WorkerStatus {
         num_free_tokens: 65000,
         num_evictable_tokens: 236,
         kernel_path: "avx2".into(),
+        taken_seq: Some(7),
     }
 }
 

@@ -80,6 +80,7 @@ fn to_wire(sub: Submission, state: &AppState) -> GenerateReq {
         return_logprob: sub.return_logprob,
         top_logprobs_num: sub.top_logprobs_num,
         received_at: sub.received_at,
+        dispatch_seq: 0, // the controller numbers it
     }
 }
 

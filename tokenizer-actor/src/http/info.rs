@@ -247,6 +247,7 @@ mod tests {
                         num_free_tokens: 64,
                         num_evictable_tokens: 0,
                         kernel_path: String::new(),
+                        taken_seq: None,
                     }),
                 })
                 .collect(),

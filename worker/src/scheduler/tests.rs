@@ -59,6 +59,7 @@ fn req(rid: &str, prompt: Vec<u32>, max_new_tokens: u32) -> GenerateReq {
         return_logprob: false,
         top_logprobs_num: 0,
         received_at: 0.0,
+        dispatch_seq: 0,
     }
 }
 
