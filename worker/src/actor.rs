@@ -150,6 +150,14 @@ impl<O: Outbox> WorkerActor<O> {
             }
             Inbound::Msg(msg) => msg,
         };
+        // Log lines about a request while it is taken in carry its rid.
+        let _span = match &msg {
+            Message::GenerateReq(protocol::GenerateReq { rid, .. })
+            | Message::EmbedReq(protocol::EmbedReq { rid, .. }) => {
+                Some(tracing::info_span!("request", rid = %rid).entered())
+            }
+            _ => None,
+        };
         if let Message::GenerateReq(protocol::GenerateReq { dispatch_seq, .. })
         | Message::EmbedReq(protocol::EmbedReq { dispatch_seq, .. }) = &msg
         {

@@ -44,6 +44,8 @@ pub fn submit(
     started: Instant,
 ) -> Result<InFlight, ApiError> {
     let rid = sub.rid.clone();
+    // Log lines about this request while it is handed on carry its rid.
+    let _span = tracing::info_span!("request", rid = %rid).entered();
     let rx = state
         .bridge
         .register(&rid)
