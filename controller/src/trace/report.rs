@@ -210,66 +210,7 @@ impl fmt::Display for Summary {
 /// Explain one decision: a sentence, then the numbers.
 pub fn explain(r: &RouteRecord) -> String {
     let mut out = String::new();
-    let load_of = |rank: u32| {
-        r.loads
-            .iter()
-            .find(|l| l.rank == rank)
-            .map_or(0, |l| l.active_requests)
-    };
-    let key = match (&r.key_digest, r.key_source) {
-        (Some(d), src) => format!("its {src} key (digest {d})"),
-        (None, _) => "it had no key".to_string(),
-    };
-    let sentence = match (r.rank, r.branch, &r.error) {
-        (_, _, Some(err)) => format!("Request {} was refused: {err}.", r.rid),
-        (Some(rank), Some(Branch::Explicit), _) => format!(
-            "Request {} named rank {rank} explicitly (routed_dp_rank / data_parallel_rank / \
-             X-Data-Parallel-Rank), so {} was bypassed.",
-            r.rid, r.method
-        ),
-        (Some(rank), Some(Branch::Affinity), _) => match r.hrw_order.first() {
-            Some(&first) if first == rank => format!(
-                "Request {} went to rank {rank}, the first HRW choice for {key}: it had {} \
-                 active requests, within the threshold {}.",
-                r.rid,
-                load_of(rank),
-                fmt_threshold(r.threshold)
-            ),
-            _ => format!(
-                "Request {} went to rank {rank} by affinity for {key}.",
-                r.rid
-            ),
-        },
-        (Some(rank), Some(Branch::Spill), _) => {
-            let pos = r.hrw_order.iter().position(|&x| x == rank).unwrap_or(0);
-            let skipped: Vec<String> = r.hrw_order[..pos]
-                .iter()
-                .map(|&x| format!("rank {x} ({})", load_of(x)))
-                .collect();
-            format!(
-                "Request {} spilled to rank {rank}, choice #{} in HRW order for {key}: {} \
-                 had more active requests than the threshold {}, and rank {rank} had {}.",
-                r.rid,
-                pos + 1,
-                skipped.join(", "),
-                fmt_threshold(r.threshold),
-                load_of(rank)
-            )
-        }
-        (Some(rank), Some(Branch::Fallback), _) => format!(
-            "Request {} went to rank {rank}: {key}, so the fallback method {} chose.",
-            r.rid,
-            r.fallback.as_deref().unwrap_or("(unknown)")
-        ),
-        (Some(rank), Some(b), _) => {
-            format!(
-                "Request {} went to rank {rank} by {} ({b}).",
-                r.rid, r.method
-            )
-        }
-        _ => format!("Request {} has an incomplete record.", r.rid),
-    };
-    let _ = writeln!(out, "{sentence}");
+    let _ = writeln!(out, "{}", sentence(r));
     let _ = writeln!(out, "  method: {}   time: {:.6}", r.method, r.time);
     let _ = writeln!(
         out,
@@ -285,47 +226,109 @@ pub fn explain(r: &RouteRecord) -> String {
         );
     }
     if !r.loads.is_empty() {
-        let total: u64 = r.loads.iter().map(|l| l.active_requests).sum();
-        let mean = total as f64 / r.loads.len() as f64;
-        if let Some(t) = r.threshold {
-            let _ = writeln!(
-                out,
-                "  threshold: {t:.2} active requests = skew {:.2} × max(mean {mean:.2}, 1)",
-                t / mean.max(1.0)
-            );
-        }
-        let _ = writeln!(
-            out,
-            "  {:>6} {:>8} {:>10} {:>10}",
-            "rank", "hrw #", "requests", "tokens"
-        );
-        let mut rows: Vec<_> = r.loads.iter().collect();
-        // HRW order first when there is one: that is the order the guard walked.
-        rows.sort_by_key(|l| {
-            r.hrw_order
-                .iter()
-                .position(|&x| x == l.rank)
-                .unwrap_or(usize::MAX)
-        });
-        for l in rows {
-            let pos = r
-                .hrw_order
-                .iter()
-                .position(|&x| x == l.rank)
-                .map_or("-".into(), |p| (p + 1).to_string());
-            let mark = if Some(l.rank) == r.rank {
-                "  ← chosen"
-            } else {
-                ""
-            };
-            let _ = writeln!(
-                out,
-                "  {:>6} {:>8} {:>10} {:>10}{mark}",
-                l.rank, pos, l.active_requests, l.active_tokens
-            );
-        }
+        loads_table(r, &mut out);
     }
     out
+}
+
+/// Active requests of `rank` at decision time.
+fn load_of(r: &RouteRecord, rank: u32) -> u64 {
+    r.loads
+        .iter()
+        .find(|l| l.rank == rank)
+        .map_or(0, |l| l.active_requests)
+}
+
+/// The one sentence that says why the request went where it did.
+fn sentence(r: &RouteRecord) -> String {
+    let key = match (&r.key_digest, r.key_source) {
+        (Some(d), src) => format!("its {src} key (digest {d})"),
+        (None, _) => "it had no key".to_string(),
+    };
+    match (r.rank, r.branch, &r.error) {
+        (_, _, Some(err)) => format!("Request {} was refused: {err}.", r.rid),
+        (Some(rank), Some(Branch::Explicit), _) => format!(
+            "Request {} named rank {rank} explicitly (routed_dp_rank / data_parallel_rank / \
+             X-Data-Parallel-Rank), so {} was bypassed.",
+            r.rid, r.method
+        ),
+        (Some(rank), Some(Branch::Affinity), _) => match r.hrw_order.first() {
+            Some(&first) if first == rank => format!(
+                "Request {} went to rank {rank}, the first HRW choice for {key}: it had {} \
+                 active requests, within the threshold {}.",
+                r.rid,
+                load_of(r, rank),
+                fmt_threshold(r.threshold)
+            ),
+            _ => format!(
+                "Request {} went to rank {rank} by affinity for {key}.",
+                r.rid
+            ),
+        },
+        (Some(rank), Some(Branch::Spill), _) => {
+            let pos = r.hrw_order.iter().position(|&x| x == rank).unwrap_or(0);
+            let skipped: Vec<String> = r.hrw_order[..pos]
+                .iter()
+                .map(|&x| format!("rank {x} ({})", load_of(r, x)))
+                .collect();
+            format!(
+                "Request {} spilled to rank {rank}, choice #{} in HRW order for {key}: {} \
+                 had more active requests than the threshold {}, and rank {rank} had {}.",
+                r.rid,
+                pos + 1,
+                skipped.join(", "),
+                fmt_threshold(r.threshold),
+                load_of(r, rank)
+            )
+        }
+        (Some(rank), Some(Branch::Fallback), _) => format!(
+            "Request {} went to rank {rank}: {key}, so the fallback method {} chose.",
+            r.rid,
+            r.fallback.as_deref().unwrap_or("(unknown)")
+        ),
+        (Some(rank), Some(b), _) => {
+            format!(
+                "Request {} went to rank {rank} by {} ({b}).",
+                r.rid, r.method
+            )
+        }
+        _ => format!("Request {} has an incomplete record.", r.rid),
+    }
+}
+
+/// Every live rank's load at decision time, in HRW order when there is one (the order the
+/// overload guard walked), with the threshold it was held to.
+fn loads_table(r: &RouteRecord, out: &mut String) {
+    let total: u64 = r.loads.iter().map(|l| l.active_requests).sum();
+    let mean = total as f64 / r.loads.len() as f64;
+    if let Some(t) = r.threshold {
+        let _ = writeln!(
+            out,
+            "  threshold: {t:.2} active requests = skew {:.2} × max(mean {mean:.2}, 1)",
+            t / mean.max(1.0)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  {:>6} {:>8} {:>10} {:>10}",
+        "rank", "hrw #", "requests", "tokens"
+    );
+    let hrw_pos = |rank: u32| r.hrw_order.iter().position(|&x| x == rank);
+    let mut rows: Vec<_> = r.loads.iter().collect();
+    rows.sort_by_key(|l| hrw_pos(l.rank).unwrap_or(usize::MAX));
+    for l in rows {
+        let pos = hrw_pos(l.rank).map_or("-".into(), |p| (p + 1).to_string());
+        let mark = if Some(l.rank) == r.rank {
+            "  ← chosen"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "  {:>6} {:>8} {:>10} {:>10}{mark}",
+            l.rank, pos, l.active_requests, l.active_tokens
+        );
+    }
 }
 
 fn fmt_threshold(t: Option<f64>) -> String {
