@@ -222,7 +222,9 @@ fn draw(logits: &[f32], weights: &[f32], params: &SamplingParams, rng: &mut StdR
     if params.min_p > 0.0 {
         // The most likely token's weight is exactly 1, and it is always kept (top-k and
         // top-p keep the heaviest first), so min_p relative to it is min_p itself.
-        cand.retain(|c| c.1 >= params.min_p);
+        // (At most 1, so that token stays whatever a peer sends.)
+        let floor = params.min_p.min(1.0);
+        cand.retain(|c| c.1 >= floor);
     }
     let kept: f64 = cand.iter().map(|c| c.1 as f64).sum();
     let mut u = rng.gen::<f64>() * kept;
