@@ -51,12 +51,6 @@ impl LineVec {
         self.align();
     }
 
-    /// `len` zeros (keeps the allocation when it is large enough).
-    pub fn reset(&mut self, len: usize) {
-        self.resize(len);
-        self.fill(0.0);
-    }
-
     fn align(&mut self) {
         let addr = self.raw.as_ptr() as usize;
         self.off = (addr.next_multiple_of(64) - addr) / std::mem::size_of::<f32>();
@@ -97,9 +91,6 @@ mod tests {
             assert_eq!(v.as_ptr() as usize % 64, 0, "len {len}");
             v.resize(len * 2 + 3);
             assert_eq!(v.len(), len * 2 + 3);
-            assert_eq!(v.as_ptr() as usize % 64, 0);
-            v.reset(len);
-            assert!(v.iter().all(|&x| x == 0.0));
             assert_eq!(v.as_ptr() as usize % 64, 0);
         }
     }

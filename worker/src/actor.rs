@@ -151,13 +151,9 @@ impl<O: Outbox> WorkerActor<O> {
             Inbound::Msg(msg) => msg,
         };
         // Log lines about a request while it is taken in carry its rid.
-        let _span = match &msg {
-            Message::GenerateReq(protocol::GenerateReq { rid, .. })
-            | Message::EmbedReq(protocol::EmbedReq { rid, .. }) => {
-                Some(tracing::info_span!("request", rid = %rid).entered())
-            }
-            _ => None,
-        };
+        let _span = msg
+            .rid()
+            .map(|rid| tracing::info_span!("request", rid).entered());
         if let Message::GenerateReq(protocol::GenerateReq { dispatch_seq, .. })
         | Message::EmbedReq(protocol::EmbedReq { dispatch_seq, .. }) = &msg
         {
@@ -324,7 +320,7 @@ mod tests {
     use super::*;
     use crate::model::{BuiltinSize, LlamaModel, ModelConfig};
     use crate::scheduler::{SchedulePolicy, SchedulerConfig};
-    use protocol::{FinishReason, GenerateReq, SamplingParams};
+    use protocol::FinishReason;
 
     #[derive(Default)]
     struct Recorded {
@@ -376,24 +372,8 @@ mod tests {
     }
 
     fn generate(rid: &str, max_new_tokens: u32) -> Inbound {
-        Inbound::Msg(Message::GenerateReq(GenerateReq {
-            rid: rid.into(),
-            input_ids: vec![1, 5, 9, 13],
-            sampling: SamplingParams {
-                temperature: 0.0,
-                max_new_tokens,
-                ignore_eos: true,
-                ..SamplingParams::default()
-            },
-            stream: false,
-            routing_key: None,
-            routed_dp_rank: None,
-            bootstrap_room: None,
-            return_logprob: false,
-            top_logprobs_num: 0,
-            received_at: 0.0,
-            dispatch_seq: 0,
-        }))
+        let req = crate::scheduler::tests::req(rid, vec![1, 5, 9, 13], max_new_tokens);
+        Inbound::Msg(Message::GenerateReq(req))
     }
 
     /// The final output of `rid` among what went to the tokenizer.

@@ -33,6 +33,9 @@ pub struct KvMemory {
     pool: ReqToTokenPool,
     cache: RadixCache,
     radix: bool,
+    /// Slots being handed to a request ([`Self::grow`]), kept so a decode step allocates
+    /// nothing.
+    fresh: Vec<u32>,
 }
 
 impl KvMemory {
@@ -43,6 +46,7 @@ impl KvMemory {
             pool: ReqToTokenPool::new(c.max_running_requests, c.pre_alloc_rows, c.context_len),
             cache: RadixCache::new(),
             radix: c.radix_cache,
+            fresh: Vec::new(),
         }
     }
 
@@ -105,9 +109,12 @@ impl KvMemory {
     /// If `req` holds no row or fewer than `n` slots are free.
     pub fn grow(&mut self, req: &Req, n: usize) {
         let row = req.row.expect("an admitted request holds a row");
-        let mut fresh = Vec::with_capacity(n);
-        assert!(self.alloc.alloc_into(n, &mut fresh), "{n} slots are free");
-        self.pool.row_mut(row)[req.len..req.len + n].copy_from_slice(&fresh);
+        self.fresh.clear();
+        assert!(
+            self.alloc.alloc_into(n, &mut self.fresh),
+            "{n} slots are free"
+        );
+        self.pool.row_mut(row)[req.len..req.len + n].copy_from_slice(&self.fresh);
     }
 
     /// Gives back the `n` slots [`Self::grow`] took for `req` when they hold no valid KV (the

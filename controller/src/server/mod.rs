@@ -193,13 +193,9 @@ impl Controller {
 
     fn on_tokenizer_message(&mut self, msg: Message) {
         // Log lines about a request while it is routed carry its rid.
-        let _span = match &msg {
-            Message::GenerateReq(protocol::GenerateReq { rid, .. })
-            | Message::EmbedReq(protocol::EmbedReq { rid, .. }) => {
-                Some(tracing::info_span!("request", rid = %rid).entered())
-            }
-            _ => None,
-        };
+        let _span = msg
+            .rid()
+            .map(|rid| tracing::info_span!("request", rid).entered());
         match msg {
             Message::GenerateReq(req) if self.refused_rid(&req.rid) => {}
             Message::EmbedReq(req) if self.refused_rid(&req.rid) => {}

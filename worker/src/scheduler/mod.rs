@@ -329,4 +329,4 @@ impl Scheduler {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

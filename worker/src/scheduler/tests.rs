@@ -42,7 +42,7 @@ fn assert_pool_whole(s: &Scheduler) {
     );
 }
 
-fn req(rid: &str, prompt: Vec<u32>, max_new_tokens: u32) -> GenerateReq {
+pub(crate) fn req(rid: &str, prompt: Vec<u32>, max_new_tokens: u32) -> GenerateReq {
     GenerateReq {
         rid: rid.into(),
         input_ids: prompt,
