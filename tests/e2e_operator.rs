@@ -208,6 +208,22 @@ impl Cluster {
         (status, retry_after, json)
     }
 
+    /// For longer than two heartbeat timeouts, every actor in `names` keeps running and only
+    /// rank 0 is live.
+    fn assert_rank_0_stays_live(&mut self, names: &[&str]) {
+        let watch = Instant::now() + Duration::from_secs(2 * WORKER_TIMEOUT_S + 1);
+        while Instant::now() < watch {
+            self.actors.assert_running(names);
+            assert_eq!(
+                self.live_ranks(),
+                Some(BTreeSet::from([0])),
+                "rank 0 left the live set\n{}",
+                self.all_logs()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     fn assert_serves_on(&self, rank: u64) {
         let (status, _, resp) = self.generate(Some(rank));
         assert_eq!(status, 200, "rank {rank}: {resp}\n{}", self.all_logs());
@@ -369,17 +385,7 @@ fn a_second_worker_claiming_a_live_rank_is_refused_and_the_first_keeps_it() {
 
     // The first worker keeps its rank for longer than a heartbeat timeout after the duplicate
     // left (its Shutdown and silence are not the rank's), and serves.
-    let watch = Instant::now() + Duration::from_secs(2 * WORKER_TIMEOUT_S + 1);
-    while Instant::now() < watch {
-        c.actors.assert_running(&all);
-        assert_eq!(
-            c.live_ranks(),
-            Some(BTreeSet::from([0])),
-            "rank 0 left the live set\n{}",
-            c.all_logs()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    c.assert_rank_0_stays_live(&all);
     c.assert_serves_on(0);
 }
 
@@ -507,17 +513,7 @@ fn a_second_controller_on_the_same_ipc_path_is_refused() {
         "{log}"
     );
     // The first one still owns every path and serves; its worker is still heard.
-    let watch = Instant::now() + Duration::from_secs(2 * WORKER_TIMEOUT_S + 1);
-    while Instant::now() < watch {
-        c.actors.assert_running(&all);
-        assert_eq!(
-            c.live_ranks(),
-            Some(BTreeSet::from([0])),
-            "{}",
-            c.all_logs()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    c.assert_rank_0_stays_live(&all);
     c.assert_serves_on(0);
 }
 
