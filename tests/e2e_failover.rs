@@ -510,26 +510,36 @@ fn check_chrome(path: &Path) -> Vec<Value> {
     events
 }
 
-/// `dpserve trace DIR --rid R --svg --chrome` on a request recorded by the real run: a lane per
-/// actor it crossed, one arrow per traced message, a mark per traced milestone, the decision.
-fn check_request_picture(traces: &Path, rid: &str, rank: u32) {
+/// Runs `dpserve trace TRACES EXTRA.. --svg --chrome`: the SVG, and the Chrome trace's events
+/// (checked by [`check_chrome`]).
+fn draw(traces: &Path, extra: &[&str]) -> (String, Vec<Value>) {
     let out_dir = tempfile::tempdir().expect("temp dir");
-    let (svg_path, json_path) = (out_dir.path().join("r.svg"), out_dir.path().join("r.json"));
-    let out = dpserve_trace(&[
-        traces.to_str().expect("utf-8 path"),
-        "--rid",
-        rid,
+    let (svg_path, json_path) = (
+        out_dir.path().join("picture.svg"),
+        out_dir.path().join("trace.json"),
+    );
+    let mut args = vec![traces.to_str().expect("utf-8 path")];
+    args.extend_from_slice(extra);
+    args.extend([
         "--svg",
         svg_path.to_str().expect("utf-8 path"),
         "--chrome",
         json_path.to_str().expect("utf-8 path"),
     ]);
+    let out = dpserve_trace(&args);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let svg = fs::read_to_string(&svg_path).expect("svg written");
+    (svg, check_chrome(&json_path))
+}
+
+/// `dpserve trace DIR --rid R --svg --chrome` on a request recorded by the real run: a lane per
+/// actor it crossed, one arrow per traced message, a mark per traced milestone, the decision.
+fn check_request_picture(traces: &Path, rid: &str, rank: u32) {
+    let (svg, events) = draw(traces, &["--rid", rid]);
     for lane in [
         "tokenizer".to_string(),
         "controller".into(),
@@ -564,7 +574,6 @@ fn check_request_picture(traces: &Path, rid: &str, rank: u32) {
     }
     assert!(svg.contains("class=\"route\""));
     assert!(svg.contains(&format!("prefix_affinity → rank {rank}, branch affinity")));
-    let events = check_chrome(&json_path);
     let flows = events.iter().filter(|e| e["ph"] == "s").count();
     assert_eq!(flows, count("send"));
 }
@@ -572,21 +581,7 @@ fn check_request_picture(traces: &Path, rid: &str, rank: u32) {
 /// `dpserve trace DIR --svg --chrome` over the whole run: a band per rank, the victim's leaving
 /// and coming back marked.
 fn check_routing_picture(traces: &Path, victim: u32) {
-    let out_dir = tempfile::tempdir().expect("temp dir");
-    let (svg_path, json_path) = (out_dir.path().join("t.svg"), out_dir.path().join("t.json"));
-    let out = dpserve_trace(&[
-        traces.to_str().expect("utf-8 path"),
-        "--svg",
-        svg_path.to_str().expect("utf-8 path"),
-        "--chrome",
-        json_path.to_str().expect("utf-8 path"),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let svg = fs::read_to_string(&svg_path).expect("svg written");
+    let (svg, events) = draw(traces, &[]);
     for r in RANKS {
         assert!(
             svg.contains(&format!("class=\"area\" data-rank=\"{r}\"")),
@@ -602,7 +597,6 @@ fn check_routing_picture(traces: &Path, victim: u32) {
             "rank {victim} {what} not marked"
         );
     }
-    let events = check_chrome(&json_path);
     assert!(events.iter().any(|e| e["ph"] == "C"));
 }
 
