@@ -76,9 +76,8 @@ struct LogSoftmax<'a> {
 }
 
 impl<'a> LogSoftmax<'a> {
-    /// `logits` must hold no NaN and at least one value above -inf.
-    fn new(logits: &'a [f32], temp: f32) -> Self {
-        let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    /// `logits` must hold no NaN, and `max` is their maximum, above -inf.
+    fn new(logits: &'a [f32], max: f32, temp: f32) -> Self {
         let inv_temp = 1.0 / temp;
         let mut weights = vec![0f32; logits.len()];
         let z = kernels::softmax_weights(logits, max, inv_temp, &mut weights);
@@ -178,7 +177,9 @@ pub fn sample(
             *l = f32::MAX;
         }
     }
-    if logits.iter().all(|&l| l == f32::NEG_INFINITY) {
+    // The most likely token (ties to the lowest id): greedy's choice, and the softmax's shift.
+    let best = kernels::argmax(logits);
+    if logits[best] == f32::NEG_INFINITY {
         // Nothing is possible (e.g. every token banned): the lowest id, as greedy's argmax.
         return SampleResult {
             token: 0,
@@ -187,9 +188,10 @@ pub fn sample(
         };
     }
     let greedy = params.is_greedy();
-    let dist = LogSoftmax::new(logits, if greedy { 1.0 } else { params.temperature });
+    let temp = if greedy { 1.0 } else { params.temperature };
+    let dist = LogSoftmax::new(logits, logits[best], temp);
     let token = if greedy {
-        kernels::argmax(logits)
+        best
     } else {
         draw(logits, &dist.weights, params, rng)
     };
