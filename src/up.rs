@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use controller::RoutingArgs;
-use protocol::RuntimeDir;
+use protocol::{DisaggMode, RuntimeDir};
 use tokenizer_actor::HttpArgs;
 use worker::{DeviceArgs, ModelArgs, ServeArgs};
 
@@ -60,6 +60,14 @@ pub struct ClusterArgs {
     /// Number of data-parallel workers to start.
     #[arg(long, env = "DPSERVE_DP_SIZE", default_value_t = DEFAULT_DP_SIZE)]
     pub dp_size: u32,
+    /// Prefill/decode disaggregation: start this many prefill workers (ranks 0..P) and
+    /// `--decode-dp-size` decode workers (the ranks after them) instead of `--dp-size` unified
+    /// ones. Both or neither.
+    #[arg(long, env = "DPSERVE_PREFILL_DP_SIZE", requires = "decode_dp_size")]
+    pub prefill_dp_size: Option<u32>,
+    /// Decode workers of a disaggregated deployment (with `--prefill-dp-size`).
+    #[arg(long, env = "DPSERVE_DECODE_DP_SIZE", requires = "prefill_dp_size")]
+    pub decode_dp_size: Option<u32>,
     #[command(flatten)]
     pub model: Given<ModelArgs>,
     #[command(flatten)]
@@ -67,6 +75,33 @@ pub struct ClusterArgs {
     /// Seconds to wait for every rank to become live.
     #[arg(long, env = "DPSERVE_STARTUP_TIMEOUT", default_value_t = DEFAULT_STARTUP_TIMEOUT_S)]
     pub startup_timeout: f64,
+}
+
+impl ClusterArgs {
+    /// The role of each rank, in rank order.
+    pub fn roles(&self) -> anyhow::Result<Vec<DisaggMode>> {
+        match (self.prefill_dp_size, self.decode_dp_size) {
+            (Some(p), Some(d)) => {
+                if p == 0 || d == 0 {
+                    bail!("--prefill-dp-size and --decode-dp-size must each be at least 1");
+                }
+                let prefill = std::iter::repeat_n(DisaggMode::Prefill, p as usize);
+                Ok(prefill
+                    .chain(std::iter::repeat_n(DisaggMode::Decode, d as usize))
+                    .collect())
+            }
+            (None, None) => Ok(vec![DisaggMode::Null; self.dp_size as usize]),
+            _ => bail!("--prefill-dp-size and --decode-dp-size go together"),
+        }
+    }
+
+    /// Ranks this cluster starts.
+    pub fn num_ranks(&self) -> u32 {
+        match (self.prefill_dp_size, self.decode_dp_size) {
+            (Some(p), Some(d)) => p + d,
+            _ => self.dp_size,
+        }
+    }
 }
 
 /// A child actor process.
@@ -157,6 +192,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     if cluster.dp_size == 0 {
         bail!("--dp-size must be at least 1");
     }
+    let roles = cluster.roles()?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handler")?;
@@ -186,11 +222,21 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     deployment.spawn("tokenizer", tokenizer_args(&args, &addrs))?;
     deployment.spawn("controller", controller)?;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    for rank in 0..cluster.dp_size {
-        deployment.spawn(
-            &format!("worker {rank}"),
-            worker_args(&args, &addrs, rank, cpus),
-        )?;
+    for (rank, mode) in roles.iter().enumerate() {
+        let rank = rank as u32;
+        let mut argv = worker_args(&args, &addrs, rank, cpus);
+        if !mode.is_null() {
+            push(&mut argv, "--disaggregation-mode", Some(mode));
+        }
+        if *mode == DisaggMode::Prefill {
+            let kv = dir.endpoint(&format!("kv-{rank}.sock"));
+            push(&mut argv, "--disaggregation-kv-addr", Some(kv));
+        }
+        let name = match mode {
+            DisaggMode::Null => format!("worker {rank}"),
+            role => format!("worker {rank} ({role})"),
+        };
+        deployment.spawn(&name, argv)?;
     }
 
     // Wait until the tokenizer reports every rank live.
@@ -206,7 +252,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             bail!("{name} exited during start ({status}); see its log above");
         }
         if let Some(live) = live_ranks(&probe, args.http.api_key.as_deref()) {
-            if live >= cluster.dp_size as usize {
+            if live >= roles.len() {
                 break;
             }
         }
@@ -220,7 +266,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(100));
     }
     let url = format!("http://{}:{}", args.http.host, args.http.port);
-    println!("dpserve is ready: {url} ({} ranks live)", cluster.dp_size);
+    println!("dpserve is ready: {url} ({} ranks live)", roles.len());
     println!("try: curl -s {url}/generate -d '{{\"text\": \"hello\", \"sampling_params\": {{\"max_new_tokens\": 16}}}}'");
     std::io::stdout().flush().ok();
 
@@ -263,7 +309,7 @@ fn tokenizer_args(args: &UpArgs, addrs: &Addrs) -> Vec<OsString> {
     t.extend(args.http.argv_without(&["host", "port"]));
     push(&mut t, "--tokenizer-addr", Some(&addrs.tokenizer));
     push(&mut t, "--controller-addr", Some(&addrs.controller));
-    push(&mut t, "--dp-size", Some(args.cluster.dp_size));
+    push(&mut t, "--dp-size", Some(args.cluster.num_ranks()));
     push(
         &mut t,
         "--trace-dir",
@@ -298,7 +344,7 @@ fn worker_args(args: &UpArgs, addrs: &Addrs, rank: u32, cpus: usize) -> Vec<OsSt
     w.extend(cluster.serve.argv_without(&["mem_fraction", "num_threads"]));
     // The workers share this host's memory and CPUs: each sizes its pool from its share, and
     // computes on its share of the CPUs unless told otherwise.
-    let dp = cluster.dp_size.max(1);
+    let dp = cluster.num_ranks().max(1);
     push(
         &mut w,
         "--mem-fraction",

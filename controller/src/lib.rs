@@ -26,6 +26,8 @@ pub use server::{Controller, ControllerConfig};
 
 /// `--worker-timeout` (seconds) when not given.
 pub const DEFAULT_WORKER_TIMEOUT_S: f64 = 3.0;
+/// `--decode-load-balance-method` when not given (SGLang's gateway balances decode by load).
+pub const DEFAULT_DECODE_METHOD: Method = Method::TotalTokens;
 
 /// `dpserve controller` flags. Every flag also reads `DPSERVE_<FLAG>`.
 #[derive(clap::Args, Debug, Clone)]
@@ -54,6 +56,11 @@ pub struct RoutingArgs {
     /// Load-balance method.
     #[arg(long, env = "DPSERVE_LOAD_BALANCE_METHOD", value_enum, default_value_t = Method::default())]
     pub load_balance_method: Method,
+    /// Disaggregated deployments: how the decode rank of each request is chosen
+    /// (`--load-balance-method` chooses its prefill rank, where the prefix cache matters).
+    #[arg(long, env = "DPSERVE_DECODE_LOAD_BALANCE_METHOD", value_enum,
+          default_value_t = DEFAULT_DECODE_METHOD)]
+    pub decode_load_balance_method: Method,
     /// prefix_affinity: how many leading input ids are hashed into the key of a request
     /// without a routing key.
     #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_HASH_TOKENS",
@@ -88,6 +95,7 @@ impl Default for RoutingArgs {
         let affinity = PrefixAffinityConfig::default();
         RoutingArgs {
             load_balance_method: Method::default(),
+            decode_load_balance_method: DEFAULT_DECODE_METHOD,
             prefix_affinity_hash_tokens: affinity.hash_tokens,
             prefix_affinity_disable_token_fallback: !affinity.token_fallback,
             prefix_affinity_fallback: affinity.fallback,
@@ -116,6 +124,7 @@ impl ControllerArgs {
             worker_addr: addr("worker-addr", &self.worker_addr, "worker")?,
             tokenizer_addr: addr("tokenizer-addr", &self.tokenizer_addr, "tokenizer")?,
             method: routing.load_balance_method,
+            decode_method: routing.decode_load_balance_method,
             prefix_affinity,
             trace_file: routing.trace_file.clone(),
             trace_dir: self.trace_dir.clone(),
@@ -216,6 +225,8 @@ mod tests {
         let c = parse(&[
             "--load-balance-method",
             "total_requests",
+            "--decode-load-balance-method",
+            "round_robin",
             "--prefix-affinity-hash-tokens",
             "128",
             "--prefix-affinity-disable-token-fallback",
@@ -230,6 +241,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.method, Method::TotalRequests);
+        assert_eq!(c.decode_method, Method::RoundRobin);
         assert_eq!(
             c.prefix_affinity,
             PrefixAffinityConfig {

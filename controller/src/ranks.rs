@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use protocol::{Capacity, Hello, RankInfo, WorkerStatus};
+use protocol::{Capacity, DisaggMode, Hello, RankInfo, WorkerStatus};
 
 use crate::budget::RankBudget;
 use crate::policy::{RankLoad, RankSet};
@@ -28,6 +28,9 @@ pub struct LiveRank {
     /// The `dispatch_seq` the last request sent to this rank carried (counts from 1 per
     /// registration).
     pub last_seq: u64,
+    /// Its role in a disaggregated deployment, and a prefill rank's KV endpoint.
+    pub mode: DisaggMode,
+    pub kv_endpoint: Option<String>,
 }
 
 /// The worker process that holds a rank: the one whose `Hello` was accepted for it, known by
@@ -36,6 +39,7 @@ pub struct LiveRank {
 pub struct Holder {
     pub identity: Vec<u8>,
     pub pid: u32,
+    pub mode: DisaggMode,
 }
 
 /// What an accepted `Hello` did.
@@ -171,6 +175,7 @@ impl Ranks {
             Holder {
                 identity: identity.to_vec(),
                 pid: hello.pid,
+                mode: hello.disaggregation_mode,
             },
         );
         self.live.insert(
@@ -186,6 +191,8 @@ impl Ranks {
                 // it die; its load arrives with its next status.
                 inflight: hello.held_rids.iter().map(|rid| (rid.clone(), 0)).collect(),
                 last_seq: 0,
+                mode: hello.disaggregation_mode,
+                kv_endpoint: hello.kv_endpoint.clone(),
             },
         );
         Ok(Joined::New { lost })
@@ -289,6 +296,30 @@ impl Ranks {
         }
     }
 
+    /// Account the prefill leg of a disaggregated request: load only. Its rid is the decode
+    /// rank's to answer (and to fail should that rank die); should this rank die, its decode
+    /// peers hear `PeerGone` and fail what waited for it.
+    pub fn dispatched_leg(&mut self, rank: u32, rid: &str, tokens: u64, seq: u64) {
+        if let Some(r) = self.live.get_mut(&rank) {
+            r.budget
+                .on_dispatch(rid, tokens, seq, Instant::now(), protocol::unix_time());
+        }
+    }
+
+    /// Whether any live rank has a disaggregated role.
+    pub fn disaggregated(&self) -> bool {
+        self.live.values().any(|r| !r.mode.is_null())
+    }
+
+    /// Live ranks of `mode`, with a prefill rank's KV endpoint.
+    pub fn of_mode(&self, mode: DisaggMode) -> Vec<(u32, Option<&str>)> {
+        self.live
+            .iter()
+            .filter(|(_, r)| r.mode == mode)
+            .map(|(&rank, r)| (rank, r.kv_endpoint.as_deref()))
+            .collect()
+    }
+
     /// Apply status snapshots that were held back by the refresh interval.
     pub fn refresh(&mut self) {
         let now = Instant::now();
@@ -344,9 +375,15 @@ impl Ranks {
 
     /// The loads the balancers see. Call [`Ranks::refresh`] first to apply due snapshots.
     pub fn rank_set(&self) -> RankSet {
+        self.rank_set_where(|_| true)
+    }
+
+    /// As [`Ranks::rank_set`], for the ranks whose role `keep` accepts.
+    pub fn rank_set_where(&self, keep: impl Fn(DisaggMode) -> bool) -> RankSet {
         RankSet::new(
             self.live
                 .iter()
+                .filter(|(_, r)| keep(r.mode))
                 .map(|(&rank, r)| {
                     let (active_requests, active_tokens) = r.budget.load();
                     RankLoad {
@@ -370,6 +407,7 @@ impl Ranks {
                 model_id: r.model_id.clone(),
                 last_seen_s: now.duration_since(r.last_seen).as_secs_f64(),
                 status: r.status.clone(),
+                disaggregation_mode: r.mode,
             })
             .collect()
     }
@@ -396,6 +434,9 @@ mod tests {
             protocol_version: protocol::PROTOCOL_VERSION,
             pid: 1,
             held_rids: Vec::new(),
+            disaggregation_mode: protocol::DisaggMode::Null,
+            kv_endpoint: None,
+            kv_layout: None,
         }
     }
 

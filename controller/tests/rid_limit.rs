@@ -21,6 +21,7 @@ fn request(rid: String) -> Message {
         top_logprobs_num: 0,
         received_at: 0.0,
         dispatch_seq: 0,
+        disagg: None,
     })
 }
 
@@ -43,6 +44,7 @@ fn a_rid_over_the_limit_is_a_400_and_one_at_the_limit_is_routed() {
         worker_addr: ep("w.sock"),
         tokenizer_addr: ep("t.sock"),
         method: Method::RoundRobin,
+        decode_method: Method::TotalTokens,
         prefix_affinity: PrefixAffinityConfig::default(),
         trace_file: None,
         trace_dir: None,

@@ -101,6 +101,11 @@ const KNOWN_TYPES: &[&str] = &[
     "WorkerStatus",
     "ClusterStatus",
     "Shutdown",
+    "KvReady",
+    "KvChunk",
+    "KvDone",
+    "KvAbort",
+    "PeerGone",
 ];
 
 /// Counters of frames received and dropped on one actor's sockets.

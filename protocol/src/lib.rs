@@ -5,6 +5,7 @@
 
 pub mod builtin;
 pub mod codec;
+pub mod disagg;
 pub mod endpoint;
 pub mod error;
 pub mod messages;
@@ -13,6 +14,9 @@ pub mod socket;
 pub mod trace_event;
 
 pub use codec::{decode, encode, encode_envelope, DecodeError, FrameStats};
+pub use disagg::{
+    random_room, DisaggLeg, DisaggMode, KvAbort, KvChunk, KvDone, KvLayout, KvReady, PeerGone,
+};
 pub use endpoint::{Endpoint, RuntimeDir};
 pub use error::{ProtocolError, Result};
 pub use messages::*;

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::disagg::{DisaggLeg, DisaggMode, KvAbort, KvChunk, KvDone, KvLayout, KvReady, PeerGone};
 use crate::PROTOCOL_VERSION;
 
 /// One frame: `{v: 1, msg: {<Type>: {...}}}`.
@@ -36,6 +37,11 @@ pub enum Message {
     WorkerStatus(WorkerStatus),
     ClusterStatus(ClusterStatus),
     Shutdown(Shutdown),
+    KvReady(KvReady),
+    KvChunk(KvChunk),
+    KvDone(KvDone),
+    KvAbort(KvAbort),
+    PeerGone(PeerGone),
 }
 
 impl Message {
@@ -54,6 +60,11 @@ impl Message {
             Message::WorkerStatus(_) => "WorkerStatus",
             Message::ClusterStatus(_) => "ClusterStatus",
             Message::Shutdown(_) => "Shutdown",
+            Message::KvReady(_) => "KvReady",
+            Message::KvChunk(_) => "KvChunk",
+            Message::KvDone(_) => "KvDone",
+            Message::KvAbort(_) => "KvAbort",
+            Message::PeerGone(_) => "PeerGone",
         }
     }
 
@@ -64,6 +75,7 @@ impl Message {
             Message::EmbedReq(m) => Some(&m.rid),
             Message::Abort(m) => m.rid.as_deref(),
             Message::TokenOut(m) => Some(&m.rid),
+            Message::KvReady(m) => Some(&m.rid),
             _ => None,
         }
     }
@@ -156,6 +168,10 @@ pub struct GenerateReq {
     /// (1, 2, … since the rank registered); 0 until the controller sets it. The worker reports the last one it took in (`WorkerStatus.taken_seq`).
     #[serde(default)]
     pub dispatch_seq: u64,
+    /// In a disaggregated deployment: the request's prefill and decode ranks and its transfer
+    /// room, on both legs. Absent otherwise (and then not on the wire).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disagg: Option<DisaggLeg>,
 }
 
 /// A tokenized embedding request: tokenizer → controller → worker.
@@ -305,6 +321,15 @@ pub struct Hello {
     /// tokenizer's request timeout.
     #[serde(default)]
     pub held_rids: Vec<String>,
+    /// The worker's role; `null` (not on the wire) for a unified worker.
+    #[serde(default, skip_serializing_if = "DisaggMode::is_null")]
+    pub disaggregation_mode: DisaggMode,
+    /// Where a prefill worker takes KV connections from decode workers (`tcp://…`/`ipc://…`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_endpoint: Option<String>,
+    /// What a peer must match to exchange KV with this worker (disaggregated roles only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_layout: Option<KvLayout>,
 }
 
 /// The controller's answer to `Hello`: accepted, or refused with a reason (wrong model id or
@@ -364,6 +389,34 @@ pub struct WorkerStatus {
     /// by timestamps).
     #[serde(default)]
     pub taken_seq: Option<u64>,
+    /// Disaggregated roles only (absent, and 0, for unified workers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disagg: Option<DisaggStatus>,
+}
+
+/// A disaggregated worker's queues and transfers, in its `WorkerStatus`.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DisaggStatus {
+    pub mode: DisaggMode,
+    /// Prefill: requests waiting for their decode worker's `KvReady`. Decode: requests waiting
+    /// for a row and KV slots (the pre-allocation queue).
+    pub num_bootstrap_reqs: u32,
+    /// Requests whose KV is on its way (prefill: being computed and sent; decode: slots held,
+    /// frames arriving).
+    pub num_transfer_reqs: u32,
+    /// Decode: request rows in use beyond `max_running_requests` (pre-allocation rows held by
+    /// transfers).
+    pub rows_beyond_running: u32,
+    /// Transfers completed since start, their KV bytes, and (decode) the seconds from each
+    /// `KvReady` to its `KvDone` (prefill compute included).
+    pub transfers: u64,
+    pub transfer_bytes: u64,
+    pub transfer_seconds: f64,
+    /// Transfers that failed (aborted, timed out, peer gone, bad frame) since start.
+    pub transfers_failed: u64,
+    /// KV frames dropped: unknown room, wrong size, out of order.
+    pub frames_dropped: u64,
 }
 
 /// One live rank as the controller sees it.
@@ -376,6 +429,9 @@ pub struct RankInfo {
     pub last_seen_s: f64,
     #[serde(default)]
     pub status: Option<WorkerStatus>,
+    /// The rank's role (`null`, not on the wire, for a unified worker).
+    #[serde(default, skip_serializing_if = "DisaggMode::is_null")]
+    pub disaggregation_mode: DisaggMode,
 }
 
 /// The controller's view of the cluster, pushed to the tokenizer on change and periodically so

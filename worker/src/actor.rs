@@ -29,6 +29,8 @@ const STATUS_IDLE_INTERVAL: Duration = Duration::from_millis(1000);
 pub trait Outbox {
     fn to_tokenizer(&mut self, msg: &Message);
     fn to_controller(&mut self, msg: &Message);
+    /// A KV message to a peer worker (disaggregated roles).
+    fn to_peer(&mut self, send: crate::disagg::KvSend);
 }
 
 /// The actor's state besides the scheduler.
@@ -149,6 +151,10 @@ impl<O: Outbox> WorkerActor<O> {
                 return;
             }
             Inbound::Msg(msg) => msg,
+            Inbound::Kv(kv) => {
+                let outs = self.sched.on_kv(kv);
+                return self.emit_all(outs);
+            }
         };
         // Log lines about a request while it is taken in carry its rid.
         let _span = msg
@@ -168,11 +174,20 @@ impl<O: Outbox> WorkerActor<O> {
                 if let Some(out) = self.refusal(&req.rid) {
                     return self.emit(out);
                 }
-                // Held until its final output goes out (a refusal is one too).
-                self.held.insert(&req.rid);
-                if let Some(out) = self.sched.submit(req) {
-                    self.emit(out);
+                // Held until its final output goes out (a refusal is one too). A prefill leg
+                // never has one here: its decode worker answers the client.
+                let answered_here = req.disagg.is_none()
+                    || self.sched.disagg_mode() != protocol::DisaggMode::Prefill;
+                if answered_here {
+                    self.held.insert(&req.rid);
                 }
+                let out = self.sched.submit(req);
+                self.emit_all(out);
+            }
+            Message::PeerGone(gone) => {
+                tracing::info!(rank = gone.rank, reason = %gone.reason, "peer rank left");
+                let outs = self.sched.peer_gone(gone.rank, &gone.reason);
+                self.emit_all(outs);
             }
             Message::EmbedReq(req) => {
                 if let Some(out) = self.refusal(&req.rid) {
@@ -184,9 +199,8 @@ impl<O: Outbox> WorkerActor<O> {
                 }
             }
             Message::Abort(abort) => {
-                for out in self.sched.abort(abort.rid.as_deref()) {
-                    self.emit(out);
-                }
+                let outs = self.sched.abort(abort.rid.as_deref());
+                self.emit_all(outs);
             }
             Message::FlushCache(_) => match self.sched.flush_cache() {
                 Ok(freed) => tracing::info!(freed_slots = freed, "prefix cache flushed"),
@@ -227,10 +241,11 @@ impl<O: Outbox> WorkerActor<O> {
         let stepped = self.sched.has_work();
         if stepped {
             let sched = &mut self.sched;
-            for out in self.pool.install(|| sched.step()) {
-                self.emit(out);
-            }
+            let outs = self.pool.install(|| sched.step());
+            self.emit_all(outs);
         }
+        let outs = self.sched.expire();
+        self.emit_all(outs);
         self.maybe_status(stepped);
     }
 
@@ -263,6 +278,7 @@ impl<O: Outbox> WorkerActor<O> {
             num_evictable_tokens: sched.evictable_slots() as u64,
             kernel_path: self.kernel_path.name().to_string(),
             taken_seq: Some(self.taken_seq),
+            disagg: sched.disagg_status(),
         };
         self.status = StatusClock {
             last: Instant::now(),
@@ -276,9 +292,8 @@ impl<O: Outbox> WorkerActor<O> {
     /// controller hears why this rank goes. Returns that reason.
     pub fn leave(&mut self) -> String {
         let why = self.farewell_reason();
-        for out in self.sched.fail_all(503, &why) {
-            self.emit(out);
-        }
+        let outs = self.sched.fail_all(503, &why);
+        self.emit_all(outs);
         self.out.to_controller(&Message::Shutdown(Shutdown {
             rank: Some(self.rank),
             reason: why.clone(),
@@ -306,6 +321,16 @@ impl<O: Outbox> WorkerActor<O> {
         }
     }
 
+    /// Outputs to the tokenizer, then the KV messages the scheduler queued.
+    fn emit_all(&mut self, outs: impl IntoIterator<Item = TokenOut>) {
+        for out in outs {
+            self.emit(out);
+        }
+        for send in self.sched.take_kv_out() {
+            self.out.to_peer(send);
+        }
+    }
+
     /// An output to the tokenizer; a final one releases its rid.
     fn emit(&mut self, out: TokenOut) {
         if out.finish_reason.is_some() {
@@ -326,6 +351,7 @@ mod tests {
     struct Recorded {
         tokenizer: Vec<Message>,
         controller: Vec<Message>,
+        peers: Vec<crate::disagg::KvSend>,
     }
 
     impl Outbox for Recorded {
@@ -334,6 +360,9 @@ mod tests {
         }
         fn to_controller(&mut self, msg: &Message) {
             self.controller.push(msg.clone());
+        }
+        fn to_peer(&mut self, send: crate::disagg::KvSend) {
+            self.peers.push(send);
         }
     }
 
@@ -352,6 +381,7 @@ mod tests {
                 policy: SchedulePolicy::Lpm,
                 disable_radix_cache: false,
                 prefill_step_target: None,
+                disagg: None,
             },
             model,
         );

@@ -30,6 +30,9 @@ pub const DEFAULT_MAX_PREFILL_TOKENS: usize = 8192;
 pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 500;
 /// `--drain-timeout` (seconds) when not given.
 pub const DEFAULT_DRAIN_TIMEOUT_S: f64 = 30.0;
+/// `--disaggregation-bootstrap-timeout` and `--disaggregation-waiting-timeout` (seconds) when
+/// not given: SGLang's defaults.
+pub const DEFAULT_DISAGG_TIMEOUT_S: f64 = 300.0;
 
 /// `dpserve worker` flags. Every flag also reads `DPSERVE_<FLAG>`.
 #[derive(clap::Args, Debug, Clone)]
@@ -53,6 +56,25 @@ pub struct WorkerArgs {
     pub trace_dir: Option<PathBuf>,
     #[command(flatten)]
     pub device: DeviceArgs,
+    /// Prefill/decode disaggregation: `null` computes prompts and decodes them here; `prefill`
+    /// computes prompts and sends their KV to decode workers; `decode` receives prompts' KV
+    /// and decodes.
+    #[arg(long, env = "DPSERVE_DISAGGREGATION_MODE", default_value = "null",
+          value_parser = disagg_mode_parser())]
+    pub disaggregation_mode: protocol::DisaggMode,
+    /// A prefill worker's KV socket (bind, ROUTER; decode workers connect to it). Default: an
+    /// ipc socket `kv-<rank>.sock` beside the default endpoints. A `tcp://*:PORT` bind is
+    /// announced as `tcp://127.0.0.1:PORT`; give the host's address for decode workers on other
+    /// hosts.
+    #[arg(long, env = "DPSERVE_DISAGGREGATION_KV_ADDR")]
+    pub disaggregation_kv_addr: Option<String>,
+}
+
+fn disagg_mode_parser() -> Listed<protocol::DisaggMode> {
+    Listed {
+        parse: |s| s.parse(),
+        names: || vec!["null", "prefill", "decode"],
+    }
 }
 
 /// Where the weights come from (also `up`'s and `bench --launch`'s model flags).
@@ -179,6 +201,14 @@ pub struct ServeArgs {
     /// promptly on any CPU; 0 = no time bound (only the token limits).
     #[arg(long, env = "DPSERVE_PREFILL_STEP_TARGET_MS", default_value_t = DEFAULT_PREFILL_STEP_TARGET_MS)]
     pub prefill_step_target_ms: u64,
+    /// Prefill worker: seconds a request waits for its decode worker to be ready for its KV
+    /// before it is dropped.
+    #[arg(long, env = "DPSERVE_DISAGGREGATION_BOOTSTRAP_TIMEOUT", default_value_t = DEFAULT_DISAGG_TIMEOUT_S)]
+    pub disaggregation_bootstrap_timeout: f64,
+    /// Decode worker: seconds a request's KV may take to arrive once its slots are ready; past
+    /// it the request fails (503) and its row and slots are freed.
+    #[arg(long, env = "DPSERVE_DISAGGREGATION_WAITING_TIMEOUT", default_value_t = DEFAULT_DISAGG_TIMEOUT_S)]
+    pub disaggregation_waiting_timeout: f64,
 }
 
 impl Default for ServeArgs {
@@ -197,6 +227,8 @@ impl Default for ServeArgs {
             heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT_S,
             prefill_step_target_ms: DEFAULT_PREFILL_STEP_TARGET_MS,
+            disaggregation_bootstrap_timeout: DEFAULT_DISAGG_TIMEOUT_S,
+            disaggregation_waiting_timeout: DEFAULT_DISAGG_TIMEOUT_S,
         }
     }
 }
@@ -301,6 +333,11 @@ pub struct WorkerConfig {
     pub heartbeat_interval: Duration,
     pub drain_timeout: Duration,
     pub trace_dir: Option<PathBuf>,
+    pub disaggregation_mode: protocol::DisaggMode,
+    /// Where a prefill worker binds its KV socket.
+    pub kv_addr: Endpoint,
+    pub bootstrap_timeout: Duration,
+    pub waiting_timeout: Duration,
 }
 
 impl ModelArgs {
@@ -351,6 +388,20 @@ impl WorkerArgs {
                 serve.drain_timeout
             );
         }
+        let seconds = |flag: &str, v: f64| -> anyhow::Result<Duration> {
+            if !(v.is_finite() && v > 0.0) {
+                anyhow::bail!("--{flag} must be a number of seconds > 0, got {v}");
+            }
+            Ok(Duration::from_secs_f64(v))
+        };
+        let bootstrap_timeout = seconds(
+            "disaggregation-bootstrap-timeout",
+            serve.disaggregation_bootstrap_timeout,
+        )?;
+        let waiting_timeout = seconds(
+            "disaggregation-waiting-timeout",
+            serve.disaggregation_waiting_timeout,
+        )?;
         let num_threads = match serve.num_threads {
             Some(0) => anyhow::bail!("--num-threads must be at least 1"),
             Some(n) => n,
@@ -377,6 +428,14 @@ impl WorkerArgs {
             heartbeat_interval: Duration::from_millis(serve.heartbeat_interval_ms.max(10)),
             drain_timeout: Duration::from_secs_f64(serve.drain_timeout),
             trace_dir: self.trace_dir.clone(),
+            disaggregation_mode: self.disaggregation_mode,
+            kv_addr: addr(
+                "disaggregation-kv-addr",
+                &self.disaggregation_kv_addr,
+                &format!("kv-{}", self.rank),
+            )?,
+            bootstrap_timeout,
+            waiting_timeout,
         })
     }
 }

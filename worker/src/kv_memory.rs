@@ -102,6 +102,37 @@ impl KvMemory {
         Some(hit)
     }
 
+    /// Gives `req` a row and nothing from the cache: a decode worker's request whose whole
+    /// prompt KV comes from a prefill worker. False when no row is free.
+    pub fn admit_blank(&mut self, req: &mut Req) -> bool {
+        let Some(row) = self.pool.alloc() else {
+            return false;
+        };
+        req.row = Some(row);
+        req.len = 0;
+        req.cached_len = 0;
+        true
+    }
+
+    /// Request rows in use (running, prefilling, or holding KV that is arriving).
+    pub fn rows_in_use(&self) -> usize {
+        self.pool.rows() - self.pool.available()
+    }
+
+    /// The KV of `req`'s positions `start..start + n`, as it travels to another worker.
+    pub fn read_kv(&self, req: &Req, start: usize, n: usize) -> Vec<u8> {
+        let row = req.row.expect("an admitted request holds a row");
+        self.kv.read_slots(&self.pool.row(row)[start..start + n])
+    }
+
+    /// Writes KV that arrived for `req`'s positions `start..start + n` (slots taken by
+    /// [`Self::grow`]); false when the payload does not fit.
+    pub fn write_kv(&mut self, req: &Req, start: usize, n: usize, payload: &[u8]) -> bool {
+        let row = req.row.expect("an admitted request holds a row");
+        let slots = &self.pool.row(row)[start..start + n];
+        self.kv.write_slots(slots, payload)
+    }
+
     /// Fresh slots for `req`'s next `n` tokens (`req.len..req.len + n`); the caller made room
     /// first ([`Self::ensure_free`]).
     ///
@@ -124,6 +155,14 @@ impl KvMemory {
             let slots = self.pool.row(row)[req.len..req.len + n].to_vec();
             self.alloc.free(&slots);
         }
+    }
+
+    /// Gives back a request whose positions `req.len..req.len + n` hold slots without valid
+    /// KV (a transfer that did not complete): those slots to the allocator, the rest as
+    /// [`Self::release`].
+    pub fn release_partial(&mut self, req: &mut Req, n: usize) {
+        self.shrink(req, n);
+        self.release(req);
     }
 
     /// Inserts the request's computed tokens into the cache and makes the tree's copy its

@@ -8,6 +8,7 @@
 
 pub mod actor;
 pub mod args;
+pub mod disagg;
 pub mod error;
 pub mod kv_alloc;
 pub mod kv_memory;
@@ -169,7 +170,16 @@ fn load(
         protocol_version: protocol::PROTOCOL_VERSION,
         pid: std::process::id(),
         held_rids: Vec::new(),
+        disaggregation_mode: config.disaggregation_mode,
+        kv_endpoint: None, // set once the KV socket is bound
+        kv_layout: (!config.disaggregation_mode.is_null()).then(|| kv_layout(&mc)),
     };
+    let disagg = (!config.disaggregation_mode.is_null()).then(|| disagg::DisaggConfig {
+        mode: config.disaggregation_mode,
+        layout: kv_layout(&mc),
+        bootstrap_timeout: config.bootstrap_timeout,
+        waiting_timeout: config.waiting_timeout,
+    });
     let sched = Scheduler::new(
         SchedulerConfig {
             rank: config.rank,
@@ -182,17 +192,66 @@ fn load(
             policy: config.schedule_policy,
             disable_radix_cache: config.disable_radix_cache,
             prefill_step_target: config.prefill_step_target,
+            disagg,
         },
         model,
     );
     Ok((sched, hello))
 }
 
+/// What a peer must match to exchange KV with this worker.
+fn kv_layout(mc: &ModelConfig) -> protocol::KvLayout {
+    protocol::KvLayout {
+        model_id: mc.model_id.clone(),
+        num_layers: mc.num_hidden_layers as u32,
+        num_kv_heads: mc.num_key_value_heads as u32,
+        head_dim: mc.head_dim as u32,
+        dtype: "f32".into(),
+    }
+}
+
+/// The KV link of a disaggregated worker: its socket thread, and the outbox the actor sends
+/// through. A prefill worker binds its KV socket here and announces it in `hello`.
+fn start_kv_link(
+    ctx: &zmq::Context,
+    config: &WorkerConfig,
+    hello: &mut Hello,
+    inbound: mpsc::Sender<link::Inbound>,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<(zmq::Socket, std::thread::JoinHandle<anyhow::Result<()>>)> {
+    let outbox_rx = ctx.socket(zmq::PULL)?;
+    outbox_rx.bind(disagg::link::KV_OUTBOX)?;
+    let outbox = ctx.socket(zmq::PUSH)?;
+    outbox.connect(disagg::link::KV_OUTBOX)?;
+    let router = match config.disaggregation_mode {
+        protocol::DisaggMode::Prefill => {
+            let (router, endpoint) = disagg::link::bind(ctx, &config.kv_addr)
+                .with_context(|| format!("--disaggregation-kv-addr {}", config.kv_addr))?;
+            tracing::info!(rank = config.rank, kv_endpoint = %endpoint, "KV socket bound");
+            hello.kv_endpoint = Some(endpoint);
+            Some(router)
+        }
+        _ => None,
+    };
+    let kv = disagg::link::KvLink {
+        ctx: ctx.clone(),
+        outbox: outbox_rx,
+        router,
+        identity: format!("decode-{}-{}", config.rank, std::process::id()).into_bytes(),
+        inbound,
+        stop,
+    };
+    let thread = std::thread::Builder::new()
+        .name("kv-link".into())
+        .spawn(move || disagg::link::run(kv))?;
+    Ok((outbox, thread))
+}
+
 /// Connects (tokenizer socket, controller link thread) and runs the actor until it leaves.
 fn serve(
     config: WorkerConfig,
     mut sched: Scheduler,
-    hello: Hello,
+    mut hello: Hello,
     pool: rayon::ThreadPool,
     kernel_path: kernels::KernelPath,
     stop: Arc<AtomicBool>,
@@ -212,6 +271,18 @@ fn serve(
     let held_rids = link::HeldRids::default();
     let (inbound_tx, inbound) = mpsc::channel();
     let link_stop = Arc::new(AtomicBool::new(false));
+    let kv_link = if config.disaggregation_mode.is_null() {
+        None
+    } else {
+        Some(start_kv_link(
+            &ctx,
+            &config,
+            &mut hello,
+            inbound_tx.clone(),
+            Arc::clone(&link_stop),
+        )?)
+    };
+    let (kv_outbox, kv_thread) = kv_link.unzip();
     let link = link::Link {
         ctx: ctx.clone(),
         outbox: outbox_rx,
@@ -232,6 +303,7 @@ fn serve(
     let out = Sockets {
         to_tokenizer,
         outbox,
+        kv_outbox,
         tracer,
     };
     let mut actor = WorkerActor::new(
@@ -268,6 +340,12 @@ fn serve(
         Ok(result) => result?,
         Err(_) => anyhow::bail!("controller link thread panicked"),
     }
+    if let Some(kv) = kv_thread {
+        match kv.join() {
+            Ok(result) => result?,
+            Err(_) => anyhow::bail!("KV link thread panicked"),
+        }
+    }
     match actor.refused() {
         Some(reason) => Err(WorkerError::Refused(reason.to_string()).into()),
         None => {
@@ -283,6 +361,8 @@ fn serve(
 struct Sockets {
     to_tokenizer: zmq::Socket,
     outbox: zmq::Socket,
+    /// The KV link's inproc outbox (disaggregated roles only).
+    kv_outbox: Option<zmq::Socket>,
     tracer: protocol::msg_trace::MessageTracer,
 }
 
@@ -305,5 +385,12 @@ impl Outbox for Sockets {
 
     fn to_controller(&mut self, msg: &Message) {
         protocol::socket::send(&self.outbox, msg).ok();
+    }
+
+    fn to_peer(&mut self, send: disagg::KvSend) {
+        match &self.kv_outbox {
+            Some(outbox) => disagg::link::send(outbox, send),
+            None => tracing::warn!(msg = send.msg.type_name(), "no KV link; dropped"),
+        }
     }
 }

@@ -51,6 +51,8 @@ pub enum Inbound {
     Msg(Message),
     /// The controller refused this worker; the reason is fatal.
     Refused(String),
+    /// A KV message from a peer worker (disaggregated roles; see [`crate::disagg::link`]).
+    Kv(crate::disagg::KvInbound),
 }
 
 /// What the link thread needs.

@@ -44,6 +44,10 @@ pub struct Req {
     /// Per output token, when `top_logprobs_num` > 0.
     pub top_logprobs: Vec<Vec<(u32, f32)>>,
     pub arrived: Instant,
+    /// On a prefill worker: the decode worker this request's KV goes to.
+    pub leg: Option<crate::disagg::PrefillLeg>,
+    /// On a decode worker: the prefill worker this request's prompt KV comes from.
+    pub transfer: Option<crate::disagg::Transfer>,
 }
 
 impl Req {
@@ -101,6 +105,8 @@ impl Req {
             logprobs: Vec::new(),
             top_logprobs: Vec::new(),
             arrived: Instant::now(),
+            leg: None,
+            transfer: None,
         }
     }
 

@@ -13,7 +13,9 @@ use crate::ranks::Joined;
 impl Controller {
     pub(super) fn expire_ranks(&mut self) {
         for rank in self.ranks.drain_expired() {
+            let mode = self.ranks.holder(rank).map(|h| h.mode);
             if let Some(lost) = self.ranks.remove(rank) {
+                self.announce_gone(rank, mode, "its drain timeout ran out");
                 tracing::warn!(
                     rank,
                     failed_requests = lost.len(),
@@ -27,7 +29,9 @@ impl Controller {
             }
         }
         for rank in self.ranks.expired() {
+            let mode = self.ranks.holder(rank).map(|h| h.mode);
             if let Some(lost) = self.ranks.remove(rank) {
+                self.announce_gone(rank, mode, "it stopped sending heartbeats");
                 tracing::warn!(
                     rank,
                     timeout_s = self.config.worker_timeout.as_secs_f64(),
@@ -66,6 +70,12 @@ impl Controller {
         let rank = hello.rank;
         // Another process holding the rank keeps it while its connection is up; a dead one
         // (crashed and restarted before its heartbeats timed out) is replaced.
+        // A different process taking the rank over means the old one is gone.
+        let replaced = self
+            .ranks
+            .holder(rank)
+            .filter(|h| h.identity != identity)
+            .map(|h| h.mode);
         let holder_alive = match self.ranks.holder(rank) {
             Some(h) if h.identity != identity => {
                 let old = h.identity.clone();
@@ -96,6 +106,9 @@ impl Controller {
                 self.cluster_changed = true;
             }
             Ok(Joined::New { lost }) => {
+                if replaced.is_some() {
+                    self.announce_gone(rank, replaced, "it restarted");
+                }
                 tracing::info!(
                     rank,
                     pid = hello.pid,

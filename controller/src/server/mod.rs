@@ -8,6 +8,7 @@
 //! `ClusterStatus`; with `--trace-file` it is also a routing-trace line, and with `--trace-dir`
 //! every frame in or out (and each decision) is a message-trace line.
 
+mod disagg;
 mod membership;
 
 use std::path::PathBuf;
@@ -34,6 +35,8 @@ pub struct ControllerConfig {
     pub worker_addr: Endpoint,
     pub tokenizer_addr: Endpoint,
     pub method: Method,
+    /// Disaggregated deployments: the decode leg's method (`method` picks the prefill rank).
+    pub decode_method: Method,
     pub prefix_affinity: PrefixAffinityConfig,
     /// Append one JSON line per routing decision here.
     pub trace_file: Option<PathBuf>,
@@ -50,6 +53,7 @@ pub struct Controller {
     config: ControllerConfig,
     ranks: Ranks,
     balancer: Box<dyn LoadBalancer>,
+    decode_balancer: Box<dyn LoadBalancer>,
     trace: Option<TraceWriter>,
     tracer: MessageTracer,
     route_counts: RouteCounts,
@@ -91,6 +95,7 @@ impl Controller {
         Ok(Controller {
             ranks: Ranks::new(config.model_id.clone(), config.worker_timeout),
             balancer: config.method.balancer(&config.prefix_affinity),
+            decode_balancer: config.decode_method.balancer(&config.prefix_affinity),
             trace,
             tracer,
             route_counts: RouteCounts::default(),
@@ -199,6 +204,7 @@ impl Controller {
         match msg {
             Message::GenerateReq(req) if self.refused_rid(&req.rid) => {}
             Message::EmbedReq(req) if self.refused_rid(&req.rid) => {}
+            Message::GenerateReq(req) if self.ranks.disaggregated() => self.route_pd(req),
             Message::GenerateReq(req) => {
                 let input = RouteInput {
                     rid: &req.rid,
@@ -260,12 +266,31 @@ impl Controller {
         explicit: Option<u32>,
     ) -> Result<RouteDecision, RouteError> {
         self.ranks.refresh();
-        let ranks = self.ranks.rank_set();
-        let decision = route(self.balancer.as_mut(), input, explicit, &ranks);
-        self.route_counts.record(self.config.method, &decision);
+        // Beside disaggregated ranks, only unified and prefill ones compute a whole request.
+        let ranks = self
+            .ranks
+            .rank_set_where(|m| m != protocol::DisaggMode::Decode);
+        self.decide_among(input, explicit, &ranks, false)
+    }
+
+    /// [`Self::decide`] among `ranks`, by the decode leg's method when `decode`.
+    fn decide_among(
+        &mut self,
+        input: &RouteInput<'_>,
+        explicit: Option<u32>,
+        ranks: &crate::policy::RankSet,
+        decode: bool,
+    ) -> Result<RouteDecision, RouteError> {
+        let (balancer, method) = if decode {
+            (self.decode_balancer.as_mut(), self.config.decode_method)
+        } else {
+            (self.balancer.as_mut(), self.config.method)
+        };
+        let decision = route(balancer, input, explicit, ranks);
+        self.route_counts.record(method, &decision);
         if self.tracer.enabled() {
             let milestone = match &decision {
-                Ok(d) => d.milestone(self.config.method, &ranks),
+                Ok(d) => d.milestone(method, ranks),
                 Err(e) => Milestone::Refused {
                     error: e.to_string(),
                 },
@@ -287,25 +312,20 @@ impl Controller {
         }
         if let Some(trace) = &self.trace {
             // Built only when tracing to a file: without it a decision allocates nothing extra.
-            let rec = RouteRecord::new(
-                input.rid,
-                protocol::unix_time(),
-                self.config.method,
-                &ranks,
-                &decision,
-            );
+            let rec = RouteRecord::new(input.rid, protocol::unix_time(), method, ranks, &decision);
             trace.record(rec);
         }
         decision
     }
 
+    /// Sends a routed request to its rank; false (the client answered) when it could not.
     fn dispatch(
         &mut self,
         rid: &str,
         decision: Result<RouteDecision, RouteError>,
         tokens: u64,
         msg: Message,
-    ) {
+    ) -> bool {
         let decision = match decision {
             Ok(d) => d,
             Err(err) => {
@@ -315,7 +335,7 @@ impl Controller {
                     err.http_status(),
                     err.to_string(),
                 )));
-                return;
+                return false;
             }
         };
         // Numbered per rank, so the rank's statuses can say exactly which dispatches they count.
@@ -328,12 +348,14 @@ impl Controller {
         }
         if self.send_to_worker(decision.rank, &msg) {
             self.ranks.dispatched(decision.rank, rid, tokens, seq);
+            true
         } else {
             self.send_to_tokenizer(&Message::TokenOut(TokenOut::error(
                 rid,
                 503,
                 format!("data parallel rank {} is unreachable", decision.rank),
             )));
+            false
         }
     }
 
@@ -381,7 +403,9 @@ impl Controller {
                 }
             }
             Message::Shutdown(shutdown) => {
+                let mode = self.ranks.holder(rank).map(|h| h.mode);
                 if let Some(lost) = self.ranks.remove(rank) {
+                    self.announce_gone(rank, mode, &shutdown.reason);
                     tracing::info!(rank, reason = %shutdown.reason, live = ?self.ranks.ids(), "rank left");
                     self.fail_requests(lost, format!("data parallel rank {rank} shut down"));
                     self.cluster_changed = true;

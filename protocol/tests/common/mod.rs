@@ -44,6 +44,29 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                 top_logprobs_num: 2,
                 received_at: T0,
                 dispatch_seq: 7,
+                disagg: None,
+            }),
+        ),
+        (
+            "GenerateReq-disagg",
+            Message::GenerateReq(GenerateReq {
+                rid: "r3".into(),
+                input_ids: vec![1, 15043],
+                sampling: SamplingParams::default(),
+                stream: false,
+                routing_key: None,
+                routed_dp_rank: None,
+                bootstrap_room: Some(1234567890123),
+                return_logprob: false,
+                top_logprobs_num: 0,
+                received_at: T0,
+                dispatch_seq: 2,
+                disagg: Some(protocol::DisaggLeg {
+                    room: 1234567890123,
+                    prefill_rank: 0,
+                    decode_rank: 1,
+                    prefill_kv_endpoint: "tcp://10.0.0.5:7010".into(),
+                }),
             }),
         ),
         (
@@ -98,6 +121,23 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                 protocol_version: 1,
                 pid: 4242,
                 held_rids: vec!["r1".into()],
+                disaggregation_mode: protocol::DisaggMode::Null,
+                kv_endpoint: None,
+                kv_layout: None,
+            }),
+        ),
+        (
+            "Hello-prefill",
+            Message::Hello(Hello {
+                rank: 0,
+                capacity: capacity(),
+                model_id: "dpserve-builtin".into(),
+                protocol_version: 1,
+                pid: 4243,
+                held_rids: vec![],
+                disaggregation_mode: protocol::DisaggMode::Prefill,
+                kv_endpoint: Some("tcp://10.0.0.5:7010".into()),
+                kv_layout: Some(layout()),
             }),
         ),
         (
@@ -123,6 +163,7 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                 timestamp: T0,
                 load_balance_method: "prefix_affinity".into(),
                 live_ranks: vec![RankInfo {
+                    disaggregation_mode: Default::default(),
                     rank: 0,
                     capacity: capacity(),
                     model_id: "dpserve-builtin".into(),
@@ -137,6 +178,54 @@ pub fn examples() -> Vec<(&'static str, Message)> {
             }),
         ),
         (
+            "KvReady",
+            Message::KvReady(protocol::KvReady {
+                room: 1234567890123,
+                rid: "r3".into(),
+                decode_rank: 1,
+                layout: layout(),
+                prompt_len: 2,
+            }),
+        ),
+        (
+            "KvChunk",
+            Message::KvChunk(protocol::KvChunk {
+                room: 1234567890123,
+                seq: 0,
+                start: 0,
+                tokens: 2,
+                bytes: 2 * 2 * 2 * 4 * 64 * 4,
+            }),
+        ),
+        (
+            "KvDone",
+            Message::KvDone(protocol::KvDone {
+                room: 1234567890123,
+                chunks: 1,
+                first_token: Some(450),
+                logprob: Some(-0.5),
+                top_logprobs: None,
+                cached_tokens: 0,
+                finish_reason: None,
+                matched_stop: None,
+            }),
+        ),
+        (
+            "KvAbort",
+            Message::KvAbort(protocol::KvAbort {
+                room: 1234567890123,
+                status: 503,
+                reason: "KV bootstrap timed out after 300.0s".into(),
+            }),
+        ),
+        (
+            "PeerGone",
+            Message::PeerGone(protocol::PeerGone {
+                rank: 0,
+                reason: "it stopped sending heartbeats".into(),
+            }),
+        ),
+        (
             "Shutdown",
             Message::Shutdown(Shutdown {
                 rank: Some(0),
@@ -145,6 +234,16 @@ pub fn examples() -> Vec<(&'static str, Message)> {
             }),
         ),
     ]
+}
+
+fn layout() -> protocol::KvLayout {
+    protocol::KvLayout {
+        model_id: "dpserve-builtin".into(),
+        num_layers: 2,
+        num_kv_heads: 4,
+        head_dim: 64,
+        dtype: "f32".into(),
+    }
 }
 
 fn capacity() -> Capacity {
@@ -171,6 +270,7 @@ fn worker_status() -> WorkerStatus {
         num_evictable_tokens: 236,
         kernel_path: "avx2".into(),
         taken_seq: Some(7),
+        disagg: None,
     }
 }
 

@@ -83,6 +83,7 @@ fn to_wire(sub: Submission, state: &AppState) -> GenerateReq {
         top_logprobs_num: sub.top_logprobs_num,
         received_at: sub.received_at,
         dispatch_seq: 0, // the controller numbers it
+        disagg: None,    // the controller pairs it in a disaggregated deployment
     }
 }
 

@@ -225,6 +225,7 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(rank, &(running, waiting))| RankInfo {
+                    disaggregation_mode: Default::default(),
                     rank: rank as u32,
                     capacity: Capacity {
                         max_total_tokens: 64,
@@ -248,6 +249,7 @@ mod tests {
                         num_evictable_tokens: 0,
                         kernel_path: String::new(),
                         taken_seq: None,
+                        disagg: None,
                     }),
                 })
                 .collect(),

@@ -120,6 +120,7 @@ fn cluster(live: &[u32]) -> ClusterStatus {
         live_ranks: live
             .iter()
             .map(|&rank| RankInfo {
+                disaggregation_mode: Default::default(),
                 rank,
                 capacity: Capacity {
                     max_total_tokens: 4096,

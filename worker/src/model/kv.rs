@@ -41,3 +41,45 @@ impl KvBuffers {
         self.k.len() == config.num_hidden_layers && self.row == config.kv_dim()
     }
 }
+
+impl KvBuffers {
+    /// The KV of `slots` (in order) as they travel between workers: for each layer, K of every
+    /// slot then V of every slot, each value little-endian f32.
+    pub fn read_slots(&self, slots: &[u32]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.k.len() * 2 * slots.len() * self.row * 4);
+        for (k, v) in self.k.iter().zip(&self.v) {
+            for buf in [k, v] {
+                for &s in slots {
+                    let at = s as usize * self.row;
+                    for x in &buf[at..at + self.row] {
+                        out.extend_from_slice(&x.to_le_bytes());
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Writes what [`Self::read_slots`] produced into `slots`; false (nothing written) when the
+    /// payload's size is not that of `slots` in this layout, or a slot is outside the pool.
+    pub fn write_slots(&mut self, slots: &[u32], payload: &[u8]) -> bool {
+        let want = self.k.len() * 2 * slots.len() * self.row * 4;
+        if payload.len() != want || slots.iter().any(|&s| s as usize >= self.num_slots) {
+            return false;
+        }
+        let mut values = payload
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        for (k, v) in self.k.iter_mut().zip(self.v.iter_mut()) {
+            for buf in [k, v] {
+                for &s in slots {
+                    let at = s as usize * self.row;
+                    for (x, y) in buf[at..at + self.row].iter_mut().zip(&mut values) {
+                        *x = y;
+                    }
+                }
+            }
+        }
+        true
+    }
+}

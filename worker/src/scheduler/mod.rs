@@ -20,15 +20,19 @@
 
 mod admission;
 mod decode;
+mod decode_leg;
+mod legs;
 mod prefill;
+mod prefill_leg;
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use protocol::{FinishReason, GenerateReq, TokenOut};
+use protocol::{DisaggMode, FinishReason, GenerateReq, TokenOut};
 
+use crate::disagg::DisaggConfig;
 use crate::error::{RequestError, WorkerError};
 use crate::kv_memory::{KvMemory, KvMemoryConfig};
 use crate::model::LlamaModel;
@@ -83,6 +87,8 @@ pub struct SchedulerConfig {
     /// A prefill step computes only as many prompt tokens as fit in this time (learnt from
     /// earlier steps); `None`: the token limits alone decide.
     pub prefill_step_target: Option<Duration>,
+    /// A prefill or decode worker's settings; `None` for a unified worker.
+    pub disagg: Option<DisaggConfig>,
 }
 
 /// Counters for `WorkerStatus`.
@@ -110,6 +116,8 @@ pub struct Scheduler {
     pub stats: StepStats,
     /// Records request milestones (admitted, prefix hit) with `--trace-dir`.
     pub tracer: protocol::msg_trace::MessageTracer,
+    /// Disaggregated serving: requests whose KV moves between workers.
+    legs: legs::Legs,
 }
 
 impl Scheduler {
@@ -125,6 +133,7 @@ impl Scheduler {
             },
         );
         Scheduler {
+            legs: legs::Legs::new(config.disagg.clone()),
             step_budget: StepBudget::new(config.prefill_step_target),
             config,
             model,
@@ -146,16 +155,22 @@ impl Scheduler {
         &self.model
     }
 
+    /// Whether a step has something to compute. (Requests waiting for their KV are not work:
+    /// the frames that advance them wake the worker.)
     pub fn has_work(&self) -> bool {
-        !(self.prefilling.is_empty() && self.waiting.is_empty() && self.running.is_empty())
+        !(self.prefilling.is_empty()
+            && self.waiting.is_empty()
+            && self.running.is_empty()
+            && self.legs.ready.is_empty())
     }
 
     pub fn num_running(&self) -> usize {
         self.running.len() + self.prefilling.len()
     }
 
+    /// Queued requests, those whose KV is on its way included.
     pub fn num_waiting(&self) -> usize {
-        self.waiting.len()
+        self.waiting.len() + self.legs.queued()
     }
 
     /// Slots neither free nor evictable: held by requests or locked in the cache.
@@ -185,13 +200,26 @@ impl Scheduler {
         std::mem::take(&mut self.finished_rids)
     }
 
-    /// Queue a generation request, or refuse it at once with a 400.
-    pub fn submit(&mut self, req: GenerateReq) -> Option<TokenOut> {
-        if let Err(e) = self.validate(&req.input_ids, req.sampling.max_new_tokens) {
-            return Some(self.error_out(&req.rid, e.status(), e.to_string()));
+    /// Queue a generation request, or refuse it at once with a 400. A disaggregated leg goes
+    /// to its role's queue (a prefill leg is answered through its decode worker, never here).
+    pub fn submit(&mut self, mut req: GenerateReq) -> Option<TokenOut> {
+        let check = self.validate(&req.input_ids, req.sampling.max_new_tokens);
+        match (self.legs.mode(), req.disagg.take(), check) {
+            (DisaggMode::Prefill, Some(leg), check) => {
+                self.prefill_leg_arrived(req, leg, check.err());
+                None
+            }
+            (_, _, Err(e)) => Some(self.error_out(&req.rid, e.status(), e.to_string())),
+            (DisaggMode::Decode, Some(leg), Ok(())) => {
+                self.decode_leg_arrived(req, leg);
+                None
+            }
+            // Without a pairing (or on a unified worker) the request is computed here whole.
+            (_, _, Ok(())) => {
+                self.waiting.push_back(Req::generate(req));
+                None
+            }
         }
-        self.waiting.push_back(Req::generate(req));
-        None
     }
 
     /// Queue an embedding request, or refuse it at once with a 400.
@@ -231,7 +259,34 @@ impl Scheduler {
     pub fn abort(&mut self, rid: Option<&str>) -> Vec<TokenOut> {
         let matches = |r: &Req| rid.is_none_or(|id| r.rid == id);
         let mut aborted = Vec::new();
-        for queue in [&mut self.waiting, &mut self.prefilling] {
+        let rooms: Vec<u64> = self
+            .legs
+            .bootstrap
+            .iter()
+            .filter(|(_, b)| b.req.as_ref().is_some_and(matches))
+            .map(|(&room, _)| room)
+            .collect();
+        for room in rooms {
+            if let Some(req) = self.legs.bootstrap.remove(&room).and_then(|b| b.req) {
+                aborted.push(req);
+            }
+        }
+        let rooms: Vec<u64> = self
+            .legs
+            .transfers
+            .iter()
+            .filter(|(_, r)| matches(r))
+            .map(|(&room, _)| room)
+            .collect();
+        for room in rooms {
+            aborted.extend(self.legs.transfers.remove(&room));
+        }
+        for queue in [
+            &mut self.waiting,
+            &mut self.prefilling,
+            &mut self.legs.prealloc,
+            &mut self.legs.ready,
+        ] {
             let (gone, keep): (VecDeque<Req>, VecDeque<Req>) =
                 queue.drain(..).partition(|r| matches(r));
             *queue = keep;
@@ -240,10 +295,11 @@ impl Scheduler {
         let (gone, keep): (Vec<Req>, Vec<Req>) = self.running.drain(..).partition(|r| matches(r));
         self.running = keep;
         aborted.extend(gone);
-        aborted
+        let outs = aborted
             .into_iter()
             .map(|req| self.finish(req, FinishReason::Abort, None))
-            .collect()
+            .collect();
+        self.unmuted(outs)
     }
 
     /// Fail every request (worker shutting down).
@@ -251,13 +307,15 @@ impl Scheduler {
         let mut all: Vec<Req> = self.waiting.drain(..).collect();
         all.extend(self.prefilling.drain(..));
         all.append(&mut self.running);
-        all.into_iter()
-            .map(|mut req| {
-                self.mem.release(&mut req);
-                self.finished_rids.push(req.rid.clone());
-                self.error_out(&req.rid, status, message.to_string())
-            })
-            .collect()
+        all.extend(self.legs.prealloc.drain(..));
+        all.extend(self.legs.ready.drain(..));
+        all.extend(self.legs.transfers.drain().map(|(_, r)| r));
+        all.extend(self.legs.bootstrap.drain().filter_map(|(_, b)| b.req));
+        let outs = all
+            .into_iter()
+            .map(|req| self.fail(req, status, message.to_string()))
+            .collect();
+        self.unmuted(outs)
     }
 
     /// Drop the whole prefix cache; refused while any request is queued or running (their
@@ -272,14 +330,18 @@ impl Scheduler {
 
     /// Run one scheduling step; returns the messages it produced.
     pub fn step(&mut self) -> Vec<TokenOut> {
+        self.admit_ready();
         self.admit();
-        if !self.prefilling.is_empty() {
+        let outs = if !self.prefilling.is_empty() {
             self.prefill_step()
         } else if !self.running.is_empty() {
             self.decode_step()
         } else {
             Vec::new()
-        }
+        };
+        self.admit_ready();
+        self.admit_prealloc();
+        self.unmuted(outs)
     }
 
     /// The tokens a running request produced since its last message.
@@ -290,7 +352,7 @@ impl Scheduler {
     }
 
     fn finish(&mut self, mut req: Req, reason: FinishReason, matched: Option<u32>) -> TokenOut {
-        self.mem.release(&mut req);
+        self.release_req(&mut req);
         self.finished_rids.push(req.rid.clone());
         self.token_out(&req, Some(reason), matched)
     }
@@ -316,7 +378,14 @@ impl Scheduler {
     }
 
     fn fail(&mut self, mut req: Req, status: u16, message: String) -> TokenOut {
-        self.mem.release(&mut req);
+        if let Some(leg) = req.leg.take() {
+            // The client hears it from the decode worker.
+            let to = leg.to.clone();
+            self.legs.abort_room(to, leg.room, status, message.clone());
+            self.legs.stats.transfers_failed += 1;
+            self.legs.muted.insert(req.rid.clone());
+        }
+        self.release_req(&mut req);
         self.finished_rids.push(req.rid.clone());
         self.error_out(&req.rid, status, message)
     }
@@ -328,5 +397,7 @@ impl Scheduler {
     }
 }
 
+#[cfg(test)]
+mod legs_tests;
 #[cfg(test)]
 pub(crate) mod tests;

@@ -131,6 +131,7 @@ impl Scheduler {
                 req.len += n;
                 // Share what was just computed: later chunks and other requests reuse it.
                 self.mem.share_computed(&mut req);
+                self.send_leg_kv(&mut req);
                 if req.pending() > 0 {
                     line[c.idx] = Some(req); // more chunks to go
                     continue;
@@ -138,8 +139,7 @@ impl Scheduler {
             } else {
                 self.mem.shrink(&req, n); // the chunk's slots hold no valid KV
             }
-            let out = self.prompt_done(req, result);
-            outs.push(out);
+            outs.extend(self.prompt_done(req, result));
         }
         self.prefilling = line.into_iter().flatten().collect();
         outs
@@ -148,8 +148,12 @@ impl Scheduler {
     /// A request whose prompt is computed (`result`: the last token's logits or hidden state;
     /// `None` when the forward pass failed): its embedding, or its first token (then it joins
     /// the running requests), or its failure.
-    fn prompt_done(&mut self, mut req: Req, result: Option<Vec<f32>>) -> TokenOut {
-        match (req.kind, result) {
+    fn prompt_done(&mut self, mut req: Req, result: Option<Vec<f32>>) -> Option<TokenOut> {
+        let out = match (req.kind, result) {
+            (ReqKind::Generate, Some(logits)) if req.leg.is_some() => {
+                self.leg_prompt_done(req, logits);
+                return None;
+            }
             (ReqKind::Embed, Some(hidden)) => {
                 let mut out = self.finish(req, FinishReason::Stop, None);
                 out.embedding = Some(l2_normalize(hidden));
@@ -157,7 +161,7 @@ impl Scheduler {
             }
             (ReqKind::Generate, Some(mut logits)) => {
                 if req.params.max_new_tokens == 0 {
-                    return self.finish(req, FinishReason::Length, None);
+                    return Some(self.finish(req, FinishReason::Length, None));
                 }
                 match self.sample_and_check(&mut req, &mut logits) {
                     Some((reason, matched)) => self.finish(req, reason, matched),
@@ -169,7 +173,8 @@ impl Scheduler {
                 }
             }
             _ => self.fail(req, 500, "model forward failed".into()),
-        }
+        };
+        Some(out)
     }
 
     /// No prefill chunk fits in the pool. If requests are decoding they will free slots; else

@@ -8,7 +8,7 @@ use protocol::{FinishReason, GenerateReq, SamplingParams, TokenOut};
 use super::{SchedulePolicy, Scheduler, SchedulerConfig};
 use crate::model::{BuiltinSize, LlamaModel, ModelConfig};
 
-fn config(max_total_tokens: usize, chunk: usize) -> SchedulerConfig {
+pub(super) fn config(max_total_tokens: usize, chunk: usize) -> SchedulerConfig {
     SchedulerConfig {
         rank: 0,
         max_total_tokens,
@@ -20,10 +20,11 @@ fn config(max_total_tokens: usize, chunk: usize) -> SchedulerConfig {
         policy: SchedulePolicy::Lpm,
         disable_radix_cache: false,
         prefill_step_target: None,
+        disagg: None,
     }
 }
 
-fn with_config(config: SchedulerConfig) -> Scheduler {
+pub(super) fn with_config(config: SchedulerConfig) -> Scheduler {
     let model = LlamaModel::dummy(ModelConfig::builtin(BuiltinSize::Tiny), 7);
     Scheduler::new(config, model)
 }
@@ -33,7 +34,7 @@ fn scheduler(max_total_tokens: usize, chunk: usize) -> Scheduler {
 }
 
 /// The pool is whole: every slot is free or evictable, none held or locked.
-fn assert_pool_whole(s: &Scheduler) {
+pub(super) fn assert_pool_whole(s: &Scheduler) {
     assert_eq!(s.used_tokens(), 0, "slots still held");
     assert_eq!(
         s.free_slots() + s.evictable_slots(),
@@ -60,17 +61,18 @@ pub(crate) fn req(rid: &str, prompt: Vec<u32>, max_new_tokens: u32) -> GenerateR
         top_logprobs_num: 0,
         received_at: 0.0,
         dispatch_seq: 0,
+        disagg: None,
     }
 }
 
-fn prompt(seed: u32, len: usize) -> Vec<u32> {
+pub(super) fn prompt(seed: u32, len: usize) -> Vec<u32> {
     (0..len as u32)
         .map(|i| 3 + (seed * 131 + i * 17) % 8000)
         .collect()
 }
 
 /// Run to completion; per rid, the concatenated output ids and the final message.
-fn drain(s: &mut Scheduler) -> HashMap<String, (Vec<u32>, TokenOut)> {
+pub(super) fn drain(s: &mut Scheduler) -> HashMap<String, (Vec<u32>, TokenOut)> {
     let mut ids: HashMap<String, Vec<u32>> = HashMap::new();
     let mut done = HashMap::new();
     let mut steps = 0;
@@ -395,6 +397,7 @@ fn a_step_time_target_splits_prefill_into_short_steps_with_the_same_result() {
     let run = |target: Option<std::time::Duration>| {
         let mut s = with_config(SchedulerConfig {
             prefill_step_target: target,
+            disagg: None,
             ..config(1024, 256)
         });
         s.submit(req("a", prompt(1, 220), 4));

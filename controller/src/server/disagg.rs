@@ -1,0 +1,98 @@
+//! Disaggregated deployments: each generation request is paired with a prefill rank (by
+//! `--load-balance-method`, where the prefix cache that matters lives) and a decode rank (by
+//! `--decode-load-balance-method`; an explicit rank applies to this side), under one transfer
+//! room, and sent to both. When a rank with a role leaves, its peers of the other role hear
+//! `PeerGone` so the transfers that depended on it end at once.
+
+use protocol::{DisaggLeg, DisaggMode, GenerateReq, Message, PeerGone, TokenOut};
+
+use super::Controller;
+use crate::policy::RouteInput;
+
+impl Controller {
+    pub(super) fn route_pd(&mut self, mut req: GenerateReq) {
+        self.ranks.refresh();
+        let room = req.bootstrap_room.unwrap_or_else(protocol::random_room);
+        req.bootstrap_room = Some(room);
+        let prefill_ranks = self.ranks.rank_set_where(|m| m == DisaggMode::Prefill);
+        let decode_ranks = self.ranks.rank_set_where(|m| m == DisaggMode::Decode);
+        for (set, role) in [(&prefill_ranks, "prefill"), (&decode_ranks, "decode")] {
+            if set.is_empty() {
+                return self.refuse(&req.rid, 503, format!("no live {role} rank"));
+            }
+        }
+        let input = RouteInput {
+            rid: &req.rid,
+            input_ids: &req.input_ids,
+            routing_key: req.routing_key.as_deref(),
+            bootstrap_room: Some(room),
+        };
+        let prefill = self.decide_among(&input, None, &prefill_ranks, false);
+        let decode = self.decide_among(&input, req.routed_dp_rank, &decode_ranks, true);
+        let (prefill, decode) = match (prefill, decode) {
+            (Ok(p), Ok(d)) => (p, d),
+            (Err(e), _) | (_, Err(e)) => {
+                return self.refuse(&req.rid, e.http_status(), e.to_string());
+            }
+        };
+        let endpoint = self
+            .ranks
+            .of_mode(DisaggMode::Prefill)
+            .into_iter()
+            .find(|(rank, _)| *rank == prefill.rank)
+            .and_then(|(_, ep)| ep.map(str::to_string));
+        let Some(endpoint) = endpoint else {
+            let why = format!("prefill rank {} announced no KV endpoint", prefill.rank);
+            return self.refuse(&req.rid, 503, why);
+        };
+        req.disagg = Some(DisaggLeg {
+            room,
+            prefill_rank: prefill.rank,
+            decode_rank: decode.rank,
+            prefill_kv_endpoint: endpoint,
+        });
+        // The prefill leg first: a decode leg alone would wait for nothing.
+        let rid = req.rid.clone();
+        let prompt = req.input_ids.len() as u64;
+        let seq = self.ranks.next_dispatch_seq(prefill.rank);
+        let leg = GenerateReq {
+            dispatch_seq: seq,
+            ..req.clone()
+        };
+        if !self.send_to_worker(prefill.rank, &Message::GenerateReq(leg)) {
+            let why = format!("prefill rank {} is unreachable", prefill.rank);
+            return self.refuse(&rid, 503, why);
+        }
+        self.ranks.dispatched_leg(prefill.rank, &rid, prompt, seq);
+        let tokens = prompt + u64::from(req.sampling.max_new_tokens);
+        if !self.dispatch(&rid, Ok(decode), tokens, Message::GenerateReq(req)) {
+            let abort = Message::Abort(protocol::Abort {
+                rid: Some(rid.clone()),
+            });
+            self.send_to_worker(prefill.rank, &abort);
+        }
+    }
+
+    fn refuse(&mut self, rid: &str, status: u16, why: String) {
+        tracing::info!(rid, %why, "request not routed");
+        self.send_to_tokenizer(&Message::TokenOut(TokenOut::error(rid, status, why)));
+    }
+
+    /// Rank `rank` (of role `mode`) left: its peers of the other role drop what they wait for
+    /// from it or would send to it.
+    pub(super) fn announce_gone(&mut self, rank: u32, mode: Option<DisaggMode>, reason: &str) {
+        let peers = match mode {
+            Some(DisaggMode::Prefill) => DisaggMode::Decode,
+            Some(DisaggMode::Decode) => DisaggMode::Prefill,
+            _ => return,
+        };
+        let gone = Message::PeerGone(PeerGone {
+            rank,
+            reason: reason.to_string(),
+        });
+        let peers: Vec<u32> = self.ranks.of_mode(peers).iter().map(|p| p.0).collect();
+        for peer in peers {
+            self.send_to_worker(peer, &gone);
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! A disaggregated deployment as the controller sees it, over real sockets with workers played
+//! by DEALER sockets: each request goes to one prefill rank and one decode rank with the same
+//! room and the prefill worker's KV endpoint, an explicit rank picks the decode side, a missing
+//! role is a 503, and a rank that leaves is announced to the other role (`PeerGone`).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use controller::{Controller, ControllerConfig, Method, PrefixAffinityConfig};
+use protocol::socket::worker_identity;
+use protocol::{
+    Capacity, DisaggMode, GenerateReq, Hello, Message, SamplingParams, Shutdown, TokenOut,
+};
+
+struct Worker {
+    rank: u32,
+    sock: zmq::Socket,
+}
+
+impl Worker {
+    fn join(ctx: &zmq::Context, addr: &protocol::Endpoint, rank: u32, mode: DisaggMode) -> Self {
+        let sock = protocol::socket::connect(ctx, zmq::DEALER, addr, Some(&worker_identity(rank)))
+            .unwrap();
+        sock.set_rcvtimeo(5000).unwrap();
+        let hello = Hello {
+            rank,
+            capacity: Capacity {
+                max_total_tokens: 4096,
+                max_running_requests: 8,
+                context_len: 512,
+                vocab_size: 512,
+            },
+            model_id: "m".into(),
+            protocol_version: protocol::PROTOCOL_VERSION,
+            pid: 1000 + rank,
+            held_rids: Vec::new(),
+            disaggregation_mode: mode,
+            kv_endpoint: (mode == DisaggMode::Prefill).then(|| format!("ipc:///kv-{rank}.sock")),
+            kv_layout: None,
+        };
+        protocol::socket::send(&sock, &Message::Hello(hello)).unwrap();
+        let w = Worker { rank, sock };
+        match w.next() {
+            Message::HelloAck(ack) => assert!(ack.accepted, "{ack:?}"),
+            other => panic!("rank {rank}: {other:?}"),
+        }
+        w
+    }
+
+    /// The next message other than a `ClusterStatus`-style echo (there is none to a worker).
+    fn next(&self) -> Message {
+        let frame = self
+            .sock
+            .recv_bytes(0)
+            .expect("a message within the timeout");
+        protocol::decode(&frame).unwrap()
+    }
+
+    fn next_request(&self) -> GenerateReq {
+        loop {
+            match self.next() {
+                Message::GenerateReq(r) => return r,
+                Message::HelloAck(_) => continue,
+                other => panic!("rank {}: expected a request, got {other:?}", self.rank),
+            }
+        }
+    }
+}
+
+fn request(rid: &str, routed_dp_rank: Option<u32>) -> Message {
+    Message::GenerateReq(GenerateReq {
+        rid: rid.into(),
+        input_ids: vec![1, 2, 3],
+        sampling: SamplingParams::default(),
+        stream: false,
+        routing_key: None,
+        routed_dp_rank,
+        bootstrap_room: None,
+        return_logprob: false,
+        top_logprobs_num: 0,
+        received_at: 0.0,
+        dispatch_seq: 0,
+        disagg: None,
+    })
+}
+
+fn next_out(outputs: &zmq::Socket) -> TokenOut {
+    loop {
+        let frame = outputs.recv_bytes(0).expect("an output within the timeout");
+        if let Ok(Message::TokenOut(out)) = protocol::decode(&frame) {
+            return out;
+        }
+    }
+}
+
+#[test]
+fn requests_are_paired_and_departures_announced() {
+    let dir = tempfile::tempdir().unwrap();
+    let ep = |name: &str| protocol::Endpoint::Ipc(dir.path().join(name));
+    let config = ControllerConfig {
+        controller_addr: ep("c.sock"),
+        worker_addr: ep("w.sock"),
+        tokenizer_addr: ep("t.sock"),
+        method: Method::RoundRobin,
+        decode_method: Method::TotalTokens,
+        prefix_affinity: PrefixAffinityConfig::default(),
+        trace_file: None,
+        trace_dir: None,
+        worker_timeout: Duration::from_secs(30),
+        model_id: None,
+        cluster_status_interval: Duration::from_millis(500),
+    };
+    let ctx = zmq::Context::new();
+    let outputs = protocol::socket::bind(&ctx, zmq::PULL, &config.tokenizer_addr).unwrap();
+    outputs.set_rcvtimeo(5000).unwrap();
+    let requests =
+        protocol::socket::connect(&ctx, zmq::PUSH, &config.controller_addr, None).unwrap();
+    let worker_addr = config.worker_addr.clone();
+    let controller = Controller::bind(&ctx, config).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let running = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || controller.run(stop))
+    };
+    let send = |msg: Message| requests.send(protocol::encode(&msg).unwrap(), 0).unwrap();
+
+    // Only a prefill rank: no decode rank to pair with.
+    let p0 = Worker::join(&ctx, &worker_addr, 0, DisaggMode::Prefill);
+    send(request("lonely", None));
+    let out = next_out(&outputs);
+    assert_eq!(out.rid, "lonely");
+    let err = out.error.expect("refused");
+    assert_eq!(
+        (err.status, err.message.as_str()),
+        (503, "no live decode rank")
+    );
+
+    let d1 = Worker::join(&ctx, &worker_addr, 1, DisaggMode::Decode);
+    let d2 = Worker::join(&ctx, &worker_addr, 2, DisaggMode::Decode);
+    // Both legs carry the same pairing; the prefill leg comes first.
+    send(request("a", None));
+    let leg_p = p0.next_request();
+    let leg = leg_p.disagg.clone().expect("paired");
+    assert_eq!(leg.prefill_rank, 0);
+    assert_eq!(leg.prefill_kv_endpoint, "ipc:///kv-0.sock");
+    assert_eq!(leg_p.bootstrap_room, Some(leg.room));
+    assert!(leg.room <= i64::MAX as u64);
+    let decode = if leg.decode_rank == 1 { &d1 } else { &d2 };
+    let leg_d = decode.next_request();
+    assert_eq!(leg_d.rid, "a");
+    assert_eq!(leg_d.disagg, Some(leg.clone()));
+
+    // An explicit rank applies to the decode side.
+    send(request("b", Some(2)));
+    let leg = p0.next_request().disagg.expect("paired");
+    assert_eq!(leg.decode_rank, 2);
+    assert_eq!(d2.next_request().rid, "b");
+
+    // A prefill rank that leaves is announced to every decode rank.
+    protocol::socket::send(
+        &p0.sock,
+        &Message::Shutdown(Shutdown {
+            rank: Some(0),
+            reason: "killed".into(),
+            drain_timeout_s: None,
+        }),
+    )
+    .unwrap();
+    for d in [&d1, &d2] {
+        match d.next() {
+            Message::PeerGone(g) => assert_eq!((g.rank, g.reason.as_str()), (0, "killed")),
+            other => panic!("rank {}: expected PeerGone, got {other:?}", d.rank),
+        }
+    }
+    send(request("c", None));
+    let err = next_out(&outputs).error.expect("refused");
+    assert_eq!(
+        (err.status, err.message.as_str()),
+        (503, "no live prefill rank")
+    );
+
+    stop.store(true, Ordering::Relaxed);
+    running.join().unwrap().unwrap();
+}

@@ -1,0 +1,209 @@
+//! The KV link: one thread owns the sockets a disaggregated worker exchanges KV on, so a large
+//! send never holds up the compute loop. A prefill worker binds a ROUTER (decode workers
+//! connect to it); a decode worker connects one DEALER per prefill worker it hears of. What
+//! arrives goes to the actor's inbox as [`Inbound::Kv`]; what the actor sends comes through an
+//! inproc pipe as `[peer, header, payload?]`.
+//!
+//! A frame that does not decode is counted and dropped. A send to a decode worker that is gone
+//! (ROUTER_MANDATORY) comes back to the actor as a `KvAbort` from that peer, so the room is
+//! released at once rather than at its timeout.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::time::Duration;
+
+use protocol::{encode, Endpoint, FrameStats, KvAbort, Message};
+
+use super::{KvInbound, KvPeer, KvSend};
+use crate::link::Inbound;
+
+/// The inproc endpoint the actor pushes KV messages to.
+pub const KV_OUTBOX: &str = "inproc://worker-kv-outbox";
+const POLL: Duration = Duration::from_millis(100);
+
+/// What the KV link thread needs.
+pub struct KvLink {
+    pub ctx: zmq::Context,
+    /// The inproc PULL end of the outbox, already bound.
+    pub outbox: zmq::Socket,
+    /// Prefill: the bound ROUTER. Decode: `None` (DEALERs are made as peers appear).
+    pub router: Option<zmq::Socket>,
+    /// The identity a decode worker's DEALERs carry.
+    pub identity: Vec<u8>,
+    pub inbound: Sender<Inbound>,
+    pub stop: Arc<AtomicBool>,
+}
+
+/// Binds a prefill worker's KV socket; returns it with the endpoint peers connect to.
+pub fn bind(ctx: &zmq::Context, endpoint: &Endpoint) -> anyhow::Result<(zmq::Socket, String)> {
+    let router = protocol::socket::bind(ctx, zmq::ROUTER, endpoint)?;
+    Ok((router, endpoint.connect_addr()))
+}
+
+/// How the actor hands a message to the link: `[peer, header, payload?]`.
+pub fn send(outbox: &zmq::Socket, send: KvSend) {
+    let header = match encode(&send.msg) {
+        Ok(h) => h,
+        Err(e) => return tracing::warn!(%e, "encode failed"),
+    };
+    let peer = match &send.to {
+        KvPeer::Identity(id) => [b"I".as_slice(), id].concat(),
+        KvPeer::Endpoint(ep) => [b"E".as_slice(), ep.as_bytes()].concat(),
+    };
+    let mut parts = vec![peer, header];
+    parts.extend(send.payload);
+    if let Err(e) = outbox.send_multipart(parts, 0) {
+        tracing::warn!(%e, "KV outbox send failed");
+    }
+}
+
+/// Run the link until `stop` is set.
+pub fn run(link: KvLink) -> anyhow::Result<()> {
+    let mut state = LinkState {
+        dealers: Vec::new(),
+        by_endpoint: HashMap::new(),
+        stats: FrameStats::default(),
+        link,
+    };
+    while !state.link.stop.load(Ordering::Relaxed) {
+        let readable = state.poll()?;
+        for (i, ready) in readable.into_iter().enumerate() {
+            if !ready {
+                continue;
+            }
+            match i {
+                0 => state.forward_outbox(),
+                _ => state.receive(i - 1),
+            }
+        }
+    }
+    Ok(())
+}
+
+struct LinkState {
+    link: KvLink,
+    /// Decode: one DEALER per prefill endpoint, in the order they were made.
+    dealers: Vec<(String, zmq::Socket)>,
+    by_endpoint: HashMap<String, usize>,
+    stats: FrameStats,
+}
+
+impl LinkState {
+    /// Which sockets are readable: the outbox first, then the ROUTER or the DEALERs.
+    fn poll(&self) -> anyhow::Result<Vec<bool>> {
+        let mut items = vec![self.link.outbox.as_poll_item(zmq::POLLIN)];
+        if let Some(router) = &self.link.router {
+            items.push(router.as_poll_item(zmq::POLLIN));
+        }
+        for (_, d) in &self.dealers {
+            items.push(d.as_poll_item(zmq::POLLIN));
+        }
+        match zmq::poll(&mut items, POLL.as_millis() as i64) {
+            Ok(_) => Ok(items.iter().map(|i| i.is_readable()).collect()),
+            Err(zmq::Error::EINTR) => Ok(vec![false; items.len()]),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn forward_outbox(&mut self) {
+        while let Ok(parts) = self.link.outbox.recv_multipart(zmq::DONTWAIT) {
+            let [peer, rest @ ..] = parts.as_slice() else {
+                continue;
+            };
+            match peer.split_first() {
+                Some((b'I', id)) => self.send_to_decode(id, rest),
+                Some((b'E', ep)) => self.send_to_prefill(&String::from_utf8_lossy(ep), rest),
+                _ => tracing::warn!("KV outbox frame without a peer; dropped"),
+            }
+        }
+    }
+
+    /// Prefill → a decode worker. A peer that is gone fails the room at once.
+    fn send_to_decode(&mut self, id: &[u8], rest: &[Vec<u8>]) {
+        let Some(router) = &self.link.router else {
+            return;
+        };
+        let mut parts: Vec<&[u8]> = vec![id];
+        parts.extend(rest.iter().map(Vec::as_slice));
+        if let Err(e) = router.send_multipart(parts, 0) {
+            tracing::warn!(%e, peer = %String::from_utf8_lossy(id), "KV send to decode worker failed");
+            if let Some(Ok(Message::KvChunk(protocol::KvChunk { room, .. })))
+            | Some(Ok(Message::KvDone(protocol::KvDone { room, .. }))) =
+                rest.first().map(|h| protocol::decode(h))
+            {
+                let abort = KvAbort {
+                    room,
+                    status: 503,
+                    reason: format!("decode worker unreachable: {e}"),
+                };
+                self.deliver(KvPeer::Identity(id.to_vec()), Message::KvAbort(abort), None);
+            }
+        }
+    }
+
+    /// Decode → a prefill worker, connecting on first use.
+    fn send_to_prefill(&mut self, ep: &str, rest: &[Vec<u8>]) {
+        let idx = match self.by_endpoint.get(ep) {
+            Some(&i) => i,
+            None => {
+                let endpoint: Endpoint = match ep.parse() {
+                    Ok(e) => e,
+                    Err(e) => return tracing::warn!(%e, ep, "bad prefill KV endpoint"),
+                };
+                let dealer = match protocol::socket::connect(
+                    &self.link.ctx,
+                    zmq::DEALER,
+                    &endpoint,
+                    Some(&self.link.identity),
+                ) {
+                    Ok(d) => d,
+                    Err(e) => return tracing::warn!(%e, ep, "connecting to prefill worker failed"),
+                };
+                self.dealers.push((ep.to_string(), dealer));
+                self.by_endpoint
+                    .insert(ep.to_string(), self.dealers.len() - 1);
+                self.dealers.len() - 1
+            }
+        };
+        let parts: Vec<&[u8]> = rest.iter().map(Vec::as_slice).collect();
+        if let Err(e) = self.dealers[idx].1.send_multipart(parts, 0) {
+            tracing::warn!(%e, ep, "KV send to prefill worker failed");
+        }
+    }
+
+    /// From the ROUTER (`which` = 0 on a prefill worker) or DEALER `which`.
+    fn receive(&mut self, which: usize) {
+        loop {
+            let (from, sock) = match &self.link.router {
+                Some(r) => (None, r),
+                None => {
+                    let (ep, d) = &self.dealers[which];
+                    (Some(KvPeer::Endpoint(ep.clone())), d)
+                }
+            };
+            let mut parts = match sock.recv_multipart(zmq::DONTWAIT) {
+                Ok(p) => p,
+                Err(_) => return,
+            };
+            // [identity,] header [, payload]
+            let skip = usize::from(from.is_none());
+            if !(1..=2).contains(&(parts.len().saturating_sub(skip))) {
+                self.stats.decode_or_drop(&[], "KV peer (bad multipart)");
+                continue;
+            }
+            let payload = (parts.len() - skip == 2).then(|| parts.pop()).flatten();
+            let from = from.unwrap_or_else(|| KvPeer::Identity(parts[0].clone()));
+            if let Some(msg) = self.stats.decode_or_drop(&parts[skip], "KV peer") {
+                self.deliver(from, msg, payload);
+            }
+        }
+    }
+
+    fn deliver(&self, from: KvPeer, msg: Message, payload: Option<Vec<u8>>) {
+        let item = Inbound::Kv(KvInbound { from, msg, payload });
+        // The actor is gone only when the worker stops.
+        self.link.inbound.send(item).ok();
+    }
+}

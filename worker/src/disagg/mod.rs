@@ -1,0 +1,103 @@
+//! Prefill/decode disaggregation inside a worker: the role's settings, the state a request
+//! carries while its KV moves between workers, and the socket thread that moves it
+//! ([`link`]). The scheduler's side of it lives in `scheduler/prefill_leg.rs` (a prefill worker
+//! computing a prompt for a decode worker) and `scheduler/decode_leg.rs` (a decode worker
+//! pre-allocating, receiving and committing a prompt's KV).
+//!
+//! The life of a request in a 1P + 1D pair (`protocol::disagg` has the messages):
+//! 1. The controller sends the request to both workers with the same `room`.
+//! 2. Decode: the request waits in the pre-allocation queue until a request row (the extra
+//!    `--decode-prealloc-size` rows exist for this) and slots for its prompt and expected output
+//!    are free, then takes them and says `KvReady`.
+//! 3. Prefill: the request waits (bootstrap) for that `KvReady`, then is scheduled as any other
+//!    prompt (prefix cache, chunked prefill). After each chunk it sends the chunk's KV (`KvChunk`),
+//!    after the last the first sampled token (`KvDone`), and releases the request.
+//! 4. Decode: writes each chunk into its slots, commits on `KvDone` (the first token streams to
+//!    the client) and decodes the request like one it prefilled itself.
+//!
+//! Failures end a transfer on both sides: `KvAbort` (either way), `PeerGone` from the
+//! controller when a rank leaves, and timeouts (`--disaggregation-bootstrap-timeout` on the
+//! prefill side, `--disaggregation-waiting-timeout` on the decode side).
+
+pub mod link;
+
+use std::time::{Duration, Instant};
+
+use protocol::{DisaggMode, KvLayout, Message};
+
+/// A worker's disaggregation settings.
+#[derive(Debug, Clone)]
+pub struct DisaggConfig {
+    pub mode: DisaggMode,
+    /// This worker's KV layout (checked against every peer's).
+    pub layout: KvLayout,
+    /// Prefill: how long a request waits for its decode worker's `KvReady`.
+    pub bootstrap_timeout: Duration,
+    /// Decode: how long a transfer may take from `KvReady` to `KvDone`.
+    pub waiting_timeout: Duration,
+}
+
+/// The other end of a KV message.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum KvPeer {
+    /// A decode worker, by the identity of its connection to this prefill worker's socket.
+    Identity(Vec<u8>),
+    /// A prefill worker, by its KV endpoint.
+    Endpoint(String),
+}
+
+/// A KV message to send (header, and the raw payload of a `KvChunk`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvSend {
+    pub to: KvPeer,
+    pub msg: Message,
+    pub payload: Option<Vec<u8>>,
+}
+
+/// A KV message received.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvInbound {
+    pub from: KvPeer,
+    pub msg: Message,
+    pub payload: Option<Vec<u8>>,
+}
+
+/// A prefill worker's request computed for a decode worker.
+#[derive(Debug, Clone)]
+pub struct PrefillLeg {
+    pub room: u64,
+    pub decode_rank: u32,
+    pub to: KvPeer,
+    /// Positions whose KV went out.
+    pub sent: usize,
+    /// `KvChunk`s sent.
+    pub seq: u32,
+    pub bytes: u64,
+}
+
+/// A decode worker's request whose prompt KV comes from a prefill worker.
+#[derive(Debug, Clone)]
+pub struct Transfer {
+    pub room: u64,
+    pub prefill_rank: u32,
+    pub from: KvPeer,
+    /// Since when it waits in its current state (queued, or `KvReady` sent).
+    pub since: Instant,
+    /// `KvReady` went out; the request holds a row and `prompt_len` slots.
+    pub ready_sent: bool,
+    /// Positions whose KV arrived.
+    pub received: usize,
+    /// The next `KvChunk.seq` expected.
+    pub next_seq: u32,
+    pub bytes: u64,
+}
+
+/// Counters for `WorkerStatus.disagg`.
+#[derive(Debug, Default, Clone)]
+pub struct DisaggStats {
+    pub transfers: u64,
+    pub transfer_bytes: u64,
+    pub transfer_seconds: f64,
+    pub transfers_failed: u64,
+    pub frames_dropped: u64,
+}

@@ -1,0 +1,218 @@
+//! What the scheduler keeps for disaggregated serving (see [`crate::disagg`]): the queues a
+//! request passes through while its KV moves, the KV messages to send, and the entry points the
+//! actor calls (`on_kv`, `peer_gone`, `expire`). The two roles' steps are in
+//! [`super::prefill_leg`] and [`super::decode_leg`].
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::Instant;
+
+use protocol::{DisaggMode, DisaggStatus, KvAbort, KvReady, Message, TokenOut};
+
+use super::Scheduler;
+use crate::disagg::{DisaggConfig, DisaggStats, KvInbound, KvPeer, KvSend};
+use crate::request::Req;
+
+/// A prefill worker's request and its decode worker's `KvReady`, whichever came first.
+pub(super) struct Bootstrap {
+    pub req: Option<Req>,
+    /// The request was refused here (status, reason): answered to the decode worker.
+    pub refused: Option<(u16, String)>,
+    pub ready: Option<(KvPeer, KvReady)>,
+    pub since: Instant,
+}
+
+#[derive(Default)]
+pub(super) struct Legs {
+    pub config: Option<DisaggConfig>,
+    /// Prefill: rooms waiting for their request or their `KvReady`.
+    pub bootstrap: HashMap<u64, Bootstrap>,
+    /// Decode: requests waiting for a row and slots (the pre-allocation queue).
+    pub prealloc: VecDeque<Req>,
+    /// Decode: requests holding a row and slots while their KV arrives, by room.
+    pub transfers: HashMap<u64, Req>,
+    /// Decode: requests whose KV arrived, waiting for a running slot.
+    pub ready: VecDeque<Req>,
+    /// KV messages for the actor to send.
+    pub out: Vec<KvSend>,
+    /// Requests whose outputs must not reach the tokenizer (a prefill leg's: the decode worker
+    /// answers the client).
+    pub muted: HashSet<String>,
+    pub stats: DisaggStats,
+}
+
+impl Legs {
+    pub fn new(config: Option<DisaggConfig>) -> Self {
+        Legs {
+            config,
+            ..Legs::default()
+        }
+    }
+
+    pub fn mode(&self) -> DisaggMode {
+        self.config.as_ref().map_or(DisaggMode::Null, |c| c.mode)
+    }
+
+    /// Requests held in the legs' queues (counted as waiting in the worker's status).
+    pub fn queued(&self) -> usize {
+        self.bootstrap.values().filter(|b| b.req.is_some()).count()
+            + self.prealloc.len()
+            + self.transfers.len()
+            + self.ready.len()
+    }
+
+    pub fn send(&mut self, to: KvPeer, msg: Message, payload: Option<Vec<u8>>) {
+        self.out.push(KvSend { to, msg, payload });
+    }
+
+    pub fn abort_room(&mut self, to: KvPeer, room: u64, status: u16, reason: String) {
+        self.send(
+            to,
+            Message::KvAbort(KvAbort {
+                room,
+                status,
+                reason,
+            }),
+            None,
+        );
+    }
+}
+
+impl Scheduler {
+    pub fn disagg_mode(&self) -> DisaggMode {
+        self.legs.mode()
+    }
+
+    /// KV messages to send since the last call.
+    pub fn take_kv_out(&mut self) -> Vec<KvSend> {
+        std::mem::take(&mut self.legs.out)
+    }
+
+    /// A KV message from a peer worker.
+    pub fn on_kv(&mut self, k: KvInbound) -> Vec<TokenOut> {
+        let outs = match (self.legs.mode(), k.msg) {
+            (DisaggMode::Prefill, Message::KvReady(r)) => {
+                self.kv_ready(k.from, r);
+                Vec::new()
+            }
+            (DisaggMode::Prefill, Message::KvAbort(a)) => {
+                self.prefill_room_aborted(a);
+                Vec::new()
+            }
+            (DisaggMode::Decode, Message::KvChunk(c)) => self.kv_chunk(c, k.payload),
+            (DisaggMode::Decode, Message::KvDone(d)) => self.kv_done(d),
+            (DisaggMode::Decode, Message::KvAbort(a)) => self.decode_room_aborted(a),
+            (mode, other) => {
+                self.legs.stats.frames_dropped += 1;
+                tracing::warn!(%mode, msg = other.type_name(), "unexpected KV message; dropped");
+                Vec::new()
+            }
+        };
+        self.admit_prealloc();
+        self.unmuted(outs)
+    }
+
+    /// A rank left the deployment: transfers with it cannot complete.
+    pub fn peer_gone(&mut self, rank: u32, reason: &str) -> Vec<TokenOut> {
+        let outs = match self.legs.mode() {
+            DisaggMode::Prefill => {
+                self.drop_legs_to(rank);
+                Vec::new()
+            }
+            DisaggMode::Decode => self.fail_transfers_from(
+                rank,
+                format!("prefill rank {rank} left before its KV arrived: {reason}"),
+            ),
+            DisaggMode::Null => Vec::new(),
+        };
+        self.unmuted(outs)
+    }
+
+    /// Timeouts, and pre-allocation for what freed up: called every round, busy or not.
+    pub fn expire(&mut self) -> Vec<TokenOut> {
+        let outs = match self.legs.mode() {
+            DisaggMode::Prefill => {
+                self.expire_bootstrap();
+                Vec::new()
+            }
+            DisaggMode::Decode => self.expire_transfers(),
+            DisaggMode::Null => Vec::new(),
+        };
+        self.admit_prealloc();
+        self.unmuted(outs)
+    }
+
+    /// For `WorkerStatus.disagg`.
+    pub fn disagg_status(&self) -> Option<DisaggStatus> {
+        let mode = self.legs.mode();
+        if mode == DisaggMode::Null {
+            return None;
+        }
+        let s = &self.legs.stats;
+        let (bootstrap, transfer) = match mode {
+            DisaggMode::Prefill => (
+                self.legs
+                    .bootstrap
+                    .values()
+                    .filter(|b| b.req.is_some())
+                    .count(),
+                self.waiting
+                    .iter()
+                    .chain(&self.prefilling)
+                    .filter(|r| r.leg.is_some())
+                    .count(),
+            ),
+            _ => (self.legs.prealloc.len(), self.legs.transfers.len()),
+        };
+        Some(DisaggStatus {
+            mode,
+            num_bootstrap_reqs: bootstrap as u32,
+            num_transfer_reqs: transfer as u32,
+            rows_beyond_running: self
+                .mem
+                .rows_in_use()
+                .saturating_sub(self.config.max_running_requests)
+                as u32,
+            transfers: s.transfers,
+            transfer_bytes: s.transfer_bytes,
+            transfer_seconds: s.transfer_seconds,
+            transfers_failed: s.transfers_failed,
+            frames_dropped: s.frames_dropped,
+        })
+    }
+
+    /// `outs` without those of muted requests (each rid is muted for one final output).
+    pub(super) fn unmuted(&mut self, mut outs: Vec<TokenOut>) -> Vec<TokenOut> {
+        if !self.legs.muted.is_empty() {
+            outs.retain(|o| !(o.finish_reason.is_some() && self.legs.muted.remove(&o.rid)));
+        }
+        outs
+    }
+
+    /// Gives back what `req` holds: a decode transfer's slots that never got their KV go to
+    /// the allocator; everything else as usual.
+    pub(super) fn release_req(&mut self, req: &mut Req) {
+        match req.transfer.take() {
+            Some(t) if t.ready_sent => {
+                let held = req.prompt.len();
+                self.mem.release_partial(req, held);
+                // Tell the prefill worker, which may still be computing it.
+                self.legs
+                    .abort_room(t.from, t.room, 499, "ended on the decode side".into());
+                self.legs.stats.transfers_failed += 1;
+            }
+            _ => self.mem.release(req),
+        }
+        if let Some(leg) = req.leg.take() {
+            // A prefill leg that ends here without its KvDone (aborted, failed): the decode
+            // worker frees its side; the client hears from the decode worker, not from here.
+            self.legs.abort_room(
+                leg.to,
+                leg.room,
+                503,
+                "the prefill worker dropped the request".into(),
+            );
+            self.legs.stats.transfers_failed += 1;
+            self.legs.muted.insert(req.rid.clone());
+        }
+    }
+}

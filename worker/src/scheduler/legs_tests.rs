@@ -1,0 +1,407 @@
+//! Prefill/decode disaggregation between two schedulers in one process: the messages the KV
+//! link would carry are handed over directly, so every state and failure is reached on purpose.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use protocol::{DisaggLeg, DisaggMode, FinishReason, KvLayout, Message, TokenOut};
+
+use super::tests::{assert_pool_whole, config, drain, prompt, req, with_config};
+use super::{Scheduler, SchedulerConfig};
+use crate::disagg::{DisaggConfig, KvInbound, KvPeer, KvSend};
+use crate::model::{BuiltinSize, ModelConfig};
+
+const EP: &str = "ipc:///nowhere/kv-0.sock";
+
+fn layout() -> KvLayout {
+    let mc = ModelConfig::builtin(BuiltinSize::Tiny);
+    KvLayout {
+        model_id: mc.model_id.clone(),
+        num_layers: mc.num_hidden_layers as u32,
+        num_kv_heads: mc.num_key_value_heads as u32,
+        head_dim: mc.head_dim as u32,
+        dtype: "f32".into(),
+    }
+}
+
+fn role(mode: DisaggMode, base: SchedulerConfig) -> Scheduler {
+    with_config(SchedulerConfig {
+        rank: if mode == DisaggMode::Decode { 1 } else { 0 },
+        disagg: Some(DisaggConfig {
+            mode,
+            layout: layout(),
+            bootstrap_timeout: Duration::from_secs(60),
+            waiting_timeout: Duration::from_secs(60),
+        }),
+        ..base
+    })
+}
+
+/// A prefill and a decode scheduler and the wire between them.
+struct Pair {
+    p: Scheduler,
+    d: Scheduler,
+    /// Per rid, the concatenated output ids and the final message (from the decode side).
+    done: HashMap<String, (Vec<u32>, TokenOut)>,
+    streams: HashMap<String, Vec<u32>>,
+    /// Most request rows the decode side held beyond its running cap.
+    most_rows_beyond: u32,
+    /// Messages to lose instead of delivering (by type name), for failure tests.
+    lose: Vec<&'static str>,
+}
+
+impl Pair {
+    fn new(prefill: SchedulerConfig, decode: SchedulerConfig) -> Self {
+        Pair {
+            p: role(DisaggMode::Prefill, prefill),
+            d: role(DisaggMode::Decode, decode),
+            done: HashMap::new(),
+            streams: HashMap::new(),
+            most_rows_beyond: 0,
+            lose: Vec::new(),
+        }
+    }
+
+    /// Both legs of a request, decode first or prefill first.
+    fn submit(&mut self, rid: &str, ids: Vec<u32>, max_new: u32, room: u64, decode_first: bool) {
+        let mut r = req(rid, ids, max_new);
+        r.disagg = Some(DisaggLeg {
+            room,
+            prefill_rank: 0,
+            decode_rank: 1,
+            prefill_kv_endpoint: EP.into(),
+        });
+        let legs = if decode_first { [1, 0] } else { [0, 1] };
+        for side in legs {
+            let out = match side {
+                0 => self.p.submit(r.clone()),
+                _ => self.d.submit(r.clone()),
+            };
+            self.collect(out.into_iter().collect());
+        }
+    }
+
+    fn collect(&mut self, outs: Vec<TokenOut>) {
+        for out in outs {
+            assert!(
+                !self.done.contains_key(&out.rid),
+                "{} finished twice",
+                out.rid
+            );
+            let ids = self.streams.entry(out.rid.clone()).or_default();
+            ids.extend(&out.output_ids);
+            if out.finish_reason.is_some() {
+                let all = self.streams.remove(&out.rid).unwrap_or_default();
+                self.done.insert(out.rid.clone(), (all, out));
+            }
+        }
+    }
+
+    /// Carries every queued KV message across, both ways, until none is left.
+    fn carry(&mut self) {
+        loop {
+            let to_p = self.d.take_kv_out();
+            let to_d = self.p.take_kv_out();
+            if to_p.is_empty() && to_d.is_empty() {
+                return;
+            }
+            for s in to_p {
+                assert_eq!(s.to, KvPeer::Endpoint(EP.into()));
+                if !self.lost(&s) {
+                    let outs = self.p.on_kv(inbound(s, KvPeer::Identity(b"d1".to_vec())));
+                    assert!(outs.is_empty(), "a prefill worker answers no client");
+                }
+            }
+            for s in to_d {
+                assert_eq!(s.to, KvPeer::Identity(b"d1".to_vec()));
+                if !self.lost(&s) {
+                    let outs = self.d.on_kv(inbound(s, KvPeer::Endpoint(EP.into())));
+                    self.collect(outs);
+                }
+            }
+        }
+    }
+
+    fn lost(&self, s: &KvSend) -> bool {
+        self.lose.contains(&s.msg.type_name())
+    }
+
+    /// One round of each worker, as the actor's loop runs them.
+    fn round(&mut self) {
+        if self.p.has_work() {
+            let outs = self.p.step();
+            assert!(
+                outs.is_empty(),
+                "a prefill worker answers no client: {outs:?}"
+            );
+        }
+        self.p.expire();
+        self.carry();
+        if self.d.has_work() {
+            let outs = self.d.step();
+            self.collect(outs);
+        }
+        let outs = self.d.expire();
+        self.collect(outs);
+        self.carry();
+        if let Some(s) = self.d.disagg_status() {
+            self.most_rows_beyond = self.most_rows_beyond.max(s.rows_beyond_running);
+        }
+    }
+
+    fn run(&mut self, expected: usize) {
+        for _ in 0..100_000 {
+            if self.done.len() == expected {
+                return;
+            }
+            self.round();
+        }
+        panic!("did not finish: {} of {expected}", self.done.len());
+    }
+
+    /// After everything ended: both pools whole, every row free, nothing queued.
+    fn assert_whole(&self) {
+        for s in [&self.p, &self.d] {
+            assert_pool_whole(s);
+            assert_eq!(s.mem.rows_in_use(), 0, "rows still held");
+            assert_eq!(s.legs.queued(), 0, "legs still queued");
+            assert!(!s.has_work());
+        }
+    }
+}
+
+fn inbound(s: KvSend, from: KvPeer) -> KvInbound {
+    KvInbound {
+        from,
+        msg: s.msg,
+        payload: s.payload,
+    }
+}
+
+fn unified(reqs: &[(String, Vec<u32>, u32)], base: SchedulerConfig) -> HashMap<String, Vec<u32>> {
+    let mut s = with_config(base);
+    for (rid, ids, n) in reqs {
+        s.submit(req(rid, ids.clone(), *n));
+    }
+    drain(&mut s)
+        .into_iter()
+        .map(|(k, (ids, _))| (k, ids))
+        .collect()
+}
+
+#[test]
+fn greedy_output_through_a_prefill_and_a_decode_worker_is_the_unified_workers() {
+    // Long prompts over several 16-token chunks, a shared prefix (reused on the prefill side),
+    // and a request whose prompt is all its output (max_new_tokens 1).
+    let shared = prompt(9, 40);
+    let reqs: Vec<(String, Vec<u32>, u32)> = vec![
+        ("long".into(), prompt(1, 150), 12),
+        ("short".into(), prompt(2, 3), 8),
+        ("one".into(), prompt(3, 20), 1),
+        ("a".into(), shared.clone(), 6),
+        (
+            "b".into(),
+            shared.iter().copied().chain(prompt(4, 9)).collect(),
+            6,
+        ),
+    ];
+    let want = unified(&reqs, config(4096, 16));
+    let mut pair = Pair::new(config(4096, 16), config(4096, 16));
+    for (i, (rid, ids, n)) in reqs.iter().enumerate() {
+        // "a" finishes before "b" arrives, so "b" finds its prefix in the prefill cache.
+        if rid == "b" {
+            pair.run(i);
+        }
+        pair.submit(rid, ids.clone(), *n, 1000 + i as u64, i % 2 == 0);
+    }
+    pair.run(reqs.len());
+    for (rid, ids, n) in &reqs {
+        let (got, last) = &pair.done[rid];
+        assert_eq!(got, &want[rid], "{rid}");
+        assert_eq!(got.len(), *n as usize, "{rid}");
+        assert_eq!(last.finish_reason, Some(FinishReason::Length), "{rid}");
+        assert_eq!(last.prompt_tokens as usize, ids.len());
+    }
+    assert_eq!(
+        pair.done["b"].1.cached_tokens, 40,
+        "prefix reused on the prefill side"
+    );
+    let s = pair.d.disagg_status().unwrap();
+    assert_eq!(
+        (s.transfers, s.transfers_failed, s.frames_dropped),
+        (5, 0, 0)
+    );
+    let per_token = layout().bytes_per_token();
+    let prompts: u64 = reqs.iter().map(|r| r.1.len() as u64).sum();
+    assert_eq!(s.transfer_bytes, prompts * per_token);
+    assert_eq!(
+        pair.p.disagg_status().unwrap().transfer_bytes,
+        s.transfer_bytes
+    );
+    pair.assert_whole();
+    let finished = pair.p.take_finished_rids();
+    assert_eq!(
+        finished.len(),
+        5,
+        "the prefill legs end for the controller too"
+    );
+}
+
+#[test]
+fn transfers_hold_pre_allocation_rows_beyond_the_running_cap() {
+    let decode = SchedulerConfig {
+        max_running_requests: 4,
+        pre_alloc_rows: 8,
+        ..config(8192, 64)
+    };
+    let reqs: Vec<(String, Vec<u32>, u32)> = (0..12)
+        .map(|i| (format!("r{i}"), prompt(20 + i, 60), 24))
+        .collect();
+    let want = unified(&reqs, config(8192, 64));
+    let mut pair = Pair::new(config(8192, 64), decode);
+    for (i, (rid, ids, n)) in reqs.iter().enumerate() {
+        pair.submit(rid, ids.clone(), *n, 7 + i as u64, true);
+    }
+    pair.run(12);
+    assert!(
+        pair.most_rows_beyond > 0,
+        "transfers waited in rows beyond the running cap of 4"
+    );
+    for (rid, _, _) in &reqs {
+        assert_eq!(pair.done[rid].0, want[rid], "{rid}");
+    }
+    pair.assert_whole();
+}
+
+#[test]
+fn an_abort_on_the_decode_side_ends_both_legs_and_frees_everything() {
+    let mut pair = Pair::new(config(4096, 8), config(4096, 8));
+    pair.submit("gone", prompt(5, 100), 8, 1, true);
+    pair.submit("stays", prompt(6, 30), 4, 2, true);
+    // A few rounds: "gone" is mid-transfer (100 tokens in chunks of 8).
+    for _ in 0..3 {
+        pair.round();
+    }
+    assert!(pair.d.legs.transfers.contains_key(&1), "mid-transfer");
+    let outs = pair.d.abort(Some("gone"));
+    pair.collect(outs);
+    // The client's abort reaches the prefill worker too (the controller sends it to every
+    // rank); it must not answer.
+    assert!(pair.p.abort(Some("gone")).is_empty());
+    pair.run(2);
+    assert_eq!(pair.done["gone"].1.finish_reason, Some(FinishReason::Abort));
+    assert_eq!(
+        pair.done["stays"].1.finish_reason,
+        Some(FinishReason::Length)
+    );
+    pair.assert_whole();
+}
+
+#[test]
+fn a_prefill_rank_that_leaves_fails_its_transfers_at_once() {
+    let mut pair = Pair::new(config(4096, 8), config(4096, 8));
+    pair.submit("x", prompt(7, 80), 8, 1, true);
+    pair.submit("y", prompt(8, 80), 8, 2, true);
+    pair.round();
+    // The prefill worker dies: nothing more arrives from it.
+    pair.lose = vec!["KvChunk", "KvDone", "KvAbort"];
+    let outs = pair.d.peer_gone(0, "killed");
+    pair.collect(outs);
+    for rid in ["x", "y"] {
+        let err = pair.done[rid].1.error.clone().expect("an error");
+        assert_eq!(err.status, 503, "{rid}");
+        assert!(err.message.contains("prefill rank 0"), "{}", err.message);
+    }
+    assert_pool_whole(&pair.d);
+    assert_eq!(pair.d.mem.rows_in_use(), 0);
+    assert_eq!(pair.d.disagg_status().unwrap().transfers_failed, 2);
+}
+
+#[test]
+fn a_decode_rank_that_leaves_is_dropped_by_the_prefill_worker() {
+    let mut pair = Pair::new(config(4096, 8), config(4096, 8));
+    pair.submit("x", prompt(7, 80), 8, 1, true);
+    pair.round();
+    assert!(pair.p.has_work());
+    pair.p.peer_gone(1, "killed");
+    assert!(!pair.p.has_work());
+    assert_pool_whole(&pair.p);
+    assert_eq!(pair.p.mem.rows_in_use(), 0);
+    assert_eq!(pair.p.take_finished_rids(), ["x"]);
+}
+
+#[test]
+fn a_transfer_that_stalls_times_out_and_frees_its_slots() {
+    let mut pair = Pair::new(config(4096, 8), config(4096, 8));
+    pair.d.legs.config.as_mut().unwrap().waiting_timeout = Duration::from_millis(30);
+    pair.lose = vec!["KvReady"]; // the prefill worker never hears of the decode side
+    pair.submit("slow", prompt(3, 40), 4, 5, true);
+    pair.round();
+    std::thread::sleep(Duration::from_millis(40));
+    pair.round();
+    let err = pair.done["slow"].1.error.clone().expect("timed out");
+    assert_eq!(err.status, 503);
+    assert!(err.message.contains("timed out"), "{}", err.message);
+    assert_pool_whole(&pair.d);
+    assert_eq!(pair.d.mem.rows_in_use(), 0);
+}
+
+#[test]
+fn bad_frames_are_counted_and_never_applied() {
+    let mut pair = Pair::new(config(4096, 8), config(4096, 8));
+    // A chunk for a room nobody holds.
+    let stray = Message::KvChunk(protocol::KvChunk {
+        room: 99,
+        seq: 0,
+        start: 0,
+        tokens: 1,
+        bytes: 4,
+    });
+    let from = KvPeer::Endpoint(EP.into());
+    let outs = pair.d.on_kv(KvInbound {
+        from: from.clone(),
+        msg: stray,
+        payload: Some(vec![0; 4]),
+    });
+    assert!(outs.is_empty());
+    assert_eq!(pair.d.disagg_status().unwrap().frames_dropped, 1);
+    // A chunk of the wrong size for a room being received fails that transfer.
+    pair.submit("r", prompt(4, 20), 4, 3, true);
+    pair.carry();
+    let bad = Message::KvChunk(protocol::KvChunk {
+        room: 3,
+        seq: 0,
+        start: 0,
+        tokens: 2,
+        bytes: 8,
+    });
+    let outs = pair.d.on_kv(KvInbound {
+        from,
+        msg: bad,
+        payload: Some(vec![0; 8]),
+    });
+    pair.collect(outs);
+    let err = pair.done["r"].1.error.clone().expect("failed");
+    assert_eq!(err.status, 500);
+    assert!(err.message.contains("bytes"), "{}", err.message);
+    assert_eq!(pair.d.disagg_status().unwrap().frames_dropped, 2);
+    // The prefill worker heard the abort and dropped its leg.
+    pair.carry();
+    while pair.p.has_work() {
+        pair.p.step();
+        pair.carry();
+    }
+    pair.assert_whole();
+}
+
+#[test]
+fn a_decode_worker_with_another_layout_is_refused() {
+    let mut pair = Pair::new(config(4096, 8), config(4096, 8));
+    pair.d.legs.config.as_mut().unwrap().layout.num_layers += 1;
+    pair.submit("r", prompt(4, 20), 4, 3, false);
+    pair.run(1);
+    let err = pair.done["r"].1.error.clone().expect("refused");
+    assert_eq!(err.status, 500);
+    assert!(err.message.contains("KV layouts differ"), "{}", err.message);
+    pair.assert_whole();
+}
