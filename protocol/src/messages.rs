@@ -408,6 +408,9 @@ pub struct DisaggStatus {
     /// Decode: request rows in use beyond `max_running_requests` (pre-allocation rows held by
     /// transfers).
     pub rows_beyond_running: u32,
+    /// The most `rows_beyond_running` has been since start: how much of the pre-allocation
+    /// rows the load has needed.
+    pub peak_rows_beyond_running: u32,
     /// Transfers completed since start, their KV bytes, and (decode) the seconds from each
     /// `KvReady` to its `KvDone` (prefill compute included).
     pub transfers: u64,

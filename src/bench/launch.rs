@@ -35,14 +35,26 @@ impl ServerFlags {
     }
 
     /// The `up` arguments for one method, on `port` with sockets under `runtime_dir`.
-    pub fn up_args(&self, method: &str, port: u16, runtime_dir: &Path) -> Vec<OsString> {
+    /// `dpserve up …` for one compared entry: `METHOD`, or `METHOD@<P>p<D>d` for a
+    /// disaggregated deployment of P prefill and D decode workers (METHOD picks the prefill
+    /// rank) instead of the unified ranks the flags describe.
+    pub fn up_args(&self, entry: &str, port: u16, runtime_dir: &Path) -> Vec<OsString> {
+        let (method, deployment) = match entry.split_once('@') {
+            Some((m, d)) => (m, Some(d)),
+            None => (entry, None),
+        };
         let mut a: Vec<OsString> = vec!["up".into()];
-        for (flag, value) in [
+        let mut flags = vec![
             ("--port", port.to_string()),
             ("--host", "127.0.0.1".into()),
             ("--runtime-dir", runtime_dir.display().to_string()),
             ("--load-balance-method", method.to_string()),
-        ] {
+        ];
+        if let Some((p, d)) = deployment.and_then(parse_deployment) {
+            flags.push(("--prefill-dp-size", p.to_string()));
+            flags.push(("--decode-dp-size", d.to_string()));
+        }
+        for (flag, value) in flags {
             a.push(flag.into());
             a.push(value.into());
         }
@@ -50,6 +62,12 @@ impl ServerFlags {
         a.extend(self.up_args.iter().map(OsString::from));
         a
     }
+}
+
+/// `<P>p<D>d` (e.g. `1p1d`) as (P, D).
+pub fn parse_deployment(s: &str) -> Option<(u32, u32)> {
+    let (p, d) = s.strip_suffix('d')?.split_once('p')?;
+    Some((p.parse().ok()?, d.parse().ok()?))
 }
 
 /// A running `dpserve up`; dropping it stops the cluster.
@@ -251,6 +269,23 @@ mod tests {
         assert!(joined.contains("--startup-timeout 60"));
         assert!(joined.ends_with("--worker-timeout 5"));
         assert!(!joined.contains("--max-total-tokens") && !joined.contains("--model-path"));
+        assert!(!joined.contains("--prefill-dp-size"));
+        let pd: Vec<String> = flags
+            .up_args("round_robin@1p2d", 1234, Path::new("/tmp/x"))
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect();
+        let joined = pd.join(" ");
+        assert!(
+            joined.contains("--load-balance-method round_robin "),
+            "{joined}"
+        );
+        assert!(
+            joined.contains("--prefill-dp-size 1 --decode-dp-size 2"),
+            "{joined}"
+        );
+        assert_eq!(parse_deployment("2p3d"), Some((2, 3)));
+        assert_eq!(parse_deployment("pd"), None);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! `dpserve bench`: the shared-prefix serving benchmark. Against a running server (`--base-url`)
 //! it sends SGLang bench_serving's generated-shared-prefix workload and reports bench_serving's
-//! metrics; with `--launch --compare m1,m2,…` it starts a fresh cluster per load-balance method,
-//! runs the identical workload on each and compares them (table, JSON, Markdown, SVG).
+//! metrics; with `--launch --compare m1,m2,…` it starts a fresh cluster per load-balance method
+//! (or deployment, `m@1p1d`), runs the identical workload on each and compares them (table,
+//! JSON, Markdown, SVG).
 //!
 //! Module map: `workload` builds requests, `client` sends and times one, `metrics` aggregates,
 //! `report` formats, `launch` starts and stops clusters, `chart` draws the comparison.
@@ -174,7 +175,9 @@ pub struct BenchArgs {
     /// Start a fresh cluster per method (`dpserve up`) instead of using --base-url.
     #[arg(long)]
     pub launch: bool,
-    /// [--launch] Comma-separated load-balance methods to compare.
+    /// [--launch] Comma-separated load-balance methods to compare. `METHOD@<P>p<D>d` (e.g.
+    /// `round_robin@1p1d`) runs a disaggregated deployment of P prefill and D decode workers
+    /// instead of the unified `--dp-size` ranks (the deployment axis).
     #[arg(long, default_value = DEFAULT_COMPARE)]
     pub compare: String,
     /// [--launch] Directory for compare.json, compare.md, compare.svg and the cluster logs.
@@ -487,6 +490,14 @@ fn run_compare(
         .filter(|m| !m.is_empty())
         .collect();
     anyhow::ensure!(!methods.is_empty(), "--compare names no method");
+    for entry in &methods {
+        if let Some((_, deployment)) = entry.split_once('@') {
+            anyhow::ensure!(
+                launch::parse_deployment(deployment).is_some_and(|(p, d)| p > 0 && d > 0),
+                "--compare {entry}: a deployment is <P>p<D>d, e.g. round_robin@1p1d"
+            );
+        }
+    }
     let out_dir = &args.output_dir;
     std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let runtime_root = std::env::temp_dir().join(format!("dpserve-bench-{}", std::process::id()));
@@ -520,7 +531,11 @@ fn run_compare(
                 cluster.stop(Duration::from_secs(15));
                 match run {
                     Ok((mut info, m)) => {
-                        // The method we asked for, even if the server did not report one.
+                        // The entry we asked for, even if the server did not report one (and
+                        // with its deployment, which the server's method does not say).
+                        if method.contains('@') {
+                            info.load_balance_method = Some(method.clone());
+                        }
                         info.load_balance_method
                             .get_or_insert_with(|| method.clone());
                         print!("{}", report::result_table(&info, &m));

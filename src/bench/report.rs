@@ -230,7 +230,7 @@ fn ratio(x: f64, base: Option<f64>) -> String {
     }
 }
 
-const COMPARE_HEADERS: [&str; 12] = [
+const COMPARE_HEADERS: [&str; 13] = [
     "method",
     "req/s",
     "out tok/s",
@@ -240,6 +240,7 @@ const COMPARE_HEADERS: [&str; 12] = [
     "p99 TTFT ms",
     "mean TPOT ms",
     "mean ITL ms",
+    "p99 ITL ms",
     "p99 E2E ms",
     "cache hit",
     "requests per rank",
@@ -264,6 +265,7 @@ pub fn compare_rows(results: &[MethodResult]) -> Vec<Vec<String>> {
                 format!("{:.0}", m.ttft.p99),
                 format!("{:.1}", m.tpot.mean),
                 format!("{:.1}", m.itl.mean),
+                format!("{:.1}", m.itl.p99),
                 format!("{:.0}", m.e2e.p99),
                 pct(m.cache_hit_rate),
                 shares(m),

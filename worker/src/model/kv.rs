@@ -51,9 +51,7 @@ impl KvBuffers {
             for buf in [k, v] {
                 for &s in slots {
                     let at = s as usize * self.row;
-                    for x in &buf[at..at + self.row] {
-                        out.extend_from_slice(&x.to_le_bytes());
-                    }
+                    out.extend_from_slice(&le_bytes(&buf[at..at + self.row]));
                 }
             }
         }
@@ -67,19 +65,51 @@ impl KvBuffers {
         if payload.len() != want || slots.iter().any(|&s| s as usize >= self.num_slots) {
             return false;
         }
-        let mut values = payload
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        let mut bytes = payload;
         for (k, v) in self.k.iter_mut().zip(self.v.iter_mut()) {
             for buf in [k, v] {
                 for &s in slots {
                     let at = s as usize * self.row;
-                    for (x, y) in buf[at..at + self.row].iter_mut().zip(&mut values) {
-                        *x = y;
-                    }
+                    let (row, rest) = bytes.split_at(self.row * 4);
+                    bytes = rest;
+                    from_le_bytes(row, &mut buf[at..at + self.row]);
                 }
             }
         }
         true
+    }
+}
+
+/// `row` as little-endian bytes: its memory as is on little-endian targets.
+fn le_bytes(row: &[f32]) -> std::borrow::Cow<'_, [u8]> {
+    if cfg!(target_endian = "little") {
+        // SAFETY: f32 has no padding and u8 has no invalid values or alignment; the byte slice
+        // covers exactly the row's memory and lives as long as the borrow of `row`.
+        std::borrow::Cow::Borrowed(unsafe {
+            std::slice::from_raw_parts(row.as_ptr().cast::<u8>(), std::mem::size_of_val(row))
+        })
+    } else {
+        std::borrow::Cow::Owned(row.iter().flat_map(|x| x.to_le_bytes()).collect())
+    }
+}
+
+/// Little-endian `bytes` (4 per value) into `row`.
+fn from_le_bytes(bytes: &[u8], row: &mut [f32]) {
+    debug_assert_eq!(bytes.len(), row.len() * 4);
+    if cfg!(target_endian = "little") {
+        // SAFETY: `row` covers exactly `bytes.len()` bytes (asserted by the caller's size
+        // check), every bit pattern is a valid f32, and the two do not overlap (one is the
+        // payload, the other the pool).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                row.as_mut_ptr().cast::<u8>(),
+                bytes.len(),
+            )
+        }
+    } else {
+        for (x, b) in row.iter_mut().zip(bytes.chunks_exact(4)) {
+            *x = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
     }
 }

@@ -75,6 +75,7 @@ impl Scheduler {
                 break;
             }
             self.mem.grow(&req, prompt);
+            self.note_rows();
             reserved += growth(&req);
             nothing_held = false;
             self.send_ready(req);

@@ -167,17 +167,28 @@ impl Scheduler {
             mode,
             num_bootstrap_reqs: bootstrap as u32,
             num_transfer_reqs: transfer as u32,
-            rows_beyond_running: self
-                .mem
-                .rows_in_use()
-                .saturating_sub(self.config.max_running_requests)
-                as u32,
+            rows_beyond_running: self.rows_beyond_running(),
+            peak_rows_beyond_running: s.peak_rows_beyond_running,
             transfers: s.transfers,
             transfer_bytes: s.transfer_bytes,
             transfer_seconds: s.transfer_seconds,
             transfers_failed: s.transfers_failed,
             frames_dropped: s.frames_dropped,
         })
+    }
+
+    /// Request rows in use beyond the running cap (pre-allocation rows held by transfers).
+    fn rows_beyond_running(&self) -> u32 {
+        self.mem
+            .rows_in_use()
+            .saturating_sub(self.config.max_running_requests) as u32
+    }
+
+    /// Records the high-water mark of [`Self::rows_beyond_running`].
+    pub(super) fn note_rows(&mut self) {
+        let now = self.rows_beyond_running();
+        let peak = &mut self.legs.stats.peak_rows_beyond_running;
+        *peak = (*peak).max(now);
     }
 
     /// `outs` without those of muted requests (each rid is muted for one final output).

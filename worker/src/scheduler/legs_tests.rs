@@ -267,6 +267,9 @@ fn transfers_hold_pre_allocation_rows_beyond_the_running_cap() {
         pair.most_rows_beyond > 0,
         "transfers waited in rows beyond the running cap of 4"
     );
+    let status = pair.d.disagg_status().unwrap();
+    assert_eq!(status.peak_rows_beyond_running, pair.most_rows_beyond);
+    assert_eq!(status.rows_beyond_running, 0);
     for (rid, _, _) in &reqs {
         assert_eq!(pair.done[rid].0, want[rid], "{rid}");
     }

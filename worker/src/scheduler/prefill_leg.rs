@@ -113,7 +113,7 @@ impl Scheduler {
     }
 
     /// Sends the KV computed since the last chunk went out (the cached prefix included, on
-    /// the first).
+    /// the first), in frames of at most [`crate::disagg::KV_FRAME_BYTES`].
     pub(super) fn send_leg_kv(&mut self, req: &mut Req) {
         let Some(sent) = req.leg.as_ref().map(|l| l.sent) else {
             return;
@@ -121,21 +121,29 @@ impl Scheduler {
         if req.len <= sent {
             return; // recomputing what went out before a retraction
         }
-        let n = req.len - sent;
-        let payload = self.mem.read_kv(req, sent, n);
-        let leg = req.leg.as_mut().expect("checked");
-        let chunk = KvChunk {
-            room: leg.room,
-            seq: leg.seq,
-            start: leg.sent as u64,
-            tokens: n as u64,
-            bytes: payload.len() as u64,
-        };
-        leg.sent = req.len;
-        leg.seq += 1;
-        leg.bytes += payload.len() as u64;
-        self.legs
-            .send(leg.to.clone(), Message::KvChunk(chunk), Some(payload));
+        let per_token = self
+            .legs
+            .config
+            .as_ref()
+            .map_or(1, |c| c.layout.bytes_per_token() as usize);
+        for (start, n) in crate::disagg::kv_frames(sent, req.len - sent, per_token) {
+            let payload = self.mem.read_kv(req, start, n);
+            let leg = req.leg.as_mut().expect("checked");
+            let chunk = KvChunk {
+                room: leg.room,
+                seq: leg.seq,
+                start: start as u64,
+                tokens: n as u64,
+                bytes: payload.len() as u64,
+            };
+            leg.seq += 1;
+            leg.bytes += payload.len() as u64;
+            self.legs
+                .send(leg.to.clone(), Message::KvChunk(chunk), Some(payload));
+        }
+        if let Some(leg) = req.leg.as_mut() {
+            leg.sent = req.len;
+        }
     }
 
     /// The prompt is computed and its KV sent: sample the first token, hand it to the decode
