@@ -301,3 +301,41 @@ fn a_prefill_worker_killed_mid_transfer_fails_the_request_and_frees_the_decode_s
 fn a_decode_worker_killed_mid_transfer_fails_the_request_and_frees_the_prefill_side() {
     kill_mid_transfer("decode", "prefill");
 }
+
+#[test]
+fn the_trace_of_a_request_shows_both_legs_and_the_transfer() {
+    let traces = tempfile::tempdir().unwrap();
+    let dir = traces.path().to_str().unwrap().to_string();
+    let server = pd(
+        &["--builtin-size", "tiny"],
+        &["--chunked-prefill-size", "16", "--trace-dir", &dir],
+    );
+    let mut body = greedy(&long_text(30), 4);
+    body["rid"] = json!("pd-traced");
+    generate(&server, &body);
+    let svg = traces.path().join("pd.svg");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpserve"))
+        .args(["trace", &dir, "--rid", "pd-traced", "--svg"])
+        .arg(&svg)
+        .output()
+        .expect("dpserve trace");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    let has = |actor: &str, what: &str| lines.iter().any(|l| l.contains(actor) && l.contains(what));
+    assert_eq!(
+        lines.iter().filter(|l| l.contains("event routed")).count(),
+        2,
+        "a prefill and a decode decision:\n{text}"
+    );
+    assert!(has("worker[1]", "kv_ready"), "{text}");
+    assert!(has("worker[0]", "prefill_chunk"), "{text}");
+    assert!(has("worker[0]", "kv_sent"), "{text}");
+    assert!(has("worker[1]", "kv_received"), "{text}");
+    assert!(has("worker[1]", "first_token"), "{text}");
+    let picture = std::fs::read_to_string(&svg).expect("the picture");
+    assert!(
+        picture.contains("KV received"),
+        "the transfer is in the picture"
+    );
+}

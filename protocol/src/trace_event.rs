@@ -101,6 +101,29 @@ pub enum Milestone {
     /// The worker computed one chunk of the prompt (positions `start..start + tokens`) in a
     /// prefill step.
     PrefillChunk { start: usize, tokens: usize },
+    /// Disaggregated decode worker: a row and the prompt's slots are held, `KvReady` went to the
+    /// prefill rank.
+    KvReady { room: u64, prefill_rank: u32 },
+    /// Disaggregated prefill worker: the KV of positions `start..start + tokens` went out
+    /// (`bytes`) to the decode rank.
+    KvSent {
+        room: u64,
+        decode_rank: u32,
+        start: usize,
+        tokens: usize,
+        bytes: u64,
+    },
+    /// Disaggregated decode worker: the whole prompt's KV arrived (`tokens`, `bytes`), `ms`
+    /// after its `KvReady`.
+    KvReceived {
+        room: u64,
+        tokens: usize,
+        bytes: u64,
+        ms: f64,
+    },
+    /// Disaggregated worker: the transfer ended without the KV (the other side or the client
+    /// gave up, a peer left, a timeout).
+    KvAborted { room: u64, reason: String },
     /// The first generated token left the worker, or reached the tokenizer.
     FirstToken {},
     /// The request ended (worker: sent its last output; tokenizer: as the client sees it).
@@ -124,6 +147,10 @@ impl Milestone {
             Milestone::SendFailed { .. } => "send_failed",
             Milestone::Admitted { .. } => "admitted",
             Milestone::PrefillChunk { .. } => "prefill_chunk",
+            Milestone::KvReady { .. } => "kv_ready",
+            Milestone::KvSent { .. } => "kv_sent",
+            Milestone::KvReceived { .. } => "kv_received",
+            Milestone::KvAborted { .. } => "kv_aborted",
             Milestone::FirstToken {} => "first_token",
             Milestone::Finished { .. } => "finished",
         }
@@ -170,6 +197,26 @@ impl fmt::Display for Milestone {
                 "prefix_hit_tokens={prefix_hit_tokens} prompt_tokens={prompt_tokens}"
             ),
             Milestone::PrefillChunk { start, tokens } => write!(f, "start={start} tokens={tokens}"),
+            Milestone::KvReady { room, prefill_rank } => {
+                write!(f, "room={room} prefill_rank={prefill_rank}")
+            }
+            Milestone::KvSent {
+                room,
+                decode_rank,
+                start,
+                tokens,
+                bytes,
+            } => write!(
+                f,
+                "room={room} decode_rank={decode_rank} start={start} tokens={tokens} bytes={bytes}"
+            ),
+            Milestone::KvReceived {
+                room,
+                tokens,
+                bytes,
+                ms,
+            } => write!(f, "room={room} tokens={tokens} bytes={bytes} ms={ms:.1}"),
+            Milestone::KvAborted { room, reason } => write!(f, "room={room} {reason}"),
             Milestone::FirstToken {} => Ok(()),
             Milestone::Finished {
                 reason,

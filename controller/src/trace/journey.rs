@@ -79,6 +79,27 @@ impl Mark {
             Milestone::PrefillChunk { start, tokens } => {
                 format!("prefill chunk {start}..{}", start + tokens)
             }
+            Milestone::KvReady { prefill_rank, .. } => {
+                format!("KV ready: slots held, waiting for prefill rank {prefill_rank}")
+            }
+            Milestone::KvSent {
+                decode_rank,
+                start,
+                tokens,
+                bytes,
+                ..
+            } => format!(
+                "KV {start}..{} sent to rank {decode_rank} ({})",
+                start + tokens,
+                human_bytes(*bytes)
+            ),
+            Milestone::KvReceived {
+                tokens, bytes, ms, ..
+            } => format!(
+                "KV received: {tokens} tokens, {} in {ms:.1} ms",
+                human_bytes(*bytes)
+            ),
+            Milestone::KvAborted { reason, .. } => format!("KV transfer aborted: {reason}"),
             Milestone::FirstToken {} => "first token".into(),
             Milestone::Finished {
                 reason,
@@ -90,6 +111,14 @@ impl Mark {
                 None => format!("finished: {}, {completion_tokens} tokens", reason.as_str()),
             },
         }
+    }
+}
+
+fn human_bytes(b: u64) -> String {
+    match b {
+        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1 << 20) as f64),
+        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / (1 << 10) as f64),
+        b => format!("{b} B"),
     }
 }
 

@@ -5,6 +5,7 @@
 
 use std::time::Instant;
 
+use protocol::trace_event::Milestone;
 use protocol::{DisaggLeg, GenerateReq, KvAbort, KvChunk, KvDone, KvReady, Message, TokenOut};
 use rand::Rng;
 
@@ -94,7 +95,9 @@ impl Scheduler {
             layout: config.layout.clone(),
             prompt_len: req.prompt.len() as u64,
         };
-        let (to, room) = (t.from.clone(), t.room);
+        let (to, room, prefill_rank) = (t.from.clone(), t.room, t.prefill_rank);
+        self.tracer
+            .milestone(&req.rid, Milestone::KvReady { room, prefill_rank });
         self.legs.send(to, Message::KvReady(ready), None);
         self.legs.transfers.insert(room, req);
     }
@@ -174,7 +177,17 @@ impl Scheduler {
         stats.transfers += 1;
         stats.transfer_bytes += t.bytes;
         // From KvReady to KvDone: what the request waited for its prompt.
-        stats.transfer_seconds += t.since.elapsed().as_secs_f64();
+        let waited = t.since.elapsed().as_secs_f64();
+        stats.transfer_seconds += waited;
+        self.tracer.milestone(
+            &req.rid,
+            Milestone::KvReceived {
+                room: t.room,
+                tokens: t.received,
+                bytes: t.bytes,
+                ms: waited * 1e3,
+            },
+        );
         req.len = req.prompt.len();
         req.cached_tokens = d.cached_tokens;
         req.admitted_once = true;
@@ -219,6 +232,13 @@ impl Scheduler {
             return Vec::new();
         };
         let _ = req.transfer.take(); // the prefill side knows; no abort back
+        self.tracer.milestone(
+            &req.rid,
+            Milestone::KvAborted {
+                room: a.room,
+                reason: format!("the prefill worker gave up: {}", a.reason),
+            },
+        );
         let held = req.prompt.len();
         self.mem.release_partial(&mut req, held);
         self.legs.stats.transfers_failed += 1;

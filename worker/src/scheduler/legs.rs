@@ -206,6 +206,13 @@ impl Scheduler {
             Some(t) if t.ready_sent => {
                 let held = req.prompt.len();
                 self.mem.release_partial(req, held);
+                self.tracer.milestone(
+                    &req.rid,
+                    protocol::trace_event::Milestone::KvAborted {
+                        room: t.room,
+                        reason: "ended on the decode side before its KV arrived".into(),
+                    },
+                );
                 // Tell the prefill worker, which may still be computing it.
                 self.legs
                     .abort_room(t.from, t.room, 499, "ended on the decode side".into());
@@ -214,6 +221,13 @@ impl Scheduler {
             _ => self.mem.release(req),
         }
         if let Some(leg) = req.leg.take() {
+            self.tracer.milestone(
+                &req.rid,
+                protocol::trace_event::Milestone::KvAborted {
+                    room: leg.room,
+                    reason: "ended on the prefill side".into(),
+                },
+            );
             // A prefill leg that ends here without its KvDone (aborted, failed): the decode
             // worker frees its side; the client hears from the decode worker, not from here.
             self.legs.abort_room(

@@ -4,6 +4,7 @@
 
 use std::time::Instant;
 
+use protocol::trace_event::Milestone;
 use protocol::{DisaggLeg, FinishReason, GenerateReq, KvChunk, KvDone, KvReady, Message};
 
 use super::legs::Bootstrap;
@@ -138,6 +139,16 @@ impl Scheduler {
             };
             leg.seq += 1;
             leg.bytes += payload.len() as u64;
+            self.tracer.milestone(
+                &req.rid,
+                Milestone::KvSent {
+                    room: leg.room,
+                    decode_rank: leg.decode_rank,
+                    start,
+                    tokens: n,
+                    bytes: payload.len() as u64,
+                },
+            );
             self.legs
                 .send(leg.to.clone(), Message::KvChunk(chunk), Some(payload));
         }
@@ -226,7 +237,17 @@ impl Scheduler {
             gone.extend(g);
         }
         for mut req in gone {
-            req.leg = None; // the peer knows
+            if let Some(leg) = req.leg.take() {
+                // The peer knows (it aborted, or it is gone).
+                let reason = "the decode side ended the transfer".into();
+                self.tracer.milestone(
+                    &req.rid,
+                    Milestone::KvAborted {
+                        room: leg.room,
+                        reason,
+                    },
+                );
+            }
             self.mem.release(&mut req);
             self.finished_rids.push(req.rid);
             self.legs.stats.transfers_failed += 1;
