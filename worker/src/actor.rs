@@ -115,13 +115,13 @@ impl<O: Outbox> WorkerActor<O> {
             return false;
         }
         if self.stop.load(Ordering::Relaxed) && self.drain_deadline.is_none() {
-            if !self.sched.has_work() || self.drain_timeout.is_zero() {
+            if !self.sched.holds_requests() || self.drain_timeout.is_zero() {
                 return false;
             }
             self.begin_drain();
         }
         match self.drain_deadline {
-            Some(deadline) => self.sched.has_work() && Instant::now() < deadline,
+            Some(deadline) => self.sched.holds_requests() && Instant::now() < deadline,
             None => true,
         }
     }
@@ -307,7 +307,7 @@ impl<O: Outbox> WorkerActor<O> {
         match (&self.refused, self.drain_deadline) {
             (Some(reason), _) => format!("worker {rank} was refused by the controller: {reason}"),
             // Only what is still held when the drain ends ran out of time.
-            (None, Some(_)) if self.sched.has_work() => format!(
+            (None, Some(_)) if self.sched.holds_requests() => format!(
                 "data parallel rank {rank} stopped: its drain timeout ({:.1}s) ran out",
                 self.drain_timeout.as_secs_f64()
             ),

@@ -18,6 +18,8 @@ pub(super) struct Bootstrap {
     /// The request was refused here (status, reason): answered to the decode worker.
     pub refused: Option<(u16, String)>,
     pub ready: Option<(KvPeer, KvReady)>,
+    /// The decode side gave the room up before the request came: drop it when it does.
+    pub aborted: bool,
     pub since: Instant,
 }
 

@@ -408,3 +408,35 @@ fn a_decode_worker_with_another_layout_is_refused() {
     assert!(err.message.contains("KV layouts differ"), "{}", err.message);
     pair.assert_whole();
 }
+
+#[test]
+fn a_leg_the_decode_side_refuses_is_dropped_on_the_prefill_side_whichever_came_first() {
+    for decode_first in [true, false] {
+        // The decode worker's context is shorter: it refuses, the prefill worker would accept.
+        let decode = SchedulerConfig {
+            context_len: 64,
+            ..config(4096, 8)
+        };
+        let mut pair = Pair::new(config(4096, 8), decode);
+        pair.submit("long", prompt(1, 80), 4, 9, decode_first);
+        pair.carry();
+        let err = pair.done["long"].1.error.clone().expect("refused");
+        assert_eq!(err.status, 400, "{}", err.message);
+        assert!(
+            !pair.p.has_work() && pair.p.legs.queued() == 0,
+            "decode first: {decode_first}"
+        );
+        assert_eq!(pair.p.take_finished_rids(), ["long"]);
+        pair.assert_whole();
+    }
+}
+
+#[test]
+fn a_draining_decode_worker_still_holds_requests_whose_kv_is_on_its_way() {
+    let mut pair = Pair::new(config(4096, 8), config(4096, 8));
+    pair.lose = vec!["KvReady"];
+    pair.submit("r", prompt(2, 30), 4, 4, true);
+    pair.carry();
+    assert!(!pair.d.has_work(), "nothing to compute");
+    assert!(pair.d.holds_requests(), "but a request is held");
+}

@@ -164,6 +164,12 @@ impl Scheduler {
             && self.legs.ready.is_empty())
     }
 
+    /// Whether any request is held, those waiting for their KV included (a drain waits for
+    /// them too).
+    pub fn holds_requests(&self) -> bool {
+        self.has_work() || self.legs.queued() > 0
+    }
+
     pub fn num_running(&self) -> usize {
         self.running.len() + self.prefilling.len()
     }
@@ -209,7 +215,15 @@ impl Scheduler {
                 self.prefill_leg_arrived(req, leg, check.err());
                 None
             }
-            (_, _, Err(e)) => Some(self.error_out(&req.rid, e.status(), e.to_string())),
+            (mode, leg, Err(e)) => {
+                if let (DisaggMode::Decode, Some(leg)) = (mode, leg) {
+                    // The prefill worker would otherwise wait for this request's KvReady.
+                    let to = crate::disagg::KvPeer::Endpoint(leg.prefill_kv_endpoint);
+                    self.legs
+                        .abort_room(to, leg.room, e.status(), e.to_string());
+                }
+                Some(self.error_out(&req.rid, e.status(), e.to_string()))
+            }
             (DisaggMode::Decode, Some(leg), Ok(())) => {
                 self.decode_leg_arrived(req, leg);
                 None

@@ -61,6 +61,7 @@ impl Scheduler {
                 req: None,
                 refused: None,
                 ready: None,
+                aborted: false,
                 since: Instant::now(),
             })
     }
@@ -68,9 +69,16 @@ impl Scheduler {
     /// Once a room has both its request and its `KvReady`, the request joins the queue (or
     /// the decode worker hears why it cannot).
     fn try_pair(&mut self, room: u64) {
-        let Some(entry) = self.legs.bootstrap.get(&room) else {
+        let Some(entry) = self.legs.bootstrap.get_mut(&room) else {
             return;
         };
+        if entry.aborted {
+            // Kept until the bootstrap timeout so a request arriving late is dropped at once.
+            if let Some(req) = entry.req.take() {
+                self.finished_rids.push(req.rid);
+            }
+            return;
+        }
         if entry.ready.is_none() || (entry.req.is_none() && entry.refused.is_none()) {
             return;
         }
@@ -194,14 +202,20 @@ impl Scheduler {
 
     /// The decode worker gave up on `a.room` (its client went away, it failed, it timed out).
     pub(super) fn prefill_room_aborted(&mut self, a: protocol::KvAbort) {
-        if let Some(entry) = self.legs.bootstrap.remove(&a.room) {
-            if let Some(req) = entry.req {
-                self.finished_rids.push(req.rid);
-            }
-            return;
-        }
         let room = a.room;
-        self.drop_legs_where(|leg| leg.room == room);
+        let paired = self
+            .waiting
+            .iter()
+            .chain(&self.prefilling)
+            .any(|r| r.leg.as_ref().is_some_and(|l| l.room == room));
+        if paired {
+            return self.drop_legs_where(|leg| leg.room == room);
+        }
+        // Not paired yet: the request may be here, or still on its way.
+        let entry = self.bootstrap_entry(room);
+        entry.aborted = true;
+        entry.ready = None;
+        self.try_pair(room);
     }
 
     /// The decode rank `rank` left: nothing computed here for it can be delivered.
