@@ -227,7 +227,8 @@ impl Cluster {
             .collect()
     }
 
-    /// `dpserve:routing_decisions_total{method="prefix_affinity",branch=B}` (0 when absent).
+    /// `dpserve:routing_decisions_total` for method `prefix_affinity` and branch `branch` (0 when
+    /// absent).
     fn routing_counter(&self, branch: &str) -> u64 {
         let text = self
             .http
@@ -235,12 +236,14 @@ impl Cluster {
             .send()
             .and_then(|r| r.text())
             .expect("GET /metrics");
-        let series = format!(
-            "dpserve:routing_decisions_total{{method=\"prefix_affinity\",branch=\"{branch}\"}} "
-        );
+        // The exposition lists a series' labels in any order (the encoder: by name).
+        let branch = format!("branch=\"{branch}\"");
+        let want = BTreeSet::from(["method=\"prefix_affinity\"", branch.as_str()]);
         text.lines()
-            .find_map(|l| l.strip_prefix(&series))
-            .map_or(0, |v| v.trim().parse().expect("counter value"))
+            .filter_map(|l| l.strip_prefix("dpserve:routing_decisions_total{"))
+            .filter_map(|l| l.split_once("} "))
+            .find(|(labels, _)| labels.split(',').collect::<BTreeSet<_>>() == want)
+            .map_or(0, |(_, v)| v.trim().parse().expect("counter value"))
     }
 }
 

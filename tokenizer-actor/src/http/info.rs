@@ -199,10 +199,12 @@ pub async fn abort_request(
 pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     let cluster = state.fresh_cluster().await;
     let in_flight = state.bridge.in_flight().await;
-    let text = state.metrics.render(cluster.as_ref(), in_flight);
-    HttpResponse::Ok()
-        .content_type("text/plain; version=0.0.4; charset=utf-8")
-        .body(text)
+    match state.metrics.render(cluster.as_ref(), in_flight) {
+        Ok(text) => HttpResponse::Ok()
+            .content_type(crate::metrics::CONTENT_TYPE)
+            .body(text),
+        Err(err) => ApiError::internal(format!("metrics encoding failed: {err}")).into(),
+    }
 }
 
 pub async fn not_found() -> HttpResponse {
