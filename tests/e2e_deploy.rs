@@ -11,10 +11,10 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::actors::{self, Actors};
+use common::cluster::Cluster;
 use common::stories_dir;
 use serde_json::{json, Value};
 
@@ -262,163 +262,43 @@ fn free_ports(n: usize) -> Vec<u16> {
 }
 
 /// Actors started like the units start them: `dpserve <sub>` with a shared set of `DPSERVE_*`
-/// variables (the EnvironmentFile) plus per-unit ones. Every child is stopped when dropped.
-struct Cluster {
-    /// First, so the processes stop before their directory goes.
-    actors: Actors,
-    dir: tempfile::TempDir,
-    env: Vec<(String, String)>,
-    base: String,
-    port: u16,
-    http: reqwest::blocking::Client,
+/// variables (the EnvironmentFile, here the configuration a multi-host `dpserve.env` would
+/// hold, on loopback) plus per-unit ones.
+fn deployment(extra: &[(&str, &str)]) -> Cluster {
+    let p = free_ports(4);
+    let env: Vec<(String, String)> = [
+        (
+            "DPSERVE_CONTROLLER_ADDR",
+            format!("tcp://127.0.0.1:{}", p[0]),
+        ),
+        ("DPSERVE_WORKER_ADDR", format!("tcp://127.0.0.1:{}", p[1])),
+        (
+            "DPSERVE_TOKENIZER_ADDR",
+            format!("tcp://127.0.0.1:{}", p[2]),
+        ),
+        ("DPSERVE_HOST", "127.0.0.1".to_string()),
+        ("DPSERVE_PORT", p[3].to_string()),
+        ("DPSERVE_DP_SIZE", "2".to_string()),
+        ("DPSERVE_BUILTIN_SIZE", "tiny".to_string()),
+        ("DPSERVE_MAX_TOTAL_TOKENS", "4096".to_string()),
+        ("DPSERVE_NUM_THREADS", "1".to_string()),
+        ("DPSERVE_LOG", "info".to_string()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let dir = tempfile::Builder::new()
+        .prefix("dpsdeploy")
+        .tempdir()
+        .expect("temp dir");
+    let base = format!("http://127.0.0.1:{}", p[3]);
+    Cluster::new(dir, base, env, extra)
 }
 
 impl Cluster {
-    /// The configuration a multi-host `dpserve.env` would hold, on loopback.
-    fn new(extra: &[(&str, &str)]) -> Cluster {
-        let p = free_ports(4);
-        let mut env: Vec<(String, String)> = [
-            (
-                "DPSERVE_CONTROLLER_ADDR",
-                format!("tcp://127.0.0.1:{}", p[0]),
-            ),
-            ("DPSERVE_WORKER_ADDR", format!("tcp://127.0.0.1:{}", p[1])),
-            (
-                "DPSERVE_TOKENIZER_ADDR",
-                format!("tcp://127.0.0.1:{}", p[2]),
-            ),
-            ("DPSERVE_HOST", "127.0.0.1".to_string()),
-            ("DPSERVE_PORT", p[3].to_string()),
-            ("DPSERVE_DP_SIZE", "2".to_string()),
-            ("DPSERVE_BUILTIN_SIZE", "tiny".to_string()),
-            ("DPSERVE_MAX_TOTAL_TOKENS", "4096".to_string()),
-            ("DPSERVE_NUM_THREADS", "1".to_string()),
-            ("DPSERVE_LOG", "info".to_string()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-        for (k, v) in extra {
-            env.retain(|(key, _)| key != k);
-            env.push((k.to_string(), v.to_string()));
-        }
-        Cluster {
-            dir: tempfile::Builder::new()
-                .prefix("dpsdeploy")
-                .tempdir()
-                .expect("temp dir"),
-            env,
-            actors: Actors::default(),
-            base: format!("http://127.0.0.1:{}", p[3]),
-            port: p[3],
-            http: reqwest::blocking::Client::builder()
-                .timeout(Duration::from_secs(120))
-                .build()
-                .expect("client"),
-        }
-    }
-
-    /// Start `dpserve <args>` as actor `name`, with the shared variables and `env` on top.
-    fn start(&mut self, name: &str, args: &[&str], env: &[(&str, &str)]) {
-        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        let mut cmd = actors::command(&args); // only what the "EnvironmentFile" says
-        cmd.envs(self.env.iter().map(|(k, v)| (k, v)))
-            .envs(env.iter().copied());
-        self.actors.spawn(name, self.dir.path(), cmd);
-    }
-
-    /// `dpserve worker --rank R`, as `dpserve-worker@R.service` runs it.
-    fn start_worker(&mut self, rank: u32, env: &[(&str, &str)]) {
-        let r = rank.to_string();
-        let mut all = vec![("DPSERVE_RANK", r.as_str())];
-        all.extend_from_slice(env);
-        self.start(&format!("worker {rank}"), &["worker", "--rank", &r], &all);
-    }
-
-    fn log(&self, name: &str) -> String {
-        self.actors.log(name)
-    }
-
-    fn all_logs(&self) -> String {
-        self.actors.all_logs()
-    }
-
-    fn assert_running(&mut self, names: &[&str]) {
-        self.actors.assert_running(names)
-    }
-
-    fn sigterm(&mut self, name: &str) {
-        self.actors.sigterm(name)
-    }
-
-    fn wait_exit(&mut self, name: &str, within: Duration) -> ExitStatus {
-        self.actors.wait_exit(name, within)
-    }
-
-    fn server_info(&self) -> Option<Value> {
-        let resp = self
-            .http
-            .get(format!("{}/get_server_info", self.base))
-            .timeout(Duration::from_secs(5))
-            .send()
-            .ok()?;
-        resp.json().ok()
-    }
-
-    fn live_ranks(&self) -> Option<BTreeSet<u64>> {
-        let info = self.server_info()?;
-        Some(
-            info["live_ranks"]
-                .as_array()?
-                .iter()
-                .filter_map(Value::as_u64)
-                .collect(),
-        )
-    }
-
-    /// Wait until the tokenizer reports exactly `want` live; returns how long it took.
-    fn wait_live(&mut self, want: &[u64], running: &[&str], within: Duration) -> Duration {
-        let want: BTreeSet<u64> = want.iter().copied().collect();
-        let start = Instant::now();
-        let mut last = None;
-        loop {
-            self.assert_running(running);
-            last = self.live_ranks().or(last);
-            if last.as_ref() == Some(&want) {
-                return start.elapsed();
-            }
-            if start.elapsed() >= within {
-                panic!(
-                    "live ranks {last:?}, want {want:?} within {within:?}\n{}",
-                    self.all_logs()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn generate(&self, rank: Option<u64>) -> (u16, Value) {
-        let mut body = json!({"text": "hello world", "sampling_params": {"max_new_tokens": 4}});
-        if let Some(r) = rank {
-            body["routed_dp_rank"] = json!(r);
-        }
-        let resp = self
-            .http
-            .post(format!("{}/generate", self.base))
-            .json(&body)
-            .send()
-            .expect("POST /generate");
-        let status = resp.status().as_u16();
-        let text = resp.text().unwrap_or_default();
-        let json = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        (status, json)
-    }
-
-    /// A request pinned to `rank` succeeds there.
-    fn assert_serves_on(&self, rank: u64) {
-        let (status, resp) = self.generate(Some(rank));
-        assert_eq!(status, 200, "rank {rank}: {resp}\n{}", self.all_logs());
-        assert_eq!(resp["meta_info"]["dp_rank"], json!(rank), "{resp}");
+    /// A request pinned to `rank` succeeds there, with all 4 tokens.
+    fn assert_serves_4_tokens_on(&self, rank: u64) {
+        let resp = self.assert_serves_on(rank);
         assert_eq!(resp["meta_info"]["completion_tokens"], json!(4), "{resp}");
     }
 }
@@ -440,7 +320,11 @@ fn start_host_a(c: &mut Cluster) {
     c.start("controller", &["controller"], &[]);
     // The tokenizer unit's own readiness check, run for real where curl exists.
     if Command::new("curl").arg("--version").output().is_ok() {
-        let port = c.port.to_string();
+        let port = c
+            .env
+            .iter()
+            .find_map(|(k, v)| (k == "DPSERVE_PORT").then(|| v.clone()))
+            .expect("DPSERVE_PORT");
         let started = Instant::now();
         let status = Command::new("/bin/sh")
             .arg("-c")
@@ -463,13 +347,13 @@ fn start_host_a(c: &mut Cluster) {
 #[test]
 fn tcp_cluster_of_separate_actors_grows_and_shrinks_while_serving() {
     // A long worker timeout: a rank that leaves within seconds left by its Shutdown.
-    let mut c = Cluster::new(&[
+    let mut c = deployment(&[
         ("DPSERVE_WORKER_TIMEOUT", "60"),
         ("DPSERVE_LOAD_BALANCE_METHOD", "round_robin"),
     ]);
     start_host_a(&mut c);
-    c.start_worker(0, &[]);
-    c.start_worker(1, &[]);
+    c.start_worker("worker 0", 0, &[]);
+    c.start_worker("worker 1", 1, &[]);
     let host_a = ["tokenizer", "controller"];
     c.wait_live(
         &[0, 1],
@@ -479,21 +363,21 @@ fn tcp_cluster_of_separate_actors_grows_and_shrinks_while_serving() {
     let info = c.server_info().expect("server info");
     assert_eq!(info["dp_size"], json!(2), "{info}");
     for rank in [0, 1] {
-        c.assert_serves_on(rank);
+        c.assert_serves_4_tokens_on(rank);
     }
 
     // Scale up: a third worker process joins and takes traffic; nothing else restarts.
     let pids: Vec<u32> = c.actors.list.iter().map(|a| a.child.id()).collect();
-    c.start_worker(2, &[]);
+    c.start_worker("worker 2", 2, &[]);
     c.wait_live(
         &[0, 1, 2],
         &["tokenizer", "controller", "worker 2"],
         Duration::from_secs(180),
     );
-    c.assert_serves_on(2);
+    c.assert_serves_4_tokens_on(2);
     let mut seen = BTreeSet::new();
     for _ in 0..6 {
-        let (status, resp) = c.generate(None);
+        let (status, _, resp) = c.generate(None);
         assert_eq!(status, 200, "{resp}");
         seen.insert(resp["meta_info"]["dp_rank"].as_u64().expect("dp_rank"));
     }
@@ -522,19 +406,19 @@ fn tcp_cluster_of_separate_actors_grows_and_shrinks_while_serving() {
         "worker 1 exited with {status}\n{}",
         c.log("worker 1")
     );
-    let (status, resp) = c.generate(Some(1));
+    let (status, _, resp) = c.generate(Some(1));
     assert_eq!(
         status, 400,
         "a rank that left is a 400, never a reroute: {resp}"
     );
     for _ in 0..4 {
-        let (status, resp) = c.generate(None);
+        let (status, _, resp) = c.generate(None);
         assert_eq!(status, 200, "{resp}\n{}", c.all_logs());
         let rank = resp["meta_info"]["dp_rank"].as_u64().expect("dp_rank");
         assert!(rank == 0 || rank == 2, "routed to {rank}: {resp}");
     }
-    c.assert_serves_on(0);
-    c.assert_serves_on(2);
+    c.assert_serves_4_tokens_on(0);
+    c.assert_serves_4_tokens_on(2);
     c.assert_running(&["tokenizer", "controller", "worker 0", "worker 2"]);
 }
 
@@ -543,9 +427,9 @@ fn worker_with_another_model_is_refused_and_the_cluster_keeps_serving() {
     let Some(stories) = stories_dir() else {
         return;
     };
-    let mut c = Cluster::new(&[("DPSERVE_DP_SIZE", "1")]);
+    let mut c = deployment(&[("DPSERVE_DP_SIZE", "1")]);
     start_host_a(&mut c);
-    c.start_worker(0, &[]);
+    c.start_worker("worker 0", 0, &[]);
     c.wait_live(
         &[0],
         &["tokenizer", "controller", "worker 0"],
@@ -554,7 +438,7 @@ fn worker_with_another_model_is_refused_and_the_cluster_keeps_serving() {
 
     // Same deployment, another model: a rank that would give different answers.
     let path = stories.to_string_lossy().into_owned();
-    c.start_worker(1, &[("DPSERVE_MODEL_PATH", path.as_str())]);
+    c.start_worker("worker 1", 1, &[("DPSERVE_MODEL_PATH", path.as_str())]);
     let status = c.wait_exit("worker 1", Duration::from_secs(120));
     assert_eq!(
         status.code(),
@@ -574,8 +458,8 @@ fn worker_with_another_model_is_refused_and_the_cluster_keeps_serving() {
 
     c.assert_running(&["tokenizer", "controller", "worker 0"]);
     assert_eq!(c.live_ranks(), Some(BTreeSet::from([0])));
-    c.assert_serves_on(0);
-    let (status, resp) = c.generate(Some(1));
+    c.assert_serves_4_tokens_on(0);
+    let (status, _, resp) = c.generate(Some(1));
     assert_eq!(status, 400, "the refused rank never joined: {resp}");
 }
 
@@ -584,14 +468,14 @@ fn worker_with_another_model_is_refused_and_the_cluster_keeps_serving() {
 /// but lets the request it holds finish.
 #[test]
 fn sigterm_drains_running_requests_and_stops_routing_at_once() {
-    let mut c = Cluster::new(&[
+    let mut c = deployment(&[
         ("DPSERVE_WORKER_TIMEOUT", "60"),
         ("DPSERVE_DRAIN_TIMEOUT", "120"),
         ("DPSERVE_MAX_TOTAL_TOKENS", "8192"),
     ]);
     start_host_a(&mut c);
-    c.start_worker(0, &[]);
-    c.start_worker(1, &[]);
+    c.start_worker("worker 0", 0, &[]);
+    c.start_worker("worker 1", 1, &[]);
     c.wait_live(
         &[0, 1],
         &["tokenizer", "controller", "worker 0", "worker 1"],
@@ -647,7 +531,7 @@ fn sigterm_drains_running_requests_and_stops_routing_at_once() {
             c.all_logs()
         );
     }
-    c.assert_serves_on(0);
+    c.assert_serves_4_tokens_on(0);
     let (status, resp) = long.join().expect("request thread");
     assert_eq!(
         status, 200,

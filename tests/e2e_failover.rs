@@ -20,7 +20,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::actors::{self, Actor, Actors};
+use common::cluster::Cluster;
 use common::free_port;
 use common::sse::{self, Sse};
 use controller::policy::{hrw, Blake2Hrw};
@@ -35,45 +35,16 @@ const HEARTBEAT_MS: u64 = 250;
 /// Generous: startup loads a model per worker on a shared 2-core machine.
 const STARTUP: Duration = Duration::from_secs(240);
 
-/// The actors of one deployment, each its own process; all stopped when dropped.
-struct Cluster {
-    /// First, so the processes stop before their directory goes.
-    actors: Actors,
-    /// Short path under /tmp: ipc socket paths are limited to 107 bytes.
-    dir: tempfile::TempDir,
-    base: String,
-    http: reqwest::blocking::Client,
+/// The actors of one deployment, each its own process, configured by their flags only;
+/// all stopped when dropped.
+fn deployment() -> Cluster {
+    let env = vec![("DPSERVE_LOG".to_string(), "info".to_string())];
+    Cluster::new(Cluster::short_dir("dpsfo"), String::new(), env, &[])
 }
 
 impl Cluster {
-    fn new() -> Cluster {
-        let dir = tempfile::Builder::new()
-            .prefix("dpsfo")
-            .tempdir_in("/tmp")
-            .expect("temp dir");
-        Cluster {
-            base: String::new(),
-            dir,
-            actors: Actors::default(),
-            http: reqwest::blocking::Client::builder()
-                .timeout(Duration::from_secs(120))
-                .build()
-                .expect("client"),
-        }
-    }
-
-    fn ipc(&self, name: &str) -> String {
-        format!("ipc://{}", self.dir.path().join(name).display())
-    }
-
     fn traces(&self) -> PathBuf {
         self.dir.path().join("traces")
-    }
-
-    fn spawn(&mut self, name: &str, args: &[String]) {
-        let mut cmd = actors::command(args); // only the flags configure the actors
-        cmd.env("DPSERVE_LOG", "info");
-        self.actors.spawn(name, self.dir.path(), cmd);
     }
 
     fn start_controller(&mut self) {
@@ -99,9 +70,8 @@ impl Cluster {
             &traces,
             "--trace-file",
             &format!("{traces}/route.jsonl"),
-        ]
-        .map(String::from);
-        self.spawn("controller", &args);
+        ];
+        self.start("controller", &args, &[]);
     }
 
     fn start_tokenizer(&mut self) {
@@ -121,12 +91,12 @@ impl Cluster {
             "3",
             "--trace-dir",
             &self.traces().display().to_string(),
-        ]
-        .map(String::from);
-        self.spawn("tokenizer", &args);
+        ];
+        self.start("tokenizer", &args, &[]);
     }
 
-    fn start_worker(&mut self, rank: u32) {
+    /// A worker of rank `rank`, as actor `worker <rank>`.
+    fn start_rank(&mut self, rank: u32) {
         let args = [
             "worker",
             "--rank",
@@ -145,65 +115,12 @@ impl Cluster {
             &HEARTBEAT_MS.to_string(),
             "--trace-dir",
             &self.traces().display().to_string(),
-        ]
-        .map(String::from);
-        self.spawn(&format!("worker {rank}"), &args);
-    }
-
-    fn actor(&mut self, name: &str) -> &mut Actor {
-        self.actors.get(name)
-    }
-
-    fn all_logs(&self) -> String {
-        self.actors.all_logs()
-    }
-
-    fn assert_running(&mut self, names: &[&str]) {
-        self.actors.assert_running(names)
-    }
-
-    fn kill(&mut self, name: &str) {
-        self.actors.kill(name)
-    }
-
-    fn live_ranks(&self) -> Option<BTreeSet<u32>> {
-        let info: Value = self
-            .http
-            .get(format!("{}/get_server_info", self.base))
-            .timeout(Duration::from_secs(5))
-            .send()
-            .ok()?
-            .json()
-            .ok()?;
-        info["live_ranks"]
-            .as_array()?
-            .iter()
-            .map(|r| r.as_u64().map(|r| r as u32))
-            .collect()
-    }
-
-    /// Poll `/get_server_info` until exactly `want` are live.
-    fn wait_live(&mut self, want: &[u32], running: &[&str], within: Duration) {
-        let want: BTreeSet<u32> = want.iter().copied().collect();
-        let deadline = Instant::now() + within;
-        let mut last = None;
-        loop {
-            self.assert_running(running);
-            last = self.live_ranks().or(last);
-            if last.as_ref() == Some(&want) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "live ranks {last:?}, want {want:?} within {within:?}\n{}",
-                self.all_logs()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        ];
+        self.start(&format!("worker {rank}"), &args, &[]);
     }
 
     /// A short request with routing key `key`; returns the rank that served it.
-    fn generate(&self, key: &str, rid: &str) -> u32 {
+    fn generate_keyed(&self, key: &str, rid: &str) -> u32 {
         let resp = self
             .http
             .post(format!("{}/generate", self.base))
@@ -223,11 +140,12 @@ impl Cluster {
     /// The rank each key lands on now.
     fn mapping(&self, keys: &[String], round: &str) -> BTreeMap<String, u32> {
         keys.iter()
-            .map(|k| (k.clone(), self.generate(k, &format!("{k}-{round}"))))
+            .map(|k| (k.clone(), self.generate_keyed(k, &format!("{k}-{round}"))))
             .collect()
     }
 
-    /// `dpserve:routing_decisions_total{method="prefix_affinity",branch=B}` (0 when absent).
+    /// `dpserve:routing_decisions_total` for method `prefix_affinity` and branch `branch` (0 when
+    /// absent).
     fn routing_counter(&self, branch: &str) -> u64 {
         let text = self
             .http
@@ -235,12 +153,14 @@ impl Cluster {
             .send()
             .and_then(|r| r.text())
             .expect("GET /metrics");
-        let series = format!(
-            "dpserve:routing_decisions_total{{method=\"prefix_affinity\",branch=\"{branch}\"}} "
-        );
+        // The exposition lists a series' labels in any order (the encoder: by name).
+        let branch = format!("branch=\"{branch}\"");
+        let want = BTreeSet::from(["method=\"prefix_affinity\"", branch.as_str()]);
         text.lines()
-            .find_map(|l| l.strip_prefix(&series))
-            .map_or(0, |v| v.trim().parse().expect("counter value"))
+            .filter_map(|l| l.strip_prefix("dpserve:routing_decisions_total{"))
+            .filter_map(|l| l.split_once("} "))
+            .find(|(labels, _)| labels.split(',').collect::<BTreeSet<_>>() == want)
+            .map_or(0, |(_, v)| v.trim().parse().expect("counter value"))
     }
 }
 
@@ -285,11 +205,11 @@ fn trace_until(dir: &Path, rid: &str, want: &[&str]) -> String {
 
 #[test]
 fn killed_worker_fails_its_request_moves_only_its_keys_and_gets_them_back() {
-    let mut c = Cluster::new();
+    let mut c = deployment();
     c.start_controller();
     c.start_tokenizer();
     for rank in RANKS {
-        c.start_worker(rank);
+        c.start_rank(rank);
     }
     let everyone = [
         "controller",
@@ -412,7 +332,7 @@ fn killed_worker_fails_its_request_moves_only_its_keys_and_gets_them_back() {
     }
 
     // The same rank comes back and gets exactly its keys back.
-    c.start_worker(victim);
+    c.start_rank(victim);
     c.wait_live(&RANKS, &everyone, STARTUP);
     assert_eq!(
         c.mapping(&keys, "d"),
@@ -674,11 +594,11 @@ fn up_refuses_bad_prefix_affinity_values_before_starting_anything() {
 /// answers `Rejoin`, and they say `Hello` again.
 #[test]
 fn restarted_controller_gets_its_running_workers_back() {
-    let mut c = Cluster::new();
+    let mut c = deployment();
     c.start_controller();
     c.start_tokenizer();
-    c.start_worker(0);
-    c.start_worker(1);
+    c.start_rank(0);
+    c.start_rank(1);
     let all = ["controller", "tokenizer", "worker 0", "worker 1"];
     c.wait_live(&[0, 1], &all, Duration::from_secs(120));
     let pids: Vec<u32> = ["worker 0", "worker 1"]

@@ -20,11 +20,12 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus};
+use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::actors::{self, Actors};
+use common::actors;
+use common::cluster::Cluster;
 use common::free_port;
 use common::sse::{self, Sse};
 use serde_json::{json, Value};
@@ -40,172 +41,39 @@ fn repo() -> PathBuf {
 }
 
 /// One deployment on this host: the units' `Environment=` (ipc sockets in one directory) plus
-/// what its `dpserve.env` says. Every process is stopped when dropped.
-struct Cluster {
-    /// First, so the processes stop before their directory goes.
-    actors: Actors,
-    /// Short path under /tmp: ipc socket paths are limited to 107 bytes.
-    dir: tempfile::TempDir,
-    env: Vec<(String, String)>,
-    base: String,
-    http: reqwest::blocking::Client,
+/// what its `dpserve.env` says (`extra`).
+fn deployment(extra: &[(&str, &str)]) -> Cluster {
+    let dir = Cluster::short_dir("dpsop");
+    let port = free_port();
+    let ipc = |name: &str| format!("ipc://{}", dir.path().join(name).display());
+    let env: Vec<(String, String)> = vec![
+        ("DPSERVE_CONTROLLER_ADDR".into(), ipc("controller.sock")),
+        ("DPSERVE_WORKER_ADDR".into(), ipc("worker.sock")),
+        ("DPSERVE_TOKENIZER_ADDR".into(), ipc("tokenizer.sock")),
+        ("DPSERVE_HOST".into(), "127.0.0.1".into()),
+        ("DPSERVE_PORT".into(), port.to_string()),
+        ("DPSERVE_BUILTIN_SIZE".into(), "tiny".into()),
+        ("DPSERVE_MAX_TOTAL_TOKENS".into(), "8192".into()),
+        ("DPSERVE_NUM_THREADS".into(), "1".into()),
+        ("DPSERVE_HEARTBEAT_INTERVAL_MS".into(), "250".into()),
+        (
+            "DPSERVE_WORKER_TIMEOUT".into(),
+            WORKER_TIMEOUT_S.to_string(),
+        ),
+        // Long: only the failures under test may end a request.
+        ("DPSERVE_REQUEST_TIMEOUT_S".into(), "600".into()),
+        ("DPSERVE_LOG".into(), "info".into()),
+    ];
+    Cluster::new(dir, format!("http://127.0.0.1:{port}"), env, extra)
 }
 
 impl Cluster {
-    fn new(extra: &[(&str, &str)]) -> Cluster {
-        let dir = tempfile::Builder::new()
-            .prefix("dpsop")
-            .tempdir_in("/tmp")
-            .expect("temp dir");
-        let port = free_port();
-        let ipc = |name: &str| format!("ipc://{}", dir.path().join(name).display());
-        let mut env: Vec<(String, String)> = vec![
-            ("DPSERVE_CONTROLLER_ADDR".into(), ipc("controller.sock")),
-            ("DPSERVE_WORKER_ADDR".into(), ipc("worker.sock")),
-            ("DPSERVE_TOKENIZER_ADDR".into(), ipc("tokenizer.sock")),
-            ("DPSERVE_HOST".into(), "127.0.0.1".into()),
-            ("DPSERVE_PORT".into(), port.to_string()),
-            ("DPSERVE_BUILTIN_SIZE".into(), "tiny".into()),
-            ("DPSERVE_MAX_TOTAL_TOKENS".into(), "8192".into()),
-            ("DPSERVE_NUM_THREADS".into(), "1".into()),
-            ("DPSERVE_HEARTBEAT_INTERVAL_MS".into(), "250".into()),
-            (
-                "DPSERVE_WORKER_TIMEOUT".into(),
-                WORKER_TIMEOUT_S.to_string(),
-            ),
-            // Long: only the failures under test may end a request.
-            ("DPSERVE_REQUEST_TIMEOUT_S".into(), "600".into()),
-            ("DPSERVE_LOG".into(), "info".into()),
-        ];
-        for (k, v) in extra {
-            env.retain(|(key, _)| key != k);
-            env.push((k.to_string(), v.to_string()));
-        }
-        Cluster {
-            actors: Actors::default(),
-            dir,
-            env,
-            base: format!("http://127.0.0.1:{port}"),
-            http: reqwest::blocking::Client::builder()
-                .timeout(Duration::from_secs(120))
-                .build()
-                .expect("client"),
-        }
-    }
-
-    /// `dpserve <args>` as actor `name`, with the deployment's variables and `env` on top.
-    fn start(&mut self, name: &str, args: &[&str], env: &[(&str, &str)]) {
-        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        let mut cmd = actors::command(&args);
-        cmd.envs(self.env.iter().map(|(k, v)| (k, v)))
-            .envs(env.iter().copied());
-        self.actors.spawn(name, self.dir.path(), cmd);
-    }
-
     fn start_controller(&mut self, name: &str) {
         self.start(name, &["controller"], &[]);
     }
 
     fn start_tokenizer(&mut self) {
         self.start("tokenizer", &["tokenizer"], &[]);
-    }
-
-    /// `dpserve worker --rank R`, as `dpserve-worker@R.service` runs it.
-    fn start_worker(&mut self, name: &str, rank: u32, env: &[(&str, &str)]) {
-        let r = rank.to_string();
-        let mut all = vec![("DPSERVE_RANK", r.as_str())];
-        all.extend_from_slice(env);
-        self.start(name, &["worker", "--rank", &r], &all);
-    }
-
-    fn log(&self, name: &str) -> String {
-        self.actors.log(name)
-    }
-
-    fn all_logs(&self) -> String {
-        self.actors.all_logs()
-    }
-
-    fn wait_exit(&mut self, name: &str, within: Duration) -> ExitStatus {
-        self.actors.wait_exit(name, within)
-    }
-
-    fn server_info(&self) -> Option<Value> {
-        self.http
-            .get(format!("{}/get_server_info", self.base))
-            .timeout(Duration::from_secs(5))
-            .send()
-            .ok()?
-            .json()
-            .ok()
-    }
-
-    fn live_ranks(&self) -> Option<BTreeSet<u64>> {
-        let info = self.server_info()?;
-        Some(
-            info["live_ranks"]
-                .as_array()?
-                .iter()
-                .filter_map(Value::as_u64)
-                .collect(),
-        )
-    }
-
-    /// Wait until the tokenizer reports exactly `want` live, with `running` all up.
-    fn wait_live(&mut self, want: &[u64], running: &[&str], within: Duration) {
-        let want: BTreeSet<u64> = want.iter().copied().collect();
-        let deadline = Instant::now() + within;
-        let mut last = None;
-        loop {
-            self.actors.assert_running(running);
-            last = self.live_ranks().or(last);
-            if last.as_ref() == Some(&want) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "live ranks {last:?}, want {want:?} within {within:?}\n{}",
-                self.all_logs()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// Wait until the log of `name` says `what`.
-    fn wait_log(&self, name: &str, what: &str, within: Duration) {
-        let deadline = Instant::now() + within;
-        while !self.log(name).contains(what) {
-            assert!(
-                Instant::now() < deadline,
-                "{name} never logged {what:?} within {within:?}\n{}",
-                self.all_logs()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    /// `POST /generate` (4 tokens, optionally pinned to `rank`): status, headers' Retry-After,
-    /// body.
-    fn generate(&self, rank: Option<u64>) -> (u16, Option<String>, Value) {
-        let mut body = json!({"text": "hello world", "sampling_params": {"max_new_tokens": 4}});
-        if let Some(r) = rank {
-            body["routed_dp_rank"] = json!(r);
-        }
-        let resp = self
-            .http
-            .post(format!("{}/generate", self.base))
-            .json(&body)
-            .send()
-            .expect("POST /generate");
-        let status = resp.status().as_u16();
-        let retry_after = resp
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        let text = resp.text().unwrap_or_default();
-        let json = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        (status, retry_after, json)
     }
 
     /// For longer than two heartbeat timeouts, every actor in `names` keeps running and only
@@ -222,12 +90,6 @@ impl Cluster {
             );
             std::thread::sleep(Duration::from_millis(200));
         }
-    }
-
-    fn assert_serves_on(&self, rank: u64) {
-        let (status, _, resp) = self.generate(Some(rank));
-        assert_eq!(status, 200, "rank {rank}: {resp}\n{}", self.all_logs());
-        assert_eq!(resp["meta_info"]["dp_rank"], json!(rank), "{resp}");
     }
 
     fn health(&self) -> u16 {
@@ -308,7 +170,7 @@ fn uncommented_empty_lines_of_the_env_example_mean_unset() {
         );
     }
     // Every empty line uncommented, as an operator would, and DPSERVE_DP_SIZE left out.
-    let mut c = Cluster::new(&[]);
+    let mut c = deployment(&[]);
     c.env
         .retain(|(k, _)| !empty.contains(k) && k != "DPSERVE_DP_SIZE");
     c.env
@@ -354,7 +216,7 @@ fn uncommented_empty_lines_of_the_env_example_mean_unset() {
 
 #[test]
 fn a_second_worker_claiming_a_live_rank_is_refused_and_the_first_keeps_it() {
-    let mut c = Cluster::new(&[]);
+    let mut c = deployment(&[]);
     c.start_tokenizer();
     c.start_controller("controller");
     c.start_worker("worker 0", 0, &[]);
@@ -395,7 +257,7 @@ fn a_second_worker_claiming_a_live_rank_is_refused_and_the_first_keeps_it() {
 
 #[test]
 fn with_the_controller_down_requests_get_503_and_retry_after_at_once() {
-    let mut c = Cluster::new(&[]);
+    let mut c = deployment(&[]);
     c.start_tokenizer();
     c.start_controller("controller");
     c.start_worker("worker 0", 0, &[]);
@@ -458,7 +320,7 @@ fn with_the_controller_down_requests_get_503_and_retry_after_at_once() {
 
 #[test]
 fn a_worker_that_dies_after_a_controller_restart_fails_its_requests_at_once() {
-    let mut c = Cluster::new(&[]);
+    let mut c = deployment(&[]);
     c.start_tokenizer();
     c.start_controller("controller");
     c.start_worker("worker 0", 0, &[]);
@@ -496,7 +358,7 @@ fn a_worker_that_dies_after_a_controller_restart_fails_its_requests_at_once() {
 
 #[test]
 fn a_second_controller_on_the_same_ipc_path_is_refused() {
-    let mut c = Cluster::new(&[]);
+    let mut c = deployment(&[]);
     c.start_tokenizer();
     c.start_controller("controller");
     c.start_worker("worker 0", 0, &[]);
@@ -523,7 +385,7 @@ fn a_second_controller_on_the_same_ipc_path_is_refused() {
 
 #[test]
 fn a_stopping_tokenizer_ends_open_streams_with_an_error_and_done() {
-    let mut c = Cluster::new(&[]);
+    let mut c = deployment(&[]);
     c.start_tokenizer();
     c.start_controller("controller");
     c.start_worker("worker 0", 0, &[]);
@@ -546,7 +408,7 @@ fn a_stopping_tokenizer_ends_open_streams_with_an_error_and_done() {
 
 #[test]
 fn a_finished_drain_is_logged_as_such_and_a_lost_worker_says_it_is_lost() {
-    let mut c = Cluster::new(&[("DPSERVE_DRAIN_TIMEOUT", "120")]);
+    let mut c = deployment(&[("DPSERVE_DRAIN_TIMEOUT", "120")]);
     c.start_tokenizer();
     c.start_controller("controller");
     c.start_worker("worker 0", 0, &[]);

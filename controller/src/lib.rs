@@ -173,6 +173,16 @@ impl RoutingArgs {
 }
 
 /// Run the controller until SIGTERM or SIGINT.
+///
+/// Why no actor framework here (as the tokenizer's registry and cluster view have): the
+/// controller is already one actor in DESIGN.md's sense. One thread owns its three ZeroMQ
+/// sockets (a socket belongs to one thread, and the ROUTER to the workers is used in both
+/// directions) and every piece of routing state (ranks, DP budget, route counts, traces), and
+/// reacts to frames and a liveness tick in one `zmq::poll` loop (`server::Controller::run`).
+/// Nothing else reads that state, so there is no lock to replace. Splitting it into actors
+/// (sockets, budget, ranks) would add a mailbox hop to every routing decision and let one
+/// decision read a rank's load before the previous dispatch's speculative increment landed,
+/// which is how a burst ends up on one rank.
 pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
     let config = args.resolve()?;
     let stop = Arc::new(AtomicBool::new(false));

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod actors;
+pub mod cluster;
 pub mod sse;
 
 use std::io::{BufRead, BufReader};

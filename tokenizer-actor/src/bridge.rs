@@ -1,24 +1,27 @@
 //! The ZeroMQ side of the tokenizer actor: one reader thread owning the PULL socket (token
 //! outputs and cluster status in) and one sender thread owning the PUSH socket (requests,
 //! aborts and flushes out to the controller). A ZeroMQ socket belongs to one thread, so HTTP
-//! handlers never touch a socket: they register a rid to get a channel of its `TokenOut`s and
-//! hand outgoing messages to the sender thread.
+//! handlers never touch a socket: they register a rid with the [`Registry`] actor to get a
+//! channel of its `TokenOut`s and hand outgoing messages to the sender thread. The reader
+//! hands outputs to the registry and statuses to the [`ClusterView`] actor; both actors live
+//! on one arbiter thread of their own, started and stopped with the bridge.
 //!
 //! With `--trace-dir`, both threads record each frame they move (and the first-token and
 //! finished milestones of each request) in `DIR/tokenizer.jsonl`; without it, one branch each.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex, RwLock};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use actix::{Actor, Addr, Arbiter};
 use protocol::msg_trace::{MessageTracer, Milestone};
-use protocol::{ClusterStatus, Endpoint, FrameStats, Message, TokenOut};
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+use protocol::{Endpoint, FrameStats, Message, TokenOut};
+use tokio::sync::mpsc::UnboundedReceiver;
 
+use crate::cluster_view::{self, ClusterSnapshot, ClusterView};
 use crate::http::validate::CONTROLLER_UNREACHABLE;
-use crate::state::CLUSTER_STATUS_STALE_AFTER;
+use crate::registry::{self, Registry};
 use crate::{Result, TokenizerError};
 
 /// How often the reader wakes without traffic to notice shutdown.
@@ -29,42 +32,37 @@ const CONNECT_WAIT_MS: i64 = 1000;
 
 /// Why a rid could not be registered.
 #[derive(Debug, PartialEq, Eq)]
-pub struct RidInUse;
-
-/// The latest cluster view and when it arrived (local clock: the controller may be another host).
-#[derive(Debug, Clone)]
-pub struct ClusterSnapshot {
-    pub status: ClusterStatus,
-    pub received: Instant,
+pub enum RegisterError {
+    /// A request with this rid is in flight.
+    RidInUse,
+    /// The bridge is shut down.
+    Stopped,
 }
 
-/// One registered request: where its outputs go, and whether anything came back for it yet.
-struct Pending {
-    tx: UnboundedSender<TokenOut>,
-    registered: Instant,
-    answered: bool,
-}
-
-#[derive(Default)]
+/// What the socket threads share with the bridge: the actors' addresses and the flags.
 struct Shared {
-    pending: Mutex<HashMap<String, Pending>>,
-    cluster: RwLock<Option<ClusterSnapshot>>,
+    registry: Addr<Registry>,
+    cluster: Addr<ClusterView>,
     stats: FrameStats,
     stop: AtomicBool,
     /// Set by [`Bridge::end_all`]: the tokenizer is stopping and takes no new requests.
     stopping: AtomicBool,
 }
 
-/// Handle to the two socket threads; shared by every HTTP worker.
+/// Handle to the two socket threads and the two actors; shared by every HTTP worker.
 pub struct Bridge {
     shared: Arc<Shared>,
     outbox: Mutex<Option<mpsc::Sender<Message>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Where the registry and the cluster view run; stopped after the socket threads, which
+    /// talk to them until they end.
+    arbiter: Mutex<Option<Arbiter>>,
 }
 
 impl Bridge {
-    /// Bind PULL at `tokenizer_addr`, connect PUSH to `controller_addr`, start both threads.
-    /// `tracer` records every frame in and out (a disabled one costs nothing).
+    /// Bind PULL at `tokenizer_addr`, connect PUSH to `controller_addr`, start both threads
+    /// and both actors. Must be called inside an actix `System`. `tracer` records every frame
+    /// in and out (a disabled one costs nothing).
     pub fn start(
         tokenizer_addr: &str,
         controller_addr: &str,
@@ -100,7 +98,19 @@ impl Bridge {
         push.set_reconnect_ivl_max(200)
             .map_err(|e| protocol::ProtocolError::zmq("set reconnect_ivl_max", e))?;
 
-        let shared = Arc::new(Shared::default());
+        let arbiter = Arbiter::new();
+        let registry = Registry::start_in_arbiter(&arbiter.handle(), |_| Registry::default());
+        let cluster = {
+            let registry = registry.clone();
+            ClusterView::start_in_arbiter(&arbiter.handle(), |_| ClusterView::new(registry))
+        };
+        let shared = Arc::new(Shared {
+            registry,
+            cluster,
+            stats: FrameStats::default(),
+            stop: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
+        });
         let (tx, rx) = mpsc::channel::<Message>();
         let io = |what: &str, source| TokenizerError::Io {
             what: what.to_string(),
@@ -127,32 +137,29 @@ impl Bridge {
             shared,
             outbox: Mutex::new(Some(tx)),
             threads: Mutex::new(vec![reader, sender]),
+            arbiter: Mutex::new(Some(arbiter)),
         })
     }
 
     /// Route `TokenOut`s of `rid` to the returned channel until [`Bridge::unregister`].
-    pub fn register(
+    pub async fn register(
         &self,
         rid: &str,
-    ) -> std::result::Result<UnboundedReceiver<TokenOut>, RidInUse> {
-        let (tx, rx) = unbounded_channel();
-        let mut pending = lock(&self.shared.pending);
-        if pending.contains_key(rid) {
-            return Err(RidInUse);
+    ) -> std::result::Result<UnboundedReceiver<TokenOut>, RegisterError> {
+        let register = registry::Register {
+            rid: rid.to_string(),
+        };
+        match self.shared.registry.send(register).await {
+            Ok(Ok(rx)) => Ok(rx),
+            Ok(Err(registry::RidInUse)) => Err(RegisterError::RidInUse),
+            Err(_) => Err(RegisterError::Stopped),
         }
-        pending.insert(
-            rid.to_string(),
-            Pending {
-                tx,
-                registered: Instant::now(),
-                answered: false,
-            },
-        );
-        Ok(rx)
     }
 
     pub fn unregister(&self, rid: &str) {
-        lock(&self.shared.pending).remove(rid);
+        self.shared.registry.do_send(registry::Unregister {
+            rid: rid.to_string(),
+        });
     }
 
     /// Queue `msg` for the controller. Returns false once the bridge is shut down, and for a
@@ -168,42 +175,46 @@ impl Bridge {
         }
     }
 
-    pub fn cluster(&self) -> Option<ClusterSnapshot> {
+    /// The latest cluster status, fresh or not; `None` before the first (or once shut down).
+    pub async fn cluster(&self) -> Option<ClusterSnapshot> {
         self.shared
             .cluster
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+            .send(cluster_view::Latest)
+            .await
+            .ok()
+            .flatten()
     }
 
-    pub fn in_flight(&self) -> usize {
-        lock(&self.shared.pending).len()
+    pub async fn in_flight(&self) -> usize {
+        self.shared
+            .registry
+            .send(registry::Count)
+            .await
+            .unwrap_or(0)
     }
 
     /// The registered rids for which `pred` holds (for `/abort_request` of a fanned-out id).
-    pub fn rids_matching(&self, pred: impl Fn(&str) -> bool) -> Vec<String> {
-        lock(&self.shared.pending)
-            .keys()
+    pub async fn rids_matching(&self, pred: impl Fn(&str) -> bool) -> Vec<String> {
+        let rids = self.shared.registry.send(registry::Rids).await;
+        rids.unwrap_or_default()
+            .into_iter()
             .filter(|k| pred(k))
-            .cloned()
             .collect()
     }
 
     /// The tokenizer is stopping: every request still open ends now with a 503 saying `why`
     /// (a stream gets it as its last event, then `[DONE]`), and is aborted on its worker; new
     /// requests are refused. Returns how many were open.
-    pub fn end_all(&self, why: &str) -> usize {
+    pub async fn end_all(&self, why: &str) -> usize {
         self.shared.stopping.store(true, Ordering::Relaxed);
-        let open: Vec<String> = lock(&self.shared.pending)
-            .iter()
-            .filter(|(_, p)| !p.tx.is_closed())
-            .map(|(rid, _)| rid.clone())
-            .collect();
+        let fail = registry::FailAllOpen {
+            why: why.to_string(),
+        };
+        let open = self.shared.registry.send(fail).await.unwrap_or_default();
         for rid in &open {
             self.send(Message::Abort(protocol::Abort {
                 rid: Some(rid.clone()),
             }));
-            fail_locally(&self.shared, rid, why);
         }
         open.len()
     }
@@ -212,12 +223,17 @@ impl Bridge {
         self.shared.stats.dropped()
     }
 
-    /// Stop both threads and wait for them; queued messages are still sent (socket linger).
+    /// Stop both threads and wait for them, then the actors; queued messages are still sent
+    /// (socket linger).
     pub fn shutdown(&self) {
         self.shared.stop.store(true, Ordering::Relaxed);
         lock(&self.outbox).take();
         for t in lock(&self.threads).drain(..) {
             let _ = t.join();
+        }
+        if let Some(arbiter) = lock(&self.arbiter).take() {
+            arbiter.stop();
+            let _ = arbiter.join();
         }
     }
 }
@@ -228,14 +244,13 @@ impl Drop for Bridge {
     }
 }
 
-/// A poisoned lock only means another thread panicked mid-update of a map we can still use.
+/// A poisoned lock only means another thread panicked mid-update of a value we can still use.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn reader_loop(sock: zmq::Socket, shared: &Shared, peer: &str, tracer: &MessageTracer) {
     while !shared.stop.load(Ordering::Relaxed) {
-        fail_unrouted_when_controller_gone(shared);
         let frame = match sock.recv_bytes(0) {
             Ok(frame) => frame,
             Err(zmq::Error::EAGAIN) | Err(zmq::Error::EINTR) => continue,
@@ -251,27 +266,9 @@ fn reader_loop(sock: zmq::Socket, shared: &Shared, peer: &str, tracer: &MessageT
             trace_incoming(tracer, msg, frame.len());
         }
         match msg {
-            Some(Message::TokenOut(out)) => {
-                let tx = lock(&shared.pending).get_mut(&out.rid).map(|p| {
-                    p.answered = true;
-                    p.tx.clone()
-                });
-                match tx {
-                    Some(tx) => {
-                        // The receiver is gone only if the request just ended; nothing to do.
-                        let _ = tx.send(out);
-                    }
-                    None => {
-                        tracing::debug!(rid = %out.rid, "output for unknown or finished request")
-                    }
-                }
-            }
+            Some(Message::TokenOut(out)) => shared.registry.do_send(registry::Deliver(out)),
             Some(Message::ClusterStatus(status)) => {
-                *shared.cluster.write().unwrap_or_else(|p| p.into_inner()) =
-                    Some(ClusterSnapshot {
-                        status,
-                        received: Instant::now(),
-                    });
+                shared.cluster.do_send(cluster_view::Update(status))
             }
             Some(other) => {
                 tracing::warn!(
@@ -284,41 +281,11 @@ fn reader_loop(sock: zmq::Socket, shared: &Shared, peer: &str, tracer: &MessageT
     }
 }
 
-/// Once the controller has gone quiet (no cluster status for
-/// [`CLUSTER_STATUS_STALE_AFTER`]), a request sent after its last status that no worker has
-/// answered most likely went into a connection that was already dead: fail it now with a 503
-/// (the client may retry) rather than at the request timeout. Requests a worker answered go
-/// on: their tokens come straight from the worker.
-fn fail_unrouted_when_controller_gone(shared: &Shared) {
-    let last_status = match &*shared.cluster.read().unwrap_or_else(|p| p.into_inner()) {
-        Some(snap) if snap.received.elapsed() >= CLUSTER_STATUS_STALE_AFTER => snap.received,
-        _ => return,
-    };
-    for (rid, p) in lock(&shared.pending).iter_mut() {
-        if !p.answered && p.registered >= last_status {
-            p.answered = true;
-            let _ =
-                p.tx.send(TokenOut::error(rid.clone(), 503, CONTROLLER_UNREACHABLE));
-        }
-    }
-}
-
-/// Whether a cluster status arrived recently: the controller is alive.
+/// Whether a cluster status arrived recently: the controller is alive. Asked from the sender
+/// thread, which may block: the cluster view runs on its own arbiter, which outlives it.
 fn controller_fresh(shared: &Shared) -> bool {
-    shared
-        .cluster
-        .read()
-        .unwrap_or_else(|p| p.into_inner())
-        .as_ref()
-        .is_some_and(|snap| snap.received.elapsed() < CLUSTER_STATUS_STALE_AFTER)
-}
-
-/// A request the sender could not hand to the controller ends here, at once, with a 503.
-fn fail_locally(shared: &Shared, rid: &str, why: &str) {
-    if let Some(p) = lock(&shared.pending).get_mut(rid) {
-        p.answered = true;
-        let _ = p.tx.send(TokenOut::error(rid, 503, why));
-    }
+    let latest = futures::executor::block_on(shared.cluster.send(cluster_view::Latest));
+    latest.ok().flatten().is_some_and(|snap| snap.is_fresh())
 }
 
 fn sender_loop(
@@ -354,7 +321,10 @@ fn sender_loop(
             match &msg {
                 Message::GenerateReq(_) | Message::EmbedReq(_) => {
                     tracing::warn!(%err, rid, "controller not connected; request refused (503)");
-                    fail_locally(shared, rid, CONTROLLER_UNREACHABLE);
+                    shared.registry.do_send(registry::FailOne {
+                        rid: rid.to_string(),
+                        why: CONTROLLER_UNREACHABLE,
+                    });
                 }
                 _ => tracing::debug!(%err, rid, msg = msg.type_name(), "send to controller failed"),
             }

@@ -5,10 +5,12 @@
 mod args;
 mod bridge;
 pub mod chat_template;
+mod cluster_view;
 pub mod detokenize;
 mod error;
 pub mod http;
 pub mod metrics;
+mod registry;
 mod state;
 pub mod stop;
 pub mod tokenizer;
@@ -41,11 +43,13 @@ pub fn serve(
     signals: bool,
     ready: Option<std::sync::mpsc::Sender<actix_web::dev::ServerHandle>>,
 ) -> anyhow::Result<()> {
-    let state = Arc::new(AppState::start(&args)?);
     let addr = listener.local_addr().ok();
+    let system = actix_rt::System::new();
+    // Inside the System: the bridge starts the registry and cluster-view actors.
+    let state = Arc::new(system.block_on(async { AppState::start(&args) })?);
     let bridge = state.bridge.clone();
     let stopper = state.bridge.clone();
-    let result = actix_rt::System::new().block_on(async move {
+    let result = system.block_on(async move {
         // Signals are ours, not actix's: open requests must end with an answer first.
         let server = http::server(state, listener)?;
         tracing::info!(?addr, "tokenizer HTTP server listening");
@@ -59,13 +63,17 @@ pub fn serve(
                 let signal = stop_signal().await;
                 // Each open request ends with a 503 (a stream: an error event, then [DONE])
                 // before the server stops, rather than being cut at the shutdown timeout.
-                let open = bridge.end_all("the tokenizer is stopping; retry the request");
+                let open = bridge
+                    .end_all("the tokenizer is stopping; retry the request")
+                    .await;
                 tracing::info!(signal, open_requests = open, "tokenizer stopping");
                 handle.stop(true).await;
             });
         }
         server.await
     });
+    // The System goes first: nothing is left that could wait on the actors.
+    drop(system);
     bridge.shutdown();
     Ok(result.map_err(|source| TokenizerError::Io {
         what: "HTTP server".to_string(),

@@ -1,4 +1,5 @@
-//! Prometheus metrics of the tokenizer actor, in the text exposition format (`GET /metrics`).
+//! Prometheus metrics of the tokenizer actor (`GET /metrics`), kept and encoded by the
+//! `prometheus` crate in the text exposition format 0.0.4.
 //!
 //! Three kinds: per-rank gauges read from the latest `ClusterStatus` at scrape time (what the
 //! workers report: running and queued requests, token usage, cache hit rate, throughput); the
@@ -6,13 +7,22 @@
 //! (the controller counts, cumulatively, since it makes the decisions; this actor only shows
 //! them); and counters and histograms this actor records as requests run (tokens, TTFT,
 //! inter-token latency, end-to-end latency), labelled with the `dp_rank` that served them.
-//! Every name starts with `dpserve:`.
+//! Every name starts with `dpserve:`; names, labels and buckets are a contract (dashboards,
+//! `tests/python`).
+//!
+//! Format 0.0.4 rather than OpenMetrics: OpenMetrics names a counter's family without its
+//! `_total`, which the 0.0.4 parsers scrapers and scripts use read as an untyped metric. As the
+//! crate encodes it, a series lists its labels by name and a family with no series yet is left
+//! out.
 
-use std::collections::BTreeMap;
-use std::fmt::Write;
-use std::sync::Mutex;
+use prometheus::core::Collector;
+use prometheus::{
+    GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+use protocol::{ClusterStatus, WorkerStatus};
 
-use protocol::ClusterStatus;
+/// The content type of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -26,63 +36,6 @@ const E2E_BUCKETS: &[f64] = &[
     0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0,
 ];
 
-#[derive(Debug, Clone)]
-struct Histogram {
-    bounds: &'static [f64],
-    /// Per bucket (not cumulative); the last slot is +Inf.
-    counts: Vec<u64>,
-    sum: f64,
-    count: u64,
-}
-
-impl Histogram {
-    fn new(bounds: &'static [f64]) -> Self {
-        Histogram {
-            bounds,
-            counts: vec![0; bounds.len() + 1],
-            sum: 0.0,
-            count: 0,
-        }
-    }
-
-    fn observe(&mut self, v: f64) {
-        let i = self
-            .bounds
-            .iter()
-            .position(|&b| v <= b)
-            .unwrap_or(self.bounds.len());
-        self.counts[i] += 1;
-        self.sum += v;
-        self.count += 1;
-    }
-}
-
-/// What one rank's requests added up to, as seen from here.
-#[derive(Debug, Clone)]
-struct RankSeries {
-    prompt_tokens: u64,
-    generation_tokens: u64,
-    cached_tokens: u64,
-    requests: BTreeMap<&'static str, u64>,
-    ttft: Histogram,
-    itl: Histogram,
-    e2e: Histogram,
-}
-
-impl Default for RankSeries {
-    fn default() -> Self {
-        RankSeries {
-            prompt_tokens: 0,
-            generation_tokens: 0,
-            cached_tokens: 0,
-            requests: BTreeMap::new(),
-            ttft: Histogram::new(TTFT_BUCKETS),
-            itl: Histogram::new(ITL_BUCKETS),
-            e2e: Histogram::new(E2E_BUCKETS),
-        }
-    }
-}
-
 /// A request that ended, for the counters.
 #[derive(Debug, Clone, Copy)]
 pub struct Finished {
@@ -95,24 +48,77 @@ pub struct Finished {
     pub e2e_s: f64,
 }
 
-#[derive(Default)]
+/// What this actor records as requests run, labelled by `dp_rank` ("unknown" when no rank
+/// answered).
 pub struct Metrics {
-    /// Keyed by the `dp_rank` label value ("unknown" when no rank answered).
-    ranks: Mutex<BTreeMap<String, RankSeries>>,
+    registry: Registry,
+    prompt_tokens: IntCounterVec,
+    generation_tokens: IntCounterVec,
+    cached_tokens: IntCounterVec,
+    requests: IntCounterVec,
+    ttft: HistogramVec,
+    itl: HistogramVec,
+    e2e: HistogramVec,
 }
 
 fn label(rank: Option<u32>) -> String {
     rank.map_or_else(|| "unknown".to_string(), |r| r.to_string())
 }
 
-impl Metrics {
-    fn with(&self, rank: Option<u32>, f: impl FnOnce(&mut RankSeries)) {
-        let mut ranks = self.ranks.lock().unwrap_or_else(|p| p.into_inner());
-        f(ranks.entry(label(rank)).or_default());
+impl Default for Metrics {
+    fn default() -> Self {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            register(&registry, IntCounterVec::new(opts(name, help), labels))
+        };
+        let histogram = |name: &str, help: &str, buckets: &[f64]| {
+            let opts = HistogramOpts::from(opts(name, help)).buckets(buckets.to_vec());
+            register(&registry, HistogramVec::new(opts, &["dp_rank"]))
+        };
+        Metrics {
+            prompt_tokens: counter(
+                "prompt_tokens_total",
+                "Prompt tokens of finished requests.",
+                &["dp_rank"],
+            ),
+            generation_tokens: counter(
+                "generation_tokens_total",
+                "Generated tokens of finished requests.",
+                &["dp_rank"],
+            ),
+            cached_tokens: counter(
+                "cached_tokens_total",
+                "Prompt tokens served from the prefix cache.",
+                &["dp_rank"],
+            ),
+            requests: counter(
+                "requests_total",
+                "Finished requests by finish reason.",
+                &["dp_rank", "finish_reason"],
+            ),
+            ttft: histogram(
+                "time_to_first_token_seconds",
+                "Time to first token.",
+                TTFT_BUCKETS,
+            ),
+            itl: histogram(
+                "inter_token_latency_seconds",
+                "Time between output tokens.",
+                ITL_BUCKETS,
+            ),
+            e2e: histogram(
+                "e2e_request_latency_seconds",
+                "End-to-end request latency.",
+                E2E_BUCKETS,
+            ),
+            registry,
+        }
     }
+}
 
+impl Metrics {
     pub fn observe_ttft(&self, rank: Option<u32>, secs: f64) {
-        self.with(rank, |s| s.ttft.observe(secs));
+        self.ttft.with_label_values(&[&label(rank)]).observe(secs);
     }
 
     /// `secs` between two outputs that carried `tokens` new tokens: one observation per token.
@@ -121,202 +127,133 @@ impl Metrics {
             return;
         }
         let per = secs / tokens as f64;
-        self.with(rank, |s| (0..tokens).for_each(|_| s.itl.observe(per)));
+        let itl = self.itl.with_label_values(&[&label(rank)]);
+        (0..tokens).for_each(|_| itl.observe(per));
     }
 
     pub fn finished(&self, f: Finished) {
-        self.with(f.dp_rank, |s| {
-            s.prompt_tokens += f.prompt_tokens;
-            s.generation_tokens += f.completion_tokens;
-            s.cached_tokens += f.cached_tokens;
-            *s.requests.entry(f.finish_reason).or_default() += 1;
-            s.e2e.observe(f.e2e_s);
-        });
+        let rank = label(f.dp_rank);
+        let by_rank = [rank.as_str()];
+        self.prompt_tokens
+            .with_label_values(&by_rank)
+            .inc_by(f.prompt_tokens);
+        self.generation_tokens
+            .with_label_values(&by_rank)
+            .inc_by(f.completion_tokens);
+        self.cached_tokens
+            .with_label_values(&by_rank)
+            .inc_by(f.cached_tokens);
+        self.requests
+            .with_label_values(&[rank.as_str(), f.finish_reason])
+            .inc();
+        self.e2e.with_label_values(&by_rank).observe(f.e2e_s);
     }
 
-    /// The whole exposition: gauges from `cluster` (if fresh), then what was recorded here.
-    pub fn render(&self, cluster: Option<&ClusterStatus>, in_flight: usize) -> String {
-        let mut out = String::new();
-        let live = cluster.map_or(0, |c| c.live_ranks.len());
-        gauge_header(&mut out, "live_ranks", "Ranks the controller reports live.");
-        let _ = writeln!(out, "dpserve:live_ranks {live}");
-        gauge_header(
-            &mut out,
-            "requests_in_flight",
-            "Requests this tokenizer is waiting on.",
-        );
-        let _ = writeln!(out, "dpserve:requests_in_flight {in_flight}");
-
-        type Field = fn(&protocol::WorkerStatus) -> f64;
-        let gauges: [(&str, &str, Field); 6] = [
-            ("num_running_reqs", "Running requests per rank.", |s| {
-                s.num_running_reqs as f64
-            }),
-            (
-                "num_queue_reqs",
-                "Queued (waiting) requests per rank.",
-                |s| s.num_waiting_reqs as f64,
-            ),
-            ("num_used_tokens", "KV slots in use per rank.", |s| {
-                s.num_used_tokens as f64
-            }),
-            (
-                "token_usage",
-                "Fraction of the KV pool in use per rank.",
-                |s| {
-                    if s.max_total_tokens > 0 {
-                        s.num_used_tokens as f64 / s.max_total_tokens as f64
-                    } else {
-                        0.0
-                    }
-                },
-            ),
-            ("cache_hit_rate", "Prefix-cache hit rate per rank.", |s| {
-                s.cache_hit_rate
-            }),
-            (
-                "gen_throughput",
-                "Generation throughput per rank (tokens/s).",
-                |s| s.gen_throughput,
-            ),
-        ];
-        for (name, help, get) in gauges {
-            gauge_header(&mut out, name, help);
-            for r in cluster.iter().flat_map(|c| &c.live_ranks) {
-                if let Some(status) = &r.status {
-                    let _ = writeln!(
-                        out,
-                        "dpserve:{name}{{dp_rank=\"{}\"}} {}",
-                        r.rank,
-                        get(status)
-                    );
-                }
-            }
-        }
-
-        let _ = writeln!(
-            out,
-            "# HELP dpserve:routing_decisions_total Routing decisions of the controller by \
-             load-balance method and branch (refused: not routable).\n\
-             # TYPE dpserve:routing_decisions_total counter"
-        );
-        for c in cluster.iter().flat_map(|c| &c.routing) {
-            let _ = writeln!(
-                out,
-                "dpserve:routing_decisions_total{{method=\"{}\",branch=\"{}\"}} {}",
-                label_value(&c.method),
-                label_value(&c.branch),
-                c.count
-            );
-        }
-
-        let ranks = self.ranks.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let counters: [Series<u64>; 3] = [
-            (
-                "prompt_tokens_total",
-                "Prompt tokens of finished requests.",
-                |s| s.prompt_tokens,
-            ),
-            (
-                "generation_tokens_total",
-                "Generated tokens of finished requests.",
-                |s| s.generation_tokens,
-            ),
-            (
-                "cached_tokens_total",
-                "Prompt tokens served from the prefix cache.",
-                |s| s.cached_tokens,
-            ),
-        ];
-        for (name, help, get) in counters {
-            let _ = writeln!(
-                out,
-                "# HELP dpserve:{name} {help}\n# TYPE dpserve:{name} counter"
-            );
-            for (rank, s) in &ranks {
-                let _ = writeln!(out, "dpserve:{name}{{dp_rank=\"{rank}\"}} {}", get(s));
-            }
-        }
-        let _ = writeln!(
-            out,
-            "# HELP dpserve:requests_total Finished requests by finish reason.\n\
-             # TYPE dpserve:requests_total counter"
-        );
-        for (rank, s) in &ranks {
-            for (reason, n) in &s.requests {
-                let _ = writeln!(
-                    out,
-                    "dpserve:requests_total{{dp_rank=\"{rank}\",finish_reason=\"{reason}\"}} {n}"
-                );
-            }
-        }
-        let hists: [HistogramSeries; 3] = [
-            ("time_to_first_token_seconds", "Time to first token.", |s| {
-                &s.ttft
-            }),
-            (
-                "inter_token_latency_seconds",
-                "Time between output tokens.",
-                |s| &s.itl,
-            ),
-            (
-                "e2e_request_latency_seconds",
-                "End-to-end request latency.",
-                |s| &s.e2e,
-            ),
-        ];
-        for (name, help, get) in hists {
-            let _ = writeln!(
-                out,
-                "# HELP dpserve:{name} {help}\n# TYPE dpserve:{name} histogram"
-            );
-            for (rank, s) in &ranks {
-                write_histogram(&mut out, name, rank, get(s));
-            }
-        }
-        out
+    /// The whole exposition: gauges and routing counters from `cluster` (if fresh), then what
+    /// was recorded here.
+    pub fn render(
+        &self,
+        cluster: Option<&ClusterStatus>,
+        in_flight: usize,
+    ) -> prometheus::Result<String> {
+        let mut families = cluster_metrics(cluster, in_flight)?.gather();
+        families.extend(self.registry.gather());
+        TextEncoder::new().encode_to_string(&families)
     }
 }
 
-/// A metric name, its help text, and how to read it from a rank's series.
-type Series<T> = (&'static str, &'static str, fn(&RankSeries) -> T);
-type HistogramSeries = (&'static str, &'static str, fn(&RankSeries) -> &Histogram);
+/// A gauge read from one rank's status.
+type RankGauge = (&'static str, &'static str, fn(&WorkerStatus) -> f64);
 
-/// A label value escaped as the exposition format wants (`\\`, `\"`, newline): the
-/// controller is another process, so its strings are not trusted to be plain.
-fn label_value(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
+const RANK_GAUGES: [RankGauge; 6] = [
+    ("num_running_reqs", "Running requests per rank.", |s| {
+        f64::from(s.num_running_reqs)
+    }),
+    (
+        "num_queue_reqs",
+        "Queued (waiting) requests per rank.",
+        |s| f64::from(s.num_waiting_reqs),
+    ),
+    ("num_used_tokens", "KV slots in use per rank.", |s| {
+        s.num_used_tokens as f64
+    }),
+    (
+        "token_usage",
+        "Fraction of the KV pool in use per rank.",
+        |s| {
+            if s.max_total_tokens > 0 {
+                s.num_used_tokens as f64 / s.max_total_tokens as f64
+            } else {
+                0.0
+            }
+        },
+    ),
+    ("cache_hit_rate", "Prefix-cache hit rate per rank.", |s| {
+        s.cache_hit_rate
+    }),
+    (
+        "gen_throughput",
+        "Generation throughput per rank (tokens/s).",
+        |s| s.gen_throughput,
+    ),
+];
 
-fn gauge_header(out: &mut String, name: &str, help: &str) {
-    let _ = writeln!(
-        out,
-        "# HELP dpserve:{name} {help}\n# TYPE dpserve:{name} gauge"
-    );
-}
-
-fn write_histogram(out: &mut String, name: &str, rank: &str, h: &Histogram) {
-    let mut cum = 0;
-    for (i, b) in h.bounds.iter().enumerate() {
-        cum += h.counts[i];
-        let _ = writeln!(
-            out,
-            "dpserve:{name}_bucket{{dp_rank=\"{rank}\",le=\"{b}\"}} {cum}"
-        );
+/// What the cluster status says now, as a registry of its own built for one scrape: a rank
+/// that left has no series, and the routing counters are the controller's cumulative counts.
+fn cluster_metrics(
+    cluster: Option<&ClusterStatus>,
+    in_flight: usize,
+) -> prometheus::Result<Registry> {
+    let registry = Registry::new();
+    let live = IntGauge::with_opts(opts("live_ranks", "Ranks the controller reports live."))?;
+    live.set(cluster.map_or(0, |c| c.live_ranks.len() as i64));
+    registry.register(Box::new(live))?;
+    let waiting = IntGauge::with_opts(opts(
+        "requests_in_flight",
+        "Requests this tokenizer is waiting on.",
+    ))?;
+    waiting.set(i64::try_from(in_flight).unwrap_or(i64::MAX));
+    registry.register(Box::new(waiting))?;
+    for (name, help, get) in RANK_GAUGES {
+        let gauge = GaugeVec::new(opts(name, help), &["dp_rank"])?;
+        for r in cluster.iter().flat_map(|c| &c.live_ranks) {
+            if let Some(status) = &r.status {
+                gauge
+                    .with_label_values(&[&r.rank.to_string()])
+                    .set(get(status));
+            }
+        }
+        registry.register(Box::new(gauge))?;
     }
-    let _ = writeln!(
-        out,
-        "dpserve:{name}_bucket{{dp_rank=\"{rank}\",le=\"+Inf\"}} {}",
-        h.count
-    );
-    let _ = writeln!(out, "dpserve:{name}_sum{{dp_rank=\"{rank}\"}} {}", h.sum);
-    let _ = writeln!(
-        out,
-        "dpserve:{name}_count{{dp_rank=\"{rank}\"}} {}",
-        h.count
-    );
+    let routing = IntCounterVec::new(
+        opts(
+            "routing_decisions_total",
+            "Routing decisions of the controller by load-balance method and branch \
+             (refused: not routable).",
+        ),
+        &["method", "branch"],
+    )?;
+    for c in cluster.iter().flat_map(|c| &c.routing) {
+        routing
+            .with_label_values(&[c.method.as_str(), c.branch.as_str()])
+            .inc_by(c.count);
+    }
+    registry.register(Box::new(routing))?;
+    Ok(registry)
+}
+
+fn opts(name: &str, help: &str) -> Opts {
+    Opts::new(format!("dpserve:{name}"), help)
+}
+
+/// Register a metric of [`Metrics`]: its names and labels are constants here, so a failure
+/// is a bug in this file, caught by its tests.
+fn register<C: Collector + Clone + 'static>(registry: &Registry, made: prometheus::Result<C>) -> C {
+    let metric = made.expect("metric options are valid");
+    registry
+        .register(Box::new(metric.clone()))
+        .expect("metric names are unique");
+    metric
 }
 
 #[cfg(test)]
@@ -337,7 +274,7 @@ mod tests {
             finish_reason: "length",
             e2e_s: 0.2,
         });
-        let text = m.render(None, 0);
+        let text = m.render(None, 0).unwrap();
         for want in [
             "dpserve:time_to_first_token_seconds_bucket{dp_rank=\"1\",le=\"0.02\"} 0",
             "dpserve:time_to_first_token_seconds_bucket{dp_rank=\"1\",le=\"0.04\"} 1",
@@ -386,22 +323,22 @@ mod tests {
             count("prefix_affinity", "refused", 1),
             count("odd\"name\\", "x", 3),
         ]);
-        let text = m.render(Some(&status), 0);
+        let text = m.render(Some(&status), 0).unwrap();
         assert!(
             text.contains("# TYPE dpserve:routing_decisions_total counter"),
             "{text}"
         );
+        // The encoder lists a series' labels by name.
         for want in [
-            "dpserve:routing_decisions_total{method=\"prefix_affinity\",branch=\"affinity\"} 41",
-            "dpserve:routing_decisions_total{method=\"prefix_affinity\",branch=\"spill\"} 2",
-            "dpserve:routing_decisions_total{method=\"prefix_affinity\",branch=\"refused\"} 1",
-            "dpserve:routing_decisions_total{method=\"odd\\\"name\\\\\",branch=\"x\"} 3",
+            "dpserve:routing_decisions_total{branch=\"affinity\",method=\"prefix_affinity\"} 41",
+            "dpserve:routing_decisions_total{branch=\"spill\",method=\"prefix_affinity\"} 2",
+            "dpserve:routing_decisions_total{branch=\"refused\",method=\"prefix_affinity\"} 1",
+            "dpserve:routing_decisions_total{branch=\"x\",method=\"odd\\\"name\\\\\"} 3",
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }
-        // Without a (fresh) cluster status the counter is declared but has no samples.
-        let text = m.render(None, 0);
-        assert!(text.contains("# TYPE dpserve:routing_decisions_total counter"));
+        // Without a (fresh) cluster status the counter has no samples.
+        let text = m.render(None, 0).unwrap();
         assert!(!text.contains("dpserve:routing_decisions_total{"), "{text}");
     }
 }

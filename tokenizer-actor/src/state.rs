@@ -31,7 +31,7 @@ pub struct AppState {
 
 impl AppState {
     /// Load the tokenizer and open the sockets; fails with a clear error on bad files or
-    /// addresses.
+    /// addresses. Must be called inside an actix `System` (the bridge starts actors).
     pub fn start(args: &TokenizerArgs) -> Result<AppState> {
         let LoadedTokenizer { tokenizer, facts } =
             LoadedTokenizer::load(args.model_path.as_deref())?;
@@ -75,17 +75,17 @@ impl AppState {
     }
 
     /// Live ranks per a fresh cluster status, `None` when there is none.
-    pub fn fresh_cluster(&self) -> Option<protocol::ClusterStatus> {
-        self.bridge
-            .cluster()
-            .filter(|snap| snap.received.elapsed() < CLUSTER_STATUS_STALE_AFTER)
+    pub async fn fresh_cluster(&self) -> Option<protocol::ClusterStatus> {
+        let latest = self.bridge.cluster().await;
+        latest
+            .filter(|snap| snap.is_fresh())
             .map(|snap| snap.status)
     }
 
     /// The model's limits narrowed by what the live ranks announce (a worker may run a
     /// shorter context than the config allows).
-    pub fn limits(&self) -> Limits {
-        let cluster = self.fresh_cluster();
+    pub async fn limits(&self) -> Limits {
+        let cluster = self.fresh_cluster().await;
         let mut limits = Limits {
             vocab_size: self.facts.vocab_size,
             context_len: self.facts.context_len,

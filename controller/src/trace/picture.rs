@@ -130,16 +130,7 @@ pub fn request_svg(j: &Journey) -> String {
         let (y, h) = lanes[lane];
         y + h - LANE + TRACK
     };
-
-    let mut times: Vec<f64> = vec![j.t0, j.t_end];
-    times.extend(
-        j.messages
-            .iter()
-            .flat_map(|a| a.sent.into_iter().chain(a.received)),
-    );
-    times.extend(j.marks.iter().map(|m| m.t));
-    times.extend(j.phases.iter().flat_map(|p| [p.start, p.end]));
-    let axis = TimeAxis::new(times, LEFT + 10.0, WIDTH - LEFT - RIGHT - 10.0);
+    let axis = time_axis(j);
 
     svg.text(
         16.0,
@@ -150,7 +141,31 @@ pub fn request_svg(j: &Journey) -> String {
         &format!("request {}", j.rid),
     );
     svg.text(16.0, 48.0, 12.0, Anchor::Start, "fill=\"#333\"", &j.summary);
+    draw_lanes(&mut svg, j, &lanes, &track);
+    draw_phases(&mut svg, j, &axis, &track);
+    draw_route(&mut svg, j, &axis, &lanes);
+    draw_messages(&mut svg, j, &axis, &track);
+    draw_marks(&mut svg, j, &axis, &track);
+    draw_ticks(&mut svg, j, &axis, bottom);
+    svg.finish()
+}
 
+/// The axis through every moment the picture shows: start and end, each send and receipt,
+/// each milestone and each phase's ends.
+fn time_axis(j: &Journey) -> TimeAxis {
+    let mut times: Vec<f64> = vec![j.t0, j.t_end];
+    times.extend(
+        j.messages
+            .iter()
+            .flat_map(|a| a.sent.into_iter().chain(a.received)),
+    );
+    times.extend(j.marks.iter().map(|m| m.t));
+    times.extend(j.phases.iter().flat_map(|p| [p.start, p.end]));
+    TimeAxis::new(times, LEFT + 10.0, WIDTH - LEFT - RIGHT - 10.0)
+}
+
+/// Each lane's band (shaded every other one), its name and its track line.
+fn draw_lanes(svg: &mut Svg, j: &Journey, lanes: &[(f64, f64)], track: &dyn Fn(usize) -> f64) {
     for (i, label) in j.lanes.iter().enumerate() {
         let (y, h) = lanes[i];
         svg.group("lane", &[("lane", label)]);
@@ -173,36 +188,36 @@ pub fn request_svg(j: &Journey) -> String {
         );
         svg.end();
     }
+}
 
-    draw_phases(&mut svg, j, &axis, &track);
-    if let Some(ctl) = j.lanes.iter().position(|l| l == "controller") {
-        if !j.route.is_empty() {
-            svg.group("route", &[]);
-            svg.title("the routing decision");
-            let top = lanes[ctl].0 + 16.0;
-            let x = route_text_x(j, &axis, ctl);
-            for (n, line) in j.route.iter().enumerate() {
-                let style = if n == 0 {
-                    "font-weight=\"bold\" fill=\"#6b3d7a\""
-                } else {
-                    "fill=\"#6b3d7a\""
-                };
-                svg.text(
-                    x,
-                    top + n as f64 * ROUTE_LINE,
-                    12.0,
-                    Anchor::Start,
-                    style,
-                    line,
-                );
-            }
-            svg.end();
-        }
+/// The routing decision's lines, at the top of the controller lane (when there is one).
+fn draw_route(svg: &mut Svg, j: &Journey, axis: &TimeAxis, lanes: &[(f64, f64)]) {
+    let Some(ctl) = j.lanes.iter().position(|l| l == "controller") else {
+        return;
+    };
+    if j.route.is_empty() {
+        return;
     }
-    draw_messages(&mut svg, j, &axis, &track);
-    draw_marks(&mut svg, j, &axis, &track);
-    draw_ticks(&mut svg, j, &axis, bottom);
-    svg.finish()
+    svg.group("route", &[]);
+    svg.title("the routing decision");
+    let top = lanes[ctl].0 + 16.0;
+    let x = route_text_x(j, axis, ctl);
+    for (n, line) in j.route.iter().enumerate() {
+        let style = if n == 0 {
+            "font-weight=\"bold\" fill=\"#6b3d7a\""
+        } else {
+            "fill=\"#6b3d7a\""
+        };
+        svg.text(
+            x,
+            top + n as f64 * ROUTE_LINE,
+            12.0,
+            Anchor::Start,
+            style,
+            line,
+        );
+    }
+    svg.end();
 }
 
 /// Where the routing decision's text starts: right of the arrows that bring the request to the

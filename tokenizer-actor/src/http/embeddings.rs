@@ -13,6 +13,7 @@ use serde_json::{json, Map, Value};
 
 use super::error::ApiError;
 use super::generate::{header_inputs, random_rid, read_body};
+use super::inflight::register;
 use super::openai::prompt_list;
 use super::validate::{self, field, HeaderInputs, Limits, Prompt};
 use crate::bridge::RequestGuard;
@@ -119,7 +120,7 @@ async fn embed_all(
     started: Instant,
 ) -> Result<Vec<Embedded>, ApiError> {
     let received_at = protocol::unix_time();
-    let limits = state.limits();
+    let limits = state.limits().await;
     // A batch (even of one): each rid gets its index.
     let last = input.batch.then(|| input.prompts.len().saturating_sub(1));
     validate::check_child_rids(&rid, last)?;
@@ -184,10 +185,7 @@ async fn embed_one(
 ) -> Result<Embedded, ApiError> {
     let rid = req.rid.clone();
     let prompt_tokens = req.input_ids.len();
-    let mut rx = state
-        .bridge
-        .register(&rid)
-        .map_err(|_| ApiError::bad_request(format!("rid {rid:?} is already in flight")))?;
+    let mut rx = register(state, &rid).await?;
     // However this ends, the guard unregisters the rid, and aborts it unless it finished.
     let mut guard = RequestGuard::new(rid.clone(), state.bridge.clone());
     if !state.bridge.send(Message::EmbedReq(req)) {

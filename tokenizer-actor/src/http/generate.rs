@@ -44,7 +44,7 @@ pub async fn generate(
         &input_ids,
         &input.sampling,
         input.routed_dp_rank,
-        &state.limits(),
+        &state.limits().await,
     )?;
 
     let sub = Submission {
@@ -64,7 +64,7 @@ pub async fn generate(
         },
         received_at,
     };
-    let mut inflight = submit(&state, sub, started)?;
+    let mut inflight = submit(&state, sub, started).await?;
     let lp = LogprobShape {
         state: state.clone(),
         with_text: input.return_text_in_logprobs,

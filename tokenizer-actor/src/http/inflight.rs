@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::error::ApiError;
-use crate::bridge::RequestGuard;
+use crate::bridge::{RegisterError, RequestGuard};
 use crate::detokenize::IncrementalDetokenizer;
 use crate::metrics::Finished;
 use crate::state::AppState;
@@ -38,18 +38,15 @@ pub struct Submission {
 }
 
 /// Register the rid, send the request to the controller and return its [`InFlight`].
-pub fn submit(
+pub async fn submit(
     state: &Arc<AppState>,
     sub: Submission,
     started: Instant,
 ) -> Result<InFlight, ApiError> {
     let rid = sub.rid.clone();
+    let rx = register(state, &rid).await?;
     // Log lines about this request while it is handed on carry its rid.
     let _span = tracing::info_span!("request", rid = %rid).entered();
-    let rx = state
-        .bridge
-        .register(&rid)
-        .map_err(|_| ApiError::bad_request(format!("rid {rid:?} is already in flight")))?;
     // From here on the guard owns the rid: however this request ends, it is unregistered,
     // and aborted on the worker unless its final output arrived.
     let guard = RequestGuard::new(rid.clone(), state.bridge.clone());
@@ -58,6 +55,20 @@ pub fn submit(
         return Err(ApiError::unavailable("tokenizer is shutting down"));
     }
     Ok(inflight)
+}
+
+/// Route the outputs of `rid` to the returned channel; the caller's [`RequestGuard`]
+/// unregisters it.
+pub async fn register(
+    state: &AppState,
+    rid: &str,
+) -> Result<UnboundedReceiver<TokenOut>, ApiError> {
+    state.bridge.register(rid).await.map_err(|e| match e {
+        RegisterError::RidInUse => {
+            ApiError::bad_request(format!("rid {rid:?} is already in flight"))
+        }
+        RegisterError::Stopped => ApiError::unavailable("tokenizer is shutting down"),
+    })
 }
 
 fn to_wire(sub: Submission, state: &AppState) -> GenerateReq {

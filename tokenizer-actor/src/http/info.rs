@@ -28,7 +28,7 @@ fn reported_model_path(facts: &ModelFacts) -> String {
 }
 
 pub async fn health(state: web::Data<AppState>) -> HttpResponse {
-    match state.fresh_cluster() {
+    match state.fresh_cluster().await {
         Some(c) if !c.live_ranks.is_empty() => HttpResponse::Ok().json(json!({
             "status": "ok",
             "live_ranks": c.live_ranks.iter().map(|r| r.rank).collect::<Vec<_>>(),
@@ -39,8 +39,8 @@ pub async fn health(state: web::Data<AppState>) -> HttpResponse {
 }
 
 pub async fn server_info(state: web::Data<AppState>) -> HttpResponse {
-    let cluster = state.fresh_cluster();
-    let limits = state.limits();
+    let cluster = state.fresh_cluster().await;
+    let limits = state.limits().await;
     let (live_ranks, ranks, method) = match &cluster {
         Some(c) => (
             c.live_ranks.iter().map(|r| r.rank).collect::<Vec<_>>(),
@@ -49,10 +49,8 @@ pub async fn server_info(state: web::Data<AppState>) -> HttpResponse {
         ),
         None => (Vec::new(), json!([]), None),
     };
-    let status_age_s = state
-        .bridge
-        .cluster()
-        .map(|snap| snap.received.elapsed().as_secs_f64());
+    let status_age_s =
+        (state.bridge.cluster().await).map(|snap| snap.received.elapsed().as_secs_f64());
     HttpResponse::Ok().json(json!({
         "dp_size": reported_dp_size(live_ranks.len(), state.args.dp_size),
         // Each rank is one device: no tensor parallelism (SGLang's gateway reads this).
@@ -71,7 +69,7 @@ pub async fn server_info(state: web::Data<AppState>) -> HttpResponse {
         "request_timeout_s": state.args.http.request_timeout_s,
         "tokenizer_addr": state.args.tokenizer_addr,
         "controller_addr": state.args.controller_addr,
-        "requests_in_flight": state.bridge.in_flight(),
+        "requests_in_flight": state.bridge.in_flight().await,
         "frames_dropped": state.bridge.frames_dropped(),
         "chat_template": state.chat_template.source.describe(),
         "api_key_required": state.args.http.api_key.is_some(),
@@ -105,7 +103,7 @@ pub async fn models(state: web::Data<AppState>) -> HttpResponse {
             "object": "model",
             "owned_by": "dpserve",
             "root": reported_model_path(&state.facts),
-            "max_model_len": state.limits().context_len,
+            "max_model_len": state.limits().await.context_len,
         }],
     }))
 }
@@ -114,12 +112,12 @@ pub async fn models(state: web::Data<AppState>) -> HttpResponse {
 /// as SGLang) while this tokenizer has requests in flight or a live rank's fresh status shows
 /// running or waiting requests; a worker still refuses on its own if one arrives meanwhile.
 pub async fn flush_cache(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let Some(cluster) = state.fresh_cluster() else {
+    let Some(cluster) = state.fresh_cluster().await else {
         return Err(ApiError::unavailable(
             "no recent cluster status from the controller; cache not flushed",
         ));
     };
-    if let Some(refusal) = flush_refusal(state.bridge.in_flight(), &cluster) {
+    if let Some(refusal) = flush_refusal(state.bridge.in_flight().await, &cluster) {
         return Err(ApiError::bad_request(refusal));
     }
     if !state.bridge.send(Message::FlushCache(FlushCache {})) {
@@ -163,11 +161,13 @@ pub async fn abort_request(
         _ if all => None,
         Some(serde_json::Value::String(rid)) if !rid.is_empty() => {
             let children = format!("{rid}-");
-            let mut rids = state.bridge.rids_matching(|r| {
-                r == rid
-                    || r.strip_prefix(&children)
-                        .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
-            });
+            let mut rids = (state.bridge)
+                .rids_matching(|r| {
+                    r == rid
+                        || r.strip_prefix(&children)
+                            .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+                })
+                .await;
             if rids.is_empty() {
                 // Not waited on here (another tokenizer, or already done): the worker decides.
                 rids.push(rid.clone());
@@ -197,13 +197,14 @@ pub async fn abort_request(
 
 /// `GET /metrics`: Prometheus text format.
 pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
-    let cluster = state.fresh_cluster();
-    let text = state
-        .metrics
-        .render(cluster.as_ref(), state.bridge.in_flight());
-    HttpResponse::Ok()
-        .content_type("text/plain; version=0.0.4; charset=utf-8")
-        .body(text)
+    let cluster = state.fresh_cluster().await;
+    let in_flight = state.bridge.in_flight().await;
+    match state.metrics.render(cluster.as_ref(), in_flight) {
+        Ok(text) => HttpResponse::Ok()
+            .content_type(crate::metrics::CONTENT_TYPE)
+            .body(text),
+        Err(err) => ApiError::internal(format!("metrics encoding failed: {err}")).into(),
+    }
 }
 
 pub async fn not_found() -> HttpResponse {

@@ -120,69 +120,21 @@ impl ModelConfig {
         let path = dir.join("config.json");
         let v = read_json(&path)?;
         let f = Fields { file: &path, v: &v };
-        let hidden = f.usize_req("hidden_size")?;
-        let heads = f.usize_req("num_attention_heads")?;
-        if heads == 0 || hidden % heads != 0 && f.get("head_dim").is_none() {
-            return Err(f.missing("num_attention_heads"));
-        }
-        let kv_heads = f.usize_opt("num_key_value_heads")?.unwrap_or(heads);
-        if kv_heads == 0 || heads % kv_heads != 0 {
-            return Err(ModelError::Config {
-                field: "num_key_value_heads".into(),
-                reason: format!("{kv_heads} does not divide num_attention_heads {heads}"),
-            });
-        }
-        let head_dim = f.usize_opt("head_dim")?.unwrap_or(hidden / heads);
-        if head_dim == 0 || head_dim % 2 != 0 {
-            return Err(ModelError::Config {
-                field: "head_dim".into(),
-                reason: format!("{head_dim} must be even and positive for RoPE"),
-            });
-        }
-        if let Some(rs) = f.get("rope_scaling") {
-            if !rs.is_null() {
-                return Err(ModelError::Config {
-                    field: "rope_scaling".into(),
-                    reason: format!("RoPE scaling {rs} is not supported (only null)"),
-                });
-            }
-        }
-        if let Some(act) = f.get("hidden_act").and_then(Value::as_str) {
-            if act != "silu" {
-                return Err(ModelError::Config {
-                    field: "hidden_act".into(),
-                    reason: format!("`{act}` is not supported (only silu)"),
-                });
-            }
-        }
-        let mut eos = f.ids_opt("eos_token_id")?.unwrap_or_default();
-        let mut bos = f.ids_opt("bos_token_id")?.and_then(|b| b.first().copied());
-        let gen_path = dir.join("generation_config.json");
-        if gen_path.exists() {
-            let g = read_json(&gen_path)?;
-            let gf = Fields {
-                file: &gen_path,
-                v: &g,
-            };
-            if let Some(e) = gf.ids_opt("eos_token_id")? {
-                eos = e;
-            }
-            if let Some(b) = gf.ids_opt("bos_token_id")? {
-                bos = b.first().copied().or(bos);
-            }
-        }
+        let shape = AttentionShape::read(&f)?;
+        check_supported(&f)?;
+        let (bos, eos) = special_tokens(dir, &f)?;
         let model_id = dir
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| dir.display().to_string());
         let cfg = ModelConfig {
             vocab_size: f.usize_req("vocab_size")?,
-            hidden_size: hidden,
+            hidden_size: shape.hidden,
             intermediate_size: f.usize_req("intermediate_size")?,
             num_hidden_layers: f.usize_req("num_hidden_layers")?,
-            num_attention_heads: heads,
-            num_key_value_heads: kv_heads,
-            head_dim,
+            num_attention_heads: shape.heads,
+            num_key_value_heads: shape.kv_heads,
+            head_dim: shape.head_dim,
             max_position_embeddings: f.usize_opt("max_position_embeddings")?.unwrap_or(2048),
             rms_norm_eps: f.f32_opt("rms_norm_eps")?.unwrap_or(1e-6),
             rope_theta: f.f32_opt("rope_theta")?.unwrap_or(10000.0),
@@ -205,6 +157,89 @@ impl ModelConfig {
         }
         Ok(cfg)
     }
+}
+
+/// The attention geometry of `config.json`, checked: heads divide the hidden size (unless
+/// `head_dim` says otherwise), KV heads divide heads (GQA), and RoPE gets an even head size.
+struct AttentionShape {
+    hidden: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+impl AttentionShape {
+    fn read(f: &Fields<'_>) -> Result<Self> {
+        let hidden = f.usize_req("hidden_size")?;
+        let heads = f.usize_req("num_attention_heads")?;
+        if heads == 0 || hidden % heads != 0 && f.get("head_dim").is_none() {
+            return Err(f.missing("num_attention_heads"));
+        }
+        let kv_heads = f.usize_opt("num_key_value_heads")?.unwrap_or(heads);
+        if kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(ModelError::Config {
+                field: "num_key_value_heads".into(),
+                reason: format!("{kv_heads} does not divide num_attention_heads {heads}"),
+            });
+        }
+        let head_dim = f.usize_opt("head_dim")?.unwrap_or(hidden / heads);
+        if head_dim == 0 || head_dim % 2 != 0 {
+            return Err(ModelError::Config {
+                field: "head_dim".into(),
+                reason: format!("{head_dim} must be even and positive for RoPE"),
+            });
+        }
+        Ok(AttentionShape {
+            hidden,
+            heads,
+            kv_heads,
+            head_dim,
+        })
+    }
+}
+
+/// Refuse what the model code does not implement, rather than run it wrong: RoPE scaling and
+/// activations other than SiLU.
+fn check_supported(f: &Fields<'_>) -> Result<()> {
+    if let Some(rs) = f.get("rope_scaling") {
+        if !rs.is_null() {
+            return Err(ModelError::Config {
+                field: "rope_scaling".into(),
+                reason: format!("RoPE scaling {rs} is not supported (only null)"),
+            });
+        }
+    }
+    if let Some(act) = f.get("hidden_act").and_then(Value::as_str) {
+        if act != "silu" {
+            return Err(ModelError::Config {
+                field: "hidden_act".into(),
+                reason: format!("`{act}` is not supported (only silu)"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// BOS and EOS ids from `config.json`, overridden by `generation_config.json` when the
+/// directory has one (as transformers does).
+fn special_tokens(dir: &Path, f: &Fields<'_>) -> Result<(Option<u32>, Vec<u32>)> {
+    let mut eos = f.ids_opt("eos_token_id")?.unwrap_or_default();
+    let mut bos = f.ids_opt("bos_token_id")?.and_then(|b| b.first().copied());
+    let gen_path = dir.join("generation_config.json");
+    if gen_path.exists() {
+        let g = read_json(&gen_path)?;
+        let gf = Fields {
+            file: &gen_path,
+            v: &g,
+        };
+        if let Some(e) = gf.ids_opt("eos_token_id")? {
+            eos = e;
+        }
+        if let Some(b) = gf.ids_opt("bos_token_id")? {
+            bos = b.first().copied().or(bos);
+        }
+    }
+    Ok((bos, eos))
 }
 
 fn read_json(path: &Path) -> Result<Value> {

@@ -77,7 +77,7 @@ async fn serve(
     let r = params::parse(&body, &header_inputs(&req)?, kind)?;
 
     let prompts = tokenize(&state, &r, kind)?;
-    let limits = state.limits();
+    let limits = state.limits().await;
     let prefix = match kind {
         Kind::Completions => "cmpl-",
         Kind::Chat => "chatcmpl-",
@@ -122,7 +122,7 @@ async fn serve(
                 top_logprobs_num: if r.logprobs { r.top_logprobs } else { 0 },
                 received_at,
             };
-            let inflight = submit(&state, sub, started)?;
+            let inflight = submit(&state, sub, started).await?;
             jobs.push(Job {
                 index,
                 first_of_prompt: i == 0,
