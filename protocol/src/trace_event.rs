@@ -84,6 +84,10 @@ pub enum Milestone {
         /// The keyless method that chose, for branch `fallback`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         fallback: Option<String>,
+        /// In a disaggregated deployment, which leg this decision placed: `prefill` or
+        /// `decode` (one decision each).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        leg: Option<String>,
     },
     /// No rank could take the request (controller): rank not live, no live rank.
     Refused { error: String },
@@ -182,11 +186,17 @@ impl fmt::Display for Milestone {
                 chosen_rank,
                 branch,
                 key_source,
+                leg,
                 ..
-            } => write!(
-                f,
-                "rank={chosen_rank} branch={branch} key_source={key_source}"
-            ),
+            } => {
+                if let Some(leg) = leg {
+                    write!(f, "leg={leg} ")?;
+                }
+                write!(
+                    f,
+                    "rank={chosen_rank} branch={branch} key_source={key_source}"
+                )
+            }
             Milestone::Refused { error } | Milestone::Failed { error } => f.write_str(error),
             Milestone::SendFailed { to, error } => write!(f, "to {to}: {error}"),
             Milestone::Admitted {
@@ -434,6 +444,7 @@ mod legacy {
                 threshold: None,
                 loads: Vec::new(),
                 fallback: None,
+                leg: None,
             },
             "refused" => Milestone::Refused { error: d.into() },
             "failed" => Milestone::Failed { error: d.into() },
@@ -500,6 +511,7 @@ mod tests {
                     active_tokens: 40,
                 }],
                 fallback: None,
+                leg: Some("prefill".into()),
             }),
             TraceEvent::Event(Milestone::Refused {
                 error: "no live rank".into(),

@@ -17,9 +17,10 @@
 
 use prometheus::core::Collector;
 use prometheus::{
-    GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    CounterVec, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
 };
-use protocol::{ClusterStatus, WorkerStatus};
+use protocol::{ClusterStatus, DisaggStatus, WorkerStatus};
 
 /// The content type of [`Metrics::render`]'s text.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -198,6 +199,67 @@ const RANK_GAUGES: [RankGauge; 6] = [
     ),
 ];
 
+/// A value read from a disaggregated rank's status: (name, help, value, a counter?).
+type DisaggSeries = (&'static str, &'static str, fn(&DisaggStatus) -> f64, bool);
+
+const DISAGG_SERIES: [DisaggSeries; 9] = [
+    (
+        "num_bootstrap_reqs",
+        "Disaggregation: requests waiting for their decode worker (prefill rank) or for a row and \
+         KV slots (decode rank: the pre-allocation queue).",
+        |d| f64::from(d.num_bootstrap_reqs),
+        false,
+    ),
+    (
+        "num_transfer_reqs",
+        "Disaggregation: requests whose KV is on its way.",
+        |d| f64::from(d.num_transfer_reqs),
+        false,
+    ),
+    (
+        "rows_beyond_running",
+        "Disaggregation (decode rank): request rows in use beyond max_running_requests.",
+        |d| f64::from(d.rows_beyond_running),
+        false,
+    ),
+    (
+        "peak_rows_beyond_running",
+        "Disaggregation (decode rank): the most rows_beyond_running has been since start.",
+        |d| f64::from(d.peak_rows_beyond_running),
+        false,
+    ),
+    (
+        "kv_transfers_total",
+        "Disaggregation: KV transfers completed.",
+        |d| d.transfers as f64,
+        true,
+    ),
+    (
+        "kv_transfer_bytes_total",
+        "Disaggregation: KV bytes of the completed transfers.",
+        |d| d.transfer_bytes as f64,
+        true,
+    ),
+    (
+        "kv_transfer_seconds_total",
+        "Disaggregation (decode rank): seconds from KvReady to KvDone, summed over transfers.",
+        |d| d.transfer_seconds,
+        true,
+    ),
+    (
+        "kv_transfers_failed_total",
+        "Disaggregation: transfers that ended without their KV (abort, timeout, peer gone).",
+        |d| d.transfers_failed as f64,
+        true,
+    ),
+    (
+        "kv_frames_dropped_total",
+        "Disaggregation: KV frames dropped (unknown room, wrong size, out of order).",
+        |d| d.frames_dropped as f64,
+        true,
+    ),
+];
+
 /// What the cluster status says now, as a registry of its own built for one scrape: a rank
 /// that left has no series, and the routing counters are the controller's cumulative counts.
 fn cluster_metrics(
@@ -224,6 +286,29 @@ fn cluster_metrics(
             }
         }
         registry.register(Box::new(gauge))?;
+    }
+    let disagg = || {
+        cluster.iter().flat_map(|c| &c.live_ranks).filter_map(|r| {
+            let d = r.status.as_ref()?.disagg.as_ref()?;
+            Some((r.rank.to_string(), d))
+        })
+    };
+    if disagg().next().is_some() {
+        for (name, help, get, counter) in DISAGG_SERIES {
+            if counter {
+                let series = CounterVec::new(opts(name, help), &["dp_rank"])?;
+                for (rank, d) in disagg() {
+                    series.with_label_values(&[&rank]).inc_by(get(d));
+                }
+                registry.register(Box::new(series))?;
+            } else {
+                let series = GaugeVec::new(opts(name, help), &["dp_rank"])?;
+                for (rank, d) in disagg() {
+                    series.with_label_values(&[&rank]).set(get(d));
+                }
+                registry.register(Box::new(series))?;
+            }
+        }
     }
     let routing = IntCounterVec::new(
         opts(

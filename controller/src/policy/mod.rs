@@ -125,6 +125,7 @@ impl RouteDecision {
             threshold: self.threshold,
             loads: ranks.loads().to_vec(),
             fallback: self.fallback.map(|m| m.to_string()),
+            leg: None,
         }
     }
 }

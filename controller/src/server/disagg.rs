@@ -27,8 +27,13 @@ impl Controller {
             routing_key: req.routing_key.as_deref(),
             bootstrap_room: Some(room),
         };
-        let prefill = self.decide_among(&input, None, &prefill_ranks, false);
-        let decode = self.decide_among(&input, req.routed_dp_rank, &decode_ranks, true);
+        let prefill = self.decide_among(&input, None, &prefill_ranks, Some(DisaggMode::Prefill));
+        let decode = self.decide_among(
+            &input,
+            req.routed_dp_rank,
+            &decode_ranks,
+            Some(DisaggMode::Decode),
+        );
         let (prefill, decode) = match (prefill, decode) {
             (Ok(p), Ok(d)) => (p, d),
             (Err(e), _) | (_, Err(e)) => {

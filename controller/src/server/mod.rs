@@ -270,27 +270,35 @@ impl Controller {
         let ranks = self
             .ranks
             .rank_set_where(|m| m != protocol::DisaggMode::Decode);
-        self.decide_among(input, explicit, &ranks, false)
+        self.decide_among(input, explicit, &ranks, None)
     }
 
-    /// [`Self::decide`] among `ranks`, by the decode leg's method when `decode`.
+    /// [`Self::decide`] among `ranks`; for one `leg` of a disaggregated request (the decode
+    /// leg by its own method), recorded as that leg's decision.
     fn decide_among(
         &mut self,
         input: &RouteInput<'_>,
         explicit: Option<u32>,
         ranks: &crate::policy::RankSet,
-        decode: bool,
+        leg: Option<protocol::DisaggMode>,
     ) -> Result<RouteDecision, RouteError> {
-        let (balancer, method) = if decode {
+        let (balancer, method) = if leg == Some(protocol::DisaggMode::Decode) {
             (self.decode_balancer.as_mut(), self.config.decode_method)
         } else {
             (self.balancer.as_mut(), self.config.method)
         };
+        let leg_name = leg.map(|l| l.as_str().to_string());
         let decision = route(balancer, input, explicit, ranks);
         self.route_counts.record(method, &decision);
         if self.tracer.enabled() {
             let milestone = match &decision {
-                Ok(d) => d.milestone(method, ranks),
+                Ok(d) => {
+                    let mut m = d.milestone(method, ranks);
+                    if let Milestone::Routed { leg, .. } = &mut m {
+                        leg.clone_from(&leg_name);
+                    }
+                    m
+                }
                 Err(e) => Milestone::Refused {
                     error: e.to_string(),
                 },

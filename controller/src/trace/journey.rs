@@ -378,6 +378,7 @@ fn route_lines_of_milestone(m: &Milestone) -> Option<Vec<String>> {
         branch: None,
         fallback: None,
         error: None,
+        leg: None,
     };
     match m {
         Milestone::Routed {
@@ -390,7 +391,9 @@ fn route_lines_of_milestone(m: &Milestone) -> Option<Vec<String>> {
             threshold,
             loads,
             fallback,
+            leg,
         } => {
+            rec.leg = leg.clone();
             if !method.is_empty() {
                 rec.method = method.clone();
             }

@@ -70,6 +70,9 @@ pub struct RouteRecord {
     /// Why the request was refused (400 rank not live, 503 no live rank).
     #[serde(default)]
     pub error: Option<String>,
+    /// In a disaggregated deployment, which leg this decision placed (`prefill` or `decode`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leg: Option<String>,
 }
 
 impl RouteRecord {
@@ -93,6 +96,7 @@ impl RouteRecord {
             branch: None,
             fallback: None,
             error: None,
+            leg: None,
         };
         match result {
             Ok(d) => {
