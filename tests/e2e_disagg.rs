@@ -126,12 +126,25 @@ fn same_output_as_unified(model: &[&str]) {
         long_text(40),
         format!("{} and then", long_text(40)), // its prefix is cached on the prefill side
     ];
-    let expected: Vec<Vec<u64>> = {
+    let extra = |prompts: &[String]| {
+        [
+            json!({"text": prompts[2], "return_logprob": true, "top_logprobs_num": 2,
+                   "sampling_params": {"max_new_tokens": 6, "temperature": 0}}),
+            json!({"text": prompts[1], "sampling_params": {"max_new_tokens": 8,
+                   "temperature": 0.8, "top_p": 0.9, "seed": 42}}),
+        ]
+    };
+    let (expected, unified_extra): (Vec<Vec<u64>>, Vec<Value>) = {
         let server = unified(model, SMALL_CHUNKS);
-        prompts
+        let greedy_ids = prompts
             .iter()
             .map(|p| generate(&server, &greedy(p, 12)).0)
-            .collect()
+            .collect();
+        let extra = extra(&prompts)
+            .iter()
+            .map(|ask| server.post("/generate", ask).1)
+            .collect();
+        (greedy_ids, extra)
     };
     let server = pd(model, SMALL_CHUNKS);
     for (prompt, want) in prompts.iter().zip(&expected) {
@@ -143,6 +156,19 @@ fn same_output_as_unified(model: &[&str]) {
             want,
             "{prompt:?} streamed"
         );
+    }
+    // Log-probabilities (the first token's come from the prefill worker) and seeded sampling
+    // (the decode worker continues the prefill worker's random stream) as a unified worker's.
+    for (ask, want) in extra(&prompts).iter().zip(&unified_extra) {
+        let (status, got) = server.post("/generate", ask);
+        assert_eq!(status, 200, "{got}");
+        assert_eq!(ids(&got), ids(want), "{ask}");
+        for key in ["output_token_logprobs", "output_top_logprobs"] {
+            assert_eq!(
+                got["meta_info"][key], want["meta_info"][key],
+                "{key} of {ask}"
+            );
+        }
     }
     // The same prompt again: its KV comes from the prefill worker's cache.
     let (_, meta) = generate(&server, &greedy(&prompts[1], 4));
@@ -354,4 +380,27 @@ fn the_trace_of_a_request_shows_both_legs_and_the_transfer() {
         picture.contains("KV received"),
         "the transfer is in the picture"
     );
+}
+
+#[test]
+fn abort_request_mid_transfer_ends_both_legs_and_frees_both_pools() {
+    let server = pd(&[], &["--chunked-prefill-size", "64"]);
+    let mut body = greedy(&long_text(1500), 8);
+    body["rid"] = json!("pd-aborted");
+    let handle = concurrently(&server, vec![body]).pop().unwrap();
+    wait_for("the transfer to start", Duration::from_secs(30), || {
+        status_of(&server, "decode")
+            .is_some_and(|s| s["disagg"]["num_transfer_reqs"].as_u64().unwrap_or(0) > 0)
+    });
+    let (status, resp) = server.post("/abort_request", &json!({"rid": "pd-aborted"}));
+    assert_eq!(status, 200, "{resp}");
+    let (_, resp) = handle.join().unwrap();
+    assert_eq!(
+        resp["meta_info"]["finish_reason"]["type"], "abort",
+        "the request ends as aborted: {resp}"
+    );
+    assert_whole(&server, "decode");
+    assert_whole(&server, "prefill");
+    // Both workers still serve.
+    generate(&server, &greedy("hello", 2));
 }

@@ -231,6 +231,7 @@ impl Scheduler {
             // Ours already ended (an abort crossing ours, or a late frame).
             return Vec::new();
         };
+        tracing::warn!(room = a.room, rid = %req.rid, status = a.status, reason = %a.reason, "the prefill worker aborted the KV transfer");
         let _ = req.transfer.take(); // the prefill side knows; no abort back
         self.tracer.milestone(
             &req.rid,
