@@ -364,44 +364,8 @@ impl WorkerArgs {
         let model = self.model.source();
         let Device::Cpu = self.device.device;
         let serve = &self.serve;
-        let positive = |flag: &str, v: usize| -> anyhow::Result<()> {
-            if v == 0 {
-                anyhow::bail!("--{flag} must be at least 1");
-            }
-            Ok(())
-        };
-        if let Some(tokens) = serve.max_total_tokens {
-            positive("max-total-tokens", tokens)?;
-            if tokens > u32::MAX as usize {
-                anyhow::bail!("--max-total-tokens must fit in 32 bits");
-            }
-        }
-        positive("max-running-requests", serve.max_running_requests)?;
-        positive("chunked-prefill-size", serve.chunked_prefill_size)?;
-        positive("max-prefill-tokens", serve.max_prefill_tokens)?;
-        // The parser checks the flag; this guards a WorkerArgs built in code.
-        crate::mem::check_mem_fraction(serve.mem_fraction)
-            .map_err(|e| anyhow::anyhow!("--mem-fraction: {e}"))?;
-        if !(serve.drain_timeout.is_finite() && serve.drain_timeout >= 0.0) {
-            anyhow::bail!(
-                "--drain-timeout must be a number of seconds >= 0, got {}",
-                serve.drain_timeout
-            );
-        }
-        let seconds = |flag: &str, v: f64| -> anyhow::Result<Duration> {
-            if !(v.is_finite() && v > 0.0) {
-                anyhow::bail!("--{flag} must be a number of seconds > 0, got {v}");
-            }
-            Ok(Duration::from_secs_f64(v))
-        };
-        let bootstrap_timeout = seconds(
-            "disaggregation-bootstrap-timeout",
-            serve.disaggregation_bootstrap_timeout,
-        )?;
-        let waiting_timeout = seconds(
-            "disaggregation-waiting-timeout",
-            serve.disaggregation_waiting_timeout,
-        )?;
+        serve.check()?;
+        let seconds = |v: f64| Duration::from_secs_f64(v);
         let num_threads = match serve.num_threads {
             Some(0) => anyhow::bail!("--num-threads must be at least 1"),
             Some(n) => n,
@@ -434,9 +398,54 @@ impl WorkerArgs {
                 &self.disaggregation_kv_addr,
                 &format!("kv-{}", self.rank),
             )?,
-            bootstrap_timeout,
-            waiting_timeout,
+            bootstrap_timeout: seconds(serve.disaggregation_bootstrap_timeout),
+            waiting_timeout: seconds(serve.disaggregation_waiting_timeout),
         })
+    }
+}
+
+impl ServeArgs {
+    /// Every check of these flags that clap's parsers do not make.
+    pub fn check(&self) -> anyhow::Result<()> {
+        let positive = |flag: &str, v: usize| -> anyhow::Result<()> {
+            if v == 0 {
+                anyhow::bail!("--{flag} must be at least 1");
+            }
+            Ok(())
+        };
+        if let Some(tokens) = self.max_total_tokens {
+            positive("max-total-tokens", tokens)?;
+            if tokens > u32::MAX as usize {
+                anyhow::bail!("--max-total-tokens must fit in 32 bits");
+            }
+        }
+        positive("max-running-requests", self.max_running_requests)?;
+        positive("chunked-prefill-size", self.chunked_prefill_size)?;
+        positive("max-prefill-tokens", self.max_prefill_tokens)?;
+        // The parser checks the flag; this guards a WorkerArgs built in code.
+        crate::mem::check_mem_fraction(self.mem_fraction)
+            .map_err(|e| anyhow::anyhow!("--mem-fraction: {e}"))?;
+        if !(self.drain_timeout.is_finite() && self.drain_timeout >= 0.0) {
+            anyhow::bail!(
+                "--drain-timeout must be a number of seconds >= 0, got {}",
+                self.drain_timeout
+            );
+        }
+        for (flag, v) in [
+            (
+                "disaggregation-bootstrap-timeout",
+                self.disaggregation_bootstrap_timeout,
+            ),
+            (
+                "disaggregation-waiting-timeout",
+                self.disaggregation_waiting_timeout,
+            ),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                anyhow::bail!("--{flag} must be a number of seconds > 0, got {v}");
+            }
+        }
+        Ok(())
     }
 }
 
@@ -495,6 +504,38 @@ mod tests {
         // The kernel path says why, not only "not one of these".
         let err = parse(&["--kernel-path", "sse9"]).unwrap_err().to_string();
         assert!(err.contains("is not a kernel path"), "{err}");
+        let args = parse(&["--disaggregation-mode", "decode"]).unwrap();
+        assert_eq!(args.disaggregation_mode, protocol::DisaggMode::Decode);
+        let err = parse(&["--disaggregation-mode", "both"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--disaggregation-mode"), "{err}");
+    }
+
+    #[test]
+    fn disaggregation_settings_resolve_and_bad_timeouts_name_their_flag() {
+        let config = parse(&["--disaggregation-mode", "prefill"])
+            .unwrap()
+            .resolve()
+            .unwrap();
+        assert_eq!(config.disaggregation_mode, protocol::DisaggMode::Prefill);
+        assert!(
+            config.kv_addr.to_string().ends_with("kv-0.sock"),
+            "{}",
+            config.kv_addr
+        );
+        assert_eq!(config.bootstrap_timeout, Duration::from_secs(300));
+        for flag in [
+            "--disaggregation-bootstrap-timeout",
+            "--disaggregation-waiting-timeout",
+        ] {
+            let err = parse(&[flag, "0"])
+                .unwrap()
+                .resolve()
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(flag), "{flag}: {err}");
+        }
     }
 
     #[test]

@@ -219,10 +219,7 @@ fn start_kv_link(
     inbound: mpsc::Sender<link::Inbound>,
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<(zmq::Socket, std::thread::JoinHandle<anyhow::Result<()>>)> {
-    let outbox_rx = ctx.socket(zmq::PULL)?;
-    outbox_rx.bind(disagg::link::KV_OUTBOX)?;
-    let outbox = ctx.socket(zmq::PUSH)?;
-    outbox.connect(disagg::link::KV_OUTBOX)?;
+    let (outbox_rx, outbox) = inproc_pipe(ctx, disagg::link::KV_OUTBOX)?;
     let router = match config.disaggregation_mode {
         protocol::DisaggMode::Prefill => {
             let (router, endpoint) = disagg::link::bind(ctx, &config.kv_addr)
@@ -247,7 +244,8 @@ fn start_kv_link(
     Ok((outbox, thread))
 }
 
-/// Connects (tokenizer socket, controller link thread) and runs the actor until it leaves.
+/// Connects (tokenizer socket, controller link thread, the KV link of a disaggregated role)
+/// and runs the actor until it leaves.
 fn serve(
     config: WorkerConfig,
     mut sched: Scheduler,
@@ -257,11 +255,6 @@ fn serve(
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
     let ctx = zmq::Context::new();
-    let outbox_rx = ctx.socket(zmq::PULL)?;
-    outbox_rx.bind(link::OUTBOX)?;
-    let outbox = ctx.socket(zmq::PUSH)?;
-    outbox.connect(link::OUTBOX)?;
-    let to_tokenizer = protocol::socket::connect(&ctx, zmq::PUSH, &config.tokenizer_addr, None)?;
     let tracer = match &config.trace_dir {
         Some(dir) => protocol::msg_trace::MessageTracer::open(dir, "worker", Some(config.rank))
             .with_context(|| format!("--trace-dir {}", dir.display()))?,
@@ -271,18 +264,15 @@ fn serve(
     let held_rids = link::HeldRids::default();
     let (inbound_tx, inbound) = mpsc::channel();
     let link_stop = Arc::new(AtomicBool::new(false));
-    let kv_link = if config.disaggregation_mode.is_null() {
-        None
+    let (kv_outbox, kv_thread) = if config.disaggregation_mode.is_null() {
+        (None, None)
     } else {
-        Some(start_kv_link(
-            &ctx,
-            &config,
-            &mut hello,
-            inbound_tx.clone(),
-            Arc::clone(&link_stop),
-        )?)
+        let to_actor = inbound_tx.clone();
+        let (outbox, thread) =
+            start_kv_link(&ctx, &config, &mut hello, to_actor, Arc::clone(&link_stop))?;
+        (Some(outbox), Some(thread))
     };
-    let (kv_outbox, kv_thread) = kv_link.unzip();
+    let (outbox_rx, outbox) = inproc_pipe(&ctx, link::OUTBOX)?;
     let link = link::Link {
         ctx: ctx.clone(),
         outbox: outbox_rx,
@@ -298,14 +288,13 @@ fn serve(
     let link = std::thread::Builder::new()
         .name("controller-link".into())
         .spawn(move || link::run(link))?;
-    tracing::info!(rank = config.rank, worker_addr = %config.worker_addr, tokenizer_addr = %config.tokenizer_addr, "worker started");
-
     let out = Sockets {
-        to_tokenizer,
+        to_tokenizer: protocol::socket::connect(&ctx, zmq::PUSH, &config.tokenizer_addr, None)?,
         outbox,
         kv_outbox,
         tracer,
     };
+    tracing::info!(rank = config.rank, worker_addr = %config.worker_addr, tokenizer_addr = %config.tokenizer_addr, "worker started");
     let mut actor = WorkerActor::new(
         config.rank,
         config.drain_timeout,
@@ -316,35 +305,14 @@ fn serve(
         held_rids,
         stop,
     );
-    while actor.keep_running() {
-        // Take everything that arrived; block briefly only when there is nothing to compute.
-        let mut first = if actor.busy() {
-            inbound.try_recv().ok()
-        } else {
-            match inbound.recv_timeout(Duration::from_millis(50)) {
-                Ok(m) => Some(m),
-                Err(mpsc::RecvTimeoutError::Timeout) => None,
-                Err(mpsc::RecvTimeoutError::Disconnected) => break,
-            }
-        };
-        while let Some(item) = first.take().or_else(|| inbound.try_recv().ok()) {
-            actor.on_inbound(item);
-        }
-        actor.tick();
-    }
+    run_actor(&mut actor, &inbound);
     actor.leave();
-    // The Shutdown is queued before the stop flag is set, and the link drains its outbox once
-    // more after it sees the flag, so the controller hears it.
+    // The Shutdown is queued before the stop flag is set, and the links drain their outboxes
+    // once more after they see the flag, so the controller (and KV peers) hear it.
     link_stop.store(true, Ordering::Relaxed);
-    match link.join() {
-        Ok(result) => result?,
-        Err(_) => anyhow::bail!("controller link thread panicked"),
-    }
+    join("controller link", link)?;
     if let Some(kv) = kv_thread {
-        match kv.join() {
-            Ok(result) => result?,
-            Err(_) => anyhow::bail!("KV link thread panicked"),
-        }
+        join("KV link", kv)?;
     }
     match actor.refused() {
         Some(reason) => Err(WorkerError::Refused(reason.to_string()).into()),
@@ -352,6 +320,43 @@ fn serve(
             tracing::info!(rank = config.rank, "worker stopped");
             Ok(())
         }
+    }
+}
+
+/// An inproc pipe from the actor to a link thread: the thread's PULL end (bound first, as
+/// inproc needs) and the actor's PUSH end.
+fn inproc_pipe(ctx: &zmq::Context, endpoint: &str) -> anyhow::Result<(zmq::Socket, zmq::Socket)> {
+    let rx = ctx.socket(zmq::PULL)?;
+    rx.bind(endpoint)?;
+    let tx = ctx.socket(zmq::PUSH)?;
+    tx.connect(endpoint)?;
+    Ok((rx, tx))
+}
+
+/// The actor's loop: take everything that arrived, then one round; block briefly for the
+/// inbox only when there is nothing to compute.
+fn run_actor<O: Outbox>(actor: &mut WorkerActor<O>, inbound: &mpsc::Receiver<link::Inbound>) {
+    while actor.keep_running() {
+        let mut first = if actor.busy() {
+            inbound.try_recv().ok()
+        } else {
+            match inbound.recv_timeout(Duration::from_millis(50)) {
+                Ok(m) => Some(m),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+        };
+        while let Some(item) = first.take().or_else(|| inbound.try_recv().ok()) {
+            actor.on_inbound(item);
+        }
+        actor.tick();
+    }
+}
+
+fn join(what: &str, thread: std::thread::JoinHandle<anyhow::Result<()>>) -> anyhow::Result<()> {
+    match thread.join() {
+        Ok(result) => result,
+        Err(_) => anyhow::bail!("{what} thread panicked"),
     }
 }
 

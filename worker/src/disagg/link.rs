@@ -79,6 +79,8 @@ pub fn run(link: KvLink) -> anyhow::Result<()> {
             }
         }
     }
+    // What the actor queued as it left (its aborts) still goes out.
+    state.forward_outbox();
     Ok(())
 }
 
