@@ -3,15 +3,11 @@
 //! room and the prefill worker's KV endpoint, an explicit rank picks the decode side, a missing
 //! role is a 503, and a rank that leaves is announced to the other role (`PeerGone`).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+mod common;
 
-use controller::{Controller, ControllerConfig, Method, PrefixAffinityConfig};
+use controller::Method;
 use protocol::socket::worker_identity;
-use protocol::{
-    Capacity, DisaggMode, GenerateReq, Hello, Message, SamplingParams, Shutdown, TokenOut,
-};
+use protocol::{Capacity, DisaggMode, GenerateReq, Hello, Message, Shutdown};
 
 struct Worker {
     rank: u32,
@@ -70,65 +66,21 @@ impl Worker {
 
 fn request(rid: &str, routed_dp_rank: Option<u32>) -> Message {
     Message::GenerateReq(GenerateReq {
-        rid: rid.into(),
-        input_ids: vec![1, 2, 3],
-        sampling: SamplingParams::default(),
-        stream: false,
-        routing_key: None,
         routed_dp_rank,
-        bootstrap_room: None,
-        return_logprob: false,
-        top_logprobs_num: 0,
-        received_at: 0.0,
-        dispatch_seq: 0,
-        disagg: None,
+        ..GenerateReq::new(rid, vec![1, 2, 3])
     })
-}
-
-fn next_out(outputs: &zmq::Socket) -> TokenOut {
-    loop {
-        let frame = outputs.recv_bytes(0).expect("an output within the timeout");
-        if let Ok(Message::TokenOut(out)) = protocol::decode(&frame) {
-            return out;
-        }
-    }
 }
 
 #[test]
 fn requests_are_paired_and_departures_announced() {
-    let dir = tempfile::tempdir().unwrap();
-    let ep = |name: &str| protocol::Endpoint::Ipc(dir.path().join(name));
-    let config = ControllerConfig {
-        controller_addr: ep("c.sock"),
-        worker_addr: ep("w.sock"),
-        tokenizer_addr: ep("t.sock"),
-        method: Method::RoundRobin,
-        decode_method: Method::TotalTokens,
-        prefix_affinity: PrefixAffinityConfig::default(),
-        trace_file: None,
-        trace_dir: None,
-        worker_timeout: Duration::from_secs(30),
-        model_id: None,
-        cluster_status_interval: Duration::from_millis(500),
-    };
-    let ctx = zmq::Context::new();
-    let outputs = protocol::socket::bind(&ctx, zmq::PULL, &config.tokenizer_addr).unwrap();
-    outputs.set_rcvtimeo(5000).unwrap();
-    let requests =
-        protocol::socket::connect(&ctx, zmq::PUSH, &config.controller_addr, None).unwrap();
-    let worker_addr = config.worker_addr.clone();
-    let controller = Controller::bind(&ctx, config).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let running = {
-        let stop = Arc::clone(&stop);
-        std::thread::spawn(move || controller.run(stop))
-    };
-    let send = |msg: Message| requests.send(protocol::encode(&msg).unwrap(), 0).unwrap();
+    let c = common::start(Method::RoundRobin);
+    let (ctx, worker_addr) = (&c.ctx, &c.worker_addr);
+    let send = |msg: Message| c.send(&msg);
 
     // Only a prefill rank: no decode rank to pair with.
-    let p0 = Worker::join(&ctx, &worker_addr, 0, DisaggMode::Prefill);
+    let p0 = Worker::join(ctx, worker_addr, 0, DisaggMode::Prefill);
     send(request("lonely", None));
-    let out = next_out(&outputs);
+    let out = c.next_out();
     assert_eq!(out.rid, "lonely");
     let err = out.error.expect("refused");
     assert_eq!(
@@ -136,8 +88,8 @@ fn requests_are_paired_and_departures_announced() {
         (503, "no live decode rank")
     );
 
-    let d1 = Worker::join(&ctx, &worker_addr, 1, DisaggMode::Decode);
-    let d2 = Worker::join(&ctx, &worker_addr, 2, DisaggMode::Decode);
+    let d1 = Worker::join(ctx, worker_addr, 1, DisaggMode::Decode);
+    let d2 = Worker::join(ctx, worker_addr, 2, DisaggMode::Decode);
     // Both legs carry the same pairing; the prefill leg comes first.
     send(request("a", None));
     let leg_p = p0.next_request();
@@ -174,12 +126,11 @@ fn requests_are_paired_and_departures_announced() {
         }
     }
     send(request("c", None));
-    let err = next_out(&outputs).error.expect("refused");
+    let err = c.next_out().error.expect("refused");
     assert_eq!(
         (err.status, err.message.as_str()),
         (503, "no live prefill rank")
     );
 
-    stop.store(true, Ordering::Relaxed);
-    running.join().unwrap().unwrap();
+    c.stop();
 }

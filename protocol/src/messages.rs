@@ -174,6 +174,27 @@ pub struct GenerateReq {
     pub disagg: Option<DisaggLeg>,
 }
 
+impl GenerateReq {
+    /// A request for `input_ids` with every other field at its wire default (what a peer that
+    /// sends only `rid` and `input_ids` means).
+    pub fn new(rid: impl Into<String>, input_ids: Vec<u32>) -> Self {
+        GenerateReq {
+            rid: rid.into(),
+            input_ids,
+            sampling: SamplingParams::default(),
+            stream: false,
+            routing_key: None,
+            routed_dp_rank: None,
+            bootstrap_room: None,
+            return_logprob: false,
+            top_logprobs_num: 0,
+            received_at: 0.0,
+            dispatch_seq: 0,
+            disagg: None,
+        }
+    }
+}
+
 /// A tokenized embedding request: tokenizer → controller → worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EmbedReq {

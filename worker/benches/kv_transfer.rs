@@ -120,14 +120,7 @@ fn transfer(
 }
 
 fn layout() -> KvLayout {
-    let mc = ModelConfig::builtin(BuiltinSize::Base);
-    KvLayout {
-        model_id: mc.model_id.clone(),
-        num_layers: mc.num_hidden_layers as u32,
-        num_kv_heads: mc.num_key_value_heads as u32,
-        head_dim: mc.head_dim as u32,
-        dtype: "f32".into(),
-    }
+    ModelConfig::builtin(BuiltinSize::Base).kv_layout()
 }
 
 fn main() {

@@ -172,11 +172,11 @@ fn load(
         held_rids: Vec::new(),
         disaggregation_mode: config.disaggregation_mode,
         kv_endpoint: None, // set once the KV socket is bound
-        kv_layout: (!config.disaggregation_mode.is_null()).then(|| kv_layout(&mc)),
+        kv_layout: (!config.disaggregation_mode.is_null()).then(|| mc.kv_layout()),
     };
     let disagg = (!config.disaggregation_mode.is_null()).then(|| disagg::DisaggConfig {
         mode: config.disaggregation_mode,
-        layout: kv_layout(&mc),
+        layout: mc.kv_layout(),
         bootstrap_timeout: config.bootstrap_timeout,
         waiting_timeout: config.waiting_timeout,
     });
@@ -197,17 +197,6 @@ fn load(
         model,
     );
     Ok((sched, hello))
-}
-
-/// What a peer must match to exchange KV with this worker.
-fn kv_layout(mc: &ModelConfig) -> protocol::KvLayout {
-    protocol::KvLayout {
-        model_id: mc.model_id.clone(),
-        num_layers: mc.num_hidden_layers as u32,
-        num_kv_heads: mc.num_key_value_heads as u32,
-        head_dim: mc.head_dim as u32,
-        dtype: "f32".into(),
-    }
 }
 
 /// The KV link of a disaggregated worker: its socket thread, and the outbox the actor sends

@@ -104,6 +104,17 @@ impl ModelConfig {
         self.num_key_value_heads * self.head_dim
     }
 
+    /// What a peer must match to exchange KV with a worker of this model (disaggregation).
+    pub fn kv_layout(&self) -> protocol::KvLayout {
+        protocol::KvLayout {
+            model_id: self.model_id.clone(),
+            num_layers: self.num_hidden_layers as u32,
+            num_kv_heads: self.num_key_value_heads as u32,
+            head_dim: self.head_dim as u32,
+            dtype: "f32".into(),
+        }
+    }
+
     /// Parameter count (tied embeddings counted once; biases included when configured).
     pub fn num_params(&self) -> usize {
         let (h, i) = (self.hidden_size, self.intermediate_size);

@@ -14,14 +14,7 @@ use crate::model::{BuiltinSize, ModelConfig};
 const EP: &str = "ipc:///nowhere/kv-0.sock";
 
 fn layout() -> KvLayout {
-    let mc = ModelConfig::builtin(BuiltinSize::Tiny);
-    KvLayout {
-        model_id: mc.model_id.clone(),
-        num_layers: mc.num_hidden_layers as u32,
-        num_kv_heads: mc.num_key_value_heads as u32,
-        head_dim: mc.head_dim as u32,
-        dtype: "f32".into(),
-    }
+    ModelConfig::builtin(BuiltinSize::Tiny).kv_layout()
 }
 
 fn role(mode: DisaggMode, base: SchedulerConfig) -> Scheduler {

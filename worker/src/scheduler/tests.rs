@@ -45,23 +45,13 @@ pub(super) fn assert_pool_whole(s: &Scheduler) {
 
 pub(crate) fn req(rid: &str, prompt: Vec<u32>, max_new_tokens: u32) -> GenerateReq {
     GenerateReq {
-        rid: rid.into(),
-        input_ids: prompt,
         sampling: SamplingParams {
             max_new_tokens,
             temperature: 0.0,
             ignore_eos: true,
             ..SamplingParams::default()
         },
-        stream: false,
-        routing_key: None,
-        routed_dp_rank: None,
-        bootstrap_room: None,
-        return_logprob: false,
-        top_logprobs_num: 0,
-        received_at: 0.0,
-        dispatch_seq: 0,
-        disagg: None,
+        ..GenerateReq::new(rid, prompt)
     }
 }
 

@@ -1,0 +1,99 @@
+//! A real controller on ipc sockets in a temporary directory, with the tokenizer's two sockets
+//! played by the test (requests in, outputs out); stopped and joined when dropped.
+
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use controller::{Controller, ControllerConfig, Method, PrefixAffinityConfig};
+use protocol::{Endpoint, Message, TokenOut};
+
+pub struct Running {
+    pub ctx: zmq::Context,
+    /// The tokenizer's output socket (PULL; 5 s receive timeout).
+    pub outputs: zmq::Socket,
+    /// The tokenizer's request socket (PUSH).
+    pub requests: zmq::Socket,
+    pub worker_addr: Endpoint,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
+    _dir: tempfile::TempDir,
+}
+
+/// A controller routing whole requests (and prefill legs) by `method`.
+pub fn start(method: Method) -> Running {
+    let dir = tempfile::tempdir().unwrap();
+    let ep = |name: &str| Endpoint::Ipc(dir.path().join(name));
+    let config = ControllerConfig {
+        controller_addr: ep("c.sock"),
+        worker_addr: ep("w.sock"),
+        tokenizer_addr: ep("t.sock"),
+        method,
+        decode_method: Method::TotalTokens,
+        prefix_affinity: PrefixAffinityConfig::default(),
+        trace_file: None,
+        trace_dir: None,
+        worker_timeout: Duration::from_secs(30),
+        model_id: None,
+        cluster_status_interval: Duration::from_millis(500),
+    };
+    let ctx = zmq::Context::new();
+    let outputs = protocol::socket::bind(&ctx, zmq::PULL, &config.tokenizer_addr).unwrap();
+    outputs.set_rcvtimeo(5000).unwrap();
+    let requests =
+        protocol::socket::connect(&ctx, zmq::PUSH, &config.controller_addr, None).unwrap();
+    let worker_addr = config.worker_addr.clone();
+    let controller = Controller::bind(&ctx, config).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let thread = {
+        let stop = Arc::clone(&stop);
+        std::thread::spawn(move || controller.run(stop))
+    };
+    Running {
+        ctx,
+        outputs,
+        requests,
+        worker_addr,
+        stop,
+        thread: Some(thread),
+        _dir: dir,
+    }
+}
+
+impl Running {
+    /// Sends `msg` as the tokenizer would.
+    pub fn send(&self, msg: &Message) {
+        self.requests
+            .send(protocol::encode(msg).unwrap(), 0)
+            .unwrap();
+    }
+
+    /// The next `TokenOut` the controller sends the tokenizer.
+    pub fn next_out(&self) -> TokenOut {
+        loop {
+            let frame = self
+                .outputs
+                .recv_bytes(0)
+                .expect("an output within the timeout");
+            if let Ok(Message::TokenOut(out)) = protocol::decode(&frame) {
+                return out;
+            }
+        }
+    }
+
+    /// Stops the controller and checks it ended cleanly.
+    pub fn stop(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap().unwrap();
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
