@@ -31,8 +31,14 @@ thread_local! {
     static BLOCKS: Cell<Vec<(usize, usize, usize)>> = const { Cell::new(Vec::new()) };
     /// The sequences of the current call's blocks.
     static SEQS: Cell<Vec<Seq>> = const { Cell::new(Vec::new()) };
-    /// Transposed K of the current call's prefill sequences (see [`KtBuf`]).
-    static KT_BUF: Cell<LineVec> = const { Cell::new(LineVec::new()) };
+    /// K and V of the current call's prefill sequences, per KV head contiguous in position
+    /// order, so a key tile's rows are neither scattered over the slot pool nor `kv_row` apart
+    /// (1 KiB rows of 64-float heads map a tile's lines onto a quarter of L1's sets). Per
+    /// sequence: K of every KV head (`n` rounded up to 16 keys: transposed blocks, see
+    /// [`transpose_k`], on AVX-512; rows on AVX2), then V of every KV head (rows).
+    static PACKED: Cell<LineVec> = const { Cell::new(LineVec::new()) };
+    /// `0, 1, 2, …`: the slots of packed K/V.
+    static IDENT: Cell<Vec<u32>> = const { Cell::new(Vec::new()) };
     /// Scores and sums of the current work item, reused so no call allocates per head.
     static SCRATCH: Cell<Scratch> = const { Cell::new(Scratch { scores: LineVec::new(), acc: Vec::new(), inv: Vec::new() }) };
 }
@@ -54,9 +60,9 @@ const QB: usize = 8;
 /// Keys per tile: a tile's K (then V) rows of one KV head stay in L1 while every query row of
 /// the block uses them.
 const KT: usize = 64;
-/// Query tokens of one sequence in a call from which its K is transposed for the AVX paths'
-/// score kernels (cost: one pass over the sequence's K; shared by all its blocks).
-const KT_MIN_TOKENS: usize = 8;
+/// Query tokens of one sequence in a call from which the AVX paths pack its K and V (cost: one
+/// pass over the sequence's K and V; shared by all its blocks).
+const PACK_MIN_TOKENS: usize = 8;
 /// Query rows per transposed-K load in the AVX-512 score kernel (`8 RS` accumulators).
 const RS: usize = 3;
 /// Query rows per V load in the weighted values (AVX-512: `4 HV` accumulators of 16 floats for
@@ -77,7 +83,7 @@ struct Seq {
     longest: usize,
     n: usize,
     tokens: usize,
-    /// Offset of its transposed K in `KT_BUF`, or `usize::MAX` for none.
+    /// Offset of its packed K and V in `PACKED`, or `usize::MAX` for none.
     off: usize,
 }
 
@@ -149,31 +155,34 @@ pub fn attention_with(
     };
     let mut blocks = BLOCKS.take();
     let mut seqs = SEQS.take();
-    let mut kt = KT_BUF.take();
+    let mut packed = PACKED.take();
+    let mut ident = IDENT.take();
     query_blocks(token_slots, &mut blocks);
     let work: usize = token_slots.iter().map(|s| s.len()).sum::<usize>() * num_heads;
     let parallel = work * head_dim >= 1 << 16;
-    let transposed = matches!(path, KernelPath::Avx512 | KernelPath::Avx2) && head_dim % 8 == 0;
+    let pack = matches!(path, KernelPath::Avx512 | KernelPath::Avx2) && head_dim % 8 == 0;
     sequences(
         token_slots,
         &mut blocks,
         &mut seqs,
-        transposed,
+        pack,
         shape,
-        &mut kt,
+        &mut packed,
     );
+    let transposed = path == KernelPath::Avx512;
+    let part = |s: &Seq| num_kv_heads * s.n.next_multiple_of(16) * head_dim;
     for s in seqs.iter().filter(|s| s.off != usize::MAX) {
         let nblk = s.n.div_ceil(16);
-        let dst = &mut kt[s.off..s.off + num_kv_heads * nblk * 16 * head_dim];
+        let dst = &mut packed[s.off..s.off + 2 * part(s)];
         let slots = token_slots[s.longest];
         let fill = |(i, dst): (usize, &mut [f32])| {
-            transpose_k(
-                dst,
-                &slots[(i % nblk) * 16..],
-                k_cache,
-                kv_row,
-                (i / nblk) * head_dim,
-            )
+            let (kvh, b) = ((i / nblk) % num_kv_heads, i % nblk);
+            let (slots, col) = (&slots[b * 16..], kvh * head_dim);
+            match i < num_kv_heads * nblk {
+                true if transposed => transpose_k(dst, slots, k_cache, kv_row, col),
+                true => copy_rows(dst, slots, k_cache, kv_row, col),
+                false => copy_rows(dst, slots, v_cache, kv_row, col),
+            }
         };
         if parallel {
             dst.par_chunks_mut(16 * head_dim).enumerate().for_each(fill);
@@ -181,12 +190,25 @@ pub fn attention_with(
             dst.chunks_mut(16 * head_dim).enumerate().for_each(fill);
         }
     }
+    if let Some(n) = seqs
+        .iter()
+        .filter(|s| s.off != usize::MAX)
+        .map(|s| s.n)
+        .max()
+    {
+        if ident.len() < n {
+            ident.clear();
+            ident.extend(0..n as u32);
+        }
+    }
     let out = OutPtr(out.as_mut_ptr());
     let one = |idx: usize| {
         let ((t0, nq, seq), kvh) = (blocks[idx / num_kv_heads], idx % num_kv_heads);
-        let kt = seqs.get(seq).filter(|s| s.off != usize::MAX).map(|s| {
-            let size = s.n.div_ceil(16) * 16 * head_dim;
-            &kt[s.off + kvh * size..][..size]
+        let packed = seqs.get(seq).filter(|s| s.off != usize::MAX).map(|s| {
+            let size = s.n.next_multiple_of(16) * head_dim;
+            let k = &packed[s.off + kvh * size..][..size];
+            let v = &packed[s.off + part(s) + kvh * size..][..size];
+            (k, v, &ident[..s.n])
         });
         let job = Job {
             q,
@@ -196,7 +218,7 @@ pub fn attention_with(
             n0: token_slots[t0].len(),
             slots: token_slots[t0 + nq - 1],
             kvh,
-            kt,
+            packed,
             out,
         };
         let mut scratch = SCRATCH.take();
@@ -220,23 +242,24 @@ pub fn attention_with(
     }
     BLOCKS.set(blocks);
     SEQS.set(seqs);
-    KT_BUF.set(kt);
+    PACKED.set(packed);
+    IDENT.set(ident);
 }
 
 /// The sequences of `blocks` (consecutive blocks whose last tokens' slots start at the same
 /// address; every token's slots are a prefix of the longest), each block's third field set to
-/// its sequence's index. With `transposed`, a sequence of at least `KT_MIN_TOKENS` tokens gets
-/// room for its transposed K in `kt` (see [`transpose_k`]).
+/// its sequence's index. With `pack`, a sequence of at least `PACK_MIN_TOKENS` tokens gets
+/// room for its packed K and V in `packed` (see [`PACKED`]).
 fn sequences(
     token_slots: &[&[u32]],
     blocks: &mut [(usize, usize, usize)],
     seqs: &mut Vec<Seq>,
-    transposed: bool,
+    pack: bool,
     shape: AttnShape,
-    kt: &mut LineVec,
+    packed: &mut LineVec,
 ) {
     seqs.clear();
-    if !transposed {
+    if !pack {
         blocks.iter_mut().for_each(|b| b.2 = usize::MAX);
         return;
     }
@@ -261,11 +284,11 @@ fn sequences(
         *seq = seqs.len() - 1;
     }
     let mut total = 0;
-    for s in seqs.iter_mut().filter(|s| s.tokens >= KT_MIN_TOKENS) {
+    for s in seqs.iter_mut().filter(|s| s.tokens >= PACK_MIN_TOKENS) {
         s.off = total;
-        total += shape.num_kv_heads * s.n.div_ceil(16) * 16 * shape.head_dim;
+        total += 2 * shape.num_kv_heads * s.n.next_multiple_of(16) * shape.head_dim;
     }
-    kt.resize(total);
+    packed.resize(total);
 }
 
 /// One block of 16 keys of one KV head, transposed: `dst[16 c + j] = K[slots[j]][col + c]`
@@ -281,6 +304,18 @@ fn transpose_k(dst: &mut [f32], slots: &[u32], k_cache: &[f32], kv_row: usize, c
                 }
             }
             None => (0..d).for_each(|c| dst[16 * c + j] = 0.0),
+        }
+    }
+}
+
+/// 16 rows of one KV head, contiguous: `dst[d j + c] = cache[slots[j]][col + c]` for the first
+/// `min(16, slots.len())` keys, zeros for the rest (`dst` holds `16 d` floats).
+fn copy_rows(dst: &mut [f32], slots: &[u32], cache: &[f32], kv_row: usize, col: usize) {
+    let d = dst.len() / 16;
+    for (j, row) in dst.chunks_exact_mut(d).enumerate() {
+        match slots.get(j) {
+            Some(&s) => row.copy_from_slice(&cache[s as usize * kv_row + col..][..d]),
+            None => row.fill(0.0),
         }
     }
 }
@@ -320,12 +355,14 @@ struct Job<'a> {
     /// The last token's slots (every token's are a prefix of them).
     slots: &'a [u32],
     kvh: usize,
-    /// The KV head's transposed K (see [`transpose_k`]), when the sequence has one.
-    kt: Option<&'a [f32]>,
+    /// The KV head's packed K and V (see [`PACKED`]) and their slots, when the sequence has
+    /// them.
+    packed: Option<(&'a [f32], &'a [f32], &'a [u32])>,
     out: OutPtr,
 }
 
 /// What every (token, KV head) group shares.
+#[derive(Clone, Copy)]
 struct Group<'a> {
     k_cache: &'a [f32],
     v_cache: &'a [f32],
@@ -376,10 +413,36 @@ impl Group<'_> {
     /// kernels; only under `attend_avx2`/`attend_avx512`).
     #[inline(always)]
     fn attend<const P: u8>(&self, job: &Job<'_>, scratch: &mut Scratch) {
+        match job.packed {
+            Some((k, v, ident)) if P != PORTABLE => {
+                // The packed K and V as a cache of one KV head, `d` floats per slot.
+                let view = Group {
+                    k_cache: k,
+                    v_cache: v,
+                    kv_row: self.head_dim,
+                    ..*self
+                };
+                let kt = if P == AVX512 { Some(k) } else { None };
+                view.attend_in::<P>(job, &ident[..job.slots.len()], 0, kt, scratch)
+            }
+            _ => self.attend_in::<P>(job, job.slots, job.kvh * self.head_dim, None, scratch),
+        }
+    }
+
+    /// [`Self::attend`] over the K/V rows `slots` of this group's cache (the job's own, or the
+    /// packed copy's), the KV head's columns from `base`; `kt`: its transposed K, if any.
+    #[inline(always)]
+    fn attend_in<const P: u8>(
+        &self,
+        job: &Job<'_>,
+        slots: &[u32],
+        base: usize,
+        kt: Option<&[f32]>,
+        scratch: &mut Scratch,
+    ) {
         let (d, heads) = (self.head_dim, self.heads);
-        let n_last = job.slots.len();
+        let n_last = slots.len();
         let rows = job.nq * heads;
-        let base = job.kvh * d;
         let width = heads * d;
         let stride = n_last.next_multiple_of(16);
         let krow = |s: u32| &self.k_cache[s as usize * self.kv_row + base..][..d];
@@ -393,7 +456,7 @@ impl Group<'_> {
         inv.clear();
         let qrow = |r: usize| qrow(r / heads, r % heads);
         let end = |tile: usize, r: usize| (tile + KT).min(job.n0 + r / heads);
-        match job.kt {
+        match kt {
             #[cfg(target_arch = "x86_64")]
             Some(kt) if P != PORTABLE => {
                 // SAFETY: `P` is only set under its target features; `kt` holds this KV head's
@@ -403,38 +466,45 @@ impl Group<'_> {
             }
             _ => {
                 for tile in (0..n_last).step_by(KT) {
-                    // Rows in pairs that share every K load; a pair's keys are those both rows
-                    // see (rows of one token see the same keys; across tokens the later one
-                    // sees one more, which its single-row pass below adds).
+                    // Rows in groups (pairs; threes on AVX2, whose kernel has registers for
+                    // 12 chains) that share every K load; a group's keys are those all its
+                    // rows see (rows of one token see the same keys; across tokens a later one
+                    // sees more, which its single-row pass below adds).
+                    let g = if P == AVX2 { 3 } else { 2 };
                     let mut r = 0;
                     while r < rows {
-                        let pair = if r + 1 < rows { 2 } else { 1 };
+                        let n = (rows - r).min(g);
                         let mut i = tile;
-                        if pair == 2 {
-                            let both = end(tile, r).min(end(tile, r + 1));
-                            if both > tile {
-                                let (s0, s1) = scores.split_at_mut((r + 1) * stride);
-                                let out = [&mut s0[r * stride + tile..], &mut s1[tile..]];
-                                let q = [qrow(r), qrow(r + 1)];
-                                let slots = &job.slots[tile..both];
-                                i += self.scores::<P, 2>(q, base, slots, out);
-                            }
+                        // Ends grow with the row: the first row's is the group's.
+                        let all = end(tile, r);
+                        if n > 1 && all > tile {
+                            let slots = &slots[tile..all];
+                            let mut ch = scores[r * stride..].chunks_mut(stride);
+                            let mut out = || &mut ch.next().expect("a row")[tile..];
+                            i += if n == 3 {
+                                let out = [out(), out(), out()];
+                                let q = [qrow(r), qrow(r + 1), qrow(r + 2)];
+                                self.scores::<P, 3>(q, base, slots, out)
+                            } else {
+                                let out = [out(), out()];
+                                self.scores::<P, 2>([qrow(r), qrow(r + 1)], base, slots, out)
+                            };
                         }
-                        for r in r..r + pair {
+                        for r in r..r + n {
                             let row = &mut scores[r * stride..][..n_last];
                             let qj = qrow(r);
                             let end = end(tile, r);
                             let mut i = i;
                             if end > i {
                                 let out = [&mut row[i..]];
-                                i += self.scores::<P, 1>([qj], base, &job.slots[i..end], out);
+                                i += self.scores::<P, 1>([qj], base, &slots[i..end], out);
                             }
                             while i < end {
-                                row[i] = dot8_fma(qj, krow(job.slots[i])) * self.scale;
+                                row[i] = dot8_fma(qj, krow(slots[i])) * self.scale;
                                 i += 1;
                             }
                         }
-                        r += pair;
+                        r += n;
                     }
                 }
             }
@@ -458,7 +528,7 @@ impl Group<'_> {
         if P != PORTABLE && d.is_multiple_of(8) {
             // SAFETY: as above; `acc` holds `rows * d` floats, and `attention_with` checked
             // every slot against the cache.
-            unsafe { self.values_t::<P>(job, scores, stride, acc) };
+            unsafe { self.values_t::<P>(job, slots, base, scores, stride, acc) };
             return self.finish(job, acc, inv);
         }
         for tile in (0..n_last).step_by(KT) {
@@ -473,9 +543,9 @@ impl Group<'_> {
                     let r0 = u * heads + j0;
                     let keys = tile..end;
                     if pair == 2 {
-                        self.values::<2>(scores, stride, r0, keys, job.slots, base, acc);
+                        self.values::<2>(scores, stride, r0, keys, slots, base, acc);
                     } else {
-                        self.values::<1>(scores, stride, r0, keys, job.slots, base, acc);
+                        self.values::<1>(scores, stride, r0, keys, slots, base, acc);
                     }
                     j0 += pair;
                 }
@@ -583,19 +653,20 @@ impl Group<'_> {
     unsafe fn values_t<const P: u8>(
         &self,
         job: &Job<'_>,
+        slots: &[u32],
+        base: usize,
         scores: &[f32],
         stride: usize,
         acc: &mut [f32],
     ) {
         let (d, heads) = (self.head_dim, self.heads);
         let rows = job.nq * heads;
-        let n_last = job.slots.len();
+        let n_last = slots.len();
         assert!(scores.len() >= rows * stride && acc.len() >= rows * d && d.is_multiple_of(8));
-        assert!(job.kvh * d + d <= self.kv_row);
+        assert!(base + d <= self.kv_row);
         let end = |tile: usize, r: usize| (tile + KT).min(job.n0 + r / heads);
-        let slots = job.slots;
         let (sp, ap) = (scores.as_ptr(), acc.as_mut_ptr());
-        let vp = self.v_cache.as_ptr().add(job.kvh * d);
+        let vp = self.v_cache.as_ptr().add(base);
         let kv_row = self.kv_row;
         // `H` rows from `r` over `keys`, all columns.
         let run = |h: usize, r: usize, keys: std::ops::Range<usize>| {
