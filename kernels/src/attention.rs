@@ -56,7 +56,7 @@ struct Scratch {
 
 /// Query tokens of one sequence computed together, so each K/V row they share is loaded from
 /// memory once for all of them (prefill); a decode token is a block of one.
-const QB: usize = 8;
+const QB: usize = 16;
 /// Keys per tile: a tile's K (then V) rows of one KV head stay in L1 while every query row of
 /// the block uses them.
 const KT: usize = 64;
@@ -520,7 +520,15 @@ impl Group<'_> {
                 let i = (r + i).min(rows - 1);
                 &scores[i * stride..i * stride + job.n0 + i / heads]
             };
-            let sums = lane_sums([row(0), row(1), row(2), row(3)]);
+            let rows4 = [row(0), row(1), row(2), row(3)];
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `P` is only set under its target features (both include avx2).
+            let sums = match P {
+                PORTABLE => lane_sums(rows4),
+                _ => unsafe { wide::lane_sums_256(rows4) },
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let sums = lane_sums(rows4);
             inv.extend(sums[..(rows - r).min(4)].iter().map(|s| 1.0 / s));
             r += 4;
         }
@@ -871,12 +879,13 @@ fn exp_shifted(sc: &mut [f32]) {
 fn lane_sums(rows: [&[f32]; 4]) -> [f32; 4] {
     let n = rows.iter().map(|r| r.len()).min().unwrap_or(0) / 8 * 8;
     let mut acc = [[0f32; 8]; 4];
-    for c in (0..n).step_by(8) {
-        for (a, row) in acc.iter_mut().zip(&rows) {
-            let x: &[f32; 8] = row[c..c + 8].try_into().expect("8 floats");
-            for l in 0..8 {
-                a[l] += x[l];
-            }
+    let chunks = |r: usize| rows[r][..n].chunks_exact(8);
+    for (((x0, x1), x2), x3) in chunks(0).zip(chunks(1)).zip(chunks(2)).zip(chunks(3)) {
+        for l in 0..8 {
+            acc[0][l] += x0[l];
+            acc[1][l] += x1[l];
+            acc[2][l] += x2[l];
+            acc[3][l] += x3[l];
         }
     }
     for (a, row) in acc.iter_mut().zip(&rows) {
@@ -1139,6 +1148,33 @@ mod wide {
             }
         };
     }
+    /// [`super::lane_sums`] with one 8-lane vector per row (the compiler leaves the generic
+    /// form scalar).
+    ///
+    /// # Safety
+    /// The CPU supports avx2.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn lane_sums_256(rows: [&[f32]; 4]) -> [f32; 4] {
+        let n = rows.iter().map(|r| r.len()).min().unwrap_or(0) / 8 * 8;
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for c in (0..n).step_by(8) {
+            for r in 0..4 {
+                // SAFETY: `c + 8 <= n <= rows[r].len()`.
+                let x = unsafe { _mm256_loadu_ps(rows[r].as_ptr().add(c)) };
+                acc[r] = _mm256_add_ps(acc[r], x);
+            }
+        }
+        let mut lanes = [[0f32; 8]; 4];
+        for r in 0..4 {
+            // SAFETY: 8 floats.
+            unsafe { _mm256_storeu_ps(lanes[r].as_mut_ptr(), acc[r]) };
+            for (i, &x) in rows[r].iter().enumerate().skip(n) {
+                lanes[r][i % 8] += x;
+            }
+        }
+        lanes.map(|a| super::tree8(&a))
+    }
+
     instances!("avx512f,avx2,fma", __m512, scores_512, values_512);
     instances!("avx2,fma", __m256, scores_256, values_256);
 }
