@@ -46,7 +46,7 @@ thread_local! {
 #[derive(Default)]
 struct Scratch {
     /// `[rows][stride]` scores, then softmax numerators (`stride`: the job's key count rounded
-    /// up to 16; entries past a row's keys are unused).
+    /// up to an odd multiple of 16; entries past a row's keys are unused).
     scores: LineVec,
     /// `[rows][head_dim]` weighted-value sums.
     acc: Vec<f32>,
@@ -444,7 +444,8 @@ impl Group<'_> {
         let n_last = slots.len();
         let rows = job.nq * heads;
         let width = heads * d;
-        let stride = n_last.next_multiple_of(16);
+        // An odd number of 64-byte lines: rows a multiple of 4 KiB apart would share L1 sets.
+        let stride = n_last.next_multiple_of(16) | 16;
         let krow = |s: u32| &self.k_cache[s as usize * self.kv_row + base..][..d];
         let qrow = |u: usize, j: usize| {
             &job.q[(job.t0 + u) * job.q_width + job.kvh * width + j * d..][..d]
@@ -459,9 +460,7 @@ impl Group<'_> {
         match kt {
             #[cfg(target_arch = "x86_64")]
             Some(kt) if P != PORTABLE => {
-                // SAFETY: `P` is only set under its target features; `kt` holds this KV head's
-                // `stride / 16` (or more) key blocks of `16 d` floats; every row's scores hold
-                // `stride` floats and `scores.len() == rows * stride`.
+                // SAFETY: `P` is only set under its target features; the shapes are asserted.
                 unsafe { self.scores_t::<P>(job, kt, scores, stride) }
             }
             _ => {
@@ -590,8 +589,7 @@ impl Group<'_> {
     /// its own keys are never read).
     ///
     /// # Safety
-    /// `P` is [`AVX2`] or [`AVX512`] and the CPU has its features; `kt` holds at least
-    /// `stride / 16` blocks of `16 d` floats; `scores.len() == rows * stride`; `d % 8 == 0`.
+    /// `P` is [`AVX2`] or [`AVX512`] and the CPU has its features (the rest is asserted).
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     unsafe fn scores_t<const P: u8>(
@@ -604,7 +602,9 @@ impl Group<'_> {
         let (d, heads) = (self.head_dim, self.heads);
         let rows = job.nq * heads;
         let n_last = job.slots.len();
-        assert!(kt.len() >= stride * d && scores.len() >= rows * stride && d.is_multiple_of(8));
+        let n16 = n_last.next_multiple_of(16);
+        assert!(kt.len() >= n16 * d && stride >= n16 && d.is_multiple_of(8));
+        assert!(scores.len() >= rows * stride);
         let width = heads * d;
         let q0 = job.t0 * job.q_width + job.kvh * width;
         let qp = |r: usize| {
