@@ -6,8 +6,17 @@
 //! `exp_fixed`, their sum over 8 lanes (position `i` in lane `i % 8`, the same tree), V
 //! accumulated by fma in position order, one final scale by the sum's inverse. Nothing depends on
 //! how many other tokens share the call, so prefill, chunked prefill and batched decode agree
-//! bit for bit. Cost O(Σ_t (p_t+1) · heads · head_dim); parallel over (token, KV head), the query
-//! heads of one KV head together so each K/V row is read once per group.
+//! bit for bit. Cost O(Σ_t (p_t+1) · heads · head_dim); parallel over (block of up to 16 tokens
+//! of one sequence, KV head), the query heads of one KV head together so each K/V row is read
+//! once per block.
+//!
+//! Only the layout differs between paths, never an operation or its order. On the AVX paths a
+//! sequence with at least 8 tokens in the call has its K and V copied once per call into
+//! contiguous per-KV-head rows (K transposed on AVX-512, so lane `j` of a vector is key `j` and
+//! the 8 lane sums of `dot8_fma` are 8 vectors whose tree is vertical adds); the scores then take
+//! 3 rows per K load (AVX-512: 24 accumulators of 16 keys; AVX2: 3 rows × 4 keys of 8-lane
+//! sums), the weighted values 4 (AVX-512) or 2 (AVX2) rows per V load, and the softmax sums
+//! 4 rows at a time.
 
 use std::cell::Cell;
 
@@ -637,11 +646,7 @@ impl Group<'_> {
                             wide::scores_512::<2>([qp(r), qp(r + 1)], kp, nblk, d, sc, [o(0), o(1)])
                         }
                         (AVX512, _) => wide::scores_512::<1>([qp(r)], kp, nblk, d, sc, [o(0)]),
-                        _ => {
-                            for i in 0..h {
-                                wide::scores_256::<1>([qp(r + i)], kp, nblk, d, sc, [o(i)])
-                            }
-                        }
+                        _ => unreachable!("K is only transposed for AVX-512"),
                     }
                 }
                 r += h;
@@ -939,13 +944,14 @@ fn dot8x4(q: &[f32], k: [&[f32]; 4]) -> [f32; 4] {
 // Register blocks read best indexed by (row, lane, vector).
 #[allow(clippy::needless_range_loop)]
 mod wide {
-    //! Prefill kernels of the AVX2 and AVX-512 paths, one generic body per vector type.
+    //! Kernels of the AVX2 and AVX-512 paths, one generic body per vector type.
     //!
-    //! Scores read K transposed ([`super::KtBuf`]: 16 keys of one KV head as `[d][16]`, lane
-    //! `j` of a vector is key `j`), so the 8 lane accumulators of `dot8_fma` are 8 vectors (lane
-    //! accumulator `l` of 8 or 16 keys at once, fed `q[c] · K[c]` for `c % 8 == l` in index
-    //! order) and `tree8` is 7 vertical adds: the same operations as the contract, no shuffles.
-    //! Weighted values: `H` rows share every V load, each row's sum in position order.
+    //! AVX-512 scores read K transposed (see [`super::transpose_k`]: 16 keys of one KV head as
+    //! `[d][16]`, lane `j` of a vector is key `j`), so the 8 lane accumulators of `dot8_fma`
+    //! are 8 vectors (lane accumulator `l` of 16 keys at once, fed `q[c] · K[c]` for
+    //! `c % 8 == l` in index order) and `tree8` is 7 vertical adds: the same operations as the
+    //! contract, no shuffles. Weighted values: `H` rows share every V load, each row's sum in
+    //! position order.
     use std::arch::x86_64::*;
 
     /// A vector of `L` floats.
@@ -1113,24 +1119,25 @@ mod wide {
         }
     }
 
-    macro_rules! instances {
-        ($features:literal, $v:ty, $scores:ident, $values:ident) => {
-            /// [`scores_t`] for this path.
-            ///
-            /// # Safety
-            /// As [`scores_t`].
-            #[target_feature(enable = $features)]
-            pub(super) unsafe fn $scores<const R: usize>(
-                q: [*const f32; R],
-                kt: *const f32,
-                nblk: usize,
-                d: usize,
-                scale: f32,
-                out: [*mut f32; R],
-            ) {
-                unsafe { scores_t::<$v, R>(q, kt, nblk, d, scale, out) }
-            }
+    /// [`scores_t`] on AVX-512 (on AVX2, with 16 registers, one row per K load of 8 keys
+    /// measured slower than 3 rows × 4 keys of K rows, `super::avx::scores`).
+    ///
+    /// # Safety
+    /// As [`scores_t`].
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn scores_512<const R: usize>(
+        q: [*const f32; R],
+        kt: *const f32,
+        nblk: usize,
+        d: usize,
+        scale: f32,
+        out: [*mut f32; R],
+    ) {
+        unsafe { scores_t::<__m512, R>(q, kt, nblk, d, scale, out) }
+    }
 
+    macro_rules! instances {
+        ($features:literal, $v:ty, $values:ident) => {
             /// [`values_t`] for this path.
             ///
             /// # Safety
@@ -1175,8 +1182,8 @@ mod wide {
         lanes.map(|a| super::tree8(&a))
     }
 
-    instances!("avx512f,avx2,fma", __m512, scores_512, values_512);
-    instances!("avx2,fma", __m256, scores_256, values_256);
+    instances!("avx512f,avx2,fma", __m512, values_512);
+    instances!("avx2,fma", __m256, values_256);
 }
 
 #[cfg(target_arch = "x86_64")]
