@@ -72,6 +72,10 @@ const KT: usize = 64;
 /// Query tokens of one sequence in a call from which the AVX paths pack its K and V (cost: one
 /// pass over the sequence's K and V; shared by all its blocks).
 const PACK_MIN_TOKENS: usize = 8;
+/// Most floats one call packs (64 MiB, kept by the calling thread between calls): sequences
+/// beyond it are read from the cache in place (same bits, slower), so a long context of a
+/// large model cannot make the pack buffer grow with it.
+const PACK_MAX_FLOATS: usize = 16 << 20;
 /// Query rows per transposed-K load in the AVX-512 score kernel (`8 RS` accumulators).
 const RS: usize = 3;
 /// Query rows per V load in the weighted values (AVX-512: `4 HV` accumulators of 16 floats for
@@ -294,8 +298,11 @@ fn sequences(
     }
     let mut total = 0;
     for s in seqs.iter_mut().filter(|s| s.tokens >= PACK_MIN_TOKENS) {
-        s.off = total;
-        total += 2 * shape.num_kv_heads * s.n.next_multiple_of(16) * shape.head_dim;
+        let need = 2 * shape.num_kv_heads * s.n.next_multiple_of(16) * shape.head_dim;
+        if total + need <= PACK_MAX_FLOATS {
+            s.off = total;
+            total += need;
+        }
     }
     packed.resize(total);
 }
