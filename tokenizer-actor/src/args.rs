@@ -13,6 +13,8 @@ impl Defaults {
     /// Large enough for a long prompt given as `input_ids` in JSON (~8 bytes per id).
     pub const MAX_REQUEST_BYTES: usize = 32 * 1024 * 1024;
     pub const REQUEST_TIMEOUT_S: u64 = 600;
+    /// Past this many requests in flight a new one is refused at once (429).
+    pub const MAX_IN_FLIGHT_REQUESTS: usize = 4096;
 
     /// The tokenizer's socket in the default runtime directory, shared by every actor's
     /// defaults so processes started alone on one host find each other.
@@ -88,6 +90,19 @@ pub struct HttpArgs {
     /// `chat_template` field (default: the model's `tokenizer_config.json`).
     #[arg(long, env = "DPSERVE_CHAT_TEMPLATE")]
     pub chat_template: Option<PathBuf>,
+    /// Most generation and embedding requests in flight at once (admitted and not yet
+    /// answered); past it a new one is refused at once with 429 and `Retry-After`, counted in
+    /// `dpserve:requests_refused_total`, so a burst cannot grow the server's memory.
+    #[arg(long, env = "DPSERVE_MAX_IN_FLIGHT_REQUESTS", default_value_t = Defaults::MAX_IN_FLIGHT_REQUESTS,
+          value_parser = at_least_one)]
+    pub max_in_flight_requests: usize,
+}
+
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("expected a whole number >= 1, got {s:?}")),
+    }
 }
 
 impl Default for HttpArgs {
@@ -100,6 +115,7 @@ impl Default for HttpArgs {
             request_timeout_s: Defaults::REQUEST_TIMEOUT_S,
             api_key: None,
             chat_template: None,
+            max_in_flight_requests: Defaults::MAX_IN_FLIGHT_REQUESTS,
         }
     }
 }

@@ -37,6 +37,8 @@ pub enum RegisterError {
     RidInUse,
     /// The bridge is shut down.
     Stopped,
+    /// `cap` requests are in flight already.
+    Full { cap: usize },
 }
 
 /// What the socket threads share with the bridge: the actors' addresses and the flags.
@@ -67,6 +69,7 @@ impl Bridge {
         tokenizer_addr: &str,
         controller_addr: &str,
         tracer: MessageTracer,
+        max_in_flight: usize,
     ) -> Result<Bridge> {
         let pull_ep: Endpoint =
             tokenizer_addr
@@ -99,7 +102,8 @@ impl Bridge {
             .map_err(|e| protocol::ProtocolError::zmq("set reconnect_ivl_max", e))?;
 
         let arbiter = Arbiter::new();
-        let registry = Registry::start_in_arbiter(&arbiter.handle(), |_| Registry::default());
+        let registry =
+            Registry::start_in_arbiter(&arbiter.handle(), move |_| Registry::new(max_in_flight));
         let cluster = {
             let registry = registry.clone();
             ClusterView::start_in_arbiter(&arbiter.handle(), |_| ClusterView::new(registry))
@@ -151,7 +155,8 @@ impl Bridge {
         };
         match self.shared.registry.send(register).await {
             Ok(Ok(rx)) => Ok(rx),
-            Ok(Err(registry::RidInUse)) => Err(RegisterError::RidInUse),
+            Ok(Err(registry::Refusal::RidInUse)) => Err(RegisterError::RidInUse),
+            Ok(Err(registry::Refusal::Full { cap })) => Err(RegisterError::Full { cap }),
             Err(_) => Err(RegisterError::Stopped),
         }
     }

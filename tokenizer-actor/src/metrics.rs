@@ -57,6 +57,7 @@ pub struct Metrics {
     generation_tokens: IntCounterVec,
     cached_tokens: IntCounterVec,
     requests: IntCounterVec,
+    refused: IntCounterVec,
     ttft: HistogramVec,
     itl: HistogramVec,
     e2e: HistogramVec,
@@ -97,6 +98,12 @@ impl Default for Metrics {
                 "Finished requests by finish reason.",
                 &["dp_rank", "finish_reason"],
             ),
+            refused: counter(
+                "requests_refused_total",
+                "Requests refused before they were sent on, by reason (overloaded: \
+                 --max-in-flight-requests reached).",
+                &["reason"],
+            ),
             ttft: histogram(
                 "time_to_first_token_seconds",
                 "Time to first token.",
@@ -118,6 +125,11 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// A request refused before it was sent on.
+    pub fn refused(&self, reason: &str) {
+        self.refused.with_label_values(&[reason]).inc();
+    }
+
     pub fn observe_ttft(&self, rank: Option<u32>, secs: f64) {
         self.ttft.with_label_values(&[&label(rank)]).observe(secs);
     }

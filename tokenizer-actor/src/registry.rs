@@ -15,7 +15,12 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 /// Why a rid could not be registered.
 #[derive(Debug, PartialEq, Eq)]
-pub struct RidInUse;
+pub enum Refusal {
+    /// A request with this rid is in flight.
+    RidInUse,
+    /// `cap` requests are in flight already (`--max-in-flight-requests`).
+    Full { cap: usize },
+}
 
 /// One registered request: where its outputs go, and whether anything came back for it yet.
 struct Pending {
@@ -25,9 +30,19 @@ struct Pending {
 }
 
 /// Owns every registered request; see the module doc.
-#[derive(Default)]
 pub struct Registry {
     pending: HashMap<String, Pending>,
+    /// Most requests in flight at once; past it a new one is refused at once.
+    cap: usize,
+}
+
+impl Registry {
+    pub fn new(cap: usize) -> Self {
+        Registry {
+            pending: HashMap::new(),
+            cap,
+        }
+    }
 }
 
 impl Actor for Registry {
@@ -36,17 +51,20 @@ impl Actor for Registry {
 
 /// Route `TokenOut`s of `rid` to the returned channel until [`Unregister`].
 #[derive(Message)]
-#[rtype(result = "Result<UnboundedReceiver<TokenOut>, RidInUse>")]
+#[rtype(result = "Result<UnboundedReceiver<TokenOut>, Refusal>")]
 pub struct Register {
     pub rid: String,
 }
 
 impl Handler<Register> for Registry {
-    type Result = Result<UnboundedReceiver<TokenOut>, RidInUse>;
+    type Result = Result<UnboundedReceiver<TokenOut>, Refusal>;
 
     fn handle(&mut self, msg: Register, _: &mut Context<Self>) -> Self::Result {
         if self.pending.contains_key(&msg.rid) {
-            return Err(RidInUse);
+            return Err(Refusal::RidInUse);
+        }
+        if self.pending.len() >= self.cap {
+            return Err(Refusal::Full { cap: self.cap });
         }
         let (tx, rx) = unbounded_channel();
         let pending = Pending {
@@ -211,7 +229,7 @@ mod tests {
 
     #[actix_rt::test]
     async fn outputs_reach_their_rid_until_it_is_unregistered() {
-        let reg = Registry::default().start();
+        let reg = Registry::new(8).start();
         let mut rx = reg
             .send(Register { rid: "a".into() })
             .await
@@ -219,7 +237,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             reg.send(Register { rid: "a".into() }).await.unwrap().err(),
-            Some(RidInUse)
+            Some(Refusal::RidInUse)
         );
         reg.do_send(Deliver(out("a")));
         reg.do_send(Deliver(out("nobody")));
@@ -232,7 +250,7 @@ mod tests {
 
     #[actix_rt::test]
     async fn a_stale_controller_fails_only_unanswered_requests_sent_after_its_last_status() {
-        let reg = Registry::default().start();
+        let reg = Registry::new(8).start();
         let mut before = reg
             .send(Register { rid: "old".into() })
             .await
@@ -265,7 +283,7 @@ mod tests {
 
     #[actix_rt::test]
     async fn failing_all_open_skips_requests_whose_client_left() {
-        let reg = Registry::default().start();
+        let reg = Registry::new(8).start();
         let mut open = reg
             .send(Register { rid: "open".into() })
             .await

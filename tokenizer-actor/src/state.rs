@@ -49,6 +49,7 @@ impl AppState {
             &args.tokenizer_addr,
             &args.controller_addr,
             tracer,
+            args.http.max_in_flight_requests,
         )?);
         let served_model_name = args
             .http

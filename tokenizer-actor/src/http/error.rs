@@ -81,9 +81,10 @@ impl ResponseError for ApiError {
 
     fn error_response(&self) -> HttpResponse {
         let mut resp = HttpResponse::build(self.status_code());
-        if self.status == 503 {
+        if self.status == 503 || self.status == 429 {
             // Every 503 here is transient (no live rank, controller unreachable, a rank
-            // draining or gone): clients and gateways may retry after a short pause.
+            // draining or gone), and a 429 is a full server: clients and gateways may retry
+            // after a short pause.
             resp.insert_header(("Retry-After", RETRY_AFTER_S.to_string()));
         }
         resp.json(self.body())

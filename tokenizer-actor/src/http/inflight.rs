@@ -68,6 +68,13 @@ pub async fn register(
             ApiError::bad_request(format!("rid {rid:?} is already in flight"))
         }
         RegisterError::Stopped => ApiError::unavailable("tokenizer is shutting down"),
+        RegisterError::Full { cap } => {
+            state.metrics.refused("overloaded");
+            ApiError::new(
+                429,
+                format!("the server is at its limit of {cap} requests in flight; retry later"),
+            )
+        }
     })
 }
 

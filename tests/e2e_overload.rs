@@ -1,0 +1,97 @@
+//! Overload is refused early and cheaply: with `--max-in-flight-requests 16`, a burst of 200
+//! concurrent requests gets 429 with `Retry-After` at once for the excess, the admitted ones
+//! finish with all their tokens, the refusals are counted in `/metrics`, and the server then
+//! serves normally.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Server;
+use serde_json::json;
+
+#[test]
+fn a_burst_past_the_in_flight_cap_is_refused_at_once_and_the_rest_finish() {
+    let server = Server::up(&[
+        "--builtin-size",
+        "tiny",
+        "--dp-size",
+        "1",
+        "--max-in-flight-requests",
+        "16",
+        "--max-running-requests",
+        "4",
+    ]);
+    let url = server.url("/generate");
+    let body = json!({"text": "once upon a time", "sampling_params":
+                      {"max_new_tokens": 64, "temperature": 0, "ignore_eos": true}});
+    let start = std::sync::Arc::new(std::sync::Barrier::new(200));
+    let handles: Vec<_> = (0..200)
+        .map(|_| {
+            let (url, body, start) = (url.clone(), body.clone(), start.clone());
+            std::thread::spawn(move || {
+                let client = Server::client();
+                start.wait();
+                let sent = Instant::now();
+                let resp = client.post(url).json(&body).send().expect("request");
+                let status = resp.status().as_u16();
+                let retry = resp
+                    .headers()
+                    .get("retry-after")
+                    .map(|v| v.to_str().unwrap().to_string());
+                let json: serde_json::Value = resp.json().unwrap_or_default();
+                (status, retry, json, sent.elapsed())
+            })
+        })
+        .collect();
+    let (mut ok, mut refused) = (0, 0);
+    for h in handles {
+        let (status, retry, json, took) = h.join().unwrap();
+        match status {
+            200 => {
+                ok += 1;
+                assert_eq!(
+                    json["output_ids"].as_array().map(Vec::len),
+                    Some(64),
+                    "{json}"
+                );
+            }
+            429 => {
+                refused += 1;
+                assert_eq!(retry.as_deref(), Some("1"), "Retry-After on a 429");
+                assert!(
+                    json["error"]["message"]
+                        .as_str()
+                        .unwrap()
+                        .contains("16 requests in flight"),
+                    "{json}"
+                );
+                // Refused without waiting for anything: well under a second on any machine
+                // (the admitted requests take far longer).
+                assert!(took < Duration::from_secs(5), "a refusal took {took:?}");
+            }
+            other => panic!("unexpected status {other}: {json}"),
+        }
+    }
+    assert_eq!(ok + refused, 200);
+    assert!(ok >= 16, "at least the cap's worth admitted ({ok})");
+    assert!(refused > 0, "a burst of 200 over a cap of 16 refuses some");
+    let metrics = Server::client()
+        .get(server.url("/metrics"))
+        .send()
+        .and_then(|r| r.text())
+        .expect("/metrics");
+    let counted: f64 = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("dpserve:requests_refused_total{reason=\"overloaded\"}")?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no refusal counter in /metrics:\n{metrics}"));
+    assert_eq!(counted, refused as f64);
+    // After the burst, the server serves as before.
+    let (status, resp) = server.post("/generate", &body);
+    assert_eq!(status, 200, "{resp}");
+}
