@@ -95,3 +95,54 @@ fn a_burst_past_the_in_flight_cap_is_refused_at_once_and_the_rest_finish() {
     let (status, resp) = server.post("/generate", &body);
     assert_eq!(status, 200, "{resp}");
 }
+
+#[test]
+fn past_a_workers_max_queued_requests_a_request_gets_503_with_retry_after() {
+    let server = Server::up(&[
+        "--builtin-size",
+        "tiny",
+        "--dp-size",
+        "1",
+        "--max-running-requests",
+        "1",
+        "--max-queued-requests",
+        "2",
+    ]);
+    let url = server.url("/generate");
+    let body = json!({"text": "once upon a time", "sampling_params":
+                      {"max_new_tokens": 128, "temperature": 0, "ignore_eos": true}});
+    let handles: Vec<_> = (0..20)
+        .map(|_| {
+            let (url, body) = (url.clone(), body.clone());
+            std::thread::spawn(move || {
+                let resp = Server::client()
+                    .post(url)
+                    .json(&body)
+                    .send()
+                    .expect("request");
+                let status = resp.status().as_u16();
+                let retry = resp.headers().contains_key("retry-after");
+                let json: serde_json::Value = resp.json().unwrap_or_default();
+                (status, retry, json)
+            })
+        })
+        .collect();
+    let mut full = 0;
+    for h in handles {
+        let (status, retry, json) = h.join().unwrap();
+        match status {
+            200 => assert_eq!(json["output_ids"].as_array().map(Vec::len), Some(128)),
+            503 => {
+                full += 1;
+                assert!(retry, "Retry-After on a 503");
+                let message = json["error"]["message"].as_str().unwrap_or_default();
+                assert!(message.contains("max-queued-requests"), "{json}");
+            }
+            other => panic!("unexpected status {other}: {json}"),
+        }
+    }
+    assert!(
+        full > 0,
+        "20 at once over 1 running + 2 queued refuses some"
+    );
+}

@@ -382,6 +382,7 @@ mod tests {
                 disable_radix_cache: false,
                 prefill_step_target: None,
                 disagg: None,
+                max_queued_requests: None,
             },
             model,
         );

@@ -201,6 +201,12 @@ pub struct ServeArgs {
     /// promptly on any CPU; 0 = no time bound (only the token limits).
     #[arg(long, env = "DPSERVE_PREFILL_STEP_TARGET_MS", default_value_t = DEFAULT_PREFILL_STEP_TARGET_MS)]
     pub prefill_step_target_ms: u64,
+    /// Requests a rank holds waiting (not yet running) at most; past it a new request is
+    /// refused at once (503 with `Retry-After`), so a burst cannot grow a worker's queue
+    /// without bound. Unset: no limit (the tokenizer's `--max-in-flight-requests` still bounds
+    /// the whole server).
+    #[arg(long, env = "DPSERVE_MAX_QUEUED_REQUESTS")]
+    pub max_queued_requests: Option<usize>,
     /// Prefill worker: seconds a request waits for its decode worker to be ready for its KV
     /// before it is dropped.
     #[arg(long, env = "DPSERVE_DISAGGREGATION_BOOTSTRAP_TIMEOUT", default_value_t = DEFAULT_DISAGG_TIMEOUT_S)]
@@ -227,6 +233,7 @@ impl Default for ServeArgs {
             heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT_S,
             prefill_step_target_ms: DEFAULT_PREFILL_STEP_TARGET_MS,
+            max_queued_requests: None,
             disaggregation_bootstrap_timeout: DEFAULT_DISAGG_TIMEOUT_S,
             disaggregation_waiting_timeout: DEFAULT_DISAGG_TIMEOUT_S,
         }
@@ -333,6 +340,7 @@ pub struct WorkerConfig {
     pub heartbeat_interval: Duration,
     pub drain_timeout: Duration,
     pub trace_dir: Option<PathBuf>,
+    pub max_queued_requests: Option<usize>,
     pub disaggregation_mode: protocol::DisaggMode,
     /// Where a prefill worker binds its KV socket.
     pub kv_addr: Endpoint,
@@ -392,6 +400,7 @@ impl WorkerArgs {
             heartbeat_interval: Duration::from_millis(serve.heartbeat_interval_ms.max(10)),
             drain_timeout: Duration::from_secs_f64(serve.drain_timeout),
             trace_dir: self.trace_dir.clone(),
+            max_queued_requests: serve.max_queued_requests,
             disaggregation_mode: self.disaggregation_mode,
             kv_addr: addr(
                 "disaggregation-kv-addr",
@@ -422,6 +431,9 @@ impl ServeArgs {
         positive("max-running-requests", self.max_running_requests)?;
         positive("chunked-prefill-size", self.chunked_prefill_size)?;
         positive("max-prefill-tokens", self.max_prefill_tokens)?;
+        if let Some(n) = self.max_queued_requests {
+            positive("max-queued-requests", n)?;
+        }
         // The parser checks the flag; this guards a WorkerArgs built in code.
         crate::mem::check_mem_fraction(self.mem_fraction)
             .map_err(|e| anyhow::anyhow!("--mem-fraction: {e}"))?;

@@ -40,11 +40,19 @@ pub enum RequestError {
     },
     #[error("prompt ({prompt} tokens) does not fit in this rank's KV pool ({pool} tokens)")]
     LargerThanPool { prompt: usize, pool: usize },
+    #[error(
+        "data parallel rank {rank} has {cap} requests waiting (--max-queued-requests); retry later"
+    )]
+    QueueFull { rank: u32, cap: usize },
 }
 
 impl RequestError {
-    /// The HTTP status the client sees.
+    /// The HTTP status the client sees: 400 for a request that can never run here, 503 (with
+    /// `Retry-After` from the tokenizer) for a full queue.
     pub fn status(&self) -> u16 {
-        400
+        match self {
+            RequestError::QueueFull { .. } => 503,
+            _ => 400,
+        }
     }
 }

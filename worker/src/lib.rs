@@ -193,6 +193,7 @@ fn load(
             disable_radix_cache: config.disable_radix_cache,
             prefill_step_target: config.prefill_step_target,
             disagg,
+            max_queued_requests: config.max_queued_requests,
         },
         model,
     );

@@ -89,6 +89,8 @@ pub struct SchedulerConfig {
     pub prefill_step_target: Option<Duration>,
     /// A prefill or decode worker's settings; `None` for a unified worker.
     pub disagg: Option<DisaggConfig>,
+    /// Waiting requests at most (`--max-queued-requests`); `None`: no limit.
+    pub max_queued_requests: Option<usize>,
 }
 
 /// Counters for `WorkerStatus`.
@@ -209,7 +211,9 @@ impl Scheduler {
     /// Queue a generation request, or refuse it at once with a 400. A disaggregated leg goes
     /// to its role's queue (a prefill leg is answered through its decode worker, never here).
     pub fn submit(&mut self, mut req: GenerateReq) -> Option<TokenOut> {
-        let check = self.validate(&req.input_ids, req.sampling.max_new_tokens);
+        let check = self
+            .validate(&req.input_ids, req.sampling.max_new_tokens)
+            .and_then(|()| self.queue_has_room());
         match (self.legs.mode(), req.disagg.take(), check) {
             (DisaggMode::Prefill, Some(leg), check) => {
                 self.prefill_leg_arrived(req, leg, check.err());
@@ -238,11 +242,25 @@ impl Scheduler {
 
     /// Queue an embedding request, or refuse it at once with a 400.
     pub fn submit_embed(&mut self, rid: String, input_ids: Vec<u32>) -> Option<TokenOut> {
-        if let Err(e) = self.validate(&input_ids, 0) {
+        if let Err(e) = self
+            .validate(&input_ids, 0)
+            .and_then(|()| self.queue_has_room())
+        {
             return Some(self.error_out(&rid, e.status(), e.to_string()));
         }
         self.waiting.push_back(Req::embed(rid, input_ids));
         None
+    }
+
+    /// Refuses a new request while `--max-queued-requests` are waiting.
+    fn queue_has_room(&self) -> Result<(), RequestError> {
+        match self.config.max_queued_requests {
+            Some(cap) if self.num_waiting() >= cap => Err(RequestError::QueueFull {
+                rank: self.config.rank,
+                cap,
+            }),
+            _ => Ok(()),
+        }
     }
 
     fn validate(&self, ids: &[u32], max_new_tokens: u32) -> Result<(), RequestError> {

@@ -21,6 +21,7 @@ pub(super) fn config(max_total_tokens: usize, chunk: usize) -> SchedulerConfig {
         disable_radix_cache: false,
         prefill_step_target: None,
         disagg: None,
+        max_queued_requests: None,
     }
 }
 
@@ -415,4 +416,28 @@ fn a_step_time_target_splits_prefill_into_short_steps_with_the_same_result() {
         (first, rest),
         "chunking changed the output"
     );
+}
+
+#[test]
+fn past_max_queued_requests_a_new_request_is_refused_with_a_503() {
+    let mut s = with_config(SchedulerConfig {
+        max_queued_requests: Some(2),
+        ..config(4096, 64)
+    });
+    assert!(s.submit(req("a", prompt(1, 8), 2)).is_none());
+    assert!(s.submit(req("b", prompt(2, 8), 2)).is_none());
+    let out = s
+        .submit(req("c", prompt(3, 8), 2))
+        .expect("refused at once");
+    let err = out.error.expect("an error");
+    assert_eq!(err.status, 503, "{}", err.message);
+    assert!(
+        err.message.contains("max-queued-requests"),
+        "{}",
+        err.message
+    );
+    // Once the queue drains, requests are taken again.
+    let done = drain(&mut s);
+    assert_eq!(done.len(), 2);
+    assert!(s.submit(req("d", prompt(4, 8), 2)).is_none());
 }
