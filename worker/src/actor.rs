@@ -172,7 +172,9 @@ impl<O: Outbox> WorkerActor<O> {
         match msg {
             Message::GenerateReq(req) => {
                 if let Some(out) = self.refusal(&req.rid) {
-                    return self.emit(out);
+                    // A disaggregated leg's other side hears of it too.
+                    let out = self.sched.refuse(req, out);
+                    return self.emit_all(out);
                 }
                 // Held until its final output goes out (a refusal is one too). A prefill leg
                 // never has one here: its decode worker answers the client.

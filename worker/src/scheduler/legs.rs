@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
-use protocol::{DisaggMode, DisaggStatus, KvAbort, KvReady, Message, TokenOut};
+use protocol::{DisaggMode, DisaggStatus, GenerateReq, KvAbort, KvReady, Message, TokenOut};
 
 use super::Scheduler;
 use crate::disagg::{DisaggConfig, DisaggStats, KvInbound, KvPeer, KvSend};
@@ -82,6 +82,31 @@ impl Legs {
 impl Scheduler {
     pub fn disagg_mode(&self) -> DisaggMode {
         self.legs.mode()
+    }
+
+    /// A request refused before it was taken in (a draining worker, a bad rid), as `out` says.
+    /// A prefill leg is answered through its decode worker (when its `KvReady` comes), never
+    /// here; a decode leg's prefill worker is told, so it does not wait for it.
+    pub fn refuse(&mut self, mut req: GenerateReq, out: TokenOut) -> Option<TokenOut> {
+        let (status, reason) = out
+            .error
+            .as_ref()
+            .map_or((503, String::new()), |e| (e.status, e.message.clone()));
+        match (self.legs.mode(), req.disagg.take()) {
+            (DisaggMode::Prefill, Some(leg)) => {
+                let entry = self.bootstrap_entry(leg.room);
+                entry.refused = Some((status, reason));
+                self.finished_rids.push(req.rid);
+                self.try_pair(leg.room);
+                None
+            }
+            (DisaggMode::Decode, Some(leg)) => {
+                let to = KvPeer::Endpoint(leg.prefill_kv_endpoint);
+                self.legs.abort_room(to, leg.room, status, reason);
+                Some(out)
+            }
+            _ => Some(out),
+        }
     }
 
     /// KV messages to send since the last call.

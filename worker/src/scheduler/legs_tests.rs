@@ -433,3 +433,42 @@ fn a_draining_decode_worker_still_holds_requests_whose_kv_is_on_its_way() {
     assert!(!pair.d.has_work(), "nothing to compute");
     assert!(pair.d.holds_requests(), "but a request is held");
 }
+
+#[test]
+fn a_leg_refused_before_it_is_taken_in_is_answered_through_the_other_side() {
+    // The prefill worker refuses its leg (it is draining): the decode worker's KvReady gets the
+    // refusal, and the client hears it from the decode side only.
+    let mut pair = Pair::new(config(4096, 8), config(4096, 8));
+    let mut r = req("p-refused", prompt(1, 20), 4);
+    r.disagg = Some(DisaggLeg {
+        room: 11,
+        prefill_rank: 0,
+        decode_rank: 1,
+        prefill_kv_endpoint: EP.into(),
+    });
+    let draining = TokenOut::error("p-refused", 503, "rank 0 is draining");
+    assert!(
+        pair.p.refuse(r.clone(), draining).is_none(),
+        "no answer from a prefill leg"
+    );
+    let out = pair.d.submit(r.clone());
+    pair.collect(out.into_iter().collect());
+    pair.carry();
+    let err = pair.done["p-refused"].1.error.clone().expect("refused");
+    assert_eq!(
+        (err.status, err.message.as_str()),
+        (503, "rank 0 is draining")
+    );
+    pair.assert_whole();
+
+    // The decode worker refuses its leg: the prefill worker drops its own at once.
+    let mut pair = Pair::new(config(4096, 8), config(4096, 8));
+    r.rid = "d-refused".into();
+    assert!(pair.p.submit(r.clone()).is_none());
+    let draining = TokenOut::error("d-refused", 503, "rank 1 is draining");
+    let out = pair.d.refuse(r, draining).expect("the decode side answers");
+    assert_eq!(out.error.map(|e| e.status), Some(503));
+    pair.carry();
+    assert_eq!(pair.p.legs.queued(), 0, "the prefill leg is gone");
+    pair.assert_whole();
+}

@@ -53,7 +53,7 @@ impl Scheduler {
         self.try_pair(room);
     }
 
-    fn bootstrap_entry(&mut self, room: u64) -> &mut Bootstrap {
+    pub(super) fn bootstrap_entry(&mut self, room: u64) -> &mut Bootstrap {
         self.legs
             .bootstrap
             .entry(room)
@@ -68,7 +68,7 @@ impl Scheduler {
 
     /// Once a room has both its request and its `KvReady`, the request joins the queue (or
     /// the decode worker hears why it cannot).
-    fn try_pair(&mut self, room: u64) {
+    pub(super) fn try_pair(&mut self, room: u64) {
         let Some(entry) = self.legs.bootstrap.get_mut(&room) else {
             return;
         };
