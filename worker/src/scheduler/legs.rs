@@ -66,7 +66,12 @@ impl Legs {
         self.out.push(KvSend { to, msg, payload });
     }
 
+    /// Tells the other side of `room` this side gave it up. A prefill leg not yet paired has no
+    /// peer to tell (its decode worker hears `PeerGone` or times out).
     pub fn abort_room(&mut self, to: KvPeer, room: u64, status: u16, reason: String) {
+        if to == KvPeer::Identity(Vec::new()) {
+            return;
+        }
         self.send(
             to,
             Message::KvAbort(KvAbort {
@@ -265,6 +270,8 @@ impl Scheduler {
             );
             self.legs.stats.transfers_failed += 1;
             self.legs.muted.insert(req.rid.clone());
+            // A KvReady still on its way is answered at once.
+            self.bootstrap_entry(leg.room).aborted = true;
         }
     }
 }

@@ -472,3 +472,32 @@ fn a_leg_refused_before_it_is_taken_in_is_answered_through_the_other_side() {
     assert_eq!(pair.p.legs.queued(), 0, "the prefill leg is gone");
     pair.assert_whole();
 }
+
+#[test]
+fn a_kv_ready_for_a_leg_that_already_ended_is_answered_at_once() {
+    let mut pair = Pair::new(config(4096, 8), config(4096, 8));
+    pair.lose = vec!["KvReady"]; // held back: it arrives after the prefill leg ended
+    pair.submit("late", prompt(5, 20), 4, 21, false);
+    pair.carry();
+    // The client's abort reaches the prefill worker first.
+    assert!(pair.p.abort(Some("late")).is_empty());
+    pair.lose.clear();
+    let ready = Message::KvReady(protocol::KvReady {
+        room: 21,
+        rid: "late".into(),
+        decode_rank: 1,
+        layout: layout(),
+        prompt_len: 20,
+    });
+    let outs = pair.p.on_kv(KvInbound {
+        from: KvPeer::Identity(b"d1".to_vec()),
+        msg: ready,
+        payload: None,
+    });
+    assert!(outs.is_empty());
+    let sent = pair.p.take_kv_out();
+    assert!(
+        matches!(sent.as_slice(), [KvSend { msg: Message::KvAbort(a), .. }] if a.room == 21),
+        "{sent:?}"
+    );
+}

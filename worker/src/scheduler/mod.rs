@@ -416,6 +416,8 @@ impl Scheduler {
             self.legs.abort_room(to, leg.room, status, message.clone());
             self.legs.stats.transfers_failed += 1;
             self.legs.muted.insert(req.rid.clone());
+            // A KvReady still on its way is answered at once.
+            self.bootstrap_entry(leg.room).aborted = true;
         }
         self.release_req(&mut req);
         self.finished_rids.push(req.rid.clone());

@@ -73,9 +73,15 @@ impl Scheduler {
             return;
         };
         if entry.aborted {
-            // Kept until the bootstrap timeout so a request arriving late is dropped at once.
+            // Kept until the bootstrap timeout so a request or a KvReady arriving late is
+            // answered at once.
+            let ready = entry.ready.take();
             if let Some(req) = entry.req.take() {
                 self.finished_rids.push(req.rid);
+            }
+            if let Some((from, _)) = ready {
+                let why = "the request ended on the prefill side".to_string();
+                self.legs.abort_room(from, room, 503, why);
             }
             return;
         }
@@ -252,6 +258,7 @@ impl Scheduler {
         }
         for mut req in gone {
             if let Some(leg) = req.leg.take() {
+                self.bootstrap_entry(leg.room).aborted = true;
                 // The peer knows (it aborted, or it is gone).
                 let reason = "the decode side ended the transfer".into();
                 self.tracer.milestone(
