@@ -64,6 +64,7 @@ const CONTRACT: &[Row] = &[
     ("up", "--kernel-path", "DPSERVE_KERNEL_PATH", Some("auto"), "portable"),
     ("up", "--device", "DPSERVE_DEVICE", Some("cpu"), "cpu"),
     ("up", "--trace-dir", "DPSERVE_TRACE_DIR", None, "/d"),
+    ("up", "--trace-max-mb", "DPSERVE_TRACE_MAX_MB", None, "64"),
     ("up", "--runtime-dir", "DPSERVE_RUNTIME_DIR", None, "/rt"),
     // dpserve tokenizer
     ("tokenizer", "--host", "DPSERVE_HOST", Some("127.0.0.1"), "0.0.0.0"),
@@ -79,6 +80,7 @@ const CONTRACT: &[Row] = &[
     ("tokenizer", "--controller-addr", "DPSERVE_CONTROLLER_ADDR", Some("*"), "ipc:///x/c.sock"),
     ("tokenizer", "--dp-size", "DPSERVE_DP_SIZE", Some("1"), "3"),
     ("tokenizer", "--trace-dir", "DPSERVE_TRACE_DIR", None, "/d"),
+    ("tokenizer", "--trace-max-mb", "DPSERVE_TRACE_MAX_MB", Some("512"), "64"),
     // dpserve controller
     ("controller", "--controller-addr", "DPSERVE_CONTROLLER_ADDR", None, "ipc:///x/c.sock"),
     ("controller", "--worker-addr", "DPSERVE_WORKER_ADDR", None, "ipc:///x/w.sock"),
@@ -93,6 +95,7 @@ const CONTRACT: &[Row] = &[
     ("controller", "--worker-timeout", "DPSERVE_WORKER_TIMEOUT", Some("3"), "5"),
     ("controller", "--model-id", "DPSERVE_MODEL_ID", None, "m"),
     ("controller", "--trace-dir", "DPSERVE_TRACE_DIR", None, "/d"),
+    ("controller", "--trace-max-mb", "DPSERVE_TRACE_MAX_MB", Some("512"), "64"),
     // dpserve worker
     ("worker", "--rank", "DPSERVE_RANK", None, "3"),
     ("worker", "--model-path", "DPSERVE_MODEL_PATH", None, "/m"),
@@ -114,6 +117,7 @@ const CONTRACT: &[Row] = &[
     ("worker", "--heartbeat-interval-ms", "DPSERVE_HEARTBEAT_INTERVAL_MS", Some("500"), "100"),
     ("worker", "--drain-timeout", "DPSERVE_DRAIN_TIMEOUT", Some("30"), "7"),
     ("worker", "--trace-dir", "DPSERVE_TRACE_DIR", None, "/d"),
+    ("worker", "--trace-max-mb", "DPSERVE_TRACE_MAX_MB", Some("512"), "64"),
     ("worker", "--prefill-step-target-ms", "DPSERVE_PREFILL_STEP_TARGET_MS", Some("500"), "0"),
     ("worker", "--max-queued-requests", "DPSERVE_MAX_QUEUED_REQUESTS", None, "64"),
     ("worker", "--disaggregation-bootstrap-timeout", "DPSERVE_DISAGGREGATION_BOOTSTRAP_TIMEOUT", Some("300"), "30"),

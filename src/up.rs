@@ -48,6 +48,10 @@ pub struct UpArgs {
     /// message and request milestone to its file here (`dpserve trace DIR [--rid R]`).
     #[arg(long, env = "DPSERVE_TRACE_DIR")]
     pub trace_dir: Option<PathBuf>,
+    /// A message-trace file past this many MiB rotates (each actor's; see `dpserve worker
+    /// --help`). Passed on only when set.
+    #[arg(long, env = "DPSERVE_TRACE_MAX_MB")]
+    pub trace_max_mb: Option<u64>,
     /// Directory for the ipc sockets (default: a fresh one per deployment, mode 0700).
     #[arg(long, env = "DPSERVE_RUNTIME_DIR")]
     pub runtime_dir: Option<PathBuf>,
@@ -315,6 +319,7 @@ fn tokenizer_args(args: &UpArgs, addrs: &Addrs) -> Vec<OsString> {
         "--trace-dir",
         args.trace_dir.as_ref().map(|p| p.display()),
     );
+    push(&mut t, "--trace-max-mb", args.trace_max_mb);
     t
 }
 
@@ -330,6 +335,7 @@ fn controller_args(args: &UpArgs, addrs: &Addrs) -> Vec<OsString> {
         "--trace-dir",
         args.trace_dir.as_ref().map(|p| p.display()),
     );
+    push(&mut c, "--trace-max-mb", args.trace_max_mb);
     c
 }
 
@@ -361,6 +367,7 @@ fn worker_args(args: &UpArgs, addrs: &Addrs, rank: u32, cpus: usize) -> Vec<OsSt
         "--trace-dir",
         args.trace_dir.as_ref().map(|p| p.display()),
     );
+    push(&mut w, "--trace-max-mb", args.trace_max_mb);
     w
 }
 
@@ -512,6 +519,22 @@ mod tests {
             let err = up_error(flags);
             assert!(err.contains(name), "{flags:?}: {err}");
         }
+    }
+
+    #[test]
+    fn the_trace_size_cap_reaches_every_actor_only_when_set() {
+        let args = up(&["--trace-dir", "/tmp/t", "--trace-max-mb", "64"]);
+        for argv in [
+            tokenizer_args(&args, &addrs()),
+            controller_args(&args, &addrs()),
+            worker_args(&args, &addrs(), 0, 2),
+        ] {
+            let shown = strings(&argv).join(" ");
+            assert!(shown.contains("--trace-max-mb 64"), "{shown}");
+        }
+        let args = up(&["--trace-dir", "/tmp/t"]);
+        let shown = strings(&worker_args(&args, &addrs(), 0, 2)).join(" ");
+        assert!(!shown.contains("--trace-max-mb"), "{shown}");
     }
 
     #[test]

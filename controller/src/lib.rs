@@ -48,6 +48,10 @@ pub struct ControllerArgs {
     /// DIR/controller.jsonl (`dpserve trace DIR --rid R` merges the actors' files).
     #[arg(long, env = "DPSERVE_TRACE_DIR")]
     pub trace_dir: Option<PathBuf>,
+    /// A message-trace file past this many MiB is renamed `<actor>.old.jsonl` (replacing the
+    /// previous one) and a new one starts, so traces take at most about twice this per actor.
+    #[arg(long, env = "DPSERVE_TRACE_MAX_MB", default_value_t = protocol::msg_trace::DEFAULT_TRACE_MAX_MB)]
+    pub trace_max_mb: u64,
 }
 
 /// How requests are routed and which workers belong (also `dpserve up`'s, which flattens them).
@@ -128,6 +132,7 @@ impl ControllerArgs {
             prefix_affinity,
             trace_file: routing.trace_file.clone(),
             trace_dir: self.trace_dir.clone(),
+            trace_max_bytes: self.trace_max_mb << 20,
             worker_timeout: Duration::from_secs_f64(routing.worker_timeout),
             model_id: routing.model_id.clone(),
             cluster_status_interval: Duration::from_millis(500),

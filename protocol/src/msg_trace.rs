@@ -26,6 +26,9 @@ use crate::{Message, TokenOut};
 const QUEUE: usize = 65_536;
 /// The writer flushes at least this often while lines arrive without a pause.
 const FLUSH_EVERY: Duration = Duration::from_millis(200);
+/// `--trace-max-mb` when not given: a trace file past this size is rotated (see
+/// [`MessageTracer::open_capped`]).
+pub const DEFAULT_TRACE_MAX_MB: u64 = 512;
 
 /// Handle an actor records through; cheap to clone.
 #[derive(Clone, Default)]
@@ -47,21 +50,37 @@ impl MessageTracer {
         MessageTracer { inner: None }
     }
 
-    /// Trace into `dir/<actor>[-<rank>].jsonl` (appending), starting the writer thread.
+    /// Trace into `dir/<actor>[-<rank>].jsonl` (appending), starting the writer thread, with
+    /// the default size cap.
     pub fn open(dir: &Path, actor: &str, rank: Option<u32>) -> std::io::Result<Self> {
+        Self::open_capped(dir, actor, rank, DEFAULT_TRACE_MAX_MB << 20)
+    }
+
+    /// As [`Self::open`]; once the file holds `max_bytes`, it becomes
+    /// `<actor>[-<rank>].old.jsonl` (replacing the previous one) and a new file starts, so an
+    /// actor's traces never take more than about twice `max_bytes` of disk. `dpserve trace DIR`
+    /// reads both.
+    pub fn open_capped(
+        dir: &Path,
+        actor: &str,
+        rank: Option<u32>,
+        max_bytes: u64,
+    ) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
-        let name = match rank {
-            Some(r) => format!("{actor}-{r}.jsonl"),
-            None => format!("{actor}.jsonl"),
+        let stem = match rank {
+            Some(r) => format!("{actor}-{r}"),
+            None => actor.to_string(),
         };
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join(name))?;
+        let file = TraceFile {
+            path: dir.join(format!("{stem}.jsonl")),
+            old: dir.join(format!("{stem}.old.jsonl")),
+            max_bytes: max_bytes.max(1),
+        };
+        let out = file.open()?;
         let (tx, rx) = sync_channel::<TraceLine>(QUEUE);
         let writer = std::thread::Builder::new()
             .name("msg-trace".into())
-            .spawn(move || write_lines(file, rx))?;
+            .spawn(move || write_lines(file, out, rx))?;
         Ok(MessageTracer {
             inner: Some(Arc::new(Inner {
                 tx: Some(tx),
@@ -151,11 +170,50 @@ impl Inner {
     }
 }
 
-fn write_lines(file: File, rx: std::sync::mpsc::Receiver<TraceLine>) {
-    let mut out = BufWriter::new(file);
-    let write = |out: &mut BufWriter<File>, line: &TraceLine| {
+/// Where a tracer writes, and when it rotates.
+struct TraceFile {
+    path: std::path::PathBuf,
+    old: std::path::PathBuf,
+    max_bytes: u64,
+}
+
+impl TraceFile {
+    /// The file for appending, with the bytes it already holds.
+    fn open(&self) -> std::io::Result<(BufWriter<File>, u64)> {
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)?;
+        let len = file.metadata().map_or(0, |m| m.len());
+        Ok((BufWriter::new(file), len))
+    }
+
+    /// The current file becomes the old one; a new one starts. On failure the writer keeps
+    /// appending to what it has (a trace must never stop an actor).
+    fn rotate(&self, out: &mut BufWriter<File>, len: &mut u64) {
+        let _ = out.flush();
+        if std::fs::rename(&self.path, &self.old).is_ok() {
+            if let Ok((fresh, fresh_len)) = self.open() {
+                *out = fresh;
+                *len = fresh_len;
+            }
+        }
+    }
+}
+
+fn write_lines(
+    file: TraceFile,
+    (mut out, mut len): (BufWriter<File>, u64),
+    rx: std::sync::mpsc::Receiver<TraceLine>,
+) {
+    let mut write = |out: &mut BufWriter<File>, line: &TraceLine| {
         if let Ok(json) = serde_json::to_string(line) {
-            let _ = writeln!(out, "{json}");
+            if len + json.len() as u64 + 1 > file.max_bytes && len > 0 {
+                file.rotate(out, &mut len);
+            }
+            if writeln!(out, "{json}").is_ok() {
+                len += json.len() as u64 + 1;
+            }
         }
     };
     // Ends when the tracer is dropped (the channel closes).
@@ -237,6 +295,45 @@ mod tests {
         assert_eq!(lines[0].message().unwrap().1.msg_type, "Abort");
         assert_eq!(lines[0].rid.as_deref(), Some("r1"));
         assert_eq!(lines[1].milestone().unwrap().name(), "admitted");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn a_full_file_rotates_and_the_newest_lines_are_kept() {
+        let dir = std::env::temp_dir().join(format!("dps-trace-cap-{}", std::process::id()));
+        std::fs::remove_dir_all(&dir).ok();
+        let cap = 2000;
+        {
+            let t = MessageTracer::open_capped(&dir, "controller", None, cap).unwrap();
+            for i in 0..100 {
+                t.milestone(
+                    &format!("r{i}"),
+                    Milestone::PrefillChunk {
+                        start: i,
+                        tokens: 1,
+                    },
+                );
+            }
+        } // dropped: the writer flushed and ended
+        let lines = |name: &str| -> Vec<TraceLine> {
+            std::fs::read_to_string(dir.join(name))
+                .unwrap_or_default()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect()
+        };
+        let (new, old) = (lines("controller.jsonl"), lines("controller.old.jsonl"));
+        for name in ["controller.jsonl", "controller.old.jsonl"] {
+            let len = std::fs::metadata(dir.join(name)).unwrap().len();
+            assert!(len <= cap, "{name} is {len} bytes, over the cap of {cap}");
+        }
+        assert!(!old.is_empty() && !new.is_empty());
+        // The old file ends where the new one starts, and the newest line is the last written.
+        let rid = |l: &TraceLine| l.rid.clone().unwrap();
+        let last_old: usize = rid(old.last().unwrap())[1..].parse().unwrap();
+        let first_new: usize = rid(&new[0])[1..].parse().unwrap();
+        assert_eq!(first_new, last_old + 1);
+        assert_eq!(rid(new.last().unwrap()), "r99");
         std::fs::remove_dir_all(&dir).ok();
     }
 }

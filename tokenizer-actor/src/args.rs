@@ -56,6 +56,10 @@ pub struct TokenizerArgs {
     /// actors' files).
     #[arg(long, env = "DPSERVE_TRACE_DIR")]
     pub trace_dir: Option<PathBuf>,
+    /// A message-trace file past this many MiB is renamed `<actor>.old.jsonl` (replacing the
+    /// previous one) and a new one starts, so traces take at most about twice this per actor.
+    #[arg(long, env = "DPSERVE_TRACE_MAX_MB", default_value_t = protocol::msg_trace::DEFAULT_TRACE_MAX_MB)]
+    pub trace_max_mb: u64,
 }
 
 /// The HTTP server's flags (also `dpserve up`'s, which flattens them).
@@ -129,6 +133,7 @@ impl Default for TokenizerArgs {
             controller_addr: Defaults::controller_addr(),
             dp_size: Defaults::DP_SIZE,
             trace_dir: None,
+            trace_max_mb: protocol::msg_trace::DEFAULT_TRACE_MAX_MB,
         }
     }
 }

@@ -37,12 +37,16 @@ impl AppState {
             LoadedTokenizer::load(args.model_path.as_deref())?;
         let chat_template = ChatTemplate::load(args.http.chat_template.as_deref(), &facts)?;
         let tracer = match &args.trace_dir {
-            Some(dir) => protocol::msg_trace::MessageTracer::open(dir, "tokenizer", None).map_err(
-                |source| crate::TokenizerError::Io {
-                    what: format!("--trace-dir {}", dir.display()),
-                    source,
-                },
-            )?,
+            Some(dir) => protocol::msg_trace::MessageTracer::open_capped(
+                dir,
+                "tokenizer",
+                None,
+                args.trace_max_mb << 20,
+            )
+            .map_err(|source| crate::TokenizerError::Io {
+                what: format!("--trace-dir {}", dir.display()),
+                source,
+            })?,
             None => protocol::msg_trace::MessageTracer::disabled(),
         };
         let bridge = Arc::new(Bridge::start(

@@ -54,6 +54,10 @@ pub struct WorkerArgs {
     /// (`dpserve trace DIR --rid R` merges the actors' files).
     #[arg(long, env = "DPSERVE_TRACE_DIR")]
     pub trace_dir: Option<PathBuf>,
+    /// A message-trace file past this many MiB is renamed `<actor>.old.jsonl` (replacing the
+    /// previous one) and a new one starts, so traces take at most about twice this per actor.
+    #[arg(long, env = "DPSERVE_TRACE_MAX_MB", default_value_t = protocol::msg_trace::DEFAULT_TRACE_MAX_MB)]
+    pub trace_max_mb: u64,
     #[command(flatten)]
     pub device: DeviceArgs,
     /// Prefill/decode disaggregation: `null` computes prompts and decodes them here; `prefill`
@@ -340,6 +344,7 @@ pub struct WorkerConfig {
     pub heartbeat_interval: Duration,
     pub drain_timeout: Duration,
     pub trace_dir: Option<PathBuf>,
+    pub trace_max_bytes: u64,
     pub max_queued_requests: Option<usize>,
     pub disaggregation_mode: protocol::DisaggMode,
     /// Where a prefill worker binds its KV socket.
@@ -400,6 +405,7 @@ impl WorkerArgs {
             heartbeat_interval: Duration::from_millis(serve.heartbeat_interval_ms.max(10)),
             drain_timeout: Duration::from_secs_f64(serve.drain_timeout),
             trace_dir: self.trace_dir.clone(),
+            trace_max_bytes: self.trace_max_mb << 20,
             max_queued_requests: serve.max_queued_requests,
             disaggregation_mode: self.disaggregation_mode,
             kv_addr: addr(

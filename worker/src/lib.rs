@@ -246,8 +246,13 @@ fn serve(
 ) -> anyhow::Result<()> {
     let ctx = zmq::Context::new();
     let tracer = match &config.trace_dir {
-        Some(dir) => protocol::msg_trace::MessageTracer::open(dir, "worker", Some(config.rank))
-            .with_context(|| format!("--trace-dir {}", dir.display()))?,
+        Some(dir) => protocol::msg_trace::MessageTracer::open_capped(
+            dir,
+            "worker",
+            Some(config.rank),
+            config.trace_max_bytes,
+        )
+        .with_context(|| format!("--trace-dir {}", dir.display()))?,
         None => protocol::msg_trace::MessageTracer::disabled(),
     };
     sched.tracer = tracer.clone();

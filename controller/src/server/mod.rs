@@ -42,6 +42,8 @@ pub struct ControllerConfig {
     pub trace_file: Option<PathBuf>,
     /// Message traces: `DIR/controller.jsonl`, one line per frame in or out.
     pub trace_dir: Option<PathBuf>,
+    /// Size at which a message-trace file rotates.
+    pub trace_max_bytes: u64,
     pub worker_timeout: Duration,
     pub model_id: Option<String>,
     pub cluster_status_interval: Duration,
@@ -73,8 +75,10 @@ impl Controller {
         let to_tokenizer = protocol::socket::connect(ctx, zmq::PUSH, &config.tokenizer_addr, None)?;
         // The message tracer first: it creates its directory, which may hold the routing trace.
         let tracer = match &config.trace_dir {
-            Some(dir) => MessageTracer::open(dir, "controller", None)
-                .with_context(|| format!("--trace-dir {}", dir.display()))?,
+            Some(dir) => {
+                MessageTracer::open_capped(dir, "controller", None, config.trace_max_bytes)
+                    .with_context(|| format!("--trace-dir {}", dir.display()))?
+            }
             None => MessageTracer::disabled(),
         };
         let trace = config

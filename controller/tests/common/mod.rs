@@ -35,6 +35,7 @@ pub fn start(method: Method) -> Running {
         prefix_affinity: PrefixAffinityConfig::default(),
         trace_file: None,
         trace_dir: None,
+        trace_max_bytes: 1 << 20,
         worker_timeout: Duration::from_secs(30),
         model_id: None,
         cluster_status_interval: Duration::from_millis(500),
