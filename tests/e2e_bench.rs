@@ -216,3 +216,285 @@ fn bench_engine_compares_every_kernel_path() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not a kernel path"));
 }
+
+/// `dpserve bench --backend openai` against an OpenAI-compatible server that is not dpserve:
+/// no `/get_server_info` (404), the model from `/v1/models`, the vocabulary from
+/// `--vocab-size`; the run completes, prints its table, and reports the server-side numbers as
+/// unknown. Without `--vocab-size` it stops with a message that names the flag.
+#[test]
+fn bench_runs_against_a_plain_openai_server() {
+    let server = plain_openai::Server::start();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let jsonl = dir.path().join("results.jsonl");
+    let bench = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_dpserve"))
+            .args([
+                "bench",
+                "--base-url",
+                &server.base_url(),
+                "--backend",
+                "openai",
+            ])
+            .args([
+                "--gsp-num-groups",
+                "2",
+                "--gsp-prompts-per-group",
+                "3",
+                "--gsp-system-prompt-len",
+                "32",
+                "--gsp-question-len",
+                "8",
+                "--gsp-output-len",
+                "5",
+                "--max-concurrency",
+                "4",
+                "--disable-progress-bar",
+            ])
+            .args(extra)
+            .env_remove("DPSERVE_BENCH_MODEL")
+            .env_remove("DPSERVE_BENCH_VOCAB_SIZE")
+            .env_remove("DPSERVE_BENCH_BASE_URL")
+            .env_remove("DPSERVE_BENCH_BACKEND")
+            .output()
+            .expect("run dpserve bench")
+    };
+
+    let out = bench(&[
+        "--vocab-size",
+        "300",
+        "--output-file",
+        jsonl.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    eprintln!("{stdout}");
+    assert!(stdout.contains("Serving Benchmark Result"), "{stdout}");
+    let row = |name: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} row in\n{stdout}"))
+            .to_string()
+    };
+    assert!(row("Successful requests").ends_with(" 6"), "{stdout}");
+    assert!(row("Failed requests").ends_with(" 0"), "{stdout}");
+    for unknown in [
+        "Load-balance method",
+        "Cache hit rate (server)",
+        "Requests per rank",
+    ] {
+        assert!(row(unknown).ends_with("unknown"), "{stdout}");
+    }
+    for note in [
+        "note: GET /get_server_info: HTTP 404 Not Found: not a dpserve server",
+        "note: token ids drawn from a vocabulary of 300 (from --vocab-size)",
+        "note: model \"plain-model\" (from /v1/models)",
+    ] {
+        assert!(stdout.contains(note), "{note} in\n{stdout}");
+    }
+
+    let line: Value = serde_json::from_str(
+        std::fs::read_to_string(&jsonl)
+            .expect("results written")
+            .trim(),
+    )
+    .expect("one JSON line");
+    assert_eq!(line["completed"], 6);
+    assert_eq!(line["total_output_tokens"], 6 * 5);
+    assert_eq!(line["total_input_tokens"], 6 * 40);
+    assert!(
+        line["mean_ttft_ms"].as_f64().is_some_and(|v| v > 0.0),
+        "{line}"
+    );
+    assert_eq!(line["model"], plain_openai::MODEL);
+    assert_eq!(line["model_from"], "/v1/models");
+    assert_eq!(line["vocab_size"], 300);
+    assert_eq!(line["vocab_size_from"], "--vocab-size");
+    for unknown in [
+        "load_balance_method",
+        "cache_hit_rate",
+        "requests_per_rank",
+        "server_rank_cache_hit_rate",
+    ] {
+        assert!(line[unknown].is_null(), "{unknown} in {line}");
+    }
+
+    // What the server saw: the warm-up and the 6 requests, each for the listed model, with ids
+    // inside the vocabulary.
+    let seen = server.seen();
+    assert_eq!(seen.completions, 7, "{seen:?}");
+    assert_eq!(seen.bad, Vec::<String>::new());
+    assert!(seen.max_token_id < 300, "{seen:?}");
+
+    // Nothing says the vocabulary size: a clear stop, before any request is sent.
+    let out = bench(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("GET /get_server_info: HTTP 404 Not Found")
+            && stderr.contains("pass --vocab-size"),
+        "{stderr}"
+    );
+    assert_eq!(server.seen().completions, 7, "no request sent");
+}
+
+/// A minimal OpenAI-compatible server shaped like vLLM's: `GET /v1/models` lists one model,
+/// `POST /v1/completions` streams one chunk per token and a usage chunk, and every other path
+/// (`/get_server_info` among them) is 404. Standard library only; a thread per connection, each
+/// answer closes its connection.
+mod plain_openai {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use serde_json::{json, Value};
+
+    pub const MODEL: &str = "plain-model";
+
+    #[derive(Debug, Default, Clone)]
+    pub struct Seen {
+        pub completions: usize,
+        pub max_token_id: u64,
+        /// Requests it refused, and why.
+        pub bad: Vec<String>,
+    }
+
+    pub struct Server {
+        port: u16,
+        seen: Arc<Mutex<Seen>>,
+    }
+
+    impl Server {
+        pub fn start() -> Server {
+            let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+            let port = listener.local_addr().expect("addr").port();
+            let seen = Arc::new(Mutex::new(Seen::default()));
+            let shared = seen.clone();
+            // The thread ends with the test process.
+            std::thread::spawn(move || {
+                for stream in listener.incoming().flatten() {
+                    let seen = shared.clone();
+                    std::thread::spawn(move || handle(stream, &seen));
+                }
+            });
+            Server { port, seen }
+        }
+
+        pub fn base_url(&self) -> String {
+            format!("http://127.0.0.1:{}", self.port)
+        }
+
+        pub fn seen(&self) -> Seen {
+            self.seen.lock().unwrap().clone()
+        }
+    }
+
+    fn handle(mut stream: TcpStream, seen: &Mutex<Seen>) {
+        let Some((method, path, body)) = read_request(&stream) else {
+            return;
+        };
+        let _ = match (method.as_str(), path.as_str()) {
+            ("GET", "/v1/models") => respond(
+                &mut stream,
+                "200 OK",
+                &json!({"object": "list", "data": [
+                    {"id": MODEL, "object": "model", "owned_by": "test", "max_model_len": 512}
+                ]}),
+            ),
+            ("POST", "/v1/completions") => completions(&mut stream, &body, seen),
+            _ => respond(
+                &mut stream,
+                "404 Not Found",
+                &json!({"detail": "Not Found"}),
+            ),
+        };
+    }
+
+    fn read_request(stream: &TcpStream) -> Option<(String, String, Vec<u8>)> {
+        let mut reader = BufReader::new(stream);
+        let mut first = String::new();
+        reader.read_line(&mut first).ok()?;
+        let mut parts = first.split_whitespace();
+        let (method, path) = (parts.next()?.to_string(), parts.next()?.to_string());
+        let mut length = 0usize;
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).ok()? == 0 || line == "\r\n" {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':') {
+                if name.eq_ignore_ascii_case("content-length") {
+                    length = value.trim().parse().ok()?;
+                }
+            }
+        }
+        let mut body = vec![0u8; length];
+        reader.read_exact(&mut body).ok()?;
+        Some((method, path, body))
+    }
+
+    fn respond(stream: &mut TcpStream, status: &str, body: &Value) -> std::io::Result<()> {
+        let body = body.to_string();
+        write!(
+            stream,
+            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{body}",
+            body.len()
+        )
+    }
+
+    fn completions(stream: &mut TcpStream, body: &[u8], seen: &Mutex<Seen>) -> std::io::Result<()> {
+        let req: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        let ids: Vec<u64> = req["prompt"]
+            .as_array()
+            .map(|p| p.iter().filter_map(Value::as_u64).collect())
+            .unwrap_or_default();
+        let max_tokens = req["max_tokens"].as_u64().unwrap_or(0);
+        let problem = if req["model"] != MODEL {
+            Some(format!("unknown model {}", req["model"]))
+        } else if ids.is_empty() || req["stream"] != true {
+            Some(format!("not a streaming token-id prompt: {req}"))
+        } else {
+            None
+        };
+        {
+            let mut seen = seen.lock().unwrap();
+            if let Some(why) = &problem {
+                seen.bad.push(why.clone());
+            } else {
+                seen.completions += 1;
+                seen.max_token_id = seen
+                    .max_token_id
+                    .max(ids.iter().copied().max().unwrap_or(0));
+            }
+        }
+        if let Some(why) = problem {
+            return respond(
+                stream,
+                "400 Bad Request",
+                &json!({"error": {"message": why}}),
+            );
+        }
+        // No Content-Length: the stream ends when the connection closes.
+        write!(
+            stream,
+            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n\
+             Connection: close\r\n\r\n"
+        )?;
+        for i in 0..max_tokens {
+            std::thread::sleep(Duration::from_millis(2));
+            let chunk = json!({"id": "cmpl-1", "object": "text_completion", "model": MODEL,
+                "choices": [{"index": 0, "text": format!(" t{i}"), "finish_reason": null}],
+                "usage": null});
+            write!(stream, "data: {chunk}\n\n")?;
+            stream.flush()?;
+        }
+        let usage = json!({"id": "cmpl-1", "object": "text_completion", "model": MODEL,
+            "choices": [], "usage": {"prompt_tokens": ids.len(), "completion_tokens": max_tokens,
+            "total_tokens": ids.len() as u64 + max_tokens}});
+        write!(stream, "data: {usage}\n\ndata: [DONE]\n\n")?;
+        stream.flush()
+    }
+}

@@ -1,6 +1,6 @@
 //! The benchmark's HTTP client: sends one workload request as a streaming request to the native
 //! `/generate` or the OpenAI `/v1/completions` endpoint and times it from the SSE events, plus
-//! the few control calls a run needs (`/get_server_info`, `/flush_cache`).
+//! the few control calls a run needs (`/get_server_info`, `/v1/models`, `/flush_cache`).
 //!
 //! Timing is taken when an event's line is complete in the receive buffer, so TTFT and ITL are
 //! what a streaming client sees. Not for load generation without streaming.
@@ -68,16 +68,29 @@ impl BenchClient {
     }
 
     pub async fn server_info(&self) -> anyhow::Result<Value> {
+        self.get_optional("/get_server_info")
+            .await?
+            .map_err(|why| anyhow::anyhow!("GET /get_server_info: {why}"))
+    }
+
+    /// `GET path` as JSON. `Ok(Err(why))` when the server answered but not with JSON (an
+    /// endpoint it does not have: `HTTP 404 Not Found`); `Err` when it did not answer at all.
+    pub async fn get_optional(&self, path: &str) -> anyhow::Result<Result<Value, String>> {
         let resp = self
             .http
-            .get(self.url("/get_server_info"))
+            .get(self.url(path))
             .timeout(Duration::from_secs(10))
             .send()
             .await
-            .with_context(|| format!("GET {}/get_server_info", self.base_url))?;
+            .with_context(|| format!("GET {}{path}", self.base_url))?;
         let status = resp.status();
-        anyhow::ensure!(status.is_success(), "GET /get_server_info: HTTP {status}");
-        resp.json().await.context("decoding /get_server_info")
+        if !status.is_success() {
+            return Ok(Err(format!("HTTP {status}")));
+        }
+        Ok(resp
+            .json()
+            .await
+            .map_err(|e| format!("HTTP {status} but not JSON ({e})")))
     }
 
     /// `POST /flush_cache`, retried while the server still reports pending requests (400): the

@@ -12,6 +12,7 @@ pub mod client;
 pub mod engine;
 pub mod launch;
 pub mod metrics;
+pub mod probe;
 pub mod report;
 pub mod workload;
 
@@ -118,9 +119,14 @@ pub struct BenchArgs {
     /// API to drive: native `/generate` or OpenAI `/v1/completions`.
     #[arg(long, env = "DPSERVE_BENCH_BACKEND", value_enum, default_value_t = Backend::Generate)]
     pub backend: Backend,
-    /// Model name for the OpenAI API (default: the server's `served_model_name`).
+    /// Model name for the OpenAI API (default: the server's `served_model_name`, else the first
+    /// model `GET /v1/models` lists).
     #[arg(long, env = "DPSERVE_BENCH_MODEL")]
     pub model: Option<String>,
+    /// Vocabulary size the prompts' token ids are drawn from (default: the server's, from
+    /// `GET /get_server_info` or llama.cpp's `/v1/models`; required for servers that say neither).
+    #[arg(long, env = "DPSERVE_BENCH_VOCAB_SIZE")]
+    pub vocab_size: Option<u32>,
     /// Dataset (only `generated-shared-prefix`; the flag exists for bench_serving's command lines).
     #[arg(long, default_value = "generated-shared-prefix")]
     pub dataset_name: String,
@@ -222,6 +228,7 @@ fn engine_kernel_path_parser() -> worker::args::Listed<String> {
 pub struct Plan {
     pub backend: Backend,
     pub model: Option<String>,
+    pub vocab_size: Option<u32>,
     pub gsp: GspConfig,
     pub num_prompts: Option<usize>,
     pub max_concurrency: Option<usize>,
@@ -298,6 +305,7 @@ impl BenchArgs {
         let plan = Plan {
             backend: self.backend,
             model: self.model.clone(),
+            vocab_size: self.vocab_size,
             gsp,
             num_prompts: self.num_prompts,
             max_concurrency,
@@ -349,15 +357,15 @@ fn append_jsonl(path: &Path, line: &Value) -> anyhow::Result<()> {
 /// One benchmark run against a server.
 pub async fn run_once(base_url: &str, plan: &Plan) -> anyhow::Result<(RunInfo, BenchMetrics)> {
     let mut client = BenchClient::new(base_url, plan.backend, plan.model.clone())?;
-    let server_info = client.server_info().await?;
-    let vocab_size = server_info["vocab_size"]
-        .as_u64()
-        .context("/get_server_info has no vocab_size")? as u32;
-    if plan.model.is_none() {
-        if let Some(name) = server_info["served_model_name"].as_str() {
-            client.set_model(name.to_string());
-        }
+    let facts = probe::probe(&client, plan.vocab_size, plan.model.as_deref()).await?;
+    let notes = facts.notes(plan.backend == Backend::Openai);
+    for note in &notes {
+        eprintln!("note: {note}");
     }
+    if let Some(model) = &facts.model {
+        client.set_model(model.clone());
+    }
+    let vocab_size = facts.vocab_size;
     let requests = workload::generate(&plan.gsp, vocab_size, plan.num_prompts, plan.seed)?;
     anyhow::ensure!(
         !requests.is_empty(),
@@ -413,16 +421,29 @@ pub async fn run_once(base_url: &str, plan: &Plan) -> anyhow::Result<(RunInfo, B
     pb.finish_and_clear();
     let m = BenchMetrics::compute(&outcomes, duration);
 
-    // The method and per-rank hit rates as the server saw them, after the run.
-    let after = client.server_info().await.unwrap_or(server_info);
-    let mut rank_hits = Map::new();
-    for r in after["ranks"].as_array().into_iter().flatten() {
-        if let (Some(rank), Some(rate)) =
-            (r["rank"].as_u64(), r["status"]["cache_hit_rate"].as_f64())
-        {
-            rank_hits.insert(rank.to_string(), json!(rate));
+    // The method and per-rank hit rates as the server saw them, after the run (unknown when
+    // the server has no /get_server_info).
+    let after = match &facts.server_info {
+        Ok(before) => Some(
+            client
+                .server_info()
+                .await
+                .unwrap_or_else(|_| before.clone()),
+        ),
+        Err(_) => None,
+    };
+    let rank_hits = after.as_ref().map(|after| {
+        let mut rank_hits = Map::new();
+        for r in after["ranks"].as_array().into_iter().flatten() {
+            if let (Some(rank), Some(rate)) =
+                (r["rank"].as_u64(), r["status"]["cache_hit_rate"].as_f64())
+            {
+                rank_hits.insert(rank.to_string(), json!(rate));
+            }
         }
-    }
+        rank_hits
+    });
+    let after = after.unwrap_or(Value::Null);
     let info = RunInfo {
         backend: plan.backend.name().to_string(),
         gsp: plan.gsp.clone(),
@@ -433,6 +454,11 @@ pub async fn run_once(base_url: &str, plan: &Plan) -> anyhow::Result<(RunInfo, B
         load_balance_method: after["load_balance_method"].as_str().map(str::to_string),
         dp_size: after["dp_size"].as_u64(),
         server_rank_cache_hit_rate: rank_hits,
+        vocab_size: facts.vocab_size,
+        vocab_size_from: facts.vocab_from.to_string(),
+        model: facts.model.clone(),
+        model_from: facts.model_from.to_string(),
+        notes,
     };
     Ok((info, m))
 }

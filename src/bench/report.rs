@@ -21,8 +21,17 @@ pub struct RunInfo {
     pub seed: u64,
     pub load_balance_method: Option<String>,
     pub dp_size: Option<u64>,
-    /// Per-rank cache hit rate the workers report (`/get_server_info` ranks[].status).
-    pub server_rank_cache_hit_rate: Map<String, Value>,
+    /// Per-rank cache hit rate the workers report (`/get_server_info` ranks[].status); `None`
+    /// when the server has no `/get_server_info` (not dpserve).
+    pub server_rank_cache_hit_rate: Option<Map<String, Value>>,
+    /// The vocabulary the prompts were drawn from, and where its size came from.
+    pub vocab_size: u32,
+    pub vocab_size_from: String,
+    /// The OpenAI `model` sent (`None`: the client's default), and where it came from.
+    pub model: Option<String>,
+    pub model_from: String,
+    /// What the run assumed because the server did not say it (printed under the table).
+    pub notes: Vec<String>,
 }
 
 fn dist_keys(out: &mut Map<String, Value>, name: &str, d: &Dist) {
@@ -73,6 +82,10 @@ pub fn result_json(info: &RunInfo, m: &BenchMetrics) -> Value {
         json!(info.load_balance_method),
     );
     o.insert("dp_size".into(), json!(info.dp_size));
+    o.insert("model".into(), json!(info.model));
+    o.insert("model_from".into(), json!(info.model_from));
+    o.insert("vocab_size".into(), json!(info.vocab_size));
+    o.insert("vocab_size_from".into(), json!(info.vocab_size_from));
     o.insert("duration".into(), json!(m.duration));
     o.insert("completed".into(), json!(m.completed));
     o.insert("failed".into(), json!(m.failed));
@@ -88,22 +101,31 @@ pub fn result_json(info: &RunInfo, m: &BenchMetrics) -> Value {
     dist_keys(&mut o, "tpot", &m.tpot);
     dist_keys(&mut o, "itl", &m.itl);
     o.insert("cache_hit_rate".into(), json!(m.cache_hit_rate));
+    // Unknown (no rank reported) is null, never an empty map that reads as "no requests".
+    let known = |map: Map<String, Value>| {
+        if map.is_empty() {
+            Value::Null
+        } else {
+            Value::Object(map)
+        }
+    };
     let per_rank: Map<String, Value> = m
         .requests_per_rank
         .iter()
         .map(|(r, n)| (r.to_string(), json!(n)))
         .collect();
-    o.insert("requests_per_rank".into(), Value::Object(per_rank));
+    o.insert("requests_per_rank".into(), known(per_rank));
     let share: Map<String, Value> = m
         .rank_share
         .iter()
         .map(|(r, s)| (r.to_string(), json!(s)))
         .collect();
-    o.insert("rank_share".into(), Value::Object(share));
+    o.insert("rank_share".into(), known(share));
     o.insert(
         "server_rank_cache_hit_rate".into(),
-        Value::Object(info.server_rank_cache_hit_rate.clone()),
+        json!(info.server_rank_cache_hit_rate),
     );
+    o.insert("notes".into(), json!(info.notes));
     o.insert("errors".into(), json!(m.errors));
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -112,13 +134,14 @@ pub fn result_json(info: &RunInfo, m: &BenchMetrics) -> Value {
     Value::Object(o)
 }
 
+/// A rate in percent, or "unknown" when the server did not report it (not 0%).
 fn pct(x: Option<f64>) -> String {
-    x.map_or_else(|| "n/a".to_string(), |r| format!("{:.1}%", r * 100.0))
+    x.map_or_else(|| "unknown".to_string(), |r| format!("{:.1}%", r * 100.0))
 }
 
 fn shares(m: &BenchMetrics) -> String {
     if m.rank_share.is_empty() {
-        return "n/a".to_string();
+        return "unknown".to_string();
     }
     m.rank_share
         .iter()
@@ -209,6 +232,9 @@ pub fn result_table(info: &RunInfo, m: &BenchMetrics) -> String {
     }
     s.push_str(&"=".repeat(width));
     s.push('\n');
+    for note in &info.notes {
+        s.push_str(&format!("note: {note}\n"));
+    }
     for e in &m.errors {
         s.push_str(&format!("error: {e}\n"));
     }
@@ -376,7 +402,12 @@ mod tests {
             seed: 1,
             load_balance_method: Some("round_robin".into()),
             dp_size: Some(2),
-            server_rank_cache_hit_rate: Map::new(),
+            server_rank_cache_hit_rate: Some(Map::new()),
+            vocab_size: 1000,
+            vocab_size_from: "/get_server_info".into(),
+            model: Some("m".into()),
+            model_from: "/get_server_info".into(),
+            notes: Vec::new(),
         }
     }
 
@@ -426,6 +457,45 @@ mod tests {
         ] {
             assert!(t.contains(needle), "{needle} in\n{t}");
         }
+    }
+
+    #[test]
+    fn server_numbers_it_did_not_report_are_unknown_not_zero() {
+        // A server that is not dpserve: no /get_server_info, no cached_tokens, no dp_rank.
+        let m = BenchMetrics {
+            cache_hit_rate: None,
+            rank_share: BTreeMap::new(),
+            requests_per_rank: BTreeMap::new(),
+            ..metrics(100.0, 50.0)
+        };
+        let info = RunInfo {
+            load_balance_method: None,
+            dp_size: None,
+            server_rank_cache_hit_rate: None,
+            notes: vec!["GET /get_server_info: HTTP 404 Not Found".into()],
+            ..info()
+        };
+        let t = result_table(&info, &m);
+        for row in [
+            "Load-balance method",
+            "Cache hit rate (server)",
+            "Requests per rank",
+        ] {
+            let line = t.lines().find(|l| l.starts_with(row)).unwrap();
+            assert!(line.ends_with("unknown"), "{line}");
+        }
+        assert!(t.contains("note: GET /get_server_info: HTTP 404"), "{t}");
+        let v = result_json(&info, &m);
+        for key in [
+            "cache_hit_rate",
+            "requests_per_rank",
+            "rank_share",
+            "server_rank_cache_hit_rate",
+            "load_balance_method",
+        ] {
+            assert!(v[key].is_null(), "{key} in {v}");
+        }
+        assert_eq!(v["notes"][0], "GET /get_server_info: HTTP 404 Not Found");
     }
 
     #[test]

@@ -15,8 +15,10 @@
 //! a rank holding one long conversation is busy with that conversation, not overloaded, and
 //! spilling it would throw its cache away. A single live rank is never overloaded.
 //!
-//! Cost per decision: O(hash_tokens) for a token key, then O(n log n) for n live ranks; the
-//! scratch vectors are reused so the steady state allocates only the returned HRW order.
+//! Cost per decision: O(hash_tokens) for a token key, then one blake2b of the key (for the HRW
+//! scores and the trace digest both) and O(n) expected for n live ranks (see hrw.rs); the
+//! scratch vectors are reused so the steady state allocates only the returned HRW order, which
+//! the trace records whole (the guard itself stops at the first candidate within the threshold).
 
 use super::hrw::{self, Blake2Hrw, HrwHasher};
 use super::{Branch, FallbackMethod, KeySource, LoadBalancer, RankSet, RouteDecision, RouteInput};
@@ -128,8 +130,10 @@ impl LoadBalancer for PrefixAffinity {
         };
         self.ids.clear();
         self.ids.extend(ranks.loads().iter().map(|l| l.rank));
+        // The order is returned in the decision (the trace records it), so it is the one
+        // allocation per decision; the key is hashed once, for the order and the trace digest.
         let mut order = Vec::with_capacity(self.ids.len());
-        hrw::order_into(
+        let key_digest = hrw::digest_and_order_into(
             self.hasher.as_ref(),
             key.bytes(),
             &self.ids,
@@ -155,7 +159,7 @@ impl LoadBalancer for PrefixAffinity {
             rank,
             branch,
             key_source: key.source(),
-            key_digest: Some(self.hasher.digest(key.bytes())),
+            key_digest: Some(key_digest),
             hrw_order: order,
             threshold: Some(threshold),
             fallback: None,
