@@ -3,6 +3,7 @@
 
 pub mod budget;
 pub mod error;
+pub mod kv_index;
 pub mod policy;
 pub mod ranks;
 pub mod rejoin;
