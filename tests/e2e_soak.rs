@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
 use common::free_port;
-use serde_json::{json, Value};
+use serde_json::json;
 
 const WORKER_TIMEOUT_S: &str = "1.5";
 const HEARTBEAT_MS: &str = "250";

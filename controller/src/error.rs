@@ -11,6 +11,10 @@ pub enum Error {
     LoadSkew { got: f64 },
     #[error("--prefix-affinity-hash-tokens must be at least 1, got {got}")]
     HashTokens { got: usize },
+    #[error("--cache-aware-max-load-skew must be a finite number >= 1.0, got {got}")]
+    CacheAwareLoadSkew { got: f64 },
+    #[error("--cache-aware-load-weight must be a finite number >= 0, got {got}")]
+    CacheAwareLoadWeight { got: f64 },
     #[error("--worker-timeout must be a positive number of seconds, got {got}")]
     WorkerTimeout { got: f64 },
     #[error("cannot open trace file {path}: {source}")]

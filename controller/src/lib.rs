@@ -3,6 +3,7 @@
 
 pub mod budget;
 pub mod error;
+pub mod kv_index;
 pub mod policy;
 pub mod ranks;
 pub mod rejoin;
@@ -21,7 +22,7 @@ use protocol::endpoint::default_endpoint;
 use protocol::Endpoint;
 
 pub use error::{Error, Result};
-pub use policy::{FallbackMethod, Method, PrefixAffinityConfig};
+pub use policy::{CacheAwareConfig, FallbackMethod, Method, PrefixAffinityConfig};
 pub use server::{Controller, ControllerConfig};
 
 /// `--worker-timeout` (seconds) when not given.
@@ -83,6 +84,16 @@ pub struct RoutingArgs {
     #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_MAX_LOAD_SKEW",
           default_value_t = PrefixAffinityConfig::default().max_load_skew)]
     pub prefix_affinity_max_load_skew: f64,
+    /// cache_aware: the cost of one active token on a rank, in prompt tokens to compute
+    /// (>= 0): a rank holding a longer prefix wins unless its load outweighs the saving.
+    #[arg(long, env = "DPSERVE_CACHE_AWARE_LOAD_WEIGHT",
+          default_value_t = CacheAwareConfig::default().load_weight)]
+    pub cache_aware_load_weight: f64,
+    /// cache_aware: a rank is overloaded when its active requests exceed this multiple
+    /// (>= 1.0) of max(mean over live ranks, 1); the request goes to the next cheapest rank.
+    #[arg(long, env = "DPSERVE_CACHE_AWARE_MAX_LOAD_SKEW",
+          default_value_t = CacheAwareConfig::default().max_load_skew)]
+    pub cache_aware_max_load_skew: f64,
     /// Append one JSON line per routing decision to this file (read it with `dpserve trace`).
     #[arg(long, env = "DPSERVE_TRACE_FILE")]
     pub trace_file: Option<PathBuf>,
@@ -97,6 +108,7 @@ pub struct RoutingArgs {
 impl Default for RoutingArgs {
     fn default() -> Self {
         let affinity = PrefixAffinityConfig::default();
+        let cache = CacheAwareConfig::default();
         RoutingArgs {
             load_balance_method: Method::default(),
             decode_load_balance_method: DEFAULT_DECODE_METHOD,
@@ -104,6 +116,8 @@ impl Default for RoutingArgs {
             prefix_affinity_disable_token_fallback: !affinity.token_fallback,
             prefix_affinity_fallback: affinity.fallback,
             prefix_affinity_max_load_skew: affinity.max_load_skew,
+            cache_aware_load_weight: cache.load_weight,
+            cache_aware_max_load_skew: cache.max_load_skew,
             trace_file: None,
             worker_timeout: DEFAULT_WORKER_TIMEOUT_S,
             model_id: None,
@@ -123,6 +137,7 @@ impl ControllerArgs {
         routing.check_worker_timeout()?;
         // Validated whatever the method, so a typo surfaces before someone switches to it.
         let prefix_affinity = routing.prefix_affinity_config()?;
+        let cache_aware = routing.cache_aware_config()?;
         Ok(ControllerConfig {
             controller_addr: addr("controller-addr", &self.controller_addr, "controller")?,
             worker_addr: addr("worker-addr", &self.worker_addr, "worker")?,
@@ -130,6 +145,7 @@ impl ControllerArgs {
             method: routing.load_balance_method,
             decode_method: routing.decode_load_balance_method,
             prefix_affinity,
+            cache_aware,
             trace_file: routing.trace_file.clone(),
             trace_dir: self.trace_dir.clone(),
             trace_max_bytes: self.trace_max_mb << 20,
@@ -145,7 +161,24 @@ impl RoutingArgs {
     /// starts anything).
     pub fn check(&self) -> Result<()> {
         self.check_worker_timeout()?;
+        self.cache_aware_config()?;
         self.prefix_affinity_config().map(|_| ())
+    }
+
+    /// The `--cache-aware-*` flags, checked.
+    pub fn cache_aware_config(&self) -> Result<CacheAwareConfig> {
+        let skew = self.cache_aware_max_load_skew;
+        if !(skew.is_finite() && skew >= 1.0) {
+            return Err(Error::CacheAwareLoadSkew { got: skew });
+        }
+        let weight = self.cache_aware_load_weight;
+        if !(weight.is_finite() && weight >= 0.0) {
+            return Err(Error::CacheAwareLoadWeight { got: weight });
+        }
+        Ok(CacheAwareConfig {
+            load_weight: weight,
+            max_load_skew: skew,
+        })
     }
 
     fn check_worker_timeout(&self) -> Result<()> {
@@ -298,6 +331,14 @@ mod tests {
                 "--prefix-affinity-hash-tokens",
             ),
             (&["--worker-timeout", "0"], "--worker-timeout"),
+            (
+                &["--cache-aware-max-load-skew", "0.5"],
+                "--cache-aware-max-load-skew",
+            ),
+            (
+                &["--cache-aware-load-weight", "NaN"],
+                "--cache-aware-load-weight",
+            ),
         ];
         for (flags, name) in cases {
             let err = format!("{:#}", parse(flags).unwrap_err());

@@ -57,7 +57,7 @@ impl Worker {
         loop {
             match self.next() {
                 Message::GenerateReq(r) => return r,
-                Message::HelloAck(_) => continue,
+                Message::HelloAck(_) | Message::KvSnapshotReq(_) => continue,
                 other => panic!("rank {}: expected a request, got {other:?}", self.rank),
             }
         }

@@ -106,6 +106,8 @@ const KNOWN_TYPES: &[&str] = &[
     "KvDone",
     "KvAbort",
     "PeerGone",
+    "KvEvents",
+    "KvSnapshotReq",
 ];
 
 /// Counters of frames received and dropped on one actor's sockets.

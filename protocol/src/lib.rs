@@ -8,6 +8,7 @@ pub mod codec;
 pub mod disagg;
 pub mod endpoint;
 pub mod error;
+pub mod kv_events;
 pub mod messages;
 pub mod msg_trace;
 pub mod socket;
@@ -19,6 +20,7 @@ pub use disagg::{
 };
 pub use endpoint::{Endpoint, RuntimeDir};
 pub use error::{ProtocolError, Result};
+pub use kv_events::{KvEvents, KvSnapshotReq};
 pub use messages::*;
 
 /// Version carried in every envelope (`v`). A peer speaking another version is refused.

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::disagg::{DisaggLeg, DisaggMode, KvAbort, KvChunk, KvDone, KvLayout, KvReady, PeerGone};
+use crate::kv_events::{KvEvents, KvSnapshotReq};
 use crate::PROTOCOL_VERSION;
 
 /// One frame: `{v: 1, msg: {<Type>: {...}}}`.
@@ -42,6 +43,8 @@ pub enum Message {
     KvDone(KvDone),
     KvAbort(KvAbort),
     PeerGone(PeerGone),
+    KvEvents(KvEvents),
+    KvSnapshotReq(KvSnapshotReq),
 }
 
 impl Message {
@@ -65,6 +68,8 @@ impl Message {
             Message::KvDone(_) => "KvDone",
             Message::KvAbort(_) => "KvAbort",
             Message::PeerGone(_) => "PeerGone",
+            Message::KvEvents(_) => "KvEvents",
+            Message::KvSnapshotReq(_) => "KvSnapshotReq",
         }
     }
 

@@ -88,6 +88,9 @@ pub enum Milestone {
         /// `decode` (one decision each).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         leg: Option<String>,
+        /// `cache_aware`: each live rank's cached prefix and cost, cheapest first.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        costs: Vec<RankCost>,
     },
     /// No rank could take the request (controller): rank not live, no live rank.
     Refused { error: String },
@@ -292,6 +295,20 @@ pub struct RankLoad {
     pub active_tokens: u64,
 }
 
+/// `cache_aware`'s view of one rank for one request: the terms of its cost.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RankCost {
+    pub rank: u32,
+    /// Leading prompt tokens the rank's prefix cache holds (whole blocks, from its KV events).
+    pub matched_tokens: u64,
+    /// Prompt tokens it would still compute: prompt − matched.
+    pub prefill_tokens: u64,
+    /// `--cache-aware-load-weight` × its active tokens.
+    pub load_cost: f64,
+    /// prefill_tokens + load_cost: the lowest wins, unless the overload guard skips it.
+    pub cost: f64,
+}
+
 /// Which branch of a method produced the decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -310,6 +327,11 @@ pub enum Branch {
     Spill,
     /// No key (or no bootstrap room); the fallback method chose.
     Fallback,
+    /// `cache_aware`: the cheapest rank (prefill still to compute plus weighted load), where
+    /// some rank holds part of the prompt.
+    Cached,
+    /// `cache_aware`: no rank holds any of the prompt; the first HRW choice on its first block.
+    Cold,
 }
 
 impl Branch {
@@ -323,6 +345,8 @@ impl Branch {
             Branch::Affinity => "affinity",
             Branch::Spill => "spill",
             Branch::Fallback => "fallback",
+            Branch::Cached => "cached",
+            Branch::Cold => "cold",
         }
     }
 }
@@ -445,6 +469,7 @@ mod legacy {
                 loads: Vec::new(),
                 fallback: None,
                 leg: None,
+                costs: Vec::new(),
             },
             "refused" => Milestone::Refused { error: d.into() },
             "failed" => Milestone::Failed { error: d.into() },
@@ -512,6 +537,13 @@ mod tests {
                 }],
                 fallback: None,
                 leg: Some("prefill".into()),
+                costs: vec![RankCost {
+                    rank: 1,
+                    matched_tokens: 64,
+                    prefill_tokens: 36,
+                    load_cost: 4.0,
+                    cost: 40.0,
+                }],
             }),
             TraceEvent::Event(Milestone::Refused {
                 error: "no live rank".into(),

@@ -330,6 +330,35 @@ const GOLDEN: &[(&str, &str)] = &[
         ",
     ),
     (
+        "KvEvents",
+        "
+        82 a1 76 01 a3 6d 73 67 81 a8 4b 76 45 76 65 6e
+        74 73 86 a4 72 61 6e 6b 00 a3 73 65 71 07 aa 62
+        6c 6f 63 6b 5f 73 69 7a 65 20 a7 63 6c 65 61 72
+        65 64 c2 a7 72 65 6d 6f 76 65 64 91 cf 6f c1 eb
+        d4 f4 d6 ea 31 a6 73 74 6f 72 65 64 91 cf e3 13
+        56 ba 2d a6 54 a2
+        ",
+    ),
+    (
+        "KvEvents-snapshot",
+        "
+        82 a1 76 01 a3 6d 73 67 81 a8 4b 76 45 76 65 6e
+        74 73 86 a4 72 61 6e 6b 01 a3 73 65 71 01 aa 62
+        6c 6f 63 6b 5f 73 69 7a 65 20 a7 63 6c 65 61 72
+        65 64 c3 a7 72 65 6d 6f 76 65 64 90 a6 73 74 6f
+        72 65 64 92 cf 6f c1 eb d4 f4 d6 ea 31 cf e3 13
+        56 ba 2d a6 54 a2
+        ",
+    ),
+    (
+        "KvSnapshotReq",
+        "
+        82 a1 76 01 a3 6d 73 67 81 ad 4b 76 53 6e 61 70
+        73 68 6f 74 52 65 71 81 a4 72 61 6e 6b 01
+        ",
+    ),
+    (
         "Shutdown",
         "
         82 a1 76 01 a3 6d 73 67 81 a8 53 68 75 74 64 6f
@@ -386,12 +415,14 @@ fn variant_index(msg: &Message) -> usize {
         Message::KvDone(_) => 14,
         Message::KvAbort(_) => 15,
         Message::PeerGone(_) => 16,
+        Message::KvEvents(_) => 17,
+        Message::KvSnapshotReq(_) => 18,
     }
 }
 
 #[test]
 fn every_message_type_has_a_golden_vector() {
-    let mut covered = [false; 17];
+    let mut covered = [false; 19];
     for (_, msg) in examples() {
         covered[variant_index(&msg)] = true;
     }
@@ -495,6 +526,16 @@ const FIELD_RULES: &[FieldRules] = &[
     FieldRules {
         kind: "PeerGone",
         required: &["rank", "reason"],
+        optional: &[],
+    },
+    FieldRules {
+        kind: "KvEvents",
+        required: &["rank", "seq", "block_size"],
+        optional: &[("cleared", "false"), ("removed", "[]"), ("stored", "[]")],
+    },
+    FieldRules {
+        kind: "KvSnapshotReq",
+        required: &["rank"],
         optional: &[],
     },
     FieldRules {

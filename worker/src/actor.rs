@@ -208,6 +208,11 @@ impl<O: Outbox> WorkerActor<O> {
                 Ok(freed) => tracing::info!(freed_slots = freed, "prefix cache flushed"),
                 Err(refused) => tracing::warn!(%refused, "flush_cache refused"),
             },
+            Message::KvSnapshotReq(_) => {
+                // With the next status, which goes out at once.
+                self.sched.request_kv_snapshot();
+                self.status.now = true;
+            }
             Message::Shutdown(s) => {
                 tracing::info!(reason = %s.reason, "controller asked this worker to stop");
                 self.stop.store(true, Ordering::Relaxed);
@@ -288,6 +293,10 @@ impl<O: Outbox> WorkerActor<O> {
             last_generated: generated,
         };
         self.out.to_controller(&Message::WorkerStatus(status));
+        // What the prefix cache stored and evicted, after the status that counts the same step.
+        for batch in self.sched.take_kv_events() {
+            self.out.to_controller(&Message::KvEvents(batch));
+        }
     }
 
     /// Leaving: no request may hang, so everything still held fails with a clear error, and the
@@ -343,6 +352,9 @@ impl<O: Outbox> WorkerActor<O> {
 }
 
 #[cfg(test)]
+use tests as tests_support;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::{BuiltinSize, LlamaModel, ModelConfig};
@@ -350,9 +362,9 @@ mod tests {
     use protocol::FinishReason;
 
     #[derive(Default)]
-    struct Recorded {
-        tokenizer: Vec<Message>,
-        controller: Vec<Message>,
+    pub(super) struct Recorded {
+        pub(super) tokenizer: Vec<Message>,
+        pub(super) controller: Vec<Message>,
         peers: Vec<crate::disagg::KvSend>,
     }
 
@@ -368,7 +380,14 @@ mod tests {
         }
     }
 
-    fn actor(drain_timeout: Duration) -> WorkerActor<Recorded> {
+    /// An actor whose cache reports KV events in blocks of `block_size`.
+    pub(super) fn actor_with_events(block_size: usize) -> WorkerActor<Recorded> {
+        let mut a = actor(Duration::from_secs(5));
+        a.sched.enable_kv_events(block_size);
+        a
+    }
+
+    pub(super) fn actor(drain_timeout: Duration) -> WorkerActor<Recorded> {
         let config = ModelConfig::builtin(BuiltinSize::Tiny);
         let model = LlamaModel::dummy(config, 7);
         let sched = Scheduler::new(
@@ -404,7 +423,7 @@ mod tests {
         )
     }
 
-    fn generate(rid: &str, max_new_tokens: u32) -> Inbound {
+    pub(super) fn generate(rid: &str, max_new_tokens: u32) -> Inbound {
         let req = crate::scheduler::tests::req(rid, vec![1, 5, 9, 13], max_new_tokens);
         Inbound::Msg(Message::GenerateReq(req))
     }
@@ -529,5 +548,49 @@ mod tests {
         assert_eq!(out.finish_reason, Some(FinishReason::Error));
         assert_eq!(out.error.as_ref().map(|e| e.status), Some(400));
         assert!(!a.busy() && a.held.snapshot().is_empty());
+    }
+}
+
+#[cfg(test)]
+mod kv_event_tests {
+    //! KV events leave with the status; a snapshot request is answered by the next one.
+    use super::tests_support::*;
+    use super::*;
+
+    fn kv_events(a: &WorkerActor<Recorded>) -> Vec<protocol::KvEvents> {
+        a.out
+            .controller
+            .iter()
+            .filter_map(|m| match m {
+                Message::KvEvents(e) => Some(e.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn stored_blocks_follow_the_status_and_a_requested_snapshot_lists_them_all() {
+        let mut a = actor_with_events(2);
+        a.on_inbound(generate("r1", 2));
+        while a.busy() {
+            a.tick();
+        }
+        let events = kv_events(&a);
+        assert_eq!(events[0].seq, 1);
+        assert!(events[0].cleared, "the first batch is a snapshot");
+        let stored: usize = events.iter().map(|e| e.stored.len()).sum();
+        // Prompt 1 5 9 13 plus the generated tokens that went into the cache: whole blocks
+        // of 2.
+        assert!(stored >= 2, "{events:?}");
+        assert!(events.windows(2).all(|w| w[1].seq == w[0].seq + 1));
+
+        a.on_inbound(Inbound::Msg(Message::KvSnapshotReq(
+            protocol::KvSnapshotReq { rank: 3 },
+        )));
+        a.tick();
+        let snapshot = kv_events(&a).pop().expect("a snapshot");
+        assert!(snapshot.cleared);
+        assert_eq!(snapshot.stored.len(), stored);
+        assert_eq!(snapshot.block_size, 2);
     }
 }

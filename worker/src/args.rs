@@ -186,6 +186,12 @@ pub struct ServeArgs {
     /// Do not keep or reuse prompt prefixes.
     #[arg(long, env = "DPSERVE_DISABLE_RADIX_CACHE")]
     pub disable_radix_cache: bool,
+    /// Tell the controller what the prefix cache stores and evicts, as chained hashes of
+    /// blocks of this many tokens (for `--load-balance-method cache_aware`); 0 = off. Every
+    /// worker of a deployment must use the same size.
+    #[arg(long, env = "DPSERVE_KV_EVENT_BLOCK_SIZE",
+          default_value_t = protocol::kv_events::DEFAULT_KV_BLOCK_SIZE)]
+    pub kv_event_block_size: usize,
     /// Context length (default: the model's `max_position_embeddings`).
     #[arg(long, env = "DPSERVE_CONTEXT_LENGTH")]
     pub context_length: Option<usize>,
@@ -232,6 +238,7 @@ impl Default for ServeArgs {
             decode_prealloc_size: DecodePrealloc::Auto,
             schedule_policy: SchedulePolicy::Lpm,
             disable_radix_cache: false,
+            kv_event_block_size: protocol::kv_events::DEFAULT_KV_BLOCK_SIZE,
             context_length: None,
             num_threads: None,
             heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
@@ -338,6 +345,8 @@ pub struct WorkerConfig {
     pub context_length: Option<usize>,
     pub schedule_policy: SchedulePolicy,
     pub disable_radix_cache: bool,
+    /// KV events' block size (0: no events).
+    pub kv_event_block_size: usize,
     pub num_threads: usize,
     pub kernel_path: KernelPath,
     pub prefill_step_target: Option<Duration>,
@@ -395,6 +404,7 @@ impl WorkerArgs {
             pre_alloc_rows: serve.decode_prealloc_size.rows(serve.max_running_requests),
             schedule_policy: serve.schedule_policy,
             disable_radix_cache: serve.disable_radix_cache,
+            kv_event_block_size: serve.kv_event_block_size,
             chunked_prefill_size: serve.chunked_prefill_size,
             max_prefill_tokens: serve.max_prefill_tokens,
             context_length: serve.context_length,
@@ -439,6 +449,13 @@ impl ServeArgs {
         positive("max-prefill-tokens", self.max_prefill_tokens)?;
         if let Some(n) = self.max_queued_requests {
             positive("max-queued-requests", n)?;
+        }
+        if self.kv_event_block_size > protocol::kv_events::MAX_KV_BLOCK_SIZE {
+            anyhow::bail!(
+                "--kv-event-block-size must be at most {}, got {}",
+                protocol::kv_events::MAX_KV_BLOCK_SIZE,
+                self.kv_event_block_size
+            );
         }
         // The parser checks the flag; this guards a WorkerArgs built in code.
         crate::mem::check_mem_fraction(self.mem_fraction)

@@ -50,6 +50,31 @@ impl KvMemory {
         }
     }
 
+    /// Report what the cache stores and evicts as blocks of `block_size` tokens (0: off).
+    /// Call before the first request; the cache is empty then.
+    pub fn enable_kv_events(&mut self, block_size: usize) {
+        debug_assert_eq!(
+            self.cache.total_size(),
+            0,
+            "events start with an empty cache"
+        );
+        if self.radix && self.cache.total_size() == 0 {
+            self.cache = RadixCache::with_kv_events(block_size);
+        }
+    }
+
+    /// The KV event batches to send now as `rank` (none when off or nothing changed).
+    pub fn take_kv_events(&mut self, rank: u32) -> Vec<protocol::KvEvents> {
+        self.cache.take_kv_events(rank)
+    }
+
+    /// The next KV event batch will be a snapshot of the whole cache.
+    pub fn request_kv_snapshot(&mut self) {
+        if let Some(log) = self.cache.events_mut() {
+            log.request_snapshot();
+        }
+    }
+
     /// Slots neither free nor evictable: held by requests or locked in the cache.
     pub fn used_tokens(&self) -> usize {
         self.alloc.total() - self.alloc.available() - self.cache.evictable_size()

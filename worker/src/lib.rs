@@ -11,6 +11,7 @@ pub mod args;
 pub mod disagg;
 pub mod error;
 pub mod kv_alloc;
+pub mod kv_events;
 pub mod kv_memory;
 pub mod link;
 pub mod mem;
@@ -197,6 +198,8 @@ fn load(
         },
         model,
     );
+    let mut sched = sched;
+    sched.enable_kv_events(config.kv_event_block_size);
     Ok((sched, hello))
 }
 

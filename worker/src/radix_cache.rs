@@ -13,9 +13,17 @@
 //! - The cache owns the slots in the tree. Slots a request allocated but has not inserted yet
 //!   belong to the request. Insert returns how much of the key was already present: the caller
 //!   frees its own duplicate slots for that part.
+//! - KV events (optional, [`RadixCache::with_kv_events`]): each node also keeps the chained
+//!   hashes of the token blocks that *end* inside it (see `protocol::kv_events`). A block's
+//!   prefix is one path of the tree, so every block lives in exactly one node: a new leaf
+//!   reports the blocks ending in it as stored, an evicted leaf its blocks as removed, a split
+//!   divides them, a reset clears. Inserting hashes only the new tokens (the chain continues
+//!   from the last block on the path), so events cost O(new tokens), not O(prompt).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
+
+use crate::kv_events::KvEventLog;
 
 /// Index of a node in the arena. The root is node 0 and is never removed.
 pub type NodeId = usize;
@@ -30,6 +38,8 @@ struct Node {
     value: Vec<u32>,
     lock_ref: u32,
     last_access: u64,
+    /// KV events only: `(end, hash)` of each block whose last token is `key[end - 1]`.
+    blocks: Vec<(u32, u64)>,
 }
 
 /// Result of a prefix match.
@@ -56,6 +66,7 @@ pub struct RadixCache {
     evictable: usize,
     protected: usize,
     pub stats: CacheStats,
+    events: Option<KvEventLog>,
 }
 
 impl Default for RadixCache {
@@ -73,7 +84,45 @@ impl RadixCache {
             evictable: 0,
             protected: 0,
             stats: CacheStats::default(),
+            events: None,
         }
+    }
+
+    /// A cache that reports what it stores and evicts as blocks of `block_size` tokens.
+    pub fn with_kv_events(block_size: usize) -> Self {
+        RadixCache {
+            events: (block_size > 0).then(|| KvEventLog::new(block_size)),
+            ..RadixCache::new()
+        }
+    }
+
+    /// The KV event log, when events are on.
+    pub fn events_mut(&mut self) -> Option<&mut KvEventLog> {
+        self.events.as_mut()
+    }
+
+    /// The hashes of every block in the tree (a snapshot), in no particular order.
+    pub fn all_blocks(&self) -> Vec<u64> {
+        self.nodes
+            .iter()
+            .flatten()
+            .flat_map(|n| n.blocks.iter().map(|&(_, h)| h))
+            .collect()
+    }
+
+    /// The batches of KV events to send now, as `rank` (none when events are off or nothing
+    /// changed).
+    pub fn take_kv_events(&mut self, rank: u32) -> Vec<protocol::KvEvents> {
+        let Some(log) = self.events.as_mut() else {
+            return Vec::new();
+        };
+        if !log.pending() {
+            return Vec::new();
+        }
+        let all = self.all_blocks();
+        // Borrow again: `all_blocks` needed the whole tree.
+        let log = self.events.as_mut().expect("events are on");
+        log.take_batches(rank, || all)
     }
 
     pub fn root(&self) -> NodeId {
@@ -170,16 +219,23 @@ impl RadixCache {
 
     /// Split `id` so that its first `at` tokens become a new parent node; returns the parent.
     fn split(&mut self, id: NodeId, at: usize) -> NodeId {
-        let (parent, key_head, value_head, lock_ref, last_access) = {
+        let (parent, key_head, value_head, lock_ref, last_access, blocks_head) = {
             let n = self.node_mut(id);
             let key_tail = n.key.split_off(at);
             let value_tail = n.value.split_off(at);
+            // Blocks ending in the first `at` tokens move up; the rest are re-based.
+            let cut = n.blocks.partition_point(|&(end, _)| end as usize <= at);
+            let mut blocks_tail = n.blocks.split_off(cut);
+            for (end, _) in &mut blocks_tail {
+                *end -= at as u32;
+            }
             (
                 n.parent,
                 std::mem::replace(&mut n.key, key_tail),
                 std::mem::replace(&mut n.value, value_tail),
                 n.lock_ref,
                 n.last_access,
+                std::mem::replace(&mut n.blocks, blocks_tail),
             )
         };
         let first_head = key_head[0];
@@ -192,6 +248,7 @@ impl RadixCache {
             // Everyone locking the child locked this part too.
             lock_ref,
             last_access,
+            blocks: blocks_head,
         });
         self.node_mut(id).parent = mid;
         self.node_mut(parent).children.insert(first_head, mid);
@@ -205,9 +262,12 @@ impl RadixCache {
         let now = self.tick();
         let mut node = ROOT;
         let mut done = 0;
+        // The hash of the last whole block on the path so far (the chain continues from it).
+        let mut last_block: Option<u64> = None;
         while done < key.len() {
             let first = key[done];
             let Some(&child) = self.node(node).children.get(&first) else {
+                let blocks = self.new_blocks(last_block, key, done);
                 let leaf = self.alloc_node(Node {
                     parent: node,
                     children: HashMap::new(),
@@ -215,6 +275,7 @@ impl RadixCache {
                     value: value[done..].to_vec(),
                     lock_ref: 0,
                     last_access: now,
+                    blocks,
                 });
                 self.node_mut(node).children.insert(first, leaf);
                 self.evictable += key.len() - done;
@@ -227,10 +288,34 @@ impl RadixCache {
                 child
             };
             self.node_mut(child).last_access = now;
+            if let Some(&(_, h)) = self.node(child).blocks.last() {
+                last_block = Some(h);
+            }
             done += common;
             node = child;
         }
         done
+    }
+
+    /// The blocks ending in a new leaf holding `key[from..]` (ends relative to `from`), logged
+    /// as stored. `prev` is the hash of the block ending at `from` rounded down to a block.
+    fn new_blocks(&mut self, prev: Option<u64>, key: &[u32], from: usize) -> Vec<(u32, u64)> {
+        let Some(log) = self.events.as_mut() else {
+            return Vec::new();
+        };
+        let b = log.block_size();
+        let start = from / b * b;
+        let mut hashes = Vec::new();
+        protocol::kv_events::extend_block_hashes(prev, &key[start..], b, &mut hashes);
+        let blocks: Vec<(u32, u64)> = hashes
+            .into_iter()
+            .enumerate()
+            .map(|(i, h)| ((start + (i + 1) * b - from) as u32, h))
+            .collect();
+        for &(_, h) in &blocks {
+            log.stored(h);
+        }
+        blocks
     }
 
     /// A request starts using the path to `node`.
@@ -283,6 +368,11 @@ impl RadixCache {
                 continue;
             };
             self.free_ids.push(id);
+            if let Some(log) = self.events.as_mut() {
+                for &(_, h) in &node.blocks {
+                    log.removed(h);
+                }
+            }
             free(&node.value);
             freed += node.value.len();
             self.evictable -= node.value.len();
@@ -306,8 +396,13 @@ impl RadixCache {
         for node in self.nodes.iter().skip(1).flatten() {
             free(&node.value);
         }
+        let mut events = self.events.take();
+        if let Some(log) = events.as_mut() {
+            log.cleared();
+        }
         *self = RadixCache {
             stats: self.stats,
+            events,
             ..RadixCache::new()
         };
         true

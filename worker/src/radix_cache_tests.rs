@@ -165,3 +165,136 @@ proptest! {
         prop_assert_eq!(alloc.available(), total);
     }
 }
+
+// ---- KV events: the blocks the tree reports are the blocks it holds ----
+
+#[derive(Debug, Clone)]
+enum EventOp {
+    Insert(Vec<u32>),
+    Match(Vec<u32>),
+    Evict(usize),
+    Reset,
+    Send,
+    AskSnapshot,
+}
+
+fn event_op() -> impl Strategy<Value = EventOp> {
+    // A 3-token alphabet makes shared prefixes, splits and re-inserts common.
+    let seq = || prop::collection::vec(0u32..3, 0..14);
+    prop_oneof![
+        4 => seq().prop_map(EventOp::Insert),
+        2 => seq().prop_map(EventOp::Match),
+        2 => (1usize..12).prop_map(EventOp::Evict),
+        1 => Just(EventOp::Reset),
+        2 => Just(EventOp::Send),
+        1 => Just(EventOp::AskSnapshot),
+    ]
+}
+
+/// Every token path from the root to a leaf.
+fn leaf_paths(cache: &RadixCache) -> Vec<Vec<u32>> {
+    let mut out = Vec::new();
+    let mut stack = vec![(super::ROOT, Vec::new())];
+    while let Some((id, path)) = stack.pop() {
+        let node = cache.node(id);
+        if node.children.is_empty() && id != super::ROOT {
+            out.push(path.clone());
+        }
+        for &child in node.children.values() {
+            let mut p = path.clone();
+            p.extend_from_slice(&cache.node(child).key);
+            stack.push((child, p));
+        }
+    }
+    out
+}
+
+/// The controller's side: a set rebuilt from the batches, in order.
+fn replay(view: &mut HashSet<u64>, batches: Vec<protocol::KvEvents>, next_seq: &mut u64) {
+    for b in batches {
+        assert_eq!(b.seq, *next_seq, "batches are numbered without gaps");
+        *next_seq += 1;
+        if b.cleared {
+            view.clear();
+        }
+        for h in &b.removed {
+            assert!(view.remove(h), "removed a block that was never stored");
+        }
+        for h in b.stored {
+            assert!(view.insert(h), "stored a block twice");
+        }
+    }
+}
+
+#[test]
+fn a_leaf_reports_its_blocks_and_an_eviction_takes_them_back() {
+    let mut cache = RadixCache::with_kv_events(2);
+    let b = protocol::kv_events::block_hashes;
+    let mut view = HashSet::new();
+    let mut seq = 1;
+    replay(&mut view, cache.take_kv_events(0), &mut seq); // the first batch: an empty snapshot
+    cache.insert(&[1, 2, 3, 4, 5], &[0; 5]);
+    // A split inside block 1, then a sibling: only the sibling's own block is new.
+    cache.insert(&[1, 2, 3, 9, 9], &[0; 5]);
+    let batches = cache.take_kv_events(0);
+    assert_eq!(batches[0].stored.len(), 3);
+    replay(&mut view, batches, &mut seq);
+    let want: HashSet<u64> = b(&[1, 2, 3, 4], 2)
+        .into_iter()
+        .chain(b(&[1, 2, 3, 9], 2))
+        .collect();
+    assert_eq!(view, want);
+    cache.evict(100, |_| {});
+    replay(&mut view, cache.take_kv_events(0), &mut seq);
+    assert!(view.is_empty());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn kv_events_replay_to_the_blocks_the_tree_holds(
+        ops in prop::collection::vec(event_op(), 1..60),
+        block_size in 1usize..5,
+    ) {
+        let mut cache = RadixCache::with_kv_events(block_size);
+        let mut view = HashSet::new();
+        let mut next_seq = 1;
+        for op in ops {
+            match op {
+                EventOp::Insert(key) => {
+                    let value = vec![0; key.len()];
+                    cache.insert(&key, &value);
+                }
+                EventOp::Match(key) => {
+                    cache.match_prefix(&key);
+                }
+                EventOp::Evict(n) => {
+                    cache.evict(n, |_| {});
+                }
+                EventOp::Reset => {
+                    cache.reset(|_| {});
+                }
+                EventOp::Send => replay(&mut view, cache.take_kv_events(0), &mut next_seq),
+                EventOp::AskSnapshot => {
+                    if let Some(log) = cache.events_mut() {
+                        log.request_snapshot();
+                    }
+                }
+            }
+            let truth: HashSet<u64> = leaf_paths(&cache)
+                .iter()
+                .flat_map(|p| protocol::kv_events::block_hashes(p, block_size))
+                .collect();
+            let held: Vec<u64> = cache.all_blocks();
+            prop_assert_eq!(held.len(), truth.len(), "each block lives in one node");
+            prop_assert_eq!(held.into_iter().collect::<HashSet<u64>>(), truth.clone());
+        }
+        replay(&mut view, cache.take_kv_events(0), &mut next_seq);
+        let truth: HashSet<u64> = leaf_paths(&cache)
+            .iter()
+            .flat_map(|p| protocol::kv_events::block_hashes(p, block_size))
+            .collect();
+        prop_assert_eq!(view, truth);
+    }
+}

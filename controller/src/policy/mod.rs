@@ -4,19 +4,21 @@
 //! unit-tested without a process. The explicit-rank bypass lives in [`crate::router`], not here.
 
 mod bootstrap_room;
+mod cache_aware;
 pub mod hrw;
 mod least_loaded;
 mod prefix_affinity;
 mod round_robin;
 
 pub use bootstrap_room::FollowBootstrapRoom;
+pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use hrw::{Blake2Hrw, HrwHasher};
 pub use least_loaded::{TotalRequests, TotalTokens};
 pub use prefix_affinity::{PrefixAffinity, PrefixAffinityConfig};
 pub use round_robin::RoundRobin;
 
 /// The routing vocabulary lives in `protocol::trace_event`, beside the trace events that carry it.
-pub use protocol::trace_event::{Branch, KeySource, RankLoad};
+pub use protocol::trace_event::{Branch, KeySource, RankCost, RankLoad};
 
 use std::fmt;
 
@@ -33,12 +35,39 @@ pub struct RouteInput<'a> {
 #[derive(Debug, Clone, Default)]
 pub struct RankSet {
     ranks: Vec<RankLoad>,
+    /// What the KV index says of the request's prompt on these ranks (`cache_aware` only).
+    cached: Option<CachedPrefix>,
+}
+
+/// A prompt as the KV index sees it on the live ranks (`cache_aware`), computed by the
+/// controller before it asks the balancer, so the balancer stays a pure function of its inputs.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CachedPrefix {
+    /// Leading prompt tokens each rank holds, in [`RankSet::loads`] order.
+    pub matched_tokens: Vec<u64>,
+    /// Hash of the prompt's first block (its first tokens, when shorter): the key that keeps
+    /// cold prompts with the same beginning together.
+    pub first_block: u64,
 }
 
 impl RankSet {
     pub fn new(mut ranks: Vec<RankLoad>) -> Self {
         ranks.sort_by_key(|r| r.rank);
-        RankSet { ranks }
+        RankSet {
+            ranks,
+            cached: None,
+        }
+    }
+
+    /// The same ranks, with what the KV index says of the request's prompt on each.
+    pub fn with_cached_prefix(mut self, cached: CachedPrefix) -> Self {
+        debug_assert_eq!(cached.matched_tokens.len(), self.ranks.len());
+        self.cached = Some(cached);
+        self
+    }
+
+    pub fn cached_prefix(&self) -> Option<&CachedPrefix> {
+        self.cached.as_ref()
     }
 
     /// Idle ranks with these ids (tests and benchmarks).
@@ -97,6 +126,8 @@ pub struct RouteDecision {
     pub threshold: Option<f64>,
     /// The method that chose when the branch is `Fallback`.
     pub fallback: Option<Method>,
+    /// `cache_aware`: every candidate's cached prefix and cost, cheapest first.
+    pub costs: Vec<RankCost>,
 }
 
 impl RouteDecision {
@@ -110,6 +141,7 @@ impl RouteDecision {
             hrw_order: Vec::new(),
             threshold: None,
             fallback: None,
+            costs: Vec::new(),
         }
     }
 
@@ -126,6 +158,7 @@ impl RouteDecision {
             loads: ranks.loads().to_vec(),
             fallback: self.fallback.map(|m| m.to_string()),
             leg: None,
+            costs: self.costs.clone(),
         }
     }
 }
@@ -152,6 +185,9 @@ pub enum Method {
     /// guard: requests sharing a prefix meet the cache that holds it (the default).
     #[default]
     PrefixAffinity,
+    /// The rank whose prefix cache holds most of the prompt (from the workers' KV events),
+    /// traded against its load, with prefix_affinity's overload guard; no key needed.
+    CacheAware,
 }
 
 impl Method {
@@ -163,17 +199,28 @@ impl Method {
             Method::TotalTokens => "total_tokens",
             Method::FollowBootstrapRoom => "follow_bootstrap_room",
             Method::PrefixAffinity => "prefix_affinity",
+            Method::CacheAware => "cache_aware",
         }
     }
 
-    /// Build the balancer; `affinity` configures `prefix_affinity` and is ignored otherwise.
-    pub fn balancer(self, affinity: &PrefixAffinityConfig) -> Box<dyn LoadBalancer> {
+    /// Whether the method reads the KV index (the controller then matches each prompt).
+    pub fn uses_kv_index(self) -> bool {
+        self == Method::CacheAware
+    }
+
+    /// Build the balancer; `affinity` configures `prefix_affinity`, `cache` `cache_aware`.
+    pub fn balancer(
+        self,
+        affinity: &PrefixAffinityConfig,
+        cache: &CacheAwareConfig,
+    ) -> Box<dyn LoadBalancer> {
         match self {
             Method::RoundRobin => Box::new(RoundRobin::default()),
             Method::TotalRequests => Box::new(TotalRequests::default()),
             Method::TotalTokens => Box::new(TotalTokens::default()),
             Method::FollowBootstrapRoom => Box::new(FollowBootstrapRoom::default()),
             Method::PrefixAffinity => Box::new(PrefixAffinity::new(affinity.clone())),
+            Method::CacheAware => Box::new(CacheAware::new(cache.clone())),
         }
     }
 }
@@ -249,7 +296,8 @@ mod tests {
                 "total_requests",
                 "total_tokens",
                 "follow_bootstrap_room",
-                "prefix_affinity"
+                "prefix_affinity",
+                "cache_aware"
             ]
         );
     }

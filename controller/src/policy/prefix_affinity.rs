@@ -163,6 +163,7 @@ impl LoadBalancer for PrefixAffinity {
             hrw_order: order,
             threshold: Some(threshold),
             fallback: None,
+            costs: Vec::new(),
         }
     }
 }

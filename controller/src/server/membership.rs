@@ -15,6 +15,7 @@ impl Controller {
         for rank in self.ranks.drain_expired() {
             let mode = self.ranks.holder(rank).map(|h| h.mode);
             if let Some(lost) = self.ranks.remove(rank) {
+                self.kv_index.remove(rank);
                 self.announce_gone(rank, mode, "its drain timeout ran out");
                 tracing::warn!(
                     rank,
@@ -31,6 +32,7 @@ impl Controller {
         for rank in self.ranks.expired() {
             let mode = self.ranks.holder(rank).map(|h| h.mode);
             if let Some(lost) = self.ranks.remove(rank) {
+                self.kv_index.remove(rank);
                 self.announce_gone(rank, mode, "it stopped sending heartbeats");
                 tracing::warn!(
                     rank,
@@ -102,6 +104,7 @@ impl Controller {
                 );
                 self.rejoins.rejoined(rank);
                 self.send_ack(identity, rank, true, None);
+                self.kv_joined(identity, rank);
                 self.fail_requests(lost, format!("data parallel rank {rank} restarted"));
                 self.cluster_changed = true;
             }
@@ -118,6 +121,7 @@ impl Controller {
                     "rank joined"
                 );
                 self.send_ack(identity, rank, true, None);
+                self.kv_joined(identity, rank);
                 self.fail_requests(lost, format!("data parallel rank {rank} restarted"));
                 self.cluster_changed = true;
             }

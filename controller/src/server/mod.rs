@@ -9,6 +9,7 @@
 //! every frame in or out (and each decision) is a message-trace line.
 
 mod disagg;
+mod kv_events;
 mod membership;
 
 use std::path::PathBuf;
@@ -21,7 +22,10 @@ use protocol::msg_trace::{MessageTracer, Milestone};
 use protocol::socket::{identity_rank, rank_identity};
 use protocol::{encode, ClusterStatus, Endpoint, FrameStats, Message, Shutdown, TokenOut};
 
-use crate::policy::{LoadBalancer, Method, PrefixAffinityConfig, RouteDecision, RouteInput};
+use crate::kv_index::KvIndex;
+use crate::policy::{
+    CacheAwareConfig, LoadBalancer, Method, PrefixAffinityConfig, RouteDecision, RouteInput,
+};
 use crate::ranks::Ranks;
 use crate::rejoin::Rejoins;
 use crate::route_counts::RouteCounts;
@@ -38,6 +42,7 @@ pub struct ControllerConfig {
     /// Disaggregated deployments: the decode leg's method (`method` picks the prefill rank).
     pub decode_method: Method,
     pub prefix_affinity: PrefixAffinityConfig,
+    pub cache_aware: CacheAwareConfig,
     /// Append one JSON line per routing decision here.
     pub trace_file: Option<PathBuf>,
     /// Message traces: `DIR/controller.jsonl`, one line per frame in or out.
@@ -66,6 +71,8 @@ pub struct Controller {
     last_cluster_status: Instant,
     cluster_changed: bool,
     rejoins: Rejoins,
+    /// Which ranks hold which KV blocks (from their `KvEvents`), for `cache_aware`.
+    kv_index: KvIndex,
 }
 
 impl Controller {
@@ -98,8 +105,12 @@ impl Controller {
         );
         Ok(Controller {
             ranks: Ranks::new(config.model_id.clone(), config.worker_timeout),
-            balancer: config.method.balancer(&config.prefix_affinity),
-            decode_balancer: config.decode_method.balancer(&config.prefix_affinity),
+            balancer: config
+                .method
+                .balancer(&config.prefix_affinity, &config.cache_aware),
+            decode_balancer: config
+                .decode_method
+                .balancer(&config.prefix_affinity, &config.cache_aware),
             trace,
             tracer,
             route_counts: RouteCounts::default(),
@@ -110,6 +121,7 @@ impl Controller {
             last_cluster_status: Instant::now(),
             cluster_changed: true,
             rejoins: Rejoins::default(),
+            kv_index: KvIndex::new(),
             config,
         })
     }
@@ -292,6 +304,14 @@ impl Controller {
             (self.balancer.as_mut(), self.config.method)
         };
         let leg_name = leg.map(|l| l.as_str().to_string());
+        // Only a method that reads the index pays for hashing the prompt.
+        let with_prefix;
+        let ranks = if method.uses_kv_index() && explicit.is_none() {
+            with_prefix = kv_events::with_cached_prefix(&self.kv_index, input.input_ids, ranks);
+            &with_prefix
+        } else {
+            ranks
+        };
         let decision = route(balancer, input, explicit, ranks);
         self.route_counts.record(method, &decision);
         if self.tracer.enabled() {
@@ -388,6 +408,11 @@ impl Controller {
                 );
             }
             Message::Hello(hello) => self.on_hello(identity, &hello),
+            Message::KvEvents(events) if events.rank == rank => {
+                if self.ranks.is_holder(rank, identity) {
+                    self.on_kv_events(identity, &events);
+                }
+            }
             Message::Heartbeat(_) => {
                 if !self.ranks.seen(rank, identity) {
                     self.ask_to_rejoin(identity, rank);
@@ -417,6 +442,7 @@ impl Controller {
             Message::Shutdown(shutdown) => {
                 let mode = self.ranks.holder(rank).map(|h| h.mode);
                 if let Some(lost) = self.ranks.remove(rank) {
+                    self.kv_index.remove(rank);
                     self.announce_gone(rank, mode, &shutdown.reason);
                     tracing::info!(rank, reason = %shutdown.reason, live = ?self.ranks.ids(), "rank left");
                     self.fail_requests(lost, format!("data parallel rank {rank} shut down"));

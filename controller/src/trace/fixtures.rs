@@ -58,6 +58,7 @@ pub fn decision() -> RouteDecision {
         hrw_order: vec![1, 0],
         threshold: Some(1.5),
         fallback: None,
+        costs: Vec::new(),
     }
 }
 

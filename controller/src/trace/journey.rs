@@ -352,6 +352,19 @@ fn route_lines_of_record(r: &RouteRecord) -> Vec<String> {
             if !r.loads.is_empty() {
                 lines.push(loads_line(&r.loads, r.threshold));
             }
+            if !r.costs.is_empty() {
+                let each: Vec<String> = r
+                    .costs
+                    .iter()
+                    .map(|c| {
+                        format!(
+                            "r{} {} cached, cost {:.1}",
+                            c.rank, c.matched_tokens, c.cost
+                        )
+                    })
+                    .collect();
+                lines.push(format!("cached prefix: {}", each.join("; ")));
+            }
             lines
         }
         (_, _, Some(err)) if r.loads.is_empty() => vec![format!("{}: refused: {err}", r.method)],
@@ -379,6 +392,7 @@ fn route_lines_of_milestone(m: &Milestone) -> Option<Vec<String>> {
         fallback: None,
         error: None,
         leg: None,
+        costs: Vec::new(),
     };
     match m {
         Milestone::Routed {
@@ -392,8 +406,10 @@ fn route_lines_of_milestone(m: &Milestone) -> Option<Vec<String>> {
             loads,
             fallback,
             leg,
+            costs,
         } => {
             rec.leg = leg.clone();
+            rec.costs.clone_from(costs);
             if !method.is_empty() {
                 rec.method = method.clone();
             }

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::policy::{Branch, KeySource, Method, RankLoad, RankSet, RouteDecision};
+use crate::policy::{Branch, KeySource, Method, RankCost, RankLoad, RankSet, RouteDecision};
 use crate::router::RouteError;
 
 /// Records waiting for the writer before new ones are dropped.
@@ -73,6 +73,9 @@ pub struct RouteRecord {
     /// In a disaggregated deployment, which leg this decision placed (`prefill` or `decode`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leg: Option<String>,
+    /// `cache_aware`: each live rank's cached prefix and cost terms, cheapest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub costs: Vec<RankCost>,
 }
 
 impl RouteRecord {
@@ -97,6 +100,7 @@ impl RouteRecord {
             fallback: None,
             error: None,
             leg: None,
+            costs: Vec::new(),
         };
         match result {
             Ok(d) => {
@@ -107,6 +111,7 @@ impl RouteRecord {
                 rec.rank = Some(d.rank);
                 rec.branch = Some(d.branch);
                 rec.fallback = d.fallback.map(|m| m.to_string());
+                rec.costs.clone_from(&d.costs);
             }
             Err(e) => {
                 if matches!(e, RouteError::UnknownRank { .. }) {
@@ -243,6 +248,7 @@ mod tests {
             hrw_order: vec![1, 2, 0],
             threshold: Some(1.5),
             fallback: None,
+            costs: Vec::new(),
         }
     }
 

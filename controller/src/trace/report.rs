@@ -265,6 +265,11 @@ fn sentence(r: &RouteRecord) -> String {
                 r.rid
             ),
         },
+        (Some(rank), Some(Branch::Cached | Branch::Cold | Branch::Spill), _)
+            if !r.costs.is_empty() =>
+        {
+            cache_sentence(r, rank)
+        }
         (Some(rank), Some(Branch::Spill), _) => {
             let pos = r.hrw_order.iter().position(|&x| x == rank).unwrap_or(0);
             let skipped: Vec<String> = r.hrw_order[..pos]
@@ -293,6 +298,61 @@ fn sentence(r: &RouteRecord) -> String {
             )
         }
         _ => format!("Request {} has an incomplete record.", r.rid),
+    }
+}
+
+/// `cache_aware`'s sentence: what each rank had cached, the costs, and the guard.
+fn cache_sentence(r: &RouteRecord, rank: u32) -> String {
+    let Some(pos) = r.costs.iter().position(|c| c.rank == rank) else {
+        return format!("Request {} went to rank {rank} by {}.", r.rid, r.method);
+    };
+    let c = &r.costs[pos];
+    let prompt = c.matched_tokens + c.prefill_tokens;
+    let terms = format!(
+        "cost {:.1} = {} prompt tokens to compute + {:.1} for its load",
+        c.cost, c.prefill_tokens, c.load_cost
+    );
+    let digest = r.key_digest.as_deref().unwrap_or("-");
+    match r.branch {
+        Some(Branch::Cold) => format!(
+            "Request {} went to rank {rank}: no rank holds any of its {prompt} prompt tokens, so the first HRW choice for its first block (digest {digest}), with {} active requests within the threshold {}.",
+            r.rid,
+            load_of(r, rank),
+            fmt_threshold(r.threshold)
+        ),
+        Some(Branch::Spill) => {
+            let skipped: Vec<String> = r.costs[..pos]
+                .iter()
+                .map(|s| {
+                    format!(
+                        "rank {} ({} cached, {} active requests)",
+                        s.rank,
+                        s.matched_tokens,
+                        load_of(r, s.rank)
+                    )
+                })
+                .collect();
+            format!(
+                "Request {} spilled to rank {rank}, choice #{} by cost: {} had more active requests than the threshold {}; rank {rank} holds {} of {prompt} prompt tokens ({terms}).",
+                r.rid,
+                pos + 1,
+                skipped.join(", "),
+                fmt_threshold(r.threshold),
+                c.matched_tokens
+            )
+        }
+        _ => {
+            let next = r.costs.get(1).map_or(String::new(), |n| {
+                format!(
+                    "; the next cheapest, rank {}, holds {} (cost {:.1})",
+                    n.rank, n.matched_tokens, n.cost
+                )
+            });
+            format!(
+                "Request {} went to rank {rank}, the cheapest: it holds {} of {prompt} prompt tokens ({terms}){next}.",
+                r.rid, c.matched_tokens
+            )
+        }
     }
 }
 
@@ -424,5 +484,60 @@ mod tests {
         fb.fallback = Some(Method::TotalTokens);
         let fallback = RouteRecord::new("f", 0.0, Method::PrefixAffinity, &ranks, &Ok(fb));
         assert!(explain(&fallback).contains("no key, so the fallback method total_tokens chose"));
+    }
+
+    #[test]
+    fn explains_cache_aware_decisions_with_their_cost_terms() {
+        use crate::policy::{CacheAware, CacheAwareConfig, CachedPrefix};
+        let mut m = CacheAware::new(CacheAwareConfig::default());
+        let prompt = [5u32; 100];
+        let req = RouteInput {
+            rid: "c1",
+            input_ids: &prompt,
+            routing_key: None,
+            bootstrap_room: None,
+        };
+        let set = |matched: Vec<u64>, busy: u64| {
+            RankSet::new(
+                (0..2)
+                    .map(|rank| RankLoad {
+                        rank,
+                        active_requests: if rank == 1 { busy } else { 0 },
+                        active_tokens: 0,
+                    })
+                    .collect(),
+            )
+            .with_cached_prefix(CachedPrefix {
+                matched_tokens: matched,
+                first_block: 7,
+            })
+        };
+        let explain_with = |m: &mut CacheAware, ranks: RankSet| {
+            let d = m.select(&req, &ranks);
+            explain(&RouteRecord::new(
+                "c1",
+                1.0,
+                Method::CacheAware,
+                &ranks,
+                &Ok(d),
+            ))
+        };
+        let hit = explain_with(&mut m, set(vec![0, 64], 0));
+        assert!(
+            hit.contains("went to rank 1, the cheapest: it holds 64 of 100 prompt tokens")
+                && hit.contains("cost 36.0 = 36 prompt tokens to compute + 0.0 for its load")
+                && hit.contains("the next cheapest, rank 0, holds 0"),
+            "{hit}"
+        );
+        let spill = explain_with(&mut m, set(vec![0, 64], 9));
+        assert!(
+            spill.contains("spilled to rank 0, choice #2 by cost: rank 1 (64 cached, 9 active"),
+            "{spill}"
+        );
+        let cold = explain_with(&mut m, set(vec![0, 0], 0));
+        assert!(
+            cold.contains("no rank holds any of its 100 prompt tokens"),
+            "{cold}"
+        );
     }
 }

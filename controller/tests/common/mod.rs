@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use controller::{Controller, ControllerConfig, Method, PrefixAffinityConfig};
+use controller::{CacheAwareConfig, Controller, ControllerConfig, Method, PrefixAffinityConfig};
 use protocol::{Endpoint, Message, TokenOut};
 
 pub struct Running {
@@ -33,6 +33,7 @@ pub fn start(method: Method) -> Running {
         method,
         decode_method: Method::TotalTokens,
         prefix_affinity: PrefixAffinityConfig::default(),
+        cache_aware: CacheAwareConfig::default(),
         trace_file: None,
         trace_dir: None,
         trace_max_bytes: 1 << 20,

@@ -226,6 +226,32 @@ pub fn examples() -> Vec<(&'static str, Message)> {
             }),
         ),
         (
+            "KvEvents",
+            Message::KvEvents(protocol::KvEvents {
+                rank: 0,
+                seq: 7,
+                block_size: 32,
+                cleared: false,
+                removed: vec![0x6fc1_ebd4_f4d6_ea31],
+                stored: vec![0xe313_56ba_2da6_54a2],
+            }),
+        ),
+        (
+            "KvEvents-snapshot",
+            Message::KvEvents(protocol::KvEvents {
+                rank: 1,
+                seq: 1,
+                block_size: 32,
+                cleared: true,
+                removed: vec![],
+                stored: vec![0x6fc1_ebd4_f4d6_ea31, 0xe313_56ba_2da6_54a2],
+            }),
+        ),
+        (
+            "KvSnapshotReq",
+            Message::KvSnapshotReq(protocol::KvSnapshotReq { rank: 1 }),
+        ),
+        (
             "Shutdown",
             Message::Shutdown(Shutdown {
                 rank: Some(0),

@@ -350,6 +350,21 @@ impl Scheduler {
         self.unmuted(outs)
     }
 
+    /// Report the radix cache's contents as KV events in blocks of `block_size` tokens (0:
+    /// off); before the first request.
+    pub fn enable_kv_events(&mut self, block_size: usize) {
+        self.mem.enable_kv_events(block_size);
+    }
+
+    /// KV events for the controller (see [`crate::kv_events`]).
+    pub fn take_kv_events(&mut self) -> Vec<protocol::KvEvents> {
+        self.mem.take_kv_events(self.config.rank)
+    }
+
+    pub fn request_kv_snapshot(&mut self) {
+        self.mem.request_kv_snapshot();
+    }
+
     /// Drop the whole prefix cache; refused while any request is queued or running (their
     /// cached prefixes are locked, and a flush is meant to start from a clean state).
     pub fn flush_cache(&mut self) -> Result<usize, WorkerError> {

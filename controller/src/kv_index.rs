@@ -1,0 +1,227 @@
+//! Which ranks hold which KV blocks, from the workers' `KvEvents` (see `protocol::kv_events`),
+//! so `cache_aware` can tell, for a prompt, how many of its leading tokens each rank has cached.
+//!
+//! ```text
+//! owners : chained block hash → ranks holding it        (what a decision reads)
+//! ranks  : rank → { its blocks, where its stream stands } (what events and departures change)
+//! matched(prompt, r) = #leading blocks of the prompt whose hash r holds
+//! ```
+//! A chained hash names its whole prefix, so the leading run of held blocks is the cached prefix.
+//!
+//! Trust: a rank's blocks are applied batch by batch in `seq` order from the registration on.
+//! A rank starts (and restarts) *awaiting a snapshot*: it shows nothing until a batch with
+//! `cleared` arrives. A missing batch (a gap in `seq`) drops everything the rank showed and
+//! waits for a snapshot again, so a decision never reads a stream known to be broken; the
+//! caller asks the worker for one (`KvSnapshotReq`). The first snapshot fixes the deployment's
+//! block size; a rank reporting another is ignored (it shows nothing).
+//!
+//! Cost: a batch is O(hashes in it); a departure O(blocks of the rank); a lookup O(b · k) for
+//! b leading blocks held somewhere and k live ranks (it stops at the first block no live rank
+//! holds).
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use protocol::KvEvents;
+
+/// How often a rank still awaiting a snapshot is asked again (its batches keep arriving).
+pub const SNAPSHOT_RETRY: Duration = Duration::from_secs(1);
+
+/// Where a rank's event stream stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stream {
+    /// Registered (or broken): nothing shown until a batch with `cleared`.
+    AwaitingSnapshot,
+    /// Applied up to `next - 1`.
+    Synced { next: u64 },
+    /// Reports another block size than the deployment's: never shown.
+    WrongBlockSize,
+}
+
+#[derive(Debug)]
+struct RankBlocks {
+    stream: Stream,
+    blocks: HashSet<u64>,
+    last_ask: Option<Instant>,
+}
+
+/// What one `KvEvents` batch did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Applied {
+    /// Applied in order.
+    Applied,
+    /// From a rank not registered here (or already gone): dropped.
+    UnknownRank,
+    /// A batch is missing (`expected`, `got`): the rank's blocks were dropped; ask for a
+    /// snapshot.
+    Gap { expected: u64, got: u64 },
+    /// The rank is awaiting a snapshot and this is not one; `ask`: time to ask again.
+    AwaitingSnapshot { ask: bool },
+    /// The rank reports blocks of `got` tokens, the deployment's are `expected`: it shows
+    /// nothing until it registers again (this is said once; its later batches are
+    /// [`Applied::UnknownRank`]).
+    WrongBlockSize { expected: u32, got: u32 },
+}
+
+/// The controller's index of cached blocks.
+#[derive(Debug, Default)]
+pub struct KvIndex {
+    block_size: Option<u32>,
+    owners: HashMap<u64, Vec<u32>>,
+    ranks: HashMap<u32, RankBlocks>,
+}
+
+impl KvIndex {
+    pub fn new() -> Self {
+        KvIndex::default()
+    }
+
+    /// Tokens per block, once a rank's first snapshot said it.
+    pub fn block_size(&self) -> Option<u32> {
+        self.block_size
+    }
+
+    /// `rank` registered (again): forget what it showed, and await its snapshot.
+    pub fn join(&mut self, rank: u32, now: Instant) {
+        self.remove(rank);
+        self.ranks.insert(
+            rank,
+            RankBlocks {
+                stream: Stream::AwaitingSnapshot,
+                blocks: HashSet::new(),
+                last_ask: Some(now),
+            },
+        );
+    }
+
+    /// `rank` left: none of its blocks count any more.
+    pub fn remove(&mut self, rank: u32) {
+        let Some(mut r) = self.ranks.remove(&rank) else {
+            return;
+        };
+        self.forget_blocks(rank, &mut r);
+        if self.ranks.is_empty() {
+            // A redeployed fleet may use another block size.
+            self.block_size = None;
+        }
+    }
+
+    /// Blocks `rank` is shown to hold (0 for an unknown rank).
+    pub fn blocks_of(&self, rank: u32) -> usize {
+        self.ranks.get(&rank).map_or(0, |r| r.blocks.len())
+    }
+
+    /// Distinct blocks held anywhere.
+    pub fn len(&self) -> usize {
+        self.owners.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.owners.is_empty()
+    }
+
+    /// Apply one batch from `ev.rank`'s registered holder.
+    pub fn apply(&mut self, ev: &KvEvents, now: Instant) -> Applied {
+        let Some(mut r) = self.ranks.remove(&ev.rank) else {
+            return Applied::UnknownRank;
+        };
+        let outcome = self.apply_to(&mut r, ev, now);
+        self.ranks.insert(ev.rank, r);
+        outcome
+    }
+
+    fn apply_to(&mut self, r: &mut RankBlocks, ev: &KvEvents, now: Instant) -> Applied {
+        let rank = ev.rank;
+        match r.stream {
+            Stream::WrongBlockSize => return Applied::UnknownRank,
+            Stream::AwaitingSnapshot if !ev.cleared => {
+                let ask = match r.last_ask {
+                    Some(t) => now.duration_since(t) >= SNAPSHOT_RETRY,
+                    None => true,
+                };
+                if ask {
+                    r.last_ask = Some(now);
+                }
+                return Applied::AwaitingSnapshot { ask };
+            }
+            Stream::Synced { next } if ev.seq != next && !ev.cleared => {
+                // A snapshot is a fresh start whatever its number; anything else must follow.
+                self.forget_blocks(rank, r);
+                r.stream = Stream::AwaitingSnapshot;
+                r.last_ask = Some(now);
+                return Applied::Gap {
+                    expected: next,
+                    got: ev.seq,
+                };
+            }
+            _ => {}
+        }
+        let expected = *self.block_size.get_or_insert(ev.block_size);
+        if ev.block_size != expected {
+            self.forget_blocks(rank, r);
+            r.stream = Stream::WrongBlockSize;
+            return Applied::WrongBlockSize {
+                expected,
+                got: ev.block_size,
+            };
+        }
+        if ev.cleared {
+            self.forget_blocks(rank, r);
+        }
+        for h in &ev.removed {
+            if r.blocks.remove(h) {
+                self.drop_owner(*h, rank);
+            }
+        }
+        for &h in &ev.stored {
+            if r.blocks.insert(h) {
+                self.owners.entry(h).or_default().push(rank);
+            }
+        }
+        r.stream = Stream::Synced { next: ev.seq + 1 };
+        Applied::Applied
+    }
+
+    fn forget_blocks(&mut self, rank: u32, r: &mut RankBlocks) {
+        for h in r.blocks.drain() {
+            self.drop_owner(h, rank);
+        }
+    }
+
+    fn drop_owner(&mut self, hash: u64, rank: u32) {
+        if let Some(owners) = self.owners.get_mut(&hash) {
+            owners.retain(|&o| o != rank);
+            if owners.is_empty() {
+                self.owners.remove(&hash);
+            }
+        }
+    }
+
+    /// For each rank of `ranks`, how many leading blocks of `hashes` (a prompt's chained block
+    /// hashes) it holds, into `out` (same order as `ranks`).
+    pub fn matched_blocks(&self, hashes: &[u64], ranks: &[u32], out: &mut Vec<usize>) {
+        out.clear();
+        out.resize(ranks.len(), 0);
+        // Ranks still matching, as indices into `ranks`.
+        let mut alive: Vec<usize> = (0..ranks.len()).collect();
+        for (depth, h) in hashes.iter().enumerate() {
+            let Some(owners) = self.owners.get(h) else {
+                break;
+            };
+            alive.retain(|&i| {
+                let holds = owners.contains(&ranks[i]);
+                if holds {
+                    out[i] = depth + 1;
+                }
+                holds
+            });
+            if alive.is_empty() {
+                break;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "kv_index_tests.rs"]
+mod tests;
