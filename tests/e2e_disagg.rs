@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::Server;
+use common::{Reply, Server};
 use serde_json::{json, Value};
 
 /// Flags both deployments of a comparison share.
@@ -205,23 +205,9 @@ fn greedy_output_through_prefill_and_decode_workers_is_the_unified_one_stories26
     same_output_as_unified(&["--model-path", dir.to_str().unwrap()]);
 }
 
-/// Sends `n` requests at once; returns their threads' (status, body).
-fn concurrently(server: &Server, bodies: Vec<Value>) -> Vec<std::thread::JoinHandle<(u16, Value)>> {
-    bodies
-        .into_iter()
-        .map(|body| {
-            let url = server.url("/generate");
-            std::thread::spawn(move || {
-                let resp = Server::client()
-                    .post(url)
-                    .json(&body)
-                    .send()
-                    .expect("request");
-                let status = resp.status().as_u16();
-                (status, resp.json().unwrap_or(Value::Null))
-            })
-        })
-        .collect()
+/// The bodies sent at once to `/generate`; their threads give (status, body).
+fn concurrently(server: &Server, bodies: Vec<Value>) -> Vec<std::thread::JoinHandle<Reply>> {
+    server.post_concurrently("/generate", bodies)
 }
 
 #[test]
@@ -242,13 +228,15 @@ fn transfers_wait_in_rows_beyond_the_decode_running_cap_and_all_finish() {
         let server = unified(&[], &flags);
         concurrently(&server, bodies.clone())
             .into_iter()
-            .map(|h| ids(&h.join().unwrap().1))
+            .map(|h| ids(&h.join().unwrap().body))
             .collect()
     };
     let server = pd(&[], &flags);
     let handles = concurrently(&server, bodies);
     for (h, want) in handles.into_iter().zip(&expected) {
-        let (status, resp) = h.join().unwrap();
+        let Reply {
+            status, body: resp, ..
+        } = h.join().unwrap();
         assert_eq!(status, 200, "{resp}");
         assert_eq!(&ids(&resp), want);
     }
@@ -265,17 +253,7 @@ fn transfers_wait_in_rows_beyond_the_decode_running_cap_and_all_finish() {
         },
     );
     // The same in /metrics, per rank.
-    let metrics = Server::client()
-        .get(server.url("/metrics"))
-        .send()
-        .and_then(|r| r.text())
-        .expect("/metrics");
-    let value = |series: &str| -> f64 {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{series} not in /metrics:\n{metrics}"))
-    };
+    let value = |series: &str| server.metric(series);
     assert!(value("dpserve:peak_rows_beyond_running{dp_rank=\"1\"}") > 0.0);
     assert!(value("dpserve:kv_transfers_total{dp_rank=\"1\"}") >= 12.0);
     assert!(value("dpserve:kv_transfer_bytes_total{dp_rank=\"0\"}") > 0.0);
@@ -324,7 +302,9 @@ fn kill_mid_transfer(victim: &str, survivor: &str) {
         .args(["-KILL", &pid.to_string()])
         .status()
         .expect("kill");
-    let (status, resp) = handles.pop().unwrap().join().unwrap();
+    let Reply {
+        status, body: resp, ..
+    } = handles.pop().unwrap().join().unwrap();
     assert!(
         status == 503 || status == 500,
         "one error for the request ({status}): {resp}"
@@ -394,7 +374,7 @@ fn abort_request_mid_transfer_ends_both_legs_and_frees_both_pools() {
     });
     let (status, resp) = server.post("/abort_request", &json!({"rid": "pd-aborted"}));
     assert_eq!(status, 200, "{resp}");
-    let (_, resp) = handle.join().unwrap();
+    let resp = handle.join().unwrap().body;
     assert_eq!(
         resp["meta_info"]["finish_reason"]["type"], "abort",
         "the request ends as aborted: {resp}"

@@ -5,9 +5,9 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::Server;
+use common::{Reply, Server};
 use serde_json::json;
 
 #[test]
@@ -22,31 +22,17 @@ fn a_burst_past_the_in_flight_cap_is_refused_at_once_and_the_rest_finish() {
         "--max-running-requests",
         "4",
     ]);
-    let url = server.url("/generate");
     let body = json!({"text": "once upon a time", "sampling_params":
                       {"max_new_tokens": 64, "temperature": 0, "ignore_eos": true}});
-    let start = std::sync::Arc::new(std::sync::Barrier::new(200));
-    let handles: Vec<_> = (0..200)
-        .map(|_| {
-            let (url, body, start) = (url.clone(), body.clone(), start.clone());
-            std::thread::spawn(move || {
-                let client = Server::client();
-                start.wait();
-                let sent = Instant::now();
-                let resp = client.post(url).json(&body).send().expect("request");
-                let status = resp.status().as_u16();
-                let retry = resp
-                    .headers()
-                    .get("retry-after")
-                    .map(|v| v.to_str().unwrap().to_string());
-                let json: serde_json::Value = resp.json().unwrap_or_default();
-                (status, retry, json, sent.elapsed())
-            })
-        })
-        .collect();
+    let handles = server.post_concurrently("/generate", vec![body.clone(); 200]);
     let (mut ok, mut refused) = (0, 0);
     for h in handles {
-        let (status, retry, json, took) = h.join().unwrap();
+        let Reply {
+            status,
+            retry_after: retry,
+            body: json,
+            took,
+        } = h.join().unwrap();
         match status {
             200 => {
                 ok += 1;
@@ -76,20 +62,7 @@ fn a_burst_past_the_in_flight_cap_is_refused_at_once_and_the_rest_finish() {
     assert_eq!(ok + refused, 200);
     assert!(ok >= 16, "at least the cap's worth admitted ({ok})");
     assert!(refused > 0, "a burst of 200 over a cap of 16 refuses some");
-    let metrics = Server::client()
-        .get(server.url("/metrics"))
-        .send()
-        .and_then(|r| r.text())
-        .expect("/metrics");
-    let counted: f64 = metrics
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("dpserve:requests_refused_total{reason=\"overloaded\"}")?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .unwrap_or_else(|| panic!("no refusal counter in /metrics:\n{metrics}"));
+    let counted = server.metric("dpserve:requests_refused_total{reason=\"overloaded\"}");
     assert_eq!(counted, refused as f64);
     // After the burst, the server serves as before.
     let (status, resp) = server.post("/generate", &body);
@@ -108,33 +81,22 @@ fn past_a_workers_max_queued_requests_a_request_gets_503_with_retry_after() {
         "--max-queued-requests",
         "2",
     ]);
-    let url = server.url("/generate");
     let body = json!({"text": "once upon a time", "sampling_params":
                       {"max_new_tokens": 128, "temperature": 0, "ignore_eos": true}});
-    let handles: Vec<_> = (0..20)
-        .map(|_| {
-            let (url, body) = (url.clone(), body.clone());
-            std::thread::spawn(move || {
-                let resp = Server::client()
-                    .post(url)
-                    .json(&body)
-                    .send()
-                    .expect("request");
-                let status = resp.status().as_u16();
-                let retry = resp.headers().contains_key("retry-after");
-                let json: serde_json::Value = resp.json().unwrap_or_default();
-                (status, retry, json)
-            })
-        })
-        .collect();
+    let handles = server.post_concurrently("/generate", vec![body; 20]);
     let mut full = 0;
     for h in handles {
-        let (status, retry, json) = h.join().unwrap();
+        let Reply {
+            status,
+            retry_after,
+            body: json,
+            ..
+        } = h.join().unwrap();
         match status {
             200 => assert_eq!(json["output_ids"].as_array().map(Vec::len), Some(128)),
             503 => {
                 full += 1;
-                assert!(retry, "Retry-After on a 503");
+                assert!(retry_after.is_some(), "Retry-After on a 503");
                 let message = json["error"]["message"].as_str().unwrap_or_default();
                 assert!(message.contains("max-queued-requests"), "{json}");
             }

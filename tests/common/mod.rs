@@ -172,6 +172,53 @@ impl Server {
         chunks
     }
 
+    /// POSTs every body to `path` at once, each from its own thread (released together), and
+    /// returns the threads: join one for its [`Reply`].
+    pub fn post_concurrently(
+        &self,
+        path: &str,
+        bodies: Vec<serde_json::Value>,
+    ) -> Vec<std::thread::JoinHandle<Reply>> {
+        let start = std::sync::Arc::new(std::sync::Barrier::new(bodies.len()));
+        bodies
+            .into_iter()
+            .map(|body| {
+                let (url, start) = (self.url(path), start.clone());
+                std::thread::spawn(move || {
+                    let client = Self::client();
+                    start.wait();
+                    let sent = Instant::now();
+                    let resp = client.post(url).json(&body).send().expect("request");
+                    let status = resp.status().as_u16();
+                    let retry_after = resp
+                        .headers()
+                        .get("retry-after")
+                        .map(|v| v.to_str().unwrap_or_default().to_string());
+                    let body = resp.json().unwrap_or_default();
+                    Reply {
+                        status,
+                        retry_after,
+                        body,
+                        took: sent.elapsed(),
+                    }
+                })
+            })
+            .collect()
+    }
+
+    /// The value of one series of `/metrics` (e.g. `dpserve:x_total{dp_rank="1"}`); panics,
+    /// showing the exposition, when it is not there.
+    pub fn metric(&self, series: &str) -> f64 {
+        let text = Self::client()
+            .get(self.url("/metrics"))
+            .send()
+            .and_then(|r| r.text())
+            .expect("/metrics");
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{series} not in /metrics:\n{text}"))
+    }
+
     /// Stop with SIGTERM and wait; returns whether it exited cleanly.
     pub fn stop(&mut self) -> bool {
         let _ = Command::new("kill")
@@ -192,6 +239,15 @@ impl Server {
             }
         }
     }
+}
+
+/// What one of [`Server::post_concurrently`]'s requests came back with.
+pub struct Reply {
+    pub status: u16,
+    pub retry_after: Option<String>,
+    pub body: serde_json::Value,
+    /// From sending to the whole body received.
+    pub took: Duration,
 }
 
 impl Drop for Server {
