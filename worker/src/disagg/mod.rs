@@ -109,14 +109,3 @@ pub struct Transfer {
     pub next_seq: u32,
     pub bytes: u64,
 }
-
-/// Counters for `WorkerStatus.disagg`.
-#[derive(Debug, Default, Clone)]
-pub struct DisaggStats {
-    pub peak_rows_beyond_running: u32,
-    pub transfers: u64,
-    pub transfer_bytes: u64,
-    pub transfer_seconds: f64,
-    pub transfers_failed: u64,
-    pub frames_dropped: u64,
-}

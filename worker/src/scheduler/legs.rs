@@ -9,7 +9,7 @@ use std::time::Instant;
 use protocol::{DisaggMode, DisaggStatus, GenerateReq, KvAbort, KvReady, Message, TokenOut};
 
 use super::Scheduler;
-use crate::disagg::{DisaggConfig, DisaggStats, KvInbound, KvPeer, KvSend};
+use crate::disagg::{DisaggConfig, KvInbound, KvPeer, KvSend};
 use crate::request::Req;
 
 /// A prefill worker's request and its decode worker's `KvReady`, whichever came first.
@@ -39,7 +39,8 @@ pub(super) struct Legs {
     /// Requests whose outputs must not reach the tokenizer (a prefill leg's: the decode worker
     /// answers the client).
     pub muted: HashSet<String>,
-    pub stats: DisaggStats,
+    /// The counters of `WorkerStatus.disagg` (its gauges are filled in as it is sent).
+    pub stats: DisaggStatus,
 }
 
 impl Legs {
@@ -179,7 +180,6 @@ impl Scheduler {
         if mode == DisaggMode::Null {
             return None;
         }
-        let s = &self.legs.stats;
         let (bootstrap, transfer) = match mode {
             DisaggMode::Prefill => (
                 self.legs
@@ -200,12 +200,7 @@ impl Scheduler {
             num_bootstrap_reqs: bootstrap as u32,
             num_transfer_reqs: transfer as u32,
             rows_beyond_running: self.rows_beyond_running(),
-            peak_rows_beyond_running: s.peak_rows_beyond_running,
-            transfers: s.transfers,
-            transfer_bytes: s.transfer_bytes,
-            transfer_seconds: s.transfer_seconds,
-            transfers_failed: s.transfers_failed,
-            frames_dropped: s.frames_dropped,
+            ..self.legs.stats.clone()
         })
     }
 
