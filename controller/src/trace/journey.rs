@@ -378,22 +378,7 @@ fn route_lines_of_record(r: &RouteRecord) -> Vec<String> {
 
 /// The controller's `routed` (or `refused`) milestone as the record it mirrors.
 fn route_lines_of_milestone(m: &Milestone) -> Option<Vec<String>> {
-    let mut rec = RouteRecord {
-        rid: String::new(),
-        time: 0.0,
-        method: "routed".into(),
-        key_source: protocol::trace_event::KeySource::None,
-        key_digest: None,
-        hrw_order: Vec::new(),
-        loads: Vec::new(),
-        threshold: None,
-        rank: None,
-        branch: None,
-        fallback: None,
-        error: None,
-        leg: None,
-        costs: Vec::new(),
-    };
+    let mut rec = RouteRecord::blank("", 0.0, "routed".into());
     match m {
         Milestone::Routed {
             method,

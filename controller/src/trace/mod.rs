@@ -79,6 +79,26 @@ pub struct RouteRecord {
 }
 
 impl RouteRecord {
+    /// A record of `rid` by `method` that says nothing else yet.
+    pub fn blank(rid: &str, time: f64, method: String) -> Self {
+        RouteRecord {
+            rid: rid.to_string(),
+            time,
+            method,
+            key_source: KeySource::None,
+            key_digest: None,
+            hrw_order: Vec::new(),
+            loads: Vec::new(),
+            threshold: None,
+            rank: None,
+            branch: None,
+            fallback: None,
+            error: None,
+            leg: None,
+            costs: Vec::new(),
+        }
+    }
+
     pub fn new(
         rid: &str,
         time: f64,
@@ -87,20 +107,8 @@ impl RouteRecord {
         result: &std::result::Result<RouteDecision, RouteError>,
     ) -> Self {
         let mut rec = RouteRecord {
-            rid: rid.to_string(),
-            time,
-            method: method.to_string(),
-            key_source: KeySource::None,
-            key_digest: None,
-            hrw_order: Vec::new(),
             loads: ranks.loads().to_vec(),
-            threshold: None,
-            rank: None,
-            branch: None,
-            fallback: None,
-            error: None,
-            leg: None,
-            costs: Vec::new(),
+            ..RouteRecord::blank(rid, time, method.to_string())
         };
         match result {
             Ok(d) => {
