@@ -49,14 +49,7 @@ impl Cluster {
 
     fn start_controller(&mut self) {
         let traces = self.traces().display().to_string();
-        let args = [
-            "controller",
-            "--controller-addr",
-            &self.ipc("c.sock"),
-            "--worker-addr",
-            &self.ipc("w.sock"),
-            "--tokenizer-addr",
-            &self.ipc("t.sock"),
+        self.start_ipc_controller(&[
             "--load-balance-method",
             "prefix_affinity",
             // Requests here are sequential, but a rank's speculative load is only settled by its
@@ -70,53 +63,27 @@ impl Cluster {
             &traces,
             "--trace-file",
             &format!("{traces}/route.jsonl"),
-        ];
-        self.start("controller", &args, &[]);
+        ]);
     }
 
     fn start_tokenizer(&mut self) {
-        let port = free_port();
-        self.base = format!("http://127.0.0.1:{port}");
-        let args = [
-            "tokenizer",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-            "--tokenizer-addr",
-            &self.ipc("t.sock"),
-            "--controller-addr",
-            &self.ipc("c.sock"),
-            "--dp-size",
-            "3",
-            "--trace-dir",
-            &self.traces().display().to_string(),
-        ];
-        self.start("tokenizer", &args, &[]);
+        let traces = self.traces().display().to_string();
+        self.start_ipc_tokenizer(3, &["--trace-dir", &traces]);
     }
 
     /// A worker of rank `rank`, as actor `worker <rank>`.
     fn start_rank(&mut self, rank: u32) {
-        let args = [
-            "worker",
-            "--rank",
-            &rank.to_string(),
-            "--builtin-size",
-            "tiny",
-            "--worker-addr",
-            &self.ipc("w.sock"),
-            "--tokenizer-addr",
-            &self.ipc("t.sock"),
-            "--max-total-tokens",
-            "8192",
-            "--num-threads",
-            "1",
-            "--heartbeat-interval-ms",
-            &HEARTBEAT_MS.to_string(),
-            "--trace-dir",
-            &self.traces().display().to_string(),
-        ];
-        self.start(&format!("worker {rank}"), &args, &[]);
+        let traces = self.traces().display().to_string();
+        let heartbeat = HEARTBEAT_MS.to_string();
+        self.start_tiny_rank(
+            rank,
+            &[
+                "--heartbeat-interval-ms",
+                &heartbeat,
+                "--trace-dir",
+                &traces,
+            ],
+        );
     }
 
     /// A short request with routing key `key`; returns the rank that served it.

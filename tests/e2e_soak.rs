@@ -18,7 +18,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
-use common::free_port;
 use serde_json::json;
 
 const WORKER_TIMEOUT_S: &str = "1.5";
@@ -46,39 +45,11 @@ fn soak_secs() -> u64 {
 
 impl Cluster {
     fn start_controller(&mut self) {
-        let args = [
-            "controller",
-            "--controller-addr",
-            &self.ipc("c.sock"),
-            "--worker-addr",
-            &self.ipc("w.sock"),
-            "--tokenizer-addr",
-            &self.ipc("t.sock"),
-            "--worker-timeout",
-            WORKER_TIMEOUT_S,
-        ];
-        self.start("controller", &args, &[]);
+        self.start_ipc_controller(&["--worker-timeout", WORKER_TIMEOUT_S]);
     }
 
     fn start_rank(&mut self, rank: u32) {
-        let args = [
-            "worker",
-            "--rank",
-            &rank.to_string(),
-            "--builtin-size",
-            "tiny",
-            "--worker-addr",
-            &self.ipc("w.sock"),
-            "--tokenizer-addr",
-            &self.ipc("t.sock"),
-            "--max-total-tokens",
-            "8192",
-            "--num-threads",
-            "1",
-            "--heartbeat-interval-ms",
-            HEARTBEAT_MS,
-        ];
-        self.start(&format!("worker {rank}"), &args, &[]);
+        self.start_tiny_rank(rank, &["--heartbeat-interval-ms", HEARTBEAT_MS]);
     }
 
     fn pid(&mut self, name: &str) -> u32 {
@@ -210,22 +181,7 @@ fn classify(e: &reqwest::Error, sent: Instant) -> String {
 fn a_soak_with_faults_keeps_every_promise() {
     let env = vec![("DPSERVE_LOG".to_string(), "warn".to_string())];
     let mut c = Cluster::new(Cluster::short_dir("dpssoak"), String::new(), env, &[]);
-    let port = free_port();
-    c.base = format!("http://127.0.0.1:{port}");
-    let args = [
-        "tokenizer",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &port.to_string(),
-        "--tokenizer-addr",
-        &c.ipc("t.sock"),
-        "--controller-addr",
-        &c.ipc("c.sock"),
-        "--dp-size",
-        "2",
-    ];
-    c.start("tokenizer", &args, &[]);
+    c.start_ipc_tokenizer(2, &[]);
     c.start_controller();
     c.start_rank(0);
     c.start_rank(1);

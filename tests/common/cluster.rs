@@ -78,6 +78,71 @@ impl Cluster {
         self.start(name, &["worker", "--rank", &r], &all);
     }
 
+    /// `dpserve controller` on the deployment's ipc sockets (`c.sock`, `w.sock`, `t.sock`),
+    /// with `extra` flags.
+    pub fn start_ipc_controller(&mut self, extra: &[&str]) {
+        let (c, w, t) = (self.ipc("c.sock"), self.ipc("w.sock"), self.ipc("t.sock"));
+        let mut args = vec![
+            "controller",
+            "--controller-addr",
+            &c,
+            "--worker-addr",
+            &w,
+            "--tokenizer-addr",
+            &t,
+        ];
+        args.extend_from_slice(extra);
+        self.start("controller", &args, &[]);
+    }
+
+    /// `dpserve tokenizer` for `dp_size` ranks on the deployment's ipc sockets and a free
+    /// port (which becomes [`Cluster::base`]), with `extra` flags.
+    pub fn start_ipc_tokenizer(&mut self, dp_size: u32, extra: &[&str]) {
+        let port = super::free_port();
+        self.base = format!("http://127.0.0.1:{port}");
+        let (port, dp) = (port.to_string(), dp_size.to_string());
+        let (t, c) = (self.ipc("t.sock"), self.ipc("c.sock"));
+        let mut args = vec![
+            "tokenizer",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port,
+            "--tokenizer-addr",
+            &t,
+            "--controller-addr",
+            &c,
+            "--dp-size",
+            &dp,
+        ];
+        args.extend_from_slice(extra);
+        self.start("tokenizer", &args, &[]);
+    }
+
+    /// A worker of the tiny built-in model as actor `worker <rank>` (8192 KV slots, one
+    /// thread) on the deployment's ipc sockets, with `extra` flags.
+    pub fn start_tiny_rank(&mut self, rank: u32, extra: &[&str]) {
+        let r = rank.to_string();
+        let (w, t) = (self.ipc("w.sock"), self.ipc("t.sock"));
+        let mut args = vec![
+            "worker",
+            "--rank",
+            &r,
+            "--builtin-size",
+            "tiny",
+            "--worker-addr",
+            &w,
+            "--tokenizer-addr",
+            &t,
+            "--max-total-tokens",
+            "8192",
+            "--num-threads",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        self.start(&format!("worker {rank}"), &args, &[]);
+    }
+
     pub fn actor(&mut self, name: &str) -> &mut Actor {
         self.actors.get(name)
     }
