@@ -162,20 +162,10 @@ impl LoadBalancer for CacheAware {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{CachedPrefix, RankLoad};
+    use crate::policy::CachedPrefix;
 
     fn ranks(loads: &[(u32, u64, u64)], matched: &[u64]) -> RankSet {
-        RankSet::new(
-            loads
-                .iter()
-                .map(|&(rank, active_requests, active_tokens)| RankLoad {
-                    rank,
-                    active_requests,
-                    active_tokens,
-                })
-                .collect(),
-        )
-        .with_cached_prefix(CachedPrefix {
+        RankSet::with_loads(loads).with_cached_prefix(CachedPrefix {
             matched_tokens: matched.to_vec(),
             first_block: 42,
         })

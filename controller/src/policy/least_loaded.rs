@@ -64,16 +64,7 @@ mod tests {
     use super::*;
 
     fn set(loads: &[(u32, u64, u64)]) -> RankSet {
-        RankSet::new(
-            loads
-                .iter()
-                .map(|&(rank, active_requests, active_tokens)| RankLoad {
-                    rank,
-                    active_requests,
-                    active_tokens,
-                })
-                .collect(),
-        )
+        RankSet::with_loads(loads)
     }
 
     const REQ: RouteInput<'static> = RouteInput {

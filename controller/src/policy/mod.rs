@@ -83,6 +83,21 @@ impl RankSet {
         )
     }
 
+    /// Ranks with these `(rank, active requests, active tokens)` (tests).
+    #[cfg(test)]
+    pub(crate) fn with_loads(loads: &[(u32, u64, u64)]) -> Self {
+        RankSet::new(
+            loads
+                .iter()
+                .map(|&(rank, active_requests, active_tokens)| RankLoad {
+                    rank,
+                    active_requests,
+                    active_tokens,
+                })
+                .collect(),
+        )
+    }
+
     pub fn loads(&self) -> &[RankLoad] {
         &self.ranks
     }
