@@ -418,6 +418,10 @@ pub struct WorkerStatus {
     /// Disaggregated roles only (absent, and 0, for unified workers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disagg: Option<DisaggStatus>,
+    /// A simulated rank (`--device sim`) only: the name of the GPU-and-model profile whose cost
+    /// model times its steps. Its tokens are pseudo-random, not a model's. Absent for real ranks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub simulated: Option<String>,
 }
 
 /// A disaggregated worker's queues and transfers, in its `WorkerStatus`.

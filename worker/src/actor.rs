@@ -286,6 +286,7 @@ impl<O: Outbox> WorkerActor<O> {
             kernel_path: self.kernel_path.name().to_string(),
             taken_seq: Some(self.taken_seq),
             disagg: sched.disagg_status(),
+            simulated: sched.model().simulated().map(|p| p.name.clone()),
         };
         self.status = StatusClock {
             last: Instant::now(),

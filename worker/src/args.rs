@@ -17,6 +17,7 @@ use crate::mem::DEFAULT_MEM_FRACTION;
 use crate::model::BuiltinSize;
 use crate::req_to_token::DecodePrealloc;
 use crate::scheduler::SchedulePolicy;
+use crate::sim::{SimProfile, DEFAULT_SIM_PROFILE};
 
 /// `--chunked-prefill-size` when not given (also the engine benchmark's chunk).
 pub const DEFAULT_CHUNKED_PREFILL_SIZE: usize = 2048;
@@ -261,9 +262,18 @@ pub struct DeviceArgs {
     #[arg(long, env = kernels::KERNEL_PATH_ENV, default_value = "auto",
           value_parser = kernel_path_parser())]
     pub kernel_path: KernelPath,
-    /// Compute device.
+    /// Compute device: `cpu` runs the model; `sim` simulates a GPU rank (real scheduler and
+    /// caches, a cost model's step times, pseudo-tokens; see docs/SIM.md).
     #[arg(long, env = "DPSERVE_DEVICE", value_enum, default_value_t = Device::Cpu)]
     pub device: Device,
+    /// `--device sim`: the simulated GPU and model, a built-in profile.
+    #[arg(long, env = "DPSERVE_SIM_PROFILE", default_value = DEFAULT_SIM_PROFILE,
+          value_parser = clap::builder::PossibleValuesParser::new(SimProfile::BUILTIN))]
+    pub sim_profile: String,
+    /// `--device sim`: a TOML file whose keys override the profile's (e.g. `gpu_mem_gb = 141`;
+    /// `base = "NAME"` picks another built-in profile to start from).
+    #[arg(long, env = "DPSERVE_SIM_CONFIG")]
+    pub sim_config: Option<PathBuf>,
 }
 
 impl Default for DeviceArgs {
@@ -271,6 +281,8 @@ impl Default for DeviceArgs {
         DeviceArgs {
             kernel_path: KernelPath::best(),
             device: Device::Cpu,
+            sim_profile: DEFAULT_SIM_PROFILE.to_string(),
+            sim_config: None,
         }
     }
 }
@@ -278,8 +290,19 @@ impl Default for DeviceArgs {
 /// `--device`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Device {
-    /// The CPU kernels (the only device in this build).
+    /// The CPU kernels.
     Cpu,
+    /// A simulated GPU rank: the forward pass replaced by a roofline cost model that sleeps
+    /// for the modelled step time and emits pseudo-tokens.
+    Sim,
+}
+
+/// `--device sim`: what a simulated rank models, and the seed of its pseudo-tokens
+/// (`--weight-seed`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimSettings {
+    pub profile: SimProfile,
+    pub seed: u64,
 }
 
 /// The names `--kernel-path` takes: `auto` and every path, supported here or not.
@@ -333,6 +356,8 @@ pub enum ModelSource {
 pub struct WorkerConfig {
     pub rank: u32,
     pub model: ModelSource,
+    /// `--device sim`: simulate a GPU instead of running `model`.
+    pub sim: Option<SimSettings>,
     pub worker_addr: Endpoint,
     pub tokenizer_addr: Endpoint,
     /// `None`: derive it from `mem_fraction` once the model is known.
@@ -384,7 +409,7 @@ impl WorkerArgs {
             }
         };
         let model = self.model.source();
-        let Device::Cpu = self.device.device;
+        let sim = self.sim_settings()?;
         let serve = &self.serve;
         serve.check()?;
         let seconds = |v: f64| Duration::from_secs_f64(v);
@@ -396,6 +421,7 @@ impl WorkerArgs {
         Ok(WorkerConfig {
             rank: self.rank,
             model,
+            sim,
             worker_addr: addr("worker-addr", &self.worker_addr, "worker")?,
             tokenizer_addr: addr("tokenizer-addr", &self.tokenizer_addr, "tokenizer")?,
             max_total_tokens: serve.max_total_tokens,
@@ -426,6 +452,32 @@ impl WorkerArgs {
             bootstrap_timeout: seconds(serve.disaggregation_bootstrap_timeout),
             waiting_timeout: seconds(serve.disaggregation_waiting_timeout),
         })
+    }
+
+    /// The simulated GPU `--device sim` asks for (its profile file read and checked), or
+    /// `None` for a real device.
+    fn sim_settings(&self) -> anyhow::Result<Option<SimSettings>> {
+        let d = &self.device;
+        if d.device != Device::Sim {
+            if d.sim_config.is_some() {
+                anyhow::bail!("--sim-config applies only with --device sim");
+            }
+            return Ok(None);
+        }
+        if matches!(self.model.source(), ModelSource::HfDir(_)) {
+            anyhow::bail!(
+                "--device sim speaks the built-in tokenizer's vocabulary and loads no weights; \
+                 drop --model-path"
+            );
+        }
+        if !self.disaggregation_mode.is_null() {
+            anyhow::bail!("--device sim does not simulate disaggregated roles yet");
+        }
+        let profile = SimProfile::load(&d.sim_profile, d.sim_config.as_deref())?;
+        Ok(Some(SimSettings {
+            profile,
+            seed: self.model.weight_seed,
+        }))
     }
 }
 
@@ -571,6 +623,60 @@ mod tests {
                 .to_string();
             assert!(err.contains(flag), "{flag}: {err}");
         }
+    }
+
+    #[test]
+    fn device_sim_resolves_its_profile_and_refuses_what_it_cannot_simulate() {
+        assert!(parse(&[]).unwrap().resolve().unwrap().sim.is_none());
+        let config = parse(&["--device", "sim", "--weight-seed", "4"])
+            .unwrap()
+            .resolve()
+            .unwrap();
+        let sim = config.sim.expect("--device sim");
+        assert_eq!(
+            (sim.profile.name.as_str(), sim.seed),
+            (DEFAULT_SIM_PROFILE, 4)
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("h200.toml");
+        std::fs::write(&file, "name = \"h200\"\ngpu_mem_gb = 141\n").unwrap();
+        let file = file.to_str().unwrap();
+        let sim = parse(&[
+            "--device",
+            "sim",
+            "--sim-profile",
+            "cpu-calibrated",
+            "--sim-config",
+            file,
+        ])
+        .unwrap()
+        .resolve()
+        .unwrap()
+        .sim
+        .unwrap();
+        assert_eq!(sim.profile.name, "h200");
+        assert_eq!(sim.profile.gpu_mem_gb, 141.0);
+        assert_eq!(
+            sim.profile.peak_tflops,
+            SimProfile::cpu_calibrated().peak_tflops
+        );
+        for (flags, want) in [
+            (&["--sim-config", file][..], "--sim-config"),
+            (&["--device", "sim", "--model-path", "/m"], "--model-path"),
+            (
+                &["--device", "sim", "--disaggregation-mode", "prefill"],
+                "disaggregated",
+            ),
+            (
+                &["--device", "sim", "--sim-config", "/nonexistent.toml"],
+                "/nonexistent.toml",
+            ),
+        ] {
+            let err = format!("{:#}", parse(flags).unwrap().resolve().unwrap_err());
+            assert!(err.contains(want), "{flags:?}: {err}");
+        }
+        let err = parse(&["--sim-profile", "a100"]).unwrap_err().to_string();
+        assert!(err.contains("--sim-profile"), "{err}");
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! evictable). `used + free + evictable = total`.
 
 use crate::kv_alloc::KvSlotAllocator;
-use crate::model::{KvBuffers, ModelConfig};
+use crate::model::KvBuffers;
 use crate::radix_cache::RadixCache;
 use crate::req_to_token::ReqToTokenPool;
 use crate::request::Req;
@@ -39,9 +39,11 @@ pub struct KvMemory {
 }
 
 impl KvMemory {
-    pub fn new(model: &ModelConfig, c: KvMemoryConfig) -> Self {
+    /// A memory of `c.max_total_tokens` slots whose KV lives in `kv` (made for that many).
+    pub fn new(kv: KvBuffers, c: KvMemoryConfig) -> Self {
+        debug_assert_eq!(kv.num_slots(), c.max_total_tokens);
         KvMemory {
-            kv: KvBuffers::new(model, c.max_total_tokens),
+            kv,
             alloc: KvSlotAllocator::new(c.max_total_tokens),
             pool: ReqToTokenPool::new(c.max_running_requests, c.pre_alloc_rows, c.context_len),
             cache: RadixCache::new(),
@@ -270,11 +272,11 @@ impl<'a> Rows<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::BuiltinSize;
+    use crate::model::{BuiltinSize, ModelConfig};
 
     fn memory(slots: usize, radix_cache: bool) -> KvMemory {
         KvMemory::new(
-            &ModelConfig::builtin(BuiltinSize::Tiny),
+            KvBuffers::new(&ModelConfig::builtin(BuiltinSize::Tiny), slots),
             KvMemoryConfig {
                 max_total_tokens: slots,
                 max_running_requests: 4,

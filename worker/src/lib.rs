@@ -16,11 +16,13 @@ pub mod kv_memory;
 pub mod link;
 pub mod mem;
 pub mod model;
+pub mod model_runner;
 pub mod radix_cache;
 pub mod req_to_token;
 pub mod request;
 pub mod sampling;
 pub mod scheduler;
+pub mod sim;
 pub mod step_budget;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,10 +34,14 @@ use anyhow::Context;
 use protocol::{Capacity, Hello, Message};
 
 use actor::{Outbox, WorkerActor};
-pub use args::{DeviceArgs, ModelArgs, ModelSource, ServeArgs, WorkerArgs, WorkerConfig};
+pub use args::{
+    Device, DeviceArgs, ModelArgs, ModelSource, ServeArgs, SimSettings, WorkerArgs, WorkerConfig,
+};
 pub use error::{RequestError, WorkerError};
 use model::{LlamaModel, ModelConfig};
+use model_runner::ModelRunner;
 use scheduler::{Scheduler, SchedulerConfig};
+use sim::SimModel;
 
 /// Load the model the config names.
 pub fn load_model(source: &ModelSource) -> anyhow::Result<LlamaModel> {
@@ -103,6 +109,46 @@ fn size_kv_pool(
     size.max_total_tokens
 }
 
+/// A simulated rank's KV pool: what the modelled GPU's memory holds beside its weights.
+fn size_sim_pool(rank: u32, sim: &SimModel) -> anyhow::Result<usize> {
+    let size = sim.cost().pool_size()?;
+    tracing::info!(
+        rank,
+        budget_bytes = size.budget_bytes,
+        kv_bytes_per_token = sim.profile().kv_bytes_per_token,
+        max_total_tokens = size.tokens,
+        capped = size.capped,
+        "simulated KV pool sized from the modelled GPU memory less the weights (--mem-fraction \
+         is the host's and does not apply; set --max-total-tokens to choose it)"
+    );
+    Ok(size.tokens)
+}
+
+/// The start line of a simulated rank: nothing it outputs comes from a model.
+fn log_simulated(
+    config: &WorkerConfig,
+    sim: &SimModel,
+    context_len: usize,
+    max_total_tokens: usize,
+) {
+    let p = sim.profile();
+    tracing::info!(
+        rank = config.rank,
+        device = "sim",
+        profile = %p.name,
+        gpu = %p.gpu,
+        model = %p.model,
+        peak_tflops = p.peak_tflops,
+        mem_bandwidth_gbs = p.mem_bandwidth_gbs,
+        step_overhead_ms = p.step_overhead_ms,
+        weight_bytes = sim.cost().weight_bytes(),
+        context_len,
+        max_total_tokens,
+        "SIMULATED rank: no model runs here; steps sleep for a cost model's time and emit \
+         pseudo-tokens (docs/SIM.md)"
+    );
+}
+
 /// Run a worker until SIGTERM/SIGINT or a `Shutdown` from the controller.
 /// `mem_fraction_given`: `--mem-fraction` (or its variable) was set, so a pool sized without
 /// `--max-total-tokens` takes what that share of memory allows rather than the default of a
@@ -135,30 +181,39 @@ fn load(
     // Free memory is read before the weights load, so they come out of this worker's share.
     let free_memory = mem::read_available_memory();
     let started = Instant::now();
-    let model = pool.install(|| load_model(&config.model))?;
+    let model: ModelRunner = match &config.sim {
+        Some(sim) => SimModel::new(sim.profile.clone(), sim.seed).into(),
+        None => pool.install(|| load_model(&config.model))?.into(),
+    };
     let mc = model.config().clone();
     let context_len = config
         .context_length
         .unwrap_or(mc.max_position_embeddings)
         .min(mc.max_position_embeddings);
-    let max_total_tokens = match config.max_total_tokens {
-        Some(tokens) => tokens,
-        None => size_kv_pool(config, mem_fraction_given, &mc, context_len, free_memory),
+    let max_total_tokens = match (config.max_total_tokens, &model) {
+        (Some(tokens), _) => tokens,
+        (None, ModelRunner::Sim(sim)) => size_sim_pool(config.rank, sim)?,
+        (None, ModelRunner::Llama(_)) => {
+            size_kv_pool(config, mem_fraction_given, &mc, context_len, free_memory)
+        }
     };
-    tracing::info!(
-        rank = config.rank,
-        model = %mc.model_id,
-        params = mc.num_params(),
-        layers = mc.num_hidden_layers,
-        hidden = mc.hidden_size,
-        context_len,
-        max_total_tokens,
-        kv_bytes = model::KvBuffers::bytes_per_slot(&mc) * max_total_tokens,
-        threads = config.num_threads,
-        kernel_path = %kernel_path,
-        load_ms = started.elapsed().as_millis() as u64,
-        "model loaded"
-    );
+    match &model {
+        ModelRunner::Sim(sim) => log_simulated(config, sim, context_len, max_total_tokens),
+        ModelRunner::Llama(_) => tracing::info!(
+            rank = config.rank,
+            model = %mc.model_id,
+            params = mc.num_params(),
+            layers = mc.num_hidden_layers,
+            hidden = mc.hidden_size,
+            context_len,
+            max_total_tokens,
+            kv_bytes = model::KvBuffers::bytes_per_slot(&mc) * max_total_tokens,
+            threads = config.num_threads,
+            kernel_path = %kernel_path,
+            load_ms = started.elapsed().as_millis() as u64,
+            "model loaded"
+        ),
+    }
     let hello = Hello {
         rank: config.rank,
         capacity: Capacity {

@@ -297,6 +297,7 @@ fn worker_status() -> WorkerStatus {
         kernel_path: "avx2".into(),
         taken_seq: Some(7),
         disagg: None,
+        simulated: None,
     }
 }
 

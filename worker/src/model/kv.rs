@@ -27,6 +27,17 @@ impl KvBuffers {
         }
     }
 
+    /// `num_slots` slots that store nothing: a simulated rank's pool, whose slots are only
+    /// bookkeeping (its KV payloads between workers are empty).
+    pub fn empty(num_slots: usize) -> Self {
+        KvBuffers {
+            k: Vec::new(),
+            v: Vec::new(),
+            row: 0,
+            num_slots,
+        }
+    }
+
     pub fn num_slots(&self) -> usize {
         self.num_slots
     }

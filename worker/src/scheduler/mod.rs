@@ -35,7 +35,7 @@ use protocol::{DisaggMode, FinishReason, GenerateReq, TokenOut};
 use crate::disagg::DisaggConfig;
 use crate::error::{RequestError, WorkerError};
 use crate::kv_memory::{KvMemory, KvMemoryConfig};
-use crate::model::LlamaModel;
+use crate::model_runner::ModelRunner;
 use crate::request::Req;
 use crate::step_budget::StepBudget;
 
@@ -104,7 +104,7 @@ pub struct StepStats {
 
 pub struct Scheduler {
     config: SchedulerConfig,
-    model: LlamaModel,
+    model: ModelRunner,
     mem: KvMemory,
     /// Admitted but not yet fully prefilled, in admission order.
     prefilling: VecDeque<Req>,
@@ -123,9 +123,11 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
-    pub fn new(config: SchedulerConfig, model: LlamaModel) -> Self {
+    /// A scheduler over `model` (the real one or a simulated GPU's; see [`ModelRunner`]).
+    pub fn new(config: SchedulerConfig, model: impl Into<ModelRunner>) -> Self {
+        let model = model.into();
         let mem = KvMemory::new(
-            model.config(),
+            model.kv_buffers(config.max_total_tokens),
             KvMemoryConfig {
                 max_total_tokens: config.max_total_tokens,
                 max_running_requests: config.max_running_requests,
@@ -153,7 +155,7 @@ impl Scheduler {
         &self.config
     }
 
-    pub fn model(&self) -> &LlamaModel {
+    pub fn model(&self) -> &ModelRunner {
         &self.model
     }
 
@@ -448,5 +450,7 @@ impl Scheduler {
 
 #[cfg(test)]
 mod legs_tests;
+#[cfg(test)]
+mod sim_tests;
 #[cfg(test)]
 pub(crate) mod tests;
