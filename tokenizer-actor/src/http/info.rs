@@ -49,6 +49,7 @@ pub async fn server_info(state: web::Data<AppState>) -> HttpResponse {
         ),
         None => (Vec::new(), json!([]), None),
     };
+    let sim_profiles = simulated_profiles(cluster.as_ref());
     let status_age_s =
         (state.bridge.cluster().await).map(|snap| snap.received.elapsed().as_secs_f64());
     HttpResponse::Ok().json(json!({
@@ -62,6 +63,10 @@ pub async fn server_info(state: web::Data<AppState>) -> HttpResponse {
         "ranks": ranks,
         "load_balance_method": method,
         "cluster_status_age_s": status_age_s,
+        // Simulated ranks (`--device sim`) compute nothing: say so wherever results are read.
+        "device": if sim_profiles.is_empty() { "cpu" } else { "sim" },
+        "simulated": !sim_profiles.is_empty(),
+        "sim_profiles": sim_profiles,
         "version": env!("CARGO_PKG_VERSION"),
         "context_length": limits.context_len,
         "vocab_size": limits.vocab_size,
@@ -74,6 +79,16 @@ pub async fn server_info(state: web::Data<AppState>) -> HttpResponse {
         "chat_template": state.chat_template.source.describe(),
         "api_key_required": state.args.http.api_key.is_some(),
     }))
+}
+
+/// The profiles of the live ranks that are simulated (`--device sim`), each once.
+fn simulated_profiles(cluster: Option<&protocol::ClusterStatus>) -> Vec<String> {
+    let profiles: std::collections::BTreeSet<&str> = cluster
+        .iter()
+        .flat_map(|c| &c.live_ranks)
+        .filter_map(|r| r.status.as_ref()?.simulated.as_deref())
+        .collect();
+    profiles.into_iter().map(String::from).collect()
 }
 
 /// `dp_size` as SGLang's gateway reads it: how many ranks are live now, so a deployment grown
@@ -251,11 +266,23 @@ mod tests {
                         kernel_path: String::new(),
                         taken_seq: None,
                         disagg: None,
+                        simulated: None,
                     }),
                 })
                 .collect(),
             routing: Vec::new(),
         }
+    }
+
+    #[test]
+    fn simulated_ranks_are_named_once_each() {
+        let mut c = cluster(&[(0, 0), (0, 0), (0, 0)]);
+        assert!(simulated_profiles(Some(&c)).is_empty());
+        assert!(simulated_profiles(None).is_empty());
+        for r in &mut c.live_ranks[..2] {
+            r.status.as_mut().unwrap().simulated = Some("h100".into());
+        }
+        assert_eq!(simulated_profiles(Some(&c)), vec!["h100".to_string()]);
     }
 
     #[test]
