@@ -1,0 +1,120 @@
+//! End to end: `dpserve up --device sim --dp-size 8` (real processes: tokenizer, controller and
+//! eight simulated GPU ranks) serves requests with exactly the tokens asked for, routes a shared
+//! prefix to the rank that cached it, labels itself simulated in `/get_server_info`, and gives
+//! every KV slot back.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Server;
+use serde_json::{json, Value};
+
+const PROFILE: &str = "h100-qwen3.5-122b-a10b-fp8";
+
+/// A 300-token system prompt of group `g` and a 12-token question `q`.
+fn prompt(g: u32, q: u32) -> Vec<u32> {
+    let system = (0..300u32).map(|i| 3 + (i * 7919 + g * 104_729) % 8000);
+    let question = (0..12u32).map(|i| 3 + (i * 31 + q * 977 + 5000) % 8000);
+    system.chain(question).collect()
+}
+
+fn body(ids: &[u32], max_new_tokens: u32, routing_key: Option<&str>) -> Value {
+    // EOS is not ignored: a simulated rank never emits it, so the length must hold anyway.
+    let mut b = json!({"input_ids": ids,
+                       "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.7}});
+    if let Some(key) = routing_key {
+        b["routing_key"] = json!(key);
+    }
+    b
+}
+
+/// Polls `/get_server_info` until `ok` holds for it (the status of every rank arrives within
+/// a second of it going idle); panics with the last answer after 20 s.
+fn wait_info(server: &Server, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, info) = server.get("/get_server_info");
+        if status == 200 && ok(&info) {
+            return info;
+        }
+        assert!(Instant::now() < deadline, "{what}: {info}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn ranks(info: &Value) -> &Vec<Value> {
+    info["ranks"].as_array().expect("ranks")
+}
+
+#[test]
+fn eight_simulated_ranks_serve_cache_and_say_they_are_simulated() {
+    let server = Server::up(&["--device", "sim", "--dp-size", "8"]);
+
+    let info = wait_info(&server, "every rank reports a simulated status", |i| {
+        ranks(i).len() == 8 && ranks(i).iter().all(|r| r["status"]["simulated"] == PROFILE)
+    });
+    assert_eq!(info["device"], "sim", "{info}");
+    assert_eq!(info["simulated"], true);
+    assert_eq!(info["sim_profiles"], json!([PROFILE]));
+    assert_eq!(info["dp_size"], 8);
+
+    // Requests of several groups at once: each ends with exactly its max_new_tokens.
+    let bodies: Vec<Value> = (0..16)
+        .map(|i| body(&prompt(10 + i, 0), 8 + i, None))
+        .collect();
+    let mut used_ranks = std::collections::BTreeSet::new();
+    for (i, reply) in server
+        .post_concurrently("/generate", bodies)
+        .into_iter()
+        .enumerate()
+    {
+        let reply = reply.join().unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let meta = &reply.body["meta_info"];
+        assert_eq!(meta["completion_tokens"], 8 + i as u64, "{}", reply.body);
+        assert_eq!(reply.body["output_ids"].as_array().unwrap().len(), 8 + i);
+        assert_eq!(meta["finish_reason"]["type"], "length", "{}", reply.body);
+        used_ranks.insert(meta["dp_rank"].as_u64().unwrap());
+    }
+    assert!(
+        used_ranks.len() > 1,
+        "one rank took everything: {used_ranks:?}"
+    );
+
+    // A shared system prompt under one routing key: one rank, from its radix cache after the
+    // first question, and the same question twice gives the same pseudo-tokens.
+    let ask = |q: u32| {
+        let (status, out) = server.post("/generate", &body(&prompt(1, q), 24, Some("sys-1")));
+        assert_eq!(status, 200, "{out}");
+        out
+    };
+    let first = ask(0);
+    assert_eq!(first["meta_info"]["cached_tokens"], 0, "{first}");
+    let holder = &first["meta_info"]["dp_rank"];
+    for q in 1..4 {
+        let out = ask(q);
+        assert_eq!(&out["meta_info"]["dp_rank"], holder, "{out}");
+        let cached = out["meta_info"]["cached_tokens"].as_u64().unwrap();
+        assert!(cached >= 300, "question {q}: cached_tokens {cached}");
+        assert_eq!(out["meta_info"]["completion_tokens"], 24);
+    }
+    let again = ask(0);
+    assert!(again["meta_info"]["cached_tokens"].as_u64().unwrap() >= 311);
+    assert_eq!(
+        again["output_ids"], first["output_ids"],
+        "pseudo-tokens are deterministic"
+    );
+
+    // Idle again: on every rank each slot is free or evictable.
+    wait_info(&server, "pools whole once idle", |i| {
+        ranks(i).iter().all(|r| {
+            let s = &r["status"];
+            s["num_running_reqs"] == 0
+                && s["num_used_tokens"] == 0
+                && s["num_free_tokens"].as_u64().unwrap()
+                    + s["num_evictable_tokens"].as_u64().unwrap()
+                    == s["max_total_tokens"].as_u64().unwrap()
+        })
+    });
+}
