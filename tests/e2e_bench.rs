@@ -498,3 +498,76 @@ mod plain_openai {
         stream.flush()
     }
 }
+
+/// The multi-turn workload through `--launch` with `cache_aware`: every turn is sent after the
+/// one before it finished, so each turn's prompt (the last one's plus an answer and a question)
+/// finds the earlier turn in some rank's cache and is routed there (branch `cached`); the
+/// routing summary lands in compare.json.
+#[test]
+fn bench_multi_turn_finds_the_previous_turn_cached() {
+    let out = tempfile::Builder::new()
+        .prefix("dpsm")
+        .tempdir_in("/tmp")
+        .expect("temp dir");
+    let status = Command::new(env!("CARGO_BIN_EXE_dpserve"))
+        .args([
+            "bench",
+            "--launch",
+            "--compare",
+            "cache_aware",
+            "--dataset-name",
+            "multi-turn",
+            "--builtin-size",
+            "tiny",
+            "--dp-size",
+            "2",
+            "--max-total-tokens",
+            "4096",
+            "--kv-event-block-size",
+            "16",
+            "--gsp-num-groups",
+            "3",
+            "--gsp-prompts-per-group",
+            "3",
+            "--gsp-system-prompt-len",
+            "64",
+            "--gsp-question-len",
+            "8",
+            "--gsp-output-len",
+            "4",
+            "--max-concurrency",
+            "2",
+            "--seed",
+            "3",
+            "--disable-progress-bar",
+            "--startup-timeout",
+            "60",
+        ])
+        .arg("--output-dir")
+        .arg(out.path())
+        .env("DPSERVE_LOG", "warn")
+        .status()
+        .expect("run dpserve bench");
+    assert!(status.success(), "dpserve bench failed: {status}");
+    let compare: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("compare.json")).unwrap())
+            .expect("compare.json is JSON");
+    assert_eq!(compare["workload"]["dataset_name"], "multi-turn");
+    let m = &compare["methods"][0];
+    assert_eq!(m["status"], "ok", "{m}");
+    let r = &m["result"];
+    assert_eq!(r["completed"], 9);
+    assert_eq!(r["failed"], 0);
+    // Turn t (0-based): system 64 + t × (question 8 + answer 4) + question 8.
+    assert_eq!(r["total_input_tokens"], 3 * (72 + 84 + 96));
+    assert!(r["cache_hit_rate"].as_f64().unwrap() > 0.3, "{r}");
+    let routing = &m["routing"];
+    assert!(routing["decisions"].as_u64().unwrap() >= 9, "{routing}");
+    // Turns 2 and 3 of each conversation find their earlier turn cached (the 64-token system
+    // prompts are distinct, and 4 whole 16-token blocks of them are in the index).
+    assert!(
+        routing["branches"]["cached"].as_u64().unwrap() >= 6,
+        "{routing}"
+    );
+    assert_eq!(routing["over_guard"], 0, "{routing}");
+}
