@@ -255,6 +255,7 @@ mod tests {
                 })
                 .collect(),
             routing: Vec::new(),
+            controller_id: None,
         }
     }
 
