@@ -3,29 +3,53 @@
 //! it writes (counts, keys, per-rank shares), the routing picture of each method, and that an
 //! unknown method is skipped with its reason instead of failing the comparison.
 
+use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
 
-#[test]
-fn bench_launch_compares_methods_and_writes_json() {
-    let out = tempfile::Builder::new()
-        .prefix("dpsb")
+/// A fresh output directory under /tmp (short: cluster sockets live below it).
+fn out_dir(prefix: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
         .tempdir_in("/tmp")
-        .expect("temp dir");
-    let jsonl = out.path().join("results.jsonl");
+        .expect("temp dir")
+}
+
+/// Runs `dpserve bench --launch` on 2-rank clusters of the tiny built-in model with `args`,
+/// writing to `out`; returns its compare.json.
+fn bench_launch(out: &Path, args: &[&str]) -> Value {
     let status = Command::new(env!("CARGO_BIN_EXE_dpserve"))
         .args([
             "bench",
             "--launch",
-            "--compare",
-            "round_robin,no_such_method,prefix_affinity",
             "--builtin-size",
             "tiny",
             "--dp-size",
             "2",
-            "--max-total-tokens",
-            "4096",
+        ])
+        .args(["--max-total-tokens", "4096", "--disable-progress-bar"])
+        .args(["--startup-timeout", "60"])
+        .args(args)
+        .arg("--output-dir")
+        .arg(out)
+        .env("DPSERVE_LOG", "warn")
+        .status()
+        .expect("run dpserve bench");
+    assert!(status.success(), "dpserve bench failed: {status}");
+    serde_json::from_str(&std::fs::read_to_string(out.join("compare.json")).unwrap())
+        .expect("compare.json is JSON")
+}
+
+#[test]
+fn bench_launch_compares_methods_and_writes_json() {
+    let out = out_dir("dpsb");
+    let jsonl = out.path().join("results.jsonl");
+    let compare = bench_launch(
+        out.path(),
+        &[
+            "--compare",
+            "round_robin,no_such_method,prefix_affinity",
             "--gsp-num-groups",
             "2",
             "--gsp-prompts-per-group",
@@ -41,22 +65,10 @@ fn bench_launch_compares_methods_and_writes_json() {
             "4",
             "--seed",
             "7",
-            "--disable-progress-bar",
-            "--startup-timeout",
-            "60",
-        ])
-        .arg("--output-dir")
-        .arg(out.path())
-        .arg("--output-file")
-        .arg(&jsonl)
-        .env("DPSERVE_LOG", "warn")
-        .status()
-        .expect("run dpserve bench");
-    assert!(status.success(), "dpserve bench failed: {status}");
-
-    let compare: Value =
-        serde_json::from_str(&std::fs::read_to_string(out.path().join("compare.json")).unwrap())
-            .expect("compare.json is JSON");
+            "--output-file",
+            jsonl.to_str().expect("utf-8 path"),
+        ],
+    );
     let methods = compare["methods"].as_array().expect("methods");
     assert_eq!(methods.len(), 3);
 
@@ -497,4 +509,58 @@ mod plain_openai {
         write!(stream, "data: {usage}\n\ndata: [DONE]\n\n")?;
         stream.flush()
     }
+}
+
+/// The multi-turn workload through `--launch` with `cache_aware`: every turn is sent after the
+/// one before it finished, so each turn's prompt (the last one's plus an answer and a question)
+/// finds the earlier turn in some rank's cache and is routed there (branch `cached`); the
+/// routing summary lands in compare.json.
+#[test]
+fn bench_multi_turn_finds_the_previous_turn_cached() {
+    let out = out_dir("dpsm");
+    let compare = bench_launch(
+        out.path(),
+        &[
+            "--compare",
+            "cache_aware",
+            "--dataset-name",
+            "multi-turn",
+            "--kv-event-block-size",
+            "16",
+            "--gsp-num-groups",
+            "3",
+            "--gsp-prompts-per-group",
+            "3",
+            "--gsp-system-prompt-len",
+            "64",
+            "--gsp-question-len",
+            "8",
+            "--gsp-output-len",
+            "4",
+            // One at a time: with two in flight on one rank, the overload guard may rightly
+            // spill the second (threshold 1.5 × max(mean active, 1)).
+            "--max-concurrency",
+            "1",
+            "--seed",
+            "3",
+        ],
+    );
+    assert_eq!(compare["workload"]["dataset_name"], "multi-turn");
+    let m = &compare["methods"][0];
+    assert_eq!(m["status"], "ok", "{m}");
+    let r = &m["result"];
+    assert_eq!(r["completed"], 9);
+    assert_eq!(r["failed"], 0);
+    // Turn t (0-based): system 64 + t × (question 8 + answer 4) + question 8.
+    assert_eq!(r["total_input_tokens"], 3 * (72 + 84 + 96));
+    assert!(r["cache_hit_rate"].as_f64().unwrap() > 0.3, "{r}");
+    let routing = &m["routing"];
+    assert!(routing["decisions"].as_u64().unwrap() >= 9, "{routing}");
+    // Turns 2 and 3 of each conversation find their earlier turn cached (the 64-token system
+    // prompts are distinct, and 4 whole 16-token blocks of them are in the index).
+    assert!(
+        routing["branches"]["cached"].as_u64().unwrap() >= 6,
+        "{routing}"
+    );
+    assert_eq!(routing["over_guard"], 0, "{routing}");
 }

@@ -604,3 +604,133 @@ fn restarted_controller_gets_its_running_workers_back() {
     let log = fs::read_to_string(&c.actor("worker 0").log).unwrap_or_default();
     assert!(log.contains("registering again"), "worker 0 log:\n{log}");
 }
+
+/// Reads `events` until the request ends; returns its one error message: an error event then
+/// `[DONE]` for a stream that had started, or the 503 response of one that had not (panics on
+/// a second error, on data after it, on a normal finish, or on nothing within `within`).
+fn expect_one_error(c: &Cluster, events: &mpsc::Receiver<Sse>, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    let mut error = None;
+    let mut started = false;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match events.recv_timeout(left) {
+            Ok(Sse::Data(chunk)) if chunk.get("error").is_some() => {
+                assert!(error.is_none(), "a second error: {chunk}");
+                error = Some(
+                    chunk["error"]["message"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                );
+            }
+            Ok(Sse::Data(chunk)) => {
+                assert!(error.is_none(), "data after the error: {chunk}");
+                assert!(
+                    chunk["meta_info"]["finish_reason"].is_null(),
+                    "the request finished instead of failing: {chunk}"
+                );
+                started = true;
+            }
+            Ok(Sse::Done) => return error.expect("an error event before [DONE]"),
+            Ok(Sse::Closed(why)) if !started && why.starts_with("status 503") => return why,
+            Ok(Sse::Closed(why)) => panic!("stream ended without [DONE]: {why}"),
+            Err(_) => panic!(
+                "no error within {within:?} (the request hung)\n{}",
+                c.all_logs()
+            ),
+        }
+    }
+}
+
+/// Requests in flight while the controller restarts end exactly once, soon: one whose worker
+/// died while no controller ran is failed once the restarted controller has heard from the
+/// workers that are left (the tokenizer lists its open requests to a controller it has not
+/// seen; none holds this one), and one whose worker rejoined is adopted from that worker's
+/// `Hello`, so when that worker dies afterwards it fails at the heartbeat timeout, not at the
+/// tokenizer's request timeout.
+#[test]
+fn requests_in_flight_through_a_controller_restart_end_once_and_soon() {
+    let mut c = deployment();
+    c.start_controller();
+    c.start_tokenizer();
+    // Rank 0 runs one request at a time, so the adopted one waits queued behind another.
+    let heartbeat = HEARTBEAT_MS.to_string();
+    c.start_tiny_rank(
+        0,
+        &[
+            "--heartbeat-interval-ms",
+            &heartbeat,
+            "--max-running-requests",
+            "1",
+        ],
+    );
+    c.start_tiny_rank(1, &["--heartbeat-interval-ms", &heartbeat]);
+    let all = ["controller", "tokenizer", "worker 0", "worker 1"];
+    c.wait_live(&[0, 1], &all, STARTUP);
+
+    let long = |rid: &str, rank: u32| {
+        json!({"rid": rid, "text": "hello", "stream": true, "routed_dp_rank": rank,
+               "sampling_params": {"max_new_tokens": 7000, "ignore_eos": true}})
+    };
+    let first_chunk = |events: &mpsc::Receiver<Sse>, what: &str| match events
+        .recv_timeout(Duration::from_secs(120))
+    {
+        Ok(Sse::Data(chunk)) => assert!(chunk.get("error").is_none(), "{what}: {chunk}"),
+        other => panic!("{what}: no first chunk: {other:?}"),
+    };
+    let orphan = sse::stream(&c.base, &[], long("restart-orphan", 1));
+    first_chunk(&orphan, "orphan");
+    let running = sse::stream(&c.base, &[], long("restart-running", 0));
+    first_chunk(&running, "running");
+    let queued = sse::stream(&c.base, &[], long("restart-queued", 0));
+    // Worker 0 holds the queued request once it has taken it in (its next status says so).
+    let waiting_on_0 = |c: &Cluster| {
+        let info = c.server_info()?;
+        let ranks = info["ranks"].as_array()?;
+        let rank0 = ranks.iter().find(|r| r["rank"] == json!(0))?;
+        rank0["status"]["num_waiting_reqs"].as_u64()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while waiting_on_0(&c) != Some(1) {
+        assert!(Instant::now() < deadline, "rank 0 never queued the request");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // The controller dies; while none runs, worker 1 dies too, taking the orphan with it.
+    c.kill("controller");
+    c.kill("worker 1");
+    c.wait_exit("worker 1", Duration::from_secs(10));
+    c.start_controller();
+    let restarted = Instant::now();
+    let error = expect_one_error(&c, &orphan, Duration::from_secs(20));
+    assert!(
+        error.contains("lost when the controller restarted"),
+        "{error}"
+    );
+    eprintln!(
+        "orphan failed {:.1} s after the controller restarted",
+        restarted.elapsed().as_secs_f64()
+    );
+    c.wait_live(
+        &[0],
+        &["controller", "tokenizer", "worker 0"],
+        Duration::from_secs(30),
+    );
+
+    // Worker 0 rejoined with both of its requests; it dies: both fail at the heartbeat timeout
+    // (the running one may have finished meanwhile; the queued one cannot have).
+    c.kill("worker 0");
+    let killed = Instant::now();
+    let within = Duration::from_secs_f64(WORKER_TIMEOUT_S + 5.0);
+    let error = expect_one_error(&c, &queued, within);
+    assert!(
+        error.contains("rank 0") && error.contains("stopped responding"),
+        "{error}"
+    );
+    eprintln!(
+        "queued request failed {:.1} s after its worker died (--worker-timeout {WORKER_TIMEOUT_S})",
+        killed.elapsed().as_secs_f64()
+    );
+    drop(running);
+}

@@ -1,13 +1,19 @@
 //! Routing decisions per second: prefix_affinity with a routing key and with the 4096-token
-//! fallback hash, over 2, 8 and 64 live ranks; round_robin as the floor. Measurement time is
-//! kept short so `cargo bench -p controller` finishes in well under a minute.
+//! fallback hash, cache_aware on a 4096-token prompt (the KV index lookup included) that half
+//! the ranks hold at various depths and that no rank holds, over 2, 8 and 64 live ranks;
+//! round_robin as the floor. Measurement time is kept short so `cargo bench -p controller`
+//! finishes in about a minute.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use controller::kv_index::KvIndex;
 use controller::policy::{
-    LoadBalancer, PrefixAffinity, PrefixAffinityConfig, RankLoad, RankSet, RoundRobin, RouteInput,
+    CacheAware, CacheAwareConfig, LoadBalancer, PrefixAffinity, PrefixAffinityConfig, RankLoad,
+    RankSet, RoundRobin, RouteInput,
 };
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use protocol::kv_events::{block_hashes, DEFAULT_KV_BLOCK_SIZE};
+use protocol::KvEvents;
 
 fn ranks(n: u32) -> RankSet {
     RankSet::new(
@@ -19,6 +25,34 @@ fn ranks(n: u32) -> RankSet {
             })
             .collect(),
     )
+}
+
+/// A KV index where rank r < n/2 holds the first (r + 1) / (n/2) of `prompt`'s blocks (rank
+/// n/2 − 1 all of it) and the other ranks hold nothing of it.
+fn index_holding(prompt: &[u32], n: u32) -> KvIndex {
+    let mut index = KvIndex::new();
+    let blocks = block_hashes(prompt, DEFAULT_KV_BLOCK_SIZE);
+    let holders = (n / 2).max(1);
+    for rank in 0..n {
+        index.join(rank, Instant::now());
+        let depth = if rank < holders {
+            blocks.len() * (rank as usize + 1) / holders as usize
+        } else {
+            0
+        };
+        index.apply(
+            &KvEvents {
+                rank,
+                seq: 1,
+                block_size: DEFAULT_KV_BLOCK_SIZE as u32,
+                cleared: true,
+                removed: vec![],
+                stored: blocks[..depth].to_vec(),
+            },
+            Instant::now(),
+        );
+    }
+    index
 }
 
 fn routing(c: &mut Criterion) {
@@ -59,6 +93,28 @@ fn routing(c: &mut Criterion) {
                 black_box(pa.select(&req, set).rank)
             })
         });
+        let index = index_holding(&prompt, n);
+        let cold: Vec<u32> = prompt.iter().map(|t| t ^ 1).collect();
+        let mut ca = CacheAware::new(CacheAwareConfig::default());
+        for (name, ids) in [
+            ("cache_aware_4096", &prompt),
+            ("cache_aware_4096_cold", &cold),
+        ] {
+            group.bench_with_input(BenchmarkId::new(name, n), &set, |b, set| {
+                b.iter(|| {
+                    let req = RouteInput {
+                        rid: "r",
+                        input_ids: ids,
+                        routing_key: None,
+                        bootstrap_room: None,
+                    };
+                    let set = set
+                        .clone()
+                        .with_cached_prefix(index.cached_prefix(ids, set));
+                    black_box(ca.select(&req, &set).rank)
+                })
+            });
+        }
         let mut rr = RoundRobin::default();
         group.bench_with_input(BenchmarkId::new("round_robin", n), &set, |b, set| {
             b.iter(|| {

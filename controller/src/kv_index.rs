@@ -22,7 +22,10 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
+use protocol::kv_events::{block_hash, extend_block_hashes, DEFAULT_KV_BLOCK_SIZE};
 use protocol::KvEvents;
+
+use crate::policy::{CachedPrefix, RankSet};
 
 /// How often a rank still awaiting a snapshot is asked again (its batches keep arriving).
 pub const SNAPSHOT_RETRY: Duration = Duration::from_secs(1);
@@ -198,14 +201,20 @@ impl KvIndex {
     }
 
     /// For each rank of `ranks`, how many leading blocks of `hashes` (a prompt's chained block
-    /// hashes) it holds, into `out` (same order as `ranks`).
-    pub fn matched_blocks(&self, hashes: &[u64], ranks: &[u32], out: &mut Vec<usize>) {
+    /// hashes) it holds, into `out` (same order as `ranks`). Reads `hashes` only as far as some
+    /// rank still matches, so a lazy iterator hashes no more of the prompt than that.
+    pub fn matched_blocks(
+        &self,
+        hashes: impl IntoIterator<Item = u64>,
+        ranks: &[u32],
+        out: &mut Vec<usize>,
+    ) {
         out.clear();
         out.resize(ranks.len(), 0);
         // Ranks still matching, as indices into `ranks`.
         let mut alive: Vec<usize> = (0..ranks.len()).collect();
-        for (depth, h) in hashes.iter().enumerate() {
-            let Some(owners) = self.owners.get(h) else {
+        for (depth, h) in hashes.into_iter().enumerate() {
+            let Some(owners) = self.owners.get(&h) else {
                 break;
             };
             alive.retain(|&i| {
@@ -219,6 +228,69 @@ impl KvIndex {
                 break;
             }
         }
+    }
+}
+
+impl KvIndex {
+    /// What the index says of the prompt `ids` on each of `ranks`: the leading tokens each
+    /// holds (whole blocks) and the hash of its first block. The prompt is hashed block by
+    /// block only while some rank still holds the chain, not to its end.
+    pub fn cached_prefix(&self, ids: &[u32], ranks: &RankSet) -> CachedPrefix {
+        let block = self
+            .block_size()
+            .map_or(DEFAULT_KV_BLOCK_SIZE, |b| b as usize);
+        let first_block = block_hash(None, &ids[..ids.len().min(block)]);
+        let mut matched = Vec::new();
+        if !self.is_empty() {
+            let hashes = BlockHashes {
+                ids,
+                block,
+                prev: None,
+                batch: Vec::new(),
+                next: 0,
+            };
+            self.matched_blocks(hashes, &ranks.ids(), &mut matched);
+        }
+        matched.resize(ranks.len(), 0);
+        CachedPrefix {
+            matched_tokens: matched.iter().map(|&b| (b * block) as u64).collect(),
+            first_block,
+        }
+    }
+}
+
+/// Blocks hashed at a time by [`BlockHashes`]. Hashing a run of blocks and then looking them
+/// up is faster than alternating one hash and one lookup, and a prompt that no rank holds past
+/// its first blocks is hashed no further than the batch (a cache_aware decision on a 4096-token
+/// prompt at 8 ranks, `cargo bench -p controller --bench routing`: held whole 4.9 µs batched,
+/// 6.0 µs one block at a time, 4.8 µs all blocks first; held nowhere 0.48, 0.34 and 2.8 µs).
+const HASH_BATCH: usize = 8;
+
+/// A prompt's chained block hashes, computed [`HASH_BATCH`] blocks at a time as they are read.
+struct BlockHashes<'a> {
+    ids: &'a [u32],
+    block: usize,
+    prev: Option<u64>,
+    batch: Vec<u64>,
+    next: usize,
+}
+
+impl Iterator for BlockHashes<'_> {
+    type Item = u64;
+
+    fn next(&mut self) -> Option<u64> {
+        if self.next == self.batch.len() {
+            let take = (HASH_BATCH * self.block).min(self.ids.len());
+            let (head, rest) = self.ids.split_at(take - take % self.block);
+            self.batch.clear();
+            self.next = 0;
+            extend_block_hashes(self.prev, head, self.block, &mut self.batch);
+            self.prev = self.batch.last().copied().or(self.prev);
+            self.ids = rest;
+        }
+        let h = self.batch.get(self.next).copied();
+        self.next += 1;
+        h
     }
 }
 

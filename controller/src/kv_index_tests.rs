@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use protocol::KvEvents;
 
-use super::{Applied, KvIndex};
+use super::{Applied, BlockHashes, KvIndex, HASH_BATCH};
 
 fn batch(rank: u32, seq: u64, cleared: bool, removed: &[u64], stored: &[u64]) -> KvEvents {
     KvEvents {
@@ -23,7 +23,7 @@ fn batch(rank: u32, seq: u64, cleared: bool, removed: &[u64], stored: &[u64]) ->
 
 fn matched(index: &KvIndex, hashes: &[u64], ranks: &[u32]) -> Vec<usize> {
     let mut out = Vec::new();
-    index.matched_blocks(hashes, ranks, &mut out);
+    index.matched_blocks(hashes.iter().copied(), ranks, &mut out);
     out
 }
 
@@ -288,4 +288,51 @@ proptest! {
             prop_assert_eq!(index.len(), distinct.len());
         }
     }
+}
+
+#[test]
+fn block_hashes_in_batches_are_the_chained_hashes() {
+    for block in [1usize, 4, 32] {
+        for len in 0..(3 * HASH_BATCH * block + 5) {
+            let ids: Vec<u32> = (0..len as u32)
+                .map(|i| i.wrapping_mul(2_654_435_761))
+                .collect();
+            let lazy: Vec<u64> = BlockHashes {
+                ids: &ids,
+                block,
+                prev: None,
+                batch: Vec::new(),
+                next: 0,
+            }
+            .collect();
+            assert_eq!(
+                lazy,
+                protocol::kv_events::block_hashes(&ids, block),
+                "block {block}, {len} ids"
+            );
+        }
+    }
+}
+
+#[test]
+fn cached_prefix_counts_whole_blocks_each_rank_holds() {
+    let ids: Vec<u32> = (0..40).collect();
+    let hashes = protocol::kv_events::block_hashes(&ids, 4);
+    let mut index = KvIndex::new();
+    let now = Instant::now();
+    for (rank, depth) in [(0u32, 10usize), (1, 3), (2, 0)] {
+        index.join(rank, now);
+        index.apply(&batch(rank, 1, true, &[], &hashes[..depth]), now);
+    }
+    let set = crate::policy::RankSet::idle(&[0, 1, 2, 3]);
+    let c = index.cached_prefix(&ids, &set);
+    assert_eq!(c.matched_tokens, vec![40, 12, 0, 0]);
+    assert_eq!(c.first_block, hashes[0]);
+    // Past what any rank holds, the prompt's tail does not matter.
+    let mut longer = ids.clone();
+    longer.extend(1000..1100);
+    assert_eq!(
+        index.cached_prefix(&longer, &set).matched_tokens,
+        vec![40, 12, 0, 0]
+    );
 }

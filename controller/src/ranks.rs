@@ -328,6 +328,16 @@ impl Ranks {
         }
     }
 
+    /// Whether a live or draining rank holds `rid` (dispatched here and not reported finished,
+    /// or listed in its `Hello` after a controller restart).
+    pub fn holds(&self, rid: &str) -> bool {
+        self.live.values().any(|r| r.inflight.contains_key(rid))
+            || self
+                .draining
+                .values()
+                .any(|(inflight, _)| inflight.contains_key(rid))
+    }
+
     /// Forget a rank that said `Shutdown` or timed out (live or draining); returns the requests
     /// it still held.
     pub fn remove(&mut self, rank: u32) -> Option<Vec<String>> {

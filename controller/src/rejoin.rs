@@ -60,6 +60,11 @@ impl Rejoins {
         self.rejoined.insert(rank);
     }
 
+    /// Whether a wave is under way (some worker was asked and its wave is not summarised yet).
+    pub fn in_wave(&self) -> bool {
+        self.first_ask.is_some()
+    }
+
     /// The wave, once it is over; then a new one starts.
     pub fn summary(&mut self, now: Instant) -> Option<RejoinSummary> {
         let first = self.first_ask?;

@@ -108,6 +108,7 @@ const KNOWN_TYPES: &[&str] = &[
     "PeerGone",
     "KvEvents",
     "KvSnapshotReq",
+    "Reconcile",
 ];
 
 /// Counters of frames received and dropped on one actor's sockets.

@@ -45,6 +45,7 @@ pub enum Message {
     PeerGone(PeerGone),
     KvEvents(KvEvents),
     KvSnapshotReq(KvSnapshotReq),
+    Reconcile(Reconcile),
 }
 
 impl Message {
@@ -70,6 +71,7 @@ impl Message {
             Message::PeerGone(_) => "PeerGone",
             Message::KvEvents(_) => "KvEvents",
             Message::KvSnapshotReq(_) => "KvSnapshotReq",
+            Message::Reconcile(_) => "Reconcile",
         }
     }
 
@@ -478,6 +480,25 @@ pub struct ClusterStatus {
     /// counters, so a lost or late status loses nothing (`dpserve:routing_decisions_total`).
     #[serde(default)]
     pub routing: Vec<RouteCount>,
+    /// Random, drawn once per controller process: a status with another id than the last one
+    /// means the controller restarted (the tokenizer then sends `Reconcile`). Absent from
+    /// controllers that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controller_id: Option<u64>,
+}
+
+/// Most rids in one `Reconcile` frame; a longer list goes in several.
+pub const MAX_RECONCILE_RIDS: usize = 4096;
+
+/// The requests the tokenizer still waits on, sent once it sees a controller it has not seen
+/// before (`ClusterStatus.controller_id` changed: a restart): tokenizer → controller. The
+/// controller answers once the running workers have registered again (their
+/// `Hello.held_rids`) with a 503 `TokenOut` for each rid that no live rank holds and that it
+/// did not route itself: a request the old controller took in but never passed on, or one
+/// whose rank died while no controller ran. At most [`MAX_RECONCILE_RIDS`] rids a frame.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reconcile {
+    pub rids: Vec<String>,
 }
 
 /// How many routing decisions took one branch of one method, since the controller started.

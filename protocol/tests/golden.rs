@@ -359,6 +359,14 @@ const GOLDEN: &[(&str, &str)] = &[
         ",
     ),
     (
+        "Reconcile",
+        "
+        82 a1 76 01 a3 6d 73 67 81 a9 52 65 63 6f 6e 63
+        69 6c 65 81 a4 72 69 64 73 92 a2 72 31 a5 72 65
+        71 2d 37
+        ",
+    ),
+    (
         "Shutdown",
         "
         82 a1 76 01 a3 6d 73 67 81 a8 53 68 75 74 64 6f
@@ -417,12 +425,13 @@ fn variant_index(msg: &Message) -> usize {
         Message::PeerGone(_) => 16,
         Message::KvEvents(_) => 17,
         Message::KvSnapshotReq(_) => 18,
+        Message::Reconcile(_) => 19,
     }
 }
 
 #[test]
 fn every_message_type_has_a_golden_vector() {
-    let mut covered = [false; 19];
+    let mut covered = [false; 20];
     for (_, msg) in examples() {
         covered[variant_index(&msg)] = true;
     }
@@ -539,6 +548,11 @@ const FIELD_RULES: &[FieldRules] = &[
         optional: &[],
     },
     FieldRules {
+        kind: "Reconcile",
+        required: &["rids"],
+        optional: &[],
+    },
+    FieldRules {
         kind: "GenerateReq",
         required: &["rid", "input_ids"],
         optional: &[
@@ -643,7 +657,7 @@ const FIELD_RULES: &[FieldRules] = &[
     FieldRules {
         kind: "ClusterStatus",
         required: &["timestamp", "load_balance_method", "live_ranks"],
-        optional: &[("routing", "[]")],
+        optional: &[("routing", "[]"), ("controller_id", "null")],
     },
     FieldRules {
         kind: "Shutdown",

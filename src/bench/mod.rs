@@ -14,6 +14,7 @@ pub mod launch;
 pub mod metrics;
 pub mod probe;
 pub mod report;
+pub mod routes;
 pub mod workload;
 
 use std::io::Write;
@@ -30,10 +31,11 @@ use launch::ServerFlags;
 use metrics::{BenchMetrics, RequestOutcome};
 use report::{MethodResult, RunInfo};
 use worker::model::BuiltinSize;
-use workload::{BenchRequest, GspConfig};
+use workload::{BenchRequest, Dataset, GspConfig};
 
 /// bench_serving's defaults for the generated-shared-prefix dataset.
 pub const DEFAULT_GSP: GspConfig = GspConfig {
+    dataset: Dataset::GeneratedSharedPrefix,
     num_groups: 64,
     prompts_per_group: 16,
     system_prompt_len: 2048,
@@ -41,6 +43,7 @@ pub const DEFAULT_GSP: GspConfig = GspConfig {
     output_len: 256,
     range_ratio: 1.0,
     send_routing_key: false,
+    zipf: None,
 };
 
 /// The load-balance methods `--launch` compares when `--compare` is not given.
@@ -72,6 +75,7 @@ impl Preset {
         match self {
             Preset::CpuSmall => {
                 let gsp = GspConfig {
+                    dataset: Dataset::GeneratedSharedPrefix,
                     num_groups: 8,
                     prompts_per_group: 16,
                     system_prompt_len: 1024,
@@ -81,6 +85,7 @@ impl Preset {
                     // Token-prefix hashing covers the first 4096 ids, i.e. the question too at
                     // these lengths; a key per group is what a client would send here.
                     send_routing_key: true,
+                    zipf: None,
                 };
                 let dp_size = 2;
                 let max_concurrency = 16;
@@ -127,9 +132,11 @@ pub struct BenchArgs {
     /// `GET /get_server_info` or llama.cpp's `/v1/models`; required for servers that say neither).
     #[arg(long, env = "DPSERVE_BENCH_VOCAB_SIZE")]
     pub vocab_size: Option<u32>,
-    /// Dataset (only `generated-shared-prefix`; the flag exists for bench_serving's command lines).
-    #[arg(long, default_value = "generated-shared-prefix")]
-    pub dataset_name: String,
+    /// Workload: bench_serving's shared system prompts, or conversations whose prompt grows each
+    /// turn (`--gsp-num-groups` conversations of `--gsp-prompts-per-group` turns, each turn
+    /// sent when the previous one finished).
+    #[arg(long, value_enum, default_value_t = Dataset::GeneratedSharedPrefix)]
+    pub dataset_name: Dataset,
     /// Workload and cluster sizes for a machine class (explicit flags win).
     #[arg(long, value_enum)]
     pub preset: Option<Preset>,
@@ -151,9 +158,14 @@ pub struct BenchArgs {
     /// Lengths are drawn from [len · ratio, len] [default: 1.0].
     #[arg(long)]
     pub gsp_range_ratio: Option<f64>,
-    /// Send one routing key per group (`x-smg-routing-key`).
-    #[arg(long)]
-    pub gsp_send_routing_key: bool,
+    /// Send one routing key per group or conversation (`x-smg-routing-key`); `false` turns off
+    /// a preset's keys.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub gsp_send_routing_key: Option<bool>,
+    /// Draw each request's group from a Zipf law with this exponent (group g with weight
+    /// 1/(g+1)^s; groups × prompts per group requests in all), so a few prefixes are hot.
+    #[arg(long, value_name = "S")]
+    pub gsp_zipf: Option<f64>,
     /// Send at most this many of the workload's requests [default: all groups × prompts].
     #[arg(long)]
     pub num_prompts: Option<usize>,
@@ -262,11 +274,6 @@ impl BenchArgs {
     /// The plan and the server flags, with explicit flags over the preset over the defaults.
     pub fn resolve(&self) -> anyhow::Result<(Plan, ServerFlags)> {
         anyhow::ensure!(
-            self.dataset_name == "generated-shared-prefix",
-            "--dataset-name: only `generated-shared-prefix` is supported, got {:?}",
-            self.dataset_name
-        );
-        anyhow::ensure!(
             self.request_rate > 0.0,
             "--request-rate must be positive (or inf), got {}",
             self.request_rate
@@ -274,13 +281,15 @@ impl BenchArgs {
         let preset = self.preset.map(Preset::values);
         let base = preset.as_ref().map_or(DEFAULT_GSP, |p| p.gsp.clone());
         let gsp = GspConfig {
+            dataset: self.dataset_name,
             num_groups: self.gsp_num_groups.unwrap_or(base.num_groups),
             prompts_per_group: self.gsp_prompts_per_group.unwrap_or(base.prompts_per_group),
             system_prompt_len: self.gsp_system_prompt_len.unwrap_or(base.system_prompt_len),
             question_len: self.gsp_question_len.unwrap_or(base.question_len),
             output_len: self.gsp_output_len.unwrap_or(base.output_len),
             range_ratio: self.gsp_range_ratio.unwrap_or(base.range_ratio),
-            send_routing_key: self.gsp_send_routing_key || base.send_routing_key,
+            send_routing_key: self.gsp_send_routing_key.unwrap_or(base.send_routing_key),
+            zipf: self.gsp_zipf.or(base.zipf),
         };
         let mut server = self.server.clone();
         if let Some(p) = &preset {
@@ -463,7 +472,8 @@ pub async fn run_once(base_url: &str, plan: &Plan) -> anyhow::Result<(RunInfo, B
     Ok((info, m))
 }
 
-/// Sends every request at its arrival time (seconds after start), at most `max_concurrency` at
+/// Sends every request at its arrival time (seconds after start) and, when it names one, once
+/// the request it comes `after` has finished (success or not), at most `max_concurrency` at
 /// once; returns the outcomes in request order and the wall time of the whole run.
 async fn send_all(
     client: &BenchClient,
@@ -473,21 +483,38 @@ async fn send_all(
     pb: ProgressBar,
 ) -> (Vec<RequestOutcome>, f64) {
     let semaphore = max_concurrency.map(|c| Arc::new(tokio::sync::Semaphore::new(c)));
+    // finished[i] turns true when request i has its outcome; a request waits for its `after`'s
+    // before it takes a concurrency slot (a slot held while waiting could starve the request
+    // waited for).
+    let (finished_tx, finished_rx): (Vec<_>, Vec<_>) = (0..requests.len())
+        .map(|_| tokio::sync::watch::channel(false))
+        .unzip();
     let start = tokio::time::Instant::now();
     let wall = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     let n = requests.len();
-    for (pos, (req, at)) in requests.into_iter().zip(arrivals).enumerate() {
+    for ((pos, (req, at)), done) in requests
+        .into_iter()
+        .zip(arrivals)
+        .enumerate()
+        .zip(finished_tx)
+    {
         let client = client.clone();
         let semaphore = semaphore.clone();
         let pb = pb.clone();
+        let mut before = req.after.and_then(|j| finished_rx.get(j)).cloned();
         tasks.spawn(async move {
             tokio::time::sleep_until(start + Duration::from_secs_f64(at)).await;
+            if let Some(before) = &mut before {
+                // An error means the earlier request's task is gone: go on regardless.
+                before.wait_for(|finished| *finished).await.ok();
+            }
             let _permit = match &semaphore {
                 Some(s) => Some(s.clone().acquire_owned().await),
                 None => None,
             };
             let outcome = client.send(&req).await;
+            done.send_replace(true);
             pb.inc(1);
             (pos, outcome)
         });
@@ -533,6 +560,7 @@ fn run_compare(
     let mut results: Vec<MethodResult> = Vec::new();
     let mut lines: Vec<Value> = Vec::new();
     let mut pictures: Vec<String> = Vec::new();
+    let mut routing: Vec<(String, routes::RouteSummary)> = Vec::new();
     for method in &methods {
         eprintln!("== {method}: starting a cluster");
         // Each cluster writes a routing trace, drawn beside the tables as routing-<method>.svg
@@ -586,6 +614,13 @@ fn run_compare(
         if let Err(reason) = &outcome {
             eprintln!("== {method}: skipped: {reason}");
         } else if traced {
+            match routes::RouteSummary::read(&route_trace) {
+                Ok(summary) => {
+                    eprintln!("== {method}: routing: {}", summary.line());
+                    routing.push((method.clone(), summary));
+                }
+                Err(e) => eprintln!("== {method}: no routing summary: {e:#}"),
+            }
             match chart::write_routing_svg(
                 &route_trace,
                 method,
@@ -606,10 +641,16 @@ fn run_compare(
     println!("{}", describe(plan, server));
     let cluster = server.cluster();
     print!("{}", report::compare_table(&results));
+    let routing_lines: String = routing
+        .iter()
+        .map(|(method, r)| format!("routing, {method}: {}\n", r.line()))
+        .collect();
+    print!("{routing_lines}");
 
     let summary = json!({
         "workload": {
-            "dataset_name": "generated-shared-prefix",
+            "dataset_name": plan.gsp.dataset.name(),
+            "gsp_zipf": plan.gsp.zipf,
             "gsp_num_groups": plan.gsp.num_groups,
             "gsp_prompts_per_group": plan.gsp.prompts_per_group,
             "gsp_system_prompt_len": plan.gsp.system_prompt_len,
@@ -634,7 +675,8 @@ fn run_compare(
         "preset": args.preset.map(|p| format!("{p:?}")),
         "methods": results.iter().map(|r| match &r.result {
             Ok(_) => json!({"method": r.method, "status": "ok",
-                "result": lines.iter().find(|l| l["load_balance_method"] == r.method.as_str())}),
+                "result": lines.iter().find(|l| l["load_balance_method"] == r.method.as_str()),
+                "routing": routing.iter().find(|(m, _)| *m == r.method).map(|(_, s)| s)}),
             Err(reason) => json!({"method": r.method, "status": "skipped", "reason": reason}),
         }).collect::<Vec<_>>(),
     });
@@ -643,9 +685,10 @@ fn run_compare(
         .with_context(|| format!("writing {}", json_path.display()))?;
     let md_path = out_dir.join("compare.md");
     let md = format!(
-        "{}\n\n{}",
+        "{}\n\n{}\n{}",
         describe(plan, server),
-        report::compare_markdown(&results)
+        report::compare_markdown(&results),
+        routing_lines
     );
     std::fs::write(&md_path, md).with_context(|| format!("writing {}", md_path.display()))?;
     let svg_path = out_dir.join("compare.svg");
@@ -670,15 +713,18 @@ fn describe(plan: &Plan, server: &ServerFlags) -> String {
     let g = &plan.gsp;
     let cluster = server.cluster();
     format!(
-        "workload: {} groups x {} prompts, system {} + question {} tokens, output {} (range ratio {}), \
+        "workload: {}, system {} + question {} tokens, output {} (range ratio {}), \
          routing key {}, concurrency {}, rate {}, seed {}; cluster: dp {}, model {}, max_total_tokens {}",
-        g.num_groups,
-        g.prompts_per_group,
+        shape(g),
         g.system_prompt_len,
         g.question_len,
         g.output_len,
         g.range_ratio,
-        if g.send_routing_key { "per group" } else { "none" },
+        match (g.send_routing_key, g.dataset) {
+            (false, _) => "none",
+            (true, Dataset::MultiTurn) => "per conversation",
+            (true, Dataset::GeneratedSharedPrefix) => "per group",
+        },
         plan.max_concurrency.map_or("unlimited".into(), |c| c.to_string()),
         plan.request_rate,
         plan.seed,
@@ -692,12 +738,29 @@ fn describe(plan: &Plan, server: &ServerFlags) -> String {
     )
 }
 
+/// The workload's shape in words: `8 groups x 16 prompts`, `… (Zipf s = 1.1)`,
+/// `8 conversations x 6 turns`.
+fn shape(g: &GspConfig) -> String {
+    match g.dataset {
+        Dataset::MultiTurn => format!(
+            "multi-turn, {} conversations x {} turns",
+            g.num_groups, g.prompts_per_group
+        ),
+        Dataset::GeneratedSharedPrefix => {
+            let zipf = g.zipf.map_or(String::new(), |s| format!(" (Zipf s = {s})"));
+            format!(
+                "shared prefix, {} groups x {} prompts{zipf}",
+                g.num_groups, g.prompts_per_group
+            )
+        }
+    }
+}
+
 fn chart_title(plan: &Plan, server: &ServerFlags) -> String {
     let g = &plan.gsp;
     format!(
-        "dpserve bench: {}x{} shared-prefix (sys {}, q {}, out {}), dp {}",
-        g.num_groups,
-        g.prompts_per_group,
+        "dpserve bench: {} (sys {}, q {}, out {}), dp {}",
+        shape(g),
         g.system_prompt_len,
         g.question_len,
         g.output_len,
@@ -787,8 +850,36 @@ mod tests {
     }
 
     #[test]
+    fn workload_flags_resolve_over_the_preset() {
+        let (plan, _) = parse(&["--preset", "cpu-small"]).resolve().unwrap();
+        assert!(plan.gsp.send_routing_key, "the preset sends keys");
+        let (plan, _) = parse(&["--preset", "cpu-small", "--gsp-send-routing-key", "false"])
+            .resolve()
+            .unwrap();
+        assert!(
+            !plan.gsp.send_routing_key,
+            "false turns the preset's keys off"
+        );
+        let (plan, _) = parse(&["--gsp-send-routing-key"]).resolve().unwrap();
+        assert!(plan.gsp.send_routing_key, "the bare flag is true");
+        let (plan, _) = parse(&["--dataset-name", "multi-turn", "--gsp-zipf", "1.1"])
+            .resolve()
+            .unwrap();
+        assert_eq!(plan.gsp.dataset, Dataset::MultiTurn);
+        assert_eq!(plan.gsp.zipf, Some(1.1));
+        assert!(
+            workload::generate(&plan.gsp, 512, None, 1).is_err(),
+            "Zipf popularity is for the shared-prefix workload"
+        );
+    }
+
+    #[test]
     fn bad_flags_are_errors() {
-        assert!(parse(&["--dataset-name", "sharegpt"]).resolve().is_err());
+        assert!(Cli::try_parse_from(["bench", "--dataset-name", "sharegpt"]).is_err());
+        assert!(
+            parse(&["--gsp-zipf=-1"]).resolve().is_ok(),
+            "checked by generate"
+        );
         assert!(parse(&["--max-concurrency", "0"]).resolve().is_err());
         assert!(parse(&["--request-rate", "0"]).resolve().is_err());
     }

@@ -56,7 +56,7 @@ fn rate_json(rate: f64) -> Value {
 pub fn result_json(info: &RunInfo, m: &BenchMetrics) -> Value {
     let mut o = Map::new();
     o.insert("backend".into(), json!(info.backend));
-    o.insert("dataset_name".into(), json!("generated-shared-prefix"));
+    o.insert("dataset_name".into(), json!(info.gsp.dataset.name()));
     o.insert("request_rate".into(), rate_json(info.request_rate));
     o.insert("max_concurrency".into(), json!(info.max_concurrency));
     o.insert("num_prompts".into(), json!(info.num_prompts));
@@ -77,6 +77,7 @@ pub fn result_json(info: &RunInfo, m: &BenchMetrics) -> Value {
         "gsp_send_routing_key".into(),
         json!(info.gsp.send_routing_key),
     );
+    o.insert("gsp_zipf".into(), json!(info.gsp.zipf));
     o.insert(
         "load_balance_method".into(),
         json!(info.load_balance_method),
@@ -388,6 +389,7 @@ mod tests {
         RunInfo {
             backend: "generate".into(),
             gsp: GspConfig {
+                dataset: super::super::workload::Dataset::GeneratedSharedPrefix,
                 num_groups: 2,
                 prompts_per_group: 2,
                 system_prompt_len: 10,
@@ -395,6 +397,7 @@ mod tests {
                 output_len: 3,
                 range_ratio: 1.0,
                 send_routing_key: false,
+                zipf: None,
             },
             num_prompts: 4,
             request_rate: f64::INFINITY,

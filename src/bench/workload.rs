@@ -1,7 +1,17 @@
-//! The generated-shared-prefix (GSP) workload of SGLang's `bench_serving`: `num_groups` system
-//! prompts, `prompts_per_group` questions each, every request = system prompt ‖ question, all
-//! shuffled. Prompts are random token ids drawn directly (no tokenizer round trip), so lengths
-//! are exact and the workload is the same for every backend and method given the seed.
+//! The benchmark's workloads, as request lists. Prompts are random token ids drawn directly (no
+//! tokenizer round trip), so lengths are exact and the workload is the same for every backend
+//! and method given the seed.
+//!
+//! - `generated-shared-prefix` (GSP), SGLang `bench_serving`'s: `num_groups` system prompts,
+//!   `prompts_per_group` questions each, every request = system prompt ‖ question, all
+//!   shuffled. With `zipf = s`, the same number of requests draw their group from a Zipf law
+//!   (group g with weight 1 / (g + 1)^s), so a few prefixes are hot.
+//! - `multi-turn`: `num_groups` conversations of `prompts_per_group` turns. Turn 1 is the
+//!   conversation's system prompt ‖ a question; turn t + 1 is turn t's prompt ‖ an answer of
+//!   turn t's output length ‖ a new question, sent only once turn t has finished (`after`).
+//!   The answer is drawn, not the one the server generated, so the prefix a server can reuse is
+//!   the previous turn's prompt (a chat client that re-sends the model's own answer would also
+//!   reuse that answer's KV). Turns go out round by round, conversations shuffled within one.
 //!
 //! Lengths follow bench_serving's range ratio: each system prompt, question and output length is
 //! drawn uniformly from `[max(1, ⌊len · ratio⌋), len]` (ratio 1.0 = fixed lengths). This module
@@ -14,9 +24,29 @@ use rand::{Rng, SeedableRng};
 /// Token ids below this are specials in every built-in and common vocabulary (pad, bos, eos).
 pub const FIRST_PLAIN_TOKEN: u32 = 3;
 
-/// Shape of a GSP workload (bench_serving's `--gsp-*` flags).
+/// Which request list [`generate`] builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Dataset {
+    /// SGLang bench_serving's shared system prompts (optionally Zipf-popular).
+    GeneratedSharedPrefix,
+    /// Conversations whose prompt grows each turn.
+    MultiTurn,
+}
+
+impl Dataset {
+    pub fn name(self) -> &'static str {
+        match self {
+            Dataset::GeneratedSharedPrefix => "generated-shared-prefix",
+            Dataset::MultiTurn => "multi-turn",
+        }
+    }
+}
+
+/// Shape of a workload (bench_serving's `--gsp-*` flags; for `multi-turn` a group is a
+/// conversation and its prompts are the turns).
 #[derive(Debug, Clone, PartialEq)]
 pub struct GspConfig {
+    pub dataset: Dataset,
     pub num_groups: usize,
     pub prompts_per_group: usize,
     pub system_prompt_len: usize,
@@ -25,6 +55,9 @@ pub struct GspConfig {
     pub range_ratio: f64,
     /// Send one routing key per group (`x-smg-routing-key`).
     pub send_routing_key: bool,
+    /// GSP only: draw each request's group from a Zipf law with this exponent instead of
+    /// `prompts_per_group` each.
+    pub zipf: Option<f64>,
 }
 
 /// One request of the workload.
@@ -37,6 +70,8 @@ pub struct BenchRequest {
     pub output_len: usize,
     /// `x-smg-routing-key` value, when the workload sends one.
     pub routing_key: Option<String>,
+    /// Index of the request that must finish before this one is sent (the previous turn).
+    pub after: Option<usize>,
 }
 
 impl BenchRequest {
@@ -65,7 +100,7 @@ pub fn group_key(g: usize) -> String {
     format!("gsp-group-{g}")
 }
 
-/// Builds the shuffled workload; `num_prompts` (when set) keeps the first that many.
+/// Builds the workload in send order; `num_prompts` (when set) keeps the first that many.
 /// Same `seed` and arguments → the same requests in the same order.
 pub fn generate(
     cfg: &GspConfig,
@@ -73,6 +108,28 @@ pub fn generate(
     num_prompts: Option<usize>,
     seed: u64,
 ) -> anyhow::Result<Vec<BenchRequest>> {
+    check(cfg, vocab_size)?;
+    let mut rng = StdRng::seed_from_u64(seed);
+    let system_prompts: Vec<Vec<u32>> = (0..cfg.num_groups)
+        .map(|_| {
+            let len = sample_len(&mut rng, cfg.system_prompt_len, cfg.range_ratio);
+            random_ids(&mut rng, len, vocab_size)
+        })
+        .collect();
+    let mut requests = match cfg.dataset {
+        Dataset::GeneratedSharedPrefix => shared_prefix(cfg, &system_prompts, vocab_size, &mut rng),
+        Dataset::MultiTurn => multi_turn(cfg, &system_prompts, vocab_size, &mut rng),
+    };
+    if let Some(n) = num_prompts {
+        requests.truncate(n);
+    }
+    for (i, r) in requests.iter_mut().enumerate() {
+        r.index = i;
+    }
+    Ok(requests)
+}
+
+fn check(cfg: &GspConfig, vocab_size: u32) -> anyhow::Result<()> {
     anyhow::ensure!(
         vocab_size > FIRST_PLAIN_TOKEN,
         "vocab_size {vocab_size} leaves no ids above the specials"
@@ -87,36 +144,120 @@ pub fn generate(
         "--gsp-range-ratio must be in [0, 1], got {}",
         cfg.range_ratio
     );
-    let mut rng = StdRng::seed_from_u64(seed);
-    let system_prompts: Vec<Vec<u32>> = (0..cfg.num_groups)
-        .map(|_| {
-            let len = sample_len(&mut rng, cfg.system_prompt_len, cfg.range_ratio);
-            random_ids(&mut rng, len, vocab_size)
-        })
+    if let Some(s) = cfg.zipf {
+        anyhow::ensure!(
+            s.is_finite() && s >= 0.0,
+            "--gsp-zipf must be a finite exponent ≥ 0, got {s}"
+        );
+        anyhow::ensure!(
+            cfg.dataset == Dataset::GeneratedSharedPrefix,
+            "--gsp-zipf applies to --dataset-name generated-shared-prefix only"
+        );
+    }
+    Ok(())
+}
+
+/// One question (or, for the requests' own output, a length) per request of group `group`.
+fn question(
+    cfg: &GspConfig,
+    group: usize,
+    prompt: Vec<u32>,
+    vocab_size: u32,
+    rng: &mut StdRng,
+) -> BenchRequest {
+    let qlen = sample_len(rng, cfg.question_len, cfg.range_ratio).max(1);
+    let mut input_ids = prompt;
+    input_ids.extend(random_ids(rng, qlen, vocab_size));
+    BenchRequest {
+        index: 0,
+        group,
+        input_ids,
+        output_len: sample_len(rng, cfg.output_len, cfg.range_ratio),
+        routing_key: cfg.send_routing_key.then(|| group_key(group)),
+        after: None,
+    }
+}
+
+/// GSP: `prompts_per_group` requests per group (or as many in all, groups drawn by Zipf),
+/// shuffled.
+fn shared_prefix(
+    cfg: &GspConfig,
+    system_prompts: &[Vec<u32>],
+    vocab_size: u32,
+    rng: &mut StdRng,
+) -> Vec<BenchRequest> {
+    let total = cfg.num_groups * cfg.prompts_per_group;
+    let groups: Vec<usize> = match cfg.zipf {
+        None => (0..total).map(|i| i / cfg.prompts_per_group).collect(),
+        Some(s) => {
+            let zipf = Zipf::new(cfg.num_groups, s);
+            (0..total).map(|_| zipf.sample(rng)).collect()
+        }
+    };
+    let mut requests: Vec<BenchRequest> = groups
+        .into_iter()
+        .map(|g| question(cfg, g, system_prompts[g].clone(), vocab_size, rng))
         .collect();
+    requests.shuffle(rng);
+    requests
+}
+
+/// Multi-turn: round t holds every conversation's turn t (shuffled), each after its turn t − 1.
+fn multi_turn(
+    cfg: &GspConfig,
+    system_prompts: &[Vec<u32>],
+    vocab_size: u32,
+    rng: &mut StdRng,
+) -> Vec<BenchRequest> {
+    // Per conversation: its last turn's prompt, output length and position in the list.
+    let mut last: Vec<Option<(Vec<u32>, usize, usize)>> = vec![None; cfg.num_groups];
     let mut requests = Vec::with_capacity(cfg.num_groups * cfg.prompts_per_group);
-    for (group, system) in system_prompts.iter().enumerate() {
-        for _ in 0..cfg.prompts_per_group {
-            let qlen = sample_len(&mut rng, cfg.question_len, cfg.range_ratio).max(1);
-            let mut input_ids = system.clone();
-            input_ids.extend(random_ids(&mut rng, qlen, vocab_size));
-            requests.push(BenchRequest {
-                index: 0,
-                group,
-                input_ids,
-                output_len: sample_len(&mut rng, cfg.output_len, cfg.range_ratio),
-                routing_key: cfg.send_routing_key.then(|| group_key(group)),
-            });
+    for _turn in 0..cfg.prompts_per_group {
+        let mut order: Vec<usize> = (0..cfg.num_groups).collect();
+        order.shuffle(rng);
+        for c in order {
+            let (prompt, after) = match last[c].take() {
+                None => (system_prompts[c].clone(), None),
+                Some((mut prompt, output_len, at)) => {
+                    prompt.extend(random_ids(rng, output_len, vocab_size));
+                    (prompt, Some(at))
+                }
+            };
+            let mut r = question(cfg, c, prompt, vocab_size, rng);
+            r.after = after;
+            last[c] = Some((r.input_ids.clone(), r.output_len, requests.len()));
+            requests.push(r);
         }
     }
-    requests.shuffle(&mut rng);
-    if let Some(n) = num_prompts {
-        requests.truncate(n);
+    requests
+}
+
+/// A Zipf law over `0..n`: P(k) ∝ 1 / (k + 1)^s, sampled by inverting its CDF.
+pub struct Zipf {
+    cdf: Vec<f64>,
+}
+
+impl Zipf {
+    pub fn new(n: usize, s: f64) -> Zipf {
+        let mut acc = 0.0;
+        let mut cdf: Vec<f64> = (0..n)
+            .map(|k| {
+                acc += 1.0 / ((k + 1) as f64).powf(s);
+                acc
+            })
+            .collect();
+        for c in &mut cdf {
+            *c /= acc;
+        }
+        Zipf { cdf }
     }
-    for (i, r) in requests.iter_mut().enumerate() {
-        r.index = i;
+
+    pub fn sample(&self, rng: &mut impl Rng) -> usize {
+        let u: f64 = rng.gen();
+        self.cdf
+            .partition_point(|&c| c <= u)
+            .min(self.cdf.len() - 1)
     }
-    Ok(requests)
 }
 
 /// A warm-up prompt that shares no prefix with the workload (a different seed stream), so
@@ -129,6 +270,7 @@ pub fn warmup_request(vocab_size: u32, len: usize, output_len: usize, seed: u64)
         input_ids: random_ids(&mut rng, len.max(1), vocab_size.max(FIRST_PLAIN_TOKEN + 1)),
         output_len: output_len.max(1),
         routing_key: None,
+        after: None,
     }
 }
 
@@ -159,6 +301,7 @@ mod tests {
 
     fn cfg(ratio: f64) -> GspConfig {
         GspConfig {
+            dataset: Dataset::GeneratedSharedPrefix,
             num_groups: 4,
             prompts_per_group: 5,
             system_prompt_len: 100,
@@ -166,6 +309,7 @@ mod tests {
             output_len: 8,
             range_ratio: ratio,
             send_routing_key: true,
+            zipf: None,
         }
     }
 
@@ -273,5 +417,68 @@ mod tests {
         let reqs = generate(&cfg(1.0), 1000, None, 9).unwrap();
         let w = warmup_request(1000, 120, 4, 9);
         assert!(reqs.iter().all(|r| r.input_ids[..4] != w.input_ids[..4]));
+    }
+
+    #[test]
+    fn zipf_makes_group_zero_hot_and_keeps_the_request_count() {
+        let mut c = cfg(1.0);
+        c.num_groups = 8;
+        c.prompts_per_group = 100;
+        c.zipf = Some(1.2);
+        let reqs = generate(&c, 1000, None, 5).unwrap();
+        assert_eq!(reqs.len(), 800);
+        let mut per_group = [0usize; 8];
+        for r in &reqs {
+            per_group[r.group] += 1;
+            assert_eq!(
+                r.input_ids[..100],
+                reqs.iter().find(|x| x.group == r.group).unwrap().input_ids[..100]
+            );
+        }
+        // P(0) = 1 / H(8, 1.2) ≈ 0.39: far above the uniform 1/8, and decreasing overall.
+        assert!((250..380).contains(&per_group[0]), "{per_group:?}");
+        assert!(
+            per_group[0] > per_group[1] && per_group[1] > per_group[7],
+            "{per_group:?}"
+        );
+        c.zipf = Some(0.0);
+        let flat = generate(&c, 1000, None, 5).unwrap();
+        let g0 = flat.iter().filter(|r| r.group == 0).count();
+        assert!((60..140).contains(&g0), "s = 0 is uniform: {g0}");
+        c.zipf = Some(f64::NAN);
+        assert!(generate(&c, 1000, None, 5).is_err());
+    }
+
+    #[test]
+    fn multi_turn_prompts_extend_the_previous_turn_which_comes_first() {
+        let mut c = cfg(1.0);
+        c.dataset = Dataset::MultiTurn;
+        c.num_groups = 3;
+        c.prompts_per_group = 4;
+        let reqs = generate(&c, 1000, None, 11).unwrap();
+        assert_eq!(reqs.len(), 12);
+        for (i, r) in reqs.iter().enumerate() {
+            let turn = i / 3;
+            // system 100 + turn × (question 20 + answer 8) + question 20
+            assert_eq!(r.prompt_len(), 100 + turn * 28 + 20, "request {i}");
+            assert_eq!(r.routing_key.as_deref(), Some(group_key(r.group).as_str()));
+            match r.after {
+                None => assert_eq!(turn, 0),
+                Some(j) => {
+                    assert!(j < i);
+                    let prev = &reqs[j];
+                    assert_eq!(prev.group, r.group);
+                    assert_eq!(prev.index / 3 + 1, turn);
+                    assert_eq!(r.input_ids[..prev.prompt_len()], prev.input_ids[..]);
+                }
+            }
+        }
+        let firsts: Vec<usize> = reqs[..3].iter().map(|r| r.group).collect();
+        assert!(firsts.contains(&0) && firsts.contains(&1) && firsts.contains(&2));
+        // Truncation keeps every prerequisite.
+        let some = generate(&c, 1000, Some(5), 11).unwrap();
+        assert!(some.iter().all(|r| !matches!(r.after, Some(j) if j >= 5)));
+        c.zipf = Some(1.0);
+        assert!(generate(&c, 1000, None, 11).is_err(), "zipf is GSP only");
     }
 }

@@ -49,12 +49,13 @@ struct Shared {
     stop: AtomicBool,
     /// Set by [`Bridge::end_all`]: the tokenizer is stopping and takes no new requests.
     stopping: AtomicBool,
+    /// To the sender thread; taken (closing the channel, which ends that thread) at shutdown.
+    outbox: Mutex<Option<mpsc::Sender<Message>>>,
 }
 
 /// Handle to the two socket threads and the two actors; shared by every HTTP worker.
 pub struct Bridge {
     shared: Arc<Shared>,
-    outbox: Mutex<Option<mpsc::Sender<Message>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Where the registry and the cluster view run; stopped after the socket threads, which
     /// talk to them until they end.
@@ -108,14 +109,15 @@ impl Bridge {
             let registry = registry.clone();
             ClusterView::start_in_arbiter(&arbiter.handle(), |_| ClusterView::new(registry))
         };
+        let (tx, rx) = mpsc::channel::<Message>();
         let shared = Arc::new(Shared {
             registry,
             cluster,
             stats: FrameStats::default(),
             stop: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
+            outbox: Mutex::new(Some(tx)),
         });
-        let (tx, rx) = mpsc::channel::<Message>();
         let io = |what: &str, source| TokenizerError::Io {
             what: what.to_string(),
             source,
@@ -139,7 +141,6 @@ impl Bridge {
         tracing::info!(pull = %pull_ep, push = %push_ep, "tokenizer sockets ready");
         Ok(Bridge {
             shared,
-            outbox: Mutex::new(Some(tx)),
             threads: Mutex::new(vec![reader, sender]),
             arbiter: Mutex::new(Some(arbiter)),
         })
@@ -174,10 +175,7 @@ impl Bridge {
         if new_request && self.shared.stopping.load(Ordering::Relaxed) {
             return false;
         }
-        match lock(&self.outbox).as_ref() {
-            Some(tx) => tx.send(msg).is_ok(),
-            None => false,
-        }
+        self.shared.send(msg)
     }
 
     /// The latest cluster status, fresh or not; `None` before the first (or once shut down).
@@ -232,7 +230,7 @@ impl Bridge {
     /// (socket linger).
     pub fn shutdown(&self) {
         self.shared.stop.store(true, Ordering::Relaxed);
-        lock(&self.outbox).take();
+        lock(&self.shared.outbox).take();
         for t in lock(&self.threads).drain(..) {
             let _ = t.join();
         }
@@ -249,12 +247,41 @@ impl Drop for Bridge {
     }
 }
 
+impl Shared {
+    /// Queue `msg` for the controller; false once shut down.
+    fn send(&self, msg: Message) -> bool {
+        match lock(&self.outbox).as_ref() {
+            Some(tx) => tx.send(msg).is_ok(),
+            None => false,
+        }
+    }
+
+    /// A controller this tokenizer has not seen before (a restart) may have taken requests in
+    /// that it never passed on, and workers may have died while none ran: list every open
+    /// request to it, so it fails those no worker holds (see `Reconcile`).
+    fn reconcile(&self) {
+        let open = futures::executor::block_on(self.registry.send(registry::Rids));
+        let open = open.unwrap_or_default();
+        tracing::info!(
+            open_requests = open.len(),
+            "a new controller is up; listing the open requests to it"
+        );
+        for rids in open.chunks(protocol::MAX_RECONCILE_RIDS) {
+            self.send(Message::Reconcile(protocol::Reconcile {
+                rids: rids.to_vec(),
+            }));
+        }
+    }
+}
+
 /// A poisoned lock only means another thread panicked mid-update of a value we can still use.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn reader_loop(sock: zmq::Socket, shared: &Shared, peer: &str, tracer: &MessageTracer) {
+    // The controller whose statuses arrive (`ClusterStatus.controller_id`).
+    let mut controller_id = None;
     while !shared.stop.load(Ordering::Relaxed) {
         let frame = match sock.recv_bytes(0) {
             Ok(frame) => frame,
@@ -273,7 +300,12 @@ fn reader_loop(sock: zmq::Socket, shared: &Shared, peer: &str, tracer: &MessageT
         match msg {
             Some(Message::TokenOut(out)) => shared.registry.do_send(registry::Deliver(out)),
             Some(Message::ClusterStatus(status)) => {
-                shared.cluster.do_send(cluster_view::Update(status))
+                let restarted = controller_id.is_some() && status.controller_id != controller_id;
+                controller_id = status.controller_id;
+                shared.cluster.do_send(cluster_view::Update(status));
+                if restarted {
+                    shared.reconcile();
+                }
             }
             Some(other) => {
                 tracing::warn!(

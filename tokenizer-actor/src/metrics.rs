@@ -400,6 +400,7 @@ mod tests {
             load_balance_method: "prefix_affinity".into(),
             live_ranks: Vec::new(),
             routing,
+            controller_id: None,
         }
     }
 

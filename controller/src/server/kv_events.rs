@@ -4,12 +4,11 @@
 
 use std::time::Instant;
 
-use protocol::kv_events::{block_hash, block_hashes, DEFAULT_KV_BLOCK_SIZE};
 use protocol::{KvEvents, KvSnapshotReq, Message};
 
 use super::Controller;
 use crate::kv_index::{Applied, KvIndex};
-use crate::policy::{CachedPrefix, RankSet};
+use crate::policy::RankSet;
 
 impl Controller {
     /// A rank registered (first `Hello`, a restart, a rejoin): what the index knew of it is
@@ -68,18 +67,7 @@ impl Controller {
 
 /// `ranks` with what `index` says of the prompt `ids` on each of them.
 pub(super) fn with_cached_prefix(index: &KvIndex, ids: &[u32], ranks: &RankSet) -> RankSet {
-    let block = index
-        .block_size()
-        .map_or(DEFAULT_KV_BLOCK_SIZE, |b| b as usize);
-    let first_block = block_hash(None, &ids[..ids.len().min(block)]);
-    let mut matched = Vec::new();
-    if !index.is_empty() {
-        let hashes = block_hashes(ids, block);
-        index.matched_blocks(&hashes, &ranks.ids(), &mut matched);
-    }
-    matched.resize(ranks.len(), 0);
-    ranks.clone().with_cached_prefix(CachedPrefix {
-        matched_tokens: matched.iter().map(|&b| (b * block) as u64).collect(),
-        first_block,
-    })
+    ranks
+        .clone()
+        .with_cached_prefix(index.cached_prefix(ids, ranks))
 }

@@ -11,6 +11,7 @@
 mod disagg;
 mod kv_events;
 mod membership;
+mod reconcile;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -73,6 +74,10 @@ pub struct Controller {
     rejoins: Rejoins,
     /// Which ranks hold which KV blocks (from their `KvEvents`), for `cache_aware`.
     kv_index: KvIndex,
+    /// Random, drawn at start: `ClusterStatus.controller_id`.
+    id: u64,
+    /// The tokenizer's `Reconcile`s not yet answered (see `reconcile`).
+    reconciles: Vec<reconcile::PendingReconcile>,
 }
 
 impl Controller {
@@ -122,6 +127,8 @@ impl Controller {
             cluster_changed: true,
             rejoins: Rejoins::default(),
             kv_index: KvIndex::new(),
+            id: protocol::random_room(),
+            reconciles: Vec::new(),
             config,
         })
     }
@@ -152,6 +159,7 @@ impl Controller {
                 self.expire_ranks();
                 self.ranks.refresh();
                 self.summarise_rejoins();
+                self.answer_reconciles();
             }
             if self.cluster_changed
                 || self.last_cluster_status.elapsed() >= self.config.cluster_status_interval
@@ -256,6 +264,7 @@ impl Controller {
                     self.send_to_worker(rank, &Message::FlushCache(flush.clone()));
                 }
             }
+            Message::Reconcile(reconcile) => self.on_reconcile(reconcile),
             other => tracing::warn!(
                 msg = other.type_name(),
                 "unexpected message from the tokenizer; dropped"
@@ -463,6 +472,7 @@ impl Controller {
             load_balance_method: self.config.method.to_string(),
             live_ranks: self.ranks.infos(),
             routing: self.route_counts.snapshot(),
+            controller_id: Some(self.id),
         };
         self.send_to_tokenizer(&Message::ClusterStatus(status));
         self.last_cluster_status = Instant::now();

@@ -175,6 +175,7 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                     branch: "affinity".into(),
                     count: 7,
                 }],
+                controller_id: None,
             }),
         ),
         (
@@ -250,6 +251,12 @@ pub fn examples() -> Vec<(&'static str, Message)> {
         (
             "KvSnapshotReq",
             Message::KvSnapshotReq(protocol::KvSnapshotReq { rank: 1 }),
+        ),
+        (
+            "Reconcile",
+            Message::Reconcile(protocol::Reconcile {
+                rids: vec!["r1".into(), "req-7".into()],
+            }),
         ),
         (
             "Shutdown",

@@ -54,6 +54,15 @@ struct Embedded {
     dp_rank: Option<u32>,
 }
 
+/// Embed inputs (OpenAI).
+#[utoipa::path(
+    post,
+    path = "/v1/embeddings",
+    tag = "openai",
+    request_body = crate::http::schema::requests::EmbeddingRequest,
+    responses((status = 200, description = "One embedding per input, in input order",
+        body = crate::http::schema::responses::EmbeddingResponse)),
+)]
 pub async fn embeddings(
     req: HttpRequest,
     payload: web::Payload,
@@ -85,6 +94,15 @@ pub async fn embeddings(
     })))
 }
 
+/// Embed inputs (SGLang-native).
+#[utoipa::path(
+    post,
+    path = "/encode",
+    tag = "sglang",
+    request_body = crate::http::schema::requests::EncodeRequest,
+    responses((status = 200, description = "The embedding, or a list for a list of inputs",
+        body = crate::http::schema::responses::EncodeResponse)),
+)]
 pub async fn encode(
     req: HttpRequest,
     payload: web::Payload,
@@ -286,6 +304,8 @@ fn parse_openai(body: &[u8], headers: &HeaderInputs) -> Result<EmbedInput, ApiEr
             ))
         }
     };
+    // Ignored, but of its documented type.
+    field::<String>(&obj, "", "user")?;
     let (routing_key, routed_dp_rank) = validate::routing(&obj, headers)?;
     Ok(EmbedInput {
         prompts,

@@ -4,7 +4,8 @@
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
-use serde_json::json;
+
+use super::schema::responses::{ErrorDetail, ErrorKind, ErrorResponse};
 
 /// A request-level failure: its HTTP status and a message saying what is wrong.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -46,26 +47,29 @@ impl ApiError {
         Self::new(500, message)
     }
 
-    fn kind(&self) -> &'static str {
+    fn kind(&self) -> ErrorKind {
         match self.status {
-            401 => "authentication_error",
-            404 => "not_found_error",
-            413 => "request_too_large",
-            400..=499 => "invalid_request_error",
-            503 => "service_unavailable",
-            504 => "timeout",
-            _ => "internal_error",
+            401 => ErrorKind::AuthenticationError,
+            404 => ErrorKind::NotFoundError,
+            413 => ErrorKind::RequestTooLarge,
+            400..=499 => ErrorKind::InvalidRequestError,
+            503 => ErrorKind::ServiceUnavailable,
+            504 => ErrorKind::Timeout,
+            _ => ErrorKind::InternalError,
         }
     }
 
     /// The body, also sent as an SSE event when a stream fails after it started.
     pub fn body(&self) -> serde_json::Value {
-        json!({"error": {
-            "message": self.message,
-            "type": self.kind(),
-            "param": self.param,
-            "code": self.status,
-        }})
+        serde_json::to_value(ErrorResponse {
+            error: ErrorDetail {
+                message: self.message.clone(),
+                kind: self.kind(),
+                param: self.param.clone(),
+                code: self.status,
+            },
+        })
+        .unwrap_or_default()
     }
 }
 

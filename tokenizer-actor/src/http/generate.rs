@@ -22,6 +22,21 @@ use crate::state::AppState;
 pub const ROUTING_KEY_HEADER: &str = "x-smg-routing-key";
 pub const DP_RANK_HEADER: &str = "x-data-parallel-rank";
 
+/// Generate from a prompt (SGLang-native).
+///
+/// One JSON answer, or with `stream: true` server-sent events (`data: <GenerateResponse>` per
+/// step with that step's tokens, ending `data: [DONE]`; an error after the stream started is
+/// one more event with the error body).
+#[utoipa::path(
+    post,
+    path = "/generate",
+    tag = "sglang",
+    request_body = crate::http::schema::requests::GenerateRequest,
+    responses((status = 200, description = "The generation, or its stream", content(
+        (crate::http::schema::responses::GenerateResponse = "application/json"),
+        (String = "text/event-stream"),
+    ))),
+)]
 pub async fn generate(
     req: HttpRequest,
     payload: web::Payload,

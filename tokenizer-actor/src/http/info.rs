@@ -11,6 +11,13 @@ use protocol::{Abort, FlushCache, Message};
 use serde_json::json;
 
 use super::error::ApiError;
+use super::generate::read_body;
+use super::schema::requests::AbortRequest;
+use super::schema::responses::{
+    AbortResponse, FlushCacheResponse, HealthResponse, HealthStatus, ListObject, ModelCard,
+    ModelInfo, ModelList, ModelObject, ServerInfo,
+};
+use super::validate::field;
 use crate::state::{model_path_str, AppState};
 use crate::tokenizer::ModelFacts;
 
@@ -27,17 +34,32 @@ fn reported_model_path(facts: &ModelFacts) -> String {
     }
 }
 
+/// Whether some rank serves (open without the API key). Also at `/health_generate`.
+#[utoipa::path(
+    get,
+    path = "/health",
+    tag = "operations",
+    responses((status = 200, description = "Some rank is live", body = HealthResponse)),
+)]
 pub async fn health(state: web::Data<AppState>) -> HttpResponse {
     match state.fresh_cluster().await {
-        Some(c) if !c.live_ranks.is_empty() => HttpResponse::Ok().json(json!({
-            "status": "ok",
-            "live_ranks": c.live_ranks.iter().map(|r| r.rank).collect::<Vec<_>>(),
-        })),
+        Some(c) if !c.live_ranks.is_empty() => HttpResponse::Ok().json(HealthResponse {
+            status: HealthStatus::Ok,
+            live_ranks: c.live_ranks.iter().map(|r| r.rank).collect(),
+        }),
         Some(_) => ApiError::unavailable("no live rank").into(),
         None => ApiError::unavailable(super::validate::CONTROLLER_UNREACHABLE).into(),
     }
 }
 
+/// The deployment as SGLang's gateway reads it, and this server's state. Also at
+/// `/server_info`.
+#[utoipa::path(
+    get,
+    path = "/get_server_info",
+    tag = "operations",
+    responses((status = 200, description = "Server information", body = ServerInfo)),
+)]
 pub async fn server_info(state: web::Data<AppState>) -> HttpResponse {
     let cluster = state.fresh_cluster().await;
     let limits = state.limits().await;
@@ -52,33 +74,33 @@ pub async fn server_info(state: web::Data<AppState>) -> HttpResponse {
     let sim_profiles = simulated_profiles(cluster.as_ref());
     let status_age_s =
         (state.bridge.cluster().await).map(|snap| snap.received.elapsed().as_secs_f64());
-    HttpResponse::Ok().json(json!({
-        "dp_size": reported_dp_size(live_ranks.len(), state.args.dp_size),
+    HttpResponse::Ok().json(ServerInfo {
+        dp_size: reported_dp_size(live_ranks.len(), state.args.dp_size),
         // Each rank is one device: no tensor parallelism (SGLang's gateway reads this).
-        "tp_size": 1,
-        "model_path": reported_model_path(&state.facts),
-        "tokenizer_path": reported_model_path(&state.facts),
-        "served_model_name": state.served_model_name,
-        "live_ranks": live_ranks,
-        "ranks": ranks,
-        "load_balance_method": method,
-        "cluster_status_age_s": status_age_s,
+        tp_size: 1,
+        model_path: reported_model_path(&state.facts),
+        tokenizer_path: reported_model_path(&state.facts),
+        served_model_name: state.served_model_name.clone(),
+        live_ranks,
+        ranks,
+        load_balance_method: method,
+        cluster_status_age_s: status_age_s,
         // Simulated ranks (`--device sim`) compute nothing: say so wherever results are read.
-        "device": if sim_profiles.is_empty() { "cpu" } else { "sim" },
-        "simulated": !sim_profiles.is_empty(),
-        "sim_profiles": sim_profiles,
-        "version": env!("CARGO_PKG_VERSION"),
-        "context_length": limits.context_len,
-        "vocab_size": limits.vocab_size,
-        "max_request_bytes": state.args.http.max_request_bytes,
-        "request_timeout_s": state.args.http.request_timeout_s,
-        "tokenizer_addr": state.args.tokenizer_addr,
-        "controller_addr": state.args.controller_addr,
-        "requests_in_flight": state.bridge.in_flight().await,
-        "frames_dropped": state.bridge.frames_dropped(),
-        "chat_template": state.chat_template.source.describe(),
-        "api_key_required": state.args.http.api_key.is_some(),
-    }))
+        device: if sim_profiles.is_empty() { "cpu" } else { "sim" }.to_string(),
+        simulated: !sim_profiles.is_empty(),
+        sim_profiles,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        context_length: limits.context_len,
+        vocab_size: limits.vocab_size,
+        max_request_bytes: state.args.http.max_request_bytes,
+        request_timeout_s: state.args.http.request_timeout_s,
+        tokenizer_addr: state.args.tokenizer_addr.clone(),
+        controller_addr: state.args.controller_addr.clone(),
+        requests_in_flight: state.bridge.in_flight().await,
+        frames_dropped: state.bridge.frames_dropped(),
+        chat_template: state.chat_template.source.describe(),
+        api_key_required: state.args.http.api_key.is_some(),
+    })
 }
 
 /// The profiles of the live ranks that are simulated (`--device sim`), each once.
@@ -102,30 +124,51 @@ fn reported_dp_size(live: usize, configured: u32) -> u32 {
     }
 }
 
+/// The model, as SGLang's gateway reads it. Also at `/model_info`.
+#[utoipa::path(
+    get,
+    path = "/get_model_info",
+    tag = "operations",
+    responses((status = 200, description = "Model information", body = ModelInfo)),
+)]
 pub async fn model_info(state: web::Data<AppState>) -> HttpResponse {
-    HttpResponse::Ok().json(json!({
-        "model_path": reported_model_path(&state.facts),
-        "tokenizer_path": reported_model_path(&state.facts),
-        "is_generation": true,
-    }))
+    HttpResponse::Ok().json(ModelInfo {
+        model_path: reported_model_path(&state.facts),
+        tokenizer_path: reported_model_path(&state.facts),
+        is_generation: true,
+    })
 }
 
+/// The served model (OpenAI).
+#[utoipa::path(
+    get,
+    path = "/v1/models",
+    tag = "openai",
+    responses((status = 200, description = "The one served model", body = ModelList)),
+)]
 pub async fn models(state: web::Data<AppState>) -> HttpResponse {
-    HttpResponse::Ok().json(json!({
-        "object": "list",
-        "data": [{
-            "id": state.served_model_name,
-            "object": "model",
-            "owned_by": "dpserve",
-            "root": reported_model_path(&state.facts),
-            "max_model_len": state.limits().await.context_len,
+    HttpResponse::Ok().json(ModelList {
+        object: ListObject::List,
+        data: vec![ModelCard {
+            id: state.served_model_name.clone(),
+            object: ModelObject::Model,
+            owned_by: "dpserve".to_string(),
+            root: reported_model_path(&state.facts),
+            max_model_len: state.limits().await.context_len,
         }],
-    }))
+    })
 }
 
 /// `POST /flush_cache`: drop every rank's prefix cache, only when nothing runs. Refused (400,
 /// as SGLang) while this tokenizer has requests in flight or a live rank's fresh status shows
 /// running or waiting requests; a worker still refuses on its own if one arrives meanwhile.
+#[utoipa::path(
+    post,
+    path = "/flush_cache",
+    tag = "operations",
+    responses((status = 200, description = "Flush sent to every live rank",
+        body = FlushCacheResponse)),
+)]
 pub async fn flush_cache(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let Some(cluster) = state.fresh_cluster().await else {
         return Err(ApiError::unavailable(
@@ -138,10 +181,10 @@ pub async fn flush_cache(state: web::Data<AppState>) -> Result<HttpResponse, Api
     if !state.bridge.send(Message::FlushCache(FlushCache {})) {
         return Err(ApiError::unavailable("tokenizer is shutting down"));
     }
-    Ok(HttpResponse::Ok().json(json!({
-        "message": "Cache flush sent to every live rank; each empties its prefix cache unless requests reached it meanwhile (then it refuses and logs why).",
-        "ranks": cluster.live_ranks.iter().map(|r| r.rank).collect::<Vec<_>>(),
-    })))
+    Ok(HttpResponse::Ok().json(FlushCacheResponse {
+        message: "Cache flush sent to every live rank; each empties its prefix cache unless requests reached it meanwhile (then it refuses and logs why).".to_string(),
+        ranks: cluster.live_ranks.iter().map(|r| r.rank).collect(),
+    }))
 }
 
 /// Why a flush must wait, if it must: requests in flight here, or queued or running on a rank.
@@ -162,19 +205,31 @@ fn flush_refusal(in_flight: usize, cluster: &protocol::ClusterStatus) -> Option<
 /// `POST /abort_request {"rid": R}` (or `{"abort_all": true}`): abort on the worker. A rid that
 /// fanned out (`n` > 1, batched prompts) aborts every `R-<i>` too. The requests end with
 /// finish reason `abort`.
+#[utoipa::path(
+    post,
+    path = "/abort_request",
+    tag = "sglang",
+    request_body = AbortRequest,
+    responses((status = 200, description = "Aborts sent", body = AbortResponse)),
+)]
 pub async fn abort_request(
-    body: web::Bytes,
+    payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let v: serde_json::Value = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?;
-    let all = v
-        .get("abort_all")
-        .and_then(serde_json::Value::as_bool)
-        .unwrap_or(false);
-    let rids = match v.get("rid") {
+    let body = read_body(payload, state.args.http.max_request_bytes).await?;
+    let v = match serde_json::from_slice(&body) {
+        Ok(serde_json::Value::Object(v)) => v,
+        Ok(_) => return Err(ApiError::bad_request("request body must be a JSON object")),
+        Err(e) => return Err(ApiError::bad_request(format!("malformed JSON body: {e}"))),
+    };
+    let all = field::<bool>(&v, "", "abort_all")?.unwrap_or(false);
+    let rid = field::<String>(&v, "", "rid")?;
+    if rid.as_deref() == Some("") {
+        return Err(ApiError::invalid_param("rid", "rid must not be empty"));
+    }
+    let rids = match rid {
         _ if all => None,
-        Some(serde_json::Value::String(rid)) if !rid.is_empty() => {
+        Some(rid) => {
             let children = format!("{rid}-");
             let mut rids = (state.bridge)
                 .rids_matching(|r| {
@@ -207,10 +262,19 @@ pub async fn abort_request(
     if !sent {
         return Err(ApiError::unavailable("tokenizer is shutting down"));
     }
-    Ok(HttpResponse::Ok().json(json!({"aborted": rids.map_or(json!("all"), |r| json!(r))})))
+    Ok(HttpResponse::Ok().json(AbortResponse {
+        aborted: rids.map_or(json!("all"), |r| json!(r)),
+    }))
 }
 
 /// `GET /metrics`: Prometheus text format.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    responses((status = 200, description = "Prometheus text exposition 0.0.4 (`dpserve:` names)",
+        content_type = "text/plain", body = String)),
+)]
 pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     let cluster = state.fresh_cluster().await;
     let in_flight = state.bridge.in_flight().await;
@@ -271,6 +335,7 @@ mod tests {
                 })
                 .collect(),
             routing: Vec::new(),
+            controller_id: None,
         }
     }
 

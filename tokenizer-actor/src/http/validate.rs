@@ -56,7 +56,8 @@ pub struct Limits {
 /// Most alternatives per output token on `/generate` (`top_logprobs_num`); OpenAI's chat limit.
 pub use protocol::MAX_TOP_LOGPROBS_NUM;
 
-/// `obj[name]` as `T`; absent or null is `None`.
+/// `obj[name]` as `T`; absent or null is `None`. A number written with a zero fraction
+/// (`7.0`) is the integer it equals, as JSON Schema's `integer` has it.
 pub fn field<T: DeserializeOwned>(
     obj: &Map<String, Value>,
     prefix: &str,
@@ -64,10 +65,62 @@ pub fn field<T: DeserializeOwned>(
 ) -> Result<Option<T>, ApiError> {
     match obj.get(name) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => T::deserialize(v)
+        Some(v) => T::deserialize(integral(v.clone()))
             .map(Some)
             .map_err(|e| ApiError::invalid_param(name, format!("{prefix}{name}: {e}"))),
     }
+}
+
+/// `v` with every float that equals an integer (and fits an `i64` or `u64`) written as one.
+fn integral(v: Value) -> Value {
+    match v {
+        Value::Number(n) if n.is_f64() => as_integer(&n).map_or(Value::Number(n), Value::Number),
+        Value::Array(items) => Value::Array(items.into_iter().map(integral).collect()),
+        other => other,
+    }
+}
+
+fn as_integer(n: &serde_json::Number) -> Option<serde_json::Number> {
+    let f = n.as_f64()?;
+    // 2^63 and 2^64 are exact in f64; the bounds keep the casts exact.
+    if f.fract() != 0.0 || !f.is_finite() {
+        None
+    } else if (-9.223_372_036_854_776e18..9.223_372_036_854_776e18).contains(&f) {
+        Some((f as i64).into())
+    } else if (0.0..1.844_674_407_370_955_2e19).contains(&f) {
+        Some((f as u64).into())
+    } else {
+        None
+    }
+}
+
+/// A token id (or any `u32`) from JSON, `7.0` included.
+pub fn as_u32(v: &Value) -> Option<u32> {
+    match v {
+        Value::Number(n) => n
+            .as_u64()
+            .or_else(|| as_integer(n).and_then(|i| i.as_u64()))
+            .and_then(|id| u32::try_from(id).ok()),
+        _ => None,
+    }
+}
+
+/// `obj[name]` as an `f32`: read as the JSON's `f64`, so a value too small for `f32` (say
+/// `5e-324`) keeps its sign and stays non-zero instead of rounding to 0 and failing a range
+/// like `(0, 2]` it is in. One too large becomes infinite, which the range checks refuse.
+pub fn f32_field(
+    obj: &Map<String, Value>,
+    prefix: &str,
+    name: &str,
+) -> Result<Option<f32>, ApiError> {
+    Ok(field::<f64>(obj, prefix, name)?.map(|v| {
+        let narrowed = v as f32;
+        if narrowed == 0.0 && v != 0.0 {
+            f32::from_bits(1).copysign(narrowed)
+        } else {
+            narrowed
+        }
+    }))
 }
 
 pub fn parse_generate(body: &[u8], headers: &HeaderInputs) -> Result<GenerateInput, ApiError> {
@@ -162,6 +215,17 @@ pub fn rid(obj: &Map<String, Value>) -> Result<Option<String>, ApiError> {
     if let Some(why) = rid.as_deref().and_then(protocol::rid_problem) {
         return Err(ApiError::invalid_param("rid", why));
     }
+    // A rid goes into logs, traces and the `-<i>` rids of sub-requests; printable ASCII keeps
+    // it one line and its length in bytes the length in characters the API documents.
+    if rid
+        .as_deref()
+        .is_some_and(|r| !r.bytes().all(|b| (0x20..=0x7e).contains(&b)))
+    {
+        return Err(ApiError::invalid_param(
+            "rid",
+            "rid must be printable ASCII (0x20 to 0x7e)",
+        ));
+    }
     Ok(rid)
 }
 
@@ -195,10 +259,11 @@ pub fn routing(
     obj: &Map<String, Value>,
     headers: &HeaderInputs,
 ) -> Result<(Option<String>, Option<u32>), ApiError> {
-    let body_rank = match field::<u32>(obj, "", "routed_dp_rank")? {
-        Some(r) => Some(r),
-        None => field::<u32>(obj, "", "data_parallel_rank")?,
-    };
+    // Every spelling is checked, even one that another wins over: a malformed field is a
+    // 400 wherever it is.
+    let routed = field::<u32>(obj, "", "routed_dp_rank")?;
+    let body_rank = routed.or(field::<u32>(obj, "", "data_parallel_rank")?);
+    let body_key = field::<String>(obj, "", "routing_key")?;
     let header_rank = match &headers.dp_rank {
         Some(h) => Some(h.trim().parse::<u32>().map_err(|_| {
             ApiError::bad_request(format!(
@@ -207,10 +272,7 @@ pub fn routing(
         })?),
         None => None,
     };
-    let key = match &headers.routing_key {
-        Some(k) => Some(k.clone()),
-        None => field(obj, "", "routing_key")?,
-    };
+    let key = headers.routing_key.clone().or(body_key);
     Ok((key, header_rank.or(body_rank)))
 }
 
@@ -219,14 +281,14 @@ fn parse_sampling(sp: &Map<String, Value>) -> Result<SamplingParams, ApiError> {
     let d = SamplingParams::default();
     let s = SamplingParams {
         max_new_tokens: field(sp, P, "max_new_tokens")?.unwrap_or(d.max_new_tokens),
-        temperature: field(sp, P, "temperature")?.unwrap_or(d.temperature),
-        top_p: field(sp, P, "top_p")?.unwrap_or(d.top_p),
+        temperature: f32_field(sp, P, "temperature")?.unwrap_or(d.temperature),
+        top_p: f32_field(sp, P, "top_p")?.unwrap_or(d.top_p),
         top_k: field(sp, P, "top_k")?.unwrap_or(d.top_k),
-        min_p: field(sp, P, "min_p")?.unwrap_or(d.min_p),
+        min_p: f32_field(sp, P, "min_p")?.unwrap_or(d.min_p),
         seed: field(sp, P, "seed")?,
-        repetition_penalty: field(sp, P, "repetition_penalty")?.unwrap_or(d.repetition_penalty),
-        frequency_penalty: field(sp, P, "frequency_penalty")?.unwrap_or(d.frequency_penalty),
-        presence_penalty: field(sp, P, "presence_penalty")?.unwrap_or(d.presence_penalty),
+        repetition_penalty: f32_field(sp, P, "repetition_penalty")?.unwrap_or(d.repetition_penalty),
+        frequency_penalty: f32_field(sp, P, "frequency_penalty")?.unwrap_or(d.frequency_penalty),
+        presence_penalty: f32_field(sp, P, "presence_penalty")?.unwrap_or(d.presence_penalty),
         stop_token_ids: field(sp, P, "stop_token_ids")?.unwrap_or_default(),
         ignore_eos: field(sp, P, "ignore_eos")?.unwrap_or(d.ignore_eos),
         logit_bias: logit_bias(sp, P)?,
@@ -533,6 +595,8 @@ mod tests {
                 "data_parallel_rank:",
             ),
             (r#"{"text": "a", "rid": ""}"#, "rid must be"),
+            (r#"{"text": "a", "rid": "r\u00e9"}"#, "printable ASCII"),
+            (r#"{"text": "a", "rid": "a\nb"}"#, "printable ASCII"),
             (
                 r#"{"text": "a", "sampling_params": {"stop": 5}}"#,
                 "sampling_params.stop",

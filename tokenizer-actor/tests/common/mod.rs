@@ -143,6 +143,7 @@ fn cluster(live: &[u32]) -> ClusterStatus {
             })
             .collect(),
         routing: Vec::new(),
+        controller_id: None,
     }
 }
 

@@ -7,7 +7,7 @@
 //! answer merges the jobs' choices; a stream interleaves them as they come. `usage` counts a
 //! prompt once however many choices it has.
 
-mod params;
+pub(crate) mod params;
 
 use std::time::Instant;
 
@@ -27,6 +27,20 @@ use crate::state::AppState;
 use params::OpenAiRequest;
 pub use params::{prompt_list, Kind};
 
+/// Complete prompts (OpenAI).
+///
+/// With `stream: true`, server-sent events of `CompletionResponse` chunks ending
+/// `data: [DONE]`.
+#[utoipa::path(
+    post,
+    path = "/v1/completions",
+    tag = "openai",
+    request_body = crate::http::schema::requests::CompletionRequest,
+    responses((status = 200, description = "The completion, or its stream", content(
+        (crate::http::schema::responses::CompletionResponse = "application/json"),
+        (String = "text/event-stream"),
+    ))),
+)]
 pub async fn completions(
     req: HttpRequest,
     payload: web::Payload,
@@ -35,6 +49,19 @@ pub async fn completions(
     serve(req, payload, state, Kind::Completions).await
 }
 
+/// Chat (OpenAI).
+///
+/// With `stream: true`, server-sent events of `ChatCompletionChunk`s ending `data: [DONE]`.
+#[utoipa::path(
+    post,
+    path = "/v1/chat/completions",
+    tag = "openai",
+    request_body = crate::http::schema::requests::ChatCompletionRequest,
+    responses((status = 200, description = "The chat completion, or its stream", content(
+        (crate::http::schema::responses::ChatCompletionResponse = "application/json"),
+        (String = "text/event-stream"),
+    ))),
+)]
 pub async fn chat_completions(
     req: HttpRequest,
     payload: web::Payload,

@@ -72,7 +72,7 @@ fn refuse(param: &str, what: &str) -> ApiError {
 pub fn parse(body: &[u8], headers: &HeaderInputs, kind: Kind) -> Result<OpenAiRequest, ApiError> {
     let obj = object(body)?;
     let f32_or = |name: &str, default: f32| -> Result<f32, ApiError> {
-        Ok(field::<f32>(&obj, "", name)?.unwrap_or(default))
+        Ok(validate::f32_field(&obj, "", name)?.unwrap_or(default))
     };
     let temperature = f32_or("temperature", 1.0)?;
     if !(0.0..=2.0).contains(&temperature) {
@@ -118,10 +118,11 @@ pub fn parse(body: &[u8], headers: &HeaderInputs, kind: Kind) -> Result<OpenAiRe
         Kind::Completions => {
             Some(max_tokens_field(&obj, "max_tokens")?.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS))
         }
-        Kind::Chat => match max_tokens_field(&obj, "max_completion_tokens")? {
-            Some(m) => Some(m),
-            None => max_tokens_field(&obj, "max_tokens")?,
-        },
+        // Both checked, though max_completion_tokens wins: a bad field is a 400 wherever it is.
+        Kind::Chat => {
+            let legacy = max_tokens_field(&obj, "max_tokens")?;
+            max_tokens_field(&obj, "max_completion_tokens")?.or(legacy)
+        }
     };
 
     let stream = field::<bool>(&obj, "", "stream")?.unwrap_or(false);
@@ -193,13 +194,11 @@ pub fn parse(body: &[u8], headers: &HeaderInputs, kind: Kind) -> Result<OpenAiRe
             return Err(refuse("response_format", "structured output"));
         }
     }
-    if obj
-        .get("suffix")
-        .and_then(Value::as_str)
-        .is_some_and(|s| !s.is_empty())
-    {
+    if field::<String>(&obj, "", "suffix")?.is_some_and(|s| !s.is_empty()) {
         return Err(refuse("suffix", "suffix"));
     }
+    // Ignored, but of its documented type.
+    field::<String>(&obj, "", "user")?;
 
     let seed = field::<i64>(&obj, "", "seed")?.map(|s| s as u64);
     let d = SamplingParams::default();
@@ -309,10 +308,7 @@ pub fn prompt_list(obj: &Map<String, Value>, name: &str) -> Result<Vec<Prompt>, 
 }
 
 fn ids(items: &[Value]) -> Option<Vec<u32>> {
-    items
-        .iter()
-        .map(|v| v.as_u64().and_then(|id| u32::try_from(id).ok()))
-        .collect()
+    items.iter().map(validate::as_u32).collect()
 }
 
 const ROLES: &[&str] = &[

@@ -1,0 +1,368 @@
+//! Request bodies as the OpenAPI document describes them. The handlers parse bodies by hand
+//! (`validate`, `openai::params`, `embeddings`) so that every error names its field; these types
+//! are that parser's contract, and the limits written on them are the parser's own (a unit test
+//! in `super::super::openapi` checks them against its constants). Unknown fields are accepted
+//! and ignored, and a null is the same as an absent field, so every optional field is nullable.
+//!
+//! Never constructed: they exist to be described (`ToSchema`), hence `dead_code` is allowed.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use utoipa::openapi::schema::Schema;
+use utoipa::openapi::RefOr;
+use utoipa::ToSchema;
+
+use super::literal;
+
+/// A token id: a u32 (the vocabulary bound is the model's, checked per request: 400).
+fn token_id() -> serde_json::Value {
+    serde_json::json!({"type": "integer", "minimum": 0, "maximum": u32::MAX})
+}
+
+/// `stop`: one string or up to 4 (`validate::MAX_STOP_STRINGS`), none empty.
+pub fn stop_schema() -> RefOr<Schema> {
+    literal(serde_json::json!({
+        "description": "A stop string or a list of up to 4; the text ends before the first match.",
+        "oneOf": [
+            {"type": "null"},
+            {"type": "string", "minLength": 1},
+            {"type": "array", "maxItems": 4, "items": {"type": "string", "minLength": 1}},
+        ],
+    }))
+}
+
+/// `logit_bias`: token id (a decimal string) to a bias in [-100, 100].
+pub fn logit_bias_schema() -> RefOr<Schema> {
+    literal(serde_json::json!({
+        "description": "Token id (decimal) to a bias in [-100, 100] added to its logit. Ids \
+                        outside the model's vocabulary are a 400.",
+        "type": ["object", "null"],
+        "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+        "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100},
+    }))
+}
+
+/// A list of token ids, not empty.
+pub fn token_ids_schema() -> RefOr<Schema> {
+    literal(serde_json::json!({
+        "type": ["array", "null"],
+        "minItems": 1,
+        "items": token_id(),
+    }))
+}
+
+/// `stop_token_ids`: possibly empty.
+pub fn stop_token_ids_schema() -> RefOr<Schema> {
+    literal(serde_json::json!({"type": ["array", "null"], "items": token_id()}))
+}
+
+/// Completions' `prompt` and embeddings' `input`: a string, strings, token ids, or lists of
+/// token ids; no list empty.
+/// `min_length`: embeddings refuse an empty text, completions take it (BOS alone).
+pub fn prompt_schema(max_items: usize, min_length: usize) -> RefOr<Schema> {
+    literal(serde_json::json!({
+        "oneOf": [
+            {"type": "string", "minLength": min_length},
+            {"type": "array", "minItems": 1, "maxItems": max_items,
+             "items": {"type": "string", "minLength": min_length}},
+            {"type": "array", "minItems": 1, "items": token_id()},
+            {"type": "array", "minItems": 1, "maxItems": max_items,
+             "items": {"type": "array", "minItems": 1, "items": token_id()}},
+        ],
+    }))
+}
+
+fn completions_prompt() -> RefOr<Schema> {
+    prompt_schema(128, 0)
+}
+
+fn embeddings_input() -> RefOr<Schema> {
+    prompt_schema(2048, 1)
+}
+
+/// `top_k` on `/generate`: -1 (off) or at least 1.
+fn generate_top_k() -> RefOr<Schema> {
+    literal(serde_json::json!({
+        "oneOf": [
+            {"type": "null"},
+            {"type": "integer", "enum": [-1]},
+            {"type": "integer", "minimum": 1, "maximum": i32::MAX},
+        ],
+    }))
+}
+
+/// `/encode`'s `text`: one string or a list, none empty.
+fn encode_text() -> RefOr<Schema> {
+    literal(serde_json::json!({
+        "oneOf": [
+            {"type": "null"},
+            {"type": "string", "minLength": 1},
+            {"type": "array", "minItems": 1, "maxItems": 2048,
+             "items": {"type": "string", "minLength": 1}},
+        ],
+    }))
+}
+
+/// `/encode`'s `input_ids`: ids, or a list of lists of ids.
+fn encode_ids() -> RefOr<Schema> {
+    literal(serde_json::json!({
+        "oneOf": [
+            {"type": "null"},
+            {"type": "array", "minItems": 1, "items": token_id()},
+            {"type": "array", "minItems": 1, "maxItems": 2048,
+             "items": {"type": "array", "minItems": 1, "items": token_id()}},
+        ],
+    }))
+}
+
+/// `rid`: 1 to `protocol::MAX_RID_LEN` bytes (ASCII here keeps bytes = characters).
+fn rid() -> RefOr<Schema> {
+    literal(serde_json::json!({
+        "description": "Request id chosen by the client; the same rid may not be in flight \
+                        twice (400). Sub-requests (n > 1, batches) append -<index>.",
+        "type": ["string", "null"],
+        "minLength": 1,
+        "maxLength": protocol::MAX_RID_LEN,
+        "pattern": "^[\\x20-\\x7e]*$",
+    }))
+}
+
+/// SGLang's `sampling_params` of `/generate`.
+#[derive(Serialize, ToSchema)]
+pub struct GenerateSamplingParams {
+    /// Tokens to generate at most; prompt plus this must fit the context (else 400).
+    #[schema(minimum = 0, maximum = 4294967295_u64)]
+    pub max_new_tokens: Option<u32>,
+    /// 0 is greedy; at most the largest `f32`.
+    #[schema(minimum = 0, maximum = 3.4028234663852886e38)]
+    pub temperature: Option<f32>,
+    #[schema(exclusive_minimum = 0, maximum = 1)]
+    pub top_p: Option<f32>,
+    #[schema(schema_with = generate_top_k)]
+    pub top_k: Option<i32>,
+    #[schema(minimum = 0, maximum = 1)]
+    pub min_p: Option<f32>,
+    #[schema(minimum = 0, maximum = 18446744073709551615_u64)]
+    pub seed: Option<u64>,
+    #[schema(exclusive_minimum = 0, maximum = 2)]
+    pub repetition_penalty: Option<f32>,
+    #[schema(minimum = -2, maximum = 2)]
+    pub frequency_penalty: Option<f32>,
+    #[schema(minimum = -2, maximum = 2)]
+    pub presence_penalty: Option<f32>,
+    #[schema(schema_with = stop_token_ids_schema)]
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub ignore_eos: Option<bool>,
+    #[schema(schema_with = logit_bias_schema)]
+    pub logit_bias: Option<BTreeMap<String, f32>>,
+    #[schema(schema_with = stop_schema)]
+    pub stop: Option<Vec<String>>,
+    /// Only 1: `n` > 1 is for `/v1/completions`.
+    #[schema(minimum = 1, maximum = 1)]
+    pub n: Option<u32>,
+}
+
+/// `POST /generate` (SGLang-native). Exactly one of `text` and `input_ids`.
+#[derive(Serialize, ToSchema)]
+pub struct GenerateRequest {
+    pub text: Option<String>,
+    #[schema(schema_with = token_ids_schema)]
+    pub input_ids: Option<Vec<u32>>,
+    #[schema(inline)]
+    pub sampling_params: Option<GenerateSamplingParams>,
+    /// Answer as server-sent events.
+    pub stream: Option<bool>,
+    pub routing_key: Option<String>,
+    /// Pin a live rank (not live: 400); the `X-Data-Parallel-Rank` header wins.
+    #[schema(minimum = 0, maximum = 4294967295_u64)]
+    pub routed_dp_rank: Option<u32>,
+    /// SGLang's name for `routed_dp_rank`.
+    #[schema(minimum = 0, maximum = 4294967295_u64)]
+    pub data_parallel_rank: Option<u32>,
+    #[schema(minimum = 0, maximum = 18446744073709551615_u64)]
+    pub bootstrap_room: Option<u64>,
+    pub return_logprob: Option<bool>,
+    #[schema(minimum = 0, maximum = 20)]
+    pub top_logprobs_num: Option<u32>,
+    pub return_text_in_logprobs: Option<bool>,
+    #[schema(schema_with = rid)]
+    pub rid: Option<String>,
+}
+
+/// The sampling and routing fields both OpenAI endpoints take (with SGLang/vLLM extensions).
+#[derive(Serialize, ToSchema)]
+pub struct OpenAiSampling {
+    pub model: Option<String>,
+    #[schema(minimum = 0, maximum = 2)]
+    pub temperature: Option<f32>,
+    /// 0 is greedy.
+    #[schema(minimum = 0, maximum = 1)]
+    pub top_p: Option<f32>,
+    /// -1 or 0: off.
+    #[schema(minimum = -1, maximum = 2147483647)]
+    pub top_k: Option<i32>,
+    #[schema(minimum = 0, maximum = 1)]
+    pub min_p: Option<f32>,
+    #[schema(exclusive_minimum = 0, maximum = 2)]
+    pub repetition_penalty: Option<f32>,
+    #[schema(minimum = -2, maximum = 2)]
+    pub frequency_penalty: Option<f32>,
+    #[schema(minimum = -2, maximum = 2)]
+    pub presence_penalty: Option<f32>,
+    /// Choices per prompt; prompts × n at most 128.
+    #[schema(minimum = 1, maximum = 128)]
+    pub n: Option<u32>,
+    #[schema(minimum = -9223372036854775808_i64, maximum = 9223372036854775807_i64)]
+    pub seed: Option<i64>,
+    #[schema(schema_with = stop_schema)]
+    pub stop: Option<Vec<String>>,
+    #[schema(schema_with = stop_token_ids_schema)]
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub ignore_eos: Option<bool>,
+    #[schema(schema_with = logit_bias_schema)]
+    pub logit_bias: Option<BTreeMap<String, f32>>,
+    pub stream: Option<bool>,
+    /// Only with `stream: true`.
+    #[schema(inline)]
+    pub stream_options: Option<StreamOptions>,
+    pub user: Option<String>,
+    pub routing_key: Option<String>,
+    #[schema(minimum = 0, maximum = 4294967295_u64)]
+    pub routed_dp_rank: Option<u32>,
+    #[schema(minimum = 0, maximum = 4294967295_u64)]
+    pub data_parallel_rank: Option<u32>,
+    #[schema(minimum = 0, maximum = 18446744073709551615_u64)]
+    pub bootstrap_room: Option<u64>,
+    #[schema(schema_with = rid)]
+    pub rid: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct StreamOptions {
+    /// Send a last chunk with `usage` (and `usage: null` on the others).
+    pub include_usage: Option<bool>,
+}
+
+/// `POST /v1/completions`.
+#[derive(Serialize, ToSchema)]
+pub struct CompletionRequest {
+    #[schema(schema_with = completions_prompt)]
+    pub prompt: Vec<String>,
+    /// Default 16; prompt plus this must fit the context (else 400).
+    #[schema(minimum = 1, maximum = 9223372036854775807_i64)]
+    pub max_tokens: Option<i64>,
+    /// Alternatives per token, 0 to 5; present turns log-probabilities on.
+    #[schema(minimum = 0, maximum = 5)]
+    pub logprobs: Option<u32>,
+    pub echo: Option<bool>,
+    /// Only equal to `n` (more is not supported: 400).
+    #[schema(minimum = 1, maximum = 128)]
+    pub best_of: Option<i64>,
+    /// Only empty (a suffix is not supported: 400).
+    #[schema(max_length = 0)]
+    pub suffix: Option<String>,
+    #[serde(flatten)]
+    pub sampling: OpenAiSampling,
+}
+
+/// One chat message; `content` a string or a list of `{type: "text", text}` parts.
+#[derive(Serialize, ToSchema)]
+pub struct ChatMessage {
+    pub role: ChatRole,
+    #[schema(schema_with = chat_content)]
+    pub content: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ChatRole {
+    System,
+    Developer,
+    User,
+    Assistant,
+    Tool,
+    Function,
+}
+
+fn chat_content() -> RefOr<Schema> {
+    literal(serde_json::json!({
+        "oneOf": [
+            {"type": "null"},
+            {"type": "string"},
+            {"type": "array", "items": {
+                "type": "object",
+                "required": ["type", "text"],
+                "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}},
+            }},
+        ],
+    }))
+}
+
+/// `POST /v1/chat/completions`. Tools, functions and structured output are refused (400).
+#[derive(Serialize, ToSchema)]
+pub struct ChatCompletionRequest {
+    #[schema(min_items = 1)]
+    pub messages: Vec<ChatMessage>,
+    /// Without it (or `max_tokens`): up to the end of the context.
+    #[schema(minimum = 1, maximum = 9223372036854775807_i64)]
+    pub max_completion_tokens: Option<i64>,
+    #[schema(minimum = 1, maximum = 9223372036854775807_i64)]
+    pub max_tokens: Option<i64>,
+    pub logprobs: Option<bool>,
+    /// 0 to 20; above 0 needs `logprobs: true`.
+    #[schema(minimum = 0, maximum = 20)]
+    pub top_logprobs: Option<u32>,
+    /// Render the assistant's turn opening after the messages (default true).
+    pub add_generation_prompt: Option<bool>,
+    #[serde(flatten)]
+    pub sampling: OpenAiSampling,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum EncodingFormat {
+    Float,
+    Base64,
+}
+
+/// `POST /v1/embeddings`. `dimensions` is refused (400): embeddings have the model's size.
+#[derive(Serialize, ToSchema)]
+pub struct EmbeddingRequest {
+    /// No input empty; at most 2048.
+    #[schema(schema_with = embeddings_input)]
+    pub input: Vec<String>,
+    pub model: Option<String>,
+    pub encoding_format: Option<EncodingFormat>,
+    pub user: Option<String>,
+    pub routing_key: Option<String>,
+    #[schema(minimum = 0, maximum = 4294967295_u64)]
+    pub routed_dp_rank: Option<u32>,
+    #[schema(minimum = 0, maximum = 4294967295_u64)]
+    pub data_parallel_rank: Option<u32>,
+}
+
+/// `POST /encode` (SGLang-native). Exactly one of `text` and `input_ids`; a list answers a list.
+#[derive(Serialize, ToSchema)]
+pub struct EncodeRequest {
+    #[schema(schema_with = encode_text)]
+    pub text: Option<Vec<String>>,
+    #[schema(schema_with = encode_ids)]
+    pub input_ids: Option<Vec<Vec<u32>>>,
+    pub routing_key: Option<String>,
+    #[schema(minimum = 0, maximum = 4294967295_u64)]
+    pub routed_dp_rank: Option<u32>,
+    #[schema(minimum = 0, maximum = 4294967295_u64)]
+    pub data_parallel_rank: Option<u32>,
+    #[schema(schema_with = rid)]
+    pub rid: Option<String>,
+}
+
+/// `POST /abort_request`: a `rid` (and its `-<i>` sub-requests), or `abort_all: true`.
+#[derive(Serialize, ToSchema)]
+pub struct AbortRequest {
+    #[schema(min_length = 1)]
+    pub rid: Option<String>,
+    pub abort_all: Option<bool>,
+}
