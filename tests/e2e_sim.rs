@@ -118,3 +118,49 @@ fn eight_simulated_ranks_serve_cache_and_say_they_are_simulated() {
         })
     });
 }
+
+/// `dpserve bench --launch --preset sglang-8gpu`, cut to 32 short requests: it starts eight
+/// simulated ranks per method, runs SGLang's prompt shapes on them and labels every result
+/// simulated (terminal table, compare.json, compare.md).
+#[test]
+fn the_sglang_preset_runs_on_simulated_ranks_and_says_so() {
+    let out = tempfile::Builder::new()
+        .prefix("dpsim")
+        .tempdir_in("/tmp")
+        .expect("temp dir");
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_dpserve"))
+        .args(["bench", "--launch", "--preset", "sglang-8gpu"])
+        .args(["--num-prompts", "32", "--gsp-output-len", "8"])
+        .args(["--compare", "round_robin,prefix_affinity"])
+        .args(["--disable-progress-bar", "--startup-timeout", "60"])
+        .arg("--output-dir")
+        .arg(out.path())
+        .env("DPSERVE_LOG", "warn")
+        .output()
+        .expect("run dpserve bench");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "dpserve bench failed: {}\n{stdout}\n{}",
+        run.status,
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(stdout.contains(&format!("SIMULATED ranks ({PROFILE}")), "{stdout}");
+    let compare: Value = serde_json::from_str(
+        &std::fs::read_to_string(out.path().join("compare.json")).expect("compare.json"),
+    )
+    .expect("compare.json is JSON");
+    assert_eq!(compare["simulated"], true, "{compare}");
+    assert_eq!(compare["server"]["dp_size"], 8);
+    assert_eq!(compare["workload"]["gsp_system_prompt_len"], 4096);
+    for m in compare["methods"].as_array().expect("methods") {
+        assert_eq!(m["status"], "ok", "{m}");
+        let r = &m["result"];
+        assert_eq!((&r["completed"], &r["failed"]), (&json!(32), &json!(0)), "{r}");
+        assert_eq!(r["simulated"], true);
+        assert_eq!(r["sim_profiles"], json!([PROFILE]));
+        assert_eq!(r["dp_size"], 8);
+    }
+    let md = std::fs::read_to_string(out.path().join("compare.md")).expect("compare.md");
+    assert!(md.starts_with("SIMULATED ranks"), "{md}");
+}

@@ -59,6 +59,12 @@ pub enum Preset {
     /// rank's KV pool holds the prefixes of its own half of the groups plus the running
     /// requests, but not every group's: the regime where cache-affinity routing matters.
     CpuSmall,
+    /// SGLang's published prefix-affinity workload (16 groups × 32 prompts, 4096-token system
+    /// prompts, question 128, output 256, concurrency 64, no routing key) on 8 **simulated**
+    /// H100 ranks serving Qwen3.5-122B-A10B-FP8 (`--device sim`, docs/SIM.md), compared over
+    /// the methods SGLang compared plus cache_aware. Every timing it reports is simulated.
+    #[value(name = "sglang-8gpu")]
+    Sglang8Gpu,
 }
 
 /// What a preset sets (flags given explicitly win).
@@ -66,8 +72,14 @@ pub struct PresetValues {
     pub gsp: GspConfig,
     pub max_concurrency: usize,
     pub dp_size: u32,
-    pub builtin_size: BuiltinSize,
-    pub max_total_tokens: usize,
+    /// The built-in model size (`None`: a simulated rank, which loads no model).
+    pub builtin_size: Option<BuiltinSize>,
+    /// Each rank's KV pool (`None`: what the device holds).
+    pub max_total_tokens: Option<usize>,
+    /// `up` arguments the preset adds unless the user's `--up-arg`s name the same flag.
+    pub up_args: &'static [(&'static str, &'static str)],
+    /// The methods `--launch` compares unless `--compare` is given.
+    pub compare: &'static str,
 }
 
 impl Preset {
@@ -90,13 +102,39 @@ impl Preset {
                 let dp_size = 2;
                 let max_concurrency = 16;
                 PresetValues {
-                    max_total_tokens: cpu_small_kv_tokens(&gsp, dp_size, max_concurrency),
+                    max_total_tokens: Some(cpu_small_kv_tokens(&gsp, dp_size, max_concurrency)),
                     gsp,
                     max_concurrency,
                     dp_size,
-                    builtin_size: BuiltinSize::Base,
+                    builtin_size: Some(BuiltinSize::Base),
+                    up_args: &[],
+                    compare: DEFAULT_COMPARE,
                 }
             }
+            // The workload of SGLang's data_parallel_controller benchmark
+            // (bench_serving --dataset-name generated-shared-prefix, 8 × H100 80GB with DP
+            // attention): 512 prompts, no routing key, so prefix_affinity hashes the first
+            // 4096 tokens, which are exactly the system prompt.
+            Preset::Sglang8Gpu => PresetValues {
+                gsp: GspConfig {
+                    dataset: Dataset::GeneratedSharedPrefix,
+                    num_groups: 16,
+                    prompts_per_group: 32,
+                    system_prompt_len: 4096,
+                    question_len: 128,
+                    output_len: 256,
+                    range_ratio: 1.0,
+                    send_routing_key: false,
+                    zipf: None,
+                },
+                max_concurrency: 64,
+                dp_size: 8,
+                builtin_size: None,
+                // The simulated GPU's memory sizes the pool (docs/SIM.md).
+                max_total_tokens: None,
+                up_args: &[("--device", "sim")],
+                compare: "round_robin,total_tokens,prefix_affinity,cache_aware",
+            },
         }
     }
 }
@@ -196,8 +234,9 @@ pub struct BenchArgs {
     /// [--launch] Comma-separated load-balance methods to compare. `METHOD@<P>p<D>d` (e.g.
     /// `round_robin@1p1d`) runs a disaggregated deployment of P prefill and D decode workers
     /// instead of the unified `--dp-size` ranks (the deployment axis).
-    #[arg(long, default_value = DEFAULT_COMPARE)]
-    pub compare: String,
+    /// [default: round_robin,total_requests,total_tokens,prefix_affinity, or the preset's]
+    #[arg(long)]
+    pub compare: Option<String>,
     /// [--launch] Directory for compare.json, compare.md, compare.svg and the cluster logs.
     #[arg(long, default_value = "bench-results")]
     pub output_dir: PathBuf,
@@ -295,14 +334,22 @@ impl BenchArgs {
         if let Some(p) = &preset {
             let cluster = &mut server.cluster.0;
             cluster.default_to("dp_size", &p.dp_size.to_string(), |c| c.dp_size = p.dp_size);
-            if cluster.model.model_path.is_none() {
-                cluster.default_to("builtin_size", &p.builtin_size.to_string(), |c| {
-                    c.model.value.builtin_size = p.builtin_size
+            if let (None, Some(size)) = (&cluster.model.model_path, p.builtin_size) {
+                cluster.default_to("builtin_size", &size.to_string(), |c| {
+                    c.model.value.builtin_size = size
                 });
             }
-            cluster.default_to("max_total_tokens", &p.max_total_tokens.to_string(), |c| {
-                c.serve.value.max_total_tokens = Some(p.max_total_tokens)
-            });
+            if let Some(tokens) = p.max_total_tokens {
+                cluster.default_to("max_total_tokens", &tokens.to_string(), |c| {
+                    c.serve.value.max_total_tokens = Some(tokens)
+                });
+            }
+            for (flag, value) in p.up_args {
+                let given = |a: &String| a == flag || a.starts_with(&format!("{flag}="));
+                if !server.up_args.iter().any(given) {
+                    server.up_args.extend([flag.to_string(), value.to_string()]);
+                }
+            }
         }
         let max_concurrency = self
             .max_concurrency
@@ -453,6 +500,20 @@ pub async fn run_once(base_url: &str, plan: &Plan) -> anyhow::Result<(RunInfo, B
         rank_hits
     });
     let after = after.unwrap_or(Value::Null);
+    let sim_profiles: Vec<String> = after["sim_profiles"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p.as_str().map(str::to_string))
+        .collect();
+    let mut notes = notes;
+    if !sim_profiles.is_empty() {
+        notes.push(format!(
+            "SIMULATED: the ranks are simulated GPUs ({}); every timing here comes from a cost \
+             model, not a model run (docs/SIM.md)",
+            sim_profiles.join(", ")
+        ));
+    }
     let info = RunInfo {
         backend: plan.backend.name().to_string(),
         gsp: plan.gsp.clone(),
@@ -468,6 +529,7 @@ pub async fn run_once(base_url: &str, plan: &Plan) -> anyhow::Result<(RunInfo, B
         model: facts.model.clone(),
         model_from: facts.model_from.to_string(),
         notes,
+        sim_profiles,
     };
     Ok((info, m))
 }
@@ -536,8 +598,11 @@ fn run_compare(
     server: &ServerFlags,
     rt: &tokio::runtime::Runtime,
 ) -> anyhow::Result<()> {
-    let methods: Vec<String> = args
-        .compare
+    let compare = args.compare.as_deref().unwrap_or(match args.preset {
+        Some(p) => p.values().compare,
+        None => DEFAULT_COMPARE,
+    });
+    let methods: Vec<String> = compare
         .split(',')
         .map(|m| m.trim().to_string())
         .filter(|m| !m.is_empty())
@@ -637,8 +702,22 @@ fn run_compare(
     }
     std::fs::remove_dir_all(&runtime_root).ok();
 
+    // Simulated ranks are named on every summary of their numbers.
+    let simulated: std::collections::BTreeSet<&str> = lines
+        .iter()
+        .flat_map(|l| l["sim_profiles"].as_array().into_iter().flatten())
+        .filter_map(Value::as_str)
+        .collect();
+    let described = match simulated.is_empty() {
+        true => describe(plan, server),
+        false => format!(
+            "SIMULATED ranks ({}; docs/SIM.md): every timing below is a cost model's.\n{}",
+            simulated.into_iter().collect::<Vec<_>>().join(", "),
+            describe(plan, server)
+        ),
+    };
     println!();
-    println!("{}", describe(plan, server));
+    println!("{described}");
     let cluster = server.cluster();
     print!("{}", report::compare_table(&results));
     let routing_lines: String = routing
@@ -673,6 +752,7 @@ fn run_compare(
             "up_args": server.up_args,
         },
         "preset": args.preset.map(|p| format!("{p:?}")),
+        "simulated": described.starts_with("SIMULATED"),
         "methods": results.iter().map(|r| match &r.result {
             Ok(_) => json!({"method": r.method, "status": "ok",
                 "result": lines.iter().find(|l| l["load_balance_method"] == r.method.as_str()),
@@ -686,7 +766,7 @@ fn run_compare(
     let md_path = out_dir.join("compare.md");
     let md = format!(
         "{}\n\n{}\n{}",
-        describe(plan, server),
+        described,
         report::compare_markdown(&results),
         routing_lines
     );
@@ -817,7 +897,7 @@ mod tests {
         assert_eq!(server.cluster().dp_size, 3);
         assert_eq!(
             server.cluster().serve.max_total_tokens,
-            Some(p.max_total_tokens)
+            p.max_total_tokens
         );
         let argv: Vec<String> = server
             .cluster
@@ -827,24 +907,47 @@ mod tests {
             .collect();
         let argv = argv.join(" ");
         assert!(argv.contains("--dp-size 3"), "{argv}");
-        assert!(argv.contains(&format!("--max-total-tokens {}", p.max_total_tokens)));
+        assert!(argv.contains(&format!("--max-total-tokens {}", p.max_total_tokens.unwrap())));
         assert!(argv.contains("--builtin-size base"), "{argv}");
         assert_eq!(plan.request_rate, 2.5);
     }
 
     #[test]
+    fn sglang_8gpu_is_the_published_workload_on_eight_simulated_ranks() {
+        let (plan, server) = parse(&["--preset", "sglang-8gpu"]).resolve().unwrap();
+        let g = &plan.gsp;
+        assert_eq!(
+            (g.num_groups, g.prompts_per_group, g.system_prompt_len),
+            (16, 32, 4096)
+        );
+        assert_eq!((g.question_len, g.output_len), (128, 256));
+        assert!(!g.send_routing_key, "SGLang's run sent no routing key");
+        assert_eq!(plan.max_concurrency, Some(64));
+        assert_eq!(server.cluster().dp_size, 8);
+        assert_eq!(server.up_args, ["--device", "sim"]);
+        assert_eq!(
+            server.cluster().serve.max_total_tokens,
+            None,
+            "the simulated GPU sizes the pool"
+        );
+        // The user's own --device wins over the preset's.
+        let (_, server) = parse(&["--preset", "sglang-8gpu", "--up-arg=--device=cpu"])
+            .resolve()
+            .unwrap();
+        assert_eq!(server.up_args, ["--device=cpu"]);
+    }
+
+    #[test]
     fn cpu_small_kv_fits_own_groups_but_not_all() {
         let p = Preset::CpuSmall.values();
+        let max_total_tokens = p.max_total_tokens.unwrap();
         let g = &p.gsp;
         let own = g.num_groups.div_ceil(p.dp_size as usize) * g.system_prompt_len;
         let running =
             p.max_concurrency.div_ceil(p.dp_size as usize) * (g.question_len + g.output_len);
+        assert!(own + running <= max_total_tokens, "own groups + running fit");
         assert!(
-            own + running <= p.max_total_tokens,
-            "own groups + running fit"
-        );
-        assert!(
-            g.num_groups * g.system_prompt_len > p.max_total_tokens,
+            g.num_groups * g.system_prompt_len > max_total_tokens,
             "all groups do not"
         );
     }

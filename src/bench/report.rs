@@ -32,6 +32,9 @@ pub struct RunInfo {
     pub model_from: String,
     /// What the run assumed because the server did not say it (printed under the table).
     pub notes: Vec<String>,
+    /// The cost-model profiles of the server's simulated ranks (`--device sim`); empty when
+    /// every rank runs a model. Its timings are then the cost model's, not a GPU's.
+    pub sim_profiles: Vec<String>,
 }
 
 fn dist_keys(out: &mut Map<String, Value>, name: &str, d: &Dist) {
@@ -83,6 +86,8 @@ pub fn result_json(info: &RunInfo, m: &BenchMetrics) -> Value {
         json!(info.load_balance_method),
     );
     o.insert("dp_size".into(), json!(info.dp_size));
+    o.insert("simulated".into(), json!(!info.sim_profiles.is_empty()));
+    o.insert("sim_profiles".into(), json!(info.sim_profiles));
     o.insert("model".into(), json!(info.model));
     o.insert("model_from".into(), json!(info.model_from));
     o.insert("vocab_size".into(), json!(info.vocab_size));
@@ -221,6 +226,12 @@ pub fn result_table(info: &RunInfo, m: &BenchMetrics) -> String {
     }
     let width = 50;
     let mut s = format!("{:=^width$}\n", " Serving Benchmark Result ");
+    if !info.sim_profiles.is_empty() {
+        s.push_str(&format!(
+            "{:^width$}\n",
+            format!("SIMULATED ranks ({})", info.sim_profiles.join(", "))
+        ));
+    }
     for (k, v) in rows {
         if v.is_empty() {
             s.push_str(&format!(
@@ -411,7 +422,28 @@ mod tests {
             model: Some("m".into()),
             model_from: "/get_server_info".into(),
             notes: Vec::new(),
+            sim_profiles: Vec::new(),
         }
+    }
+
+    #[test]
+    fn simulated_results_say_so() {
+        let m = metrics(100.0, 50.0);
+        let real = result_table(&info(), &m);
+        assert!(!real.contains("SIMULATED"), "{real}");
+        assert_eq!(result_json(&info(), &m)["simulated"], false);
+        let sim = RunInfo {
+            sim_profiles: vec!["h100-qwen3.5-122b-a10b-fp8".into()],
+            ..info()
+        };
+        let t = result_table(&sim, &m);
+        assert!(
+            t.lines().nth(1).unwrap().contains("SIMULATED ranks (h100-qwen3.5-122b-a10b-fp8)"),
+            "{t}"
+        );
+        let v = result_json(&sim, &m);
+        assert_eq!(v["simulated"], true);
+        assert_eq!(v["sim_profiles"][0], "h100-qwen3.5-122b-a10b-fp8");
     }
 
     #[test]
