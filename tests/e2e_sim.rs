@@ -145,7 +145,10 @@ fn the_sglang_preset_runs_on_simulated_ranks_and_says_so() {
         run.status,
         String::from_utf8_lossy(&run.stderr)
     );
-    assert!(stdout.contains(&format!("SIMULATED ranks ({PROFILE}")), "{stdout}");
+    assert!(
+        stdout.contains(&format!("SIMULATED ranks ({PROFILE}")),
+        "{stdout}"
+    );
     let compare: Value = serde_json::from_str(
         &std::fs::read_to_string(out.path().join("compare.json")).expect("compare.json"),
     )
@@ -156,7 +159,11 @@ fn the_sglang_preset_runs_on_simulated_ranks_and_says_so() {
     for m in compare["methods"].as_array().expect("methods") {
         assert_eq!(m["status"], "ok", "{m}");
         let r = &m["result"];
-        assert_eq!((&r["completed"], &r["failed"]), (&json!(32), &json!(0)), "{r}");
+        assert_eq!(
+            (&r["completed"], &r["failed"]),
+            (&json!(32), &json!(0)),
+            "{r}"
+        );
         assert_eq!(r["simulated"], true);
         assert_eq!(r["sim_profiles"], json!([PROFILE]));
         assert_eq!(r["dp_size"], 8);

@@ -895,10 +895,7 @@ mod tests {
         assert_eq!(plan.gsp.num_groups, p.gsp.num_groups);
         assert_eq!(plan.max_concurrency, Some(p.max_concurrency));
         assert_eq!(server.cluster().dp_size, 3);
-        assert_eq!(
-            server.cluster().serve.max_total_tokens,
-            p.max_total_tokens
-        );
+        assert_eq!(server.cluster().serve.max_total_tokens, p.max_total_tokens);
         let argv: Vec<String> = server
             .cluster
             .argv()
@@ -907,7 +904,10 @@ mod tests {
             .collect();
         let argv = argv.join(" ");
         assert!(argv.contains("--dp-size 3"), "{argv}");
-        assert!(argv.contains(&format!("--max-total-tokens {}", p.max_total_tokens.unwrap())));
+        assert!(argv.contains(&format!(
+            "--max-total-tokens {}",
+            p.max_total_tokens.unwrap()
+        )));
         assert!(argv.contains("--builtin-size base"), "{argv}");
         assert_eq!(plan.request_rate, 2.5);
     }
@@ -945,7 +945,10 @@ mod tests {
         let own = g.num_groups.div_ceil(p.dp_size as usize) * g.system_prompt_len;
         let running =
             p.max_concurrency.div_ceil(p.dp_size as usize) * (g.question_len + g.output_len);
-        assert!(own + running <= max_total_tokens, "own groups + running fit");
+        assert!(
+            own + running <= max_total_tokens,
+            "own groups + running fit"
+        );
         assert!(
             g.num_groups * g.system_prompt_len > max_total_tokens,
             "all groups do not"

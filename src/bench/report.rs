@@ -438,7 +438,10 @@ mod tests {
         };
         let t = result_table(&sim, &m);
         assert!(
-            t.lines().nth(1).unwrap().contains("SIMULATED ranks (h100-qwen3.5-122b-a10b-fp8)"),
+            t.lines()
+                .nth(1)
+                .unwrap()
+                .contains("SIMULATED ranks (h100-qwen3.5-122b-a10b-fp8)"),
             "{t}"
         );
         let v = result_json(&sim, &m);

@@ -86,7 +86,12 @@ pub async fn server_info(state: web::Data<AppState>) -> HttpResponse {
         load_balance_method: method,
         cluster_status_age_s: status_age_s,
         // Simulated ranks (`--device sim`) compute nothing: say so wherever results are read.
-        device: if sim_profiles.is_empty() { "cpu" } else { "sim" }.to_string(),
+        device: if sim_profiles.is_empty() {
+            "cpu"
+        } else {
+            "sim"
+        }
+        .to_string(),
         simulated: !sim_profiles.is_empty(),
         sim_profiles,
         version: env!("CARGO_PKG_VERSION").to_string(),
