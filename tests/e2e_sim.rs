@@ -170,4 +170,5 @@ fn the_sglang_preset_runs_on_simulated_ranks_and_says_so() {
     }
     let md = std::fs::read_to_string(out.path().join("compare.md")).expect("compare.md");
     assert!(md.starts_with("SIMULATED ranks"), "{md}");
+    assert!(md.contains(&format!("model simulated ({PROFILE})")), "{md}");
 }

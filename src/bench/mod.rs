@@ -509,7 +509,7 @@ pub async fn run_once(base_url: &str, plan: &Plan) -> anyhow::Result<(RunInfo, B
     let mut notes = notes;
     if !sim_profiles.is_empty() {
         notes.push(format!(
-            "SIMULATED: the ranks are simulated GPUs ({}); every timing here comes from a cost \
+            "SIMULATED: the ranks are simulated ({}); every timing here comes from a cost \
              model, not a model run (docs/SIM.md)",
             sim_profiles.join(", ")
         ));
@@ -703,19 +703,14 @@ fn run_compare(
     std::fs::remove_dir_all(&runtime_root).ok();
 
     // Simulated ranks are named on every summary of their numbers.
-    let simulated: std::collections::BTreeSet<&str> = lines
+    let simulated: Vec<&str> = lines
         .iter()
         .flat_map(|l| l["sim_profiles"].as_array().into_iter().flatten())
         .filter_map(Value::as_str)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
         .collect();
-    let described = match simulated.is_empty() {
-        true => describe(plan, server),
-        false => format!(
-            "SIMULATED ranks ({}; docs/SIM.md): every timing below is a cost model's.\n{}",
-            simulated.into_iter().collect::<Vec<_>>().join(", "),
-            describe(plan, server)
-        ),
-    };
+    let described = describe(plan, server, &simulated);
     println!();
     println!("{described}");
     let cluster = server.cluster();
@@ -752,7 +747,7 @@ fn run_compare(
             "up_args": server.up_args,
         },
         "preset": args.preset.map(|p| format!("{p:?}")),
-        "simulated": described.starts_with("SIMULATED"),
+        "simulated": !simulated.is_empty(),
         "methods": results.iter().map(|r| match &r.result {
             Ok(_) => json!({"method": r.method, "status": "ok",
                 "result": lines.iter().find(|l| l["load_balance_method"] == r.method.as_str()),
@@ -776,7 +771,7 @@ fn run_compare(
         json_path.display().to_string(),
         md_path.display().to_string(),
     ];
-    match chart::write_svg(&results, &chart_title(plan, server), &svg_path) {
+    match chart::write_svg(&results, &chart_title(plan, server, &simulated), &svg_path) {
         Ok(()) => written.push(svg_path.display().to_string()),
         Err(e) => eprintln!("no chart: {e:#}"),
     }
@@ -789,11 +784,25 @@ fn run_compare(
 }
 
 /// One line saying what was compared.
-fn describe(plan: &Plan, server: &ServerFlags) -> String {
+/// What ran where, in words; results from simulated ranks (their `sim_profiles`) open with a
+/// line saying so.
+fn describe(plan: &Plan, server: &ServerFlags, simulated: &[&str]) -> String {
     let g = &plan.gsp;
     let cluster = server.cluster();
+    let model = match (simulated, &cluster.model.model_path) {
+        ([], Some(path)) => path.display().to_string(),
+        ([], None) => format!("built-in {}", cluster.model.builtin_size),
+        (profiles, _) => format!("simulated ({})", profiles.join(", ")),
+    };
+    let banner = match simulated {
+        [] => String::new(),
+        profiles => format!(
+            "SIMULATED ranks ({}; docs/SIM.md): every timing below is a cost model's.\n",
+            profiles.join(", ")
+        ),
+    };
     format!(
-        "workload: {}, system {} + question {} tokens, output {} (range ratio {}), \
+        "{banner}workload: {}, system {} + question {} tokens, output {} (range ratio {}), \
          routing key {}, concurrency {}, rate {}, seed {}; cluster: dp {}, model {}, max_total_tokens {}",
         shape(g),
         g.system_prompt_len,
@@ -809,11 +818,7 @@ fn describe(plan: &Plan, server: &ServerFlags) -> String {
         plan.request_rate,
         plan.seed,
         cluster.dp_size,
-        cluster
-            .model
-            .model_path
-            .as_ref()
-            .map_or_else(|| format!("built-in {}", cluster.model.builtin_size), |p| p.display().to_string()),
+        model,
         cluster.serve.max_total_tokens.map_or("default".into(), |t| t.to_string()),
     )
 }
@@ -836,15 +841,20 @@ fn shape(g: &GspConfig) -> String {
     }
 }
 
-fn chart_title(plan: &Plan, server: &ServerFlags) -> String {
+fn chart_title(plan: &Plan, server: &ServerFlags, simulated: &[&str]) -> String {
     let g = &plan.gsp;
     format!(
-        "dpserve bench: {} (sys {}, q {}, out {}), dp {}",
+        "dpserve bench: {} (sys {}, q {}, out {}), dp {}{}",
         shape(g),
         g.system_prompt_len,
         g.question_len,
         g.output_len,
         server.cluster().dp_size,
+        if simulated.is_empty() {
+            ""
+        } else {
+            ", SIMULATED ranks"
+        },
     )
 }
 
