@@ -122,7 +122,8 @@ pub enum CudaError {
         code: String,
         text: String,
     },
-    #[error("the CUDA library panicked in {op}: {message}")]
+    /// cudarc panicked inside (caught): typically a symbol the library lacks.
+    #[error("the CUDA library failed in {op}: {message} (a driver older than CUDA 13.0?)")]
     Panicked { op: &'static str, message: String },
     /// The log is NVRTC's, possibly several lines.
     #[error("NVRTC could not compile {source_name}.cu for {arch}: {log}")]

@@ -48,7 +48,7 @@ pub fn probe(ordinal: u32) -> Result<DeviceInfo> {
             visible: visible_devices(),
         });
     }
-    let info = quietly("cuDevicePrimaryCtxRetain", || {
+    let info = quietly("CudaContext::new", || {
         let ctx = CudaContext::new(ordinal as usize).map_err(|e| ("CudaContext::new", e))?;
         let name = ctx.name().map_err(|e| ("cuDeviceGetName", e))?;
         let cc = ctx
