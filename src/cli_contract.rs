@@ -65,7 +65,7 @@ const CONTRACT: &[Row] = &[
     ("up", "--worker-timeout", "DPSERVE_WORKER_TIMEOUT", Some("3"), "5"),
     ("up", "--model-id", "DPSERVE_MODEL_ID", None, "m"),
     ("up", "--kernel-path", "DPSERVE_KERNEL_PATH", Some("auto"), "portable"),
-    ("up", "--device", "DPSERVE_DEVICE", Some("cpu"), "sim"),
+    ("up", "--device", "DPSERVE_DEVICE", Some("cpu"), "cuda:1"),
     ("up", "--sim-profile", "DPSERVE_SIM_PROFILE", Some("h100-qwen3.5-122b-a10b-fp8"), "cpu-calibrated"),
     ("up", "--sim-config", "DPSERVE_SIM_CONFIG", None, "/sim.toml"),
     ("up", "--trace-dir", "DPSERVE_TRACE_DIR", None, "/d"),
@@ -133,7 +133,7 @@ const CONTRACT: &[Row] = &[
     ("worker", "--disaggregation-mode", "DPSERVE_DISAGGREGATION_MODE", Some("null"), "prefill"),
     ("worker", "--disaggregation-kv-addr", "DPSERVE_DISAGGREGATION_KV_ADDR", None, "ipc:///x/kv.sock"),
     ("worker", "--kernel-path", "DPSERVE_KERNEL_PATH", Some("auto"), "portable"),
-    ("worker", "--device", "DPSERVE_DEVICE", Some("cpu"), "sim"),
+    ("worker", "--device", "DPSERVE_DEVICE", Some("cpu"), "cuda:1"),
     ("worker", "--sim-profile", "DPSERVE_SIM_PROFILE", Some("h100-qwen3.5-122b-a10b-fp8"), "cpu-calibrated"),
     ("worker", "--sim-config", "DPSERVE_SIM_CONFIG", None, "/sim.toml"),
     // dpserve bench: the cluster flags of --launch, and --engine's kernel path
@@ -320,7 +320,9 @@ fn help_lists_the_choices_of_closed_sets() {
     let cases: &[(&str, &[&str])] = &[
         (
             "worker",
-            &["dummy", "tiny", "fcfs", "avx512", "portable", "cpu"],
+            &[
+                "dummy", "tiny", "fcfs", "avx512", "portable", "cpu", "sim", "cuda:N",
+            ],
         ),
         (
             "controller",
@@ -328,7 +330,15 @@ fn help_lists_the_choices_of_closed_sets() {
         ),
         (
             "up",
-            &["dummy", "tiny", "fcfs", "avx2", "prefix_affinity", "cpu"],
+            &[
+                "dummy",
+                "tiny",
+                "fcfs",
+                "avx2",
+                "prefix_affinity",
+                "cpu",
+                "cuda:N",
+            ],
         ),
         (
             "bench",

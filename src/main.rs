@@ -97,10 +97,9 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err)
-            if matches!(
-                err.downcast_ref::<worker::WorkerError>(),
-                Some(worker::WorkerError::Refused(_))
-            ) =>
+            if err
+                .downcast_ref::<worker::WorkerError>()
+                .is_some_and(worker::WorkerError::is_config_error) =>
         {
             eprintln!("dpserve: error: {err:#}");
             // EX_CONFIG: retrying cannot help, so systemd units can stop restarting on it.

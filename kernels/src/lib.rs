@@ -1,6 +1,8 @@
 //! CPU kernels for the Llama forward pass (f32): GEMM, RMSNorm, RoPE, SwiGLU, attention over KV
 //! slots, argmax, on the instruction set chosen once per process ([`KernelPath`]: AVX-512,
-//! AVX2 + FMA, NEON or portable). Not the model itself (that is `worker::model`).
+//! AVX2 + FMA, NEON or portable). Not the model itself (that is `worker::model`). The same
+//! operations for NVIDIA GPUs, as CUDA sources compiled at run time by NVRTC, are in [`cuda`]
+//! (the `cuda` feature; not yet run on a GPU).
 //!
 //! Numeric contract: every kernel reduces each output element in an order fixed by the problem
 //! shape of that element alone (never by batch size, tiling, chunking or thread), so a token's
@@ -11,6 +13,7 @@
 
 pub mod activation;
 pub mod attention;
+pub mod cuda;
 pub mod gemm;
 pub mod linevec;
 pub mod math;

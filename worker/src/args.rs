@@ -263,8 +263,10 @@ pub struct DeviceArgs {
           value_parser = kernel_path_parser())]
     pub kernel_path: KernelPath,
     /// Compute device: `cpu` runs the model; `sim` simulates a GPU rank (real scheduler and
-    /// caches, a cost model's step times, pseudo-tokens; see docs/SIM.md).
-    #[arg(long, env = "DPSERVE_DEVICE", value_enum, default_value_t = Device::Cpu)]
+    /// caches, a cost model's step times, pseudo-tokens; see docs/SIM.md); `cuda` or `cuda:N`
+    /// names NVIDIA GPU N (0 for `cuda`), which is checked but not served yet: the CUDA model
+    /// path is not written (issue 14), so the worker exits with status 78 and the reason.
+    #[arg(long, env = "DPSERVE_DEVICE", default_value = "cpu", value_parser = device_parser())]
     pub device: Device,
     /// `--device sim`: the simulated GPU and model, a built-in profile.
     #[arg(long, env = "DPSERVE_SIM_PROFILE", default_value = DEFAULT_SIM_PROFILE,
@@ -288,13 +290,76 @@ impl Default for DeviceArgs {
 }
 
 /// `--device`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Device {
     /// The CPU kernels.
     Cpu,
     /// A simulated GPU rank: the forward pass replaced by a roofline cost model that sleeps
     /// for the modelled step time and emits pseudo-tokens.
     Sim,
+    /// An NVIDIA GPU through the CUDA backend (`kernels::cuda`): `cuda:N` is GPU N as the
+    /// driver numbers them after `CUDA_VISIBLE_DEVICES`; plain `cuda` (`None`) is GPU 0 for a
+    /// worker.
+    Cuda(Option<u32>),
+}
+
+impl Device {
+    /// The names `--help` lists.
+    pub const NAMES: [&'static str; 4] = ["cpu", "sim", "cuda", "cuda:N"];
+
+    /// The GPU ordinal a worker on this device uses, for a CUDA device.
+    pub fn cuda_ordinal(self) -> Option<u32> {
+        match self {
+            Device::Cuda(n) => Some(n.unwrap_or(0)),
+            Device::Cpu | Device::Sim => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Sim => f.write_str("sim"),
+            Device::Cuda(None) => f.write_str("cuda"),
+            Device::Cuda(Some(n)) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "sim" => Ok(Device::Sim),
+            "cuda" => Ok(Device::Cuda(None)),
+            _ => {
+                let n = s.strip_prefix("cuda:").ok_or_else(|| {
+                    format!("`{s}` is not a device: one of cpu, sim, cuda, cuda:N")
+                })?;
+                // Digits only: `u32::from_str` also takes a leading `+`.
+                let ordinal = n
+                    .bytes()
+                    .all(|b| b.is_ascii_digit())
+                    .then(|| n.parse::<u32>().ok())
+                    .flatten();
+                ordinal.map(|n| Device::Cuda(Some(n))).ok_or_else(|| {
+                    format!("the GPU ordinal in `{s}` must be a number: cuda:0, cuda:1, ...")
+                })
+            }
+        }
+    }
+}
+
+/// `--device`'s parser: [`Device`]'s own `FromStr` (which says what is wrong with a GPU
+/// ordinal), with [`Device::NAMES`] listed in `--help`.
+pub fn device_parser() -> Listed<Device> {
+    Listed {
+        parse: |s| s.parse::<Device>(),
+        names: || Device::NAMES.to_vec(),
+    }
 }
 
 /// `--device sim`: what a simulated rank models, and the seed of its pseudo-tokens
@@ -358,6 +423,8 @@ pub struct WorkerConfig {
     pub model: ModelSource,
     /// `--device sim`: simulate a GPU instead of running `model`.
     pub sim: Option<SimSettings>,
+    /// `--device cuda[:N]`: the GPU ordinal N (0 for plain `cuda`).
+    pub cuda: Option<u32>,
     pub worker_addr: Endpoint,
     pub tokenizer_addr: Endpoint,
     /// `None`: derive it from `mem_fraction` once the model is known.
@@ -422,6 +489,7 @@ impl WorkerArgs {
             rank: self.rank,
             model,
             sim,
+            cuda: self.device.device.cuda_ordinal(),
             worker_addr: addr("worker-addr", &self.worker_addr, "worker")?,
             tokenizer_addr: addr("tokenizer-addr", &self.tokenizer_addr, "tokenizer")?,
             max_total_tokens: serve.max_total_tokens,
@@ -583,7 +651,7 @@ mod tests {
             ("--load-format", "pt"),
             ("--builtin-size", "huge"),
             ("--schedule-policy", "lifo"),
-            ("--device", "cuda"),
+            ("--device", "tpu"),
         ] {
             let err = parse(&[flag, bad]).unwrap_err().to_string();
             assert!(err.contains(flag), "{flag} {bad}: {err}");
@@ -677,6 +745,37 @@ mod tests {
         }
         let err = parse(&["--sim-profile", "a100"]).unwrap_err().to_string();
         assert!(err.contains("--sim-profile"), "{err}");
+    }
+
+    #[test]
+    fn device_cuda_takes_an_optional_ordinal_and_says_what_is_wrong_with_a_bad_one() {
+        for (value, want, ordinal) in [
+            ("cpu", Device::Cpu, None),
+            ("sim", Device::Sim, None),
+            ("cuda", Device::Cuda(None), Some(0)),
+            ("cuda:0", Device::Cuda(Some(0)), Some(0)),
+            ("cuda:3", Device::Cuda(Some(3)), Some(3)),
+        ] {
+            let args = parse(&["--device", value]).unwrap();
+            assert_eq!(args.device.device, want, "{value}");
+            assert_eq!(args.device.device.to_string(), value);
+            assert_eq!(args.resolve().unwrap().cuda, ordinal, "{value}");
+        }
+        for bad in [
+            "cuda:abc", "cuda:", "cuda:-1", "cuda:+1", "cuda:1.5", "cuda0", "gpu",
+        ] {
+            let err = parse(&["--device", bad]).unwrap_err().to_string();
+            assert!(
+                err.contains("--device") && err.contains(bad),
+                "{bad}: {err}"
+            );
+            let why = if bad.starts_with("cuda:") {
+                "must be a number"
+            } else {
+                "one of cpu, sim, cuda, cuda:N"
+            };
+            assert!(err.contains(why), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -14,12 +14,25 @@ pub enum WorkerError {
     /// `flush_cache` while requests hold parts of the cache (they must finish first).
     #[error("cannot flush the cache while {running} requests are running or queued")]
     FlushBusy { running: usize },
+    /// The device `--device` names cannot be used here (no driver, no such GPU, or no model
+    /// path for it yet): a configuration error that restarting will not fix.
+    #[error("--device {device}: {why}")]
+    DeviceUnavailable { device: String, why: String },
 }
 
 impl WorkerError {
-    /// The exit status for [`WorkerError::Refused`]: `EX_CONFIG` from sysexits.h, so a systemd
-    /// unit can stop restarting on it.
+    /// The exit status for a configuration error ([`WorkerError::Refused`],
+    /// [`WorkerError::DeviceUnavailable`]): `EX_CONFIG` from sysexits.h, so a systemd unit can
+    /// stop restarting on it.
     pub const REFUSED_EXIT_CODE: u8 = 78;
+
+    /// Whether restarting the worker cannot help (it exits [`Self::REFUSED_EXIT_CODE`]).
+    pub fn is_config_error(&self) -> bool {
+        matches!(
+            self,
+            WorkerError::Refused(_) | WorkerError::DeviceUnavailable { .. }
+        )
+    }
 }
 
 /// Why a request is refused before it is queued.

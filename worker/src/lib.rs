@@ -149,12 +149,36 @@ fn log_simulated(
     );
 }
 
+/// `--device cuda:N`: why this worker cannot serve on GPU N. The probe's reason where the GPU
+/// cannot be used (no driver, no device, no such ordinal, a CUDA library missing); where it
+/// can, that the CUDA model path is not written yet (issue 14), rather than pretending.
+fn refuse_cuda(ordinal: u32) -> WorkerError {
+    let why = match kernels::cuda::probe(ordinal) {
+        Err(e) => e.to_string(),
+        Ok(gpu) => format!(
+            "{} found ({:.0} GiB, compute capability {}.{}), but the CUDA model path is not \
+             implemented yet (issue 14); use --device cpu",
+            gpu.name,
+            gpu.total_bytes as f64 / f64::from(1 << 30),
+            gpu.compute_capability.0,
+            gpu.compute_capability.1,
+        ),
+    };
+    WorkerError::DeviceUnavailable {
+        device: format!("cuda:{ordinal}"),
+        why,
+    }
+}
+
 /// Run a worker until SIGTERM/SIGINT or a `Shutdown` from the controller.
 /// `mem_fraction_given`: `--mem-fraction` (or its variable) was set, so a pool sized without
 /// `--max-total-tokens` takes what that share of memory allows rather than the default of a
 /// few thousand slots per running request.
 pub fn run(args: WorkerArgs, mem_fraction_given: bool) -> anyhow::Result<()> {
     let config = args.resolve()?;
+    if let Some(ordinal) = config.cuda {
+        return Err(refuse_cuda(ordinal).into());
+    }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handler")?;

@@ -1,0 +1,530 @@
+//! Loading the compiled kernels on a GPU and launching them: one typed method per operation,
+//! generic over the storage type, with the argument order of the kernel sources and the shape
+//! checks that keep a launch in bounds. Plus the GEMM through cuBLAS.
+//!
+//! NOT YET RUN ON A GPU: this compiles against cudarc's API and follows the sources'
+//! signatures, but no launch here has executed; the first GPU session checks each against the
+//! CPU kernels (issue 14). Keep it thin until then.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+
+use super::probe::driver_error;
+use super::{
+    arch_for, check_library, compile_all, AttnIndex, CudaDtype, CudaError, CudaLibrary, Result,
+    ATTN_MAX_HEAD_DIM, ATTN_THREADS, RMSNORM_THREADS,
+};
+use crate::AttnShape;
+
+/// A storage type the kernels take.
+pub trait Storage: DeviceRepr + Copy + 'static {
+    const DTYPE: CudaDtype;
+    fn from_f32(v: f32) -> Self;
+}
+
+impl Storage for f32 {
+    const DTYPE: CudaDtype = CudaDtype::F32;
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+}
+
+impl Storage for half::bf16 {
+    const DTYPE: CudaDtype = CudaDtype::Bf16;
+    fn from_f32(v: f32) -> Self {
+        half::bf16::from_f32(v)
+    }
+}
+
+impl Storage for half::f16 {
+    const DTYPE: CudaDtype = CudaDtype::F16;
+    fn from_f32(v: f32) -> Self {
+        half::f16::from_f32(v)
+    }
+}
+
+/// Threads of the blocks whose size is free (gather, RoPE, KV write, element-wise).
+const THREADS: u32 = 256;
+/// Most blocks of a grid-stride launch.
+const MAX_BLOCKS: u32 = 4096;
+
+/// An [`AttnIndex`] on the GPU.
+pub struct AttnBatch {
+    slots: CudaSlice<u32>,
+    start: CudaSlice<u32>,
+    len: CudaSlice<u32>,
+    tokens: usize,
+}
+
+impl AttnBatch {
+    /// Uploads `index` on `stream`.
+    pub fn upload(stream: &Arc<CudaStream>, index: &AttnIndex) -> Result<Self> {
+        let up = |v: &[u32]| {
+            // An empty upload is still a valid (one-element) buffer the kernel never reads.
+            let v = if v.is_empty() { &[0][..] } else { v };
+            stream
+                .clone_htod(v)
+                .map_err(|e| driver_error("cuMemcpyHtoD", e))
+        };
+        Ok(AttnBatch {
+            slots: up(&index.slots)?,
+            start: up(&index.start)?,
+            len: up(&index.len)?,
+            tokens: index.tokens(),
+        })
+    }
+}
+
+/// Every kernel loaded on one GPU, with a cuBLAS handle on the same stream.
+pub struct CudaKernels {
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    functions: HashMap<String, CudaFunction>,
+    arch: &'static str,
+}
+
+impl CudaKernels {
+    /// Compiles every source for `ctx`'s GPU with NVRTC and loads it (once, at start).
+    pub fn load(ctx: &Arc<CudaContext>) -> Result<Self> {
+        check_library(CudaLibrary::Cublas)?;
+        let cc = ctx
+            .compute_capability()
+            .map_err(|e| driver_error("cuDeviceGetAttribute", e))?;
+        let arch = arch_for(cc)?;
+        let stream = ctx.default_stream();
+        let mut functions = HashMap::new();
+        for compiled in compile_all(arch)? {
+            let module = ctx
+                .load_module(compiled.ptx)
+                .map_err(|e| driver_error("cuModuleLoadData", e))?;
+            for name in compiled.source.functions() {
+                let f = module
+                    .load_function(&name)
+                    .map_err(|e| driver_error("cuModuleGetFunction", e))?;
+                functions.insert(name, f);
+            }
+        }
+        let blas = CudaBlas::new(stream.clone()).map_err(|e| CudaError::Blas {
+            op: "cublasCreate",
+            text: format!("{e:?}"),
+        })?;
+        Ok(CudaKernels {
+            stream,
+            blas,
+            functions,
+            arch,
+        })
+    }
+
+    /// The stream every launch is queued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The architecture the kernels were compiled for.
+    pub fn arch(&self) -> &'static str {
+        self.arch
+    }
+
+    fn function(&self, op: &'static str, dtype: CudaDtype) -> Result<&CudaFunction> {
+        let name = format!("{op}_{}", dtype.suffix());
+        self.functions.get(&name).ok_or(CudaError::Shape {
+            kernel: op,
+            why: format!("{name} is not loaded"),
+        })
+    }
+
+    /// `out[t, :] = table[ids[t], :]` as f32 (`table`: `[vocab, hidden]`).
+    pub fn embedding_gather<T: Storage>(
+        &self,
+        table: &CudaSlice<T>,
+        ids: &CudaSlice<u32>,
+        hidden: usize,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let op = "embedding_gather";
+        let n = ids.len();
+        check(
+            op,
+            hidden > 0 && table.len().is_multiple_of(hidden),
+            "table shape",
+        )?;
+        check(op, out.len() == n * hidden, "out shape")?;
+        let (n_i, hidden_i, vocab) = (
+            int(op, n)?,
+            int(op, hidden)?,
+            uint(op, table.len() / hidden)?,
+        );
+        let f = self.function(op, T::DTYPE)?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(out)
+            .arg(table)
+            .arg(ids)
+            .arg(&n_i)
+            .arg(&hidden_i)
+            .arg(&vocab);
+        // SAFETY: the arguments are embedding_gather's (out, table, ids, n_tokens, hidden,
+        // vocab) in order and type; one block per token, every row inside `out` (checked), ids
+        // outside the table read nothing.
+        launch(op, n, || unsafe { b.launch(rows(n, THREADS)) })
+    }
+
+    /// RMSNorm of each row of the f32 residual `x` into `y` (the weight's type).
+    pub fn rmsnorm<T: Storage>(
+        &self,
+        x: &CudaSlice<f32>,
+        w: &CudaSlice<T>,
+        eps: f32,
+        y: &mut CudaSlice<T>,
+    ) -> Result<()> {
+        let op = "rmsnorm";
+        let dim = w.len();
+        check(op, dim > 0 && x.len().is_multiple_of(dim), "x shape")?;
+        check(op, y.len() == x.len(), "y shape")?;
+        let n = x.len() / dim;
+        let (n_i, dim_i) = (int(op, n)?, int(op, dim)?);
+        let f = self.function(op, T::DTYPE)?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(x).arg(w).arg(&eps).arg(y).arg(&n_i).arg(&dim_i);
+        // SAFETY: rmsnorm's (x, w, eps, y, rows, dim); RMSNORM_THREADS threads as the kernel
+        // requires; rows * dim elements in x and y (checked).
+        launch(op, n, || unsafe { b.launch(rows(n, RMSNORM_THREADS)) })
+    }
+
+    /// RoPE in place on the first `heads * head_dim` columns of each `row_stride`-wide row
+    /// of `x`, with `cos`/`sin` `[rows, head_dim / 2]` from [`crate::rope_tables`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope<T: Storage>(
+        &self,
+        x: &mut CudaSlice<T>,
+        cos: &CudaSlice<f32>,
+        sin: &CudaSlice<f32>,
+        heads: usize,
+        head_dim: usize,
+        row_stride: usize,
+    ) -> Result<()> {
+        let op = "rope";
+        let half = head_dim / 2;
+        check(
+            op,
+            head_dim > 0 && head_dim.is_multiple_of(2),
+            "odd head_dim",
+        )?;
+        check(
+            op,
+            cos.len().is_multiple_of(half) && sin.len() == cos.len(),
+            "tables",
+        )?;
+        let n = cos.len() / half;
+        check(op, heads * head_dim <= row_stride, "row_stride")?;
+        check(op, x.len() >= n * row_stride, "x shape")?;
+        let args = (
+            int(op, n)?,
+            int(op, heads)?,
+            int(op, head_dim)?,
+            int(op, row_stride)?,
+        );
+        let f = self.function(op, T::DTYPE)?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(x)
+            .arg(cos)
+            .arg(sin)
+            .arg(&args.0)
+            .arg(&args.1)
+            .arg(&args.2)
+            .arg(&args.3);
+        // SAFETY: rope's (x, cos, sin, n_tokens, heads, head_dim, row_stride); every row it
+        // touches is inside x and the tables (checked).
+        launch(op, n, || unsafe { b.launch(rows(n, THREADS)) })
+    }
+
+    /// `out[t, i] = silu(gu[t, i]) · gu[t, inter + i]`.
+    pub fn silu_mul<T: Storage>(
+        &self,
+        gu: &CudaSlice<T>,
+        inter: usize,
+        out: &mut CudaSlice<T>,
+    ) -> Result<()> {
+        let op = "silu_mul";
+        check(op, inter > 0 && gu.len() == 2 * out.len(), "shape")?;
+        check(op, out.len().is_multiple_of(inter), "shape")?;
+        let n = out.len() / inter;
+        let (n_i, inter_i) = (int(op, n)?, int(op, inter)?);
+        let f = self.function(op, T::DTYPE)?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(gu).arg(out).arg(&n_i).arg(&inter_i);
+        // SAFETY: silu_mul's (gu, out, n_tokens, inter); a grid-stride loop over n * inter
+        // outputs, inside both buffers (checked).
+        launch(op, n, || unsafe { b.launch(strided(n * inter)) })
+    }
+
+    /// `x += y` (x the f32 residual stream).
+    pub fn add_inplace<T: Storage>(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<T>) -> Result<()> {
+        let op = "add_inplace";
+        check(op, x.len() == y.len(), "shape")?;
+        let len = x.len();
+        let n = len as u64;
+        let f = self.function(op, T::DTYPE)?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(x).arg(y).arg(&n);
+        // SAFETY: add_inplace's (x, y, n), n the length of both (checked).
+        launch(op, len, || unsafe { b.launch(strided(len)) })
+    }
+
+    /// `y[r, c] += bias[c]`.
+    pub fn add_bias<T: Storage>(&self, y: &mut CudaSlice<T>, bias: &CudaSlice<T>) -> Result<()> {
+        let op = "add_bias";
+        let cols = bias.len();
+        check(op, cols > 0 && y.len().is_multiple_of(cols), "shape")?;
+        let rows_n = y.len() / cols;
+        let (r_i, c_i) = (int(op, rows_n)?, int(op, cols)?);
+        let f = self.function(op, T::DTYPE)?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(y).arg(bias).arg(&r_i).arg(&c_i);
+        // SAFETY: add_bias's (y, b, rows, cols); rows * cols = y's length (checked).
+        launch(op, rows_n, || unsafe { b.launch(strided(rows_n * cols)) })
+    }
+
+    /// `cache[slots[t], :] = src[t * src_stride ..][..kv_dim]` (one layer's K or V pool of
+    /// `cache.len() / kv_dim` slots).
+    pub fn kv_write<T: Storage>(
+        &self,
+        cache: &mut CudaSlice<T>,
+        src: &CudaSlice<T>,
+        src_stride: usize,
+        slots: &CudaSlice<u32>,
+        kv_dim: usize,
+    ) -> Result<()> {
+        let op = "kv_write";
+        let n = slots.len();
+        check(
+            op,
+            kv_dim > 0 && cache.len().is_multiple_of(kv_dim),
+            "cache shape",
+        )?;
+        check(op, kv_dim <= src_stride, "src_stride")?;
+        check(
+            op,
+            n == 0 || src.len() >= (n - 1) * src_stride + kv_dim,
+            "src shape",
+        )?;
+        let args = (int(op, n)?, int(op, kv_dim)?, int(op, src_stride)?);
+        let num_slots = uint(op, cache.len() / kv_dim)?;
+        let f = self.function(op, T::DTYPE)?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(cache)
+            .arg(src)
+            .arg(slots)
+            .arg(&args.0)
+            .arg(&args.1)
+            .arg(&args.2)
+            .arg(&num_slots);
+        // SAFETY: kv_write's (cache, src, slots, n_tokens, kv_dim, src_stride, num_slots);
+        // rows read are inside src (checked), slots past num_slots are skipped by the kernel.
+        launch(op, n, || unsafe { b.launch(rows(n, THREADS)) })
+    }
+
+    /// Attention of `batch`'s query tokens (`q` rows `q_stride` apart) over one layer's K/V
+    /// pools, into `out` (rows `out_stride` apart).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention<T: Storage>(
+        &self,
+        q: &CudaSlice<T>,
+        q_stride: usize,
+        k_cache: &CudaSlice<T>,
+        v_cache: &CudaSlice<T>,
+        batch: &AttnBatch,
+        shape: AttnShape,
+        out: &mut CudaSlice<T>,
+        out_stride: usize,
+    ) -> Result<()> {
+        let op = "attention";
+        let AttnShape {
+            num_heads,
+            num_kv_heads,
+            head_dim,
+        } = shape;
+        let n = batch.tokens;
+        let width = num_heads * head_dim;
+        let kv_width = num_kv_heads * head_dim;
+        check(
+            op,
+            num_kv_heads > 0 && num_heads.is_multiple_of(num_kv_heads),
+            "gqa shape",
+        )?;
+        check(
+            op,
+            head_dim > 0 && head_dim <= ATTN_MAX_HEAD_DIM,
+            "head_dim over 256",
+        )?;
+        check(op, num_heads <= u16::MAX as usize, "too many heads")?;
+        check(op, width <= q_stride && width <= out_stride, "strides")?;
+        check(
+            op,
+            n == 0 || q.len() >= (n - 1) * q_stride + width,
+            "q shape",
+        )?;
+        check(
+            op,
+            n == 0 || out.len() >= (n - 1) * out_stride + width,
+            "out shape",
+        )?;
+        check(
+            op,
+            k_cache.len() == v_cache.len() && k_cache.len().is_multiple_of(kv_width),
+            "kv shape",
+        )?;
+        let num_slots = uint(op, k_cache.len() / kv_width)?;
+        let ints = (int(op, q_stride)?, int(op, out_stride)?, int(op, n)?);
+        let heads = (
+            int(op, num_heads)?,
+            int(op, num_kv_heads)?,
+            int(op, head_dim)?,
+        );
+        // The CPU's scale, computed the CPU's way.
+        let scale = 1.0 / (head_dim as f32).sqrt();
+        let f = self.function(op, T::DTYPE)?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(q).arg(&ints.0).arg(k_cache).arg(v_cache);
+        b.arg(&batch.slots).arg(&batch.start).arg(&batch.len);
+        b.arg(out).arg(&ints.1).arg(&ints.2);
+        b.arg(&heads.0)
+            .arg(&heads.1)
+            .arg(&heads.2)
+            .arg(&scale)
+            .arg(&num_slots);
+        let cfg = LaunchConfig {
+            grid_dim: (n as u32, num_heads as u32, 1),
+            block_dim: (ATTN_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: attention's (q, q_stride, k_cache, v_cache, slots, slot_start, kv_len, out,
+        // out_stride, n_tokens, num_heads, num_kv_heads, head_dim, scale, num_slots) in order
+        // and type; ATTN_THREADS threads and head_dim <= ATTN_MAX_HEAD_DIM as it requires; q
+        // and out rows inside their buffers (checked); slots past num_slots read nothing. The
+        // index rows themselves are the AttnIndex's, consistent by construction.
+        launch(op, n, || unsafe { b.launch(cfg) })
+    }
+
+    /// Row-major `y[m, n] = x[m, k] · w[n, k]ᵀ` through cuBLAS (f32: `cublasSgemm`; 16-bit:
+    /// `cublasGemmEx` with f32 accumulation). Not batch-invariant: cuBLAS picks its kernel
+    /// (and so its reduction order) from `m`.
+    pub fn linear<T: Storage>(
+        &self,
+        x: &CudaSlice<T>,
+        m: usize,
+        w: &CudaSlice<T>,
+        n: usize,
+        y: &mut CudaSlice<T>,
+    ) -> Result<()>
+    where
+        CudaBlas: Gemm<T>,
+    {
+        let op = "linear";
+        check(op, m > 0 && n > 0 && w.len().is_multiple_of(n), "w shape")?;
+        let k = w.len() / n;
+        check(op, x.len() == m * k && y.len() == m * n, "x or y shape")?;
+        // Column-major: yᵀ[n, m] = w[n, k] · xᵀ[k, m], w read transposed.
+        let cfg = GemmConfig {
+            transa: cublasOperation_t::CUBLAS_OP_T,
+            transb: cublasOperation_t::CUBLAS_OP_N,
+            m: int(op, n)?,
+            n: int(op, m)?,
+            k: int(op, k)?,
+            alpha: T::from_f32(1.0),
+            lda: int(op, k)?,
+            ldb: int(op, k)?,
+            beta: T::from_f32(0.0),
+            ldc: int(op, n)?,
+        };
+        // SAFETY: the leading dimensions and sizes describe exactly w ([n, k]), x ([m, k])
+        // and y ([m, n]), row-major (checked above).
+        unsafe { self.blas.gemm(cfg, w, x, y) }.map_err(|e| CudaError::Blas {
+            op: "gemm",
+            text: format!("{e:?}"),
+        })
+    }
+}
+
+/// [`CudaError::Shape`] unless `ok`.
+fn check(kernel: &'static str, ok: bool, why: &str) -> Result<()> {
+    match ok {
+        true => Ok(()),
+        false => Err(CudaError::Shape {
+            kernel,
+            why: why.to_string(),
+        }),
+    }
+}
+
+/// `v` as a kernel's `int`.
+fn int(kernel: &'static str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| CudaError::Shape {
+        kernel,
+        why: format!("{v} does not fit a 32-bit int"),
+    })
+}
+
+/// `v` as a kernel's `u32`.
+fn uint(kernel: &'static str, v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| CudaError::Shape {
+        kernel,
+        why: format!("{v} does not fit 32 bits"),
+    })
+}
+
+/// One block of `threads` per row.
+fn rows(n: usize, threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// A grid-stride launch over `n` elements.
+fn strided(n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(THREADS as usize).clamp(1, MAX_BLOCKS as usize) as u32;
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Runs a launch unless there is nothing to do (`n` = 0: a zero grid is a launch error).
+fn launch<E>(
+    kernel: &'static str,
+    n: usize,
+    go: impl FnOnce() -> std::result::Result<E, cudarc::driver::DriverError>,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    go().map(|_| ()).map_err(|e| {
+        let mut err = driver_error("cuLaunchKernel", e);
+        if let CudaError::Driver { text, .. } = &mut err {
+            *text = format!("{kernel}: {text}");
+        }
+        err
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grids_cover_their_work_without_empty_or_oversized_launches() {
+        assert_eq!(strided(1).grid_dim, (1, 1, 1));
+        assert_eq!(strided(257).grid_dim, (2, 1, 1));
+        assert_eq!(strided(1 << 30).grid_dim, (MAX_BLOCKS, 1, 1));
+        assert_eq!(rows(7, RMSNORM_THREADS).block_dim, (RMSNORM_THREADS, 1, 1));
+        assert!(int("t", 1 << 31).is_err() && int("t", (1 << 31) - 1).is_ok());
+    }
+}

@@ -1,0 +1,198 @@
+//! `dpserve worker --device cuda[:N]` as a user meets it before the CUDA model path exists:
+//! accepted by the parser, then refused with one clear line and EX_CONFIG (78), never a panic,
+//! whether the machine lacks a driver, a GPU or that ordinal (the probe's reason) or has it all
+//! (the model path is not implemented yet; checked with stand-in driver libraries built here).
+//! A bad ordinal is a usage error.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kernels::cuda::{check_library, CudaLibrary};
+
+/// Runs `dpserve` with `args` and `env` (no other `DPSERVE_*` variable), killing it after 60 s;
+/// its exit code and stderr.
+fn dpserve(args: &[&str], env: &[(&str, &str)], dir: &Path) -> (Option<i32>, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dpserve"));
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("DPSERVE_") {
+            cmd.env_remove(key);
+        }
+    }
+    // Somewhere harmless to connect to, should the worker get that far.
+    cmd.env("XDG_RUNTIME_DIR", dir).envs(env.iter().copied());
+    let mut child = cmd.spawn().expect("spawn dpserve");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("dpserve {args:?} still running after 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().expect("stderr"), &mut stderr)
+        .expect("read stderr");
+    (status.code(), stderr)
+}
+
+/// Asserts the one-line EX_CONFIG refusal of `--device <shown>`; returns its reason.
+fn assert_refused(code: Option<i32>, stderr: &str, shown: &str) -> String {
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(code, Some(78), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(lines.len(), 1, "one line, not:\n{stderr}");
+    let prefix = format!("dpserve: error: --device {shown}: ");
+    let why = lines[0]
+        .strip_prefix(&prefix)
+        .unwrap_or_else(|| panic!("not `{prefix}…`: {}", lines[0]));
+    why.to_string()
+}
+
+#[test]
+fn worker_device_cuda_is_refused_with_one_clear_line_and_ex_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let no_driver = check_library(CudaLibrary::Driver).is_err();
+    // (--device's value, or DPSERVE_DEVICE's, and the device as the error shows it)
+    for (flag, var, shown) in [
+        (Some("cuda"), None, "cuda:0"),
+        (Some("cuda:7"), None, "cuda:7"),
+        (None, Some("cuda:1"), "cuda:1"),
+    ] {
+        let mut args = vec!["worker", "--rank", "0"];
+        args.extend(flag.map(|f| ["--device", f]).into_iter().flatten());
+        let env: Vec<(&str, &str)> = var.map(|v| ("DPSERVE_DEVICE", v)).into_iter().collect();
+        let (code, stderr) = dpserve(&args, &env, dir.path());
+        let why = assert_refused(code, &stderr, shown);
+        if no_driver {
+            assert!(
+                why.starts_with("no CUDA driver (libcuda.so.1 not found; "),
+                "{why}"
+            );
+        } else {
+            // A GPU machine: the probe's reason, or the model path's absence; never silence.
+            eprintln!("{shown}: {why}");
+            assert!(
+                why.contains("not implemented yet (issue 14)")
+                    || why.contains("not found")
+                    || why.contains("no CUDA device")
+                    || why.contains("there is no GPU"),
+                "{why}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_gpu_ordinal_that_is_not_a_number_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    for bad in ["cuda:abc", "cuda:", "cuda:-1"] {
+        let (code, stderr) = dpserve(&["worker", "--rank", "0", "--device", bad], &[], dir.path());
+        assert_eq!(code, Some(2), "{bad}: {stderr}");
+        assert!(
+            stderr.contains(&format!("'{bad}'")) && stderr.contains("must be a number"),
+            "{bad}: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+/// A stand-in `libcuda` for the driver's answers a GPU machine may give: C source of its
+/// functions (each returning a `CUresult`).
+const STUB_NO_DEVICE: &str = r#"
+int cuInit(unsigned flags) { return 100; /* CUDA_ERROR_NO_DEVICE */ }
+int cuGetErrorString(int e, const char** s) { *s = "no CUDA-capable device is detected"; return 0; }
+"#;
+const STUB_TWO_DEVICES_OLD_DRIVER: &str = r#"
+int cuInit(unsigned flags) { return 0; }
+int cuDeviceGetCount(int* n) { *n = 2; return 0; }
+"#;
+const STUB_ONE_H200: &str = r#"
+#include <stddef.h>
+#include <string.h>
+static int ctx;
+int cuInit(unsigned flags) { return 0; }
+int cuDeviceGetCount(int* n) { *n = 1; return 0; }
+int cuDeviceGet(int* d, int ordinal) { *d = ordinal; return 0; }
+int cuDevicePrimaryCtxRetain(void** c, int dev) { *c = &ctx; return 0; }
+int cuDevicePrimaryCtxRelease_v2(int dev) { return 0; }
+/* 75, 76: compute capability major, minor */
+int cuDeviceGetAttribute(int* v, int attr, int dev) { *v = attr == 75 ? 9 : 0; return 0; }
+int cuCtxSetCurrent(void* c) { return 0; }
+int cuCtxGetCurrent(void** c) { *c = &ctx; return 0; }
+int cuCtxSynchronize(void) { return 0; }
+int cuDeviceGetName(char* name, int len, int dev) { strncpy(name, "NVIDIA H200", len); return 0; }
+int cuMemGetInfo_v2(size_t* f, size_t* t) { *f = 140ull << 30; *t = 141ull << 30; return 0; }
+"#;
+
+/// Builds `libcuda.so` from `source` into `dir` (plus empty `libnvrtc.so` and `libcublas.so`
+/// when `libs`), under the names cudarc tries first, so they win over any real library.
+fn stub_driver(dir: &Path, source: &str, libs: bool) -> bool {
+    let build = |name: &str, text: &str| {
+        let c = dir.join(format!("{name}.c"));
+        std::fs::write(&c, text).unwrap();
+        Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(dir.join(format!("{name}.so")))
+            .arg(&c)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    for lib in ["libcuda", "libnvrtc", "libcublas"] {
+        let _ = std::fs::remove_file(dir.join(format!("{lib}.so")));
+    }
+    build("libcuda", source) && (!libs || (build("libnvrtc", "") && build("libcublas", "")))
+}
+
+#[test]
+fn each_answer_of_a_driver_becomes_its_own_line() {
+    let stubs = tempfile::tempdir().unwrap();
+    let runtime = tempfile::tempdir().unwrap();
+    let lib_path = stubs.path().to_str().unwrap();
+    for (source, libs, device, want) in [
+        (
+            STUB_NO_DEVICE,
+            false,
+            "cuda",
+            "no CUDA device is visible (CUDA_VISIBLE_DEVICES",
+        ),
+        (
+            STUB_TWO_DEVICES_OLD_DRIVER,
+            false,
+            "cuda:5",
+            "there is no GPU 5: 2 visible (CUDA_VISIBLE_DEVICES",
+        ),
+        (
+            STUB_TWO_DEVICES_OLD_DRIVER,
+            false,
+            "cuda:1",
+            "the CUDA library failed in CudaContext::new: Missing symbol cuDeviceGet",
+        ),
+        (
+            STUB_ONE_H200,
+            true,
+            "cuda",
+            "NVIDIA H200 found (141 GiB, compute capability 9.0), but the CUDA model path is \
+             not implemented yet (issue 14); use --device cpu",
+        ),
+    ] {
+        if !stub_driver(stubs.path(), source, libs) {
+            eprintln!("skipping: no C compiler (cc) to build a stand-in libcuda");
+            return;
+        }
+        let env = [("LD_LIBRARY_PATH", lib_path)];
+        let args = ["worker", "--rank", "0", "--device", device];
+        let (code, stderr) = dpserve(&args, &env, runtime.path());
+        let shown = if device == "cuda" { "cuda:0" } else { device };
+        let why = assert_refused(code, &stderr, shown);
+        assert!(why.starts_with(want), "{device}: {why}");
+    }
+}
