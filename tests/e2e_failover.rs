@@ -718,14 +718,15 @@ fn requests_in_flight_through_a_controller_restart_end_once_and_soon() {
         Duration::from_secs(30),
     );
 
-    // Worker 0 rejoined with both of its requests; it dies: both fail at the heartbeat timeout
-    // (the running one may have finished meanwhile; the queued one cannot have).
+    // Worker 0 rejoined with both of its requests; it dies: both fail as soon as the
+    // controller finds its connection closed, before the heartbeat timeout (the running one
+    // may have finished meanwhile; the queued one cannot have).
     c.kill("worker 0");
     let killed = Instant::now();
     let within = Duration::from_secs_f64(WORKER_TIMEOUT_S + 5.0);
     let error = expect_one_error(&c, &queued, within);
     assert!(
-        error.contains("rank 0") && error.contains("stopped responding"),
+        error.contains("rank 0") && error.contains("stopped responding (its process exited)"),
         "{error}"
     );
     eprintln!(

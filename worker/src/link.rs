@@ -211,6 +211,8 @@ impl LinkState {
                 self.rejoin()?;
                 None
             }
+            // The controller's probe of this connection (it notices a closed one at once).
+            Message::Heartbeat(_) => None,
             other => Some(Inbound::Msg(other)),
         })
     }

@@ -30,28 +30,66 @@ impl Controller {
             }
         }
         for rank in self.ranks.expired() {
-            let mode = self.ranks.holder(rank).map(|h| h.mode);
-            if let Some(lost) = self.ranks.remove(rank) {
-                self.kv_index.remove(rank);
-                self.announce_gone(rank, mode, "it stopped sending heartbeats");
-                tracing::warn!(
+            let timeout_s = self.config.worker_timeout.as_secs_f64();
+            self.lose_rank(
+                rank,
+                "it stopped sending heartbeats",
+                format!("no heartbeat for {timeout_s:.1}s"),
+            );
+        }
+    }
+
+    /// A rank whose process exited is removed at once instead of at its heartbeat timeout:
+    /// its connection closed, so a send to it fails with `EHOSTUNREACH` (the ROUTER is
+    /// `ROUTER_MANDATORY`). The probe is a `Heartbeat`, which workers drop. A stalled process
+    /// keeps its connection and is left to the timeout; so is a host that vanished without
+    /// closing its TCP connections.
+    pub(super) fn probe_ranks(&mut self) {
+        for rank in self.ranks.ids() {
+            let Some(identity) = self.ranks.holder(rank).map(|h| h.identity.clone()) else {
+                continue;
+            };
+            let probe = Message::Heartbeat(protocol::Heartbeat {
+                rank,
+                timestamp: 0.0,
+            });
+            let Ok(frame) = encode(&probe) else { continue };
+            // Not traced: it would add a line per rank five times a second.
+            let sent = self
+                .workers
+                .send_multipart([identity.as_slice(), frame.as_slice()], zmq::DONTWAIT);
+            if let Err(zmq::Error::EHOSTUNREACH) = sent {
+                self.lose_rank(
                     rank,
-                    timeout_s = self.config.worker_timeout.as_secs_f64(),
-                    failed_requests = lost.len(),
-                    live = ?self.ranks.ids(),
-                    "rank stopped sending heartbeats; removed"
+                    "its connection closed",
+                    "its process exited".to_string(),
                 );
-                self.abort_on(rank, &lost);
-                self.fail_requests(
-                    lost,
-                    format!(
-                        "data parallel rank {rank} stopped responding (no heartbeat for {:.1}s)",
-                        self.config.worker_timeout.as_secs_f64()
-                    ),
-                );
-                self.cluster_changed = true;
             }
         }
+    }
+
+    /// Remove a live rank that is gone (`why`, for the log and its peers) and fail what it
+    /// held, telling the clients it stopped responding (`detail`).
+    fn lose_rank(&mut self, rank: u32, why: &str, detail: String) {
+        let mode = self.ranks.holder(rank).map(|h| h.mode);
+        let Some(lost) = self.ranks.remove(rank) else {
+            return;
+        };
+        self.kv_index.remove(rank);
+        self.announce_gone(rank, mode, why);
+        tracing::warn!(
+            rank,
+            %detail,
+            failed_requests = lost.len(),
+            live = ?self.ranks.ids(),
+            "rank removed: {why}"
+        );
+        self.abort_on(rank, &lost);
+        self.fail_requests(
+            lost,
+            format!("data parallel rank {rank} stopped responding ({detail})"),
+        );
+        self.cluster_changed = true;
     }
 
     /// Best effort: a rank that only stalled (and may rejoin) must not go on computing requests

@@ -57,6 +57,9 @@ pub struct ControllerConfig {
 
 /// How often liveness is checked; also the poll timeout.
 const TICK: Duration = Duration::from_millis(50);
+/// How often the live ranks' connections are probed: a rank whose process exited is gone
+/// within about this long, not at its heartbeat timeout.
+const PROBE_INTERVAL: Duration = Duration::from_millis(200);
 pub struct Controller {
     config: ControllerConfig,
     ranks: Ranks,
@@ -78,6 +81,8 @@ pub struct Controller {
     id: u64,
     /// The tokenizer's `Reconcile`s not yet answered (see `reconcile`).
     reconciles: Vec<reconcile::PendingReconcile>,
+    /// When the live ranks' connections were last probed (`probe_ranks`).
+    last_probe: Instant,
 }
 
 impl Controller {
@@ -129,6 +134,7 @@ impl Controller {
             kv_index: KvIndex::new(),
             id: protocol::random_room(),
             reconciles: Vec::new(),
+            last_probe: Instant::now(),
             config,
         })
     }
@@ -157,6 +163,10 @@ impl Controller {
             if last_tick.elapsed() >= TICK {
                 last_tick = Instant::now();
                 self.expire_ranks();
+                if self.last_probe.elapsed() >= PROBE_INTERVAL {
+                    self.last_probe = Instant::now();
+                    self.probe_ranks();
+                }
                 self.ranks.refresh();
                 self.summarise_rejoins();
                 self.answer_reconciles();
