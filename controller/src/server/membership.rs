@@ -13,29 +13,20 @@ use crate::ranks::Joined;
 impl Controller {
     pub(super) fn expire_ranks(&mut self) {
         for rank in self.ranks.drain_expired() {
-            let mode = self.ranks.holder(rank).map(|h| h.mode);
-            if let Some(lost) = self.ranks.remove(rank) {
-                self.kv_index.remove(rank);
-                self.announce_gone(rank, mode, "its drain timeout ran out");
-                tracing::warn!(
-                    rank,
-                    failed_requests = lost.len(),
-                    "draining rank passed its deadline; removed"
-                );
-                self.abort_on(rank, &lost);
-                self.fail_requests(
-                    lost,
-                    format!("data parallel rank {rank} did not finish draining in time"),
-                );
-            }
+            self.lose_rank(
+                rank,
+                "its drain timeout ran out",
+                format!("data parallel rank {rank} did not finish draining in time"),
+            );
         }
         for rank in self.ranks.expired() {
             let timeout_s = self.config.worker_timeout.as_secs_f64();
-            self.lose_rank(
-                rank,
-                "it stopped sending heartbeats",
-                format!("no heartbeat for {timeout_s:.1}s"),
+            let failure = format!(
+                "data parallel rank {rank} stopped responding (no heartbeat for {timeout_s:.1}s)"
             );
+            if self.lose_rank(rank, "it stopped sending heartbeats", failure) {
+                self.cluster_changed = true;
+            }
         }
     }
 
@@ -59,37 +50,33 @@ impl Controller {
                 .workers
                 .send_multipart([identity.as_slice(), frame.as_slice()], zmq::DONTWAIT);
             if let Err(zmq::Error::EHOSTUNREACH) = sent {
-                self.lose_rank(
-                    rank,
-                    "its connection closed",
-                    "its process exited".to_string(),
-                );
+                let failure =
+                    format!("data parallel rank {rank} stopped responding (its process exited)");
+                if self.lose_rank(rank, "its connection closed", failure) {
+                    self.cluster_changed = true;
+                }
             }
         }
     }
 
-    /// Remove a live rank that is gone (`why`, for the log and its peers) and fail what it
-    /// held, telling the clients it stopped responding (`detail`).
-    fn lose_rank(&mut self, rank: u32, why: &str, detail: String) {
+    /// Remove a rank that is gone (`why`, for the log and its disaggregation peers) and fail
+    /// what it held with `failure`. False when the rank was not known.
+    fn lose_rank(&mut self, rank: u32, why: &str, failure: String) -> bool {
         let mode = self.ranks.holder(rank).map(|h| h.mode);
         let Some(lost) = self.ranks.remove(rank) else {
-            return;
+            return false;
         };
         self.kv_index.remove(rank);
         self.announce_gone(rank, mode, why);
         tracing::warn!(
             rank,
-            %detail,
             failed_requests = lost.len(),
             live = ?self.ranks.ids(),
             "rank removed: {why}"
         );
         self.abort_on(rank, &lost);
-        self.fail_requests(
-            lost,
-            format!("data parallel rank {rank} stopped responding ({detail})"),
-        );
-        self.cluster_changed = true;
+        self.fail_requests(lost, failure);
+        true
     }
 
     /// Best effort: a rank that only stalled (and may rejoin) must not go on computing requests
