@@ -485,11 +485,18 @@ impl WorkerArgs {
             Some(n) => n,
             None => std::thread::available_parallelism().map_or(1, |n| n.get()),
         };
+        let cuda = self.device.device.cuda_ordinal();
+        if cuda.is_some() && !self.disaggregation_mode.is_null() {
+            anyhow::bail!(
+                "--device cuda does not run disaggregated roles yet (its KV pool is on the GPU \
+                 and does not travel between workers); use --disaggregation-mode null"
+            );
+        }
         Ok(WorkerConfig {
             rank: self.rank,
             model,
             sim,
-            cuda: self.device.device.cuda_ordinal(),
+            cuda,
             worker_addr: addr("worker-addr", &self.worker_addr, "worker")?,
             tokenizer_addr: addr("tokenizer-addr", &self.tokenizer_addr, "tokenizer")?,
             max_total_tokens: serve.max_total_tokens,

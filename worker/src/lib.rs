@@ -149,25 +149,130 @@ fn log_simulated(
     );
 }
 
-/// `--device cuda:N`: why this worker cannot serve on GPU N. The probe's reason where the GPU
-/// cannot be used (no driver, no device, no such ordinal, a CUDA library missing); where it
-/// can, that the CUDA model path is not written yet (issue 14), rather than pretending.
-fn refuse_cuda(ordinal: u32) -> WorkerError {
-    let why = match kernels::cuda::probe(ordinal) {
-        Err(e) => e.to_string(),
-        Ok(gpu) => format!(
-            "{} found ({:.0} GiB, compute capability {}.{}), but the CUDA model path is not \
-             implemented yet (issue 14); use --device cpu",
-            gpu.name,
-            gpu.total_bytes as f64 / f64::from(1 << 30),
-            gpu.compute_capability.0,
-            gpu.compute_capability.1,
-        ),
-    };
+/// `--device cuda:N` where it cannot be served: the probe's reason (no driver, no device, no
+/// such ordinal, a CUDA library missing), or that this build has no CUDA backend.
+fn cuda_unavailable(ordinal: u32, why: impl std::fmt::Display) -> WorkerError {
     WorkerError::DeviceUnavailable {
         device: format!("cuda:{ordinal}"),
-        why,
+        why: why.to_string(),
     }
+}
+
+/// `--device cuda:N`: probes GPU N, loads the model on the host and uploads it in its stored
+/// type (kernels compiled by NVRTC first). The KV pool is allocated once its size is known
+/// ([`alloc_gpu_pool`]). Every failure is one line and EX_CONFIG.
+#[cfg(feature = "cuda")]
+fn load_cuda(
+    config: &WorkerConfig,
+    ordinal: u32,
+    pool: &rayon::ThreadPool,
+) -> anyhow::Result<model::cuda::CudaLlama> {
+    let gpu = kernels::cuda::probe(ordinal).map_err(|e| cuda_unavailable(ordinal, e))?;
+    let host = pool.install(|| load_model(&config.model))?;
+    // cudarc panics on a symbol its library lacks: at start, that is a refusal like any other.
+    let model = kernels::cuda::quietly("uploading the model", || {
+        model::cuda::CudaLlama::upload(&host, gpu)
+    })
+    .and_then(|r| r)
+    .map_err(|e| cuda_unavailable(ordinal, format!("uploading the model: {e}")))?;
+    Ok(model)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn load_cuda(
+    _config: &WorkerConfig,
+    ordinal: u32,
+    _pool: &rayon::ThreadPool,
+) -> anyhow::Result<LlamaModel> {
+    Err(cuda_unavailable(ordinal, kernels::cuda::CudaError::NotBuilt).into())
+}
+
+/// The KV pool of a GPU rank: `--mem-fraction` of the GPU memory free before the model was
+/// uploaded, less what the upload took and one step's activations (chunked-prefill tokens,
+/// every running request), in the storage type. Too little for one full context is an error:
+/// a GPU pool is allocated up front and cannot grow.
+#[cfg(feature = "cuda")]
+fn size_gpu_pool(
+    config: &WorkerConfig,
+    m: &model::cuda::CudaLlama,
+    context_len: usize,
+) -> anyhow::Result<usize> {
+    let ordinal = m.gpu().ordinal;
+    let (free, total) = m.mem_info().map_err(|e| cuda_unavailable(ordinal, e))?;
+    let uploaded = m.gpu().free_bytes.saturating_sub(free);
+    let step = m.step_bytes(config.chunked_prefill_size, config.max_running_requests);
+    let budget = mem::KvBudget {
+        available_bytes: Some(m.gpu().free_bytes),
+        mem_fraction: config.mem_fraction,
+        weight_bytes: uploaded.max(m.weight_bytes()) + step,
+        kv_bytes_per_token: m.kv_bytes_per_token(),
+        context_len,
+        req_to_token_rows: config.max_running_requests + config.pre_alloc_rows,
+        // A GPU is this worker's own: the share is the pool's, not a few thousand per request.
+        tokens_per_request: None,
+    };
+    let size = budget.derive();
+    tracing::info!(
+        rank = config.rank,
+        gpu_free_bytes = m.gpu().free_bytes,
+        gpu_total_bytes = total,
+        mem_fraction = config.mem_fraction,
+        uploaded_bytes = uploaded,
+        step_bytes = step,
+        budget_bytes = size.budget_bytes.unwrap_or(0),
+        kv_bytes_per_token = budget.kv_bytes_per_token,
+        max_total_tokens = size.max_total_tokens,
+        limit = size.limit.as_str(),
+        "GPU KV pool sized from --mem-fraction of the GPU memory free at start (set \
+         --max-total-tokens to choose it)"
+    );
+    if size.limit == mem::PoolLimit::OneContext {
+        return Err(cuda_unavailable(
+            ordinal,
+            format!(
+                "too little GPU memory: --mem-fraction {} of the {} MiB free leaves {} MiB for \
+                 the KV pool after the model ({} MiB) and one step, less than one full context \
+                 of {context_len} tokens needs ({} MiB); raise --mem-fraction, lower \
+                 --context-length or set --max-total-tokens",
+                config.mem_fraction,
+                m.gpu().free_bytes >> 20,
+                size.budget_bytes.unwrap_or(0) >> 20,
+                budget.weight_bytes >> 20,
+                (budget.kv_bytes_per_token * context_len as u64) >> 20,
+            ),
+        )
+        .into());
+    }
+    Ok(size.max_total_tokens)
+}
+
+/// Allocates the GPU KV pool of `slots` slots, then runs one step of one token (into slot 0,
+/// free, so overwritten before anything reads it): every kernel and cuBLAS call a step makes
+/// has then run once, and one that cannot is a start-up refusal, not a failed request.
+#[cfg(feature = "cuda")]
+fn alloc_gpu_pool(m: &model::cuda::CudaLlama, slots: usize) -> anyhow::Result<()> {
+    let ordinal = m.gpu().ordinal;
+    let bytes = m.kv_bytes_per_token() * slots as u64;
+    m.alloc_kv(slots).map_err(|e| {
+        cuda_unavailable(
+            ordinal,
+            format!(
+                "allocating the KV pool of {slots} tokens ({} MiB): {e}",
+                bytes >> 20
+            ),
+        )
+    })?;
+    let first = [model::SeqInput {
+        new_tokens: &[0],
+        start_pos: 0,
+        slots: &[0],
+    }];
+    let plan = model::BatchPlan::new(m.config(), slots, &first)?;
+    kernels::cuda::quietly("the first step", || m.forward(&plan))
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()))
+        .map_err(|e| cuda_unavailable(ordinal, format!("the first step failed: {e}")))?;
+    Ok(())
 }
 
 /// Run a worker until SIGTERM/SIGINT or a `Shutdown` from the controller.
@@ -176,9 +281,6 @@ fn refuse_cuda(ordinal: u32) -> WorkerError {
 /// few thousand slots per running request.
 pub fn run(args: WorkerArgs, mem_fraction_given: bool) -> anyhow::Result<()> {
     let config = args.resolve()?;
-    if let Some(ordinal) = config.cuda {
-        return Err(refuse_cuda(ordinal).into());
-    }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handler")?;
@@ -205,9 +307,10 @@ fn load(
     // Free memory is read before the weights load, so they come out of this worker's share.
     let free_memory = mem::read_available_memory();
     let started = Instant::now();
-    let model: ModelRunner = match &config.sim {
-        Some(sim) => SimModel::new(sim.profile.clone(), sim.seed).into(),
-        None => pool.install(|| load_model(&config.model))?.into(),
+    let model: ModelRunner = match (&config.sim, config.cuda) {
+        (Some(sim), _) => SimModel::new(sim.profile.clone(), sim.seed).into(),
+        (None, Some(ordinal)) => load_cuda(config, ordinal, pool)?.into(),
+        (None, None) => pool.install(|| load_model(&config.model))?.into(),
     };
     let mc = model.config().clone();
     let context_len = config
@@ -217,12 +320,37 @@ fn load(
     let max_total_tokens = match (config.max_total_tokens, &model) {
         (Some(tokens), _) => tokens,
         (None, ModelRunner::Sim(sim)) => size_sim_pool(config.rank, sim)?,
+        #[cfg(feature = "cuda")]
+        (None, ModelRunner::Cuda(m)) => size_gpu_pool(config, m, context_len)?,
         (None, ModelRunner::Llama(_)) => {
             size_kv_pool(config, mem_fraction_given, &mc, context_len, free_memory)
         }
     };
     match &model {
         ModelRunner::Sim(sim) => log_simulated(config, sim, context_len, max_total_tokens),
+        #[cfg(feature = "cuda")]
+        ModelRunner::Cuda(m) => {
+            alloc_gpu_pool(m, max_total_tokens)?;
+            let gpu = m.gpu();
+            tracing::info!(
+                rank = config.rank,
+                model = %mc.model_id,
+                params = mc.num_params(),
+                layers = mc.num_hidden_layers,
+                hidden = mc.hidden_size,
+                device = %format!("cuda:{}", gpu.ordinal),
+                gpu = %gpu.name,
+                gpu_memory_bytes = gpu.total_bytes,
+                compute_capability = %format!("{}.{}", gpu.compute_capability.0, gpu.compute_capability.1),
+                dtype = m.dtype().suffix(),
+                weight_bytes = m.weight_bytes(),
+                context_len,
+                max_total_tokens,
+                kv_bytes = m.kv_bytes_per_token() * max_total_tokens as u64,
+                load_ms = started.elapsed().as_millis() as u64,
+                "model loaded on the GPU"
+            )
+        }
         ModelRunner::Llama(_) => tracing::info!(
             rank = config.rank,
             model = %mc.model_id,

@@ -28,10 +28,14 @@ mod source;
 pub use attn_index::AttnIndex;
 #[cfg(feature = "cuda")]
 pub use compile::{arch_for, compile_all, compile_source, nvrtc_version, CompiledSource, ARCHS};
+/// The cudarc this backend was built with, so callers name its types (`CudaSlice`,
+/// `CudaContext`) at the same version.
+#[cfg(feature = "cuda")]
+pub use cudarc;
 #[cfg(feature = "cuda")]
 pub use launch::{AttnBatch, CudaKernels, Storage};
 #[cfg(feature = "cuda")]
-pub use probe::{check_library, probe};
+pub use probe::{check_library, driver_error, probe, quietly};
 pub use source::{
     CudaDtype, KernelSource, ATTN_MAX_HEAD_DIM, ATTN_THREADS, PRELUDE, RMSNORM_THREADS, SOURCES,
 };
@@ -123,7 +127,7 @@ pub enum CudaError {
         text: String,
     },
     /// cudarc panicked inside (caught): typically a symbol the library lacks.
-    #[error("the CUDA library failed in {op}: {message} (a driver older than CUDA 13.0?)")]
+    #[error("the CUDA library failed in {op}: {message} (a library older than CUDA 13.0?)")]
     Panicked { op: &'static str, message: String },
     /// The log is NVRTC's, possibly several lines.
     #[error("NVRTC could not compile {source_name}.cu for {arch}: {log}")]

@@ -71,7 +71,7 @@ pub fn probe(ordinal: u32) -> Result<DeviceInfo> {
 }
 
 /// A driver error as [`CudaError::Driver`]: its code and the driver's own words.
-pub(super) fn driver_error(op: &'static str, e: DriverError) -> CudaError {
+pub fn driver_error(op: &'static str, e: DriverError) -> CudaError {
     CudaError::Driver {
         op,
         code: format!("{:?}", e.0),
@@ -85,7 +85,7 @@ pub(super) fn driver_error(op: &'static str, e: DriverError) -> CudaError {
 /// `f`, with a panic inside cudarc turned into [`CudaError::Panicked`] and the panic hook
 /// silenced meanwhile (the message goes into the error, not onto stderr). The hook is
 /// process-wide: call this at start-up, not while other threads may panic.
-pub(super) fn quietly<T>(op: &'static str, f: impl FnOnce() -> T) -> Result<T> {
+pub fn quietly<T>(op: &'static str, f: impl FnOnce() -> T) -> Result<T> {
     let hook = panic::take_hook();
     panic::set_hook(Box::new(|_| {}));
     let result = panic::catch_unwind(AssertUnwindSafe(f));

@@ -30,6 +30,9 @@ pub enum ModelError {
     Config { field: String, reason: String },
     #[error("bad input: {reason}")]
     BadInput { reason: String },
+    /// The GPU refused a step (a launch, a copy, cuBLAS): the CUDA backend's own words.
+    #[error("GPU: {0}")]
+    Gpu(String),
 }
 
 /// Result alias of the model module.

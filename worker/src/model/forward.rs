@@ -10,8 +10,8 @@ use kernels::{AttnShape, LineVec, PackedMatrix};
 use super::config::ModelConfig;
 use super::error::{ModelError, Result};
 use super::kv::KvBuffers;
+use super::plan::BatchPlan;
 use super::weights::Weights;
-use super::SeqInput;
 
 /// Activations of one step, kept between steps (per thread) so a step allocates nothing but
 /// its result once the buffers have grown to the largest step seen. Line-aligned where the
@@ -43,81 +43,6 @@ fn sized(v: &mut LineVec, len: usize) -> &mut [f32] {
     &mut v[..]
 }
 
-/// All new tokens of one step, flattened in sequence order.
-struct StepTokens<'a> {
-    ids: Vec<u32>,
-    positions: Vec<usize>,
-    /// The slot each new token's K/V is written to.
-    write_slots: Vec<u32>,
-    /// For each new token, the slots of its sequence's positions `0..=p`.
-    attend: Vec<&'a [u32]>,
-    /// Row (in the flat token list) of each sequence's last new token.
-    last_rows: Vec<usize>,
-}
-
-fn bad(reason: String) -> ModelError {
-    ModelError::BadInput { reason }
-}
-
-/// Checks every sequence against the model and the KV pool, then flattens them.
-fn flatten<'a>(cfg: &ModelConfig, kv: &KvBuffers, seqs: &[SeqInput<'a>]) -> Result<StepTokens<'a>> {
-    if !kv.fits(cfg) {
-        return Err(bad(
-            "KV buffers were built for a different model shape".into()
-        ));
-    }
-    let total: usize = seqs.iter().map(|s| s.new_tokens.len()).sum();
-    let mut st = StepTokens {
-        ids: Vec::with_capacity(total),
-        positions: Vec::with_capacity(total),
-        write_slots: Vec::with_capacity(total),
-        attend: Vec::with_capacity(total),
-        last_rows: Vec::with_capacity(seqs.len()),
-    };
-    for (i, s) in seqs.iter().enumerate() {
-        let end = s.start_pos + s.new_tokens.len();
-        if s.new_tokens.is_empty() {
-            return Err(bad(format!("seq {i}: no new tokens")));
-        }
-        if s.slots.len() != end {
-            return Err(bad(format!(
-                "seq {i}: {} slots for start_pos {} + {} new tokens",
-                s.slots.len(),
-                s.start_pos,
-                s.new_tokens.len()
-            )));
-        }
-        if end > cfg.max_position_embeddings {
-            return Err(bad(format!(
-                "seq {i}: position {} >= max_position_embeddings {}",
-                end - 1,
-                cfg.max_position_embeddings
-            )));
-        }
-        if let Some(&slot) = s.slots.iter().find(|&&x| x as usize >= kv.num_slots()) {
-            return Err(bad(format!(
-                "seq {i}: slot {slot} >= num_slots {}",
-                kv.num_slots()
-            )));
-        }
-        if let Some(&t) = s.new_tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-            return Err(bad(format!(
-                "seq {i}: token id {t} >= vocab_size {}",
-                cfg.vocab_size
-            )));
-        }
-        for (j, &t) in s.new_tokens.iter().enumerate() {
-            let p = s.start_pos + j;
-            st.ids.push(t);
-            st.positions.push(p);
-            st.write_slots.push(s.slots[p]);
-            st.attend.push(&s.slots[..=p]);
-        }
-        st.last_rows.push(st.ids.len() - 1);
-    }
-    Ok(st)
-}
-
 /// `y = x · Wᵀ (+ b)` over `m` rows into `y` (resized, so one buffer serves every layer).
 fn linear(x: &[f32], m: usize, w: &PackedMatrix, b: Option<&[f32]>, y: &mut LineVec) {
     y.resize(m * w.rows());
@@ -125,14 +50,18 @@ fn linear(x: &[f32], m: usize, w: &PackedMatrix, b: Option<&[f32]>, y: &mut Line
 }
 
 /// Runs the decoder over the step and returns the final-normed hidden state of each
-/// sequence's last new token, `[seqs.len(), hidden]`.
+/// sequence's last new token, `[plan.seqs(), hidden]`.
 pub(crate) fn hidden_last(
     cfg: &ModelConfig,
     w: &Weights,
     kv: &mut KvBuffers,
-    seqs: &[SeqInput<'_>],
+    st: &BatchPlan<'_>,
 ) -> Result<Vec<f32>> {
-    let st = flatten(cfg, kv, seqs)?;
+    if !kv.fits(cfg) || st.num_slots > kv.num_slots() {
+        return Err(ModelError::BadInput {
+            reason: "the KV buffers do not fit this model or step".into(),
+        });
+    }
     let t = st.ids.len();
     let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
     let (qd, kvd, hd) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
@@ -194,7 +123,7 @@ pub(crate) fn hidden_last(
         kernels::add_inplace(x, down);
     }
     last.clear();
-    for &r in &st.last_rows {
+    for &r in &st.logit_rows {
         last.extend_from_slice(&x[r * h..(r + 1) * h]);
     }
     let mut out = vec![0f32; last.len()];

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use kernels::cuda::CudaDtype;
 use kernels::PackedMatrix;
 use memmap2::Mmap;
 use rayon::prelude::*;
@@ -124,6 +125,18 @@ impl TensorIndex<'_> {
         self.by_name.contains_key(name)
     }
 
+    /// The storage type of tensor `name`, as the GPU keeps it (`None`: absent, or a type the
+    /// loader refuses anyway).
+    fn dtype(&self, name: &str) -> Option<CudaDtype> {
+        let &i = self.by_name.get(name)?;
+        match self.st[i].1.tensor(name).ok()?.dtype() {
+            Dtype::F32 => Some(CudaDtype::F32),
+            Dtype::F16 => Some(CudaDtype::F16),
+            Dtype::BF16 => Some(CudaDtype::Bf16),
+            _ => None,
+        }
+    }
+
     /// The tensor as f32, checked against `shape`.
     fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let missing = || ModelError::MissingTensor {
@@ -223,5 +236,8 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
         layers,
         norm,
         lm_head,
+        dtype: ix
+            .dtype("model.embed_tokens.weight")
+            .unwrap_or(CudaDtype::F32),
     })
 }

@@ -1,12 +1,16 @@
-//! The Llama-family model on CPU (Llama 2/3, Mistral, Qwen2-style q/k/v bias, TinyStories):
-//! configuration, Hugging Face loading, seeded dummy weights and the batched forward pass over
-//! a KV slot pool. Scheduling, slot allocation and sampling live elsewhere.
+//! The Llama-family model (Llama 2/3, Mistral, Qwen2-style q/k/v bias, TinyStories):
+//! configuration, Hugging Face loading, seeded dummy weights, the batch plan of a step and its
+//! forward pass over a KV slot pool, on the CPU (`forward.rs`) and on an NVIDIA GPU (`cuda.rs`,
+//! the `cuda` feature). Scheduling, slot allocation and sampling live elsewhere.
 
 mod config;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod error;
 mod forward;
 mod kv;
 mod loader;
+mod plan;
 mod weights;
 
 #[cfg(test)]
@@ -16,7 +20,9 @@ use std::path::Path;
 
 pub use config::{BuiltinSize, ModelConfig};
 pub use error::{ModelError, Result};
+pub use kernels::cuda::CudaDtype;
 pub use kv::KvBuffers;
+pub use plan::BatchPlan;
 
 use weights::Weights;
 
@@ -64,16 +70,36 @@ impl LlamaModel {
         &self.config
     }
 
+    /// How the checkpoint stored its weights (f32 for dummy weights). The CPU computes in f32
+    /// whatever it is; the GPU keeps weights and KV in this type.
+    pub fn stored_dtype(&self) -> CudaDtype {
+        self.weights.dtype
+    }
+
     /// One batched step: writes the new tokens' K/V to their slots and returns the logits of
     /// each sequence's last new token, row-major `[seqs.len(), vocab_size]`.
     pub fn forward(&self, kv: &mut KvBuffers, seqs: &[SeqInput<'_>]) -> Result<Vec<f32>> {
-        let hidden = forward::hidden_last(&self.config, &self.weights, kv, seqs)?;
-        Ok(forward::logits(&self.config, &self.weights, &hidden))
+        self.forward_plan(kv, &BatchPlan::new(&self.config, kv.num_slots(), seqs)?)
     }
 
     /// The same pass, returning the final-normed hidden state of each sequence's last new token,
     /// `[seqs.len(), hidden_size]`.
     pub fn forward_hidden(&self, kv: &mut KvBuffers, seqs: &[SeqInput<'_>]) -> Result<Vec<f32>> {
-        forward::hidden_last(&self.config, &self.weights, kv, seqs)
+        self.forward_hidden_plan(kv, &BatchPlan::new(&self.config, kv.num_slots(), seqs)?)
+    }
+
+    /// [`Self::forward`] of a checked plan.
+    pub fn forward_plan(&self, kv: &mut KvBuffers, plan: &BatchPlan<'_>) -> Result<Vec<f32>> {
+        let hidden = forward::hidden_last(&self.config, &self.weights, kv, plan)?;
+        Ok(forward::logits(&self.config, &self.weights, &hidden))
+    }
+
+    /// [`Self::forward_hidden`] of a checked plan.
+    pub fn forward_hidden_plan(
+        &self,
+        kv: &mut KvBuffers,
+        plan: &BatchPlan<'_>,
+    ) -> Result<Vec<f32>> {
+        forward::hidden_last(&self.config, &self.weights, kv, plan)
     }
 }

@@ -2,6 +2,7 @@
 //! serves q/k/v and one serves gate/up, every matrix packed once for the GEMM kernel), and the
 //! seeded dummy initialisation.
 
+use kernels::cuda::CudaDtype;
 use kernels::PackedMatrix;
 use rand::{Rng, SeedableRng};
 
@@ -41,6 +42,9 @@ pub(crate) struct Weights {
     pub norm: Vec<f32>,
     /// `[vocab, hidden]`; `None` means tied to `embed`.
     pub lm_head: Option<PackedMatrix>,
+    /// The checkpoint's storage type (of its embedding table; f32 for dummy weights). Every
+    /// value above is that value widened to f32, exactly.
+    pub dtype: CudaDtype,
 }
 
 impl Weights {
@@ -86,6 +90,7 @@ impl Weights {
             layers,
             norm: vec![1.0; h],
             lm_head,
+            dtype: CudaDtype::F32,
         }
     }
 }

@@ -1,0 +1,473 @@
+//! The Llama forward pass on an NVIDIA GPU: the batch plan of `plan.rs` executed with the
+//! kernels of `kernels::cuda` (NVRTC-compiled at start) and cuBLAS, the same sequence of
+//! operations as the CPU pass in `forward.rs`.
+//!
+//! Weights are uploaded once, in the checkpoint's storage type (f32, f16 or bf16; every
+//! product and sum is computed in f32, 16-bit values rounded to nearest even when stored). The
+//! residual stream is f32. The KV pool lives on the GPU in the same storage type, allocated
+//! once at start ([`CudaLlama::alloc_kv`]); the scheduler's `KvBuffers` for this rank only
+//! count slots. A step uploads the plan (ids, write slots, attention index, RoPE tables),
+//! runs the layers, gathers each sequence's last row and copies back only those rows' logits;
+//! sampling stays on the CPU.
+//!
+//! q, k and v are three GEMMs (not one fused qkv GEMM as on the CPU), so each lands in its own
+//! buffer and no kernel needs an offset into another's rows; the dot products are the same.
+//!
+//! What is batch-invariant here: the embedding gather, RoPE, KV write, the element-wise ops and
+//! attention (one fixed reduction order per (token, head), nothing shared with other tokens);
+//! RMSNorm (its order depends on the row width only). What is not: the GEMMs, where cuBLAS
+//! picks its kernel and split from the number of rows, so a token's logits can differ in the
+//! last bits between a step of 1 token and a step of 64.
+
+use std::sync::{Arc, Mutex};
+
+use half::{bf16, f16};
+use kernels::cuda::cudarc::cublas::{CudaBlas, Gemm};
+use kernels::cuda::cudarc::driver::{CudaContext, CudaSlice, ValidAsZeroBits};
+use kernels::cuda::{
+    driver_error, AttnBatch, AttnIndex, CudaDtype, CudaError, CudaKernels, DeviceInfo, Storage,
+};
+use kernels::AttnShape;
+
+use super::config::ModelConfig;
+use super::error::{ModelError, Result};
+use super::plan::BatchPlan;
+use super::weights::Weights;
+use super::LlamaModel;
+
+/// A storage type a step runs in: the kernels' [`Storage`], cuBLAS's GEMM, and widening back
+/// to f32 on the host.
+trait Elem: Storage + ValidAsZeroBits + Send {
+    fn widen(self) -> f32;
+}
+
+impl Elem for f32 {
+    fn widen(self) -> f32 {
+        self
+    }
+}
+
+impl Elem for bf16 {
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+}
+
+impl Elem for f16 {
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+}
+
+/// One decoder layer on the GPU. Matrices are row-major `[out, in]`, as [`CudaKernels::linear`]
+/// takes them.
+struct Layer<T> {
+    attn_norm: CudaSlice<T>,
+    wq: CudaSlice<T>,
+    wk: CudaSlice<T>,
+    wv: CudaSlice<T>,
+    /// q, k and v biases (Qwen2-style models).
+    bias: Option<[CudaSlice<T>; 3]>,
+    wo: CudaSlice<T>,
+    mlp_norm: CudaSlice<T>,
+    /// `[2·intermediate, hidden]`: gate rows, then up rows.
+    wgu: CudaSlice<T>,
+    wdown: CudaSlice<T>,
+}
+
+/// The model's weights and KV pool on one GPU, in storage type `T`.
+struct Net<T> {
+    kernels: CudaKernels,
+    embed: CudaSlice<T>,
+    layers: Vec<Layer<T>>,
+    norm: CudaSlice<T>,
+    /// `None`: tied to `embed`.
+    lm_head: Option<CudaSlice<T>>,
+    /// Per layer, K and V of every slot: `[num_slots, kv_dim]`. Empty until `alloc_kv`.
+    k_cache: Vec<CudaSlice<T>>,
+    v_cache: Vec<CudaSlice<T>>,
+    num_slots: usize,
+}
+
+/// [`Net`] in the checkpoint's type.
+enum AnyNet {
+    F32(Net<f32>),
+    Bf16(Net<bf16>),
+    F16(Net<f16>),
+}
+
+/// What a step returns for each sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Output {
+    Logits,
+    Hidden,
+}
+
+/// A Llama model on an NVIDIA GPU.
+pub struct CudaLlama {
+    config: ModelConfig,
+    gpu: DeviceInfo,
+    dtype: CudaDtype,
+    ctx: Arc<CudaContext>,
+    weight_bytes: u64,
+    /// Steps take `&self` (the scheduler's model is shared); the KV pool they write is behind
+    /// this lock, uncontended (one scheduler thread).
+    net: Mutex<AnyNet>,
+}
+
+impl std::fmt::Debug for CudaLlama {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaLlama")
+            .field("config", &self.config)
+            .field("gpu", &self.gpu)
+            .field("dtype", &self.dtype)
+            .finish_non_exhaustive()
+    }
+}
+
+fn gpu_err(e: CudaError) -> ModelError {
+    ModelError::Gpu(e.to_string())
+}
+
+/// Bytes of one value of `dtype`.
+fn elem_bytes(dtype: CudaDtype) -> usize {
+    match dtype {
+        CudaDtype::F32 => 4,
+        CudaDtype::Bf16 | CudaDtype::F16 => 2,
+    }
+}
+
+impl CudaLlama {
+    /// Opens `gpu` (as [`kernels::cuda::probe`] found it), compiles the kernels for it and
+    /// uploads `model`'s weights in their stored type. No KV pool yet: [`Self::alloc_kv`] sizes
+    /// it from what is left.
+    pub fn upload(model: &LlamaModel, gpu: DeviceInfo) -> std::result::Result<Self, CudaError> {
+        let ctx = CudaContext::new(gpu.ordinal as usize)
+            .map_err(|e| driver_error("CudaContext::new", e))?;
+        let kernels = CudaKernels::load(&ctx)?;
+        let (w, c) = (&model.weights, &model.config);
+        let dtype = model.stored_dtype();
+        let net = match dtype {
+            CudaDtype::F32 => AnyNet::F32(Net::upload(kernels, w, c)?),
+            CudaDtype::Bf16 => AnyNet::Bf16(Net::upload(kernels, w, c)?),
+            CudaDtype::F16 => AnyNet::F16(Net::upload(kernels, w, c)?),
+        };
+        Ok(CudaLlama {
+            config: c.clone(),
+            gpu,
+            dtype,
+            ctx,
+            weight_bytes: (c.num_params() * elem_bytes(dtype)) as u64,
+            net: Mutex::new(net),
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The GPU as the probe found it at start.
+    pub fn gpu(&self) -> &DeviceInfo {
+        &self.gpu
+    }
+
+    /// The storage type of weights and KV.
+    pub fn dtype(&self) -> CudaDtype {
+        self.dtype
+    }
+
+    /// Bytes the weights take on the GPU.
+    pub fn weight_bytes(&self) -> u64 {
+        self.weight_bytes
+    }
+
+    /// Bytes of K and V one token slot takes across all layers, in the storage type.
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        let c = &self.config;
+        (c.num_hidden_layers * 2 * c.kv_dim() * elem_bytes(self.dtype)) as u64
+    }
+
+    /// The activations of a step of `tokens` new tokens and `seqs` sequences, in bytes: what
+    /// the pool must leave free on the GPU.
+    pub fn step_bytes(&self, tokens: usize, seqs: usize) -> u64 {
+        let c = &self.config;
+        let elem = elem_bytes(self.dtype);
+        // x (f32), then hn, q, k, v, attn, o, gu, act, down in the storage type, plus the
+        // plan's ids, slots and RoPE tables.
+        let per_token = 4 * c.hidden_size
+            + elem * (3 * c.hidden_size + 2 * c.q_dim() + 2 * c.kv_dim() + 3 * c.intermediate_size)
+            + 4 * (3 + c.head_dim);
+        // The gathered last rows, their norm and logits, and the attention index's rows.
+        let per_seq = 4 * c.hidden_size
+            + elem * (c.hidden_size + c.vocab_size)
+            + 4 * c.vocab_size
+            + 4 * c.max_position_embeddings;
+        (tokens * per_token + seqs * per_seq) as u64
+    }
+
+    /// Free and total memory of the GPU now.
+    pub fn mem_info(&self) -> std::result::Result<(u64, u64), CudaError> {
+        self.ctx
+            .mem_get_info()
+            .map(|(free, total)| (free as u64, total as u64))
+            .map_err(|e| driver_error("cuMemGetInfo", e))
+    }
+
+    /// Allocates the KV pool (zeroed): `num_slots` slots per layer, K and V.
+    pub fn alloc_kv(&self, num_slots: usize) -> std::result::Result<(), CudaError> {
+        let c = &self.config;
+        match &mut *self.lock() {
+            AnyNet::F32(n) => n.alloc_kv(c, num_slots),
+            AnyNet::Bf16(n) => n.alloc_kv(c, num_slots),
+            AnyNet::F16(n) => n.alloc_kv(c, num_slots),
+        }
+    }
+
+    /// Slots of the KV pool on the GPU.
+    pub fn num_slots(&self) -> usize {
+        match &*self.lock() {
+            AnyNet::F32(n) => n.num_slots,
+            AnyNet::Bf16(n) => n.num_slots,
+            AnyNet::F16(n) => n.num_slots,
+        }
+    }
+
+    /// The logits of each sequence's last new token, `[plan.seqs(), vocab]`; K/V of every new
+    /// token written to its slot.
+    pub fn forward(&self, plan: &BatchPlan<'_>) -> Result<Vec<f32>> {
+        self.step(plan, Output::Logits)
+    }
+
+    /// The final-normed hidden state of each sequence's last new token, `[plan.seqs(), hidden]`.
+    pub fn forward_hidden(&self, plan: &BatchPlan<'_>) -> Result<Vec<f32>> {
+        self.step(plan, Output::Hidden)
+    }
+
+    fn step(&self, plan: &BatchPlan<'_>, out: Output) -> Result<Vec<f32>> {
+        let c = &self.config;
+        match &mut *self.lock() {
+            AnyNet::F32(n) => n.step(c, plan, out),
+            AnyNet::Bf16(n) => n.step(c, plan, out),
+            AnyNet::F16(n) => n.step(c, plan, out),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, AnyNet> {
+        // A panic mid-step leaves nothing half-updated that a later step trusts (the KV slots
+        // of a failed step are freed by the scheduler), so a poisoned lock is still usable.
+        self.net.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl<T: Elem> Net<T>
+where
+    CudaBlas: Gemm<T>,
+{
+    /// Uploads `w` as `T` (exact: the f32 values were widened from `T` when loaded, or are f32).
+    fn upload(
+        kernels: CudaKernels,
+        w: &Weights,
+        c: &ModelConfig,
+    ) -> std::result::Result<Self, CudaError> {
+        let stream = kernels.stream().clone();
+        let up = |v: &[f32]| -> std::result::Result<CudaSlice<T>, CudaError> {
+            let host: Vec<T> = v.iter().map(|&x| T::from_f32(x)).collect();
+            stream
+                .clone_htod(&host)
+                .map_err(|e| driver_error("cuMemcpyHtoD", e))
+        };
+        let (q, kv, h) = (c.q_dim(), c.kv_dim(), c.hidden_size);
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for lw in &w.layers {
+            let qkv = lw.wqkv.unpack();
+            let bias = match &lw.bqkv {
+                Some(b) => Some([up(&b[..q])?, up(&b[q..q + kv])?, up(&b[q + kv..])?]),
+                None => None,
+            };
+            layers.push(Layer {
+                attn_norm: up(&lw.attn_norm)?,
+                wq: up(&qkv[..q * h])?,
+                wk: up(&qkv[q * h..(q + kv) * h])?,
+                wv: up(&qkv[(q + kv) * h..])?,
+                bias,
+                wo: up(&lw.wo.unpack())?,
+                mlp_norm: up(&lw.mlp_norm)?,
+                wgu: up(&lw.wgu.unpack())?,
+                wdown: up(&lw.wdown.unpack())?,
+            });
+        }
+        Ok(Net {
+            embed: up(&w.embed.unpack())?,
+            layers,
+            norm: up(&w.norm)?,
+            lm_head: match &w.lm_head {
+                Some(m) => Some(up(&m.unpack())?),
+                None => None,
+            },
+            k_cache: Vec::new(),
+            v_cache: Vec::new(),
+            num_slots: 0,
+            kernels,
+        })
+    }
+
+    fn alloc_kv(
+        &mut self,
+        c: &ModelConfig,
+        num_slots: usize,
+    ) -> std::result::Result<(), CudaError> {
+        let stream = self.kernels.stream().clone();
+        let len = num_slots * c.kv_dim();
+        let zeros = || {
+            stream
+                .alloc_zeros::<T>(len)
+                .map_err(|e| driver_error("cuMemAlloc", e))
+        };
+        // Freed first, so a resize never holds two pools.
+        self.k_cache.clear();
+        self.v_cache.clear();
+        self.num_slots = 0;
+        for _ in 0..c.num_hidden_layers {
+            self.k_cache.push(zeros()?);
+            self.v_cache.push(zeros()?);
+        }
+        self.num_slots = num_slots;
+        Ok(())
+    }
+
+    /// Uploads `v` (a `u32` array of the plan).
+    fn upload_u32(&self, v: &[u32]) -> Result<CudaSlice<u32>> {
+        self.kernels
+            .stream()
+            .clone_htod(v)
+            .map_err(|e| gpu_err(driver_error("cuMemcpyHtoD", e)))
+    }
+
+    /// `len` values of `U`, uninitialised (every kernel writing one writes all of it).
+    fn scratch<U: Storage>(&self, len: usize) -> Result<CudaSlice<U>> {
+        // SAFETY: each buffer made here is the output of a kernel or GEMM that writes every
+        // element before anything reads it (see `step`); none is copied back unwritten.
+        unsafe { self.kernels.stream().alloc::<U>(len) }
+            .map_err(|e| gpu_err(driver_error("cuMemAlloc", e)))
+    }
+
+    /// The step of `plan`: the CPU pass of `forward.rs`, kernel for kernel.
+    fn step(&mut self, c: &ModelConfig, plan: &BatchPlan<'_>, out: Output) -> Result<Vec<f32>> {
+        if plan.num_slots > self.num_slots {
+            return Err(ModelError::BadInput {
+                reason: format!(
+                    "the plan addresses {} slots; the GPU pool has {}",
+                    plan.num_slots, self.num_slots
+                ),
+            });
+        }
+        let t = plan.tokens();
+        let r = plan.seqs();
+        if t == 0 {
+            return Ok(Vec::new());
+        }
+        let (h, inter, v) = (c.hidden_size, c.intermediate_size, c.vocab_size);
+        let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
+        let shape = AttnShape {
+            num_heads: c.num_attention_heads,
+            num_kv_heads: c.num_key_value_heads,
+            head_dim: hd,
+        };
+        let k = &self.kernels;
+        let e = gpu_err;
+
+        // The plan on the GPU.
+        let ids = self.upload_u32(&plan.ids)?;
+        let write_slots = self.upload_u32(&plan.write_slots)?;
+        let last_rows: Vec<u32> = plan.logit_rows.iter().map(|&i| i as u32).collect();
+        let last_rows = self.upload_u32(&last_rows)?;
+        let batch =
+            AttnBatch::upload(k.stream(), &AttnIndex::from_token_slots(&plan.attend)).map_err(e)?;
+        let (cos, sin) = kernels::rope_tables(&plan.positions, hd, c.rope_theta);
+        let stream = k.stream();
+        let cos = stream
+            .clone_htod(&cos)
+            .map_err(|x| e(driver_error("cuMemcpyHtoD", x)))?;
+        let sin = stream
+            .clone_htod(&sin)
+            .map_err(|x| e(driver_error("cuMemcpyHtoD", x)))?;
+
+        let mut x = self.scratch::<f32>(t * h)?;
+        let mut hn = self.scratch::<T>(t * h)?;
+        let mut q = self.scratch::<T>(t * qd)?;
+        let mut kk = self.scratch::<T>(t * kvd)?;
+        let mut vv = self.scratch::<T>(t * kvd)?;
+        let mut attn = self.scratch::<T>(t * qd)?;
+        let mut o = self.scratch::<T>(t * h)?;
+        let mut gu = self.scratch::<T>(t * 2 * inter)?;
+        let mut act = self.scratch::<T>(t * inter)?;
+        let mut down = self.scratch::<T>(t * h)?;
+
+        k.embedding_gather(&self.embed, &ids, h, &mut x)
+            .map_err(e)?;
+        for (l, lw) in self.layers.iter().enumerate() {
+            k.rmsnorm(&x, &lw.attn_norm, c.rms_norm_eps, &mut hn)
+                .map_err(e)?;
+            k.linear(&hn, t, &lw.wq, qd, &mut q).map_err(e)?;
+            k.linear(&hn, t, &lw.wk, kvd, &mut kk).map_err(e)?;
+            k.linear(&hn, t, &lw.wv, kvd, &mut vv).map_err(e)?;
+            if let Some([bq, bk, bv]) = &lw.bias {
+                k.add_bias(&mut q, bq).map_err(e)?;
+                k.add_bias(&mut kk, bk).map_err(e)?;
+                k.add_bias(&mut vv, bv).map_err(e)?;
+            }
+            k.rope(&mut q, &cos, &sin, c.num_attention_heads, hd, qd)
+                .map_err(e)?;
+            k.rope(&mut kk, &cos, &sin, c.num_key_value_heads, hd, kvd)
+                .map_err(e)?;
+            k.kv_write(&mut self.k_cache[l], &kk, kvd, &write_slots, kvd)
+                .map_err(e)?;
+            k.kv_write(&mut self.v_cache[l], &vv, kvd, &write_slots, kvd)
+                .map_err(e)?;
+            k.attention(
+                &q,
+                qd,
+                &self.k_cache[l],
+                &self.v_cache[l],
+                &batch,
+                shape,
+                &mut attn,
+                qd,
+            )
+            .map_err(e)?;
+            k.linear(&attn, t, &lw.wo, h, &mut o).map_err(e)?;
+            k.add_inplace(&mut x, &o).map_err(e)?;
+
+            k.rmsnorm(&x, &lw.mlp_norm, c.rms_norm_eps, &mut hn)
+                .map_err(e)?;
+            k.linear(&hn, t, &lw.wgu, 2 * inter, &mut gu).map_err(e)?;
+            k.silu_mul(&gu, inter, &mut act).map_err(e)?;
+            k.linear(&act, t, &lw.wdown, h, &mut down).map_err(e)?;
+            k.add_inplace(&mut x, &down).map_err(e)?;
+        }
+
+        // Only each sequence's last row goes on: gathered (the embedding gather over the
+        // residual stream as its table), normed, and projected.
+        let mut last = self.scratch::<f32>(r * h)?;
+        k.embedding_gather(&x, &last_rows, h, &mut last)
+            .map_err(e)?;
+        let mut normed = self.scratch::<T>(r * h)?;
+        k.rmsnorm(&last, &self.norm, c.rms_norm_eps, &mut normed)
+            .map_err(e)?;
+        let result = match out {
+            Output::Hidden => normed,
+            Output::Logits => {
+                let mut logits = self.scratch::<T>(r * v)?;
+                let lm_head = self.lm_head.as_ref().unwrap_or(&self.embed);
+                k.linear(&normed, r, lm_head, v, &mut logits).map_err(e)?;
+                logits
+            }
+        };
+        // The copy back synchronises the stream: every launch above has finished, or failed
+        // here.
+        let host = stream
+            .clone_dtoh(&result)
+            .map_err(|x| e(driver_error("cuMemcpyDtoH", x)))?;
+        Ok(host.into_iter().map(T::widen).collect())
+    }
+}
