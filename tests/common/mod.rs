@@ -14,9 +14,20 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// The stories260k model beside the checkout, if present.
+/// The dpserve under test: the one cargo built, or `DPSERVE_TEST_BIN` (scripts/gpu-check.sh
+/// runs these test executables on a machine without the build tree).
+pub fn dpserve_bin() -> PathBuf {
+    std::env::var_os("DPSERVE_TEST_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_dpserve")))
+}
+
+/// The stories260k model beside the checkout (or under `DPSERVE_TEST_SHARED`), if present.
 pub fn stories_dir() -> Option<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/models/stories260k");
+    let shared = std::env::var_os("DPSERVE_TEST_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared"));
+    let dir = shared.join("models/stories260k");
     if dir.join("model.safetensors").exists() {
         Some(dir)
     } else {
@@ -56,7 +67,7 @@ impl Server {
             .prefix("dps")
             .tempdir_in("/tmp")
             .expect("temp dir");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_dpserve"))
+        let mut child = Command::new(dpserve_bin())
             .arg("up")
             .args(["--port", &port.to_string()])
             .arg("--runtime-dir")

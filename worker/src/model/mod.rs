@@ -70,6 +70,13 @@ impl LlamaModel {
         &self.config
     }
 
+    /// This model as if loaded from a checkpoint stored in `dtype`: every weight rounded to it
+    /// (to nearest even). For checking the 16-bit GPU paths against the CPU on the same values.
+    pub fn rounded_to(mut self, dtype: CudaDtype) -> Self {
+        self.weights.round_to(dtype);
+        self
+    }
+
     /// How the checkpoint stored its weights (f32 for dummy weights). The CPU computes in f32
     /// whatever it is; the GPU keeps weights and KV in this type.
     pub fn stored_dtype(&self) -> CudaDtype {

@@ -47,7 +47,49 @@ pub(crate) struct Weights {
     pub dtype: CudaDtype,
 }
 
+/// `v` rounded to `dtype` (to nearest even) and widened back: what a checkpoint stored in
+/// `dtype` loads as.
+fn round_to(v: &mut [f32], dtype: CudaDtype) {
+    match dtype {
+        CudaDtype::F32 => {}
+        CudaDtype::Bf16 => v
+            .iter_mut()
+            .for_each(|x| *x = half::bf16::from_f32(*x).to_f32()),
+        CudaDtype::F16 => v
+            .iter_mut()
+            .for_each(|x| *x = half::f16::from_f32(*x).to_f32()),
+    }
+}
+
 impl Weights {
+    /// Every weight rounded to `dtype`, recorded as the stored type: the model a checkpoint of
+    /// these weights saved in `dtype` would load as.
+    pub fn round_to(&mut self, dtype: CudaDtype) {
+        let matrix = |m: &mut PackedMatrix| {
+            let (n, k) = (m.rows(), m.cols());
+            let mut w = m.unpack();
+            round_to(&mut w, dtype);
+            *m = PackedMatrix::pack(&w, n, k);
+        };
+        matrix(&mut self.embed);
+        for l in &mut self.layers {
+            round_to(&mut l.attn_norm, dtype);
+            matrix(&mut l.wqkv);
+            if let Some(b) = &mut l.bqkv {
+                round_to(b, dtype);
+            }
+            matrix(&mut l.wo);
+            round_to(&mut l.mlp_norm, dtype);
+            matrix(&mut l.wgu);
+            matrix(&mut l.wdown);
+        }
+        round_to(&mut self.norm, dtype);
+        if let Some(m) = &mut self.lm_head {
+            matrix(m);
+        }
+        self.dtype = dtype;
+    }
+
     /// The matrix of the output projection.
     pub fn lm_head(&self) -> &PackedMatrix {
         self.lm_head.as_ref().unwrap_or(&self.embed)
