@@ -1,6 +1,8 @@
 // A CUDA driver (libcuda.so.1) that runs on the CPU: the subset of the driver API that cudarc
 // 0.19 calls for kernels::cuda (probe, context, memory, streams, events, modules, launches),
-// with the kernel sources compiled in by g++ (see shim.h and mod.rs). Test support only.
+// with the kernel sources compiled in by g++ (see shim.h and mod.rs). Test support only. This
+// file: initialisation, devices, contexts, streams, events, modules, the launch call; device
+// memory is memory.cpp's, running a grid scheduler.cpp's.
 //
 // What it is faithful to, so that a test passing here means something on a GPU:
 //   - launches run the real kernel sources with real barriers and warp shuffles (shim.h), the
@@ -24,51 +26,22 @@
 //   DPSERVE_CUDA_EMU_REVERSE  1: the blocks of a grid and the threads of a block in reverse
 //                             order (a test runs once in each order)
 
-#include "shim.h"
+#include "driver.h"
 
-#include <setjmp.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/mman.h>
+#include <string.h>
 #include <time.h>
-#include <ucontext.h>
-#include <unistd.h>
 
-#include <atomic>
-#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
 
-#define API extern "C" __attribute__((visibility("default")))
+emu::Config emu::config;
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-
-enum : CUresult {
-    CUDA_SUCCESS = 0,
-    CUDA_ERROR_INVALID_VALUE = 1,
-    CUDA_ERROR_OUT_OF_MEMORY = 2,
-    CUDA_ERROR_NOT_INITIALIZED = 3,
-    CUDA_ERROR_NO_DEVICE = 100,
-    CUDA_ERROR_INVALID_DEVICE = 101,
-    CUDA_ERROR_INVALID_IMAGE = 200,
-    CUDA_ERROR_INVALID_CONTEXT = 201,
-    CUDA_ERROR_NO_BINARY_FOR_GPU = 209,
-    CUDA_ERROR_INVALID_PTX = 218,
-    CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222,
-    CUDA_ERROR_FILE_NOT_FOUND = 301,
-    CUDA_ERROR_INVALID_HANDLE = 400,
-    CUDA_ERROR_NOT_FOUND = 500,
-    CUDA_ERROR_NOT_READY = 600,
-    CUDA_ERROR_ILLEGAL_ADDRESS = 700,
-    CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
-    CUDA_ERROR_LAUNCH_FAILED = 719,
-    CUDA_ERROR_NOT_SUPPORTED = 801,
-    CUDA_ERROR_UNKNOWN = 999,
-};
+using emu::config;
+using emu::MAX_DEVICES;
+using emu::ctx_device;
 
 namespace {
 
@@ -110,16 +83,6 @@ const char* const NAME = "dpserve CPU emulator (not a GPU)";
 // CUDA 13.0, whose JIT takes PTX ISA up to 9.0.
 const int DRIVER_VERSION = 13000;
 const int PTX_ISA_MAX = 90;
-const size_t MAX_DEVICES = 64;
-
-struct Config {
-    std::atomic<bool> initialized{false};
-    int devices = 0;
-    size_t total_bytes = 0;
-    int cc_major = 9, cc_minor = 0;
-    bool reverse = false;
-};
-Config config;
 
 size_t env_number(const char* name, size_t fallback) {
     const char* v = getenv(name);
@@ -162,67 +125,6 @@ Context primary[MAX_DEVICES];
 thread_local Context* current_ctx = nullptr;
 thread_local std::vector<Context*> ctx_stack;
 
-// Device memory: host pages, each allocation ending at an unmapped guard page.
-struct Alloc {
-    size_t bytes;
-    int device;
-    char* map;
-    size_t map_len;
-};
-std::mutex mem_mu;
-std::map<uintptr_t, Alloc> allocs;
-size_t used[MAX_DEVICES];
-
-size_t page_size() {
-    static size_t p = (size_t)sysconf(_SC_PAGESIZE);
-    return p;
-}
-
-size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
-
-CUresult device_alloc(CUdeviceptr* out, size_t bytes, int device) {
-    if (!out) return CUDA_ERROR_INVALID_VALUE;
-    // Starts 16-byte aligned (every type the kernels load), ends within 15 bytes of the guard.
-    size_t data = round_up(bytes, page_size()), span = round_up(bytes, 16);
-    std::lock_guard<std::mutex> lock(mem_mu);
-    if (bytes > config.total_bytes - used[device]) return CUDA_ERROR_OUT_OF_MEMORY;
-    size_t map_len = data + page_size();
-    void* map = mmap(nullptr, map_len, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (map == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
-    char* m = (char*)map;
-    mprotect(m + data, page_size(), PROT_NONE);
-    char* ptr = m + data - span;
-    allocs[(uintptr_t)ptr] = Alloc{bytes, device, m, map_len};
-    used[device] += bytes;
-    *out = (CUdeviceptr)(uintptr_t)ptr;
-    return CUDA_SUCCESS;
-}
-
-CUresult device_free(CUdeviceptr p) {
-    std::lock_guard<std::mutex> lock(mem_mu);
-    auto it = allocs.find((uintptr_t)p);
-    if (it == allocs.end()) return CUDA_ERROR_INVALID_VALUE;
-    used[it->second.device] -= it->second.bytes;
-    munmap(it->second.map, it->second.map_len);
-    allocs.erase(it);
-    return CUDA_SUCCESS;
-}
-
-// Whether [p, p + bytes) lies inside one live allocation (one past its end for bytes = 0).
-bool inside(uintptr_t p, size_t bytes) {
-    std::lock_guard<std::mutex> lock(mem_mu);
-    auto it = allocs.upper_bound(p);
-    if (it == allocs.begin()) return false;
-    --it;
-    return p >= it->first && bytes <= it->second.bytes && p - it->first <= it->second.bytes - bytes;
-}
-
-CUresult check_range(CUdeviceptr p, size_t bytes) {
-    if (bytes == 0) return CUDA_SUCCESS;
-    return inside((uintptr_t)p, bytes) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-}
-
 // Modules: the PTX text is kept for its entry points, the code is the registry's.
 struct Module {
     std::vector<std::string> entries;
@@ -230,6 +132,7 @@ struct Module {
     bool ptx;
 };
 
+// Every kernel compiled in, registered when the library loads.
 std::vector<const emu::Kernel*>& registry() {
     static std::vector<const emu::Kernel*> r;
     return r;
@@ -294,343 +197,6 @@ CUresult load_module(Module** out, const void* image, size_t len) {
     return CUDA_SUCCESS;
 }
 
-}  // namespace
-
-// ---- The fiber scheduler: the threads of one block -------------------------------------------
-
-namespace emu {
-
-Thread* current = nullptr;
-Grid grid;
-
-void register_kernels(const Kernel* kernels, unsigned count) {
-    for (unsigned i = 0; i < count; i++) registry().push_back(&kernels[i]);
-}
-
-namespace {
-
-enum class Wait : unsigned char { Run, Warp, Block, Done };
-
-const size_t STACK_BYTES = 256 << 10;
-
-struct Fiber {
-    Thread t;
-    Wait wait;
-    // Whether its context runs `fiber_main` (a fiber is reused by later blocks and launches).
-    bool started;
-    jmp_buf jb;
-    ucontext_t uc;
-    char* stack;
-};
-
-// A shuffle's value, with the shuffle count that wrote it (so a lane never takes a value left
-// by an earlier shuffle, or by a lane that has exited).
-struct Slot {
-    uint64_t bits;
-    unsigned round;
-};
-
-// The block being run. Launches are serialised, so one at a time.
-struct Block {
-    void (*invoke)(void**);
-    void** params;
-    const char* kernel;
-    Fiber** fibers;
-    unsigned n;
-    unsigned alive, at_block;
-    std::vector<unsigned> warp_alive, warp_at;
-    // [warp][2][32]: shuffles alternate between two rows, so a lane that has read its value
-    // may publish its next one while a slower lane still reads the previous row.
-    std::vector<Slot> slots;
-    jmp_buf* sched;
-    // The earliest position (in the run order) a barrier released during the last resume.
-    unsigned rescan;
-};
-
-Block block;
-Fiber* running = nullptr;
-
-// The fibers of an OS thread (each OS thread that launches gets its own, kept for reuse).
-struct Pool {
-    std::vector<Fiber*> fibers;
-    jmp_buf sched;
-
-    Fiber** get(unsigned n) {
-        while (fibers.size() < n) {
-            Fiber* f = new Fiber();
-            size_t guard = page_size();
-            void* m = mmap(nullptr, STACK_BYTES + guard, PROT_READ | PROT_WRITE,
-                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
-            if (m == MAP_FAILED) {
-                delete f;
-                return nullptr;
-            }
-            // Below the stack: an overflow faults instead of corrupting a neighbour.
-            mprotect(m, guard, PROT_NONE);
-            f->stack = (char*)m + guard;
-            f->started = false;
-            fibers.push_back(f);
-        }
-        return fibers.data();
-    }
-
-    ~Pool() {
-        for (Fiber* f : fibers) {
-            munmap(f->stack - page_size(), STACK_BYTES + page_size());
-            delete f;
-        }
-    }
-};
-thread_local Pool pool;
-
-// Back to the scheduler; returns when the fiber is resumed.
-void park(Fiber* f) {
-    if (_setjmp(f->jb) == 0) _longjmp(*block.sched, 1);
-}
-
-void fiber_main() {
-    for (;;) {
-        block.invoke(block.params);
-        running->wait = Wait::Done;
-        park(running);
-    }
-}
-
-// Runs `f` until it parks at a barrier or returns. _setjmp/_longjmp, not swapcontext, for the
-// switches: no signal-mask system call per switch (a fiber starts once with setcontext).
-void resume(Fiber* f) {
-    running = f;
-    current = &f->t;
-    if (_setjmp(*block.sched) != 0) return;
-    if (f->started) _longjmp(f->jb, 1);
-    f->started = true;
-    getcontext(&f->uc);
-    f->uc.uc_stack.ss_sp = f->stack;
-    f->uc.uc_stack.ss_size = STACK_BYTES;
-    f->uc.uc_link = nullptr;
-    makecontext(&f->uc, fiber_main, 0);
-    setcontext(&f->uc);
-}
-
-// Thread `i`'s place in the run order (the mapping is its own inverse: also the thread at
-// place `i`).
-unsigned position(unsigned i) { return config.reverse ? block.n - 1 - i : i; }
-
-void release_block() {
-    for (unsigned i = 0; i < block.n; i++) {
-        if (block.fibers[i]->wait == Wait::Block) block.fibers[i]->wait = Wait::Run;
-    }
-    block.at_block = 0;
-    block.rescan = 0;
-}
-
-void release_warp(unsigned w) {
-    unsigned last = w * 32 + 31 < block.n ? w * 32 + 31 : block.n - 1;
-    for (unsigned i = w * 32; i <= last; i++) {
-        if (block.fibers[i]->wait == Wait::Warp) block.fibers[i]->wait = Wait::Run;
-    }
-    block.warp_at[w] = 0;
-    unsigned first = config.reverse ? position(last) : position(w * 32);
-    if (first < block.rescan) block.rescan = first;
-}
-
-// Runs the block's `n` threads to completion; false if they stopped at barriers none can pass
-// (threads of one block, or lanes of one warp, waiting at different barriers).
-//
-// The order is greedy: always the first runnable thread in the run order (index order, or its
-// reverse), going back to the first a barrier released. So the first warp runs ahead of the
-// others as far as the barriers let it (up to the next `__syncthreads`), and within a warp the
-// first lane ahead of the others up to the next shuffle: a read of shared memory that another
-// thread writes without a barrier between sees the write in one order and not in the other.
-bool run_block(unsigned n) {
-    unsigned bx = grid.block_dim.x, by = grid.block_dim.y;
-    for (unsigned i = 0; i < n; i++) {
-        Thread& t = block.fibers[i]->t;
-        t.idx = uint3{i % bx, (i / bx) % by, i / (bx * by)};
-        t.lin = i;
-        t.shuffles = 0;
-        block.fibers[i]->wait = Wait::Run;
-    }
-    unsigned warps = (n + 31) / 32;
-    block.n = n;
-    block.alive = n;
-    block.at_block = 0;
-    block.warp_alive.assign(warps, 32);
-    block.warp_alive[warps - 1] = n - (warps - 1) * 32;
-    block.warp_at.assign(warps, 0);
-    block.slots.assign(warps * 64, Slot{0, ~0u});
-    unsigned done = 0, k = 0;
-    while (done < n) {
-        // The next runnable place from k, wrapping around once.
-        unsigned tried = 0;
-        while (tried < n && block.fibers[position(k)]->wait != Wait::Run) {
-            k = k + 1 == n ? 0 : k + 1;
-            tried++;
-        }
-        if (tried == n) {
-            // Abandon the stuck fibers' stacks: they start afresh next time.
-            for (unsigned i = 0; i < n; i++) {
-                if (block.fibers[i]->wait != Wait::Done) block.fibers[i]->started = false;
-            }
-            return false;
-        }
-        unsigned i = position(k);
-        Fiber* f = block.fibers[i];
-        block.rescan = n;
-        resume(f);
-        if (f->wait == Wait::Done) {
-            done++;
-            unsigned w = i / 32;
-            block.alive--;
-            block.warp_alive[w]--;
-            if (block.at_block && block.at_block == block.alive) release_block();
-            if (block.warp_at[w] && block.warp_at[w] == block.warp_alive[w]) release_warp(w);
-        }
-        k = block.rescan < k + 1 ? block.rescan : k + 1;
-        if (k == n) k = 0;
-    }
-    return true;
-}
-
-}  // namespace
-
-void sync_block() {
-    Fiber* f = running;
-    f->wait = Wait::Block;
-    // The last to arrive releases every thread (itself too); the order decides who goes first.
-    if (++block.at_block == block.alive) release_block();
-    park(f);
-}
-
-uint64_t exchange(uint64_t bits, unsigned src) {
-    Fiber* f = running;
-    unsigned w = f->t.lin / 32, lane = f->t.lin % 32, round = f->t.shuffles++;
-    Slot* row = &block.slots[(w * 2 + (round & 1)) * 32];
-    row[lane] = Slot{bits, round};
-    f->wait = Wait::Warp;
-    if (++block.warp_at[w] == block.warp_alive[w]) release_warp(w);
-    park(f);
-    if (src < 32 && row[src].round == round) return row[src].bits;
-    return bits;
-}
-
-}  // namespace emu
-
-// ---- A fault inside a kernel: say where before the process dies ------------------------------
-
-namespace {
-
-struct sigaction old_segv, old_bus;
-
-void write_str(const char* s) {
-    ssize_t r = write(2, s, strlen(s));
-    (void)r;
-}
-
-void write_num(unsigned long long v, int base) {
-    char buf[32];
-    int i = 31;
-    buf[i] = 0;
-    do {
-        buf[--i] = "0123456789abcdef"[v % base];
-        v /= base;
-    } while (v && i > 0);
-    write_str(buf + i);
-}
-
-void on_fault(int sig, siginfo_t* info, void*) {
-    write_str("\ndpserve CUDA emulator: kernel ");
-    write_str(emu::block.kernel ? emu::block.kernel : "?");
-    write_str(" touched memory outside every device allocation at 0x");
-    write_num((uintptr_t)info->si_addr, 16);
-    write_str(" (block ");
-    write_num(emu::grid.block_idx.x, 10);
-    write_str(",");
-    write_num(emu::grid.block_idx.y, 10);
-    write_str(",");
-    write_num(emu::grid.block_idx.z, 10);
-    write_str(", thread ");
-    if (emu::current) {
-        write_num(emu::current->idx.x, 10);
-        write_str(",");
-        write_num(emu::current->idx.y, 10);
-        write_str(",");
-        write_num(emu::current->idx.z, 10);
-    }
-    write_str("); on a GPU: CUDA_ERROR_ILLEGAL_ADDRESS\n");
-    // Die of the same signal once this handler returns.
-    signal(sig, SIG_DFL);
-}
-
-std::mutex launch_mu;
-
-CUresult launch(const emu::Kernel* k, uint3 grid_dim, uint3 block_dim, void** params) {
-    // Every pointer parameter must point into device memory (a host pointer, or an integer
-    // pushed where the kernel takes a pointer, would fault on the GPU).
-    for (unsigned i = 0; i < k->arity; i++) {
-        if (!((k->pointers >> i) & 1)) continue;
-        uintptr_t p = (uintptr_t) * static_cast<void**>(params[i]);
-        if (p && !inside(p, 0)) {
-            fprintf(stderr,
-                    "dpserve CUDA emulator: %s: parameter %u (0x%llx) is not in any device "
-                    "allocation\n",
-                    k->name, i, (unsigned long long)p);
-            return CUDA_ERROR_ILLEGAL_ADDRESS;
-        }
-    }
-    unsigned n = block_dim.x * block_dim.y * block_dim.z;
-    std::lock_guard<std::mutex> lock(launch_mu);
-    emu::Fiber** fibers = emu::pool.get(n);
-    if (!fibers) return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
-    emu::block.invoke = k->invoke;
-    emu::block.params = params;
-    emu::block.kernel = k->name;
-    emu::block.fibers = fibers;
-    emu::block.sched = &emu::pool.sched;
-    emu::grid.grid_dim = grid_dim;
-    emu::grid.block_dim = block_dim;
-
-    struct sigaction fault = {};
-    fault.sa_sigaction = on_fault;
-    fault.sa_flags = SA_SIGINFO | SA_ONSTACK;
-    sigemptyset(&fault.sa_mask);
-    sigaction(SIGSEGV, &fault, &old_segv);
-    sigaction(SIGBUS, &fault, &old_bus);
-    CUresult result = CUDA_SUCCESS;
-    auto nth = [](unsigned i, unsigned n) { return config.reverse ? n - 1 - i : i; };
-    for (unsigned zi = 0; zi < grid_dim.z && result == CUDA_SUCCESS; zi++) {
-        for (unsigned yi = 0; yi < grid_dim.y && result == CUDA_SUCCESS; yi++) {
-            for (unsigned xi = 0; xi < grid_dim.x; xi++) {
-                unsigned x = nth(xi, grid_dim.x), y = nth(yi, grid_dim.y), z = nth(zi, grid_dim.z);
-                emu::grid.block_idx = uint3{x, y, z};
-                if (!emu::run_block(n)) {
-                    fprintf(stderr,
-                            "dpserve CUDA emulator: %s: block (%u,%u,%u) deadlocked: its threads "
-                            "wait at different barriers\n",
-                            k->name, x, y, z);
-                    result = CUDA_ERROR_LAUNCH_FAILED;
-                    break;
-                }
-            }
-        }
-    }
-    sigaction(SIGSEGV, &old_segv, nullptr);
-    sigaction(SIGBUS, &old_bus, nullptr);
-    emu::current = nullptr;
-    emu::block.kernel = nullptr;
-    return result;
-}
-
-// The device of the calling thread's context.
-CUresult ctx_device(int* device) {
-    if (!config.initialized) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
-    *device = current_ctx->device;
-    return CUDA_SUCCESS;
-}
-
-#define INIT_OR_RETURN \
-    if (!config.initialized) return CUDA_ERROR_NOT_INITIALIZED
 #define DEVICE_OR_RETURN(dev) \
     INIT_OR_RETURN;           \
     if ((dev) < 0 || (dev) >= config.devices) return CUDA_ERROR_INVALID_DEVICE
@@ -649,11 +215,20 @@ const unsigned CU_EVENT_DISABLE_TIMING = 0x2;
 
 }  // namespace
 
-// For the emulated cuBLAS (cublas.cpp), which checks each matrix's extent before a GEMM:
-// whether [p, p + bytes) lies inside one device allocation.
-API int dpserve_emu_is_device_range(const void* p, size_t bytes) {
-    return inside((uintptr_t)p, bytes);
+namespace emu {
+
+void register_kernels(const Kernel* kernels, unsigned count) {
+    for (unsigned i = 0; i < count; i++) registry().push_back(&kernels[i]);
 }
+
+CUresult ctx_device(int* device) {
+    if (!config.initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!current_ctx) return CUDA_ERROR_INVALID_CONTEXT;
+    *device = current_ctx->device;
+    return CUDA_SUCCESS;
+}
+
+}  // namespace emu
 
 // ---- Errors, initialisation, devices ---------------------------------------------------------
 
@@ -895,130 +470,6 @@ API CUresult cuCtxSetCacheConfig(int) {
     return CUDA_SUCCESS;
 }
 
-// ---- Memory ----------------------------------------------------------------------------------
-
-API CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
-    int dev;
-    if (CUresult r = ctx_device(&dev)) return r;
-    std::lock_guard<std::mutex> lock(mem_mu);
-    *free_bytes = config.total_bytes - used[dev];
-    *total_bytes = config.total_bytes;
-    return CUDA_SUCCESS;
-}
-
-API CUresult cuMemAlloc_v2(CUdeviceptr* p, size_t bytes) {
-    int dev;
-    if (CUresult r = ctx_device(&dev)) return r;
-    if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
-    return device_alloc(p, bytes, dev);
-}
-
-API CUresult cuMemAllocAsync(CUdeviceptr* p, size_t bytes, Stream*) {
-    int dev;
-    if (CUresult r = ctx_device(&dev)) return r;
-    // cudarc's empty slices: a null pointer, never dereferenced.
-    if (bytes == 0) {
-        *p = 0;
-        return CUDA_SUCCESS;
-    }
-    return device_alloc(p, bytes, dev);
-}
-
-API CUresult cuMemFree_v2(CUdeviceptr p) {
-    INIT_OR_RETURN;
-    return p == 0 ? CUDA_SUCCESS : device_free(p);
-}
-
-API CUresult cuMemFreeAsync(CUdeviceptr p, Stream*) { return cuMemFree_v2(p); }
-
-API CUresult cuMemHostAlloc(void** p, size_t bytes, unsigned) {
-    INIT_OR_RETURN;
-    *p = malloc(bytes ? bytes : 1);
-    return *p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-}
-
-API CUresult cuMemAllocHost_v2(void** p, size_t bytes) { return cuMemHostAlloc(p, bytes, 0); }
-
-API CUresult cuMemFreeHost(void* p) {
-    INIT_OR_RETURN;
-    free(p);
-    return CUDA_SUCCESS;
-}
-
-API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, size_t bytes) {
-    INIT_OR_RETURN;
-    if (CUresult r = check_range(dst, bytes)) return r;
-    if (bytes) memcpy((void*)(uintptr_t)dst, src, bytes);
-    return CUDA_SUCCESS;
-}
-
-API CUresult cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, size_t bytes) {
-    INIT_OR_RETURN;
-    if (CUresult r = check_range(src, bytes)) return r;
-    if (bytes) memcpy(dst, (const void*)(uintptr_t)src, bytes);
-    return CUDA_SUCCESS;
-}
-
-API CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
-    INIT_OR_RETURN;
-    if (CUresult r = check_range(dst, bytes)) return r;
-    if (CUresult r = check_range(src, bytes)) return r;
-    if (bytes) memmove((void*)(uintptr_t)dst, (const void*)(uintptr_t)src, bytes);
-    return CUDA_SUCCESS;
-}
-
-API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, Stream*) {
-    return cuMemcpyHtoD_v2(dst, src, bytes);
-}
-
-API CUresult cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, Stream*) {
-    return cuMemcpyDtoH_v2(dst, src, bytes);
-}
-
-API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t bytes, Stream*) {
-    return cuMemcpyDtoD_v2(dst, src, bytes);
-}
-
-API CUresult cuMemcpyPeerAsync(CUdeviceptr dst, Context*, CUdeviceptr src, Context*,
-                               size_t bytes, Stream*) {
-    return cuMemcpyDtoD_v2(dst, src, bytes);
-}
-
-API CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) {
-    INIT_OR_RETURN;
-    if (CUresult r = check_range(dst, n)) return r;
-    if (n) memset((void*)(uintptr_t)dst, v, n);
-    return CUDA_SUCCESS;
-}
-
-API CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, Stream*) {
-    return cuMemsetD8_v2(dst, v, n);
-}
-
-API CUresult cuMemsetD16_v2(CUdeviceptr dst, unsigned short v, size_t n) {
-    INIT_OR_RETURN;
-    if (CUresult r = check_range(dst, n * 2)) return r;
-    unsigned short* p = (unsigned short*)(uintptr_t)dst;
-    for (size_t i = 0; i < n; i++) p[i] = v;
-    return CUDA_SUCCESS;
-}
-
-API CUresult cuMemsetD16Async(CUdeviceptr dst, unsigned short v, size_t n, Stream*) {
-    return cuMemsetD16_v2(dst, v, n);
-}
-
-API CUresult cuMemsetD32_v2(CUdeviceptr dst, unsigned v, size_t n) {
-    INIT_OR_RETURN;
-    if (CUresult r = check_range(dst, n * 4)) return r;
-    unsigned* p = (unsigned*)(uintptr_t)dst;
-    for (size_t i = 0; i < n; i++) p[i] = v;
-    return CUDA_SUCCESS;
-}
-
-API CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned v, size_t n, Stream*) {
-    return cuMemsetD32_v2(dst, v, n);
-}
-
 // ---- Streams and events: handles (every call has completed when it returns) -----------------
 
 API CUresult cuStreamCreate(Stream** stream, unsigned) {
@@ -1195,7 +646,7 @@ API CUresult cuLaunchKernel(const emu::Kernel* f, unsigned gx, unsigned gy, unsi
         return CUDA_ERROR_INVALID_VALUE;
     }
     if (shared_bytes > (48u << 10)) return CUDA_ERROR_INVALID_VALUE;
-    return launch(f, uint3{gx, gy, gz}, uint3{bx, by, bz}, params);
+    return emu::run_grid(f, uint3{gx, gy, gz}, uint3{bx, by, bz}, params);
 }
 
 API CUresult cuProfilerStart() { return CUDA_SUCCESS; }

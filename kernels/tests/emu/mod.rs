@@ -1,9 +1,10 @@
 //! A CPU emulator of the CUDA driver and cuBLAS, for tests on machines without a GPU: stand-in
-//! `libcuda.so.1` and `libcublas.so.13` built with the system's C++ compiler from driver.cpp,
-//! cublas.cpp and the real kernel sources (`kernels::cuda::SOURCES`, through shim.h). A process
-//! that finds them first on `LD_LIBRARY_PATH` (and the real NVRTC after them) runs the whole
-//! CUDA path of `kernels::cuda` on the CPU: probe, compile, load, every launch, the GEMMs. Not
-//! shipped, not a performance model; see driver.cpp for what it checks.
+//! `libcuda.so.1` and `libcublas.so.13` built with the system's C++ compiler from driver.cpp
+//! (with memory.cpp and scheduler.cpp), cublas.cpp and the real kernel sources
+//! (`kernels::cuda::SOURCES`, through shim.h). A process that finds them first on
+//! `LD_LIBRARY_PATH` (and the real NVRTC after them) runs the whole CUDA path of `kernels::cuda`
+//! on the CPU: probe, compile, load, every launch, the GEMMs. Not shipped, not a performance
+//! model; see driver.cpp for what it checks.
 //!
 //! From any test crate of the workspace (with `kernels` as a dependency):
 //!
@@ -25,9 +26,15 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 
-const SHIM: &str = include_str!("shim.h");
-const DRIVER: &str = include_str!("driver.cpp");
-const CUBLAS: &str = include_str!("cublas.cpp");
+/// The emulator's own sources, by file name.
+const EMU_FILES: [(&str, &str); 6] = [
+    ("shim.h", include_str!("shim.h")),
+    ("driver.h", include_str!("driver.h")),
+    ("driver.cpp", include_str!("driver.cpp")),
+    ("memory.cpp", include_str!("memory.cpp")),
+    ("scheduler.cpp", include_str!("scheduler.cpp")),
+    ("cublas.cpp", include_str!("cublas.cpp")),
+];
 
 /// Set (to 1) in the environment of a test executable re-run by [`run_inner`].
 pub const INNER_ENV: &str = "DPSERVE_CUDA_EMU_INNER";
@@ -123,11 +130,10 @@ pub fn build(dir: &Path) -> Result<PathBuf, String> {
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .ok_or_else(|| format!("no C++ compiler (`{cxx}`, or $CXX) to build the CUDA emulator"))?;
 
-    let mut files: Vec<(String, String)> = vec![
-        ("shim.h".into(), SHIM.into()),
-        ("driver.cpp".into(), DRIVER.into()),
-        ("cublas.cpp".into(), CUBLAS.into()),
-    ];
+    let mut files: Vec<(String, String)> = EMU_FILES
+        .iter()
+        .map(|&(name, text)| (name.to_string(), text.to_string()))
+        .collect();
     for source in kernels::cuda::SOURCES {
         files.push((format!("kernels_{}.cpp", source.name), program_file(source)));
     }
@@ -181,9 +187,10 @@ pub fn build(dir: &Path) -> Result<PathBuf, String> {
             .spawn();
         wait(&format!("linking {out}"), child)
     };
+    // Everything but cuBLAS is the driver: its three parts and the kernels.
     let driver_objects = files
         .iter()
-        .filter(|(n, _)| n == "driver.cpp" || n.starts_with("kernels_"))
+        .filter(|(n, _)| n.ends_with(".cpp") && n != "cublas.cpp")
         .map(|(n, _)| format!("{n}.o"))
         .collect();
     link("libcuda.so", "libcuda.so.1", driver_objects)?;
