@@ -2,9 +2,10 @@
 //! generic over the storage type, with the argument order of the kernel sources and the shape
 //! checks that keep a launch in bounds. Plus the GEMM through cuBLAS.
 //!
-//! NOT YET RUN ON A GPU: this compiles against cudarc's API and follows the sources'
-//! signatures, but no launch here has executed; the first GPU session checks each against the
-//! CPU kernels (issue 14). Keep it thin until then.
+//! NOT YET RUN ON A GPU. Every launch here runs in kernels/tests/cuda_emu.rs on the CPU
+//! emulator of the driver and cuBLAS (the same kernel sources built as C++, real barriers and
+//! shuffles), checked against the CPU kernels; the first GPU session repeats that check on the
+//! hardware (issue 14). Keep it thin until then.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -13,8 +13,10 @@
 //! compile answers [`CudaError::NotBuilt`].
 //!
 //! What has run where: the sources compile with NVRTC 13.0 for compute_80 and compute_90 (a
-//! test, on a machine with no GPU); the probe's no-driver path runs in the tests. Loading the
-//! modules and launching the kernels type-checks but has NOT yet run on a GPU.
+//! test, on a machine with no GPU); the probe's no-driver path runs in the tests. The probe,
+//! loading the modules, every launch and the GEMMs run in the tests on a CPU emulator of the
+//! driver and cuBLAS (kernels/tests/emu: the same sources built as C++), checked against the
+//! CPU kernels; none has yet run on a GPU.
 
 mod attn_index;
 #[cfg(feature = "cuda")]
