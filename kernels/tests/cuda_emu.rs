@@ -28,28 +28,9 @@ use kernels::AttnShape;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-/// The emulator's library directory; `None` (the test skips) without NVRTC or a C++ compiler,
-/// unless the environment requires the check to run.
+/// The emulator's library directory, or why the test skips.
 fn emulator_or_skip() -> Option<PathBuf> {
-    let required = std::env::var_os("DPSERVE_TEST_REQUIRE_NVRTC").is_some();
-    if let Err(e) = cuda::check_library(CudaLibrary::Nvrtc) {
-        let why = format!(
-            "{e}. .ci/run downloads nvidia-cuda-nvrtc==13.0.88 and puts its nvidia/cu13/lib on \
-             LD_LIBRARY_PATH"
-        );
-        assert!(!required, "DPSERVE_TEST_REQUIRE_NVRTC is set, but {why}");
-        eprintln!("skipping: {why}");
-        return None;
-    }
-    match emu::build(&Path::new(env!("CARGO_TARGET_TMPDIR")).join("cuda-emu")) {
-        Ok(dir) => Some(dir),
-        Err(e) if e.starts_with("no C++ compiler") => {
-            assert!(!required, "DPSERVE_TEST_REQUIRE_NVRTC is set, but {e}");
-            eprintln!("skipping: {e}");
-            None
-        }
-        Err(e) => panic!("building the CUDA emulator: {e}"),
-    }
+    emu::for_test()
 }
 
 #[test]

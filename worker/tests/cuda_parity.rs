@@ -9,6 +9,9 @@
 //! at. Without either it says why it skips.
 #![cfg(feature = "cuda")]
 
+#[path = "../../kernels/tests/emu/mod.rs"]
+mod emu;
+
 use kernels::cuda::{probe, CudaDtype};
 use worker::model::cuda::CudaLlama;
 use worker::model::{KvBuffers, LlamaModel, ModelConfig, SeqInput};
@@ -186,6 +189,31 @@ fn run(dtype: CudaDtype, tol: f32) {
     eprintln!("{dtype:?}: worst logit difference {:e} (allowed {tol:e})", p.worst);
 }
 
+/// The three tests below, each re-run with the CPU emulator of the driver and cuBLAS loaded
+/// (threads of a block in both orders: a missing barrier shows in one of them).
+#[test]
+fn against_the_emulator() {
+    let Some(lib_dir) = emu::for_test() else {
+        return;
+    };
+    for test in [
+        "f32_logits_match_the_cpu_within_1e_3",
+        "bf16_logits_match_the_cpu_within_bf16_rounding",
+        "f16_logits_match_the_cpu_within_f16_rounding",
+    ] {
+        for reverse in ["0", "1"] {
+            let env = [
+                ("DPSERVE_CUDA_EMU_MEM_MB", "512"),
+                ("DPSERVE_CUDA_EMU_REVERSE", reverse),
+            ];
+            match emu::run_inner(&lib_dir, test, &env) {
+                Ok(out) => eprintln!("{out}"),
+                Err(out) => panic!("{test}, DPSERVE_CUDA_EMU_REVERSE={reverse}: {out}"),
+            }
+        }
+    }
+}
+
 #[test]
 fn f32_logits_match_the_cpu_within_1e_3() {
     run(CudaDtype::F32, 1e-3);
@@ -193,12 +221,15 @@ fn f32_logits_match_the_cpu_within_1e_3() {
 
 #[test]
 fn bf16_logits_match_the_cpu_within_bf16_rounding() {
-    // Activations are rounded to bf16 (8 bits of mantissa) between operations on the GPU and
-    // not on the CPU: a few parts in a hundred of logits of order 1.
-    run(CudaDtype::Bf16, 0.1);
+    // Activations and K/V are rounded to bf16 (8 bits of significand) between operations on
+    // the GPU and not on the CPU, and this model's attention is sharp (dummy q/k gain 3), which
+    // amplifies a rounded score. Measured on the emulator: 0.12 to 0.52 per step on logits up
+    // to 3.4, 5 to 19 times f16's 0.012 to 0.029 (f16 has 3 bits more). A wrong weight, slot
+    // or row gives differences of the logits' own size.
+    run(CudaDtype::Bf16, 0.75);
 }
 
 #[test]
 fn f16_logits_match_the_cpu_within_f16_rounding() {
-    run(CudaDtype::F16, 0.02);
+    run(CudaDtype::F16, 0.1);
 }

@@ -53,6 +53,36 @@ const CXXFLAGS: &[&str] = &[
     "-w",
 ];
 
+/// The emulator for a test, built under the test crate's target tmp dir; `None` (the test
+/// skips, saying why) without NVRTC or a C++ compiler, unless `DPSERVE_TEST_REQUIRE_NVRTC` is
+/// set (then that is a failure), or when `DPSERVE_CUDA_EMU=0` (scripts/gpu-check.sh, on a real
+/// GPU).
+pub fn for_test() -> Option<PathBuf> {
+    if std::env::var_os("DPSERVE_CUDA_EMU").is_some_and(|v| v == "0") {
+        eprintln!("skipping: DPSERVE_CUDA_EMU=0 (a real GPU is checked instead)");
+        return None;
+    }
+    let required = std::env::var_os("DPSERVE_TEST_REQUIRE_NVRTC").is_some();
+    if let Err(e) = kernels::cuda::check_library(kernels::cuda::CudaLibrary::Nvrtc) {
+        let why = format!(
+            "{e}. .ci/run downloads nvidia-cuda-nvrtc==13.0.88 and puts its nvidia/cu13/lib on \
+             LD_LIBRARY_PATH"
+        );
+        assert!(!required, "DPSERVE_TEST_REQUIRE_NVRTC is set, but {why}");
+        eprintln!("skipping: {why}");
+        return None;
+    }
+    match build(&Path::new(env!("CARGO_TARGET_TMPDIR")).join("cuda-emu")) {
+        Ok(dir) => Some(dir),
+        Err(e) if e.starts_with("no C++ compiler") => {
+            assert!(!required, "DPSERVE_TEST_REQUIRE_NVRTC is set, but {e}");
+            eprintln!("skipping: {e}");
+            None
+        }
+        Err(e) => panic!("building the CUDA emulator: {e}"),
+    }
+}
+
 /// The C++ compiler: `$CXX`, else `c++`.
 fn compiler() -> String {
     std::env::var("CXX")
