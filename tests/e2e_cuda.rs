@@ -3,16 +3,21 @@
 //! probe's reason) or has a driver whose libraries lack what the upload needs (checked with
 //! stand-in driver libraries built here). A bad ordinal is a usage error.
 
+mod common;
+#[path = "../kernels/tests/emu/mod.rs"]
+mod emu;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kernels::cuda::{check_library, CudaLibrary};
+use serde_json::{json, Value};
 
 /// Runs `dpserve` with `args` and `env` (no other `DPSERVE_*` variable), killing it after 60 s;
 /// its exit code and stderr.
 fn dpserve(args: &[&str], env: &[(&str, &str)], dir: &Path) -> (Option<i32>, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dpserve"));
+    let mut cmd = Command::new(common::dpserve_bin());
     cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -185,5 +190,108 @@ fn each_answer_of_a_driver_becomes_its_own_line() {
         let shown = if device == "cuda" { "cuda:0" } else { device };
         let why = assert_refused(code, &stderr, shown);
         assert!(why.starts_with(want), "{device}: {why}");
+    }
+}
+
+/// stories260k's golden prompt, ids and text.
+fn golden(dir: &Path) -> (Vec<u64>, String) {
+    let g: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
+    let ids = g["greedy_token_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_u64)
+        .collect();
+    (ids, g["greedy_text"].as_str().unwrap().to_string())
+}
+
+/// `dpserve up --device cuda:0 --dp-size 2` on stories260k: two ranks sharing GPU 0, each
+/// reporting it, both giving the golden greedy continuation to 8 concurrent requests (4 per
+/// rank, two of them streamed). Runs on whatever GPU `probe(0)` finds: a real one
+/// (scripts/gpu-check.sh) or the CPU emulator ([`golden_on_two_ranks_sharing_the_emulated_gpu`]).
+#[test]
+fn golden_on_two_ranks_sharing_gpu_0() {
+    let gpu = match kernels::cuda::probe(0) {
+        Ok(gpu) => gpu,
+        Err(e) => {
+            eprintln!("skipping: {e}");
+            return;
+        }
+    };
+    let Some(dir) = common::stories_dir() else {
+        return;
+    };
+    let (ids, text) = golden(&dir);
+    let server = common::Server::up(&[
+        "--model-path",
+        dir.to_str().unwrap(),
+        "--device",
+        "cuda:0",
+        "--dp-size",
+        "2",
+    ]);
+    let (status, info) = server.get("/get_server_info");
+    assert_eq!(status, 200, "{info}");
+    eprintln!(
+        "{}: serving on {} ({} MiB)",
+        gpu.name,
+        "cuda:0",
+        gpu.total_bytes >> 20
+    );
+    let bodies: Vec<Value> = (0..8u64)
+        .map(|i| {
+            json!({
+                "text": "Once upon a time",
+                "sampling_params": {"temperature": 0, "max_new_tokens": 32},
+                "routed_dp_rank": i % 2,
+            })
+        })
+        .collect();
+    let replies = server.post_concurrently("/generate", bodies);
+    for (i, reply) in replies.into_iter().enumerate() {
+        let reply = reply.join().unwrap();
+        assert_eq!(reply.status, 200, "request {i}: {}", reply.body);
+        let got: Vec<u64> = reply.body["output_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_u64)
+            .collect();
+        assert_eq!(got, ids, "request {i} ids");
+        assert_eq!(reply.body["text"], text, "request {i} text");
+        assert_eq!(reply.body["meta_info"]["dp_rank"], i as u64 % 2);
+    }
+    for rank in 0..2u64 {
+        let chunks = server.stream(
+            "/generate",
+            &json!({
+                "text": "Once upon a time",
+                "stream": true,
+                "sampling_params": {"temperature": 0, "max_new_tokens": 32},
+                "routed_dp_rank": rank,
+            }),
+        );
+        let streamed: String = chunks.iter().filter_map(|c| c["text"].as_str()).collect();
+        assert_eq!(streamed, text, "rank {rank} streamed");
+    }
+    eprintln!("golden: 8 concurrent requests and 2 streams on 2 ranks sharing GPU 0");
+}
+
+/// [`golden_on_two_ranks_sharing_gpu_0`] with the CPU emulator of the driver and cuBLAS as the
+/// GPU: the whole serving path of `--device cuda` (probe, NVRTC compile, upload, pool sizing,
+/// the first step, batched prefill and decode through the scheduler) on a machine without one.
+#[test]
+fn golden_on_two_ranks_sharing_the_emulated_gpu() {
+    let Some(lib_dir) = emu::for_test() else {
+        return;
+    };
+    if common::stories_dir().is_none() {
+        return;
+    }
+    let env = [("DPSERVE_CUDA_EMU_MEM_MB", "1024")];
+    match emu::run_inner(&lib_dir, "golden_on_two_ranks_sharing_gpu_0", &env) {
+        Ok(out) => eprintln!("{out}"),
+        Err(out) => panic!("{out}"),
     }
 }

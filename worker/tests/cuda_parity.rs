@@ -47,7 +47,10 @@ fn diff(got: &[f32], want: &[f32]) -> (f32, f32) {
         .iter()
         .zip(want)
         .map(|(a, b)| (a - b).abs())
-        .fold(0f32, |m, x| if x.is_nan() { f32::INFINITY } else { m.max(x) });
+        .fold(
+            0f32,
+            |m, x| if x.is_nan() { f32::INFINITY } else { m.max(x) },
+        );
     (d, want.iter().fold(0f32, |m, x| m.max(x.abs())))
 }
 
@@ -156,7 +159,10 @@ fn run(dtype: CudaDtype, tol: f32) {
     ];
     let (mut lens, mut next_slot) = ([11usize, 6, 12], [11u32, 46, 74]);
     for step in 0..6 {
-        for (i, slots) in [&mut a_slots, &mut b_slots, &mut c_slots].into_iter().enumerate() {
+        for (i, slots) in [&mut a_slots, &mut b_slots, &mut c_slots]
+            .into_iter()
+            .enumerate()
+        {
             slots.push(next_slot[i]);
             next_slot[i] += 1;
         }
@@ -186,7 +192,10 @@ fn run(dtype: CudaDtype, tol: f32) {
     let plan = worker::model::BatchPlan::new(p.cpu.config(), SLOTS, &seq).unwrap();
     let (d, _) = diff(&p.gpu.forward_hidden(&plan).unwrap(), &want);
     assert!(d <= tol, "hidden: {d}");
-    eprintln!("{dtype:?}: worst logit difference {:e} (allowed {tol:e})", p.worst);
+    eprintln!(
+        "{dtype:?}: worst logit difference {:e} (allowed {tol:e})",
+        p.worst
+    );
 }
 
 /// The three tests below, each re-run with the CPU emulator of the driver and cuBLAS loaded
