@@ -2,8 +2,9 @@
 # The checks of `--device cuda` on a machine with an NVIDIA GPU, in under 8 minutes, ending in one
 # summary. The GPU machine reaches no package registry and may have no Rust, so the work is split:
 #
-#   scripts/gpu-check.sh prepare   on the build machine (this repo, ../shared beside it): builds the
-#                                  release dpserve and the two test executables that drive a GPU,
+#   scripts/gpu-check.sh prepare   on the build machine (this repo, ../shared beside it): builds
+#                                  dpserve and the two test executables that drive a GPU (the dev
+#                                  profile, optimised: what the tests use, so a warm tree is quick),
 #                                  and gathers them with the stories260k model into target/gpu-check
 #                                  (checked: glibc symbols no newer than 2.35, under 60 MiB in all).
 #   scripts/gpu-check.sh run       on the GPU machine, from the repo root, target/gpu-check carried:
@@ -14,7 +15,8 @@
 #                                       greedy continuation on two ranks sharing GPU 0, concurrent
 #                                       requests (tests/e2e_cuda.rs),
 #                                    3. a short `dpserve bench --launch` of the built-in model on
-#                                       GPU 0 and, as the baseline of the same run, on the CPU.
+#                                       GPU 0 and, as the baseline of the same run, on the CPU
+#                                       (GPU_CHECK_BUILTIN_SIZE=tiny for a dry run on the emulator).
 #
 # Exit status 0 when every check passed. Every step has its own timeout.
 set -u -o pipefail
@@ -27,14 +29,14 @@ prepare() {
     cd "$root"
     local shared="$root/../shared/models/stories260k"
     [ -e "$shared/model.safetensors" ] || { echo "gpu-check: $shared not found" >&2; exit 1; }
-    cargo build --release --locked --bin dpserve
+    cargo build --locked --bin dpserve
     rm -rf "$out" && mkdir -p "$out/bin" "$out/shared/models"
-    cp target/release/dpserve "$out/bin/"
+    cp target/debug/dpserve "$out/bin/"
     # The test executables, by the paths cargo reports.
     local exe
     for spec in "-p worker --test cuda_parity" "--test e2e_cuda"; do
         # shellcheck disable=SC2086
-        exe=$(cargo test --release --locked $spec --no-run --message-format=json 2>/dev/null \
+        exe=$(cargo test --locked $spec --no-run --message-format=json 2>/dev/null \
             | python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)
@@ -112,14 +114,16 @@ run() {
     }
     check parity 120 "$out/bin/cuda_parity" --test-threads 1 --nocapture
     check serving 180 "$out/bin/e2e_cuda" --test-threads 1 --nocapture
-    local bench_args=(bench --launch --num-prompts 64 --max-concurrency 16 --dataset-name random
-        --disable-progress-bar --builtin-size base)
+    local bench_args=(bench --launch --num-prompts 64 --max-concurrency 16 --gsp-num-groups 4
+        --gsp-prompts-per-group 16 --gsp-system-prompt-len 256 --gsp-question-len 64
+        --gsp-output-len 64 --disable-progress-bar --compare round_robin --dp-size 1
+        --builtin-size "${GPU_CHECK_BUILTIN_SIZE:-base}")
     check bench-cuda 90 "$out/bin/dpserve" "${bench_args[@]}" --output-dir "$out/bench-cuda" \
         --up-arg=--device --up-arg=cuda:0
     check bench-cpu 90 "$out/bin/dpserve" "${bench_args[@]}" --output-dir "$out/bench-cpu"
     echo "== summary ($((SECONDS - started)) s)"
     printf '%s\n' "${summary[@]}"
-    grep -h "max |GPU - CPU|\|worst logit" "$out/parity.log" | sed 's/^/parity: /'
+    grep -ho "GPU: .*\|[A-Za-z0-9]*: worst logit.*" "$out/parity.log" | sort -u | sed 's/^/parity: /'
     grep -h "golden\|ranks" "$out/serving.log" | grep -v "^test " | sed 's/^/serving: /' | head -8
     for b in cuda cpu; do
         grep -hi "request throughput\|output token throughput\|mean ttft" "$out/bench-$b.log" \
