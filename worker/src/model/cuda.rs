@@ -244,6 +244,12 @@ impl CudaLlama {
     }
 
     fn step(&self, plan: &BatchPlan<'_>, out: Output) -> Result<Vec<f32>> {
+        // The scheduler may step from a thread other than the one that uploaded (a compute
+        // pool's): cuBLAS calls need the context current there, which cudarc's own calls see to
+        // only for themselves.
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| gpu_err(driver_error("cuCtxSetCurrent", e)))?;
         let c = &self.config;
         match &mut *self.lock() {
             AnyNet::F32(n) => n.step(c, plan, out),
