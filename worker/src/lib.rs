@@ -10,6 +10,7 @@ pub mod actor;
 pub mod args;
 pub mod disagg;
 pub mod error;
+pub mod gpu_identity;
 pub mod kv_alloc;
 pub mod kv_events;
 pub mod kv_memory;
@@ -253,6 +254,9 @@ fn load(
         disaggregation_mode: config.disaggregation_mode,
         kv_endpoint: None, // set once the KV socket is bound
         kv_layout: (!config.disaggregation_mode.is_null()).then(|| mc.kv_layout()),
+        // A CPU or simulated rank has no GPU; the CUDA runner fills this from its
+        // `kernels::cuda::DeviceInfo` (see `gpu_identity`) once it exists (issue 14).
+        gpu: None,
     };
     let disagg = (!config.disaggregation_mode.is_null()).then(|| disagg::DisaggConfig {
         mode: config.disaggregation_mode,
