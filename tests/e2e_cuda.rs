@@ -7,6 +7,7 @@
 //! `up --device cuda[:N]` probes the GPUs before it starts anything: one worker per visible GPU
 //! with its own `--device cuda:<i>` (or rank r on `cuda:<r mod GPUs>` under `--dp-size`), every
 //! rank on GPU N for `cuda:N`; a probe that fails is `up`'s own one-line EX_CONFIG refusal.
+#![cfg(feature = "cuda")] // the stand-in drivers need the probe, which only the backend has
 
 use std::path::Path;
 use std::process::{Command, Stdio};
