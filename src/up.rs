@@ -9,6 +9,9 @@
 //! own default stays the one source of truth. Values clap cannot check alone (the controller's
 //! `--prefix-affinity-*`, `--worker-timeout`) are checked by the controller's own `resolve`
 //! before any child starts: a bad value is a startup error of `up`, not a child that dies later.
+//!
+//! With `--device cuda[:N]` the GPUs are probed first and each rank gets its own `--device
+//! cuda:<i>` (see [`gpus`]); a GPU that cannot be used stops `up` before anything starts.
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -27,6 +30,10 @@ use worker::{DeviceArgs, ModelArgs, ServeArgs};
 
 use crate::forwarded::Given;
 
+mod gpus;
+
+use gpus::GpuPlacement;
+
 /// `up --dp-size` when not given (the tokenizer alone expects 1 rank; `up` starts 2).
 pub const DEFAULT_DP_SIZE: u32 = 2;
 /// `--startup-timeout` (seconds) of `up`, and of each cluster `bench --launch` starts.
@@ -37,7 +44,7 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 #[derive(clap::Args, Debug, Clone)]
 pub struct UpArgs {
     #[command(flatten)]
-    pub cluster: ClusterArgs,
+    pub cluster: Given<ClusterArgs>,
     #[command(flatten)]
     pub http: Given<HttpArgs>,
     #[command(flatten)]
@@ -61,7 +68,8 @@ pub struct UpArgs {
 /// `DPSERVE_BENCH_<FLAG>` and passes the set ones on to `up`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct ClusterArgs {
-    /// Number of data-parallel workers to start.
+    /// Number of data-parallel workers to start. Unset with `--device cuda`: one per visible
+    /// GPU (rank r on `cuda:<r mod GPUs>` either way); with `--device cuda:N`: one, on GPU N.
     #[arg(long, env = "DPSERVE_DP_SIZE", default_value_t = DEFAULT_DP_SIZE)]
     pub dp_size: u32,
     /// Prefill/decode disaggregation: start this many prefill workers (ranks 0..P) and
@@ -191,11 +199,21 @@ fn terminate(pid: u32) {
         .status();
 }
 
-pub fn run(args: UpArgs) -> anyhow::Result<()> {
-    let cluster = &args.cluster;
-    if cluster.dp_size == 0 {
+pub fn run(mut args: UpArgs) -> anyhow::Result<()> {
+    if args.cluster.dp_size == 0 {
         bail!("--dp-size must be at least 1");
     }
+    // The workers would refuse their roles; say why before starting anything.
+    let disaggregated =
+        args.cluster.prefill_dp_size.is_some() || args.cluster.decode_dp_size.is_some();
+    if let Some(refusal) = disaggregated
+        .then(|| args.device.device.disagg_refusal())
+        .flatten()
+    {
+        bail!(refusal);
+    }
+    let gpus = place_on_gpus(&mut args)?;
+    let cluster = &args.cluster;
     let roles = cluster.roles()?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -228,7 +246,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     for (rank, mode) in roles.iter().enumerate() {
         let rank = rank as u32;
-        let mut argv = worker_args(&args, &addrs, rank, cpus);
+        let mut argv = worker_args(&args, &addrs, rank, cpus, gpus);
         if !mode.is_null() {
             push(&mut argv, "--disaggregation-mode", Some(mode));
         }
@@ -236,9 +254,10 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
             let kv = dir.endpoint(&format!("kv-{rank}.sock"));
             push(&mut argv, "--disaggregation-kv-addr", Some(kv));
         }
-        let name = match mode {
-            DisaggMode::Null => format!("worker {rank}"),
-            role => format!("worker {rank} ({role})"),
+        let name = match (mode, gpus) {
+            (DisaggMode::Null, None) => format!("worker {rank}"),
+            (DisaggMode::Null, Some(p)) => format!("worker {rank} on cuda:{}", p.gpu_of(rank)),
+            (role, _) => format!("worker {rank} ({role})"),
         };
         deployment.spawn(&name, argv)?;
     }
@@ -295,6 +314,30 @@ pub fn run(args: UpArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--device cuda[:N]`: probe the GPUs (stopping here, with the probe's reason and EX_CONFIG,
+/// when they cannot be used), size `--dp-size` from them unless it was given, and say where
+/// each rank goes. `None` for a device that is not a GPU.
+fn place_on_gpus(args: &mut UpArgs) -> anyhow::Result<Option<GpuPlacement>> {
+    let Some((placement, gpu)) =
+        GpuPlacement::for_device(args.device.device, kernels::cuda::probe)?
+    else {
+        return Ok(None);
+    };
+    if !args.cluster.is_set("dp_size") {
+        args.cluster.value.dp_size = placement.default_ranks();
+    }
+    let ranks = args.cluster.num_ranks();
+    tracing::info!(
+        device = %args.device.device,
+        visible_gpus = gpu.device_count,
+        gpu = %gpu.name,
+        ranks,
+        placement = %placement.describe(ranks),
+        "ranks placed on GPUs (rank:device)"
+    );
+    Ok(Some(placement))
+}
+
 /// The three ZeroMQ endpoints of this deployment.
 struct Addrs {
     controller: String,
@@ -339,8 +382,15 @@ fn controller_args(args: &UpArgs, addrs: &Addrs) -> Vec<OsString> {
     c
 }
 
-/// `dpserve worker --rank R …` for this deployment, on a host with `cpus` CPUs.
-fn worker_args(args: &UpArgs, addrs: &Addrs, rank: u32, cpus: usize) -> Vec<OsString> {
+/// `dpserve worker --rank R …` for this deployment, on a host with `cpus` CPUs, and on its
+/// GPU when `gpus` places the ranks.
+fn worker_args(
+    args: &UpArgs,
+    addrs: &Addrs,
+    rank: u32,
+    cpus: usize,
+    gpus: Option<GpuPlacement>,
+) -> Vec<OsString> {
     let cluster = &args.cluster;
     let mut w: Vec<OsString> = vec!["worker".into()];
     push(&mut w, "--rank", Some(rank));
@@ -349,19 +399,34 @@ fn worker_args(args: &UpArgs, addrs: &Addrs, rank: u32, cpus: usize) -> Vec<OsSt
     push(&mut w, "--tokenizer-addr", Some(&addrs.tokenizer));
     w.extend(cluster.serve.argv_without(&["mem_fraction", "num_threads"]));
     // The workers share this host's memory and CPUs: each sizes its pool from its share, and
-    // computes on its share of the CPUs unless told otherwise.
+    // computes on its share of the CPUs unless told otherwise. A GPU rank's pool is in its
+    // GPU's memory instead: ranks on one GPU split it, and a rank with a GPU to itself is
+    // passed the fraction only when the user set one (the worker's default stays its own).
     let dp = cluster.num_ranks().max(1);
+    let mem_share = match gpus {
+        None => Some(dp),
+        Some(p) => match p.sharing(rank, dp) {
+            1 if !cluster.serve.is_set("mem_fraction") => None,
+            n => Some(n),
+        },
+    };
     push(
         &mut w,
         "--mem-fraction",
-        Some(cluster.serve.mem_fraction / f64::from(dp)),
+        mem_share.map(|n| cluster.serve.mem_fraction / f64::from(n)),
     );
     let threads = cluster
         .serve
         .num_threads
         .unwrap_or_else(|| (cpus / dp as usize).max(1));
     push(&mut w, "--num-threads", Some(threads));
-    w.extend(args.device.argv());
+    match gpus {
+        None => w.extend(args.device.argv()),
+        Some(p) => {
+            w.extend(args.device.argv_without(&["device"]));
+            push(&mut w, "--device", Some(format!("cuda:{}", p.gpu_of(rank))));
+        }
+    }
     push(
         &mut w,
         "--trace-dir",
@@ -527,13 +592,13 @@ mod tests {
         for argv in [
             tokenizer_args(&args, &addrs()),
             controller_args(&args, &addrs()),
-            worker_args(&args, &addrs(), 0, 2),
+            worker_args(&args, &addrs(), 0, 2, None),
         ] {
             let shown = strings(&argv).join(" ");
             assert!(shown.contains("--trace-max-mb 64"), "{shown}");
         }
         let args = up(&["--trace-dir", "/tmp/t"]);
-        let shown = strings(&worker_args(&args, &addrs(), 0, 2)).join(" ");
+        let shown = strings(&worker_args(&args, &addrs(), 0, 2, None)).join(" ");
         assert!(!shown.contains("--trace-max-mb"), "{shown}");
     }
 
@@ -554,7 +619,7 @@ mod tests {
             "--kernel-path",
             "portable",
         ]);
-        let shown = strings(&worker_args(&args, &addrs(), 3, 8)).join(" ");
+        let shown = strings(&worker_args(&args, &addrs(), 3, 8, None)).join(" ");
         for want in [
             "worker --rank 3 --builtin-size tiny",
             "--schedule-policy fcfs",
@@ -569,10 +634,81 @@ mod tests {
         }
         assert!(!shown.contains("--max-running-requests"), "{shown}");
         // Unset, each worker gets 1/dp of the worker's own default fraction.
-        let shown = strings(&worker_args(&up(&["--dp-size", "2"]), &addrs(), 0, 2)).join(" ");
+        let shown = strings(&worker_args(&up(&["--dp-size", "2"]), &addrs(), 0, 2, None)).join(" ");
         let half = worker::mem::DEFAULT_MEM_FRACTION / 2.0;
         assert!(shown.contains(&format!("--mem-fraction {half}")), "{shown}");
         assert!(shown.contains("--num-threads 1"), "{shown}");
+    }
+
+    #[test]
+    fn each_gpu_rank_gets_its_own_device_and_ranks_on_one_gpu_split_it() {
+        let spread = Some(GpuPlacement::Spread { visible: 2 });
+        let worker = |flags: &[&str], rank: u32, gpus: Option<GpuPlacement>| {
+            let mut args = up(flags);
+            if !args.cluster.is_set("dp_size") {
+                args.cluster.value.dp_size = gpus.map_or(DEFAULT_DP_SIZE, |p| p.default_ranks());
+            }
+            strings(&worker_args(&args, &addrs(), rank, 4, gpus)).join(" ")
+        };
+        // Unset --dp-size: one rank per GPU, each alone on it, so the worker's own default
+        // fraction applies; the user's --device cuda becomes each rank's cuda:<i>.
+        for rank in [0, 1] {
+            let shown = worker(&["--device", "cuda"], rank, spread);
+            assert!(shown.contains(&format!("--device cuda:{rank}")), "{shown}");
+            assert!(!shown.contains("--device cuda "), "{shown}");
+            assert!(!shown.ends_with("--device cuda"), "{shown}");
+            assert!(!shown.contains("--mem-fraction"), "{shown}");
+            assert!(shown.contains("--num-threads 2"), "{shown}");
+        }
+        // --dp-size 3 on 2 GPUs: ranks 0 and 2 share GPU 0 and take half each.
+        let flags = [
+            "--device",
+            "cuda",
+            "--dp-size",
+            "3",
+            "--mem-fraction",
+            "0.8",
+        ];
+        for (rank, gpu, fraction) in [(0, 0, 0.4), (1, 1, 0.8), (2, 0, 0.4)] {
+            let shown = worker(&flags, rank, spread);
+            assert!(shown.contains(&format!("--device cuda:{gpu}")), "{shown}");
+            assert!(
+                shown.contains(&format!("--mem-fraction {fraction}")),
+                "{shown}"
+            );
+        }
+        // Two ranks pinned to GPU 1 split it, from the worker's default when unset.
+        let pinned = Some(GpuPlacement::Pinned { ordinal: 1 });
+        let shown = worker(&["--device", "cuda:1", "--dp-size", "2"], 1, pinned);
+        let half = worker::mem::DEFAULT_MEM_FRACTION / 2.0;
+        assert!(shown.contains("--device cuda:1"), "{shown}");
+        assert!(shown.contains(&format!("--mem-fraction {half}")), "{shown}");
+        // cpu and sim ranks: --device as given, the host split as before.
+        let shown = worker(&["--device", "sim", "--dp-size", "2"], 1, None);
+        assert!(shown.contains("--device sim"), "{shown}");
+        assert!(shown.contains(&format!("--mem-fraction {half}")), "{shown}");
+        let shown = worker(&["--dp-size", "2"], 1, None);
+        assert!(!shown.contains("--device"), "{shown}");
+    }
+
+    #[test]
+    fn disaggregated_gpu_or_sim_ranks_are_refused_before_anything_starts() {
+        for device in ["cuda", "cuda:1", "sim"] {
+            let args = up(&[
+                "--device",
+                device,
+                "--prefill-dp-size",
+                "1",
+                "--decode-dp-size",
+                "1",
+            ]);
+            let err = format!("{:#}", run(args).unwrap_err());
+            assert!(
+                err.starts_with(&format!("--device {device} does not ")),
+                "{device}: {err}"
+            );
+            assert!(err.contains("disaggregated roles yet"), "{err}");
+        }
     }
 
     #[test]

@@ -246,6 +246,66 @@ fn units_share_the_runtime_directory_and_user() {
     }
 }
 
+/// `Environment=` pairs and the `ExecStart=` argv (binary dropped) of the worker template, for
+/// instance `instance`.
+fn worker_unit(instance: &str) -> (Vec<(String, String)>, Vec<String>) {
+    let text = read(&repo().join("deploy/systemd/dpserve-worker@.service"));
+    let text = text.replace("%i", instance);
+    let env = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Environment="))
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let exec = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("ExecStart="))
+        .expect("the worker unit has ExecStart=");
+    let argv = exec.split_whitespace().skip(1).map(String::from).collect();
+    (env, argv)
+}
+
+/// `DPSERVE_DEVICE=cuda`: the instance number is the GPU. The unit leaves the worker only GPU
+/// %i visible (`CUDA_VISIBLE_DEVICES=%i`) and passes no `--device` of its own, so the
+/// environment file's `cpu`, `sim` or `cuda` decides, and `cuda` is GPU 0 of what the worker
+/// sees: GPU %i. Run as the unit runs it, on a GPU no host has (97), the worker names `cuda:0`
+/// and exits 78 with the probe's reason.
+#[test]
+fn worker_unit_puts_a_cuda_rank_on_the_gpu_of_its_instance_number() {
+    let (env, argv) = worker_unit("97");
+    assert!(
+        env.contains(&("CUDA_VISIBLE_DEVICES".into(), "97".into())),
+        "{env:?}"
+    );
+    assert!(
+        !argv.iter().any(|a| a.starts_with("--device")),
+        "the unit must not pass --device (it would beat DPSERVE_DEVICE): {argv:?}"
+    );
+    let mut cmd = Command::new(BIN);
+    cmd.args(&argv);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("DPSERVE_") || k == "CUDA_VISIBLE_DEVICES" {
+            cmd.env_remove(k);
+        }
+    }
+    let out = cmd
+        .envs(env)
+        .env("DPSERVE_DEVICE", "cuda")
+        .output()
+        .expect("run the worker as the unit does");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    let line = stderr.trim();
+    assert!(
+        line.starts_with("dpserve: error: --device cuda:0: "),
+        "one line naming cuda:0: {stderr}"
+    );
+    assert!(
+        line.contains("no CUDA driver") || line.contains("CUDA_VISIBLE_DEVICES=97"),
+        "{line}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // A cluster of separately started actors over TCP
 // ---------------------------------------------------------------------------------------------

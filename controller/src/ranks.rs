@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use protocol::{Capacity, DisaggMode, Hello, RankInfo, WorkerStatus};
+use protocol::{Capacity, DisaggMode, GpuInfo, Hello, RankInfo, WorkerStatus};
 
 use crate::budget::RankBudget;
 use crate::policy::{RankLoad, RankSet};
@@ -31,6 +31,8 @@ pub struct LiveRank {
     /// Its role in a disaggregated deployment, and a prefill rank's KV endpoint.
     pub mode: DisaggMode,
     pub kv_endpoint: Option<String>,
+    /// The GPU it announced (reported to the tokenizer as is).
+    pub gpu: Option<GpuInfo>,
 }
 
 /// The worker process that holds a rank: the one whose `Hello` was accepted for it, known by
@@ -150,6 +152,7 @@ impl Ranks {
                 if let Some(existing) = self.live.get_mut(&hello.rank) {
                     existing.last_seen = Instant::now();
                     existing.capacity = hello.capacity.clone();
+                    existing.gpu = hello.gpu.clone();
                     return Ok(Joined::Repeat);
                 }
             } else if holder.identity != identity && holder_alive {
@@ -193,6 +196,7 @@ impl Ranks {
                 last_seq: 0,
                 mode: hello.disaggregation_mode,
                 kv_endpoint: hello.kv_endpoint.clone(),
+                gpu: hello.gpu.clone(),
             },
         );
         Ok(Joined::New { lost })
@@ -418,6 +422,7 @@ impl Ranks {
                 last_seen_s: now.duration_since(r.last_seen).as_secs_f64(),
                 status: r.status.clone(),
                 disaggregation_mode: r.mode,
+                gpu: r.gpu.clone(),
             })
             .collect()
     }
@@ -447,6 +452,7 @@ mod tests {
             disaggregation_mode: protocol::DisaggMode::Null,
             kv_endpoint: None,
             kv_layout: None,
+            gpu: None,
         }
     }
 
@@ -474,6 +480,23 @@ mod tests {
             ranks.hello(&h, &id(0), false),
             Err(HelloRefusal::ProtocolVersion { .. })
         ));
+    }
+
+    #[test]
+    fn the_gpu_a_rank_announces_reaches_the_tokenizer_as_is() {
+        let mut ranks = Ranks::new(None, Duration::from_secs(3));
+        let gpu = GpuInfo {
+            ordinal: 1,
+            name: "NVIDIA H200".into(),
+            compute_capability: "9.0".into(),
+            total_memory_bytes: 150_754_820_096,
+        };
+        let mut on_gpu = hello(1, "a");
+        on_gpu.gpu = Some(gpu.clone());
+        ranks.hello(&hello(0, "a"), &id(0), false).unwrap();
+        ranks.hello(&on_gpu, &id(1), false).unwrap();
+        let gpus: Vec<Option<GpuInfo>> = ranks.infos().into_iter().map(|r| r.gpu).collect();
+        assert_eq!(gpus, vec![None, Some(gpu)]);
     }
 
     #[test]

@@ -34,6 +34,7 @@ impl Worker {
             disaggregation_mode: mode,
             kv_endpoint: (mode == DisaggMode::Prefill).then(|| format!("ipc:///kv-{rank}.sock")),
             kv_layout: None,
+            gpu: None,
         };
         protocol::socket::send(&sock, &Message::Hello(hello)).unwrap();
         let w = Worker { rank, sock };

@@ -358,6 +358,32 @@ pub struct Hello {
     /// What a peer must match to exchange KV with this worker (disaggregated roles only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_layout: Option<KvLayout>,
+    /// The GPU this worker computes on (`--device cuda:N`); absent for CPU and simulated ranks,
+    /// and from workers that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuInfo>,
+}
+
+/// A worker's GPU as its driver reports it, announced in `Hello` and shown per rank by
+/// `/get_server_info`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    /// The CUDA device ordinal as the worker's process numbers its GPUs, that is after
+    /// `CUDA_VISIBLE_DEVICES` (a worker pinned to one GPU sees it as 0).
+    pub ordinal: u32,
+    /// The driver's name for it, e.g. `NVIDIA H200`.
+    pub name: String,
+    /// Compute capability as `major.minor`, e.g. `9.0`.
+    pub compute_capability: String,
+    /// Its memory in bytes (the total, not what was free at start).
+    pub total_memory_bytes: u64,
+}
+
+impl GpuInfo {
+    /// `cuda:<ordinal>`, as `--device` names it.
+    pub fn device(&self) -> String {
+        format!("cuda:{}", self.ordinal)
+    }
 }
 
 /// The controller's answer to `Hello`: accepted, or refused with a reason (wrong model id or
@@ -467,6 +493,9 @@ pub struct RankInfo {
     /// The rank's role (`null`, not on the wire, for a unified worker).
     #[serde(default, skip_serializing_if = "DisaggMode::is_null")]
     pub disaggregation_mode: DisaggMode,
+    /// The rank's GPU, as announced in its `Hello` (absent for CPU and simulated ranks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuInfo>,
 }
 
 /// The controller's view of the cluster, pushed to the tokenizer on change and periodically so

@@ -190,6 +190,27 @@ const GOLDEN: &[(&str, &str)] = &[
         ",
     ),
     (
+        "Hello-cuda",
+        "
+        82 a1 76 01 a3 6d 73 67 81 a5 48 65 6c 6c 6f 87
+        a4 72 61 6e 6b 01 a8 63 61 70 61 63 69 74 79 84
+        b0 6d 61 78 5f 74 6f 74 61 6c 5f 74 6f 6b 65 6e
+        73 ce 00 01 00 00 b4 6d 61 78 5f 72 75 6e 6e 69
+        6e 67 5f 72 65 71 75 65 73 74 73 40 ab 63 6f 6e
+        74 65 78 74 5f 6c 65 6e cd 20 00 aa 76 6f 63 61
+        62 5f 73 69 7a 65 cd 20 00 a8 6d 6f 64 65 6c 5f
+        69 64 af 64 70 73 65 72 76 65 2d 62 75 69 6c 74
+        69 6e b0 70 72 6f 74 6f 63 6f 6c 5f 76 65 72 73
+        69 6f 6e 01 a3 70 69 64 cd 10 94 a9 68 65 6c 64
+        5f 72 69 64 73 90 a3 67 70 75 84 a7 6f 72 64 69
+        6e 61 6c 01 a4 6e 61 6d 65 ab 4e 56 49 44 49 41
+        20 48 32 30 30 b2 63 6f 6d 70 75 74 65 5f 63 61
+        70 61 62 69 6c 69 74 79 a3 39 2e 30 b2 74 6f 74
+        61 6c 5f 6d 65 6d 6f 72 79 5f 62 79 74 65 73 cf
+        00 00 00 23 19 b0 00 00
+        ",
+    ),
+    (
         "HelloAck",
         "
         82 a1 76 01 a3 6d 73 67 81 a8 48 65 6c 6c 6f 41
@@ -616,6 +637,7 @@ const FIELD_RULES: &[FieldRules] = &[
             ("disaggregation_mode", "null"),
             ("kv_endpoint", "null"),
             ("kv_layout", "null"),
+            ("gpu", "null"),
         ],
     },
     FieldRules {
@@ -736,6 +758,10 @@ fn nested_required_fields_are_enforced() {
     let cases: &[(&str, &[&str], &str)] = &[
         ("Hello", &["capacity"], "max_total_tokens"),
         ("Hello", &["capacity"], "max_running_requests"),
+        ("Hello-cuda", &["gpu"], "ordinal"),
+        ("Hello-cuda", &["gpu"], "name"),
+        ("Hello-cuda", &["gpu"], "compute_capability"),
+        ("Hello-cuda", &["gpu"], "total_memory_bytes"),
         ("TokenOut-error", &["error"], "status"),
         ("TokenOut-error", &["error"], "message"),
         ("ClusterStatus", &["live_ranks", "0"], "rank"),
@@ -783,6 +809,59 @@ fn nested_optional_fields_default() {
     assert_eq!(cs.live_ranks[0].status, None);
     assert_eq!(cs.live_ranks[0].capacity.context_len, 0);
     assert_eq!(cs.live_ranks[0].capacity.vocab_size, 0);
+}
+
+/// `Hello.gpu` and `RankInfo.gpu` between old and new peers: a worker that predates the field
+/// (or a CPU one) sends none and decodes as `None`; a GPU worker's `Hello` round-trips, and an
+/// older peer reading it ignores the map (rule 1); the controller's `RankInfo` carries it the
+/// same way.
+#[test]
+fn gpu_identity_is_optional_both_ways() {
+    let (cpu, value) = golden_value("Hello");
+    assert!(
+        value["msg"]["Hello"].get("gpu").is_none(),
+        "None is not sent"
+    );
+    let Message::Hello(cpu) = cpu else {
+        panic!("not a Hello")
+    };
+    assert_eq!(cpu.gpu, None);
+
+    let (cuda, value) = golden_value("Hello-cuda");
+    assert_eq!(
+        value["msg"]["Hello"]["gpu"],
+        json!({
+            "ordinal": 1,
+            "name": "NVIDIA H200",
+            "compute_capability": "9.0",
+            "total_memory_bytes": 150_754_820_096u64,
+        })
+    );
+    assert_eq!(decode(&encode(&cuda).unwrap()).unwrap(), cuda);
+    // The GPU worker's frame less its `gpu` is exactly what an older worker would send.
+    let mut older = value.clone();
+    body_mut(&mut older, "Hello").remove("gpu");
+    let Message::Hello(older) = decode(&to_frame(&older)).unwrap() else {
+        panic!("not a Hello")
+    };
+    let Message::Hello(cuda) = cuda else {
+        panic!("not a Hello")
+    };
+    assert_eq!(older.gpu, None);
+    assert_eq!(older.rank, cuda.rank);
+
+    // RankInfo: absent in the golden ClusterStatus; present, it round-trips.
+    let (status, value) = golden_value("ClusterStatus");
+    assert!(value["msg"]["ClusterStatus"]["live_ranks"][0]
+        .get("gpu")
+        .is_none());
+    let Message::ClusterStatus(mut status) = status else {
+        panic!("not a ClusterStatus")
+    };
+    assert_eq!(status.live_ranks[0].gpu, None);
+    status.live_ranks[0].gpu = cuda.gpu.clone();
+    let msg = Message::ClusterStatus(status);
+    assert_eq!(decode(&encode(&msg).unwrap()).unwrap(), msg);
 }
 
 /// What a minimal Python peer sends: only required fields, Python ints where Rust has floats,

@@ -157,6 +157,8 @@ fn health_and_info_follow_cluster_status() {
     assert_eq!(info["dp_size"], 2);
     assert_eq!(info["live_ranks"], json!([0, 1]));
     assert_eq!(info["ranks"][0]["capacity"]["max_total_tokens"], 4096);
+    assert_eq!(info["ranks"][0]["device"], "cpu");
+    assert_eq!(info["device"], "cpu");
     assert_eq!(info["load_balance_method"], "prefix_affinity");
     assert_eq!(info["served_model_name"], protocol::builtin::MODEL_ID);
     assert!(info["version"].is_string());

@@ -314,6 +314,20 @@ impl Device {
             Device::Cpu | Device::Sim => None,
         }
     }
+
+    /// Why a worker on this device cannot take a disaggregated role (`--disaggregation-mode
+    /// prefill|decode`), if it cannot: `up` refuses such a deployment with the same words
+    /// before it starts anything.
+    pub fn disagg_refusal(self) -> Option<String> {
+        match self {
+            Device::Cpu => None,
+            Device::Sim => Some("--device sim does not simulate disaggregated roles yet".into()),
+            Device::Cuda(_) => Some(format!(
+                "--device {self} does not serve disaggregated roles yet (the KV transfer is \
+                 CPU-only); use --device cpu for prefill/decode disaggregation"
+            )),
+        }
+    }
 }
 
 impl std::fmt::Display for Device {
@@ -476,6 +490,9 @@ impl WorkerArgs {
             }
         };
         let model = self.model.source();
+        if let Some(refusal) = self.disaggregation_refusal() {
+            anyhow::bail!(refusal);
+        }
         let sim = self.sim_settings()?;
         let serve = &self.serve;
         serve.check()?;
@@ -486,12 +503,6 @@ impl WorkerArgs {
             None => std::thread::available_parallelism().map_or(1, |n| n.get()),
         };
         let cuda = self.device.device.cuda_ordinal();
-        if cuda.is_some() && !self.disaggregation_mode.is_null() {
-            anyhow::bail!(
-                "--device cuda does not run disaggregated roles yet (its KV pool is on the GPU \
-                 and does not travel between workers); use --disaggregation-mode null"
-            );
-        }
         Ok(WorkerConfig {
             rank: self.rank,
             model,
@@ -529,6 +540,14 @@ impl WorkerArgs {
         })
     }
 
+    /// Why this worker's device cannot take its disaggregated role, if it cannot.
+    fn disaggregation_refusal(&self) -> Option<String> {
+        match self.disaggregation_mode.is_null() {
+            true => None,
+            false => self.device.device.disagg_refusal(),
+        }
+    }
+
     /// The simulated GPU `--device sim` asks for (its profile file read and checked), or
     /// `None` for a real device.
     fn sim_settings(&self) -> anyhow::Result<Option<SimSettings>> {
@@ -544,9 +563,6 @@ impl WorkerArgs {
                 "--device sim speaks the built-in tokenizer's vocabulary and loads no weights; \
                  drop --model-path"
             );
-        }
-        if !self.disaggregation_mode.is_null() {
-            anyhow::bail!("--device sim does not simulate disaggregated roles yet");
         }
         let profile = SimProfile::load(&d.sim_profile, d.sim_config.as_deref())?;
         Ok(Some(SimSettings {
@@ -767,6 +783,14 @@ mod tests {
             assert_eq!(args.device.device, want, "{value}");
             assert_eq!(args.device.device.to_string(), value);
             assert_eq!(args.resolve().unwrap().cuda, ordinal, "{value}");
+        }
+        for mode in ["prefill", "decode"] {
+            let args = parse(&["--device", "cuda:1", "--disaggregation-mode", mode]).unwrap();
+            let err = format!("{:#}", args.resolve().unwrap_err());
+            assert!(
+                err.starts_with("--device cuda:1 does not serve disaggregated roles yet"),
+                "{mode}: {err}"
+            );
         }
         for bad in [
             "cuda:abc", "cuda:", "cuda:-1", "cuda:+1", "cuda:1.5", "cuda0", "gpu",

@@ -10,6 +10,7 @@ pub mod actor;
 pub mod args;
 pub mod disagg;
 pub mod error;
+pub mod gpu_identity;
 pub mod kv_alloc;
 pub mod kv_events;
 pub mod kv_memory;
@@ -381,6 +382,8 @@ fn load(
         disaggregation_mode: config.disaggregation_mode,
         kv_endpoint: None, // set once the KV socket is bound
         kv_layout: (!config.disaggregation_mode.is_null()).then(|| mc.kv_layout()),
+        // The GPU a CUDA rank runs on, as its probe found it; none on the CPU or a simulated rank.
+        gpu: model.gpu().map(gpu_identity::gpu_identity),
     };
     let disagg = (!config.disaggregation_mode.is_null()).then(|| disagg::DisaggConfig {
         mode: config.disaggregation_mode,

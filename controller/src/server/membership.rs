@@ -142,6 +142,7 @@ impl Controller {
                     pid = hello.pid,
                     max_total_tokens = hello.capacity.max_total_tokens,
                     max_running_requests = hello.capacity.max_running_requests,
+                    gpu = hello.gpu.as_ref().map(|g| format!("{} ({})", g.device(), g.name)),
                     live = ?self.ranks.ids(),
                     "rank joined"
                 );

@@ -5,9 +5,9 @@
 #![allow(dead_code)]
 
 use protocol::{
-    Abort, Capacity, ClusterStatus, EmbedReq, FinishReason, FlushCache, GenerateReq, Heartbeat,
-    Hello, HelloAck, Message, RankInfo, Rejoin, RouteCount, SamplingParams, Shutdown, TokenOut,
-    WorkerStatus,
+    Abort, Capacity, ClusterStatus, EmbedReq, FinishReason, FlushCache, GenerateReq, GpuInfo,
+    Heartbeat, Hello, HelloAck, Message, RankInfo, Rejoin, RouteCount, SamplingParams, Shutdown,
+    TokenOut, WorkerStatus,
 };
 
 /// A fixed timestamp (Unix seconds) exactly representable in an f64, so examples print exactly.
@@ -124,6 +124,7 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                 disaggregation_mode: protocol::DisaggMode::Null,
                 kv_endpoint: None,
                 kv_layout: None,
+                gpu: None,
             }),
         ),
         (
@@ -138,6 +139,22 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                 disaggregation_mode: protocol::DisaggMode::Prefill,
                 kv_endpoint: Some("tcp://10.0.0.5:7010".into()),
                 kv_layout: Some(layout()),
+                gpu: None,
+            }),
+        ),
+        (
+            "Hello-cuda",
+            Message::Hello(Hello {
+                rank: 1,
+                capacity: capacity(),
+                model_id: "dpserve-builtin".into(),
+                protocol_version: 1,
+                pid: 4244,
+                held_rids: vec![],
+                disaggregation_mode: protocol::DisaggMode::Null,
+                kv_endpoint: None,
+                kv_layout: None,
+                gpu: Some(gpu()),
             }),
         ),
         (
@@ -169,6 +186,7 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                     model_id: "dpserve-builtin".into(),
                     last_seen_s: 0.5,
                     status: Some(worker_status()),
+                    gpu: None,
                 }],
                 routing: vec![RouteCount {
                     method: "prefix_affinity".into(),
@@ -276,6 +294,16 @@ fn layout() -> protocol::KvLayout {
         num_kv_heads: 4,
         head_dim: 64,
         dtype: "f32".into(),
+    }
+}
+
+/// GPU 1 of a host with H200s, as a `--device cuda:1` worker announces it.
+pub fn gpu() -> GpuInfo {
+    GpuInfo {
+        ordinal: 1,
+        name: "NVIDIA H200".into(),
+        compute_capability: "9.0".into(),
+        total_memory_bytes: 150_754_820_096,
     }
 }
 

@@ -66,12 +66,16 @@ pub async fn server_info(state: web::Data<AppState>) -> HttpResponse {
     let (live_ranks, ranks, method) = match &cluster {
         Some(c) => (
             c.live_ranks.iter().map(|r| r.rank).collect::<Vec<_>>(),
-            serde_json::to_value(&c.live_ranks).unwrap_or_default(),
+            rank_views(&c.live_ranks),
             Some(c.load_balance_method.clone()),
         ),
         None => (Vec::new(), json!([]), None),
     };
     let sim_profiles = simulated_profiles(cluster.as_ref());
+    let on_gpu = cluster
+        .iter()
+        .flat_map(|c| &c.live_ranks)
+        .any(|r| r.gpu.is_some());
     let status_age_s =
         (state.bridge.cluster().await).map(|snap| snap.received.elapsed().as_secs_f64());
     HttpResponse::Ok().json(ServerInfo {
@@ -85,11 +89,12 @@ pub async fn server_info(state: web::Data<AppState>) -> HttpResponse {
         ranks,
         load_balance_method: method,
         cluster_status_age_s: status_age_s,
-        // Simulated ranks (`--device sim`) compute nothing: say so wherever results are read.
-        device: if sim_profiles.is_empty() {
-            "cpu"
-        } else {
-            "sim"
+        // Simulated ranks (`--device sim`) compute nothing: say so wherever results are read,
+        // even beside real ones.
+        device: match (sim_profiles.is_empty(), on_gpu) {
+            (false, _) => "sim",
+            (true, true) => "cuda",
+            (true, false) => "cpu",
         }
         .to_string(),
         simulated: !sim_profiles.is_empty(),
@@ -106,6 +111,34 @@ pub async fn server_info(state: web::Data<AppState>) -> HttpResponse {
         chat_template: state.chat_template.source.describe(),
         api_key_required: state.args.http.api_key.is_some(),
     })
+}
+
+/// What a rank computes on, as `--device` names it: `cuda:N` for a rank that announced a GPU,
+/// `sim` for a simulated one, else `cpu` (also a rank that predates the GPU field).
+fn rank_device(rank: &protocol::RankInfo) -> String {
+    match (
+        &rank.gpu,
+        rank.status.as_ref().and_then(|s| s.simulated.as_ref()),
+    ) {
+        (Some(gpu), _) => gpu.device(),
+        (None, Some(_)) => "sim".to_string(),
+        (None, None) => "cpu".to_string(),
+    }
+}
+
+/// The live ranks as `/get_server_info` lists them: each `RankInfo` as the controller sent it
+/// (its `gpu` included), with its `device` beside its `rank`.
+fn rank_views(ranks: &[protocol::RankInfo]) -> serde_json::Value {
+    let views = ranks.iter().map(|rank| {
+        let mut view = serde_json::Map::new();
+        view.insert("rank".into(), json!(rank.rank));
+        view.insert("device".into(), json!(rank_device(rank)));
+        if let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(rank) {
+            view.extend(fields.into_iter().filter(|(k, _)| k != "rank"));
+        }
+        serde_json::Value::Object(view)
+    });
+    serde_json::Value::Array(views.collect())
 }
 
 /// The profiles of the live ranks that are simulated (`--device sim`), each once.
@@ -337,6 +370,7 @@ mod tests {
                         disagg: None,
                         simulated: None,
                     }),
+                    gpu: None,
                 })
                 .collect(),
             routing: Vec::new(),
@@ -353,6 +387,40 @@ mod tests {
             r.status.as_mut().unwrap().simulated = Some("h100".into());
         }
         assert_eq!(simulated_profiles(Some(&c)), vec!["h100".to_string()]);
+    }
+
+    #[test]
+    fn each_rank_says_what_it_computes_on_beside_its_gpu() {
+        let mut c = cluster(&[(0, 0), (0, 0), (0, 0)]);
+        c.live_ranks[1].gpu = Some(protocol::GpuInfo {
+            ordinal: 1,
+            name: "NVIDIA H200".into(),
+            compute_capability: "9.0".into(),
+            total_memory_bytes: 150_754_820_096,
+        });
+        c.live_ranks[2].status.as_mut().unwrap().simulated = Some("h100".into());
+        let views = rank_views(&c.live_ranks);
+        let devices: Vec<&str> = (0..3)
+            .map(|i| views[i]["device"].as_str().unwrap())
+            .collect();
+        assert_eq!(devices, ["cpu", "cuda:1", "sim"]);
+        assert_eq!(
+            views[1]["gpu"],
+            json!({
+                "ordinal": 1,
+                "name": "NVIDIA H200",
+                "compute_capability": "9.0",
+                "total_memory_bytes": 150_754_820_096u64,
+            })
+        );
+        assert!(views[0].get("gpu").is_none(), "absent for a CPU rank");
+        // Everything the controller sent is still there, `rank` first.
+        let keys: Vec<&String> = views[1].as_object().unwrap().keys().collect();
+        assert_eq!(keys[..2], ["rank", "device"]);
+        for key in ["capacity", "model_id", "last_seen_s", "status"] {
+            assert!(views[1].get(key).is_some(), "{key}");
+        }
+        assert_eq!(views[1]["capacity"]["max_total_tokens"], 64);
     }
 
     #[test]

@@ -140,6 +140,7 @@ fn cluster(live: &[u32]) -> ClusterStatus {
                     gen_throughput: 12.5,
                     ..Default::default()
                 }),
+                gpu: None,
             })
             .collect(),
         routing: Vec::new(),

@@ -65,12 +65,15 @@ pub struct ServerInfo {
     pub tokenizer_path: String,
     pub served_model_name: String,
     pub live_ranks: Vec<u32>,
-    /// Each live rank's capacity and last status, as the controller reports it.
+    /// Each live rank as the controller reports it (`capacity`, last `status`, `gpu` for a GPU
+    /// rank: `ordinal`, `name`, `compute_capability`, `total_memory_bytes`), with its `device`:
+    /// `cuda:N`, `sim` or `cpu`.
     #[schema(value_type = Vec<Object>)]
     pub ranks: serde_json::Value,
     pub load_balance_method: Option<String>,
     pub cluster_status_age_s: Option<f64>,
-    /// `sim` when some live rank is simulated (`--device sim`), else `cpu`.
+    /// `sim` when some live rank is simulated (`--device sim`), else `cuda` when some live
+    /// rank computes on a GPU, else `cpu`. Each rank's own is in `ranks`.
     pub device: String,
     /// Whether any live rank is simulated: its timings come from a cost model, not a model.
     pub simulated: bool,
