@@ -256,6 +256,14 @@ fn golden_on_two_ranks_sharing_gpu_0() {
     ]);
     let (status, info) = server.get("/get_server_info");
     assert_eq!(status, 200, "{info}");
+    assert_eq!(info["device"], "cuda", "{info}");
+    let ranks = info["ranks"].as_array().expect("ranks");
+    assert_eq!(ranks.len(), 2, "{info}");
+    for r in ranks {
+        assert_eq!(r["device"], "cuda:0", "{r}");
+        assert_eq!(r["gpu"]["name"], gpu.name.as_str(), "{r}");
+        assert_eq!(r["gpu"]["total_memory_bytes"], gpu.total_bytes, "{r}");
+    }
     eprintln!(
         "{}: serving on {} ({} MiB)",
         gpu.name,
@@ -317,6 +325,8 @@ fn golden_on_two_ranks_sharing_the_emulated_gpu() {
         Ok(out) => eprintln!("{out}"),
         Err(out) => panic!("{out}"),
     }
+}
+
 // ---------------------------------------------------------------------------------------------
 // `dpserve up --device cuda[:N]`
 // ---------------------------------------------------------------------------------------------
