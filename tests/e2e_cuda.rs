@@ -265,9 +265,8 @@ fn golden_on_two_ranks_sharing_gpu_0() {
         assert_eq!(r["gpu"]["total_memory_bytes"], gpu.total_bytes, "{r}");
     }
     eprintln!(
-        "{}: serving on {} ({} MiB)",
+        "{}: serving on cuda:0 ({} MiB)",
         gpu.name,
-        "cuda:0",
         gpu.total_bytes >> 20
     );
     let bodies: Vec<Value> = (0..8u64)

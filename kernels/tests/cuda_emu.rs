@@ -16,14 +16,14 @@
 #[path = "emu/mod.rs"]
 mod emu;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use cudarc::cublas::{CudaBlas, Gemm};
 use cudarc::driver::sys::CUresult;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use half::{bf16, f16};
-use kernels::cuda::{self, AttnBatch, AttnIndex, CudaError, CudaKernels, CudaLibrary, Storage};
+use kernels::cuda::{self, AttnBatch, AttnIndex, CudaError, CudaKernels, Storage};
 use kernels::AttnShape;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
