@@ -77,10 +77,13 @@ const PACK_MIN_TOKENS: usize = 8;
 /// large model cannot make the pack buffer grow with it.
 const PACK_MAX_FLOATS: usize = 16 << 20;
 /// Query rows per transposed-K load in the AVX-512 score kernel (`8 RS` accumulators).
+#[cfg(target_arch = "x86_64")]
 const RS: usize = 3;
 /// Query rows per V load in the weighted values (AVX-512: `4 HV` accumulators of 16 floats for
 /// a 64-float head; AVX2: `4 HV` of 8 floats, 32 columns at a time).
+#[cfg(target_arch = "x86_64")]
 const HV_512: usize = 4;
+#[cfg(target_arch = "x86_64")]
 const HV_256: usize = 2;
 
 /// The `P` of [`Group::attend`]: which kernels it runs.

@@ -5,7 +5,9 @@
 //! NOT YET RUN ON A GPU. Every launch here runs in kernels/tests/cuda_emu.rs on the CPU
 //! emulator of the driver and cuBLAS (the same kernel sources built as C++, real barriers and
 //! shuffles), checked against the CPU kernels; the first GPU session repeats that check on the
-//! hardware (issue 14). Keep it thin until then.
+//! hardware (issue 14). Keep it thin until then. The launches take whole `CudaSlice`s, so a
+//! kernel cannot start at a column inside another buffer's rows (why the worker's GPU pass has
+//! separate q, k and v GEMMs); views would lift that.
 
 use std::collections::HashMap;
 use std::sync::Arc;
