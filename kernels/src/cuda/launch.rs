@@ -5,16 +5,16 @@
 //! NOT YET RUN ON A GPU. Every launch here runs in kernels/tests/cuda_emu.rs on the CPU
 //! emulator of the driver and cuBLAS (the same kernel sources built as C++, real barriers and
 //! shuffles), checked against the CPU kernels; the first GPU session repeats that check on the
-//! hardware (issue 14). Keep it thin until then. The launches take whole `CudaSlice`s, so a
-//! kernel cannot start at a column inside another buffer's rows (why the worker's GPU pass has
-//! separate q, k and v GEMMs); views would lift that.
+//! hardware (issue 14). Keep it thin until then. RoPE and the KV write also take views
+//! ([`DeviceIn`], [`DeviceOut`]), so they reach the K and V columns inside fused qkv rows.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr,
+    DeviceSlice, LaunchArgs, LaunchConfig, PushKernelArg,
 };
 
 use super::probe::driver_error;
@@ -48,6 +48,43 @@ impl Storage for half::f16 {
     const DTYPE: CudaDtype = CudaDtype::F16;
     fn from_f32(v: f32) -> Self {
         half::f16::from_f32(v)
+    }
+}
+
+/// Device memory a launch reads: a whole buffer, or a view into one (the K or V columns inside
+/// fused qkv rows).
+pub trait DeviceIn<T>: DeviceSlice<T> {
+    /// Pushes the memory as the next kernel argument.
+    fn push_in<'a>(&'a self, b: &mut LaunchArgs<'a>);
+}
+
+impl<T> DeviceIn<T> for CudaSlice<T> {
+    fn push_in<'a>(&'a self, b: &mut LaunchArgs<'a>) {
+        b.arg(self);
+    }
+}
+
+impl<T> DeviceIn<T> for CudaView<'_, T> {
+    fn push_in<'a>(&'a self, b: &mut LaunchArgs<'a>) {
+        b.arg(self);
+    }
+}
+
+/// Device memory a launch writes: a whole buffer, or a view into one.
+pub trait DeviceOut<T>: DeviceSlice<T> {
+    /// Pushes the memory as the next kernel argument.
+    fn push_out<'a>(&'a mut self, b: &mut LaunchArgs<'a>);
+}
+
+impl<T> DeviceOut<T> for CudaSlice<T> {
+    fn push_out<'a>(&'a mut self, b: &mut LaunchArgs<'a>) {
+        b.arg(self);
+    }
+}
+
+impl<T> DeviceOut<T> for CudaViewMut<'_, T> {
+    fn push_out<'a>(&'a mut self, b: &mut LaunchArgs<'a>) {
+        b.arg(self);
     }
 }
 
@@ -204,7 +241,7 @@ impl CudaKernels {
     #[allow(clippy::too_many_arguments)]
     pub fn rope<T: Storage>(
         &self,
-        x: &mut CudaSlice<T>,
+        x: &mut impl DeviceOut<T>,
         cos: &CudaSlice<f32>,
         sin: &CudaSlice<f32>,
         heads: usize,
@@ -225,7 +262,11 @@ impl CudaKernels {
         )?;
         let n = cos.len() / half;
         check(op, heads * head_dim <= row_stride, "row_stride")?;
-        check(op, x.len() >= n * row_stride, "x shape")?;
+        check(
+            op,
+            n == 0 || x.len() >= (n - 1) * row_stride + heads * head_dim,
+            "x shape",
+        )?;
         let args = (
             int(op, n)?,
             int(op, heads)?,
@@ -234,8 +275,8 @@ impl CudaKernels {
         );
         let f = self.function(op, T::DTYPE)?;
         let mut b = self.stream.launch_builder(f);
-        b.arg(x)
-            .arg(cos)
+        x.push_out(&mut b);
+        b.arg(cos)
             .arg(sin)
             .arg(&args.0)
             .arg(&args.1)
@@ -298,7 +339,7 @@ impl CudaKernels {
     pub fn kv_write<T: Storage>(
         &self,
         cache: &mut CudaSlice<T>,
-        src: &CudaSlice<T>,
+        src: &impl DeviceIn<T>,
         src_stride: usize,
         slots: &CudaSlice<u32>,
         kv_dim: usize,
@@ -320,9 +361,9 @@ impl CudaKernels {
         let num_slots = uint(op, cache.len() / kv_dim)?;
         let f = self.function(op, T::DTYPE)?;
         let mut b = self.stream.launch_builder(f);
-        b.arg(cache)
-            .arg(src)
-            .arg(slots)
+        b.arg(cache);
+        src.push_in(&mut b);
+        b.arg(slots)
             .arg(&args.0)
             .arg(&args.1)
             .arg(&args.2)

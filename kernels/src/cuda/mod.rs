@@ -35,7 +35,7 @@ pub use compile::{arch_for, compile_all, compile_source, nvrtc_version, Compiled
 #[cfg(feature = "cuda")]
 pub use cudarc;
 #[cfg(feature = "cuda")]
-pub use launch::{AttnBatch, CudaKernels, Storage};
+pub use launch::{AttnBatch, CudaKernels, DeviceIn, DeviceOut, Storage};
 #[cfg(feature = "cuda")]
 pub use probe::{check_library, driver_error, probe, quietly};
 pub use source::{

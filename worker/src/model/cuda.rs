@@ -10,8 +10,8 @@
 //! runs the layers, gathers each sequence's last row and copies back only those rows' logits;
 //! sampling stays on the CPU.
 //!
-//! q, k and v are three GEMMs (not one fused qkv GEMM as on the CPU), so each lands in its own
-//! buffer and no kernel needs an offset into another's rows; the dot products are the same.
+//! As on the CPU, q, k and v come from one GEMM over the fused `[q; k; v]` rows and gate and up
+//! from another; RoPE and the KV write reach the k and v columns through views of those rows.
 //!
 //! What is batch-invariant here: the embedding gather, RoPE, KV write, the element-wise ops and
 //! attention (one fixed reduction order per (token, head), nothing shared with other tokens);
@@ -63,11 +63,10 @@ impl Elem for f16 {
 /// takes them.
 struct Layer<T> {
     attn_norm: CudaSlice<T>,
-    wq: CudaSlice<T>,
-    wk: CudaSlice<T>,
-    wv: CudaSlice<T>,
-    /// q, k and v biases (Qwen2-style models).
-    bias: Option<[CudaSlice<T>; 3]>,
+    /// `[q_dim + 2·kv_dim, hidden]`: q rows, then k rows, then v rows.
+    wqkv: CudaSlice<T>,
+    /// The q, k and v biases, fused the same way (Qwen2-style models).
+    bqkv: Option<CudaSlice<T>>,
     wo: CudaSlice<T>,
     mlp_norm: CudaSlice<T>,
     /// `[2·intermediate, hidden]`: gate rows, then up rows.
@@ -148,9 +147,9 @@ impl CudaLlama {
         let (w, c) = (&model.weights, &model.config);
         let dtype = model.stored_dtype();
         let net = match dtype {
-            CudaDtype::F32 => AnyNet::F32(Net::upload(kernels, w, c)?),
-            CudaDtype::Bf16 => AnyNet::Bf16(Net::upload(kernels, w, c)?),
-            CudaDtype::F16 => AnyNet::F16(Net::upload(kernels, w, c)?),
+            CudaDtype::F32 => AnyNet::F32(Net::upload(kernels, w)?),
+            CudaDtype::Bf16 => AnyNet::Bf16(Net::upload(kernels, w)?),
+            CudaDtype::F16 => AnyNet::F16(Net::upload(kernels, w)?),
         };
         Ok(CudaLlama {
             config: c.clone(),
@@ -270,11 +269,7 @@ where
     CudaBlas: Gemm<T>,
 {
     /// Uploads `w` as `T` (exact: the f32 values were widened from `T` when loaded, or are f32).
-    fn upload(
-        kernels: CudaKernels,
-        w: &Weights,
-        c: &ModelConfig,
-    ) -> std::result::Result<Self, CudaError> {
+    fn upload(kernels: CudaKernels, w: &Weights) -> std::result::Result<Self, CudaError> {
         let stream = kernels.stream().clone();
         let up = |v: &[f32]| -> std::result::Result<CudaSlice<T>, CudaError> {
             let host: Vec<T> = v.iter().map(|&x| T::from_f32(x)).collect();
@@ -282,20 +277,15 @@ where
                 .clone_htod(&host)
                 .map_err(|e| driver_error("cuMemcpyHtoD", e))
         };
-        let (q, kv, h) = (c.q_dim(), c.kv_dim(), c.hidden_size);
         let mut layers = Vec::with_capacity(w.layers.len());
         for lw in &w.layers {
-            let qkv = lw.wqkv.unpack();
-            let bias = match &lw.bqkv {
-                Some(b) => Some([up(&b[..q])?, up(&b[q..q + kv])?, up(&b[q + kv..])?]),
-                None => None,
-            };
             layers.push(Layer {
                 attn_norm: up(&lw.attn_norm)?,
-                wq: up(&qkv[..q * h])?,
-                wk: up(&qkv[q * h..(q + kv) * h])?,
-                wv: up(&qkv[(q + kv) * h..])?,
-                bias,
+                wqkv: up(&lw.wqkv.unpack())?,
+                bqkv: match &lw.bqkv {
+                    Some(b) => Some(up(b)?),
+                    None => None,
+                },
                 wo: up(&lw.wo.unpack())?,
                 mlp_norm: up(&lw.mlp_norm)?,
                 wgu: up(&lw.wgu.unpack())?,
@@ -400,9 +390,8 @@ where
 
         let mut x = self.scratch::<f32>(t * h)?;
         let mut hn = self.scratch::<T>(t * h)?;
-        let mut q = self.scratch::<T>(t * qd)?;
-        let mut kk = self.scratch::<T>(t * kvd)?;
-        let mut vv = self.scratch::<T>(t * kvd)?;
+        let w = qd + 2 * kvd;
+        let mut qkv = self.scratch::<T>(t * w)?;
         let mut attn = self.scratch::<T>(t * qd)?;
         let mut o = self.scratch::<T>(t * h)?;
         let mut gu = self.scratch::<T>(t * 2 * inter)?;
@@ -414,25 +403,35 @@ where
         for (l, lw) in self.layers.iter().enumerate() {
             k.rmsnorm(&x, &lw.attn_norm, c.rms_norm_eps, &mut hn)
                 .map_err(e)?;
-            k.linear(&hn, t, &lw.wq, qd, &mut q).map_err(e)?;
-            k.linear(&hn, t, &lw.wk, kvd, &mut kk).map_err(e)?;
-            k.linear(&hn, t, &lw.wv, kvd, &mut vv).map_err(e)?;
-            if let Some([bq, bk, bv]) = &lw.bias {
-                k.add_bias(&mut q, bq).map_err(e)?;
-                k.add_bias(&mut kk, bk).map_err(e)?;
-                k.add_bias(&mut vv, bv).map_err(e)?;
+            k.linear(&hn, t, &lw.wqkv, w, &mut qkv).map_err(e)?;
+            if let Some(b) = &lw.bqkv {
+                k.add_bias(&mut qkv, b).map_err(e)?;
             }
-            k.rope(&mut q, &cos, &sin, c.num_attention_heads, hd, qd)
+            // q at column 0 of each row, k at q_dim, v at q_dim + kv_dim.
+            k.rope(&mut qkv, &cos, &sin, c.num_attention_heads, hd, w)
                 .map_err(e)?;
-            k.rope(&mut kk, &cos, &sin, c.num_key_value_heads, hd, kvd)
+            k.rope(
+                &mut qkv.slice_mut(qd..),
+                &cos,
+                &sin,
+                c.num_key_value_heads,
+                hd,
+                w,
+            )
+            .map_err(e)?;
+            k.kv_write(&mut self.k_cache[l], &qkv.slice(qd..), w, &write_slots, kvd)
                 .map_err(e)?;
-            k.kv_write(&mut self.k_cache[l], &kk, kvd, &write_slots, kvd)
-                .map_err(e)?;
-            k.kv_write(&mut self.v_cache[l], &vv, kvd, &write_slots, kvd)
-                .map_err(e)?;
+            k.kv_write(
+                &mut self.v_cache[l],
+                &qkv.slice(qd + kvd..),
+                w,
+                &write_slots,
+                kvd,
+            )
+            .map_err(e)?;
             k.attention(
-                &q,
-                qd,
+                &qkv,
+                w,
                 &self.k_cache[l],
                 &self.v_cache[l],
                 &batch,
