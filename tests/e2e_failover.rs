@@ -7,8 +7,9 @@
 //! tells each request's story from the actors' message traces, and `--svg`/`--chrome` draw it
 //! (the request's journey, routing over the run with the victim leaving and coming back).
 //!
-//! Also here: `dpserve trace DIR`'s errors on its own, and `dpserve up` refusing bad
-//! `--prefix-affinity-*` values before it starts anything.
+//! Also here: `dpserve trace DIR`'s errors on its own, `dpserve up` refusing bad
+//! `--prefix-affinity-*` values before it starts anything, and a draining worker SIGKILLed,
+//! whose running request fails at once, not at its drain timeout.
 
 mod common;
 
@@ -734,4 +735,68 @@ fn requests_in_flight_through_a_controller_restart_end_once_and_soon() {
         killed.elapsed().as_secs_f64()
     );
     drop(running);
+}
+
+/// A draining worker that dies is found out by the same connection probe as a live one: its
+/// running request fails with the 503 "(its process exited)" within about the probe's 200 ms,
+/// not when its `--drain-timeout` (plus the heartbeat timeout) runs out.
+#[test]
+fn a_draining_worker_killed_fails_its_requests_at_once_not_at_its_drain_timeout() {
+    const DRAIN_TIMEOUT_S: f64 = 30.0;
+    let mut c = deployment();
+    c.start_controller();
+    c.start_tokenizer();
+    let heartbeat = HEARTBEAT_MS.to_string();
+    let drain_timeout = DRAIN_TIMEOUT_S.to_string();
+    c.start_tiny_rank(
+        0,
+        &[
+            "--heartbeat-interval-ms",
+            &heartbeat,
+            "--drain-timeout",
+            &drain_timeout,
+        ],
+    );
+    c.wait_live(&[0], &["controller", "tokenizer", "worker 0"], STARTUP);
+
+    // A long request, running when SIGTERM starts the drain.
+    let events = sse::stream(
+        &c.base,
+        &[],
+        json!({"rid": "drain-killed", "text": "hello", "stream": true, "routed_dp_rank": 0,
+               "sampling_params": {"max_new_tokens": 7000, "ignore_eos": true}}),
+    );
+    match events.recv_timeout(Duration::from_secs(120)) {
+        Ok(Sse::Data(chunk)) => assert!(chunk.get("error").is_none(), "{chunk}"),
+        other => panic!("no first chunk: {other:?}\n{}", c.all_logs()),
+    }
+    c.sigterm("worker 0");
+    c.wait_log("controller", "rank draining", Duration::from_secs(30));
+    c.assert_running(&["worker 0"]);
+
+    let killed = Instant::now();
+    c.kill("worker 0");
+    let error = expect_one_error(&c, &events, Duration::from_secs_f64(DRAIN_TIMEOUT_S + 30.0));
+    let after = killed.elapsed();
+    assert!(
+        error.contains("rank 0") && error.contains("stopped responding (its process exited)"),
+        "{error}"
+    );
+    eprintln!(
+        "the draining worker's request failed {:.2} s after its SIGKILL (--drain-timeout \
+         {DRAIN_TIMEOUT_S}, --worker-timeout {WORKER_TIMEOUT_S})",
+        after.as_secs_f64()
+    );
+    // The probe runs every 200 ms; the slack is for a busy machine, far below the 33 s the
+    // drain deadline would have taken.
+    assert!(
+        after < Duration::from_secs(3),
+        "failed {after:?} after the kill: the drain deadline, not the probe\n{}",
+        c.all_logs()
+    );
+    let log = c.log("controller");
+    assert!(
+        log.contains("rank removed: its connection closed"),
+        "controller log:\n{log}"
+    );
 }

@@ -207,6 +207,15 @@ impl Ranks {
         self.holders.get(&rank)
     }
 
+    /// Every held rank (live or draining) with its holder's identity: whom the liveness probe
+    /// asks. A draining rank counts: its process may still die with requests in flight.
+    pub fn held(&self) -> Vec<(u32, Vec<u8>)> {
+        self.holders
+            .iter()
+            .map(|(&rank, h)| (rank, h.identity.clone()))
+            .collect()
+    }
+
     /// Whether `identity` is the process holding `rank`. Anything a worker sends is only
     /// believed from the holder: a refused duplicate's heartbeats must not keep the rank alive,
     /// nor its `Shutdown` remove it.
@@ -544,7 +553,13 @@ mod tests {
             &id(0),
         );
         assert!(ranks.drain_expired().is_empty());
+        assert_eq!(
+            ranks.held(),
+            vec![(0, id(0))],
+            "a draining rank is still probed: its process may die before its requests end"
+        );
         assert_eq!(ranks.remove(0), Some(vec!["y".to_string()]));
+        assert!(ranks.held().is_empty());
     }
 
     #[test]

@@ -30,16 +30,13 @@ impl Controller {
         }
     }
 
-    /// A rank whose process exited is removed at once instead of at its heartbeat timeout:
-    /// its connection closed, so a send to it fails with `EHOSTUNREACH` (the ROUTER is
-    /// `ROUTER_MANDATORY`). The probe is a `Heartbeat`, which workers drop. A stalled process
-    /// keeps its connection and is left to the timeout; so is a host that vanished without
-    /// closing its TCP connections.
+    /// A rank whose process exited is removed at once instead of at its heartbeat timeout (or,
+    /// for a draining rank, its drain deadline): its connection closed, so a send to it fails
+    /// with `EHOSTUNREACH` (the ROUTER is `ROUTER_MANDATORY`). The probe is a `Heartbeat`,
+    /// which workers drop. A stalled process keeps its connection and is left to the timeout
+    /// (or the deadline); so is a host that vanished without closing its TCP connections.
     pub(super) fn probe_ranks(&mut self) {
-        for rank in self.ranks.ids() {
-            let Some(identity) = self.ranks.holder(rank).map(|h| h.identity.clone()) else {
-                continue;
-            };
+        for (rank, identity) in self.ranks.held() {
             let probe = Message::Heartbeat(protocol::Heartbeat {
                 rank,
                 timestamp: 0.0,
@@ -49,12 +46,19 @@ impl Controller {
             let sent = self
                 .workers
                 .send_multipart([identity.as_slice(), frame.as_slice()], zmq::DONTWAIT);
-            if let Err(zmq::Error::EHOSTUNREACH) = sent {
-                let failure =
-                    format!("data parallel rank {rank} stopped responding (its process exited)");
-                if self.lose_rank(rank, "its connection closed", failure) {
-                    self.cluster_changed = true;
-                }
+            if !matches!(sent, Err(zmq::Error::EHOSTUNREACH)) {
+                continue;
+            }
+            // What it sent before closing is still readable: a worker that finished its drain
+            // and said its final `Shutdown` is left to that, not counted as a death.
+            self.drain_workers();
+            if !self.ranks.is_holder(rank, &identity) {
+                continue;
+            }
+            let failure =
+                format!("data parallel rank {rank} stopped responding (its process exited)");
+            if self.lose_rank(rank, "its connection closed", failure) {
+                self.cluster_changed = true;
             }
         }
     }
