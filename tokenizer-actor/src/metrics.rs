@@ -6,7 +6,8 @@
 //! controller's routing-decision counters per (method, branch), also from `ClusterStatus`
 //! (the controller counts, cumulatively, since it makes the decisions; this actor only shows
 //! them); and counters and histograms this actor records as requests run (tokens, TTFT,
-//! inter-token latency, end-to-end latency), labelled with the `dp_rank` that served them.
+//! inter-token latency, end-to-end latency), labelled with the `dp_rank` that served them,
+//! and the refusals this actor makes itself (a count and how long each took), by reason.
 //! Every name starts with `dpserve:`; names, labels and buckets are a contract (dashboards,
 //! `tests/python`).
 //!
@@ -14,6 +15,8 @@
 //! `_total`, which the 0.0.4 parsers scrapers and scripts use read as an untyped metric. As the
 //! crate encodes it, a series lists its labels by name and a family with no series yet is left
 //! out.
+
+use std::time::Duration;
 
 use prometheus::core::Collector;
 use prometheus::{
@@ -36,6 +39,29 @@ const ITL_BUCKETS: &[f64] = &[
 const E2E_BUCKETS: &[f64] = &[
     0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0,
 ];
+/// A refusal reads a small body, tokenizes it and asks two actors: tens of microseconds when
+/// idle, more in a burst; 1-2-5 steps from 20 µs, so a median under a millisecond still lands
+/// between two close bounds.
+const REFUSAL_BUCKETS: &[f64] = &[
+    0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5,
+    1.0,
+];
+
+/// Why this actor refused a request before sending it on: the `reason` label of
+/// `requests_refused_total` and `request_refusal_seconds`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalReason {
+    /// `--max-in-flight-requests` reached: a 429.
+    Overloaded,
+}
+
+impl RefusalReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusalReason::Overloaded => "overloaded",
+        }
+    }
+}
 
 /// A request that ended, for the counters.
 #[derive(Debug, Clone, Copy)]
@@ -58,6 +84,7 @@ pub struct Metrics {
     cached_tokens: IntCounterVec,
     requests: IntCounterVec,
     refused: IntCounterVec,
+    refusal_seconds: HistogramVec,
     ttft: HistogramVec,
     itl: HistogramVec,
     e2e: HistogramVec,
@@ -73,9 +100,9 @@ impl Default for Metrics {
         let counter = |name: &str, help: &str, labels: &[&str]| {
             register(&registry, IntCounterVec::new(opts(name, help), labels))
         };
-        let histogram = |name: &str, help: &str, buckets: &[f64]| {
+        let histogram = |name: &str, help: &str, buckets: &[f64], labels: &[&str]| {
             let opts = HistogramOpts::from(opts(name, help)).buckets(buckets.to_vec());
-            register(&registry, HistogramVec::new(opts, &["dp_rank"]))
+            register(&registry, HistogramVec::new(opts, labels))
         };
         Metrics {
             prompt_tokens: counter(
@@ -104,20 +131,32 @@ impl Default for Metrics {
                  --max-in-flight-requests reached).",
                 &["reason"],
             ),
+            refusal_seconds: histogram(
+                "request_refusal_seconds",
+                "Seconds from the HTTP handler's entry (headers parsed, body not yet read) to \
+                 the refusal of a request this tokenizer refused before sending it on (the \
+                 error decided, its JSON body not yet written); one observation per count of \
+                 requests_refused_total, same reasons.",
+                REFUSAL_BUCKETS,
+                &["reason"],
+            ),
             ttft: histogram(
                 "time_to_first_token_seconds",
                 "Time to first token.",
                 TTFT_BUCKETS,
+                &["dp_rank"],
             ),
             itl: histogram(
                 "inter_token_latency_seconds",
                 "Time between output tokens.",
                 ITL_BUCKETS,
+                &["dp_rank"],
             ),
             e2e: histogram(
                 "e2e_request_latency_seconds",
                 "End-to-end request latency.",
                 E2E_BUCKETS,
+                &["dp_rank"],
             ),
             registry,
         }
@@ -125,9 +164,13 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// A request refused before it was sent on.
-    pub fn refused(&self, reason: &str) {
-        self.refused.with_label_values(&[reason]).inc();
+    /// A request refused before it was sent on, `took` after its handler started.
+    pub fn refused(&self, reason: RefusalReason, took: Duration) {
+        let reason = [reason.as_str()];
+        self.refused.with_label_values(&reason).inc();
+        self.refusal_seconds
+            .with_label_values(&reason)
+            .observe(took.as_secs_f64());
     }
 
     pub fn observe_ttft(&self, rank: Option<u32>, secs: f64) {
@@ -392,6 +435,40 @@ mod tests {
             assert!(name.starts_with("dpserve:"), "{line}");
             value.parse::<f64>().unwrap();
         }
+    }
+
+    #[test]
+    fn a_refusal_is_counted_and_timed_under_its_reason() {
+        let m = Metrics::default();
+        let text = m.render(None, 0).unwrap();
+        // No refusal yet: the family has no series, so the encoder leaves it out.
+        assert!(!text.contains("request_refusal_seconds"), "{text}");
+        m.refused(RefusalReason::Overloaded, Duration::from_micros(70));
+        m.refused(RefusalReason::Overloaded, Duration::from_micros(1500));
+        let text = m.render(None, 0).unwrap();
+        assert!(
+            text.contains("# TYPE dpserve:request_refusal_seconds histogram"),
+            "{text}"
+        );
+        for want in [
+            "dpserve:requests_refused_total{reason=\"overloaded\"} 2",
+            // Sub-millisecond values land in their own buckets.
+            "dpserve:request_refusal_seconds_bucket{reason=\"overloaded\",le=\"0.00005\"} 0",
+            "dpserve:request_refusal_seconds_bucket{reason=\"overloaded\",le=\"0.0001\"} 1",
+            "dpserve:request_refusal_seconds_bucket{reason=\"overloaded\",le=\"0.001\"} 1",
+            "dpserve:request_refusal_seconds_bucket{reason=\"overloaded\",le=\"0.002\"} 2",
+            "dpserve:request_refusal_seconds_bucket{reason=\"overloaded\",le=\"+Inf\"} 2",
+            "dpserve:request_refusal_seconds_count{reason=\"overloaded\"} 2",
+        ] {
+            assert!(text.contains(want), "missing {want:?} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn refusal_buckets_rise_from_tens_of_microseconds_to_a_second() {
+        assert!(REFUSAL_BUCKETS.windows(2).all(|w| w[0] < w[1]));
+        assert!(REFUSAL_BUCKETS[0] <= 50e-6, "{}", REFUSAL_BUCKETS[0]);
+        assert_eq!(REFUSAL_BUCKETS.last(), Some(&1.0));
     }
 
     fn cluster(routing: Vec<protocol::RouteCount>) -> ClusterStatus {

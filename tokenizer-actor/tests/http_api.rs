@@ -318,3 +318,90 @@ fn stories260k_golden_text_over_http() {
     );
     assert_eq!(status, 400);
 }
+
+/// The value of the `/metrics` sample `series` (name and labels as the encoder writes them),
+/// or `None` while it has none.
+fn sample(h: &Harness, series: &str) -> Option<f64> {
+    let text = Harness::client()
+        .get(h.url("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    text.lines()
+        .filter_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|v| v.parse().unwrap())
+        .next()
+}
+
+/// With the only in-flight slot held by a stream, `/generate` and `/v1/completions` are
+/// refused with a 429 and `Retry-After`; each refusal is one observation of
+/// `request_refusal_seconds{reason="overloaded"}`, beside the `requests_refused_total` count,
+/// and a request admitted once the slot is free is not one.
+#[test]
+fn a_refusal_past_max_in_flight_is_timed_in_the_refusal_histogram() {
+    let h = Harness::start_with(builtin_ids("there was a little dog"), |a| {
+        a.http.max_in_flight_requests = 1
+    });
+    let count = "dpserve:request_refusal_seconds_count{reason=\"overloaded\"}";
+    let inf = "dpserve:request_refusal_seconds_bucket{reason=\"overloaded\",le=\"+Inf\"}";
+    let sum = "dpserve:request_refusal_seconds_sum{reason=\"overloaded\"}";
+    let counter = "dpserve:requests_refused_total{reason=\"overloaded\"}";
+    assert_eq!(sample(&h, count), None, "no refusal yet");
+    let held = Harness::client()
+        .post(h.url("/generate"))
+        .json(&json!({"text": "hi", "stream": true, "rid": "hang-held"}))
+        .send()
+        .unwrap();
+    assert_eq!(held.status().as_u16(), 200);
+    let mut reader = BufReader::new(held);
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    assert!(line.starts_with("data: {"), "{line}");
+    for (i, (path, body)) in [
+        ("/generate", json!({"text": "hi"})),
+        ("/v1/completions", json!({"prompt": "hi"})),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let resp = Harness::client()
+            .post(h.url(path))
+            .json(&body)
+            .send()
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 429, "{path}");
+        assert_eq!(resp.headers()["retry-after"], "1", "{path}");
+        let refusals = Some((i + 1) as f64);
+        for series in [count, inf, counter] {
+            assert_eq!(sample(&h, series), refusals, "{series} after {path}");
+        }
+        assert!(sample(&h, sum).unwrap() > 0.0);
+    }
+    drop(reader);
+    h.wait_abort("hang-held");
+    // The slot comes free once the stream's guard is dropped; then requests are admitted
+    // and leave the histogram alone.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, resp) = h.post("/generate", &json!({"text": "hi"}));
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 429, "{resp}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slot never came free"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let refused = sample(&h, counter);
+    assert_eq!(sample(&h, count), refused, "one observation per refusal");
+    let (status, resp) = h.post("/v1/completions", &json!({"prompt": "hi"}));
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!(
+        sample(&h, count),
+        refused,
+        "an admitted request is not observed"
+    );
+}

@@ -203,7 +203,7 @@ async fn embed_one(
 ) -> Result<Embedded, ApiError> {
     let rid = req.rid.clone();
     let prompt_tokens = req.input_ids.len();
-    let mut rx = register(state, &rid).await?;
+    let mut rx = register(state, &rid, started).await?;
     // However this ends, the guard unregisters the rid, and aborts it unless it finished.
     let mut guard = RequestGuard::new(rid.clone(), state.bridge.clone());
     if !state.bridge.send(Message::EmbedReq(req)) {

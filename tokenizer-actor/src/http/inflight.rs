@@ -14,7 +14,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use super::error::ApiError;
 use crate::bridge::{RegisterError, RequestGuard};
 use crate::detokenize::IncrementalDetokenizer;
-use crate::metrics::Finished;
+use crate::metrics::{Finished, RefusalReason};
 use crate::state::AppState;
 use crate::stop::StopMatcher;
 
@@ -44,7 +44,7 @@ pub async fn submit(
     started: Instant,
 ) -> Result<InFlight, ApiError> {
     let rid = sub.rid.clone();
-    let rx = register(state, &rid).await?;
+    let rx = register(state, &rid, started).await?;
     // Log lines about this request while it is handed on carry its rid.
     let _span = tracing::info_span!("request", rid = %rid).entered();
     // From here on the guard owns the rid: however this request ends, it is unregistered,
@@ -58,10 +58,11 @@ pub async fn submit(
 }
 
 /// Route the outputs of `rid` to the returned channel; the caller's [`RequestGuard`]
-/// unregisters it.
+/// unregisters it. A refusal is timed from `started`, when the handler began on the request.
 pub async fn register(
     state: &AppState,
     rid: &str,
+    started: Instant,
 ) -> Result<UnboundedReceiver<TokenOut>, ApiError> {
     state.bridge.register(rid).await.map_err(|e| match e {
         RegisterError::RidInUse => {
@@ -69,7 +70,9 @@ pub async fn register(
         }
         RegisterError::Stopped => ApiError::unavailable("tokenizer is shutting down"),
         RegisterError::Full { cap } => {
-            state.metrics.refused("overloaded");
+            state
+                .metrics
+                .refused(RefusalReason::Overloaded, started.elapsed());
             ApiError::new(
                 429,
                 format!("the server is at its limit of {cap} requests in flight; retry later"),
