@@ -20,6 +20,10 @@
 #include <stdio.h>
 #include <string.h>
 
+// The kernels' storage types (written beside this file by mod.rs), in host C++.
+#include "shim.h"
+#include "prelude.cuh"
+
 #define API extern "C" __attribute__((visibility("default")))
 
 typedef int cublasStatus_t;
@@ -49,65 +53,21 @@ struct Handle {
     int math_mode;
 };
 
-// The storage types, as the kernels' prelude converts them (see kernels/src/cuda/prelude.cuh).
-float bits_f32(uint32_t b) {
-    float f;
-    memcpy(&f, &b, 4);
-    return f;
-}
-
-uint32_t f32_bits(float f) {
-    uint32_t b;
-    memcpy(&b, &f, 4);
-    return b;
-}
-
-float f16_to_f32(uint16_t h) {
-    uint32_t sign = ((uint32_t)h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    if (e == 0x1f) return bits_f32(sign | 0x7f800000u | (m << 13));
-    if (e != 0) return bits_f32(sign | ((e + 112) << 23) | (m << 13));
-    float v = (float)m * 5.9604644775390625e-8f;
-    return sign ? -v : v;
-}
-
-uint16_t f32_to_f16(float x) {
-    uint32_t b = f32_bits(x), sign = (b >> 16) & 0x8000u, a = b & 0x7fffffffu;
-    if (a > 0x7f800000u) return 0x7fff;
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);
-    if (a <= 0x33000000u) return (uint16_t)sign;
-    uint32_t r, rem, half;
-    if (a < 0x38800000u) {
-        uint32_t m = (a & 0x7fffffu) | 0x800000u, shift = 126u - (a >> 23);
-        r = m >> shift;
-        rem = m & ((1u << shift) - 1u);
-        half = 1u << (shift - 1u);
-    } else {
-        r = (a - 0x38000000u) >> 13;
-        rem = a & 0x1fffu;
-        half = 0x1000u;
-    }
-    if (rem > half || (rem == half && (r & 1u))) r++;
-    return (uint16_t)(sign | r);
-}
-
-uint16_t f32_to_bf16(float x) {
-    uint32_t b = f32_bits(x);
-    if ((b & 0x7fffffffu) > 0x7f800000u) return 0x7fff;
-    return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-}
-
+// The storage types convert as the kernels do: the prelude's F16 and BF16 (round to nearest
+// even, NaN to 0x7fff), included below, so a GEMM's output is stored bit for bit as a kernel
+// would store it.
 float load(int type, const void* p, size_t i) {
     switch (type) {
-        case CUDA_R_16F: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
-        case CUDA_R_16BF: return bits_f32((uint32_t) static_cast<const uint16_t*>(p)[i] << 16);
+        case CUDA_R_16F: return F16::load(static_cast<const uint16_t*>(p)[i]);
+        case CUDA_R_16BF: return BF16::load(static_cast<const uint16_t*>(p)[i]);
         default: return static_cast<const float*>(p)[i];
     }
 }
 
 void store(int type, void* p, size_t i, float v) {
     switch (type) {
-        case CUDA_R_16F: static_cast<uint16_t*>(p)[i] = f32_to_f16(v); break;
-        case CUDA_R_16BF: static_cast<uint16_t*>(p)[i] = f32_to_bf16(v); break;
+        case CUDA_R_16F: static_cast<uint16_t*>(p)[i] = F16::store(v); break;
+        case CUDA_R_16BF: static_cast<uint16_t*>(p)[i] = BF16::store(v); break;
         default: static_cast<float*>(p)[i] = v;
     }
 }

@@ -164,6 +164,8 @@ pub fn build(dir: &Path) -> Result<PathBuf, String> {
         .iter()
         .map(|&(name, text)| (name.to_string(), text.to_string()))
         .collect();
+    // cublas.cpp stores 16-bit values with the prelude's own conversions.
+    files.push(("prelude.cuh".into(), kernels::cuda::PRELUDE.into()));
     for source in kernels::cuda::SOURCES {
         files.push((format!("kernels_{}.cpp", source.name), program_file(source)));
     }
