@@ -117,40 +117,28 @@ const STUB_TWO_DEVICES_OLD_DRIVER: &str = r#"
 int cuInit(unsigned flags) { return 0; }
 int cuDeviceGetCount(int* n) { *n = 2; return 0; }
 "#;
-const STUB_ONE_H200: &str = r#"
+/// A stand-in driver with `count` H200s that gets as far as a context on each.
+fn stub_h200s(count: u32) -> String {
+    format!(
+        r#"
 #include <stddef.h>
 #include <string.h>
 static int ctx;
-int cuInit(unsigned flags) { return 0; }
-int cuDeviceGetCount(int* n) { *n = 1; return 0; }
-int cuDeviceGet(int* d, int ordinal) { *d = ordinal; return 0; }
-int cuDevicePrimaryCtxRetain(void** c, int dev) { *c = &ctx; return 0; }
-int cuDevicePrimaryCtxRelease_v2(int dev) { return 0; }
+int cuInit(unsigned flags) {{ return 0; }}
+int cuDeviceGetCount(int* n) {{ *n = {count}; return 0; }}
+int cuDeviceGet(int* d, int ordinal) {{ *d = ordinal; return 0; }}
+int cuDevicePrimaryCtxRetain(void** c, int dev) {{ *c = &ctx; return 0; }}
+int cuDevicePrimaryCtxRelease_v2(int dev) {{ return 0; }}
 /* 75, 76: compute capability major, minor */
-int cuDeviceGetAttribute(int* v, int attr, int dev) { *v = attr == 75 ? 9 : 0; return 0; }
-int cuCtxSetCurrent(void* c) { return 0; }
-int cuCtxGetCurrent(void** c) { *c = &ctx; return 0; }
-int cuCtxSynchronize(void) { return 0; }
-int cuDeviceGetName(char* name, int len, int dev) { strncpy(name, "NVIDIA H200", len); return 0; }
-int cuMemGetInfo_v2(size_t* f, size_t* t) { *f = 140ull << 30; *t = 141ull << 30; return 0; }
-"#;
-
-const STUB_TWO_H200: &str = r#"
-#include <stddef.h>
-#include <string.h>
-static int ctx;
-int cuInit(unsigned flags) { return 0; }
-int cuDeviceGetCount(int* n) { *n = 2; return 0; }
-int cuDeviceGet(int* d, int ordinal) { *d = ordinal; return 0; }
-int cuDevicePrimaryCtxRetain(void** c, int dev) { *c = &ctx; return 0; }
-int cuDevicePrimaryCtxRelease_v2(int dev) { return 0; }
-int cuDeviceGetAttribute(int* v, int attr, int dev) { *v = attr == 75 ? 9 : 0; return 0; }
-int cuCtxSetCurrent(void* c) { return 0; }
-int cuCtxGetCurrent(void** c) { *c = &ctx; return 0; }
-int cuCtxSynchronize(void) { return 0; }
-int cuDeviceGetName(char* name, int len, int dev) { strncpy(name, "NVIDIA H200", len); return 0; }
-int cuMemGetInfo_v2(size_t* f, size_t* t) { *f = 140ull << 30; *t = 141ull << 30; return 0; }
-"#;
+int cuDeviceGetAttribute(int* v, int attr, int dev) {{ *v = attr == 75 ? 9 : 0; return 0; }}
+int cuCtxSetCurrent(void* c) {{ return 0; }}
+int cuCtxGetCurrent(void** c) {{ *c = &ctx; return 0; }}
+int cuCtxSynchronize(void) {{ return 0; }}
+int cuDeviceGetName(char* name, int len, int dev) {{ strncpy(name, "NVIDIA H200", len); return 0; }}
+int cuMemGetInfo_v2(size_t* f, size_t* t) {{ *f = 140ull << 30; *t = 141ull << 30; return 0; }}
+"#
+    )
+}
 
 /// Builds `libcuda.so` from `source` into `dir` (plus empty `libnvrtc.so` and `libcublas.so`
 /// when `libs`), under the names cudarc tries first, so they win over any real library.
@@ -196,7 +184,7 @@ fn each_answer_of_a_driver_becomes_its_own_line() {
             "the CUDA library failed in CudaContext::new: Missing symbol cuDeviceGet",
         ),
         (
-            STUB_ONE_H200,
+            &stub_h200s(1),
             true,
             "cuda",
             "uploading the model: the CUDA library failed in nvrtcCompileProgram: Missing symbol \
@@ -421,7 +409,7 @@ fn up_started_workers(args: &[&str], stubs: &Path, workers: usize) -> Vec<(u32, 
 #[test]
 fn up_device_cuda_starts_one_worker_per_gpu_or_goes_round_them() {
     let stubs = tempfile::tempdir().unwrap();
-    if !stub_driver(stubs.path(), STUB_TWO_H200, true) {
+    if !stub_driver(stubs.path(), &stub_h200s(2), true) {
         eprintln!("skipping: no C compiler (cc) to build a stand-in libcuda");
         return;
     }
@@ -467,7 +455,7 @@ fn up_device_cuda_without_a_usable_gpu_exits_78_with_one_line_before_starting_an
             "no CUDA device is visible (CUDA_VISIBLE_DEVICES",
         ),
         (
-            STUB_TWO_H200,
+            &stub_h200s(2),
             true,
             "cuda:5",
             "there is no GPU 5: 2 visible (CUDA_VISIBLE_DEVICES",
