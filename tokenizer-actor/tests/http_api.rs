@@ -322,12 +322,7 @@ fn stories260k_golden_text_over_http() {
 /// The value of the `/metrics` sample `series` (name and labels as the encoder writes them),
 /// or `None` while it has none.
 fn sample(h: &Harness, series: &str) -> Option<f64> {
-    let text = Harness::client()
-        .get(h.url("/metrics"))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
+    let text = h.metrics();
     text.lines()
         .filter_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
         .map(|v| v.parse().unwrap())

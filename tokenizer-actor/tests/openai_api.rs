@@ -408,12 +408,7 @@ fn abort_request_ends_a_running_request() {
 fn metrics_are_prometheus_text_and_move() {
     let h = story();
     h.post("/v1/completions", &json!({"prompt": "Once upon a time"}));
-    let text = Harness::client()
-        .get(h.url("/metrics"))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
+    let text = h.metrics();
     for want in [
         "dpserve:num_running_reqs{dp_rank=\"0\"} 3",
         "dpserve:num_queue_reqs{dp_rank=\"1\"} 1",
@@ -430,12 +425,7 @@ fn metrics_are_prometheus_text_and_move() {
         assert!(text.contains(want), "missing {want:?} in\n{text}");
     }
     h.post("/generate", &json!({"text": "Once upon a time"}));
-    let text = Harness::client()
-        .get(h.url("/metrics"))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
+    let text = h.metrics();
     assert!(
         text.contains("dpserve:prompt_tokens_total{dp_rank=\"1\"} 10"),
         "{text}"

@@ -282,6 +282,16 @@ impl Harness {
         (status, resp.json().unwrap())
     }
 
+    /// The `/metrics` exposition text.
+    pub fn metrics(&self) -> String {
+        Self::client()
+            .get(self.url("/metrics"))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap()
+    }
+
     pub fn wait_health(&self, want: u16) {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
