@@ -502,12 +502,11 @@ impl WorkerArgs {
             Some(n) => n,
             None => std::thread::available_parallelism().map_or(1, |n| n.get()),
         };
-        let cuda = self.device.device.cuda_ordinal();
         Ok(WorkerConfig {
             rank: self.rank,
             model,
             sim,
-            cuda,
+            cuda: self.device.device.cuda_ordinal(),
             worker_addr: addr("worker-addr", &self.worker_addr, "worker")?,
             tokenizer_addr: addr("tokenizer-addr", &self.tokenizer_addr, "tokenizer")?,
             max_total_tokens: serve.max_total_tokens,

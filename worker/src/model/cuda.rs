@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 
 use half::{bf16, f16};
 use kernels::cuda::cudarc::cublas::{CudaBlas, Gemm};
-use kernels::cuda::cudarc::driver::{CudaContext, CudaSlice, ValidAsZeroBits};
+use kernels::cuda::cudarc::driver::{CudaContext, CudaSlice, DeviceRepr, ValidAsZeroBits};
 use kernels::cuda::{
     driver_error, AttnBatch, AttnIndex, CudaDtype, CudaError, CudaKernels, DeviceInfo, Storage,
 };
@@ -331,8 +331,8 @@ where
         Ok(())
     }
 
-    /// Uploads `v` (a `u32` array of the plan).
-    fn upload_u32(&self, v: &[u32]) -> Result<CudaSlice<u32>> {
+    /// Uploads `v` (an array of the plan).
+    fn to_gpu<U: DeviceRepr>(&self, v: &[U]) -> Result<CudaSlice<U>> {
         self.kernels
             .stream()
             .clone_htod(v)
@@ -373,20 +373,14 @@ where
         let e = gpu_err;
 
         // The plan on the GPU.
-        let ids = self.upload_u32(&plan.ids)?;
-        let write_slots = self.upload_u32(&plan.write_slots)?;
+        let ids = self.to_gpu(&plan.ids)?;
+        let write_slots = self.to_gpu(&plan.write_slots)?;
         let last_rows: Vec<u32> = plan.logit_rows.iter().map(|&i| i as u32).collect();
-        let last_rows = self.upload_u32(&last_rows)?;
+        let last_rows = self.to_gpu(&last_rows)?;
         let batch =
             AttnBatch::upload(k.stream(), &AttnIndex::from_token_slots(&plan.attend)).map_err(e)?;
         let (cos, sin) = kernels::rope_tables(&plan.positions, hd, c.rope_theta);
-        let stream = k.stream();
-        let cos = stream
-            .clone_htod(&cos)
-            .map_err(|x| e(driver_error("cuMemcpyHtoD", x)))?;
-        let sin = stream
-            .clone_htod(&sin)
-            .map_err(|x| e(driver_error("cuMemcpyHtoD", x)))?;
+        let (cos, sin) = (self.to_gpu(&cos)?, self.to_gpu(&sin)?);
 
         let mut x = self.scratch::<f32>(t * h)?;
         let mut hn = self.scratch::<T>(t * h)?;
@@ -470,7 +464,8 @@ where
         };
         // The copy back synchronises the stream: every launch above has finished, or failed
         // here.
-        let host = stream
+        let host = k
+            .stream()
             .clone_dtoh(&result)
             .map_err(|x| e(driver_error("cuMemcpyDtoH", x)))?;
         Ok(host.into_iter().map(T::widen).collect())
