@@ -564,3 +564,111 @@ fn bench_multi_turn_finds_the_previous_turn_cached() {
     );
     assert_eq!(routing["over_guard"], 0, "{routing}");
 }
+
+/// A Mooncake-format trace replayed through `--launch` on tiny CPU ranks: the real
+/// conversation trace's first requests when `../shared` is beside the checkout, else a trace
+/// this test writes in the same format. Every request finishes with exactly its scaled output
+/// length, the prompts have their scaled lengths, and goodput, the ceilings and the per-rank
+/// load are in the results.
+#[test]
+fn bench_replays_a_mooncake_trace_window() {
+    let out = out_dir("dpsmc");
+    let shared = std::env::var_os("DPSERVE_TEST_SHARED")
+        .map_or_else(
+            || Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"),
+            std::path::PathBuf::from,
+        )
+        .join("workloads/mooncake/conversation_trace.jsonl");
+    let trace = if shared.exists() {
+        shared
+    } else {
+        eprintln!("{} is absent: replaying a written trace", shared.display());
+        let path = out.path().join("trace.jsonl");
+        let lines: Vec<String> = (0..24)
+            .map(|i| {
+                // Three conversations whose prompts grow by a block each turn.
+                let c = i % 3;
+                let blocks: Vec<u64> = (0..=(i / 3) % 4).map(|b| c * 100 + b).collect();
+                format!(
+                    r#"{{"timestamp": {}, "input_length": {}, "output_length": {}, "hash_ids": {:?}}}"#,
+                    i * 250,
+                    blocks.len() * 512 - 100,
+                    100 + i * 37,
+                    blocks
+                )
+            })
+            .collect();
+        std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+        path
+    };
+    let n = 24;
+    let (block, scale) = (2usize, 0.02f64);
+    let window: Vec<Value> = std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .take(n)
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let want_in: u64 = window
+        .iter()
+        .map(|e| (e["input_length"].as_u64().unwrap() * block as u64).div_ceil(512))
+        .sum();
+    let want_out: u64 = window
+        .iter()
+        .map(|e| ((e["output_length"].as_f64().unwrap() * scale).round() as u64).max(1))
+        .sum();
+    let compare = bench_launch(
+        out.path(),
+        &[
+            "--compare",
+            "round_robin,cache_aware",
+            "--dataset-name",
+            "mooncake",
+            "--dataset-path",
+            trace.to_str().unwrap(),
+            "--trace-block-tokens",
+            &block.to_string(),
+            "--trace-time-compression",
+            "40",
+            "--trace-output-scale",
+            &scale.to_string(),
+            "--num-prompts",
+            &n.to_string(),
+            "--kv-event-block-size",
+            "2",
+        ],
+    );
+    let w = &compare["workload"];
+    assert_eq!(w["dataset_name"], "mooncake");
+    assert_eq!(w["trace"]["block_tokens"], 2);
+    assert_eq!(w["trace"]["time_compression"], 40.0);
+    for m in compare["methods"].as_array().unwrap() {
+        assert_eq!(m["status"], "ok", "{m}");
+        let r = &m["result"];
+        assert_eq!(r["completed"], n, "{r}");
+        assert_eq!(r["failed"], 0, "{r}");
+        assert_eq!(r["total_input_tokens"], want_in, "scaled prompt lengths");
+        assert_eq!(r["total_output_tokens"], want_out, "exact scaled outputs");
+        assert_eq!(r["trace_block_tokens"], 2);
+        for key in [
+            "goodput",
+            "goodput_share",
+            "p90_ttft_ms",
+            "median_itl_ms",
+            "p99_e2e_latency_ms",
+            "prompt_load_max_over_mean",
+        ] {
+            assert!(r[key].as_f64().is_some(), "{key} in {r}");
+        }
+        let unlimited = r["cache_hit_ceiling_unlimited"].as_f64().unwrap();
+        let pooled = r["cache_hit_ceiling_pooled_lru"].as_f64().unwrap();
+        assert!(unlimited > 0.0, "the window's prompts share blocks: {r}");
+        assert!(pooled <= unlimited + 1e-12, "{r}");
+        assert_eq!(r["cache_hit_ceiling_pooled_tokens"], 2 * 4096);
+        let hit = r["cache_hit_rate"].as_f64().unwrap();
+        // Token-level server matches can pass whole-block ceilings by a partial block (or two
+        // random blocks that begin alike), never by more.
+        assert!(hit <= unlimited + 0.02, "no router beats the ceiling: {r}");
+        assert_eq!(r["refused"], 0);
+    }
+}

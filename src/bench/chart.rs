@@ -40,21 +40,19 @@ pub fn write_svg(results: &[MethodResult], title: &str, path: &Path) -> anyhow::
     let ran: Vec<(&str, f64, f64, f64)> = results
         .iter()
         .filter_map(|r| {
-            r.result.as_ref().ok().map(|m| {
-                (
-                    r.method.as_str(),
-                    m.ttft.mean,
-                    m.ttft.p99,
-                    m.output_throughput,
-                )
-            })
+            r.result
+                .as_ref()
+                .ok()
+                .map(|m| (r.method.as_str(), m.ttft.median, m.ttft.p90, m.goodput))
         })
         .collect();
     anyhow::ensure!(!ran.is_empty(), "no method ran; nothing to chart");
-    let root = SVGBackend::new(path, (1100, 480)).into_drawing_area();
+    // Wide enough for every method's name under its bars.
+    let width = (1100).max(2 * 80 * ran.len() as u32 + 160);
+    let root = SVGBackend::new(path, (width, 480)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_err)?;
     let root = root.titled(title, ("sans-serif", 20)).map_err(plot_err)?;
-    let (left, right) = root.split_horizontally(560);
+    let (left, right) = root.split_horizontally(width / 2);
     let n = ran.len() as f64;
 
     // Left: TTFT, two bars per method.
@@ -66,7 +64,7 @@ pub fn write_svg(results: &[MethodResult], title: &str, path: &Path) -> anyhow::
         * 1.15;
     let mut chart = ChartBuilder::on(&left)
         .caption(
-            "TTFT (ms): mean and p99, lower is better",
+            "TTFT (ms): p50 and p90, lower is better",
             ("sans-serif", 16),
         )
         .margin(12)
@@ -97,7 +95,7 @@ pub fn write_svg(results: &[MethodResult], title: &str, path: &Path) -> anyhow::
             Rectangle::new([(x + 0.12, 0.0), (x + 0.5, r.1)], MEAN_COLOR.filled())
         }))
         .map_err(plot_err)?
-        .label("mean")
+        .label("p50")
         .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], MEAN_COLOR.filled()));
     chart
         .draw_series(ran.iter().enumerate().map(|(i, r)| {
@@ -105,7 +103,7 @@ pub fn write_svg(results: &[MethodResult], title: &str, path: &Path) -> anyhow::
             Rectangle::new([(x + 0.5, 0.0), (x + 0.88, r.2)], P99_COLOR.filled())
         }))
         .map_err(plot_err)?
-        .label("p99")
+        .label("p90")
         .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], P99_COLOR.filled()));
     chart
         .configure_series_labels()
@@ -114,11 +112,11 @@ pub fn write_svg(results: &[MethodResult], title: &str, path: &Path) -> anyhow::
         .draw()
         .map_err(plot_err)?;
 
-    // Right: output throughput, one bar per method.
+    // Right: goodput, one bar per method.
     let tput_max = ran.iter().map(|r| r.3).fold(0.0, f64::max).max(1.0) * 1.15;
     let mut chart = ChartBuilder::on(&right)
         .caption(
-            "Output throughput (tok/s), higher is better",
+            "Goodput (req/s within the SLO), higher is better",
             ("sans-serif", 16),
         )
         .margin(12)
@@ -131,7 +129,7 @@ pub fn write_svg(results: &[MethodResult], title: &str, path: &Path) -> anyhow::
         .disable_x_mesh()
         .x_labels(ran.len() * 2 + 1)
         .x_label_formatter(&label_of)
-        .y_desc("tok/s")
+        .y_desc("req/s")
         .draw()
         .map_err(plot_err)?;
     chart
@@ -158,11 +156,11 @@ mod tests {
 
     #[test]
     fn writes_an_svg_with_every_method_that_ran() {
-        let m = |t: f64, o: f64| BenchMetrics {
-            output_throughput: o,
+        let m = |t: f64, g: f64| BenchMetrics {
+            goodput: g,
             ttft: Dist {
-                mean: t,
-                p99: 2.0 * t,
+                median: t,
+                p90: 2.0 * t,
                 ..Dist::default()
             },
             ..BenchMetrics::default()

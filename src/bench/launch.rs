@@ -26,6 +26,9 @@ pub struct ServerFlags {
     /// [--launch] Any other `up` argument, verbatim (repeat: `--up-arg=--flag --up-arg=value`).
     #[arg(long = "up-arg", allow_hyphen_values = true)]
     pub up_args: Vec<String>,
+    /// A `--sim-config` TOML a preset gives every rank (written beside the results).
+    #[arg(skip)]
+    pub sim_config: Option<String>,
 }
 
 impl ServerFlags {

@@ -9,8 +9,14 @@
 //! - Percentiles interpolate linearly between order statistics (numpy's default); std is the
 //!   population standard deviation (numpy's default).
 //!
-//! Plus two dpserve-specific ones: the server-side cache hit rate (Σ cached_tokens / Σ
-//! prompt_tokens as the server reported them) and the share of requests per DP rank.
+//! - Goodput (vLLM's `--goodput`, Dynamo's recipes): completed requests whose TTFT and whose
+//!   own mean ITL (its TPOT; a one-token request has none) are both within the SLO, per second
+//!   of the run and as a share of every request sent (failed ones are not good).
+//!
+//! Plus dpserve-specific ones: the server-side cache hit rate (Σ cached_tokens / Σ
+//! prompt_tokens as the server reported them), the share of requests and the prompt tokens per
+//! DP rank (max / mean over the ranks), and refusals (HTTP 429 or 503: the server's load
+//! shedding, not a fault).
 
 use std::collections::BTreeMap;
 
@@ -95,6 +101,37 @@ pub fn chunk_itl(gap_s: f64, tokens: usize) -> impl Iterator<Item = f64> {
     std::iter::repeat_n(per, tokens)
 }
 
+/// The latency bounds a request must meet to count towards goodput.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Slo {
+    pub ttft_ms: f64,
+    pub itl_ms: f64,
+}
+
+impl Default for Slo {
+    /// Dynamo's Qwen3-32B recipe (and vLLM's examples): TTFT 2 s, ITL 25 ms.
+    fn default() -> Self {
+        Slo {
+            ttft_ms: 2000.0,
+            itl_ms: 25.0,
+        }
+    }
+}
+
+impl Slo {
+    /// Whether a completed request met both bounds.
+    pub fn met(&self, o: &RequestOutcome) -> bool {
+        o.success
+            && o.ttft_s * 1000.0 <= self.ttft_ms
+            && !matches!(tpot_s(o), Some(t) if t * 1000.0 > self.itl_ms)
+    }
+}
+
+/// Whether an error is the server refusing load (429 Too Many Requests, 503 Unavailable).
+pub fn is_refusal(error: &str) -> bool {
+    error.starts_with("HTTP 429") || error.starts_with("HTTP 503")
+}
+
 /// The aggregated result of one run.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct BenchMetrics {
@@ -119,12 +156,26 @@ pub struct BenchMetrics {
     pub requests_per_rank: BTreeMap<u32, usize>,
     /// Share of completed requests per DP rank.
     pub rank_share: BTreeMap<u32, f64>,
+    /// Prompt tokens of completed requests per DP rank (ranks that got none: 0, once
+    /// [`BenchMetrics::with_ranks`] names them).
+    pub prompt_tokens_per_rank: BTreeMap<u32, u64>,
+    /// Max over mean of `prompt_tokens_per_rank` (1.0 = even; `None` without ranks).
+    pub prompt_load_max_over_mean: Option<f64>,
+    pub slo: Slo,
+    /// Requests meeting the SLO, per second.
+    pub goodput: f64,
+    /// Requests meeting the SLO over all requests sent.
+    pub goodput_share: f64,
+    /// Requests the server refused (HTTP 429 / 503).
+    pub refused: usize,
+    /// The workload's own hit-rate ceilings (set by the run, which knows the KV capacity).
+    pub ceilings: Option<super::ceiling::Ceilings>,
     /// The first few distinct errors, for the report.
     pub errors: Vec<String>,
 }
 
 impl BenchMetrics {
-    pub fn compute(outcomes: &[RequestOutcome], duration_s: f64) -> BenchMetrics {
+    pub fn compute(outcomes: &[RequestOutcome], duration_s: f64, slo: Slo) -> BenchMetrics {
         let ok: Vec<&RequestOutcome> = outcomes.iter().filter(|o| o.success).collect();
         let duration = duration_s.max(f64::MIN_POSITIVE);
         let total_input_tokens: usize = ok.iter().map(|o| o.prompt_len).sum();
@@ -145,9 +196,18 @@ impl BenchMetrics {
         let cache_hit_rate = (reported && prompt > 0).then(|| cached as f64 / prompt as f64);
 
         let mut requests_per_rank = BTreeMap::new();
-        for rank in ok.iter().filter_map(|o| o.dp_rank) {
-            *requests_per_rank.entry(rank).or_insert(0) += 1;
+        let mut prompt_tokens_per_rank = BTreeMap::new();
+        for o in &ok {
+            if let Some(rank) = o.dp_rank {
+                *requests_per_rank.entry(rank).or_insert(0) += 1;
+                *prompt_tokens_per_rank.entry(rank).or_insert(0) += o.prompt_len as u64;
+            }
         }
+        let good = ok.iter().filter(|o| slo.met(o)).count();
+        let refused = outcomes
+            .iter()
+            .filter(|o| o.error.as_deref().is_some_and(is_refusal))
+            .count();
         let ranked: usize = requests_per_rank.values().sum();
         let rank_share = requests_per_rank
             .iter()
@@ -179,9 +239,32 @@ impl BenchMetrics {
             cache_hit_rate,
             requests_per_rank,
             rank_share,
+            prompt_load_max_over_mean: max_over_mean(&prompt_tokens_per_rank),
+            prompt_tokens_per_rank,
+            slo,
+            goodput: good as f64 / duration,
+            goodput_share: good as f64 / outcomes.len().max(1) as f64,
+            refused,
+            ceilings: None,
             errors,
         }
     }
+
+    /// The same metrics with every rank of `0..dp_size` in the per-rank loads (a rank that
+    /// got nothing counts as 0 in max / mean, which is the point of the measure).
+    pub fn with_ranks(mut self, dp_size: u32) -> BenchMetrics {
+        for r in 0..dp_size {
+            self.prompt_tokens_per_rank.entry(r).or_insert(0);
+        }
+        self.prompt_load_max_over_mean = max_over_mean(&self.prompt_tokens_per_rank);
+        self
+    }
+}
+
+fn max_over_mean(per_rank: &BTreeMap<u32, u64>) -> Option<f64> {
+    let max = *per_rank.values().max()?;
+    let mean = per_rank.values().sum::<u64>() as f64 / per_rank.len() as f64;
+    (mean > 0.0).then(|| max as f64 / mean)
 }
 
 #[cfg(test)]
@@ -225,7 +308,7 @@ mod tests {
         let o = outcome(10, 5, 0.2, 1.0);
         assert!((tpot_s(&o).unwrap() - 0.2).abs() < 1e-12, "(1.0 - 0.2) / 4");
         assert_eq!(tpot_s(&outcome(10, 1, 0.2, 0.2)), None);
-        let m = BenchMetrics::compute(&[o, outcome(10, 1, 0.2, 0.2)], 2.0);
+        let m = BenchMetrics::compute(&[o, outcome(10, 1, 0.2, 0.2)], 2.0, Slo::default());
         assert!(
             (m.tpot.mean - 200.0).abs() < 1e-9,
             "only the multi-token request"
@@ -260,7 +343,7 @@ mod tests {
             prompt_len: 100,
             ..Default::default()
         };
-        let m = BenchMetrics::compute(&[a, b, c, failed], 4.0);
+        let m = BenchMetrics::compute(&[a, b, c, failed], 4.0, Slo::default());
         assert_eq!((m.completed, m.failed), (3, 1));
         assert_eq!((m.total_input_tokens, m.total_output_tokens), (300, 30));
         assert!((m.request_throughput - 0.75).abs() < 1e-12);
@@ -278,8 +361,57 @@ mod tests {
     }
 
     #[test]
+    fn goodput_counts_requests_within_both_bounds_over_all_sent() {
+        let slo = Slo {
+            ttft_ms: 500.0,
+            itl_ms: 50.0,
+        };
+        let fast = outcome(10, 11, 0.1, 0.5); // TTFT 100 ms, TPOT 40 ms
+        let slow_start = outcome(10, 11, 0.6, 1.0); // TTFT 600 ms
+        let slow_tokens = outcome(10, 11, 0.1, 1.1); // TPOT 100 ms
+        let one_token = outcome(10, 1, 0.2, 0.2); // no ITL to judge
+        let refused = RequestOutcome {
+            error: Some("HTTP 429 Too Many Requests: busy".into()),
+            ..Default::default()
+        };
+        let broken = RequestOutcome {
+            error: Some("sending: connection reset".into()),
+            ..Default::default()
+        };
+        let all = [fast, slow_start, slow_tokens, one_token, refused, broken];
+        let m = BenchMetrics::compute(&all, 2.0, slo);
+        assert!(
+            (m.goodput - 1.0).abs() < 1e-12,
+            "2 good in 2 s: {}",
+            m.goodput
+        );
+        assert!((m.goodput_share - 2.0 / 6.0).abs() < 1e-12);
+        assert_eq!(m.refused, 1, "only the 429");
+        assert!(is_refusal("HTTP 503 Service Unavailable: draining"));
+        assert_eq!(Slo::default().ttft_ms, 2000.0);
+    }
+
+    #[test]
+    fn prompt_load_per_rank_counts_idle_ranks() {
+        let mut a = outcome(300, 1, 0.1, 0.1);
+        a.dp_rank = Some(0);
+        let mut b = outcome(100, 1, 0.1, 0.1);
+        b.dp_rank = Some(1);
+        let m = BenchMetrics::compute(&[a, b], 1.0, Slo::default());
+        assert_eq!(
+            m.prompt_tokens_per_rank,
+            BTreeMap::from([(0, 300), (1, 100)])
+        );
+        assert!((m.prompt_load_max_over_mean.unwrap() - 1.5).abs() < 1e-12);
+        // Four ranks, two idle: mean 100, max 300.
+        let m = m.with_ranks(4);
+        assert_eq!(m.prompt_tokens_per_rank.len(), 4);
+        assert!((m.prompt_load_max_over_mean.unwrap() - 3.0).abs() < 1e-12);
+    }
+
+    #[test]
     fn no_cache_report_means_no_rate() {
-        let m = BenchMetrics::compute(&[outcome(10, 2, 0.1, 0.2)], 1.0);
+        let m = BenchMetrics::compute(&[outcome(10, 2, 0.1, 0.2)], 1.0, Slo::default());
         assert_eq!(m.cache_hit_rate, None);
         assert!(m.rank_share.is_empty());
     }

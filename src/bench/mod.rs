@@ -1,17 +1,21 @@
-//! `dpserve bench`: the shared-prefix serving benchmark. Against a running server (`--base-url`)
-//! it sends SGLang bench_serving's generated-shared-prefix workload and reports bench_serving's
-//! metrics; with `--launch --compare m1,m2,…` it starts a fresh cluster per load-balance method
+//! `dpserve bench`: the serving benchmark. Against a running server (`--base-url`) it sends a
+//! workload (SGLang bench_serving's generated shared prefixes, multi-turn conversations, a
+//! replayed Mooncake production trace, or one of the routers' known failure cases) and reports
+//! bench_serving's metrics plus goodput under an SLO and the workload's cache-hit ceilings; with `--launch --compare m1,m2,…` it starts a fresh cluster per load-balance method
 //! (or deployment, `m@1p1d`), runs the identical workload on each and compares them (table,
 //! JSON, Markdown, SVG).
 //!
-//! Module map: `workload` builds requests, `client` sends and times one, `metrics` aggregates,
-//! `report` formats, `launch` starts and stops clusters, `chart` draws the comparison.
+//! Module map: `workload` builds requests (`mooncake` from a trace), `client` sends and times
+//! one, `metrics` aggregates, `ceiling` bounds the hit rate, `report` formats, `launch` starts
+//! and stops clusters, `chart` draws the comparison.
 
+pub mod ceiling;
 pub mod chart;
 pub mod client;
 pub mod engine;
 pub mod launch;
 pub mod metrics;
+pub mod mooncake;
 pub mod probe;
 pub mod report;
 pub mod routes;
@@ -28,7 +32,8 @@ use serde_json::{json, Map, Value};
 
 use client::{Backend, BenchClient};
 use launch::ServerFlags;
-use metrics::{BenchMetrics, RequestOutcome};
+use metrics::{BenchMetrics, RequestOutcome, Slo};
+use mooncake::TraceConfig;
 use report::{MethodResult, RunInfo};
 use worker::model::BuiltinSize;
 use workload::{BenchRequest, Dataset, GspConfig};
@@ -49,6 +54,18 @@ pub const DEFAULT_GSP: GspConfig = GspConfig {
 /// The load-balance methods `--launch` compares when `--compare` is not given.
 pub const DEFAULT_COMPARE: &str = "round_robin,total_requests,total_tokens,prefix_affinity";
 
+/// dpserve's methods and the peers' (SGLang's own three, vLLM's, SMG's, Dynamo's, llm-d's): what
+/// the trace presets compare.
+pub const EVERY_METHOD: &str = "round_robin,total_requests,total_tokens,prefix_affinity,\
+                                cache_aware,vllm_dp,smg_cache_aware,dynamo_kv,llmd_prefix";
+
+/// The default simulated profile with the context its model serves (Qwen3.5: 262k; the trace's
+/// longest prompt is 126k tokens), for the trace presets: written beside the results and given
+/// to every rank as `--sim-config`.
+const SIM_LONG_CONTEXT: &str = "# written by dpserve bench --preset mooncake-*\n\
+                                base = \"h100-qwen3.5-122b-a10b-fp8\"\n\
+                                context_len = 131072\n";
+
 /// Output tokens of a warm-up request at most: warm-up only needs the path exercised.
 const WARMUP_MAX_OUTPUT: usize = 16;
 
@@ -65,11 +82,32 @@ pub enum Preset {
     /// the methods SGLang compared plus cache_aware. Every timing it reports is simulated.
     #[value(name = "sglang-8gpu")]
     Sglang8Gpu,
+    /// The Mooncake conversation trace (`--dataset-path`) on 8 **simulated** H100 ranks of
+    /// Qwen3.5-122B-A10B-FP8 with a 128k context: its first 1000 requests, 512-token blocks,
+    /// time compressed 4x, open loop; every method, dpserve's and the peers'. With another
+    /// `--dataset-name`, that workload (64 × 8 requests, system 4096 + question 128, output
+    /// 256, concurrency 64) on the same ranks.
+    #[value(name = "mooncake-8gpu")]
+    Mooncake8Gpu,
+    /// As `mooncake-8gpu` on 16 simulated ranks, time compressed 8x (twice the load per rank
+    /// count).
+    #[value(name = "mooncake-16gpu")]
+    Mooncake16Gpu,
+    /// The Mooncake conversation trace on 2 CPU ranks of the built-in `base` model: 160
+    /// requests from the trace's start, 4 tokens per block (prompts ≈ 94 tokens on average),
+    /// outputs x0.05, time compressed 8x; finishes in minutes for every method.
+    MooncakeCpu,
 }
 
 /// What a preset sets (flags given explicitly win).
 pub struct PresetValues {
+    /// The dataset unless `--dataset-name` names another.
+    pub dataset: Dataset,
     pub gsp: GspConfig,
+    /// The trace's scaling (the trace presets).
+    pub trace: TraceConfig,
+    pub num_prompts: Option<usize>,
+    /// For generated workloads; a trace is replayed open loop.
     pub max_concurrency: usize,
     pub dp_size: u32,
     /// The built-in model size (`None`: a simulated rank, which loads no model).
@@ -80,6 +118,42 @@ pub struct PresetValues {
     pub up_args: &'static [(&'static str, &'static str)],
     /// The methods `--launch` compares unless `--compare` is given.
     pub compare: &'static str,
+    /// A `--sim-config` TOML the preset gives every rank (written into `--output-dir`).
+    pub sim_config: Option<&'static str>,
+}
+
+/// The generated workload of the trace presets beside the trace: SGLang's 8-GPU shape with 64
+/// groups of 8 (so hot-prefix, sibling-burst and no-reuse each send 512 requests).
+const TRACE_PRESET_GSP: GspConfig = GspConfig {
+    dataset: Dataset::GeneratedSharedPrefix,
+    num_groups: 64,
+    prompts_per_group: 8,
+    system_prompt_len: 4096,
+    question_len: 128,
+    output_len: 256,
+    range_ratio: 1.0,
+    send_routing_key: false,
+    zipf: None,
+};
+
+/// A trace preset on `dp_size` simulated ranks, time compressed `compression` times.
+fn sim_trace_preset(dp_size: u32, compression: f64) -> PresetValues {
+    PresetValues {
+        dataset: Dataset::Mooncake,
+        gsp: TRACE_PRESET_GSP,
+        trace: TraceConfig {
+            time_compression: compression,
+            ..TraceConfig::default()
+        },
+        num_prompts: Some(1000),
+        max_concurrency: 64,
+        dp_size,
+        builtin_size: None,
+        max_total_tokens: None,
+        up_args: &[("--device", "sim")],
+        compare: EVERY_METHOD,
+        sim_config: Some(SIM_LONG_CONTEXT),
+    }
 }
 
 impl Preset {
@@ -102,13 +176,17 @@ impl Preset {
                 let dp_size = 2;
                 let max_concurrency = 16;
                 PresetValues {
+                    dataset: Dataset::GeneratedSharedPrefix,
                     max_total_tokens: Some(cpu_small_kv_tokens(&gsp, dp_size, max_concurrency)),
                     gsp,
+                    trace: TraceConfig::default(),
+                    num_prompts: None,
                     max_concurrency,
                     dp_size,
                     builtin_size: Some(BuiltinSize::Base),
                     up_args: &[],
                     compare: DEFAULT_COMPARE,
+                    sim_config: None,
                 }
             }
             // The workload of SGLang's data_parallel_controller benchmark
@@ -116,6 +194,10 @@ impl Preset {
             // attention): 512 prompts, no routing key, so prefix_affinity hashes the first
             // 4096 tokens, which are exactly the system prompt.
             Preset::Sglang8Gpu => PresetValues {
+                dataset: Dataset::GeneratedSharedPrefix,
+                trace: TraceConfig::default(),
+                num_prompts: None,
+                sim_config: None,
                 gsp: GspConfig {
                     dataset: Dataset::GeneratedSharedPrefix,
                     num_groups: 16,
@@ -134,6 +216,29 @@ impl Preset {
                 max_total_tokens: None,
                 up_args: &[("--device", "sim")],
                 compare: "round_robin,total_tokens,prefix_affinity,cache_aware",
+            },
+            Preset::Mooncake8Gpu => sim_trace_preset(8, 4.0),
+            Preset::Mooncake16Gpu => sim_trace_preset(16, 8.0),
+            // The trace's first 160 requests span 50 s; compressed 8x, ~25 requests/s arrive
+            // for ~6 s, more prefill than two cores of the base model compute in that time, so
+            // queues form and routing decides how long they get.
+            Preset::MooncakeCpu => PresetValues {
+                dataset: Dataset::Mooncake,
+                gsp: TRACE_PRESET_GSP,
+                trace: TraceConfig {
+                    block_tokens: 4,
+                    time_compression: 8.0,
+                    output_scale: 0.05,
+                    ..TraceConfig::default()
+                },
+                num_prompts: Some(160),
+                max_concurrency: 16,
+                dp_size: 2,
+                builtin_size: Some(BuiltinSize::Base),
+                max_total_tokens: Some(8192),
+                up_args: &[],
+                compare: EVERY_METHOD,
+                sim_config: None,
             },
         }
     }
@@ -170,11 +275,37 @@ pub struct BenchArgs {
     /// `GET /get_server_info` or llama.cpp's `/v1/models`; required for servers that say neither).
     #[arg(long, env = "DPSERVE_BENCH_VOCAB_SIZE")]
     pub vocab_size: Option<u32>,
-    /// Workload: bench_serving's shared system prompts, or conversations whose prompt grows each
+    /// Workload: bench_serving's shared system prompts; conversations whose prompt grows each
     /// turn (`--gsp-num-groups` conversations of `--gsp-prompts-per-group` turns, each turn
-    /// sent when the previous one finished).
-    #[arg(long, value_enum, default_value_t = Dataset::GeneratedSharedPrefix)]
-    pub dataset_name: Dataset,
+    /// sent when the previous one finished); a Mooncake trace (`--dataset-path`, `--trace-*`);
+    /// or a router's failure case: one hot system prompt, bursts of identical prompts, no reuse
+    /// (shaped by the `--gsp-*` flags). [default: generated-shared-prefix, or the preset's]
+    #[arg(long, value_enum)]
+    pub dataset_name: Option<Dataset>,
+    /// The trace file of `--dataset-name mooncake` (one JSON object a line: timestamp ms,
+    /// input_length, output_length, hash_ids of 512-token blocks).
+    #[arg(long, env = "DPSERVE_BENCH_DATASET_PATH")]
+    pub dataset_path: Option<PathBuf>,
+    /// [mooncake] Tokens each of the trace's 512-token blocks becomes (prompt lengths scale
+    /// with it) [default: 512, or the preset's].
+    #[arg(long)]
+    pub trace_block_tokens: Option<usize>,
+    /// [mooncake] Divide the trace's timestamps by this [default: 1, or the preset's].
+    #[arg(long)]
+    pub trace_time_compression: Option<f64>,
+    /// [mooncake] Start the window at this timestamp (ms); earlier requests are skipped.
+    #[arg(long)]
+    pub trace_start_ms: Option<u64>,
+    /// [mooncake] Multiply output lengths by this (at least 1 token) [default: 1, or the
+    /// preset's].
+    #[arg(long)]
+    pub trace_output_scale: Option<f64>,
+    /// Goodput SLO: time to first token at most this (ms).
+    #[arg(long, default_value_t = Slo::default().ttft_ms)]
+    pub slo_ttft_ms: f64,
+    /// Goodput SLO: a request's mean inter-token latency (its TPOT) at most this (ms).
+    #[arg(long, default_value_t = Slo::default().itl_ms)]
+    pub slo_itl_ms: f64,
     /// Workload and cluster sizes for a machine class (explicit flags win).
     #[arg(long, value_enum)]
     pub preset: Option<Preset>,
@@ -204,7 +335,8 @@ pub struct BenchArgs {
     /// 1/(g+1)^s; groups × prompts per group requests in all), so a few prefixes are hot.
     #[arg(long, value_name = "S")]
     pub gsp_zipf: Option<f64>,
-    /// Send at most this many of the workload's requests [default: all groups × prompts].
+    /// Send at most this many of the workload's requests [default: all groups × prompts; a
+    /// trace: all from the start offset, or the preset's].
     #[arg(long)]
     pub num_prompts: Option<usize>,
     /// Most requests in flight at once [default: unlimited].
@@ -281,6 +413,8 @@ pub struct Plan {
     pub model: Option<String>,
     pub vocab_size: Option<u32>,
     pub gsp: GspConfig,
+    pub trace: TraceConfig,
+    pub slo: Slo,
     pub num_prompts: Option<usize>,
     pub max_concurrency: Option<usize>,
     pub request_rate: f64,
@@ -317,10 +451,40 @@ impl BenchArgs {
             "--request-rate must be positive (or inf), got {}",
             self.request_rate
         );
+        for (flag, ms) in [
+            ("--slo-ttft-ms", self.slo_ttft_ms),
+            ("--slo-itl-ms", self.slo_itl_ms),
+        ] {
+            anyhow::ensure!(
+                ms.is_finite() && ms > 0.0,
+                "{flag} must be a positive number of milliseconds, got {ms}"
+            );
+        }
         let preset = self.preset.map(Preset::values);
         let base = preset.as_ref().map_or(DEFAULT_GSP, |p| p.gsp.clone());
+        let dataset = self
+            .dataset_name
+            .or(preset.as_ref().map(|p| p.dataset))
+            .unwrap_or(Dataset::GeneratedSharedPrefix);
+        let base_trace = preset
+            .as_ref()
+            .map_or_else(TraceConfig::default, |p| p.trace.clone());
+        let trace = TraceConfig {
+            path: self.dataset_path.clone(),
+            block_tokens: self.trace_block_tokens.unwrap_or(base_trace.block_tokens),
+            time_compression: self
+                .trace_time_compression
+                .unwrap_or(base_trace.time_compression),
+            start_ms: self.trace_start_ms.unwrap_or(base_trace.start_ms),
+            output_scale: self.trace_output_scale.unwrap_or(base_trace.output_scale),
+        };
+        anyhow::ensure!(
+            dataset == Dataset::Mooncake || self.dataset_path.is_none(),
+            "--dataset-path is for --dataset-name mooncake (this run's dataset is {})",
+            dataset.name()
+        );
         let gsp = GspConfig {
-            dataset: self.dataset_name,
+            dataset,
             num_groups: self.gsp_num_groups.unwrap_or(base.num_groups),
             prompts_per_group: self.gsp_prompts_per_group.unwrap_or(base.prompts_per_group),
             system_prompt_len: self.gsp_system_prompt_len.unwrap_or(base.system_prompt_len),
@@ -351,9 +515,22 @@ impl BenchArgs {
                 }
             }
         }
-        let max_concurrency = self
-            .max_concurrency
-            .or(preset.as_ref().map(|p| p.max_concurrency));
+        // A trace is replayed open loop: the preset's concurrency is for generated workloads.
+        let max_concurrency = self.max_concurrency.or(preset
+            .as_ref()
+            .filter(|_| dataset != Dataset::Mooncake)
+            .map(|p| p.max_concurrency));
+        // A preset's window is the trace's; generated workloads keep their own size.
+        let num_prompts = self.num_prompts.or(preset
+            .as_ref()
+            .filter(|_| dataset == Dataset::Mooncake)
+            .and_then(|p| p.num_prompts));
+        if let Some(toml) = preset.as_ref().and_then(|p| p.sim_config) {
+            let given = server.up_args.iter().any(|a| a.starts_with("--sim-"));
+            if !given {
+                server.sim_config = Some(toml.to_string());
+            }
+        }
         anyhow::ensure!(
             max_concurrency != Some(0),
             "--max-concurrency must be at least 1"
@@ -363,7 +540,12 @@ impl BenchArgs {
             model: self.model.clone(),
             vocab_size: self.vocab_size,
             gsp,
-            num_prompts: self.num_prompts,
+            trace,
+            slo: Slo {
+                ttft_ms: self.slo_ttft_ms,
+                itl_ms: self.slo_itl_ms,
+            },
+            num_prompts,
             max_concurrency,
             request_rate: self.request_rate,
             seed: self.seed,
@@ -422,19 +604,26 @@ pub async fn run_once(base_url: &str, plan: &Plan) -> anyhow::Result<(RunInfo, B
         client.set_model(model.clone());
     }
     let vocab_size = facts.vocab_size;
-    let requests = workload::generate(&plan.gsp, vocab_size, plan.num_prompts, plan.seed)?;
+    let requests = match plan.gsp.dataset {
+        Dataset::Mooncake => {
+            mooncake::generate(&plan.trace, vocab_size, plan.num_prompts, plan.seed)?
+        }
+        _ => workload::generate(&plan.gsp, vocab_size, plan.num_prompts, plan.seed)?,
+    };
     anyhow::ensure!(
         !requests.is_empty(),
-        "the workload is empty (--num-prompts 0?)"
+        "the workload is empty (--num-prompts 0, or a trace window with no request?)"
     );
 
     if plan.warmup_requests > 0 {
-        let w = workload::warmup_request(
-            vocab_size,
-            plan.gsp.system_prompt_len + plan.gsp.question_len,
-            plan.gsp.output_len.min(WARMUP_MAX_OUTPUT),
-            plan.seed,
-        );
+        let (len, output) = match plan.gsp.dataset {
+            Dataset::Mooncake => (requests[0].prompt_len(), requests[0].output_len),
+            _ => (
+                plan.gsp.system_prompt_len + plan.gsp.question_len,
+                plan.gsp.output_len,
+            ),
+        };
+        let w = workload::warmup_request(vocab_size, len, output.min(WARMUP_MAX_OUTPUT), plan.seed);
         let warm: Vec<BenchRequest> = (0..plan.warmup_requests).map(|_| w.clone()).collect();
         let n = warm.len();
         let (outcomes, _) =
@@ -452,7 +641,14 @@ pub async fn run_once(base_url: &str, plan: &Plan) -> anyhow::Result<(RunInfo, B
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    let arrivals = workload::arrival_times(requests.len(), plan.request_rate, plan.seed);
+    let arrivals = workload::send_times(&plan.gsp, &requests, plan.request_rate, plan.seed);
+    // The prompts in send order, for the ceilings (computed once the capacity is known).
+    let mut order: Vec<usize> = (0..requests.len()).collect();
+    order.sort_by(|&a, &b| arrivals[a].total_cmp(&arrivals[b]));
+    let prompts: Vec<Vec<u32>> = order
+        .iter()
+        .map(|&i| requests[i].input_ids.clone())
+        .collect();
     let pb = if plan.progress {
         let pb = ProgressBar::new(requests.len() as u64);
         pb.set_style(
@@ -475,7 +671,7 @@ pub async fn run_once(base_url: &str, plan: &Plan) -> anyhow::Result<(RunInfo, B
     )
     .await;
     pb.finish_and_clear();
-    let m = BenchMetrics::compute(&outcomes, duration);
+    let mut m = BenchMetrics::compute(&outcomes, duration, plan.slo);
 
     // The method and per-rank hit rates as the server saw them, after the run (unknown when
     // the server has no /get_server_info).
@@ -500,6 +696,29 @@ pub async fn run_once(base_url: &str, plan: &Plan) -> anyhow::Result<(RunInfo, B
         rank_hits
     });
     let after = after.unwrap_or(Value::Null);
+    if let Some(dp) = after["dp_size"].as_u64() {
+        m = m.with_ranks(dp as u32);
+    }
+    // Every rank's KV pool added up (unknown without /get_server_info).
+    let capacity: Option<u64> = after["ranks"].as_array().and_then(|ranks| {
+        ranks
+            .iter()
+            .map(|r| {
+                r["capacity"]["max_total_tokens"]
+                    .as_u64()
+                    .or(r["status"]["max_total_tokens"].as_u64())
+            })
+            .sum()
+    });
+    let granularity = match plan.gsp.dataset {
+        Dataset::Mooncake => plan.trace.block_tokens,
+        _ => 1,
+    };
+    m.ceilings = Some(ceiling::compute(
+        prompts.iter().map(Vec::as_slice),
+        granularity,
+        capacity,
+    ));
     let sim_profiles: Vec<String> = after["sim_profiles"]
         .as_array()
         .into_iter()
@@ -517,6 +736,7 @@ pub async fn run_once(base_url: &str, plan: &Plan) -> anyhow::Result<(RunInfo, B
     let info = RunInfo {
         backend: plan.backend.name().to_string(),
         gsp: plan.gsp.clone(),
+        trace: (plan.gsp.dataset == Dataset::Mooncake).then(|| plan.trace.clone()),
         num_prompts,
         request_rate: plan.request_rate,
         max_concurrency: plan.max_concurrency,
@@ -622,6 +842,15 @@ fn run_compare(
     std::fs::create_dir_all(&runtime_root)
         .with_context(|| format!("creating {}", runtime_root.display()))?;
 
+    let mut server = server.clone();
+    if let Some(toml) = server.sim_config.take() {
+        let path = out_dir.join("sim-profile.toml");
+        std::fs::write(&path, toml).with_context(|| format!("writing {}", path.display()))?;
+        let path = std::fs::canonicalize(&path).unwrap_or(path);
+        server.up_args.push("--sim-config".into());
+        server.up_args.push(path.display().to_string());
+    }
+    let server = &server;
     let mut results: Vec<MethodResult> = Vec::new();
     let mut lines: Vec<Value> = Vec::new();
     let mut pictures: Vec<String> = Vec::new();
@@ -724,6 +953,16 @@ fn run_compare(
     let summary = json!({
         "workload": {
             "dataset_name": plan.gsp.dataset.name(),
+            "dataset_path": (plan.gsp.dataset == Dataset::Mooncake)
+                .then(|| plan.trace.path.as_ref().map(|p| p.display().to_string())),
+            "trace": (plan.gsp.dataset == Dataset::Mooncake).then(|| json!({
+                "block_tokens": plan.trace.block_tokens,
+                "time_compression": plan.trace.time_compression,
+                "start_ms": plan.trace.start_ms,
+                "output_scale": plan.trace.output_scale,
+            })),
+            "slo_ttft_ms": plan.slo.ttft_ms,
+            "slo_itl_ms": plan.slo.itl_ms,
             "gsp_zipf": plan.gsp.zipf,
             "gsp_num_groups": plan.gsp.num_groups,
             "gsp_prompts_per_group": plan.gsp.prompts_per_group,
@@ -801,25 +1040,48 @@ fn describe(plan: &Plan, server: &ServerFlags, simulated: &[&str]) -> String {
             profiles.join(", ")
         ),
     };
+    let workload = match g.dataset {
+        Dataset::Mooncake => format!(
+            "trace {} ({}), {} requests at its timestamps",
+            plan.trace
+                .path
+                .as_ref()
+                .map_or("?".into(), |p| p.display().to_string()),
+            plan.trace.describe(),
+            plan.num_prompts.map_or("all".into(), |n| n.to_string()),
+        ),
+        _ => format!(
+            "{}, system {} + question {} tokens, output {} (range ratio {}), routing key {}",
+            shape(g),
+            g.system_prompt_len,
+            g.question_len,
+            g.output_len,
+            g.range_ratio,
+            match (g.send_routing_key, g.dataset) {
+                (false, _) => "none",
+                (true, Dataset::MultiTurn) => "per conversation",
+                (true, _) => "per group",
+            },
+        ),
+    };
+    let rate = match g.dataset {
+        Dataset::Mooncake => "the trace's".to_string(),
+        _ => plan.request_rate.to_string(),
+    };
     format!(
-        "{banner}workload: {}, system {} + question {} tokens, output {} (range ratio {}), \
-         routing key {}, concurrency {}, rate {}, seed {}; cluster: dp {}, model {}, max_total_tokens {}",
-        shape(g),
-        g.system_prompt_len,
-        g.question_len,
-        g.output_len,
-        g.range_ratio,
-        match (g.send_routing_key, g.dataset) {
-            (false, _) => "none",
-            (true, Dataset::MultiTurn) => "per conversation",
-            (true, Dataset::GeneratedSharedPrefix) => "per group",
-        },
-        plan.max_concurrency.map_or("unlimited".into(), |c| c.to_string()),
-        plan.request_rate,
+        "{banner}workload: {workload}, concurrency {}, rate {rate}, seed {}; SLO TTFT {} ms, \
+         ITL {} ms; cluster: dp {}, model {}, max_total_tokens {}",
+        plan.max_concurrency
+            .map_or("unlimited".into(), |c| c.to_string()),
         plan.seed,
+        plan.slo.ttft_ms,
+        plan.slo.itl_ms,
         cluster.dp_size,
         model,
-        cluster.serve.max_total_tokens.map_or("default".into(), |t| t.to_string()),
+        cluster
+            .serve
+            .max_total_tokens
+            .map_or("default".into(), |t| t.to_string()),
     )
 }
 
@@ -838,11 +1100,37 @@ fn shape(g: &GspConfig) -> String {
                 g.num_groups, g.prompts_per_group
             )
         }
+        Dataset::HotPrefix => format!(
+            "hot prefix, one system prompt x {} prompts",
+            g.num_groups * g.prompts_per_group
+        ),
+        Dataset::SiblingBurst => format!(
+            "sibling bursts, {} groups x {} identical prompts",
+            g.num_groups, g.prompts_per_group
+        ),
+        Dataset::NoReuse => format!(
+            "no reuse, {} distinct prompts",
+            g.num_groups * g.prompts_per_group
+        ),
+        Dataset::Mooncake => "Mooncake trace".to_string(),
     }
 }
 
 fn chart_title(plan: &Plan, server: &ServerFlags, simulated: &[&str]) -> String {
     let g = &plan.gsp;
+    if g.dataset == Dataset::Mooncake {
+        return format!(
+            "dpserve bench: Mooncake trace ({} tok/block, {}x time), dp {}{}",
+            plan.trace.block_tokens,
+            plan.trace.time_compression,
+            server.cluster().dp_size,
+            if simulated.is_empty() {
+                ""
+            } else {
+                ", SIMULATED ranks"
+            },
+        );
+    }
     format!(
         "dpserve bench: {} (sys {}, q {}, out {}), dp {}{}",
         shape(g),
@@ -945,6 +1233,70 @@ mod tests {
             .resolve()
             .unwrap();
         assert_eq!(server.up_args, ["--device=cpu"]);
+    }
+
+    #[test]
+    fn trace_presets_replay_open_loop_and_keep_their_ranks_for_other_workloads() {
+        let (plan, server) = parse(&["--preset", "mooncake-8gpu", "--dataset-path", "trace.jsonl"])
+            .resolve()
+            .unwrap();
+        assert_eq!(plan.gsp.dataset, Dataset::Mooncake);
+        assert_eq!(plan.num_prompts, Some(1000));
+        assert_eq!(plan.max_concurrency, None, "a trace is replayed open loop");
+        assert_eq!(plan.trace.block_tokens, 512);
+        assert_eq!(plan.trace.time_compression, 4.0);
+        assert_eq!(plan.trace.path.as_deref(), Some(Path::new("trace.jsonl")));
+        assert_eq!(server.cluster().dp_size, 8);
+        assert!(server
+            .sim_config
+            .as_deref()
+            .unwrap()
+            .contains("context_len = 131072"));
+        // The same ranks with a generated workload: its own size, the preset's concurrency.
+        let (plan, server) = parse(&["--preset", "mooncake-8gpu", "--dataset-name", "hot-prefix"])
+            .resolve()
+            .unwrap();
+        assert_eq!(plan.gsp.dataset, Dataset::HotPrefix);
+        assert_eq!((plan.num_prompts, plan.max_concurrency), (None, Some(64)));
+        assert_eq!(server.cluster().dp_size, 8);
+        // The user's own scaling and sim profile win.
+        let (plan, server) = parse(&[
+            "--preset",
+            "mooncake-16gpu",
+            "--trace-time-compression",
+            "2",
+            "--num-prompts",
+            "50",
+            "--up-arg=--sim-profile=cpu-calibrated",
+        ])
+        .resolve()
+        .unwrap();
+        assert_eq!(server.cluster().dp_size, 16);
+        assert_eq!(
+            (plan.trace.time_compression, plan.num_prompts),
+            (2.0, Some(50))
+        );
+        assert_eq!(server.sim_config, None);
+        let (plan, server) = parse(&["--preset", "mooncake-cpu"]).resolve().unwrap();
+        assert_eq!((plan.trace.block_tokens, plan.num_prompts), (4, Some(160)));
+        assert_eq!(server.cluster().dp_size, 2);
+        assert!(
+            server.sim_config.is_none() && server.up_args.is_empty(),
+            "CPU ranks"
+        );
+    }
+
+    #[test]
+    fn slo_and_trace_flags_are_checked() {
+        let (plan, _) = parse(&["--slo-ttft-ms", "500", "--slo-itl-ms", "40"])
+            .resolve()
+            .unwrap();
+        assert_eq!((plan.slo.ttft_ms, plan.slo.itl_ms), (500.0, 40.0));
+        assert_eq!(parse(&[]).resolve().unwrap().0.slo, Slo::default());
+        assert!(parse(&["--slo-ttft-ms", "0"]).resolve().is_err());
+        assert!(parse(&["--slo-itl-ms", "nan"]).resolve().is_err());
+        let e = parse(&["--dataset-path", "x.jsonl"]).resolve().unwrap_err();
+        assert!(e.to_string().contains("--dataset-name mooncake"), "{e}");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 use serde_json::{json, Map, Value};
 
 use super::metrics::{BenchMetrics, Dist};
+use super::mooncake::TraceConfig;
 use super::workload::GspConfig;
 
 /// The method every comparison is measured against.
@@ -15,6 +16,8 @@ pub const BASELINE_METHOD: &str = "round_robin";
 pub struct RunInfo {
     pub backend: String,
     pub gsp: GspConfig,
+    /// The trace and its scaling, for a replayed trace.
+    pub trace: Option<TraceConfig>,
     pub num_prompts: usize,
     pub request_rate: f64,
     pub max_concurrency: Option<usize>,
@@ -81,6 +84,16 @@ pub fn result_json(info: &RunInfo, m: &BenchMetrics) -> Value {
         json!(info.gsp.send_routing_key),
     );
     o.insert("gsp_zipf".into(), json!(info.gsp.zipf));
+    if let Some(t) = &info.trace {
+        o.insert(
+            "dataset_path".into(),
+            json!(t.path.as_ref().map(|p| p.display().to_string())),
+        );
+        o.insert("trace_block_tokens".into(), json!(t.block_tokens));
+        o.insert("trace_time_compression".into(), json!(t.time_compression));
+        o.insert("trace_start_ms".into(), json!(t.start_ms));
+        o.insert("trace_output_scale".into(), json!(t.output_scale));
+    }
     o.insert(
         "load_balance_method".into(),
         json!(info.load_balance_method),
@@ -107,6 +120,32 @@ pub fn result_json(info: &RunInfo, m: &BenchMetrics) -> Value {
     dist_keys(&mut o, "tpot", &m.tpot);
     dist_keys(&mut o, "itl", &m.itl);
     o.insert("cache_hit_rate".into(), json!(m.cache_hit_rate));
+    o.insert("slo_ttft_ms".into(), json!(m.slo.ttft_ms));
+    o.insert("slo_itl_ms".into(), json!(m.slo.itl_ms));
+    o.insert("goodput".into(), json!(m.goodput));
+    o.insert("goodput_share".into(), json!(m.goodput_share));
+    o.insert("refused".into(), json!(m.refused));
+    let c = m.ceilings.as_ref();
+    o.insert(
+        "cache_hit_ceiling_unlimited".into(),
+        json!(c.map(|c| c.unlimited)),
+    );
+    o.insert(
+        "cache_hit_ceiling_pooled_lru".into(),
+        json!(c.and_then(|c| c.pooled_lru)),
+    );
+    o.insert(
+        "cache_hit_ceiling_pooled_tokens".into(),
+        json!(c.and_then(|c| c.pooled_tokens)),
+    );
+    o.insert(
+        "cache_hit_ceiling_granularity".into(),
+        json!(c.map(|c| c.granularity)),
+    );
+    o.insert(
+        "prompt_load_max_over_mean".into(),
+        json!(m.prompt_load_max_over_mean),
+    );
     // Unknown (no rank reported) is null, never an empty map that reads as "no requests".
     let known = |map: Map<String, Value>| {
         if map.is_empty() {
@@ -127,6 +166,12 @@ pub fn result_json(info: &RunInfo, m: &BenchMetrics) -> Value {
         .map(|(r, s)| (r.to_string(), json!(s)))
         .collect();
     o.insert("rank_share".into(), known(share));
+    let prompt_tokens: Map<String, Value> = m
+        .prompt_tokens_per_rank
+        .iter()
+        .map(|(r, n)| (r.to_string(), json!(n)))
+        .collect();
+    o.insert("prompt_tokens_per_rank".into(), known(prompt_tokens));
     o.insert(
         "server_rank_cache_hit_rate".into(),
         json!(info.server_rank_cache_hit_rate),
@@ -143,6 +188,18 @@ pub fn result_json(info: &RunInfo, m: &BenchMetrics) -> Value {
 /// A rate in percent, or "unknown" when the server did not report it (not 0%).
 fn pct(x: Option<f64>) -> String {
     x.map_or_else(|| "unknown".to_string(), |r| format!("{:.1}%", r * 100.0))
+}
+
+/// The two ceilings, "37.0% / 21.5%" (the pool "?" when the capacity is unknown).
+fn ceilings(m: &BenchMetrics) -> String {
+    match &m.ceilings {
+        None => "unknown".into(),
+        Some(c) => format!(
+            "{} / {}",
+            pct(Some(c.unlimited)),
+            c.pooled_lru.map_or("?".into(), |p| pct(Some(p)))
+        ),
+    }
 }
 
 fn shares(m: &BenchMetrics) -> String {
@@ -211,7 +268,25 @@ pub fn result_table(info: &RunInfo, m: &BenchMetrics) -> String {
         ),
         ("Concurrency".into(), format!("{:.2}", m.concurrency)),
         ("Cache hit rate (server)".into(), pct(m.cache_hit_rate)),
+        ("Hit ceiling: unlimited / pooled LRU".into(), ceilings(m)),
         ("Requests per rank".into(), shares(m)),
+        (
+            "Prompt tokens per rank, max/mean".into(),
+            m.prompt_load_max_over_mean
+                .map_or("unknown".into(), |x| format!("{x:.2}")),
+        ),
+        ("Refused (429/503)".into(), m.refused.to_string()),
+        (
+            format!(
+                "Goodput (req/s, TTFT≤{}ms ITL≤{}ms)",
+                m.slo.ttft_ms, m.slo.itl_ms
+            ),
+            format!("{:.2}", m.goodput),
+        ),
+        (
+            "Goodput share of requests".into(),
+            format!("{:.1}%", m.goodput_share * 100.0),
+        ),
     ];
     for (title, name, d) in [
         ("End-to-End Latency", "E2E Latency", &m.e2e),
@@ -222,9 +297,10 @@ pub fn result_table(info: &RunInfo, m: &BenchMetrics) -> String {
         rows.push((format!("-- {title} --"), String::new()));
         rows.push((format!("Mean {name} (ms)"), format!("{:.2}", d.mean)));
         rows.push((format!("Median {name} (ms)"), format!("{:.2}", d.median)));
+        rows.push((format!("P90 {name} (ms)"), format!("{:.2}", d.p90)));
         rows.push((format!("P99 {name} (ms)"), format!("{:.2}", d.p99)));
     }
-    let width = 50;
+    let width = 56;
     let mut s = format!("{:=^width$}\n", " Serving Benchmark Result ");
     if !info.sim_profiles.is_empty() {
         s.push_str(&format!(
@@ -239,7 +315,7 @@ pub fn result_table(info: &RunInfo, m: &BenchMetrics) -> String {
                 format!(" {} ", k.trim_matches(|c| c == '-' || c == ' '))
             ));
         } else {
-            s.push_str(&format!("{k:<40}{v:>10}\n"));
+            s.push_str(&format!("{k:<44}{v:>12}\n"));
         }
     }
     s.push_str(&"=".repeat(width));
@@ -268,20 +344,24 @@ fn ratio(x: f64, base: Option<f64>) -> String {
     }
 }
 
-const COMPARE_HEADERS: [&str; 13] = [
+const COMPARE_HEADERS: [&str; 17] = [
     "method",
     "req/s",
     "out tok/s",
     "vs rr",
-    "mean TTFT ms",
+    "goodput req/s",
+    "good %",
+    "p50 TTFT ms",
+    "p90 TTFT ms",
     "vs rr",
     "p99 TTFT ms",
-    "mean TPOT ms",
-    "mean ITL ms",
+    "p50 ITL ms",
     "p99 ITL ms",
     "p99 E2E ms",
     "cache hit",
-    "requests per rank",
+    "ceiling",
+    "load max/mean",
+    "refused",
 ];
 
 /// Rows of the comparison (one per method; skipped methods say why).
@@ -298,15 +378,20 @@ pub fn compare_rows(results: &[MethodResult]) -> Vec<Vec<String>> {
                 format!("{:.2}", m.request_throughput),
                 format!("{:.1}", m.output_throughput),
                 ratio(m.output_throughput, base.map(|b| b.output_throughput)),
-                format!("{:.0}", m.ttft.mean),
-                ratio(m.ttft.mean, base.map(|b| b.ttft.mean)),
+                format!("{:.2}", m.goodput),
+                format!("{:.1}%", m.goodput_share * 100.0),
+                format!("{:.0}", m.ttft.median),
+                format!("{:.0}", m.ttft.p90),
+                ratio(m.ttft.p90, base.map(|b| b.ttft.p90)),
                 format!("{:.0}", m.ttft.p99),
-                format!("{:.1}", m.tpot.mean),
-                format!("{:.1}", m.itl.mean),
+                format!("{:.1}", m.itl.median),
                 format!("{:.1}", m.itl.p99),
                 format!("{:.0}", m.e2e.p99),
                 pct(m.cache_hit_rate),
-                shares(m),
+                ceilings(m),
+                m.prompt_load_max_over_mean
+                    .map_or("unknown".into(), |x| format!("{x:.2}")),
+                m.refused.to_string(),
             ],
             Err(reason) => {
                 let mut row = vec![r.method.clone(), format!("skipped: {reason}")];
@@ -351,7 +436,9 @@ pub fn compare_table(results: &[MethodResult]) -> String {
         }
     }
     out.push_str(
-        "ratios: against round_robin (throughput: higher is better; TTFT: lower is better)\n",
+        "ratios: against round_robin (throughput: higher is better; p90 TTFT: lower is better); \
+         ceiling: the workload's own hit rate with an unlimited cache / one LRU pool of every \
+         rank's KV; load: prompt tokens per rank, max over mean\n",
     );
     out
 }
@@ -386,6 +473,7 @@ mod tests {
             output_throughput: out_tps,
             ttft: Dist {
                 mean: ttft,
+                p90: ttft,
                 p99: ttft * 2.0,
                 ..Dist::default()
             },
@@ -399,6 +487,7 @@ mod tests {
     fn info() -> RunInfo {
         RunInfo {
             backend: "generate".into(),
+            trace: None,
             gsp: GspConfig {
                 dataset: super::super::workload::Dataset::GeneratedSharedPrefix,
                 num_groups: 2,
@@ -471,9 +560,36 @@ mod tests {
             "total_output_tokens",
             "load_balance_method",
             "cache_hit_rate",
+            "goodput",
+            "goodput_share",
+            "slo_ttft_ms",
+            "slo_itl_ms",
+            "refused",
+            "p90_ttft_ms",
+            "median_itl_ms",
+            "p99_e2e_latency_ms",
+            "cache_hit_ceiling_unlimited",
+            "cache_hit_ceiling_pooled_lru",
+            "prompt_load_max_over_mean",
+            "prompt_tokens_per_rank",
         ] {
             assert!(v.get(key).is_some(), "missing {key}");
         }
+        assert!(
+            v.get("trace_block_tokens").is_none(),
+            "no trace, no trace keys"
+        );
+        let traced = RunInfo {
+            trace: Some(TraceConfig {
+                block_tokens: 16,
+                ..TraceConfig::default()
+            }),
+            ..info()
+        };
+        assert_eq!(
+            result_json(&traced, &metrics(1.0, 1.0))["trace_block_tokens"],
+            16
+        );
         assert_eq!(v["request_rate"], "inf");
         assert_eq!(v["mean_ttft_ms"], 50.0);
         assert_eq!(v["rank_share"]["1"], 0.75);
@@ -555,7 +671,7 @@ mod tests {
         let rows = compare_rows(&results);
         assert_eq!(rows[0][3], "1.00x");
         assert_eq!(rows[1][3], "1.50x");
-        assert_eq!(rows[1][5], "0.25x");
+        assert_eq!(rows[1][8], "0.25x", "p90 TTFT against round robin");
         assert!(rows[2][1].starts_with("skipped: up exited"));
         let table = compare_table(&results);
         assert!(

@@ -31,6 +31,16 @@ pub enum Dataset {
     GeneratedSharedPrefix,
     /// Conversations whose prompt grows each turn.
     MultiTurn,
+    /// A Mooncake-format production trace replayed at its timestamps (`--dataset-path`).
+    Mooncake,
+    /// One system prompt for every request (`--gsp-num-groups` × `--gsp-prompts-per-group`
+    /// requests, each with its own question): the hot prefix that piles onto one rank.
+    HotPrefix,
+    /// Groups of identical prompts arriving together (best-of-N, RL rollouts):
+    /// `--gsp-prompts-per-group` copies of each group's prompt at one arrival time.
+    SiblingBurst,
+    /// Nothing shared: every prompt its own random tokens (system + question lengths).
+    NoReuse,
 }
 
 impl Dataset {
@@ -38,6 +48,10 @@ impl Dataset {
         match self {
             Dataset::GeneratedSharedPrefix => "generated-shared-prefix",
             Dataset::MultiTurn => "multi-turn",
+            Dataset::Mooncake => "mooncake",
+            Dataset::HotPrefix => "hot-prefix",
+            Dataset::SiblingBurst => "sibling-burst",
+            Dataset::NoReuse => "no-reuse",
         }
     }
 }
@@ -72,6 +86,9 @@ pub struct BenchRequest {
     pub routing_key: Option<String>,
     /// Index of the request that must finish before this one is sent (the previous turn).
     pub after: Option<usize>,
+    /// Send time in seconds after the start, when the workload fixes it (a trace's timestamp,
+    /// a burst's arrival); `None`: the `--request-rate` arrival process decides.
+    pub at: Option<f64>,
 }
 
 impl BenchRequest {
@@ -119,6 +136,18 @@ pub fn generate(
     let mut requests = match cfg.dataset {
         Dataset::GeneratedSharedPrefix => shared_prefix(cfg, &system_prompts, vocab_size, &mut rng),
         Dataset::MultiTurn => multi_turn(cfg, &system_prompts, vocab_size, &mut rng),
+        Dataset::HotPrefix => {
+            let one = GspConfig {
+                num_groups: 1,
+                prompts_per_group: cfg.num_groups * cfg.prompts_per_group,
+                zipf: None,
+                ..cfg.clone()
+            };
+            shared_prefix(&one, &system_prompts[..1], vocab_size, &mut rng)
+        }
+        Dataset::SiblingBurst => sibling_burst(cfg, &system_prompts, vocab_size, &mut rng),
+        Dataset::NoReuse => no_reuse(cfg, vocab_size, &mut rng),
+        Dataset::Mooncake => anyhow::bail!("the mooncake dataset is read by bench::mooncake"),
     };
     if let Some(n) = num_prompts {
         requests.truncate(n);
@@ -175,6 +204,7 @@ fn question(
         output_len: sample_len(rng, cfg.output_len, cfg.range_ratio),
         routing_key: cfg.send_routing_key.then(|| group_key(group)),
         after: None,
+        at: None,
     }
 }
 
@@ -200,6 +230,36 @@ fn shared_prefix(
         .collect();
     requests.shuffle(rng);
     requests
+}
+
+/// Sibling bursts: each group's prompt (system prompt ‖ one question) `prompts_per_group` times,
+/// the copies of a group next to each other and sent together (`burst` marks them; the caller
+/// gives a group one arrival time). Groups are shuffled.
+fn sibling_burst(
+    cfg: &GspConfig,
+    system_prompts: &[Vec<u32>],
+    vocab_size: u32,
+    rng: &mut StdRng,
+) -> Vec<BenchRequest> {
+    let mut order: Vec<usize> = (0..cfg.num_groups).collect();
+    order.shuffle(rng);
+    let mut requests = Vec::with_capacity(cfg.num_groups * cfg.prompts_per_group);
+    for g in order {
+        let one = question(cfg, g, system_prompts[g].clone(), vocab_size, rng);
+        requests.extend(std::iter::repeat_n(one, cfg.prompts_per_group));
+    }
+    requests
+}
+
+/// No reuse: every request its own random prompt of system + question length.
+fn no_reuse(cfg: &GspConfig, vocab_size: u32, rng: &mut StdRng) -> Vec<BenchRequest> {
+    (0..cfg.num_groups * cfg.prompts_per_group)
+        .map(|i| {
+            let len = sample_len(rng, cfg.system_prompt_len, cfg.range_ratio);
+            let prompt = random_ids(rng, len, vocab_size);
+            question(cfg, i, prompt, vocab_size, rng)
+        })
+        .collect()
 }
 
 /// Multi-turn: round t holds every conversation's turn t (shuffled), each after its turn t − 1.
@@ -271,7 +331,24 @@ pub fn warmup_request(vocab_size: u32, len: usize, output_len: usize, seed: u64)
         output_len: output_len.max(1),
         routing_key: None,
         after: None,
+        at: None,
     }
+}
+
+/// Send times (seconds after start) of `requests` as `cfg` built them: the workload's own where
+/// it fixes them (a trace), one time per burst of siblings (the `--request-rate` arrival
+/// process over bursts, at `rate / prompts_per_group` so the request rate stays `rate`), else
+/// the arrival process over requests.
+pub fn send_times(cfg: &GspConfig, requests: &[BenchRequest], rate: f64, seed: u64) -> Vec<f64> {
+    if let Some(at) = requests.iter().map(|r| r.at).collect::<Option<Vec<f64>>>() {
+        return at;
+    }
+    if cfg.dataset == Dataset::SiblingBurst {
+        let per = cfg.prompts_per_group.max(1);
+        let bursts = arrival_times(requests.len().div_ceil(per), rate / per as f64, seed);
+        return (0..requests.len()).map(|i| bursts[i / per]).collect();
+    }
+    arrival_times(requests.len(), rate, seed)
 }
 
 /// Send times (seconds after start) for `n` requests: all at 0 for an infinite rate (a burst),
@@ -447,6 +524,70 @@ mod tests {
         assert!((60..140).contains(&g0), "s = 0 is uniform: {g0}");
         c.zipf = Some(f64::NAN);
         assert!(generate(&c, 1000, None, 5).is_err());
+    }
+
+    #[test]
+    fn hot_prefix_shares_one_system_prompt_and_no_reuse_shares_nothing() {
+        let mut c = cfg(1.0);
+        c.dataset = Dataset::HotPrefix;
+        let hot = generate(&c, 1000, None, 3).unwrap();
+        assert_eq!(hot.len(), 20, "groups × prompts requests");
+        assert!(hot
+            .iter()
+            .all(|r| r.input_ids[..100] == hot[0].input_ids[..100]));
+        assert!(hot.iter().all(|r| r.prompt_len() == 120 && r.group == 0));
+        assert_ne!(
+            hot[0].input_ids[100..],
+            hot[1].input_ids[100..],
+            "own questions"
+        );
+        c.dataset = Dataset::NoReuse;
+        let none = generate(&c, 1000, None, 3).unwrap();
+        assert_eq!(none.len(), 20);
+        for a in 0..none.len() {
+            assert_eq!(none[a].prompt_len(), 120);
+            for b in a + 1..none.len() {
+                assert_ne!(none[a].input_ids[..8], none[b].input_ids[..8]);
+            }
+        }
+        c.dataset = Dataset::Mooncake;
+        assert!(
+            generate(&c, 1000, None, 3).is_err(),
+            "read by bench::mooncake"
+        );
+    }
+
+    #[test]
+    fn siblings_are_identical_and_arrive_together() {
+        let mut c = cfg(1.0);
+        c.dataset = Dataset::SiblingBurst;
+        let reqs = generate(&c, 1000, None, 4).unwrap();
+        assert_eq!(reqs.len(), 20);
+        for burst in reqs.chunks(5) {
+            assert!(burst.iter().all(|r| r.input_ids == burst[0].input_ids));
+            assert!(burst.iter().all(|r| r.group == burst[0].group));
+        }
+        assert_ne!(reqs[0].input_ids, reqs[5].input_ids, "groups differ");
+        let t = send_times(&c, &reqs, 10.0, 4);
+        assert_eq!(t.len(), 20);
+        for (i, b) in t.chunks(5).enumerate() {
+            assert!(b.iter().all(|&x| x == b[0]), "burst {i}: {b:?}");
+        }
+        assert!(t[5] > t[0], "bursts spread by the arrival process");
+        // Without a burst or a trace, the per-request arrival process.
+        assert_eq!(
+            send_times(&cfg(1.0), &reqs, 2.0, 4),
+            arrival_times(20, 2.0, 4)
+        );
+        let mut timed = reqs.clone();
+        for (i, r) in timed.iter_mut().enumerate() {
+            r.at = Some(i as f64);
+        }
+        assert_eq!(
+            send_times(&c, &timed, 10.0, 4)[3],
+            3.0,
+            "a trace's own times"
+        );
     }
 
     #[test]

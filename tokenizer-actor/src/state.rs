@@ -87,8 +87,9 @@ impl AppState {
             .map(|snap| snap.status)
     }
 
-    /// The model's limits narrowed by what the live ranks announce (a worker may run a
-    /// shorter context than the config allows).
+    /// The limits the live ranks announce (the shortest context and vocabulary among them: a
+    /// worker may run a shorter context than the config allows, and a simulated rank the
+    /// context of the model it simulates), the tokenizer's model config where none says.
     pub async fn limits(&self) -> Limits {
         let cluster = self.fresh_cluster().await;
         let mut limits = Limits {
@@ -97,10 +98,16 @@ impl AppState {
             live_ranks: None,
         };
         if let Some(status) = cluster {
+            let announced = status
+                .live_ranks
+                .iter()
+                .map(|r| r.capacity.context_len as usize)
+                .filter(|&c| c > 0)
+                .min();
+            if let Some(context_len) = announced {
+                limits.context_len = context_len;
+            }
             for r in &status.live_ranks {
-                if r.capacity.context_len > 0 {
-                    limits.context_len = limits.context_len.min(r.capacity.context_len as usize);
-                }
                 if r.capacity.vocab_size > 0 {
                     limits.vocab_size = limits.vocab_size.min(r.capacity.vocab_size as usize);
                 }
