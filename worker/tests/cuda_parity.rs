@@ -14,12 +14,13 @@ mod emu;
 
 use kernels::cuda::{probe, CudaDtype};
 use worker::model::cuda::CudaLlama;
-use worker::model::{KvBuffers, LlamaModel, ModelConfig, SeqInput};
+use worker::model::{KvBuffers, LlamaModel, ModelConfig, ModelFamily, RopeScaling, SeqInput};
 
 /// A small model with everything the GPU path branches on: grouped-query attention, q/k/v
 /// biases, an untied output projection, head_dim 16.
 fn config() -> ModelConfig {
     ModelConfig {
+        family: ModelFamily::Llama,
         vocab_size: 384,
         hidden_size: 96,
         intermediate_size: 160,
@@ -30,8 +31,12 @@ fn config() -> ModelConfig {
         max_position_embeddings: 256,
         rms_norm_eps: 1e-5,
         rope_theta: 10000.0,
+        rope_scaling: RopeScaling::None,
         tie_word_embeddings: false,
-        attention_bias: true,
+        qkv_bias: true,
+        o_bias: false,
+        qk_norm: false,
+        sliding_window: None,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
         model_id: "parity".into(),

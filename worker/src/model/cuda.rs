@@ -68,6 +68,8 @@ struct Layer<T> {
     /// The q, k and v biases, fused the same way (Qwen2-style models).
     bqkv: Option<CudaSlice<T>>,
     wo: CudaSlice<T>,
+    /// The output projection's bias (Llama / Qwen3 with `attention_bias`).
+    bo: Option<CudaSlice<T>>,
     mlp_norm: CudaSlice<T>,
     /// `[2·intermediate, hidden]`: gate rows, then up rows.
     wgu: CudaSlice<T>,
@@ -82,6 +84,8 @@ struct Net<T> {
     norm: CudaSlice<T>,
     /// `None`: tied to `embed`.
     lm_head: Option<CudaSlice<T>>,
+    /// RoPE's inverse frequencies (scaling applied), for the host-built cos/sin tables.
+    rope_inv_freq: Vec<f32>,
     /// Per layer, K and V of every slot: `[num_slots, kv_dim]`. Empty until `alloc_kv`.
     k_cache: Vec<CudaSlice<T>>,
     v_cache: Vec<CudaSlice<T>>,
@@ -141,6 +145,9 @@ impl CudaLlama {
     /// uploads `model`'s weights in their stored type. No KV pool yet: [`Self::alloc_kv`] sizes
     /// it from what is left.
     pub fn upload(model: &LlamaModel, gpu: DeviceInfo) -> std::result::Result<Self, CudaError> {
+        if let Some(why) = Self::not_implemented(&model.config) {
+            return Err(CudaError::NotImplemented(why));
+        }
         let ctx = CudaContext::new(gpu.ordinal as usize)
             .map_err(|e| driver_error("CudaContext::new", e))?;
         let kernels = CudaKernels::load(&ctx)?;
@@ -158,6 +165,18 @@ impl CudaLlama {
             ctx,
             weight_bytes: (c.num_params() * elem_bytes(dtype)) as u64,
             net: Mutex::new(net),
+        })
+    }
+
+    /// Why the GPU pass cannot run a model of `config` (the CPU pass can), or `None`. RoPE
+    /// scaling, biases and the sliding window need nothing of their own here (the tables are
+    /// the host's, the window is the plan's); Qwen3's q/k norm has no kernel yet.
+    pub fn not_implemented(config: &ModelConfig) -> Option<String> {
+        config.qk_norm.then(|| {
+            format!(
+                "{}: the per-head q/k RMSNorm is not implemented on the GPU (run it with --device cpu)",
+                config.family.architecture()
+            )
         })
     }
 
@@ -287,6 +306,10 @@ where
                     None => None,
                 },
                 wo: up(&lw.wo.unpack())?,
+                bo: match &lw.bo {
+                    Some(b) => Some(up(b)?),
+                    None => None,
+                },
                 mlp_norm: up(&lw.mlp_norm)?,
                 wgu: up(&lw.wgu.unpack())?,
                 wdown: up(&lw.wdown.unpack())?,
@@ -300,6 +323,7 @@ where
                 Some(m) => Some(up(&m.unpack())?),
                 None => None,
             },
+            rope_inv_freq: w.rope_inv_freq.clone(),
             k_cache: Vec::new(),
             v_cache: Vec::new(),
             num_slots: 0,
@@ -379,7 +403,13 @@ where
         let last_rows = self.to_gpu(&last_rows)?;
         let batch =
             AttnBatch::upload(k.stream(), &AttnIndex::from_token_slots(&plan.attend)).map_err(e)?;
-        let (cos, sin) = kernels::rope_tables(&plan.positions, hd, c.rope_theta);
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        kernels::rope_tables_from_freqs_into(
+            &plan.positions,
+            &self.rope_inv_freq,
+            &mut cos,
+            &mut sin,
+        );
         let (cos, sin) = (self.to_gpu(&cos)?, self.to_gpu(&sin)?);
 
         let mut x = self.scratch::<f32>(t * h)?;
@@ -435,6 +465,9 @@ where
             )
             .map_err(e)?;
             k.linear(&attn, t, &lw.wo, h, &mut o).map_err(e)?;
+            if let Some(b) = &lw.bo {
+                k.add_bias(&mut o, b).map_err(e)?;
+            }
             k.add_inplace(&mut x, &o).map_err(e)?;
 
             k.rmsnorm(&x, &lw.mlp_norm, c.rms_norm_eps, &mut hn)
