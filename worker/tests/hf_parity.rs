@@ -8,10 +8,11 @@
 //! would (the path is fixed once per process).
 
 mod common;
-
-use std::path::{Path, PathBuf};
+#[path = "common/hf_fixture.rs"]
+mod hf_fixture;
 
 use common::this_binary;
+use hf_fixture::{fixtures, max_abs_diff, Fixture, RefSeq};
 use kernels::{KernelPath, KERNEL_PATH_ENV};
 use worker::model::{KvBuffers, LlamaModel, SeqInput};
 
@@ -20,79 +21,6 @@ const TOL: f32 = 1e-4;
 
 /// Set in the children the parent test starts.
 const CHILD: &str = "DPSERVE_HF_PARITY_TEST_CHILD";
-
-/// One prompt of a fixture: its greedy continuation and the logits of every position of
-/// prompt + continuation (but the last token), `[len, vocab]`.
-struct RefSeq {
-    prompt: Vec<u32>,
-    greedy: Vec<u32>,
-    logits: Vec<Vec<f32>>,
-}
-
-impl RefSeq {
-    /// Prompt and continuation, less the last token (which nothing reads).
-    fn tokens(&self) -> Vec<u32> {
-        let mut t = self.prompt.clone();
-        t.extend(&self.greedy[..self.greedy.len() - 1]);
-        t
-    }
-}
-
-struct Fixture {
-    name: String,
-    dir: PathBuf,
-    seqs: Vec<RefSeq>,
-}
-
-fn fixtures() -> Vec<Fixture> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .expect("tests/fixtures/hf")
-        .map(|e| e.expect("fixture entry").path())
-        .filter(|p| p.join("reference.json").exists())
-        .collect();
-    dirs.sort();
-    assert!(!dirs.is_empty(), "no fixtures in {}", root.display());
-    dirs.into_iter()
-        .map(|dir| {
-            let text = std::fs::read_to_string(dir.join("reference.json")).expect("reference");
-            let v: serde_json::Value = serde_json::from_str(&text).expect("reference parses");
-            let ids = |x: &serde_json::Value| -> Vec<u32> {
-                x.as_array()
-                    .expect("ids")
-                    .iter()
-                    .map(|t| t.as_u64().expect("id") as u32)
-                    .collect()
-            };
-            let seqs = v["sequences"]
-                .as_array()
-                .expect("sequences")
-                .iter()
-                .map(|s| RefSeq {
-                    prompt: ids(&s["prompt"]),
-                    greedy: ids(&s["greedy"]),
-                    logits: s["logits"]
-                        .as_array()
-                        .expect("logits")
-                        .iter()
-                        .map(|row| {
-                            row.as_array()
-                                .expect("row")
-                                .iter()
-                                .map(|x| x.as_f64().expect("logit") as f32)
-                                .collect()
-                        })
-                        .collect(),
-                })
-                .collect();
-            Fixture {
-                name: dir.file_name().unwrap().to_string_lossy().into_owned(),
-                dir,
-                seqs,
-            }
-        })
-        .collect()
-}
 
 /// The model of one fixture with a KV pool, tracking the largest difference seen.
 struct Run<'a> {
@@ -129,16 +57,7 @@ impl<'a> Run<'a> {
 
     /// Checks one logits row against sequence `s`'s reference at position `p`.
     fn check(&mut self, what: &str, s: usize, p: usize, got: &[f32]) {
-        let want = &self.fx.seqs[s].logits[p];
-        assert_eq!(got.len(), want.len(), "{}: vocab", self.fx.name);
-        let d = got
-            .iter()
-            .zip(want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(
-                0f32,
-                |m, x| if x.is_nan() { f32::INFINITY } else { m.max(x) },
-            );
+        let d = max_abs_diff(got, &self.fx.seqs[s].logits[p]);
         assert!(
             d <= TOL,
             "{} {what}: seq {s} position {p}: max |dpserve - transformers| = {d:e} > {TOL:e}",
