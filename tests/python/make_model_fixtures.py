@@ -110,6 +110,21 @@ FIXTURES = {
         },
         {},
     ),
+    # YaRN as Qwen2.5 states it for long contexts (`type` yarn, factor 4), head_dim 16 and an
+    # original context of 32: one frequency kept, one blended, six divided; cos/sin × 1.139.
+    "qwen2_yarn": (
+        {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "tie_word_embeddings": True,
+            "use_sliding_window": False,
+            "max_position_embeddings": 128,
+            "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+        },
+        {"rope_scaling": None},
+    ),
     # Per-head q/k RMSNorm, head_dim 16 with hidden 32 (q_dim 64 ≠ hidden), untied head.
     "qwen3": (
         {

@@ -8,7 +8,7 @@ use std::str::FromStr;
 use serde_json::Value;
 
 use super::error::{ModelError, Result};
-use super::rope::RopeScaling;
+use super::rope::{Rope, RopeScaling};
 use super::support::{self, ModelFamily};
 
 /// Hyper-parameters of a Llama-family decoder (see [`ModelFamily`] for the families and how
@@ -133,10 +133,10 @@ impl ModelConfig {
         }
     }
 
-    /// RoPE's inverse frequencies `[head_dim / 2]`, scaling applied: what both devices build
-    /// their cos/sin tables from.
-    pub fn rope_inv_freq(&self) -> Vec<f32> {
-        self.rope_scaling.inv_freq(self.head_dim, self.rope_theta)
+    /// RoPE's inverse frequencies and cos/sin factor, scaling applied: what both devices build
+    /// their tables from.
+    pub(crate) fn rope(&self) -> Rope {
+        self.rope_scaling.rope(self.head_dim, self.rope_theta)
     }
 
     /// The first position a token at position `p` attends to (0 without a sliding window).

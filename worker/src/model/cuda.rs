@@ -32,6 +32,7 @@ use kernels::AttnShape;
 use super::config::ModelConfig;
 use super::error::{ModelError, Result};
 use super::plan::BatchPlan;
+use super::rope::Rope;
 use super::weights::Weights;
 use super::LlamaModel;
 
@@ -84,8 +85,8 @@ struct Net<T> {
     norm: CudaSlice<T>,
     /// `None`: tied to `embed`.
     lm_head: Option<CudaSlice<T>>,
-    /// RoPE's inverse frequencies (scaling applied), for the host-built cos/sin tables.
-    rope_inv_freq: Vec<f32>,
+    /// What the host builds each step's cos/sin tables from (scaling applied).
+    rope: Rope,
     /// Per layer, K and V of every slot: `[num_slots, kv_dim]`. Empty until `alloc_kv`.
     k_cache: Vec<CudaSlice<T>>,
     v_cache: Vec<CudaSlice<T>>,
@@ -323,7 +324,7 @@ where
                 Some(m) => Some(up(&m.unpack())?),
                 None => None,
             },
-            rope_inv_freq: w.rope_inv_freq.clone(),
+            rope: w.rope.clone(),
             k_cache: Vec::new(),
             v_cache: Vec::new(),
             num_slots: 0,
@@ -404,12 +405,7 @@ where
         let batch =
             AttnBatch::upload(k.stream(), &AttnIndex::from_token_slots(&plan.attend)).map_err(e)?;
         let (mut cos, mut sin) = (Vec::new(), Vec::new());
-        kernels::rope_tables_from_freqs_into(
-            &plan.positions,
-            &self.rope_inv_freq,
-            &mut cos,
-            &mut sin,
-        );
+        self.rope.tables_into(&plan.positions, &mut cos, &mut sin);
         let (cos, sin) = (self.to_gpu(&cos)?, self.to_gpu(&sin)?);
 
         let mut x = self.scratch::<f32>(t * h)?;

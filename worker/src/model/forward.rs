@@ -93,7 +93,7 @@ pub(crate) fn hidden_last(
     for (row, &id) in x.chunks_exact_mut(h).zip(&st.ids) {
         w.embed.copy_row(id as usize, row);
     }
-    kernels::rope_tables_from_freqs_into(&st.positions, &w.rope_inv_freq, cos, sin);
+    w.rope.tables_into(&st.positions, cos, sin);
     let hn = sized(hn, t * h);
     let q = sized(q, t * qd);
     let k = sized(k, t * kvd);

@@ -281,7 +281,7 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
         layers,
         norm,
         lm_head,
-        rope_inv_freq: cfg.rope_inv_freq(),
+        rope: cfg.rope(),
         dtype: ix
             .dtype("model.embed_tokens.weight")
             .unwrap_or(CudaDtype::F32),

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use super::config::Fields;
 use super::error::{ModelError, Result};
-use super::rope::RopeScaling;
+use super::rope::{yarn_attention_factor, RopeScaling};
 
 /// The decoder families the forward pass implements. All are pre-norm RMSNorm decoders with
 /// SwiGLU MLPs and rotate-half RoPE; they differ in the options of [`Features`].
@@ -320,13 +320,23 @@ fn rope(f: &Fields<'_>) -> Result<(f32, RopeScaling)> {
             "high_freq_factor",
             "original_max_position_embeddings",
         ],
+        "yarn" => &[
+            "factor",
+            "original_max_position_embeddings",
+            "beta_fast",
+            "beta_slow",
+            "mscale",
+            "mscale_all_dim",
+            "attention_factor",
+            "truncate",
+        ],
         _ => {
             return Err(unsupported(
                 f,
                 field,
                 p,
                 format!(
-                    "RoPE type `{kind}` is not implemented (implemented: default, linear, llama3)"
+                    "RoPE type `{kind}` is not implemented (implemented: default, linear, llama3, yarn)"
                 ),
             ))
         }
@@ -367,20 +377,7 @@ fn rope(f: &Fields<'_>) -> Result<(f32, RopeScaling)> {
                     "high_freq_factor must exceed low_freq_factor",
                 ));
             }
-            // Transformers falls back to max_position_embeddings when the key is absent.
-            let original = match obj.get("original_max_position_embeddings") {
-                Some(v) => v.as_u64().and_then(|n| usize::try_from(n).ok()),
-                None => f.usize_opt("max_position_embeddings")?,
-            }
-            .filter(|&n| n > 0)
-            .ok_or_else(|| {
-                unsupported(
-                    f,
-                    field,
-                    p,
-                    "`original_max_position_embeddings` must be a positive integer",
-                )
-            })?;
+            let original = original_context(f, field, p)?;
             RopeScaling::Llama3 {
                 factor: num("factor")?,
                 low_freq_factor: low,
@@ -388,7 +385,67 @@ fn rope(f: &Fields<'_>) -> Result<(f32, RopeScaling)> {
                 original_max_position_embeddings: original,
             }
         }
+        "yarn" => {
+            let original = original_context(f, field, p)?;
+            let factor = match obj.get("factor").filter(|v| !v.is_null()) {
+                Some(_) => num("factor")?,
+                // Transformers' fallback: the context extension the config states.
+                None => {
+                    f.usize_opt("max_position_embeddings")?.unwrap_or(original) as f32
+                        / original as f32
+                }
+            };
+            let opt = |key: &str| -> Result<Option<f64>> {
+                match obj.get(key).filter(|v| !v.is_null()) {
+                    None => Ok(None),
+                    Some(v) => v
+                        .as_f64()
+                        .filter(|x| x.is_finite())
+                        .map(Some)
+                        .ok_or_else(|| {
+                            unsupported(f, field, p, format!("`{key}` must be a number"))
+                        }),
+                }
+            };
+            let attention_factor = match opt("attention_factor")? {
+                Some(a) => a,
+                None => {
+                    yarn_attention_factor(factor as f64, opt("mscale")?, opt("mscale_all_dim")?)
+                }
+            };
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings: original,
+                // Transformers reads 0 as unset here too (`or 32`).
+                beta_fast: opt("beta_fast")?.filter(|&b| b != 0.0).unwrap_or(32.0),
+                beta_slow: opt("beta_slow")?.filter(|&b| b != 0.0).unwrap_or(1.0),
+                truncate: obj.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+                attention_factor: attention_factor as f32,
+            }
+        }
         _ => RopeScaling::None,
     };
     Ok((theta, scaling))
+}
+
+/// The pretraining context of a `llama3` or `yarn` scaling: the config's top-level
+/// `original_max_position_embeddings` (Phi-3 style) wins over the scaling's own, which
+/// falls back to `max_position_embeddings`, as in transformers.
+fn original_context(f: &Fields<'_>, field: &str, p: &Value) -> Result<usize> {
+    let given = f
+        .get("original_max_position_embeddings")
+        .or_else(|| p.get("original_max_position_embeddings"));
+    match given {
+        Some(v) => v.as_u64().and_then(|n| usize::try_from(n).ok()),
+        None => f.usize_opt("max_position_embeddings")?,
+    }
+    .filter(|&n| n > 0)
+    .ok_or_else(|| {
+        unsupported(
+            f,
+            field,
+            p,
+            "`original_max_position_embeddings` must be a positive integer",
+        )
+    })
 }

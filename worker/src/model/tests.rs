@@ -531,8 +531,12 @@ fn what_is_not_implemented_is_refused_in_one_line_naming_field_and_value() {
             "`layer_types` = \"sliding_attention\"",
         ),
         (
-            json!({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}),
-            "RoPE type `yarn` is not implemented",
+            json!({"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}),
+            "RoPE type `longrope` is not implemented",
+        ),
+        (
+            json!({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": "fast"}}),
+            "`beta_fast` must be a number",
         ),
         (
             json!({"rope_scaling": {"type": "dynamic", "factor": 2.0}}),
@@ -602,6 +606,38 @@ fn each_family_reads_its_options() {
     ))
     .unwrap();
     assert_eq!((c.rope_theta, c.rope_scaling), (1e6, RopeScaling::None));
+    // YaRN as Qwen2.5 states it, and DeepSeek-style mscales; the config's top-level
+    // original_max_position_embeddings wins over the scaling's (as in transformers).
+    let c = parse_config(&config_with(
+        json!({"rope_scaling": {"type": "yarn", "factor": 4.0,
+        "original_max_position_embeddings": 32768}}),
+    ))
+    .unwrap();
+    let RopeScaling::Yarn {
+        factor,
+        original_max_position_embeddings,
+        beta_fast,
+        beta_slow,
+        truncate,
+        attention_factor,
+    } = c.rope_scaling
+    else {
+        panic!("{:?}", c.rope_scaling)
+    };
+    assert_eq!((factor, original_max_position_embeddings), (4.0, 32768));
+    assert_eq!((beta_fast, beta_slow, truncate), (32.0, 1.0, true));
+    assert!((attention_factor - (0.1 * 4f32.ln() + 1.0)).abs() < 1e-6);
+    let c = parse_config(&config_with(
+        json!({"original_max_position_embeddings": 4096,
+        "rope_scaling": {"rope_type": "yarn", "factor": 40.0, "mscale": 1.0,
+        "mscale_all_dim": 1.0, "original_max_position_embeddings": 8192}}),
+    ))
+    .unwrap();
+    assert!(matches!(
+        c.rope_scaling,
+        RopeScaling::Yarn { original_max_position_embeddings: 4096, attention_factor, .. }
+            if attention_factor == 1.0
+    ));
 
     let c = parse_config(&config_with(json!({"architectures": ["Qwen2ForCausalLM"],
         "model_type": "qwen2", "attention_bias": null, "use_sliding_window": false,

@@ -7,6 +7,7 @@ use kernels::PackedMatrix;
 use rand::{Rng, SeedableRng};
 
 use super::config::ModelConfig;
+use super::rope::Rope;
 
 /// Dummy-init constants, tuned by looking at greedy outputs of the builtin sizes: with tied
 /// embeddings a large embedding makes every token predict itself (h·e_cur dominates), and soft
@@ -45,9 +46,9 @@ pub(crate) struct Weights {
     pub norm: Vec<f32>,
     /// `[vocab, hidden]`; `None` means tied to `embed`.
     pub lm_head: Option<PackedMatrix>,
-    /// RoPE's inverse frequencies, scaling applied ([`ModelConfig::rope_inv_freq`]), so a
-    /// step builds its tables without recomputing them.
-    pub rope_inv_freq: Vec<f32>,
+    /// What RoPE's tables are built from, scaling applied ([`ModelConfig::rope`]), so a step
+    /// builds its tables without recomputing the frequencies.
+    pub rope: Rope,
     /// The checkpoint's storage type (of its embedding table; f32 for dummy weights). Every
     /// value above is that value widened to f32, exactly.
     pub dtype: CudaDtype,
@@ -151,7 +152,7 @@ impl Weights {
             layers,
             norm: vec![1.0; h],
             lm_head,
-            rope_inv_freq: cfg.rope_inv_freq(),
+            rope: cfg.rope(),
             dtype: CudaDtype::F32,
         }
     }
