@@ -19,8 +19,8 @@ use kernels::cuda::{probe, CudaDtype};
 use worker::model::cuda::CudaLlama;
 use worker::model::{KvBuffers, LlamaModel, ModelConfig, ModelFamily, RopeScaling, SeqInput};
 
-/// A small model with everything the GPU path branches on: grouped-query attention, q/k/v
-/// biases, an untied output projection, head_dim 16.
+/// A small model with what the GPU path branches on: grouped-query attention, q/k/v biases, an
+/// untied output projection, head_dim 16.
 fn config() -> ModelConfig {
     ModelConfig {
         family: ModelFamily::Llama,
@@ -37,6 +37,9 @@ fn config() -> ModelConfig {
         rope_scaling: RopeScaling::None,
         tie_word_embeddings: false,
         qkv_bias: true,
+        // Both off, so this is the model the 16-bit tolerances below were measured on (its
+        // random draws change with them); the o bias and the q/k norm are checked by the
+        // Hugging Face fixtures below, and their kernels in every type by cuda_emu.rs.
         o_bias: false,
         qk_norm: false,
         sliding_window: None,
@@ -254,8 +257,7 @@ fn f16_logits_match_the_cpu_within_f16_rounding() {
 
 /// Each Hugging Face fixture (`tests/fixtures/hf`, see `hf_parity.rs`) on the GPU with f32
 /// weights: its prompts prefilled together in two chunks, then decoded together; every logit
-/// within 1e-4 of transformers' and every greedy token transformers'. A family the GPU pass
-/// does not implement (Qwen3's q/k norm) must be refused at upload, in one line.
+/// within 1e-4 of transformers' and every greedy token transformers'.
 #[test]
 fn hf_fixtures_match_transformers_in_f32() {
     let info = match probe(0) {
@@ -276,21 +278,7 @@ fn hf_fixtures_match_transformers_in_f32() {
         let cpu = LlamaModel::load_hf(&fx.dir)
             .expect("load")
             .rounded_to(CudaDtype::F32);
-        let gpu = match CudaLlama::upload(&cpu, info.clone()) {
-            Ok(gpu) => gpu,
-            Err(e) => {
-                let why = e.to_string();
-                assert!(cpu.config().qk_norm, "{}: {why}", fx.name);
-                assert!(
-                    why.contains("q/k RMSNorm is not implemented on the GPU")
-                        && !why.contains('\n'),
-                    "{why}"
-                );
-                eprintln!("{}: refused on the GPU as it should be: {why}", fx.name);
-                continue;
-            }
-        };
-        assert!(!cpu.config().qk_norm, "{}: uploaded a q/k norm", fx.name);
+        let gpu = CudaLlama::upload(&cpu, info.clone()).expect("upload");
         gpu.alloc_kv(SLOTS).expect("KV pool");
         let vocab = cpu.config().vocab_size;
         let toks: Vec<Vec<u32>> = fx.seqs.iter().map(hf_fixture::RefSeq::tokens).collect();

@@ -140,9 +140,6 @@ pub enum CudaError {
     },
     #[error("cuBLAS call {op} failed: {text}")]
     Blas { op: &'static str, text: String },
-    /// A model option the GPU pass does not implement (the CPU pass may): refused at upload.
-    #[error("{0}")]
-    NotImplemented(String),
     /// A launch whose arguments do not fit the kernel (a caller bug, reported, not a panic).
     #[error("{kernel}: {why}")]
     Shape { kernel: &'static str, why: String },

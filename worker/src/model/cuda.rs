@@ -68,6 +68,8 @@ struct Layer<T> {
     wqkv: CudaSlice<T>,
     /// The q, k and v biases, fused the same way (Qwen2-style models).
     bqkv: Option<CudaSlice<T>>,
+    /// Qwen3's per-head q and k RMSNorm weights, `[head_dim]` each.
+    qk_norm: Option<(CudaSlice<T>, CudaSlice<T>)>,
     wo: CudaSlice<T>,
     /// The output projection's bias (Llama / Qwen3 with `attention_bias`).
     bo: Option<CudaSlice<T>>,
@@ -146,9 +148,6 @@ impl CudaLlama {
     /// uploads `model`'s weights in their stored type. No KV pool yet: [`Self::alloc_kv`] sizes
     /// it from what is left.
     pub fn upload(model: &LlamaModel, gpu: DeviceInfo) -> std::result::Result<Self, CudaError> {
-        if let Some(why) = Self::not_implemented(&model.config) {
-            return Err(CudaError::NotImplemented(why));
-        }
         let ctx = CudaContext::new(gpu.ordinal as usize)
             .map_err(|e| driver_error("CudaContext::new", e))?;
         let kernels = CudaKernels::load(&ctx)?;
@@ -166,18 +165,6 @@ impl CudaLlama {
             ctx,
             weight_bytes: (c.num_params() * elem_bytes(dtype)) as u64,
             net: Mutex::new(net),
-        })
-    }
-
-    /// Why the GPU pass cannot run a model of `config` (the CPU pass can), or `None`. RoPE
-    /// scaling, biases and the sliding window need nothing of their own here (the tables are
-    /// the host's, the window is the plan's); Qwen3's q/k norm has no kernel yet.
-    pub fn not_implemented(config: &ModelConfig) -> Option<String> {
-        config.qk_norm.then(|| {
-            format!(
-                "{}: the per-head q/k RMSNorm is not implemented on the GPU (run it with --device cpu)",
-                config.family.architecture()
-            )
         })
     }
 
@@ -306,6 +293,10 @@ where
                     Some(b) => Some(up(b)?),
                     None => None,
                 },
+                qk_norm: match &lw.qk_norm {
+                    Some((qn, kn)) => Some((up(qn)?, up(kn)?)),
+                    None => None,
+                },
                 wo: up(&lw.wo.unpack())?,
                 bo: match &lw.bo {
                     Some(b) => Some(up(b)?),
@@ -428,6 +419,19 @@ where
                 k.add_bias(&mut qkv, b).map_err(e)?;
             }
             // q at column 0 of each row, k at q_dim, v at q_dim + kv_dim.
+            if let Some((qn, kn)) = &lw.qk_norm {
+                k.head_rmsnorm(&mut qkv, qn, c.rms_norm_eps, t, c.num_attention_heads, w)
+                    .map_err(e)?;
+                k.head_rmsnorm(
+                    &mut qkv.slice_mut(qd..),
+                    kn,
+                    c.rms_norm_eps,
+                    t,
+                    c.num_key_value_heads,
+                    w,
+                )
+                .map_err(e)?;
+            }
             k.rope(&mut qkv, &cos, &sin, c.num_attention_heads, hd, w)
                 .map_err(e)?;
             k.rope(
