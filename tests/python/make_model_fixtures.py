@@ -55,17 +55,17 @@ BASE = {
 
 # name -> (config.json fields, {option: value that turns it off}).
 FIXTURES = {
-    # GQA, untied head, attention_bias (q, k, v and o biases).
+    # GQA, untied head, attention_bias (q, k, v and o biases), mlp_bias (gate, up, down).
     "llama": (
         {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
             "attention_bias": True,
-            "mlp_bias": False,
+            "mlp_bias": True,
             "tie_word_embeddings": False,
             "rope_scaling": None,
         },
-        {"attention_bias": False},
+        {"attention_bias": False, "mlp_bias": False},
     ),
     # Llama 3.1-style RoPE scaling, tied head (as Llama 3.2 1B/3B), head_dim 16: with
     # original_max_position_embeddings 128 two frequencies are kept, one is blended, five are

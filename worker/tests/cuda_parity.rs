@@ -41,6 +41,7 @@ fn config() -> ModelConfig {
         // random draws change with them); the o bias and the q/k norm are checked by the
         // Hugging Face fixtures below, and their kernels in every type by cuda_emu.rs.
         o_bias: false,
+        mlp_bias: false,
         qk_norm: false,
         sliding_window: None,
         bos_token_id: Some(1),

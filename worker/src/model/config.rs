@@ -32,6 +32,8 @@ pub struct ModelConfig {
     pub qkv_bias: bool,
     /// A bias on the output projection (Llama and Qwen3 with `attention_bias`).
     pub o_bias: bool,
+    /// Biases on the MLP's gate, up and down projections (Llama with `mlp_bias`).
+    pub mlp_bias: bool,
     /// A per-head RMSNorm of q and k, before RoPE (Qwen3).
     pub qk_norm: bool,
     /// Each token attends to at most this many of its sequence's latest positions, itself
@@ -98,6 +100,7 @@ impl ModelConfig {
             tie_word_embeddings: true,
             qkv_bias: false,
             o_bias: false,
+            mlp_bias: false,
             qk_norm: false,
             sliding_window: None,
             bos_token_id: Some(BOS_ID),
@@ -149,7 +152,9 @@ impl ModelConfig {
     pub fn num_params(&self) -> usize {
         let (h, i) = (self.hidden_size, self.intermediate_size);
         let (q, kv) = (self.q_dim(), self.kv_dim());
-        let bias = if self.qkv_bias { q + 2 * kv } else { 0 } + if self.o_bias { h } else { 0 };
+        let bias = if self.qkv_bias { q + 2 * kv } else { 0 }
+            + if self.o_bias { h } else { 0 }
+            + if self.mlp_bias { 2 * i + h } else { 0 };
         let qk_norm = if self.qk_norm { 2 * self.head_dim } else { 0 };
         let layer = h * (q + 2 * kv) + bias + qk_norm + q * h + 3 * h * i + 2 * h;
         let embed = self.vocab_size * h;
@@ -188,6 +193,7 @@ impl ModelConfig {
             tie_word_embeddings: f.bool_opt("tie_word_embeddings")?.unwrap_or(true),
             qkv_bias: features.qkv_bias,
             o_bias: features.o_bias,
+            mlp_bias: features.mlp_bias,
             qk_norm: features.qk_norm,
             sliding_window: features.sliding_window,
             bos_token_id: bos,

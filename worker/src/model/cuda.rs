@@ -76,7 +76,10 @@ struct Layer<T> {
     mlp_norm: CudaSlice<T>,
     /// `[2·intermediate, hidden]`: gate rows, then up rows.
     wgu: CudaSlice<T>,
+    /// The gate and up biases, fused the same way, and the down bias (Llama's `mlp_bias`).
+    bgu: Option<CudaSlice<T>>,
     wdown: CudaSlice<T>,
+    bdown: Option<CudaSlice<T>>,
 }
 
 /// The model's weights and KV pool on one GPU, in storage type `T`.
@@ -304,7 +307,15 @@ where
                 },
                 mlp_norm: up(&lw.mlp_norm)?,
                 wgu: up(&lw.wgu.unpack())?,
+                bgu: match &lw.bgu {
+                    Some(b) => Some(up(b)?),
+                    None => None,
+                },
                 wdown: up(&lw.wdown.unpack())?,
+                bdown: match &lw.bdown {
+                    Some(b) => Some(up(b)?),
+                    None => None,
+                },
             });
         }
         Ok(Net {
@@ -473,8 +484,14 @@ where
             k.rmsnorm(&x, &lw.mlp_norm, c.rms_norm_eps, &mut hn)
                 .map_err(e)?;
             k.linear(&hn, t, &lw.wgu, 2 * inter, &mut gu).map_err(e)?;
+            if let Some(b) = &lw.bgu {
+                k.add_bias(&mut gu, b).map_err(e)?;
+            }
             k.silu_mul(&gu, inter, &mut act).map_err(e)?;
             k.linear(&act, t, &lw.wdown, h, &mut down).map_err(e)?;
+            if let Some(b) = &lw.bdown {
+                k.add_bias(&mut down, b).map_err(e)?;
+            }
             k.add_inplace(&mut x, &down).map_err(e)?;
         }
 

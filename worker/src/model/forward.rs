@@ -128,9 +128,9 @@ pub(crate) fn hidden_last(
         kernels::add_inplace(x, o);
 
         kernels::rmsnorm(x, &lw.mlp_norm, cfg.rms_norm_eps, hn);
-        linear(hn, t, &lw.wgu, None, gu);
+        linear(hn, t, &lw.wgu, lw.bgu.as_deref(), gu);
         kernels::silu_mul(gu, inter, act);
-        linear(act, t, &lw.wdown, None, down);
+        linear(act, t, &lw.wdown, lw.bdown.as_deref(), down);
         kernels::add_inplace(x, down);
     }
     last.clear();

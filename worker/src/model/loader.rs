@@ -241,6 +241,14 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
         let m = format!("{p}.mlp");
         let mut wgu = ix.get(&format!("{m}.gate_proj.weight"), &[inter, h])?;
         wgu.extend(ix.get(&format!("{m}.up_proj.weight"), &[inter, h])?);
+        let (bgu, bdown) = match cfg.mlp_bias {
+            true => {
+                let mut b = ix.get(&format!("{m}.gate_proj.bias"), &[inter])?;
+                b.extend(ix.get(&format!("{m}.up_proj.bias"), &[inter])?);
+                (Some(b), Some(ix.get(&format!("{m}.down_proj.bias"), &[h])?))
+            }
+            false => (None, None),
+        };
         layers.push(LayerWeights {
             attn_norm: ix.get(&format!("{p}.input_layernorm.weight"), &[h])?,
             wqkv: PackedMatrix::pack(&wqkv, q + 2 * kv, h),
@@ -250,11 +258,13 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
             bo,
             mlp_norm: ix.get(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
             wgu: PackedMatrix::pack(&wgu, 2 * inter, h),
+            bgu,
             wdown: PackedMatrix::pack(
                 &ix.get(&format!("{m}.down_proj.weight"), &[h, inter])?,
                 h,
                 inter,
             ),
+            bdown,
         });
     }
     let norm = ix.get("model.norm.weight", &[h])?;

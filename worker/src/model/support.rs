@@ -17,7 +17,8 @@ use super::rope::{yarn_attention_factor, RopeScaling};
 /// SwiGLU MLPs and rotate-half RoPE; they differ in the options of [`Features`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ModelFamily {
-    /// Llama 1–3.3 (and TinyStories, SmolLM2): `attention_bias` puts biases on q, k, v and o.
+    /// Llama 1–3.3 (and TinyStories, SmolLM2): `attention_bias` puts biases on q, k, v and o,
+    /// `mlp_bias` on gate, up and down.
     Llama,
     /// Mistral: no biases; `sliding_window` when set.
     Mistral,
@@ -70,6 +71,7 @@ pub(super) struct Features {
     pub rope_scaling: RopeScaling,
     pub qkv_bias: bool,
     pub o_bias: bool,
+    pub mlp_bias: bool,
     pub qk_norm: bool,
     pub sliding_window: Option<usize>,
 }
@@ -77,7 +79,6 @@ pub(super) struct Features {
 /// Options no supported family has; present and not null (or, for a flag, true), they are
 /// refused: each changes the math in a way the forward pass does not implement.
 const NOT_IMPLEMENTED: &[(&str, &str)] = &[
-    ("mlp_bias", "MLP biases are not implemented"),
     (
         "attn_logit_softcapping",
         "attention soft-capping is not implemented",
@@ -192,12 +193,15 @@ pub(super) fn read(f: &Fields<'_>) -> Result<Features> {
         ModelFamily::Qwen2 => (true, false),
         ModelFamily::Mistral => (false, false),
     };
+    // Only Llama's MLP reads `mlp_bias`; elsewhere transformers ignores it, and so does this.
+    let mlp_bias = family == ModelFamily::Llama && f.bool_opt("mlp_bias")?.unwrap_or(false);
     Ok(Features {
         family,
         rope_theta,
         rope_scaling,
         qkv_bias,
         o_bias,
+        mlp_bias,
         qk_norm: family == ModelFamily::Qwen3,
         sliding_window,
     })

@@ -185,6 +185,7 @@ fn small_cfg() -> ModelConfig {
         tie_word_embeddings: false,
         qkv_bias: true,
         o_bias: true,
+        mlp_bias: true,
         qk_norm: false,
         sliding_window: None,
         bos_token_id: Some(1),
@@ -196,7 +197,7 @@ fn small_cfg() -> ModelConfig {
 fn config_json(c: &ModelConfig) -> String {
     serde_json::json!({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "attention_bias": c.qkv_bias,
+        "attention_bias": c.qkv_bias, "mlp_bias": c.mlp_bias,
         "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
         "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_hidden_layers,
         "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
@@ -316,6 +317,11 @@ fn hf_tensors(c: &ModelConfig, w: &Weights, dtype: Dtype) -> HashMap<String, Raw
             &wgu[..i * h],
         );
         put(format!("{p}.mlp.up_proj.weight"), vec![i, h], &wgu[i * h..]);
+        if let (Some(bgu), Some(bdown)) = (&lw.bgu, &lw.bdown) {
+            put(format!("{p}.mlp.gate_proj.bias"), vec![i], &bgu[..i]);
+            put(format!("{p}.mlp.up_proj.bias"), vec![i], &bgu[i..]);
+            put(format!("{p}.mlp.down_proj.bias"), vec![h], bdown);
+        }
         put(
             format!("{p}.mlp.down_proj.weight"),
             vec![h, i],
@@ -504,7 +510,6 @@ fn what_is_not_implemented_is_refused_in_one_line_naming_field_and_value() {
             json!({"hidden_act": "gelu_pytorch_tanh"}),
             "`hidden_act` = \"gelu_pytorch_tanh\"",
         ),
-        (json!({"mlp_bias": true}), "`mlp_bias` = true"),
         (
             json!({"final_logit_softcapping": 30.0}),
             "`final_logit_softcapping` = 30.0",
@@ -594,7 +599,7 @@ fn each_family_reads_its_options() {
             original_max_position_embeddings: 8192
         }
     );
-    assert!(c.qkv_bias && c.o_bias && !c.qk_norm);
+    assert!(c.qkv_bias && c.o_bias && c.mlp_bias && !c.qk_norm);
     // The older spelling of the type, and transformers 5's `rope_parameters`.
     let c = parse_config(&config_with(
         json!({"rope_scaling": {"type": "linear", "factor": 2.0}}),
@@ -644,7 +649,8 @@ fn each_family_reads_its_options() {
         "sliding_window": 131072, "layer_types": ["full_attention", "full_attention"]})))
     .unwrap();
     assert_eq!(c.family, ModelFamily::Qwen2);
-    assert!(c.qkv_bias && !c.o_bias && c.sliding_window.is_none());
+    // Qwen2's MLP has no biases whatever `mlp_bias` says (config_with sets it).
+    assert!(c.qkv_bias && !c.o_bias && !c.mlp_bias && c.sliding_window.is_none());
 
     let c = parse_config(&config_with(json!({"architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3", "attention_bias": false, "head_dim": 16})))
@@ -664,9 +670,11 @@ fn each_family_reads_its_options() {
 
 #[test]
 fn a_tensor_the_config_does_not_use_is_refused_by_name() {
-    let mut c = small_cfg();
+    let mut with_o_bias = small_cfg();
+    with_o_bias.mlp_bias = false;
+    let w = Weights::dummy(&with_o_bias, 11);
+    let mut c = with_o_bias.clone();
     c.o_bias = false;
-    let w = Weights::dummy(&small_cfg(), 11);
     let dir = tempfile::tempdir().unwrap();
     // The checkpoint has o_proj biases its config (attention_bias false) does not use.
     let mut cj: serde_json::Value = serde_json::from_str(&config_json(&c)).unwrap();

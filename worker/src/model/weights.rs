@@ -34,8 +34,11 @@ pub(crate) struct LayerWeights {
     pub mlp_norm: Vec<f32>,
     /// `[2·intermediate, hidden]`: gate rows, then up rows.
     pub wgu: PackedMatrix,
+    /// The gate and up biases, fused the same way (Llama with `mlp_bias`).
+    pub bgu: Option<Vec<f32>>,
     /// `[hidden, intermediate]`.
     pub wdown: PackedMatrix,
+    pub bdown: Option<Vec<f32>>,
 }
 
 pub(crate) struct Weights {
@@ -96,6 +99,9 @@ impl Weights {
             round_to(&mut l.mlp_norm, dtype);
             matrix(&mut l.wgu);
             matrix(&mut l.wdown);
+            for b in [&mut l.bgu, &mut l.bdown].into_iter().flatten() {
+                round_to(b, dtype);
+            }
         }
         round_to(&mut self.norm, dtype);
         if let Some(m) = &mut self.lm_head {
@@ -141,6 +147,8 @@ impl Weights {
                 mlp_norm: vec![1.0; h],
                 wgu: PackedMatrix::pack(&uni(2 * i * h, 1.0 / (h as f32).sqrt()), 2 * i, h),
                 wdown: PackedMatrix::pack(&uni(h * i, resid / (i as f32).sqrt()), h, i),
+                bgu: cfg.mlp_bias.then(|| uni(2 * i, 0.02)),
+                bdown: cfg.mlp_bias.then(|| uni(h, 0.02)),
             })
             .collect();
         let lm_head = (!cfg.tie_word_embeddings).then(|| {
