@@ -11,7 +11,9 @@
 //! sampling stays on the CPU.
 //!
 //! As on the CPU, q, k and v come from one GEMM over the fused `[q; k; v]` rows and gate and up
-//! from another; RoPE and the KV write reach the k and v columns through views of those rows.
+//! from another; Qwen3's per-head q/k norm, RoPE and the KV write reach the q, k and v columns
+//! through views of those rows. RoPE scaling needs nothing here (the host builds the tables from
+//! the model's frequencies, as the CPU does), nor does a sliding window (it is the plan's).
 //!
 //! What is batch-invariant here: the embedding gather, RoPE, KV write, the element-wise ops and
 //! attention (one fixed reduction order per (token, head), nothing shared with other tokens);
