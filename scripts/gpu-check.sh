@@ -10,7 +10,9 @@
 #   scripts/gpu-check.sh run       on the GPU machine, from the repo root, target/gpu-check carried:
 #                                  finds the CUDA libraries (probed, not assumed), then runs
 #                                    1. the GPU pass against the CPU pass (worker/tests/cuda_parity.rs:
-#                                       f32 logits within 1e-3, bf16/f16 within their rounding),
+#                                       f32 logits within 1e-3, bf16/f16 within their rounding) and
+#                                       against transformers on the fixtures of
+#                                       worker/tests/fixtures/hf (f32, within 1e-4),
 #                                    2. `dpserve up --device cuda` serving stories260k: the golden
 #                                       greedy continuation on two ranks sharing GPU 0, concurrent
 #                                       requests (tests/e2e_cuda.rs),
@@ -97,6 +99,8 @@ run() {
     export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     # The tests find the binary and the model here, and leave the CPU emulator of the driver aside.
     export DPSERVE_TEST_BIN="$out/bin/dpserve" DPSERVE_TEST_SHARED="$out/shared" DPSERVE_CUDA_EMU=0
+    # The Hugging Face parity fixtures, from this (tracked) checkout.
+    export DPSERVE_TEST_HF_FIXTURES="$root/worker/tests/fixtures/hf"
     local -a summary=()
     local status=0 log
     check() {

@@ -28,7 +28,9 @@ pub use gemm::{dot_fixed, linear, linear_packed, PackedMatrix};
 pub use linevec::LineVec;
 pub use norm::rmsnorm;
 pub use path::{kernel_path, set_kernel_path, KernelPath, KernelPathError, KERNEL_PATH_ENV};
-pub use rope::{apply_rope, rope_tables, rope_tables_into};
+pub use rope::{
+    apply_rope, rope_inv_freq, rope_tables, rope_tables_from_freqs_into, rope_tables_into,
+};
 
 /// Sum of products over 8 lanes with plain multiply and add, then a fixed tree. Used where the
 /// portable build must be fast without FMA (attention scores, norms) and deterministic.

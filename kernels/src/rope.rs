@@ -1,6 +1,15 @@
 //! Rotary position embedding in the Hugging Face rotate-half layout: for head dim `d` the pairs
 //! are `(i, i + d/2)` with `inv_freq[i] = theta^(-2i/d)`.
 
+/// The default (unscaled) inverse frequencies `[head_dim/2]`: `inv_freq[i] = theta^(-2i/d)`,
+/// each formed in f32 as Hugging Face forms them. A model with RoPE scaling adjusts these and
+/// hands them to [`rope_tables_from_freqs_into`].
+pub fn rope_inv_freq(head_dim: usize, theta: f32) -> Vec<f32> {
+    (0..head_dim / 2)
+        .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
+        .collect()
+}
+
 /// cos/sin tables `[positions.len(), head_dim/2]`. Angles are formed in f32 as Hugging Face
 /// does (`pos * inv_freq`), then cos/sin are taken in f64 and rounded, so a table entry depends
 /// only on (position, i).
@@ -18,14 +27,23 @@ pub fn rope_tables_into(
     cos: &mut Vec<f32>,
     sin: &mut Vec<f32>,
 ) {
-    let half = head_dim / 2;
+    rope_tables_from_freqs_into(positions, &rope_inv_freq(head_dim, theta), cos, sin)
+}
+
+/// The tables of [`rope_tables`] from given inverse frequencies (one per rotated pair, so
+/// `inv_freq.len()` is `head_dim/2`): what a scaled RoPE (Llama 3, linear, …) needs.
+pub fn rope_tables_from_freqs_into(
+    positions: &[usize],
+    inv_freq: &[f32],
+    cos: &mut Vec<f32>,
+    sin: &mut Vec<f32>,
+) {
+    let half = inv_freq.len();
     cos.clear();
     cos.resize(positions.len() * half, 0.0);
     sin.clear();
     sin.resize(positions.len() * half, 0.0);
-    // Frequency outer, so each `powf` is taken once per call, not once per position.
-    for i in 0..half {
-        let f = 1.0 / theta.powf((2 * i) as f32 / head_dim as f32);
+    for (i, &f) in inv_freq.iter().enumerate() {
         for (t, &p) in positions.iter().enumerate() {
             let angle = (p as f32 * f) as f64;
             cos[t * half + i] = angle.cos() as f32;

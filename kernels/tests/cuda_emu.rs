@@ -307,6 +307,7 @@ impl Gpu<'_> {
     {
         self.embedding_gather::<T>(rng);
         self.rmsnorm::<T>(rng);
+        self.head_rmsnorm::<T>(rng);
         self.rope::<T>(rng);
         self.silu_mul::<T>(rng);
         self.add_inplace::<T>(rng);
@@ -361,6 +362,41 @@ impl Gpu<'_> {
         let mut want = vec![0.0; rows * dim];
         kernels::rmsnorm(&x, &w_wide, eps, &mut want);
         assert_close("rmsnorm", &self.down(&y), &want, &vec![0.0; rows * dim]);
+    }
+
+    /// The per-head norm of the key heads inside fused qkv rows (after 3 query heads), in
+    /// place; every other column untouched.
+    fn head_rmsnorm<T: Elem>(&self, rng: &mut StdRng) {
+        let (q_heads, heads, head_dim, eps) = (3, 2, 40, 1e-6);
+        let stride = (q_heads + 2 * heads) * head_dim;
+        let n = 4;
+        let (x, wide) = stored::<T>(rng, n * stride, -3.0, 3.0);
+        let (w, w_wide) = stored::<T>(rng, head_dim, 0.5, 1.5);
+        let mut x_d = self.up(&x);
+        let at = q_heads * head_dim;
+        self.k
+            .head_rmsnorm(
+                &mut x_d.slice_mut(at..),
+                &self.up(&w),
+                eps,
+                n,
+                heads,
+                stride,
+            )
+            .expect("head_rmsnorm");
+        let mut want = wide.clone();
+        for t in 0..n {
+            let k = &mut want[t * stride + at..][..heads * head_dim];
+            kernels::rmsnorm(
+                &wide[t * stride + at..][..heads * head_dim],
+                &w_wide,
+                eps,
+                k,
+            );
+        }
+        // The sum of squares is reduced in another order than on the CPU: within T::REL.
+        let slack = vec![0.0; n * stride];
+        assert_close("head_rmsnorm", &self.down(&x_d), &want, &slack);
     }
 
     /// RoPE of the query heads at the start of fused qkv rows; the K and V columns untouched.

@@ -18,11 +18,19 @@ pub enum WorkerError {
     /// path for it yet): a configuration error that restarting will not fix.
     #[error("--device {device}: {why}")]
     DeviceUnavailable { device: String, why: String },
+    /// The model directory holds a family, an option or a tensor the model code does not
+    /// implement ([`crate::model::ModelError::is_unsupported`]): a configuration error that
+    /// restarting will not fix.
+    #[error("loading model from {}: {reason}", dir.display())]
+    UnsupportedModel {
+        dir: std::path::PathBuf,
+        reason: String,
+    },
 }
 
 impl WorkerError {
     /// The exit status for a configuration error ([`WorkerError::Refused`],
-    /// [`WorkerError::DeviceUnavailable`]): `EX_CONFIG` from sysexits.h, so a systemd unit can
+    /// [`WorkerError::DeviceUnavailable`], [`WorkerError::UnsupportedModel`]): `EX_CONFIG` from sysexits.h, so a systemd unit can
     /// stop restarting on it.
     pub const REFUSED_EXIT_CODE: u8 = 78;
 
@@ -30,7 +38,9 @@ impl WorkerError {
     pub fn is_config_error(&self) -> bool {
         matches!(
             self,
-            WorkerError::Refused(_) | WorkerError::DeviceUnavailable { .. }
+            WorkerError::Refused(_)
+                | WorkerError::DeviceUnavailable { .. }
+                | WorkerError::UnsupportedModel { .. }
         )
     }
 }

@@ -44,11 +44,21 @@ use model_runner::ModelRunner;
 use scheduler::{Scheduler, SchedulerConfig};
 use sim::SimModel;
 
-/// Load the model the config names.
+/// Load the model the config names. A model of a kind the code does not implement is a
+/// [`WorkerError::UnsupportedModel`] (EX_CONFIG), one line naming what is unsupported.
 pub fn load_model(source: &ModelSource) -> anyhow::Result<LlamaModel> {
     match source {
-        ModelSource::HfDir(dir) => LlamaModel::load_hf(dir)
-            .with_context(|| format!("loading model from {}", dir.display())),
+        ModelSource::HfDir(dir) => LlamaModel::load_hf(dir).map_err(|e| {
+            if e.is_unsupported() {
+                WorkerError::UnsupportedModel {
+                    dir: dir.clone(),
+                    reason: e.to_string(),
+                }
+                .into()
+            } else {
+                anyhow::Error::new(e).context(format!("loading model from {}", dir.display()))
+            }
+        }),
         ModelSource::Builtin { size, seed } => {
             Ok(LlamaModel::dummy(ModelConfig::builtin(*size), *seed))
         }

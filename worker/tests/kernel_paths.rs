@@ -3,30 +3,16 @@
 //! `../shared/models/stories260k` is there). Each path runs as a worker runs it: in its own
 //! process with `DPSERVE_KERNEL_PATH` set, since the path is fixed once per process.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
+use std::path::{Path, PathBuf};
+
+use common::this_binary;
 use kernels::{KernelPath, KERNEL_PATH_ENV};
 use worker::model::{BuiltinSize, KvBuffers, LlamaModel, ModelConfig, SeqInput};
 
 /// Set in the children this test starts (the child test does nothing without it).
 const CHILD: &str = "DPSERVE_KERNEL_PATH_TEST_CHILD";
-
-/// A command that runs this test binary again. Under an emulator (the aarch64 tests run under
-/// qemu-user, see `.ci/aarch64`) the child needs the same runner: `DPSERVE_TEST_RUNNER` names
-/// it, program and arguments split at spaces.
-fn this_binary() -> Command {
-    let exe = std::env::current_exe().expect("test binary");
-    match std::env::var("DPSERVE_TEST_RUNNER") {
-        Ok(runner) if !runner.trim().is_empty() => {
-            let mut words = runner.split_whitespace();
-            let mut cmd = Command::new(words.next().expect("a runner program"));
-            cmd.args(words).arg(exe);
-            cmd
-        }
-        _ => Command::new(exe),
-    }
-}
 
 fn child(path: &str) -> std::process::Output {
     this_binary()

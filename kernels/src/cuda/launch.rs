@@ -236,6 +236,49 @@ impl CudaKernels {
         launch(op, n, || unsafe { b.launch(rows(n, RMSNORM_THREADS)) })
     }
 
+    /// RMSNorm in place of each of the `heads` heads of `head_dim` at the start of each
+    /// `row_stride`-wide row of `x` (`n_tokens` rows), weight `w` `[head_dim]`: Qwen3's q/k norm.
+    #[allow(clippy::too_many_arguments)]
+    pub fn head_rmsnorm<T: Storage>(
+        &self,
+        x: &mut impl DeviceOut<T>,
+        w: &CudaSlice<T>,
+        eps: f32,
+        n_tokens: usize,
+        heads: usize,
+        row_stride: usize,
+    ) -> Result<()> {
+        let op = "head_rmsnorm";
+        let head_dim = w.len();
+        check(op, head_dim > 0, "empty weight")?;
+        check(op, heads * head_dim <= row_stride, "row_stride")?;
+        check(
+            op,
+            n_tokens == 0 || x.len() >= (n_tokens - 1) * row_stride + heads * head_dim,
+            "x shape",
+        )?;
+        let n = n_tokens * heads;
+        let args = (
+            int(op, n_tokens)?,
+            int(op, heads)?,
+            int(op, head_dim)?,
+            int(op, row_stride)?,
+        );
+        let f = self.function(op, T::DTYPE)?;
+        let mut b = self.stream.launch_builder(f);
+        x.push_out(&mut b);
+        b.arg(w)
+            .arg(&eps)
+            .arg(&args.0)
+            .arg(&args.1)
+            .arg(&args.2)
+            .arg(&args.3);
+        // SAFETY: head_rmsnorm's (x, w, eps, n_tokens, heads, head_dim, row_stride); one warp
+        // per (token, head) as the kernel requires; every head it touches is inside x (checked)
+        // and w has head_dim elements.
+        launch(op, n, || unsafe { b.launch(rows(n, 32)) })
+    }
+
     /// RoPE in place on the first `heads * head_dim` columns of each `row_stride`-wide row
     /// of `x`, with `cos`/`sin` `[rows, head_dim / 2]` from [`crate::rope_tables`].
     #[allow(clippy::too_many_arguments)]

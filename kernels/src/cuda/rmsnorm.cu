@@ -44,3 +44,37 @@ __device__ void rmsnorm(const float* x, const typename S::Raw* w, float eps,
 RMSNORM(rmsnorm_f32, F32)
 RMSNORM(rmsnorm_bf16, BF16)
 RMSNORM(rmsnorm_f16, F16)
+
+// RMSNorm of each head of q or k in place (Qwen3's q_norm / k_norm, before RoPE): `x` is
+// `[n_tokens, row_stride]` with `heads` heads of `head_dim` at the start of each row (q or k
+// inside the fused qkv rows), `w` the `[head_dim]` weight. Same formula and per-element order
+// as kernels/src/norm.rs over a row of `head_dim`; the sum of squares in f32, reduced in a
+// fixed order (lane i sums elements i, i + 32, ... in order, then the xor-shuffle tree).
+//
+// Grid: one block per (token, head), `n_tokens * heads`; block: exactly one warp, 32 threads.
+// Each lane reads and then writes only its own elements, so in place is safe. Batch-invariant.
+template <typename S>
+__device__ void head_rmsnorm(typename S::Raw* x, const typename S::Raw* w, float eps,
+                             int n_tokens, int heads, int head_dim, int row_stride) {
+    int b = blockIdx.x;
+    if (b >= n_tokens * heads) return;
+    typename S::Raw* xh = x + (usize)(b / heads) * row_stride + (usize)(b % heads) * head_dim;
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < head_dim; i += 32) {
+        float v = S::load(xh[i]);
+        s = s + v * v;
+    }
+    for (int o = 16; o > 0; o >>= 1) s = s + __shfl_xor_sync(0xffffffffu, s, o);
+    float inv = 1.0f / sqrtf(s / (float)head_dim + eps);
+    for (int i = threadIdx.x; i < head_dim; i += 32) xh[i] = S::store(S::load(w[i]) * (S::load(xh[i]) * inv));
+}
+
+#define HEAD_RMSNORM(NAME, S)                                                                  \
+    extern "C" __global__ void __launch_bounds__(32)                                           \
+        NAME(S::Raw* x, const S::Raw* w, float eps, int n_tokens, int heads, int head_dim,     \
+             int row_stride) {                                                                 \
+        head_rmsnorm<S>(x, w, eps, n_tokens, heads, head_dim, row_stride);                     \
+    }
+HEAD_RMSNORM(head_rmsnorm_f32, F32)
+HEAD_RMSNORM(head_rmsnorm_bf16, BF16)
+HEAD_RMSNORM(head_rmsnorm_f16, F16)

@@ -64,7 +64,7 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "rmsnorm",
         body: include_str!("rmsnorm.cu"),
-        ops: &["rmsnorm"],
+        ops: &["rmsnorm", "head_rmsnorm"],
     },
     KernelSource {
         name: "rope",
@@ -153,6 +153,6 @@ mod tests {
         all.sort();
         all.dedup();
         assert_eq!(all.len(), n, "an entry point defined twice");
-        assert_eq!(n, 8 * CudaDtype::ALL.len());
+        assert_eq!(n, 9 * CudaDtype::ALL.len());
     }
 }

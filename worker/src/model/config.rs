@@ -8,10 +8,14 @@ use std::str::FromStr;
 use serde_json::Value;
 
 use super::error::{ModelError, Result};
+use super::rope::{Rope, RopeScaling};
+use super::support::{self, ModelFamily};
 
-/// Llama-family hyper-parameters.
+/// Hyper-parameters of a Llama-family decoder (see [`ModelFamily`] for the families and how
+/// they differ).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
+    pub family: ModelFamily,
     pub vocab_size: usize,
     pub hidden_size: usize,
     pub intermediate_size: usize,
@@ -22,8 +26,19 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     pub rms_norm_eps: f32,
     pub rope_theta: f32,
+    pub rope_scaling: RopeScaling,
     pub tie_word_embeddings: bool,
-    pub attention_bias: bool,
+    /// Biases on the q, k and v projections (Qwen2; Llama and Qwen3 with `attention_bias`).
+    pub qkv_bias: bool,
+    /// A bias on the output projection (Llama and Qwen3 with `attention_bias`).
+    pub o_bias: bool,
+    /// Biases on the MLP's gate, up and down projections (Llama with `mlp_bias`).
+    pub mlp_bias: bool,
+    /// A per-head RMSNorm of q and k, before RoPE (Qwen3).
+    pub qk_norm: bool,
+    /// Each token attends to at most this many of its sequence's latest positions, itself
+    /// included (Mistral); `None`: to all of them.
+    pub sliding_window: Option<usize>,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
     pub model_id: String,
@@ -70,6 +85,7 @@ impl ModelConfig {
             BuiltinSize::Base => (512, 1536, 8, 8, 4),
         };
         ModelConfig {
+            family: ModelFamily::Llama,
             vocab_size: VOCAB_SIZE,
             hidden_size: hidden,
             intermediate_size: inter,
@@ -80,8 +96,13 @@ impl ModelConfig {
             max_position_embeddings: CONTEXT_LEN,
             rms_norm_eps: 1e-5,
             rope_theta: 10000.0,
+            rope_scaling: RopeScaling::None,
             tie_word_embeddings: true,
-            attention_bias: false,
+            qkv_bias: false,
+            o_bias: false,
+            mlp_bias: false,
+            qk_norm: false,
+            sliding_window: None,
             bos_token_id: Some(BOS_ID),
             eos_token_ids: vec![EOS_ID],
             // The weights differ by size, so the id a worker announces in `Hello` does too: a
@@ -115,12 +136,27 @@ impl ModelConfig {
         }
     }
 
-    /// Parameter count (tied embeddings counted once; biases included when configured).
+    /// RoPE's inverse frequencies and cos/sin factor, scaling applied: what both devices build
+    /// their tables from.
+    pub(crate) fn rope(&self) -> Rope {
+        self.rope_scaling.rope(self.head_dim, self.rope_theta)
+    }
+
+    /// The first position a token at position `p` attends to (0 without a sliding window).
+    pub fn attend_from(&self, p: usize) -> usize {
+        self.sliding_window.map_or(0, |w| (p + 1).saturating_sub(w))
+    }
+
+    /// Parameter count (tied embeddings counted once; biases and norms included when
+    /// configured).
     pub fn num_params(&self) -> usize {
         let (h, i) = (self.hidden_size, self.intermediate_size);
         let (q, kv) = (self.q_dim(), self.kv_dim());
-        let bias = if self.attention_bias { q + 2 * kv } else { 0 };
-        let layer = h * (q + 2 * kv) + bias + q * h + 3 * h * i + 2 * h;
+        let bias = if self.qkv_bias { q + 2 * kv } else { 0 }
+            + if self.o_bias { h } else { 0 }
+            + if self.mlp_bias { 2 * i + h } else { 0 };
+        let qk_norm = if self.qk_norm { 2 * self.head_dim } else { 0 };
+        let layer = h * (q + 2 * kv) + bias + qk_norm + q * h + 3 * h * i + 2 * h;
         let embed = self.vocab_size * h;
         let head = if self.tie_word_embeddings { 0 } else { embed };
         embed + head + self.num_hidden_layers * layer + h
@@ -131,14 +167,17 @@ impl ModelConfig {
         let path = dir.join("config.json");
         let v = read_json(&path)?;
         let f = Fields { file: &path, v: &v };
+        // The family and options first: a checkpoint of another kind is named as such, not
+        // reported as a Llama with odd shapes.
+        let features = support::read(&f)?;
         let shape = AttentionShape::read(&f)?;
-        check_supported(&f)?;
         let (bos, eos) = special_tokens(dir, &f)?;
         let model_id = dir
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| dir.display().to_string());
         let cfg = ModelConfig {
+            family: features.family,
             vocab_size: f.usize_req("vocab_size")?,
             hidden_size: shape.hidden,
             intermediate_size: f.usize_req("intermediate_size")?,
@@ -148,10 +187,15 @@ impl ModelConfig {
             head_dim: shape.head_dim,
             max_position_embeddings: f.usize_opt("max_position_embeddings")?.unwrap_or(2048),
             rms_norm_eps: f.f32_opt("rms_norm_eps")?.unwrap_or(1e-6),
-            rope_theta: f.f32_opt("rope_theta")?.unwrap_or(10000.0),
+            rope_theta: features.rope_theta,
+            rope_scaling: features.rope_scaling,
             // Absent means tied: the loader still prefers an `lm_head.weight` when one exists.
             tie_word_embeddings: f.bool_opt("tie_word_embeddings")?.unwrap_or(true),
-            attention_bias: f.bool_opt("attention_bias")?.unwrap_or(false),
+            qkv_bias: features.qkv_bias,
+            o_bias: features.o_bias,
+            mlp_bias: features.mlp_bias,
+            qk_norm: features.qk_norm,
+            sliding_window: features.sliding_window,
             bos_token_id: bos,
             eos_token_ids: eos,
             model_id,
@@ -209,28 +253,6 @@ impl AttentionShape {
     }
 }
 
-/// Refuse what the model code does not implement, rather than run it wrong: RoPE scaling and
-/// activations other than SiLU.
-fn check_supported(f: &Fields<'_>) -> Result<()> {
-    if let Some(rs) = f.get("rope_scaling") {
-        if !rs.is_null() {
-            return Err(ModelError::Config {
-                field: "rope_scaling".into(),
-                reason: format!("RoPE scaling {rs} is not supported (only null)"),
-            });
-        }
-    }
-    if let Some(act) = f.get("hidden_act").and_then(Value::as_str) {
-        if act != "silu" {
-            return Err(ModelError::Config {
-                field: "hidden_act".into(),
-                reason: format!("`{act}` is not supported (only silu)"),
-            });
-        }
-    }
-    Ok(())
-}
-
 /// BOS and EOS ids from `config.json`, overridden by `generation_config.json` when the
 /// directory has one (as transformers does).
 fn special_tokens(dir: &Path, f: &Fields<'_>) -> Result<(Option<u32>, Vec<u32>)> {
@@ -268,13 +290,14 @@ fn read_json(path: &Path) -> Result<Value> {
 }
 
 /// Typed access to one JSON object, every failure naming file and field.
-struct Fields<'a> {
-    file: &'a Path,
+pub(super) struct Fields<'a> {
+    pub file: &'a Path,
     v: &'a Value,
 }
 
 impl Fields<'_> {
-    fn get(&self, field: &str) -> Option<&Value> {
+    /// The field's value; `None` when absent or null.
+    pub fn get(&self, field: &str) -> Option<&Value> {
         self.v.get(field).filter(|v| !v.is_null())
     }
     fn missing(&self, field: &str) -> ModelError {
@@ -286,7 +309,7 @@ impl Fields<'_> {
     fn usize_req(&self, field: &str) -> Result<usize> {
         self.usize_opt(field)?.ok_or_else(|| self.missing(field))
     }
-    fn usize_opt(&self, field: &str) -> Result<Option<usize>> {
+    pub fn usize_opt(&self, field: &str) -> Result<Option<usize>> {
         match self.get(field) {
             None => Ok(None),
             Some(v) => v
@@ -296,7 +319,7 @@ impl Fields<'_> {
                 .ok_or_else(|| self.missing(field)),
         }
     }
-    fn f32_opt(&self, field: &str) -> Result<Option<f32>> {
+    pub fn f32_opt(&self, field: &str) -> Result<Option<f32>> {
         match self.get(field) {
             None => Ok(None),
             Some(v) => v
@@ -305,7 +328,7 @@ impl Fields<'_> {
                 .ok_or_else(|| self.missing(field)),
         }
     }
-    fn bool_opt(&self, field: &str) -> Result<Option<bool>> {
+    pub fn bool_opt(&self, field: &str) -> Result<Option<bool>> {
         match self.get(field) {
             None => Ok(None),
             Some(v) => v.as_bool().map(Some).ok_or_else(|| self.missing(field)),

@@ -11,7 +11,9 @@
 //! sampling stays on the CPU.
 //!
 //! As on the CPU, q, k and v come from one GEMM over the fused `[q; k; v]` rows and gate and up
-//! from another; RoPE and the KV write reach the k and v columns through views of those rows.
+//! from another; Qwen3's per-head q/k norm, RoPE and the KV write reach the q, k and v columns
+//! through views of those rows. RoPE scaling needs nothing here (the host builds the tables from
+//! the model's frequencies, as the CPU does), nor does a sliding window (it is the plan's).
 //!
 //! What is batch-invariant here: the embedding gather, RoPE, KV write, the element-wise ops and
 //! attention (one fixed reduction order per (token, head), nothing shared with other tokens);
@@ -32,6 +34,7 @@ use kernels::AttnShape;
 use super::config::ModelConfig;
 use super::error::{ModelError, Result};
 use super::plan::BatchPlan;
+use super::rope::Rope;
 use super::weights::Weights;
 use super::LlamaModel;
 
@@ -67,11 +70,18 @@ struct Layer<T> {
     wqkv: CudaSlice<T>,
     /// The q, k and v biases, fused the same way (Qwen2-style models).
     bqkv: Option<CudaSlice<T>>,
+    /// Qwen3's per-head q and k RMSNorm weights, `[head_dim]` each.
+    qk_norm: Option<(CudaSlice<T>, CudaSlice<T>)>,
     wo: CudaSlice<T>,
+    /// The output projection's bias (Llama / Qwen3 with `attention_bias`).
+    bo: Option<CudaSlice<T>>,
     mlp_norm: CudaSlice<T>,
     /// `[2·intermediate, hidden]`: gate rows, then up rows.
     wgu: CudaSlice<T>,
+    /// The gate and up biases, fused the same way, and the down bias (Llama's `mlp_bias`).
+    bgu: Option<CudaSlice<T>>,
     wdown: CudaSlice<T>,
+    bdown: Option<CudaSlice<T>>,
 }
 
 /// The model's weights and KV pool on one GPU, in storage type `T`.
@@ -82,6 +92,8 @@ struct Net<T> {
     norm: CudaSlice<T>,
     /// `None`: tied to `embed`.
     lm_head: Option<CudaSlice<T>>,
+    /// What the host builds each step's cos/sin tables from (scaling applied).
+    rope: Rope,
     /// Per layer, K and V of every slot: `[num_slots, kv_dim]`. Empty until `alloc_kv`.
     k_cache: Vec<CudaSlice<T>>,
     v_cache: Vec<CudaSlice<T>>,
@@ -286,10 +298,26 @@ where
                     Some(b) => Some(up(b)?),
                     None => None,
                 },
+                qk_norm: match &lw.qk_norm {
+                    Some((qn, kn)) => Some((up(qn)?, up(kn)?)),
+                    None => None,
+                },
                 wo: up(&lw.wo.unpack())?,
+                bo: match &lw.bo {
+                    Some(b) => Some(up(b)?),
+                    None => None,
+                },
                 mlp_norm: up(&lw.mlp_norm)?,
                 wgu: up(&lw.wgu.unpack())?,
+                bgu: match &lw.bgu {
+                    Some(b) => Some(up(b)?),
+                    None => None,
+                },
                 wdown: up(&lw.wdown.unpack())?,
+                bdown: match &lw.bdown {
+                    Some(b) => Some(up(b)?),
+                    None => None,
+                },
             });
         }
         Ok(Net {
@@ -300,6 +328,7 @@ where
                 Some(m) => Some(up(&m.unpack())?),
                 None => None,
             },
+            rope: w.rope.clone(),
             k_cache: Vec::new(),
             v_cache: Vec::new(),
             num_slots: 0,
@@ -379,7 +408,8 @@ where
         let last_rows = self.to_gpu(&last_rows)?;
         let batch =
             AttnBatch::upload(k.stream(), &AttnIndex::from_token_slots(&plan.attend)).map_err(e)?;
-        let (cos, sin) = kernels::rope_tables(&plan.positions, hd, c.rope_theta);
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        self.rope.tables_into(&plan.positions, &mut cos, &mut sin);
         let (cos, sin) = (self.to_gpu(&cos)?, self.to_gpu(&sin)?);
 
         let mut x = self.scratch::<f32>(t * h)?;
@@ -402,6 +432,19 @@ where
                 k.add_bias(&mut qkv, b).map_err(e)?;
             }
             // q at column 0 of each row, k at q_dim, v at q_dim + kv_dim.
+            if let Some((qn, kn)) = &lw.qk_norm {
+                k.head_rmsnorm(&mut qkv, qn, c.rms_norm_eps, t, c.num_attention_heads, w)
+                    .map_err(e)?;
+                k.head_rmsnorm(
+                    &mut qkv.slice_mut(qd..),
+                    kn,
+                    c.rms_norm_eps,
+                    t,
+                    c.num_key_value_heads,
+                    w,
+                )
+                .map_err(e)?;
+            }
             k.rope(&mut qkv, &cos, &sin, c.num_attention_heads, hd, w)
                 .map_err(e)?;
             k.rope(
@@ -435,13 +478,22 @@ where
             )
             .map_err(e)?;
             k.linear(&attn, t, &lw.wo, h, &mut o).map_err(e)?;
+            if let Some(b) = &lw.bo {
+                k.add_bias(&mut o, b).map_err(e)?;
+            }
             k.add_inplace(&mut x, &o).map_err(e)?;
 
             k.rmsnorm(&x, &lw.mlp_norm, c.rms_norm_eps, &mut hn)
                 .map_err(e)?;
             k.linear(&hn, t, &lw.wgu, 2 * inter, &mut gu).map_err(e)?;
+            if let Some(b) = &lw.bgu {
+                k.add_bias(&mut gu, b).map_err(e)?;
+            }
             k.silu_mul(&gu, inter, &mut act).map_err(e)?;
             k.linear(&act, t, &lw.wdown, h, &mut down).map_err(e)?;
+            if let Some(b) = &lw.bdown {
+                k.add_bias(&mut down, b).map_err(e)?;
+            }
             k.add_inplace(&mut x, &down).map_err(e)?;
         }
 

@@ -26,6 +26,18 @@ pub enum ModelError {
     },
     #[error("tensor `{name}` has unsupported dtype {dtype} (supported: F32, F16, BF16)")]
     UnsupportedDtype { name: String, dtype: String },
+    /// A family or option the forward pass does not implement (see `support.rs`).
+    #[error("{file}: `{field}` = {value} is not supported ({why})")]
+    Unsupported {
+        file: PathBuf,
+        field: String,
+        value: String,
+        why: String,
+    },
+    /// A tensor the configured model does not use: the checkpoint has parts (norms, biases,
+    /// experts) its config.json does not account for, so running without them would be wrong.
+    #[error("tensor `{name}` is not used by a {family} model as its config.json describes it")]
+    UnusedTensor { name: String, family: String },
     #[error("config field `{field}`: {reason}")]
     Config { field: String, reason: String },
     #[error("bad input: {reason}")]
@@ -33,6 +45,17 @@ pub enum ModelError {
     /// The GPU refused a step (a launch, a copy, cuBLAS): the CUDA backend's own words.
     #[error("GPU: {0}")]
     Gpu(String),
+}
+
+impl ModelError {
+    /// Whether the model is well formed but of a kind the code does not implement (a family,
+    /// an option, a tensor): the worker refuses to start with it rather than run it wrong.
+    pub fn is_unsupported(&self) -> bool {
+        matches!(
+            self,
+            ModelError::Unsupported { .. } | ModelError::UnusedTensor { .. }
+        )
+    }
 }
 
 /// Result alias of the model module.

@@ -1,4 +1,4 @@
-//! The batched Llama forward pass on CPU: validation of a step's inputs, the decoder layers over
+//! The batched Llama-family forward pass on CPU: validation of a step's inputs, the decoder layers over
 //! all new tokens of all sequences at once, and the final norm / lm_head on each sequence's last
 //! token. Every kernel is row-wise batch-invariant, so a token's logits do not depend on what
 //! else is in the step, on chunking, or on prefix-cache hits.
@@ -22,6 +22,8 @@ struct Buffers {
     hn: LineVec,
     q: LineVec,
     k: LineVec,
+    /// q or k after its per-head norm (Qwen3).
+    qk_normed: LineVec,
     attn: LineVec,
     act: LineVec,
     qkv: LineVec,
@@ -76,6 +78,7 @@ pub(crate) fn hidden_last(
         hn,
         q,
         k,
+        qk_normed,
         attn,
         act,
         qkv,
@@ -90,7 +93,7 @@ pub(crate) fn hidden_last(
     for (row, &id) in x.chunks_exact_mut(h).zip(&st.ids) {
         w.embed.copy_row(id as usize, row);
     }
-    kernels::rope_tables_into(&st.positions, hd, cfg.rope_theta, cos, sin);
+    w.rope.tables_into(&st.positions, cos, sin);
     let hn = sized(hn, t * h);
     let q = sized(q, t * qd);
     let k = sized(k, t * kvd);
@@ -106,6 +109,14 @@ pub(crate) fn hidden_last(
             let s = st.write_slots[r] as usize * kvd;
             vc[s..s + kvd].copy_from_slice(&row[qd + kvd..]);
         }
+        if let Some((qn, kn)) = &lw.qk_norm {
+            // Each head is a row of `head_dim` for the norm.
+            for (x, wn) in [(&mut *q, qn), (&mut *k, kn)] {
+                let y = sized(qk_normed, x.len());
+                kernels::rmsnorm(x, wn, cfg.rms_norm_eps, y);
+                x.copy_from_slice(y);
+            }
+        }
         kernels::apply_rope(q, cfg.num_attention_heads, hd, cos, sin);
         kernels::apply_rope(k, cfg.num_key_value_heads, hd, cos, sin);
         for (r, &slot) in st.write_slots.iter().enumerate() {
@@ -113,13 +124,13 @@ pub(crate) fn hidden_last(
             kc[s..s + kvd].copy_from_slice(&k[r * kvd..(r + 1) * kvd]);
         }
         kernels::attention(q, &st.attend, kc, vc, shape, attn);
-        linear(attn, t, &lw.wo, None, o);
+        linear(attn, t, &lw.wo, lw.bo.as_deref(), o);
         kernels::add_inplace(x, o);
 
         kernels::rmsnorm(x, &lw.mlp_norm, cfg.rms_norm_eps, hn);
-        linear(hn, t, &lw.wgu, None, gu);
+        linear(hn, t, &lw.wgu, lw.bgu.as_deref(), gu);
         kernels::silu_mul(gu, inter, act);
-        linear(act, t, &lw.wdown, None, down);
+        linear(act, t, &lw.wdown, lw.bdown.as_deref(), down);
         kernels::add_inplace(x, down);
     }
     last.clear();

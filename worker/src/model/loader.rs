@@ -1,7 +1,9 @@
 //! Loading Hugging Face safetensors (single file or sharded) into `Weights`, converting
-//! F32/F16/BF16 to f32. Every failure names the file and the tensor.
+//! F32/F16/BF16 to f32. Every failure names the file and the tensor; a tensor the configured
+//! model does not use is refused (a checkpoint with more parts than its config describes).
 
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -110,7 +112,11 @@ impl Shards {
             }
             st.push((path.as_path(), t));
         }
-        Ok(TensorIndex { st, by_name })
+        Ok(TensorIndex {
+            st,
+            by_name,
+            used: RefCell::default(),
+        })
     }
 }
 
@@ -118,9 +124,28 @@ impl Shards {
 struct TensorIndex<'a> {
     st: Vec<(&'a Path, SafeTensors<'a>)>,
     by_name: HashMap<String, usize>,
+    /// The names `get` has read (or `mark_used` accounted for).
+    used: RefCell<HashSet<String>>,
 }
 
 impl TensorIndex<'_> {
+    fn mark_used(&self, name: &str) {
+        self.used.borrow_mut().insert(name.to_string());
+    }
+
+    /// The first tensor (by name) nothing read, other than the RoPE buffers old conversions
+    /// saved (`rotary_emb.inv_freq`: recomputed from the config, as transformers does).
+    fn first_unused(&self) -> Option<String> {
+        let used = self.used.borrow();
+        let mut left: Vec<&String> = self
+            .by_name
+            .keys()
+            .filter(|n| !used.contains(*n) && !n.ends_with("rotary_emb.inv_freq"))
+            .collect();
+        left.sort();
+        left.first().map(|n| n.to_string())
+    }
+
     fn contains(&self, name: &str) -> bool {
         self.by_name.contains_key(name)
     }
@@ -146,6 +171,7 @@ impl TensorIndex<'_> {
         let &i = self.by_name.get(name).ok_or_else(missing)?;
         let (_, st) = &self.st[i];
         let t = st.tensor(name).map_err(|_| missing())?;
+        self.mark_used(name);
         if t.shape() != shape {
             return Err(ModelError::BadShape {
                 name: name.into(),
@@ -192,8 +218,7 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
         let mut wqkv = ix.get(&format!("{a}.q_proj.weight"), &[q, h])?;
         wqkv.extend(ix.get(&format!("{a}.k_proj.weight"), &[kv, h])?);
         wqkv.extend(ix.get(&format!("{a}.v_proj.weight"), &[kv, h])?);
-        // Qwen2 checkpoints carry q/k/v biases without setting `attention_bias`.
-        let bqkv = if cfg.attention_bias || ix.contains(&format!("{a}.q_proj.bias")) {
+        let bqkv = if cfg.qkv_bias {
             let mut b = ix.get(&format!("{a}.q_proj.bias"), &[q])?;
             b.extend(ix.get(&format!("{a}.k_proj.bias"), &[kv])?);
             b.extend(ix.get(&format!("{a}.v_proj.bias"), &[kv])?);
@@ -201,21 +226,45 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
         } else {
             None
         };
+        let d = cfg.head_dim;
+        let qk_norm = match cfg.qk_norm {
+            true => Some((
+                ix.get(&format!("{a}.q_norm.weight"), &[d])?,
+                ix.get(&format!("{a}.k_norm.weight"), &[d])?,
+            )),
+            false => None,
+        };
+        let bo = match cfg.o_bias {
+            true => Some(ix.get(&format!("{a}.o_proj.bias"), &[h])?),
+            false => None,
+        };
         let m = format!("{p}.mlp");
         let mut wgu = ix.get(&format!("{m}.gate_proj.weight"), &[inter, h])?;
         wgu.extend(ix.get(&format!("{m}.up_proj.weight"), &[inter, h])?);
+        let (bgu, bdown) = match cfg.mlp_bias {
+            true => {
+                let mut b = ix.get(&format!("{m}.gate_proj.bias"), &[inter])?;
+                b.extend(ix.get(&format!("{m}.up_proj.bias"), &[inter])?);
+                (Some(b), Some(ix.get(&format!("{m}.down_proj.bias"), &[h])?))
+            }
+            false => (None, None),
+        };
         layers.push(LayerWeights {
             attn_norm: ix.get(&format!("{p}.input_layernorm.weight"), &[h])?,
             wqkv: PackedMatrix::pack(&wqkv, q + 2 * kv, h),
             bqkv,
+            qk_norm,
             wo: PackedMatrix::pack(&ix.get(&format!("{a}.o_proj.weight"), &[h, q])?, h, q),
+            bo,
             mlp_norm: ix.get(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
             wgu: PackedMatrix::pack(&wgu, 2 * inter, h),
+            bgu,
             wdown: PackedMatrix::pack(
                 &ix.get(&format!("{m}.down_proj.weight"), &[h, inter])?,
                 h,
                 inter,
             ),
+            bdown,
         });
     }
     let norm = ix.get("model.norm.weight", &[h])?;
@@ -231,11 +280,18 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
             file: None,
         });
     };
+    if let Some(name) = ix.first_unused() {
+        return Err(ModelError::UnusedTensor {
+            name,
+            family: cfg.family.architecture().into(),
+        });
+    }
     Ok(Weights {
         embed: PackedMatrix::pack(&embed, v, h),
         layers,
         norm,
         lm_head,
+        rope: cfg.rope(),
         dtype: ix
             .dtype("model.embed_tokens.weight")
             .unwrap_or(CudaDtype::F32),

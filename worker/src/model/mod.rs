@@ -1,4 +1,5 @@
-//! The Llama-family model (Llama 2/3, Mistral, Qwen2-style q/k/v bias, TinyStories):
+//! The Llama-family model (Llama 1–3.3 with their RoPE scaling, Mistral with its sliding window,
+//! Qwen2/2.5 with q/k/v biases, Qwen3 with its q/k norm; `support.rs` refuses anything else):
 //! configuration, Hugging Face loading, seeded dummy weights, the batch plan of a step and its
 //! forward pass over a KV slot pool, on the CPU (`forward.rs`) and on an NVIDIA GPU (`cuda.rs`,
 //! the `cuda` feature). Scheduling, slot allocation and sampling live elsewhere.
@@ -11,6 +12,8 @@ mod forward;
 mod kv;
 mod loader;
 mod plan;
+mod rope;
+mod support;
 mod weights;
 
 #[cfg(test)]
@@ -23,6 +26,8 @@ pub use error::{ModelError, Result};
 pub use kernels::cuda::CudaDtype;
 pub use kv::KvBuffers;
 pub use plan::BatchPlan;
+pub use rope::RopeScaling;
+pub use support::ModelFamily;
 
 use weights::Weights;
 

@@ -19,7 +19,9 @@ pub struct BatchPlan<'a> {
     /// The slot each new token's K/V is written to.
     pub write_slots: Vec<u32>,
     /// For each new token, the slots of its sequence's positions `0..=p`: the cached prefix,
-    /// the earlier tokens of its chunk, itself.
+    /// the earlier tokens of its chunk, itself; with a sliding window only the last
+    /// `sliding_window` of them (every position's K/V stays in its slot, so a window is only
+    /// which slots a token reads: prefix caching and chunking are unaffected).
     pub attend: Vec<&'a [u32]>,
     /// Row (in the flat token list) of each sequence's last new token: the rows whose logits
     /// (or hidden state) the step returns, one per sequence, in sequence order.
@@ -84,7 +86,7 @@ impl<'a> BatchPlan<'a> {
                 plan.ids.push(t);
                 plan.positions.push(p);
                 plan.write_slots.push(s.slots[p]);
-                plan.attend.push(&s.slots[..=p]);
+                plan.attend.push(&s.slots[cfg.attend_from(p)..=p]);
             }
             plan.logit_rows.push(plan.ids.len() - 1);
         }

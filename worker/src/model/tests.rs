@@ -170,6 +170,7 @@ fn bad_inputs_are_errors_not_panics() {
 
 fn small_cfg() -> ModelConfig {
     ModelConfig {
+        family: ModelFamily::Llama,
         vocab_size: 48,
         hidden_size: 32,
         intermediate_size: 40,
@@ -180,8 +181,13 @@ fn small_cfg() -> ModelConfig {
         max_position_embeddings: 64,
         rms_norm_eps: 1e-5,
         rope_theta: 10000.0,
+        rope_scaling: RopeScaling::None,
         tie_word_embeddings: false,
-        attention_bias: true,
+        qkv_bias: true,
+        o_bias: true,
+        mlp_bias: true,
+        qk_norm: false,
+        sliding_window: None,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
         model_id: "small".into(),
@@ -190,6 +196,8 @@ fn small_cfg() -> ModelConfig {
 
 fn config_json(c: &ModelConfig) -> String {
     serde_json::json!({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "attention_bias": c.qkv_bias, "mlp_bias": c.mlp_bias,
         "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
         "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_hidden_layers,
         "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
@@ -295,6 +303,9 @@ fn hf_tensors(c: &ModelConfig, w: &Weights, dtype: Dtype) -> HashMap<String, Raw
             );
             put(format!("{p}.self_attn.v_proj.bias"), vec![kv], &b[q + kv..]);
         }
+        if let Some(b) = &lw.bo {
+            put(format!("{p}.self_attn.o_proj.bias"), vec![h], b);
+        }
         put(
             format!("{p}.self_attn.o_proj.weight"),
             vec![h, q],
@@ -306,6 +317,11 @@ fn hf_tensors(c: &ModelConfig, w: &Weights, dtype: Dtype) -> HashMap<String, Raw
             &wgu[..i * h],
         );
         put(format!("{p}.mlp.up_proj.weight"), vec![i, h], &wgu[i * h..]);
+        if let (Some(bgu), Some(bdown)) = (&lw.bgu, &lw.bdown) {
+            put(format!("{p}.mlp.gate_proj.bias"), vec![i], &bgu[..i]);
+            put(format!("{p}.mlp.up_proj.bias"), vec![i], &bgu[i..]);
+            put(format!("{p}.mlp.down_proj.bias"), vec![h], bdown);
+        }
         put(
             format!("{p}.mlp.down_proj.weight"),
             vec![h, i],
@@ -382,7 +398,11 @@ fn loader_errors_name_file_field_and_tensor() {
         "{err}"
     );
 
-    std::fs::write(d.join("config.json"), r#"{"hidden_size": "big"}"#).unwrap();
+    std::fs::write(
+        d.join("config.json"),
+        r#"{"model_type": "llama", "hidden_size": "big"}"#,
+    )
+    .unwrap();
     let err = LlamaModel::load_hf(d).unwrap_err();
     assert!(
         err.to_string().contains("hidden_size") && err.to_string().contains("config.json"),
@@ -424,4 +444,255 @@ fn loader_errors_name_file_field_and_tensor() {
     std::fs::write(d.join("config.json"), cj.to_string()).unwrap();
     let err = LlamaModel::load_hf(d).unwrap_err();
     assert!(err.to_string().contains("rope_scaling"), "{err}");
+}
+
+/// `config_json(small_cfg())` with `edit` applied (a null value removes the field).
+fn config_with(edit: serde_json::Value) -> serde_json::Value {
+    let mut cj: serde_json::Value = serde_json::from_str(&config_json(&small_cfg())).unwrap();
+    for (k, v) in edit.as_object().unwrap() {
+        match v {
+            serde_json::Value::Null => {
+                cj.as_object_mut().unwrap().remove(k);
+            }
+            v => cj[k] = v.clone(),
+        }
+    }
+    cj
+}
+
+fn parse_config(cj: &serde_json::Value) -> Result<ModelConfig> {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), cj.to_string()).unwrap();
+    ModelConfig::from_hf_dir(dir.path())
+}
+
+#[test]
+fn what_is_not_implemented_is_refused_in_one_line_naming_field_and_value() {
+    use serde_json::json;
+    let llama3 = |drop: &str| {
+        let mut rs = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+        rs.as_object_mut().unwrap().remove(drop);
+        rs
+    };
+    let cases = [
+        // The issue's Gemma 3 checkpoint, as its config.json names it.
+        (
+            json!({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+                "hidden_activation": "gelu_pytorch_tanh", "sliding_window": 512}),
+            "`architectures` = [\"Gemma3ForCausalLM\"]",
+        ),
+        (
+            json!({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2"}),
+            "Gemma2ForCausalLM",
+        ),
+        (
+            json!({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe"}),
+            "Qwen3MoeForCausalLM",
+        ),
+        (
+            json!({"architectures": null, "model_type": "mixtral"}),
+            "`model_type` = \"mixtral\"",
+        ),
+        (
+            json!({"architectures": ["LlamaForCausalLM", "MistralForCausalLM"]}),
+            "`architectures`",
+        ),
+        (
+            json!({"model_type": "qwen2"}),
+            "`model_type` = \"qwen2\" is not supported (LlamaForCausalLM checkpoints",
+        ),
+        (
+            json!({"architectures": null, "model_type": null}),
+            "neither it nor model_type",
+        ),
+        (
+            json!({"hidden_act": "gelu_pytorch_tanh"}),
+            "`hidden_act` = \"gelu_pytorch_tanh\"",
+        ),
+        (
+            json!({"final_logit_softcapping": 30.0}),
+            "`final_logit_softcapping` = 30.0",
+        ),
+        (
+            json!({"attn_logit_softcapping": 50.0}),
+            "`attn_logit_softcapping` = 50.0",
+        ),
+        (
+            json!({"query_pre_attn_scalar": 256}),
+            "`query_pre_attn_scalar` = 256",
+        ),
+        (
+            json!({"quantization_config": {"quant_method": "gptq", "bits": 4}}),
+            "`quantization_config`",
+        ),
+        (
+            json!({"partial_rotary_factor": 0.5}),
+            "`partial_rotary_factor` = 0.5",
+        ),
+        (json!({"num_local_experts": 8}), "`num_local_experts` = 8"),
+        (
+            json!({"layer_types": ["full_attention", "sliding_attention"]}),
+            "`layer_types` = \"sliding_attention\"",
+        ),
+        (
+            json!({"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}),
+            "RoPE type `longrope` is not implemented",
+        ),
+        (
+            json!({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": "fast"}}),
+            "`beta_fast` must be a number",
+        ),
+        (
+            json!({"rope_scaling": {"type": "dynamic", "factor": 2.0}}),
+            "RoPE type `dynamic`",
+        ),
+        (
+            json!({"rope_scaling": llama3("low_freq_factor")}),
+            "`low_freq_factor` must be a positive number",
+        ),
+        (
+            json!({"rope_scaling": {"rope_type": "linear", "factor": 2.0, "mrope_section": [1]}}),
+            "`mrope_section` is not implemented for RoPE type `linear`",
+        ),
+        (
+            json!({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}),
+            "`rope_parameters`",
+        ),
+        (
+            json!({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+                "use_sliding_window": true, "sliding_window": 4096}),
+            "`use_sliding_window` = true",
+        ),
+        (
+            json!({"architectures": ["MistralForCausalLM"], "model_type": "mistral",
+                "sliding_window": 0}),
+            "`sliding_window` = 0",
+        ),
+    ];
+    for (edit, want) in cases {
+        let err = parse_config(&config_with(edit.clone())).unwrap_err();
+        let msg = err.to_string();
+        assert!(err.is_unsupported(), "{edit}: {err:?}");
+        assert!(msg.contains(want), "{edit}: {msg}");
+        assert!(msg.contains("config.json") && !msg.contains('\n'), "{msg}");
+    }
+}
+
+#[test]
+fn each_family_reads_its_options() {
+    use serde_json::json;
+    let llama3 = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+    let c = parse_config(&config_with(
+        json!({"rope_scaling": llama3, "rope_theta": 5e5}),
+    ))
+    .unwrap();
+    assert_eq!(c.family, ModelFamily::Llama);
+    assert_eq!(c.rope_theta, 5e5);
+    assert_eq!(
+        c.rope_scaling,
+        RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192
+        }
+    );
+    assert!(c.qkv_bias && c.o_bias && c.mlp_bias && !c.qk_norm);
+    // The older spelling of the type, and transformers 5's `rope_parameters`.
+    let c = parse_config(&config_with(
+        json!({"rope_scaling": {"type": "linear", "factor": 2.0}}),
+    ))
+    .unwrap();
+    assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 2.0 });
+    let c = parse_config(&config_with(
+        json!({"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}),
+    ))
+    .unwrap();
+    assert_eq!((c.rope_theta, c.rope_scaling), (1e6, RopeScaling::None));
+    // YaRN as Qwen2.5 states it, and DeepSeek-style mscales; the config's top-level
+    // original_max_position_embeddings wins over the scaling's (as in transformers).
+    let c = parse_config(&config_with(
+        json!({"rope_scaling": {"type": "yarn", "factor": 4.0,
+        "original_max_position_embeddings": 32768}}),
+    ))
+    .unwrap();
+    let RopeScaling::Yarn {
+        factor,
+        original_max_position_embeddings,
+        beta_fast,
+        beta_slow,
+        truncate,
+        attention_factor,
+    } = c.rope_scaling
+    else {
+        panic!("{:?}", c.rope_scaling)
+    };
+    assert_eq!((factor, original_max_position_embeddings), (4.0, 32768));
+    assert_eq!((beta_fast, beta_slow, truncate), (32.0, 1.0, true));
+    assert!((attention_factor - (0.1 * 4f32.ln() + 1.0)).abs() < 1e-6);
+    let c = parse_config(&config_with(
+        json!({"original_max_position_embeddings": 4096,
+        "rope_scaling": {"rope_type": "yarn", "factor": 40.0, "mscale": 1.0,
+        "mscale_all_dim": 1.0, "original_max_position_embeddings": 8192}}),
+    ))
+    .unwrap();
+    assert!(matches!(
+        c.rope_scaling,
+        RopeScaling::Yarn { original_max_position_embeddings: 4096, attention_factor, .. }
+            if attention_factor == 1.0
+    ));
+
+    let c = parse_config(&config_with(json!({"architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2", "attention_bias": null, "use_sliding_window": false,
+        "sliding_window": 131072, "layer_types": ["full_attention", "full_attention"]})))
+    .unwrap();
+    assert_eq!(c.family, ModelFamily::Qwen2);
+    // Qwen2's MLP has no biases whatever `mlp_bias` says (config_with sets it).
+    assert!(c.qkv_bias && !c.o_bias && !c.mlp_bias && c.sliding_window.is_none());
+
+    let c = parse_config(&config_with(json!({"architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3", "attention_bias": false, "head_dim": 16})))
+    .unwrap();
+    assert!(c.qk_norm && !c.qkv_bias && c.head_dim == 16 && c.q_dim() == 64);
+
+    // Transformers gives Mistral no biases whatever `attention_bias` says.
+    let c = parse_config(&config_with(
+        json!({"architectures": ["MistralForCausalLM"],
+        "model_type": "mistral", "sliding_window": 4096}),
+    ))
+    .unwrap();
+    assert_eq!(c.sliding_window, Some(4096));
+    assert!(!c.qkv_bias && !c.o_bias);
+    assert_eq!((c.attend_from(4095), c.attend_from(4096)), (0, 1));
+}
+
+#[test]
+fn a_tensor_the_config_does_not_use_is_refused_by_name() {
+    let mut with_o_bias = small_cfg();
+    with_o_bias.mlp_bias = false;
+    let w = Weights::dummy(&with_o_bias, 11);
+    let mut c = with_o_bias.clone();
+    c.o_bias = false;
+    let dir = tempfile::tempdir().unwrap();
+    // The checkpoint has o_proj biases its config (attention_bias false) does not use.
+    let mut cj: serde_json::Value = serde_json::from_str(&config_json(&c)).unwrap();
+    cj["model_type"] = "qwen2".into();
+    cj["architectures"] = serde_json::json!(["Qwen2ForCausalLM"]);
+    let t = hf_tensors(&c, &w, Dtype::F32);
+    write_model(dir.path(), &c, &t);
+    std::fs::write(dir.path().join("config.json"), cj.to_string()).unwrap();
+    let err = LlamaModel::load_hf(dir.path()).unwrap_err();
+    assert!(
+        matches!(&err, ModelError::UnusedTensor { name, .. } if name == "model.layers.0.self_attn.o_proj.bias"),
+        "{err}"
+    );
+    // And the worker refuses to start with it, as a configuration error (EX_CONFIG).
+    let err = crate::load_model(&crate::ModelSource::HfDir(dir.path().into())).unwrap_err();
+    let worker = err
+        .downcast_ref::<crate::WorkerError>()
+        .expect("a WorkerError");
+    assert!(worker.is_config_error(), "{worker}");
+    assert!(err.to_string().contains("o_proj.bias"), "{err}");
 }

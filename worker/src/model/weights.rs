@@ -7,6 +7,7 @@ use kernels::PackedMatrix;
 use rand::{Rng, SeedableRng};
 
 use super::config::ModelConfig;
+use super::rope::Rope;
 
 /// Dummy-init constants, tuned by looking at greedy outputs of the builtin sizes: with tied
 /// embeddings a large embedding makes every token predict itself (h·e_cur dominates), and soft
@@ -25,13 +26,19 @@ pub(crate) struct LayerWeights {
     /// `[q_dim + 2·kv_dim, hidden]`: q rows, then k rows, then v rows.
     pub wqkv: PackedMatrix,
     pub bqkv: Option<Vec<f32>>,
+    /// Qwen3's per-head RMSNorm weights of q and of k, `[head_dim]` each.
+    pub qk_norm: Option<(Vec<f32>, Vec<f32>)>,
     /// `[hidden, q_dim]`.
     pub wo: PackedMatrix,
+    pub bo: Option<Vec<f32>>,
     pub mlp_norm: Vec<f32>,
     /// `[2·intermediate, hidden]`: gate rows, then up rows.
     pub wgu: PackedMatrix,
+    /// The gate and up biases, fused the same way (Llama with `mlp_bias`).
+    pub bgu: Option<Vec<f32>>,
     /// `[hidden, intermediate]`.
     pub wdown: PackedMatrix,
+    pub bdown: Option<Vec<f32>>,
 }
 
 pub(crate) struct Weights {
@@ -42,6 +49,9 @@ pub(crate) struct Weights {
     pub norm: Vec<f32>,
     /// `[vocab, hidden]`; `None` means tied to `embed`.
     pub lm_head: Option<PackedMatrix>,
+    /// What RoPE's tables are built from, scaling applied ([`ModelConfig::rope`]), so a step
+    /// builds its tables without recomputing the frequencies.
+    pub rope: Rope,
     /// The checkpoint's storage type (of its embedding table; f32 for dummy weights). Every
     /// value above is that value widened to f32, exactly.
     pub dtype: CudaDtype,
@@ -78,10 +88,20 @@ impl Weights {
             if let Some(b) = &mut l.bqkv {
                 round_to(b, dtype);
             }
+            if let Some((qn, kn)) = &mut l.qk_norm {
+                round_to(qn, dtype);
+                round_to(kn, dtype);
+            }
             matrix(&mut l.wo);
+            if let Some(b) = &mut l.bo {
+                round_to(b, dtype);
+            }
             round_to(&mut l.mlp_norm, dtype);
             matrix(&mut l.wgu);
             matrix(&mut l.wdown);
+            for b in [&mut l.bgu, &mut l.bdown].into_iter().flatten() {
+                round_to(b, dtype);
+            }
         }
         round_to(&mut self.norm, dtype);
         if let Some(m) = &mut self.lm_head {
@@ -97,7 +117,7 @@ impl Weights {
 
     /// Seeded uniform random weights: projections with std 1/sqrt(fan_in) times the gains above,
     /// residual-writing projections (o, down) scaled by 1/sqrt(2·layers) so the residual stream
-    /// stays O(1), norms 1. Deterministic for a seed.
+    /// stays O(1), norms 1 (q/k norms about 1). Deterministic for a seed.
     pub fn dummy(cfg: &ModelConfig, seed: u64) -> Self {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let mut uni = |n: usize, std: f32| -> Vec<f32> {
@@ -116,11 +136,19 @@ impl Weights {
                     w.extend(uni(kv * h, 1.0 / (h as f32).sqrt()));
                     PackedMatrix::pack(&w, q + 2 * kv, h)
                 },
-                bqkv: cfg.attention_bias.then(|| uni(q + 2 * kv, 0.02)),
+                bqkv: cfg.qkv_bias.then(|| uni(q + 2 * kv, 0.02)),
+                qk_norm: cfg.qk_norm.then(|| {
+                    let d = cfg.head_dim;
+                    let around_one = |v: Vec<f32>| v.into_iter().map(|x| 1.0 + x).collect();
+                    (around_one(uni(d, 0.1)), around_one(uni(d, 0.1)))
+                }),
                 wo: PackedMatrix::pack(&uni(h * q, resid / (q as f32).sqrt()), h, q),
+                bo: cfg.o_bias.then(|| uni(h, 0.02)),
                 mlp_norm: vec![1.0; h],
                 wgu: PackedMatrix::pack(&uni(2 * i * h, 1.0 / (h as f32).sqrt()), 2 * i, h),
                 wdown: PackedMatrix::pack(&uni(h * i, resid / (i as f32).sqrt()), h, i),
+                bgu: cfg.mlp_bias.then(|| uni(2 * i, 0.02)),
+                bdown: cfg.mlp_bias.then(|| uni(h, 0.02)),
             })
             .collect();
         let lm_head = (!cfg.tie_word_embeddings).then(|| {
@@ -132,6 +160,7 @@ impl Weights {
             layers,
             norm: vec![1.0; h],
             lm_head,
+            rope: cfg.rope(),
             dtype: CudaDtype::F32,
         }
     }

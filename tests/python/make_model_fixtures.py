@@ -1,0 +1,295 @@
+#!/usr/bin/env python3
+"""Builds the tiny random checkpoints of worker/tests/fixtures/hf/ and records what Hugging Face
+transformers computes for them: the reference the worker's `hf_parity` test compares against.
+
+Each fixture is a directory with a Hub-style `config.json` (written here, then read back by
+transformers itself, so the reference is what transformers makes of exactly that file), a
+`model.safetensors` in bf16 (every weight is rounded to bf16 before the reference runs, so the
+f32 forward pass of both sides starts from the same values) and `reference.json`: for a few
+prompts the greedy continuation and the f32 logits of every position of prompt + continuation
+(each logit the shortest decimal that reads back as the same f32).
+
+Every option a fixture exists for is shown to matter at the recorded lengths: the same weights
+with the option turned off must move some logit by more than OPTION_MATTERS, or the script fails.
+Greedy steps whose top two logits are closer than MIN_MARGIN, and continuations of fewer than
+three distinct tokens, are avoided by trying the next seed.
+
+Run (CPU only; torch and transformers as pinned in requirements-model-fixtures.txt):
+    python tests/python/make_model_fixtures.py [--out worker/tests/fixtures/hf]
+"""
+
+import argparse
+import copy
+import json
+import math
+import pathlib
+import shutil
+
+import numpy as np
+import torch
+import transformers
+from safetensors.torch import save_file
+from transformers import AutoConfig, AutoModelForCausalLM
+
+VOCAB = 96
+NEW_TOKENS = 8
+MIN_MARGIN = 1e-3
+OPTION_MATTERS = 1e-2
+
+# Shapes shared by every fixture; each family below overrides what it is about.
+BASE = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": VOCAB,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "hidden_act": "silu",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "bfloat16",
+}
+
+# name -> (config.json fields, {option: value that turns it off}).
+FIXTURES = {
+    # GQA, untied head, attention_bias (q, k, v and o biases), mlp_bias (gate, up, down).
+    "llama": (
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "attention_bias": True,
+            "mlp_bias": True,
+            "tie_word_embeddings": False,
+            "rope_scaling": None,
+        },
+        {"attention_bias": False, "mlp_bias": False},
+    ),
+    # Llama 3.1-style RoPE scaling, tied head (as Llama 3.2 1B/3B), head_dim 16: with
+    # original_max_position_embeddings 128 two frequencies are kept, one is blended, five are
+    # divided by the factor.
+    "llama3_rope": (
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 16,
+            "tie_word_embeddings": True,
+            "rope_theta": 10000.0,
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 128,
+            },
+        },
+        {"rope_scaling": None},
+    ),
+    "llama_linear_rope": (
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "tie_word_embeddings": False,
+            "rope_scaling": {"type": "linear", "factor": 4.0},
+        },
+        {"rope_scaling": None},
+    ),
+    # q/k/v biases (always, in Qwen2), tied head.
+    "qwen2": (
+        {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "tie_word_embeddings": True,
+            "use_sliding_window": False,
+            "sliding_window": None,
+            "rope_theta": 1000000.0,
+        },
+        {},
+    ),
+    # YaRN as Qwen2.5 states it for long contexts (`type` yarn, factor 4), head_dim 16 and an
+    # original context of 32: one frequency kept, one blended, six divided; cos/sin × 1.139.
+    "qwen2_yarn": (
+        {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "tie_word_embeddings": True,
+            "use_sliding_window": False,
+            "max_position_embeddings": 128,
+            "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+        },
+        {"rope_scaling": None},
+    ),
+    # Per-head q/k RMSNorm, head_dim 16 with hidden 32 (q_dim 64 ≠ hidden), untied head.
+    "qwen3": (
+        {
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "head_dim": 16,
+            "attention_bias": False,
+            "tie_word_embeddings": False,
+            "use_sliding_window": False,
+            "sliding_window": None,
+            "rope_theta": 1000000.0,
+        },
+        {},
+    ),
+    # A window of 5, shorter than every long prompt.
+    "mistral_window": (
+        {
+            "architectures": ["MistralForCausalLM"],
+            "model_type": "mistral",
+            "sliding_window": 5,
+            "tie_word_embeddings": False,
+        },
+        {"sliding_window": None},
+    ),
+}
+
+
+def prompts(rng, vocab):
+    """A of 10 tokens, B sharing A's first 6 (for the prefix-cache test), C of 3."""
+    a = [1] + [int(x) for x in rng.integers(3, vocab, 9)]
+    b = a[:6] + [int(x) for x in rng.integers(3, vocab, 4)]
+    c = [1] + [int(x) for x in rng.integers(3, vocab, 2)]
+    return [a, b, c]
+
+
+def init_(model, seed):
+    """Weights whose greedy text is not flat: projections ~ N(0, 1/fan_in), norms around 1,
+    biases 0.1, embeddings N(0, 0.1) (small beside the layers' outputs, or a tied head makes
+    every token predict itself); all rounded to bf16."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                v = 1.0 + 0.2 * torch.randn(p.shape, generator=g)
+            elif name.endswith(".bias"):
+                v = 0.1 * torch.randn(p.shape, generator=g)
+            elif "embed_tokens" in name:
+                v = 0.1 * torch.randn(p.shape, generator=g)
+            else:
+                v = torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1])
+            p.copy_(v.to(torch.bfloat16).float())
+
+
+def load(dir_, overrides=None):
+    cfg = AutoConfig.from_pretrained(dir_)
+    for k, v in (overrides or {}).items():
+        if k == "rope_scaling":
+            # transformers 5 keeps RoPE in rope_parameters (rope_scaling is an alias of it).
+            cfg.rope_parameters = {"rope_type": "default", "rope_theta": cfg.rope_parameters["rope_theta"]}
+        else:
+            setattr(cfg, k, v)
+    cfg._attn_implementation = "eager"
+    return AutoModelForCausalLM.from_config(cfg).float().eval()
+
+
+@torch.no_grad()
+def greedy(model, prompt):
+    toks = list(prompt)
+    margins = []
+    for _ in range(NEW_TOKENS):
+        last = model(torch.tensor([toks])).logits[0, -1]
+        top = torch.topk(last, 2).values
+        margins.append(float(top[0] - top[1]))
+        toks.append(int(last.argmax()))
+    logits = model(torch.tensor([toks[:-1]])).logits[0]
+    assert [int(x) for x in logits[len(prompt) - 1 :].argmax(-1)] == toks[len(prompt) :]
+    return toks[len(prompt) :], logits, min(margins)
+
+
+def f32_text(row):
+    return "[" + ",".join(np.format_float_positional(x, unique=True, trim="-") for x in row.numpy().astype(np.float32)) + "]"
+
+
+# `--alt`: every fixture again with other shapes and seeds, for an independent check
+# (`DPSERVE_TEST_HF_FIXTURES=DIR cargo test -p worker --test hf_parity`); not committed.
+ALT_BASE = {
+    "hidden_size": 64,
+    "intermediate_size": 136,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "vocab_size": 200,
+    "rms_norm_eps": 1e-6,
+}
+ALT_FIELDS = {"qwen3": {"head_dim": 32, "attention_bias": True}, "mistral_window": {"sliding_window": 7}}
+
+
+def build(out, name, fields, off, base=BASE, seeds=range(100)):
+    d = out / name
+    for seed in seeds:
+        if d.exists():
+            shutil.rmtree(d)
+        d.mkdir(parents=True)
+        cfg = dict(base, **fields)
+        (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        model = load(d)
+        init_(model, seed)
+        ps = prompts(np.random.default_rng(seed), cfg["vocab_size"])
+        runs = [greedy(model, p) for p in ps]
+        margin = min(r[2] for r in runs)
+        if margin < MIN_MARGIN or any(len(set(r[0])) < 3 for r in runs):
+            continue
+        state = {k: v.to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+        if cfg.get("tie_word_embeddings"):
+            state.pop("lm_head.weight", None)
+        save_file(state, d / "model.safetensors", metadata={"format": "pt"})
+        # The option turned off, on the same weights: it must matter at these lengths.
+        option_moves = None
+        if off:
+            plain = load(d, off)
+            plain.load_state_dict(model.state_dict(), strict=False)
+            with torch.no_grad():
+                option_moves = max(
+                    float((plain(torch.tensor([p + g[:-1]])).logits[0] - lg).abs().max())
+                    for p, (g, lg, _) in zip(ps, runs)
+                )
+            assert option_moves > OPTION_MATTERS, f"{name}: {off} changes logits by only {option_moves}"
+        seqs = ",\n".join(
+            '    {"prompt": %s, "greedy": %s, "logits": [\n      %s\n    ]}'
+            % (json.dumps(p), json.dumps(g), ",\n      ".join(f32_text(r) for r in lg))
+            for p, (g, lg, _) in zip(ps, runs)
+        )
+        meta = {
+            "family": fields["architectures"][0],
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+            "seed": seed,
+            "min_greedy_margin": margin,
+            "option_off": off,
+            "option_moves_logits_by": option_moves,
+        }
+        head = json.dumps(meta, indent=2)[:-2]
+        (d / "reference.json").write_text(head + ',\n  "sequences": [\n' + seqs + "\n  ]\n}\n")
+        json.loads((d / "reference.json").read_text())
+        print(f"{name}: seed {seed}, min margin {margin:.4f}, option moves logits by {option_moves}")
+        return
+    raise SystemExit(f"{name}: no seed in {seeds} gives greedy margins above {MIN_MARGIN}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="worker/tests/fixtures/hf")
+    ap.add_argument("--alt", action="store_true", help="other shapes and seeds (see ALT_BASE)")
+    ap.add_argument("names", nargs="*", help="fixtures to build (default: all)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    out = pathlib.Path(args.out)
+    for name in args.names or FIXTURES:
+        fields, off = copy.deepcopy(FIXTURES[name])
+        if args.alt:
+            fields.update(ALT_FIELDS.get(name, {}))
+            build(out, name, fields, off, dict(BASE, **ALT_BASE), range(1000, 1100))
+        else:
+            build(out, name, fields, off)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+//! The model against Hugging Face transformers: each fixture of `tests/fixtures/hf` (a tiny
+//! random checkpoint per family and option, made by `tests/python/make_model_fixtures.py`) is
+//! loaded and run as the scheduler runs it — greedy decode after a whole prefill, a prefill in
+//! chunks of 3, every position as its own step, all prompts batched, and a prompt whose first
+//! tokens are another's cached prefix — and every logit is compared with the f32 logits
+//! transformers recorded (within [`TOL`]), every greedy token with its greedy token (exactly).
+//! Each kernel path this CPU supports runs the whole check in its own process, as a worker
+//! would (the path is fixed once per process).
+
+mod common;
+#[path = "common/hf_fixture.rs"]
+mod hf_fixture;
+
+use common::this_binary;
+use hf_fixture::{fixtures, max_abs_diff, Fixture, RefSeq};
+use kernels::{KernelPath, KERNEL_PATH_ENV};
+use worker::model::{KvBuffers, LlamaModel, SeqInput};
+
+/// Largest |dpserve − transformers| allowed on any logit.
+const TOL: f32 = 1e-4;
+
+/// Set in the children the parent test starts.
+const CHILD: &str = "DPSERVE_HF_PARITY_TEST_CHILD";
+
+/// The model of one fixture with a KV pool, tracking the largest difference seen.
+struct Run<'a> {
+    fx: &'a Fixture,
+    model: LlamaModel,
+    worst: f32,
+}
+
+/// Scattered slots, so slot indirection is exercised: sequence `s`'s position `p`.
+fn slot(s: usize, p: usize) -> u32 {
+    ((s * 64 + p) * 7 % 211) as u32
+}
+
+const POOL: usize = 211;
+
+impl<'a> Run<'a> {
+    fn new(fx: &'a Fixture) -> Self {
+        let model =
+            LlamaModel::load_hf(&fx.dir).unwrap_or_else(|e| panic!("{}: loading: {e}", fx.name));
+        Run {
+            fx,
+            model,
+            worst: 0.0,
+        }
+    }
+
+    fn kv(&self) -> KvBuffers {
+        KvBuffers::new(self.model.config(), POOL)
+    }
+
+    fn vocab(&self) -> usize {
+        self.model.config().vocab_size
+    }
+
+    /// Checks one logits row against sequence `s`'s reference at position `p`.
+    fn check(&mut self, what: &str, s: usize, p: usize, got: &[f32]) {
+        let d = max_abs_diff(got, &self.fx.seqs[s].logits[p]);
+        assert!(
+            d <= TOL,
+            "{} {what}: seq {s} position {p}: max |dpserve - transformers| = {d:e} > {TOL:e}",
+            self.fx.name
+        );
+        self.worst = self.worst.max(d);
+    }
+
+    /// Prefill of each prompt on its own, then greedy decode: the tokens must be transformers'.
+    fn greedy(&mut self) {
+        for s in 0..self.fx.seqs.len() {
+            let mut kv = self.kv();
+            let rs = &self.fx.seqs[s];
+            let (prompt, want) = (rs.prompt.clone(), rs.greedy.clone());
+            let slots: Vec<u32> = (0..prompt.len() + want.len()).map(|p| slot(s, p)).collect();
+            let mut toks = prompt.clone();
+            let mut start = 0;
+            let mut got = Vec::new();
+            while got.len() < want.len() {
+                let logits = self
+                    .model
+                    .forward(
+                        &mut kv,
+                        &[SeqInput {
+                            new_tokens: &toks[start..],
+                            start_pos: start,
+                            slots: &slots[..toks.len()],
+                        }],
+                    )
+                    .expect("forward");
+                self.check("greedy", s, toks.len() - 1, &logits);
+                let next = kernels::argmax(&logits) as u32;
+                got.push(next);
+                start = toks.len();
+                toks.push(next);
+            }
+            assert_eq!(got, want, "{}: greedy tokens of seq {s}", self.fx.name);
+        }
+    }
+
+    /// Every sequence in chunks of `chunk` tokens (1: every position its own step); the last
+    /// row of each chunk is checked.
+    fn chunked(&mut self, chunk: usize) {
+        for s in 0..self.fx.seqs.len() {
+            let mut kv = self.kv();
+            let toks = self.fx.seqs[s].tokens();
+            let slots: Vec<u32> = (0..toks.len()).map(|p| slot(s, p)).collect();
+            for a in (0..toks.len()).step_by(chunk) {
+                let b = (a + chunk).min(toks.len());
+                let logits = self
+                    .model
+                    .forward(
+                        &mut kv,
+                        &[SeqInput {
+                            new_tokens: &toks[a..b],
+                            start_pos: a,
+                            slots: &slots[..b],
+                        }],
+                    )
+                    .expect("forward");
+                self.check(&format!("chunks of {chunk}"), s, b - 1, &logits);
+            }
+        }
+    }
+
+    /// All prompts prefilled in one step, then their continuations decoded together.
+    fn batched(&mut self) {
+        let mut kv = self.kv();
+        let n = self.fx.seqs.len();
+        let seqs: Vec<Vec<u32>> = self.fx.seqs.iter().map(RefSeq::tokens).collect();
+        let slots: Vec<Vec<u32>> = seqs
+            .iter()
+            .enumerate()
+            .map(|(s, t)| (0..t.len()).map(|p| slot(s, p)).collect())
+            .collect();
+        let plen: Vec<usize> = self.fx.seqs.iter().map(|r| r.prompt.len()).collect();
+        let steps = seqs[0].len() - plen[0];
+        for step in 0..=steps {
+            let inputs: Vec<SeqInput<'_>> = (0..n)
+                .map(|s| {
+                    let (a, b) = match step {
+                        0 => (0, plen[s]),
+                        k => (plen[s] + k - 1, plen[s] + k),
+                    };
+                    SeqInput {
+                        new_tokens: &seqs[s][a..b],
+                        start_pos: a,
+                        slots: &slots[s][..b],
+                    }
+                })
+                .collect();
+            let logits = self.model.forward(&mut kv, &inputs).expect("forward");
+            let vocab = self.vocab();
+            for s in 0..n {
+                let row = logits[s * vocab..(s + 1) * vocab].to_vec();
+                self.check("batched", s, plen[s] + step - 1, &row);
+            }
+        }
+    }
+
+    /// Prompt B after prompt A's first `shared` positions are cached: B's prefill computes
+    /// only its own tokens, reading A's K/V for the prefix (as a radix-cache hit does).
+    fn prefix_cached(&mut self) {
+        let (a, b) = (&self.fx.seqs[0], &self.fx.seqs[1]);
+        let shared = a
+            .prompt
+            .iter()
+            .zip(&b.prompt)
+            .take_while(|(x, y)| x == y)
+            .count();
+        assert!(
+            shared > 1,
+            "{}: prompts 0 and 1 share no prefix",
+            self.fx.name
+        );
+        let (a_toks, b_toks) = (a.tokens(), b.tokens());
+        let mut kv = self.kv();
+        let a_slots: Vec<u32> = (0..a_toks.len()).map(|p| slot(0, p)).collect();
+        self.model
+            .forward(
+                &mut kv,
+                &[SeqInput {
+                    new_tokens: &a_toks,
+                    start_pos: 0,
+                    slots: &a_slots,
+                }],
+            )
+            .expect("forward");
+        let mut b_slots = a_slots[..shared].to_vec();
+        b_slots.extend((shared..b_toks.len()).map(|p| slot(1, p)));
+        let logits = self
+            .model
+            .forward(
+                &mut kv,
+                &[SeqInput {
+                    new_tokens: &b_toks[shared..],
+                    start_pos: shared,
+                    slots: &b_slots,
+                }],
+            )
+            .expect("forward");
+        self.check("prefix-cached", 1, b_toks.len() - 1, &logits);
+    }
+}
+
+/// The whole check of every fixture on this process's kernel path; one line per fixture.
+fn check_all() {
+    let path = kernels::kernel_path();
+    for fx in fixtures() {
+        let mut run = Run::new(&fx);
+        run.greedy();
+        run.chunked(3);
+        run.chunked(1);
+        run.batched();
+        run.prefix_cached();
+        println!(
+            "parity: {path} {} max |dpserve - transformers| = {:e}",
+            fx.name, run.worst
+        );
+    }
+}
+
+#[test]
+fn every_fixture_matches_transformers_on_every_kernel_path() {
+    if std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    for p in KernelPath::all_supported() {
+        let out = this_binary()
+            .args(["--exact", "child_check", "--nocapture", "--test-threads=1"])
+            .env(CHILD, "1")
+            .env(KERNEL_PATH_ENV, p.name())
+            .output()
+            .expect("start child");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{p}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let lines: Vec<&str> = stdout.lines().filter(|l| l.contains("parity: ")).collect();
+        assert!(
+            !lines.is_empty(),
+            "{p}: the child checked nothing: {stdout}"
+        );
+        for l in lines {
+            eprintln!("{}", &l[l.find("parity: ").unwrap()..]);
+        }
+    }
+}
+
+#[test]
+fn child_check() {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    check_all();
+}
