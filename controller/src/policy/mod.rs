@@ -18,7 +18,7 @@ pub use prefix_affinity::{PrefixAffinity, PrefixAffinityConfig};
 pub use round_robin::RoundRobin;
 
 /// The routing vocabulary lives in `protocol::trace_event`, beside the trace events that carry it.
-pub use protocol::trace_event::{Branch, KeySource, RankCost, RankLoad};
+pub use protocol::trace_event::{Branch, KeySource, RankCost, RankLoad, RankScore};
 
 use std::fmt;
 
@@ -35,8 +35,37 @@ pub struct RouteInput<'a> {
 #[derive(Debug, Clone, Default)]
 pub struct RankSet {
     ranks: Vec<RankLoad>,
-    /// What the KV index says of the request's prompt on these ranks (`cache_aware` only).
+    /// Each rank's queue split and KV capacity, in `ranks` order (empty: not known).
+    queues: Vec<RankQueue>,
+    /// What the KV index says of the request's prompt on these ranks (methods that read it).
     cached: Option<CachedPrefix>,
+}
+
+/// What a rank's last status said beyond its [`RankLoad`]: the split of its active requests
+/// into running and waiting, and its KV capacity, for the rules that weigh them apart
+/// (`vllm_dp`, `llmd_prefix`). Kept beside the load rather than in it, so the traced
+/// [`RankLoad`] keeps its shape; the methods trace what they used in their [`RankScore`]s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RankQueue {
+    pub rank: u32,
+    /// Running by the last applied status.
+    pub running_requests: u64,
+    /// Waiting by the last applied status, plus the dispatches it does not count yet
+    /// (speculative): `running_requests + waiting_requests` is the load's `active_requests`.
+    pub waiting_requests: u64,
+    /// The rank's KV capacity in tokens (`max_total_tokens` of its status; 0 before one).
+    pub max_total_tokens: u64,
+}
+
+impl RankQueue {
+    /// KV-cache utilisation in [0, 1]: active tokens (held, reserved, or sent since the last
+    /// status) over capacity; 0 while the capacity is unknown.
+    pub fn kv_utilization(&self, load: &RankLoad) -> f64 {
+        if self.max_total_tokens == 0 {
+            return 0.0;
+        }
+        (load.active_tokens as f64 / self.max_total_tokens as f64).min(1.0)
+    }
 }
 
 /// A prompt as the KV index sees it on the live ranks (`cache_aware`), computed by the
@@ -48,6 +77,8 @@ pub struct CachedPrefix {
     /// Hash of the prompt's first block (its first tokens, when shorter): the key that keeps
     /// cold prompts with the same beginning together.
     pub first_block: u64,
+    /// Tokens per block of the index (the workers' `--kv-event-block-size`).
+    pub block_size: usize,
 }
 
 impl RankSet {
@@ -55,8 +86,34 @@ impl RankSet {
         ranks.sort_by_key(|r| r.rank);
         RankSet {
             ranks,
+            queues: Vec::new(),
             cached: None,
         }
+    }
+
+    /// The same ranks, with each one's queue split and capacity (one per rank, any order).
+    pub fn with_queues(mut self, mut queues: Vec<RankQueue>) -> Self {
+        queues.sort_by_key(|q| q.rank);
+        debug_assert!(queues
+            .iter()
+            .map(|q| q.rank)
+            .eq(self.ranks.iter().map(|r| r.rank)));
+        self.queues = queues;
+        self
+    }
+
+    /// The queue split of the rank at `i` (in [`RankSet::loads`] order). Unknown: every
+    /// active request counts as running, capacity 0.
+    pub fn queue(&self, i: usize) -> RankQueue {
+        self.queues.get(i).copied().unwrap_or_else(|| {
+            let l = &self.ranks[i];
+            RankQueue {
+                rank: l.rank,
+                running_requests: l.active_requests,
+                waiting_requests: 0,
+                max_total_tokens: 0,
+            }
+        })
     }
 
     /// The same ranks, with what the KV index says of the request's prompt on each.
@@ -143,6 +200,8 @@ pub struct RouteDecision {
     pub fallback: Option<Method>,
     /// `cache_aware`: every candidate's cached prefix and cost, cheapest first.
     pub costs: Vec<RankCost>,
+    /// The peers' methods: every live rank's terms of the rule, in rank order.
+    pub scores: Vec<RankScore>,
 }
 
 impl RouteDecision {
@@ -157,6 +216,15 @@ impl RouteDecision {
             threshold: None,
             fallback: None,
             costs: Vec::new(),
+            scores: Vec::new(),
+        }
+    }
+
+    /// A decision with no key information and these per-rank scores.
+    pub fn scored(rank: u32, branch: Branch, scores: Vec<RankScore>) -> Self {
+        RouteDecision {
+            scores,
+            ..RouteDecision::plain(rank, branch)
         }
     }
 
@@ -174,6 +242,7 @@ impl RouteDecision {
             fallback: self.fallback.map(|m| m.to_string()),
             leg: None,
             costs: self.costs.clone(),
+            scores: self.scores.clone(),
         }
     }
 }

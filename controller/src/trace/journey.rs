@@ -392,9 +392,11 @@ fn route_lines_of_milestone(m: &Milestone) -> Option<Vec<String>> {
             fallback,
             leg,
             costs,
+            scores,
         } => {
             rec.leg = leg.clone();
             rec.costs.clone_from(costs);
+            rec.scores.clone_from(scores);
             if !method.is_empty() {
                 rec.method = method.clone();
             }

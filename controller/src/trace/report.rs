@@ -510,6 +510,7 @@ mod tests {
             .with_cached_prefix(CachedPrefix {
                 matched_tokens: matched,
                 first_block: 7,
+                block_size: 32,
             })
         };
         let explain_with = |m: &mut CacheAware, ranks: RankSet| {
