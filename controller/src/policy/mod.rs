@@ -9,6 +9,7 @@ pub mod hrw;
 mod least_loaded;
 mod prefix_affinity;
 mod round_robin;
+mod vllm_dp;
 
 pub use bootstrap_room::FollowBootstrapRoom;
 pub use cache_aware::{CacheAware, CacheAwareConfig};
@@ -16,6 +17,7 @@ pub use hrw::{Blake2Hrw, HrwHasher};
 pub use least_loaded::{TotalRequests, TotalTokens};
 pub use prefix_affinity::{PrefixAffinity, PrefixAffinityConfig};
 pub use round_robin::RoundRobin;
+pub use vllm_dp::VllmDp;
 
 /// The routing vocabulary lives in `protocol::trace_event`, beside the trace events that carry it.
 pub use protocol::trace_event::{Branch, KeySource, RankCost, RankLoad, RankScore};
@@ -272,6 +274,8 @@ pub enum Method {
     /// The rank whose prefix cache holds most of the prompt (from the workers' KV events),
     /// traded against its load, with prefix_affinity's overload guard; no key needed.
     CacheAware,
+    /// vLLM's data-parallel balancer: the lowest 4 × waiting + running (first rank on ties).
+    VllmDp,
 }
 
 impl Method {
@@ -284,6 +288,7 @@ impl Method {
             Method::FollowBootstrapRoom => "follow_bootstrap_room",
             Method::PrefixAffinity => "prefix_affinity",
             Method::CacheAware => "cache_aware",
+            Method::VllmDp => "vllm_dp",
         }
     }
 
@@ -305,6 +310,7 @@ impl Method {
             Method::FollowBootstrapRoom => Box::new(FollowBootstrapRoom::default()),
             Method::PrefixAffinity => Box::new(PrefixAffinity::new(affinity.clone())),
             Method::CacheAware => Box::new(CacheAware::new(cache.clone())),
+            Method::VllmDp => Box::new(VllmDp),
         }
     }
 }
@@ -381,7 +387,8 @@ mod tests {
                 "total_tokens",
                 "follow_bootstrap_room",
                 "prefix_affinity",
-                "cache_aware"
+                "cache_aware",
+                "vllm_dp"
             ]
         );
     }
