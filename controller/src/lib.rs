@@ -22,7 +22,7 @@ use protocol::endpoint::default_endpoint;
 use protocol::Endpoint;
 
 pub use error::{Error, Result};
-pub use policy::{CacheAwareConfig, FallbackMethod, Method, PrefixAffinityConfig};
+pub use policy::{CacheAwareConfig, FallbackMethod, Method, PeerConfigs, PrefixAffinityConfig};
 pub use server::{Controller, ControllerConfig};
 
 /// `--worker-timeout` (seconds) when not given.
@@ -146,6 +146,8 @@ impl ControllerArgs {
             decode_method: routing.decode_load_balance_method,
             prefix_affinity,
             cache_aware,
+            // The peers' methods at their projects' defaults (their flags come next).
+            peers: PeerConfigs::default(),
             trace_file: routing.trace_file.clone(),
             trace_dir: self.trace_dir.clone(),
             trace_max_bytes: self.trace_max_mb << 20,

@@ -5,18 +5,23 @@
 
 mod bootstrap_room;
 mod cache_aware;
+mod clock;
 pub mod hrw;
 mod least_loaded;
+mod page_tree;
 mod prefix_affinity;
 mod round_robin;
+mod smg_cache_aware;
 mod vllm_dp;
 
 pub use bootstrap_room::FollowBootstrapRoom;
 pub use cache_aware::{CacheAware, CacheAwareConfig};
+pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use hrw::{Blake2Hrw, HrwHasher};
 pub use least_loaded::{TotalRequests, TotalTokens};
 pub use prefix_affinity::{PrefixAffinity, PrefixAffinityConfig};
 pub use round_robin::RoundRobin;
+pub use smg_cache_aware::{SmgCacheAware, SmgCacheAwareConfig};
 pub use vllm_dp::VllmDp;
 
 /// The routing vocabulary lives in `protocol::trace_event`, beside the trace events that carry it.
@@ -276,6 +281,9 @@ pub enum Method {
     CacheAware,
     /// vLLM's data-parallel balancer: the lowest 4 × waiting + running (first rank on ties).
     VllmDp,
+    /// SMG's cache_aware: a prefix tree per rank from the routing history; the best match
+    /// above --smg-cache-threshold, else the least loaded, shortest queue when imbalanced.
+    SmgCacheAware,
 }
 
 impl Method {
@@ -289,6 +297,7 @@ impl Method {
             Method::PrefixAffinity => "prefix_affinity",
             Method::CacheAware => "cache_aware",
             Method::VllmDp => "vllm_dp",
+            Method::SmgCacheAware => "smg_cache_aware",
         }
     }
 
@@ -297,11 +306,13 @@ impl Method {
         self == Method::CacheAware
     }
 
-    /// Build the balancer; `affinity` configures `prefix_affinity`, `cache` `cache_aware`.
+    /// Build the balancer; `affinity` configures `prefix_affinity`, `cache` `cache_aware`,
+    /// `peers` the peers' methods.
     pub fn balancer(
         self,
         affinity: &PrefixAffinityConfig,
         cache: &CacheAwareConfig,
+        peers: &PeerConfigs,
     ) -> Box<dyn LoadBalancer> {
         match self {
             Method::RoundRobin => Box::new(RoundRobin::default()),
@@ -311,8 +322,19 @@ impl Method {
             Method::PrefixAffinity => Box::new(PrefixAffinity::new(affinity.clone())),
             Method::CacheAware => Box::new(CacheAware::new(cache.clone())),
             Method::VllmDp => Box::new(VllmDp),
+            Method::SmgCacheAware => Box::new(SmgCacheAware::new(
+                peers.smg.clone(),
+                Box::new(MonotonicClock::new()),
+            )),
         }
     }
+}
+
+/// The settings of the peers' methods (`--smg-*`, `--dynamo-*`, `--llmd-*`; `vllm_dp` has
+/// none). `Default` holds each project's published defaults.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PeerConfigs {
+    pub smg: SmgCacheAwareConfig,
 }
 
 impl fmt::Display for Method {
@@ -388,7 +410,8 @@ mod tests {
                 "follow_bootstrap_room",
                 "prefix_affinity",
                 "cache_aware",
-                "vllm_dp"
+                "vllm_dp",
+                "smg_cache_aware"
             ]
         );
     }
