@@ -6,10 +6,12 @@
 mod bootstrap_room;
 mod cache_aware;
 mod clock;
+mod dynamo_kv;
 pub mod hrw;
 mod least_loaded;
 mod page_tree;
 mod prefix_affinity;
+mod rng;
 mod round_robin;
 mod smg_cache_aware;
 mod vllm_dp;
@@ -17,9 +19,11 @@ mod vllm_dp;
 pub use bootstrap_room::FollowBootstrapRoom;
 pub use cache_aware::{CacheAware, CacheAwareConfig};
 pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use dynamo_kv::{DynamoKv, DynamoKvConfig};
 pub use hrw::{Blake2Hrw, HrwHasher};
 pub use least_loaded::{TotalRequests, TotalTokens};
 pub use prefix_affinity::{PrefixAffinity, PrefixAffinityConfig};
+pub use rng::SplitMix64;
 pub use round_robin::RoundRobin;
 pub use smg_cache_aware::{SmgCacheAware, SmgCacheAwareConfig};
 pub use vllm_dp::VllmDp;
@@ -284,6 +288,9 @@ pub enum Method {
     /// SMG's cache_aware: a prefix tree per rank from the routing history; the best match
     /// above --smg-cache-threshold, else the least loaded, shortest queue when imbalanced.
     SmgCacheAware,
+    /// Dynamo's KV router: the lowest overlap_score_weight × prefill blocks to compute +
+    /// active decode blocks (KV events), softmax-sampled at --dynamo-router-temperature > 0.
+    DynamoKv,
 }
 
 impl Method {
@@ -298,12 +305,13 @@ impl Method {
             Method::CacheAware => "cache_aware",
             Method::VllmDp => "vllm_dp",
             Method::SmgCacheAware => "smg_cache_aware",
+            Method::DynamoKv => "dynamo_kv",
         }
     }
 
     /// Whether the method reads the KV index (the controller then matches each prompt).
     pub fn uses_kv_index(self) -> bool {
-        self == Method::CacheAware
+        matches!(self, Method::CacheAware | Method::DynamoKv)
     }
 
     /// Build the balancer; `affinity` configures `prefix_affinity`, `cache` `cache_aware`,
@@ -326,6 +334,7 @@ impl Method {
                 peers.smg.clone(),
                 Box::new(MonotonicClock::new()),
             )),
+            Method::DynamoKv => Box::new(DynamoKv::new(peers.dynamo.clone())),
         }
     }
 }
@@ -335,6 +344,7 @@ impl Method {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct PeerConfigs {
     pub smg: SmgCacheAwareConfig,
+    pub dynamo: DynamoKvConfig,
 }
 
 impl fmt::Display for Method {
@@ -411,7 +421,8 @@ mod tests {
                 "prefix_affinity",
                 "cache_aware",
                 "vllm_dp",
-                "smg_cache_aware"
+                "smg_cache_aware",
+                "dynamo_kv"
             ]
         );
     }
