@@ -9,6 +9,7 @@ mod clock;
 mod dynamo_kv;
 pub mod hrw;
 mod least_loaded;
+mod llmd_prefix;
 mod page_tree;
 mod prefix_affinity;
 mod rng;
@@ -22,6 +23,7 @@ pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use dynamo_kv::{DynamoKv, DynamoKvConfig};
 pub use hrw::{Blake2Hrw, HrwHasher};
 pub use least_loaded::{TotalRequests, TotalTokens};
+pub use llmd_prefix::{LlmdPrefix, LlmdPrefixConfig};
 pub use prefix_affinity::{PrefixAffinity, PrefixAffinityConfig};
 pub use rng::SplitMix64;
 pub use round_robin::RoundRobin;
@@ -291,6 +293,9 @@ pub enum Method {
     /// Dynamo's KV router: the lowest overlap_score_weight × prefill blocks to compute +
     /// active decode blocks (KV events), softmax-sampled at --dynamo-router-temperature > 0.
     DynamoKv,
+    /// llm-d's scheduler: the highest weighted sum of its precise prefix-cache (KV events),
+    /// queue and KV-utilisation scorers.
+    LlmdPrefix,
 }
 
 impl Method {
@@ -306,12 +311,16 @@ impl Method {
             Method::VllmDp => "vllm_dp",
             Method::SmgCacheAware => "smg_cache_aware",
             Method::DynamoKv => "dynamo_kv",
+            Method::LlmdPrefix => "llmd_prefix",
         }
     }
 
     /// Whether the method reads the KV index (the controller then matches each prompt).
     pub fn uses_kv_index(self) -> bool {
-        matches!(self, Method::CacheAware | Method::DynamoKv)
+        matches!(
+            self,
+            Method::CacheAware | Method::DynamoKv | Method::LlmdPrefix
+        )
     }
 
     /// Build the balancer; `affinity` configures `prefix_affinity`, `cache` `cache_aware`,
@@ -335,6 +344,7 @@ impl Method {
                 Box::new(MonotonicClock::new()),
             )),
             Method::DynamoKv => Box::new(DynamoKv::new(peers.dynamo.clone())),
+            Method::LlmdPrefix => Box::new(LlmdPrefix::new(peers.llmd.clone())),
         }
     }
 }
@@ -345,6 +355,7 @@ impl Method {
 pub struct PeerConfigs {
     pub smg: SmgCacheAwareConfig,
     pub dynamo: DynamoKvConfig,
+    pub llmd: LlmdPrefixConfig,
 }
 
 impl fmt::Display for Method {
@@ -422,7 +433,8 @@ mod tests {
                 "cache_aware",
                 "vllm_dp",
                 "smg_cache_aware",
-                "dynamo_kv"
+                "dynamo_kv",
+                "llmd_prefix"
             ]
         );
     }
