@@ -14,6 +14,7 @@ mod fixtures;
 pub mod journey;
 pub mod picture;
 pub mod report;
+mod scores;
 mod svg;
 pub mod timeline;
 pub mod traffic;
