@@ -343,7 +343,8 @@ pub enum RankScore {
         rank: u32,
         /// Leading prompt blocks the rank's prefix cache holds (from its KV events).
         overlap_blocks: u64,
-        /// Prompt blocks it would still compute.
+        /// Prompt blocks it would still compute: its predicted backlog (the requests it waits
+        /// to prefill) and this request's uncached blocks.
         prefill_blocks: f64,
         /// Its active KV blocks plus the request's own.
         decode_blocks: f64,

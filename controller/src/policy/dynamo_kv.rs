@@ -4,7 +4,9 @@
 //! ```text
 //! B               = tokens per KV block (the workers' --kv-event-block-size)
 //! overlap(r)      = leading prompt blocks rank r holds (KV index)
-//! prefill(r)      = max(prompt tokens − B × overlap(r), 0) / B     blocks still to compute
+//! backlog(r)      = uncached prompt tokens of the last waiting(r) requests this balancer
+//!                   sent r (their prefill is still to come: Dynamo's active prefill)
+//! prefill(r)      = (backlog(r) + max(prompt tokens − B × overlap(r), 0)) / B
 //! decode(r)       = active_tokens(r) / B + ⌈prompt tokens / B⌉      its active KV blocks,
 //!                                                                  with the request's own
 //! logit(r)        = overlap_score_weight × prefill(r) + decode(r)   lower is better
@@ -29,18 +31,25 @@
 //! dpserve's controller learns load from the ranks' statuses plus the dispatches sent since
 //! (the budget), so `decode(r)` is the rank's active tokens by that budget (KV held by running
 //! requests, plus the prompt and output reservation of each dispatch not yet in a status) in
-//! blocks. The prefill term has only this request's uncached blocks: the statuses do not say
-//! how many prompt tokens a rank still has to compute, so Dynamo's active-prefill backlog
-//! (`active_prefill_blocks`) is left out; a burst still spreads through `decode(r)`, which the
-//! speculative dispatches raise at once. The request's own blocks are not de-duplicated
+//! blocks. For the prefill backlog this balancer keeps its own predictions, as Dynamo does:
+//! the uncached prompt tokens of each request it sent a rank, newest last. The statuses say
+//! how many requests wait on the rank (plus the dispatches they do not count yet), not which,
+//! so the backlog is the newest `waiting(r)` of them (a FIFO queue's waiting requests are its
+//! newest); a running request still in chunked prefill, and requests sent by explicit rank,
+//! are not in it. The request's own blocks are not de-duplicated
 //! against blocks already active (Dynamo's `assume_kv_reuse`): a constant per request, it
 //! does not change the choice. Not modelled: host and disk cache tiers (dpserve has one),
 //! busy thresholds and the router queue (off by default in Dynamo), output-block tracking.
 //!
 //! Cost per decision: O(n) for n live ranks; the index lookups are the controller's.
 
+use std::collections::{BTreeMap, VecDeque};
+
 use super::rng::SplitMix64;
 use super::{Branch, LoadBalancer, RankScore, RankSet, RouteDecision, RouteInput};
+
+/// Predictions kept per rank: more than any rank's waiting queue holds in practice.
+const MAX_PREDICTIONS: usize = 4096;
 
 /// `--dynamo-*` settings. `Default` is the single source of the defaults; clap reads it.
 #[derive(Debug, Clone, PartialEq)]
@@ -67,12 +76,33 @@ impl Default for DynamoKvConfig {
 pub struct DynamoKv {
     config: DynamoKvConfig,
     rng: SplitMix64,
+    /// Per rank, the uncached prompt tokens of the requests this balancer sent it, newest last.
+    sent: BTreeMap<u32, VecDeque<u64>>,
 }
 
 impl DynamoKv {
     pub fn new(config: DynamoKvConfig) -> Self {
         let rng = SplitMix64::new(config.seed);
-        DynamoKv { config, rng }
+        DynamoKv {
+            config,
+            rng,
+            sent: BTreeMap::new(),
+        }
+    }
+
+    /// Prompt tokens still to prefill on `rank`: those of its `waiting` newest requests.
+    fn backlog(&self, rank: u32, waiting: u64) -> u64 {
+        self.sent
+            .get(&rank)
+            .map_or(0, |q| q.iter().rev().take(waiting as usize).sum())
+    }
+
+    fn predict(&mut self, rank: u32, uncached: u64) {
+        let q = self.sent.entry(rank).or_default();
+        if q.len() == MAX_PREDICTIONS {
+            q.pop_front();
+        }
+        q.push_back(uncached);
     }
 }
 
@@ -103,6 +133,7 @@ impl LoadBalancer for DynamoKv {
         let prompt = req.input_ids.len() as u64;
         let own_blocks = (prompt as f64 / block).ceil();
         let w = self.config.overlap_score_weight;
+        self.sent.retain(|rank, _| ranks.contains(*rank));
         let mut scores: Vec<RankScore> = loads
             .iter()
             .enumerate()
@@ -111,7 +142,8 @@ impl LoadBalancer for DynamoKv {
                     .and_then(|c| c.matched_tokens.get(i).copied())
                     .unwrap_or(0)
                     .min(prompt);
-                let prefill = (prompt - matched) as f64 / block;
+                let backlog = self.backlog(l.rank, ranks.queue(i).waiting_requests);
+                let prefill = (backlog + prompt - matched) as f64 / block;
                 let decode = l.active_tokens as f64 / block + own_blocks;
                 RankScore::DynamoKv {
                     rank: l.rank,
@@ -155,6 +187,11 @@ impl LoadBalancer for DynamoKv {
             let row = tied[self.rng.below(tied.len())];
             (row, Branch::LowestCost)
         };
+        let matched = cached
+            .and_then(|c| c.matched_tokens.get(row).copied())
+            .unwrap_or(0)
+            .min(prompt);
+        self.predict(loads[row].rank, prompt - matched);
         RouteDecision::scored(loads[row].rank, branch, scores)
     }
 }
@@ -279,6 +316,58 @@ mod tests {
         // A constant added to every logit (here 5 active blocks everywhere) changes nothing.
         let shifted = ranks(&[(0, 352), (1, 160)], &[256, 0]);
         assert_eq!(softmax(&logits(&m.select(&req(&PROMPT), &shifted)), 1.0), p);
+    }
+
+    #[test]
+    fn the_prefill_backlog_is_the_newest_waiting_requests_it_sent() {
+        use crate::policy::{RankLoad, RankQueue};
+        let mut m = DynamoKv::new(DynamoKvConfig::default());
+        let set = |waiting: [u64; 2]| {
+            let loads = (0..2)
+                .map(|rank| RankLoad {
+                    rank,
+                    active_requests: waiting[rank as usize],
+                    active_tokens: 0,
+                })
+                .collect();
+            let queues = (0..2)
+                .map(|rank| RankQueue {
+                    rank,
+                    running_requests: 0,
+                    waiting_requests: waiting[rank as usize],
+                    max_total_tokens: 0,
+                })
+                .collect();
+            RankSet::new(loads)
+                .with_queues(queues)
+                .with_cached_prefix(CachedPrefix {
+                    matched_tokens: vec![0, 0],
+                    first_block: 0,
+                    block_size: B,
+                })
+        };
+        // Two requests to rank 0 (ties drawn; force by making rank 1 look busy first).
+        let busy1 = ranks(&[(0, 0), (1, 3200)], &[0, 0]);
+        assert_eq!(m.select(&req(&PROMPT), &busy1).rank, 0);
+        assert_eq!(m.select(&req(&PROMPT[..64]), &busy1).rank, 0);
+        // Rank 0 still has one waiting: the newest (64 tokens, 2 blocks) is its backlog.
+        let d = m.select(&req(&PROMPT), &set([1, 0]));
+        let prefill: Vec<f64> = d
+            .scores
+            .iter()
+            .map(|s| match s {
+                RankScore::DynamoKv { prefill_blocks, .. } => *prefill_blocks,
+                _ => unreachable!(),
+            })
+            .collect();
+        assert_eq!(prefill, [12.0, 10.0]);
+        assert_eq!(d.rank, 1);
+        // Both waiting on rank 0: 320 + 64 tokens of backlog; none once they run.
+        assert_eq!(m.backlog(0, 2), 384);
+        assert_eq!(m.backlog(0, 0), 0);
+        // A rank that leaves takes its predictions with it.
+        m.select(&req(&PROMPT), &RankSet::with_loads(&[(1, 0, 0)]));
+        assert_eq!(m.backlog(0, 2), 0);
     }
 
     #[test]
