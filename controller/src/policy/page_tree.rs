@@ -163,6 +163,58 @@ mod tests {
         assert_eq!(t.tokens(), 64, "the shared pages are stored once");
     }
 
+    impl PageTree {
+        /// Every node's parent is in the tree and counts it among its children.
+        fn check(&self) {
+            let mut children: HashMap<u64, u32> = HashMap::new();
+            for n in self.nodes.values() {
+                if let Some(p) = n.parent {
+                    assert!(self.nodes.contains_key(&p), "orphan page");
+                    *children.entry(p).or_default() += 1;
+                }
+            }
+            for (h, n) in &self.nodes {
+                assert_eq!(n.children, children.get(h).copied().unwrap_or(0));
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Any mix of inserts (prompts drawn from a few shared prefixes) and evictions keeps
+        /// paths whole and evicts to the size asked, least recently routed first: the prompt
+        /// inserted last still matches whole after every eviction that leaves room for it.
+        #[test]
+        fn paths_stay_whole_and_eviction_keeps_to_its_size(
+            ops in proptest::collection::vec((0u8..4, 0u32..4, 1usize..6), 1..80)
+        ) {
+            let mut t = PageTree::default();
+            let mut tick = 0;
+            let mut last: Option<Vec<u64>> = None;
+            for (op, group, len) in ops {
+                if op == 0 {
+                    let max = (len * PAGE_TOKENS) as u64;
+                    t.evict_to(max);
+                    proptest::prop_assert!(t.tokens() <= max);
+                    match &last {
+                        Some(h) if (h.len() * PAGE_TOKENS) as u64 <= max => {
+                            proptest::prop_assert_eq!(t.matched(h).0, h.len());
+                        }
+                        // No room for it: it may be cut, and is no longer the one to watch.
+                        _ => last = None,
+                    }
+                } else {
+                    tick += 1;
+                    let pages: Vec<u32> = (0..len as u32).map(|i| group * 10 + i.min(op as u32)).collect();
+                    let h = page_hashes(&prompt(&pages));
+                    t.insert(&h, tick);
+                    proptest::prop_assert_eq!(t.matched(&h).0, h.len());
+                    last = Some(h);
+                }
+                t.check();
+            }
+        }
+    }
+
     #[test]
     fn eviction_removes_the_oldest_leaves_first_and_keeps_paths_whole() {
         let mut t = PageTree::default();
