@@ -207,3 +207,23 @@ pub(super) fn table(r: &RouteRecord, out: &mut String) {
         let _ = writeln!(out, "{row}{}", mark(s.rank()));
     }
 }
+
+/// One rank's terms, short, for a line of a request's journey (`r0 4×1+1=5`).
+pub(super) fn brief(s: &RankScore) -> String {
+    match *s {
+        RankScore::VllmDp {
+            rank,
+            waiting,
+            running,
+            score,
+        } => format!("r{rank} 4×{waiting}+{running}={score}"),
+        RankScore::SmgCacheAware {
+            rank,
+            matched_tokens,
+            load,
+            ..
+        } => format!("r{rank} {matched_tokens} matched, load {load}"),
+        RankScore::DynamoKv { rank, logit, .. } => format!("r{rank} logit {logit:.2}"),
+        RankScore::LlmdPrefix { rank, score, .. } => format!("r{rank} score {score:.2}"),
+    }
+}
