@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 
 use protocol::WorkerStatus;
 
+use crate::policy::RankQueue;
+
 /// Snapshots are applied at most this often per rank; newer ones wait as `pending`.
 pub const STATUS_REFRESH: Duration = Duration::from_millis(20);
 
@@ -38,6 +40,10 @@ struct Snapshot {
     timestamp: f64,
     requests: u64,
     tokens: u64,
+    /// The split of `requests`, and the rank's KV capacity (for [`RankBudget::queue`]).
+    running: u64,
+    waiting: u64,
+    max_total_tokens: u64,
     /// The last dispatch it counts (0: none yet); `None` from a worker that does not say.
     taken_seq: Option<u64>,
 }
@@ -107,6 +113,9 @@ impl RankBudget {
             timestamp: status.timestamp,
             requests: u64::from(status.num_running_reqs) + u64::from(status.num_waiting_reqs),
             tokens: status.num_used_tokens,
+            running: u64::from(status.num_running_reqs),
+            waiting: u64::from(status.num_waiting_reqs),
+            max_total_tokens: status.max_total_tokens,
             taken_seq: status.taken_seq,
         });
         if self.refresh(now) {
@@ -147,6 +156,21 @@ impl RankBudget {
             reqs + self.speculative.len() as u64,
             tokens + self.speculative_tokens,
         )
+    }
+
+    /// The split of [`RankBudget::load`]'s requests into running and waiting, the speculative
+    /// dispatches counted as waiting (the rank has not reported taking them in), and the
+    /// rank's KV capacity.
+    pub fn queue(&self, rank: u32) -> RankQueue {
+        let (running, waiting, max_total_tokens) = self
+            .applied
+            .map_or((0, 0, 0), |s| (s.running, s.waiting, s.max_total_tokens));
+        RankQueue {
+            rank,
+            running_requests: running,
+            waiting_requests: waiting + self.speculative.len() as u64,
+            max_total_tokens,
+        }
     }
 }
 

@@ -15,6 +15,13 @@ pub enum Error {
     CacheAwareLoadSkew { got: f64 },
     #[error("--cache-aware-load-weight must be a finite number >= 0, got {got}")]
     CacheAwareLoadWeight { got: f64 },
+    /// A peer method's flag out of its range (`--smg-*`, `--dynamo-*`, `--llmd-*`).
+    #[error("{flag} must be {rule}, got {got}")]
+    PeerFlag {
+        flag: &'static str,
+        rule: &'static str,
+        got: f64,
+    },
     #[error("--worker-timeout must be a positive number of seconds, got {got}")]
     WorkerTimeout { got: f64 },
     #[error("cannot open trace file {path}: {source}")]

@@ -255,6 +255,7 @@ impl KvIndex {
         CachedPrefix {
             matched_tokens: matched.iter().map(|&b| (b * block) as u64).collect(),
             first_block,
+            block_size: block,
         }
     }
 }

@@ -22,7 +22,10 @@ use protocol::endpoint::default_endpoint;
 use protocol::Endpoint;
 
 pub use error::{Error, Result};
-pub use policy::{CacheAwareConfig, FallbackMethod, Method, PrefixAffinityConfig};
+pub use policy::{
+    CacheAwareConfig, DynamoKvConfig, FallbackMethod, LlmdPrefixConfig, Method, PeerConfigs,
+    PrefixAffinityConfig, SmgCacheAwareConfig,
+};
 pub use server::{Controller, ControllerConfig};
 
 /// `--worker-timeout` (seconds) when not given.
@@ -94,6 +97,50 @@ pub struct RoutingArgs {
     #[arg(long, env = "DPSERVE_CACHE_AWARE_MAX_LOAD_SKEW",
           default_value_t = CacheAwareConfig::default().max_load_skew)]
     pub cache_aware_max_load_skew: f64,
+    /// smg_cache_aware: the best match in the routing-history tree wins when it covers more
+    /// than this share (0..=1) of the prompt; otherwise the least loaded rank.
+    #[arg(long, env = "DPSERVE_SMG_CACHE_THRESHOLD",
+          default_value_t = SmgCacheAwareConfig::default().cache_threshold)]
+    pub smg_cache_threshold: f64,
+    /// smg_cache_aware: loads are imbalanced (shortest queue, no affinity) when max − min
+    /// active requests exceeds this...
+    #[arg(long, env = "DPSERVE_SMG_BALANCE_ABS_THRESHOLD",
+          default_value_t = SmgCacheAwareConfig::default().balance_abs_threshold)]
+    pub smg_balance_abs_threshold: u64,
+    /// smg_cache_aware: ...and max exceeds this multiple (>= 1.0) of min.
+    #[arg(long, env = "DPSERVE_SMG_BALANCE_REL_THRESHOLD",
+          default_value_t = SmgCacheAwareConfig::default().balance_rel_threshold)]
+    pub smg_balance_rel_threshold: f64,
+    /// smg_cache_aware: seconds between evictions of the trees to --smg-max-tree-size
+    /// (0: never).
+    #[arg(long, env = "DPSERVE_SMG_EVICTION_INTERVAL",
+          default_value_t = SmgCacheAwareConfig::default().eviction_interval.as_secs())]
+    pub smg_eviction_interval: u64,
+    /// smg_cache_aware: tokens each rank's tree keeps after an eviction.
+    #[arg(long, env = "DPSERVE_SMG_MAX_TREE_SIZE",
+          default_value_t = SmgCacheAwareConfig::default().max_tree_size)]
+    pub smg_max_tree_size: u64,
+    /// dynamo_kv: weight (>= 0) of the prompt blocks a rank would still compute against its
+    /// active decode blocks.
+    #[arg(long, env = "DPSERVE_DYNAMO_OVERLAP_SCORE_WEIGHT",
+          default_value_t = DynamoKvConfig::default().overlap_score_weight)]
+    pub dynamo_overlap_score_weight: f64,
+    /// dynamo_kv: softmax temperature (>= 0) over the normalised costs; 0 takes the lowest.
+    #[arg(long, env = "DPSERVE_DYNAMO_ROUTER_TEMPERATURE",
+          default_value_t = DynamoKvConfig::default().router_temperature)]
+    pub dynamo_router_temperature: f64,
+    /// llmd_prefix: weight (>= 0) of the precise prefix-cache scorer.
+    #[arg(long, env = "DPSERVE_LLMD_PREFIX_CACHE_WEIGHT",
+          default_value_t = LlmdPrefixConfig::default().prefix_cache_weight)]
+    pub llmd_prefix_cache_weight: f64,
+    /// llmd_prefix: weight (>= 0) of the queue scorer.
+    #[arg(long, env = "DPSERVE_LLMD_QUEUE_WEIGHT",
+          default_value_t = LlmdPrefixConfig::default().queue_weight)]
+    pub llmd_queue_weight: f64,
+    /// llmd_prefix: weight (>= 0) of the KV-cache-utilisation scorer.
+    #[arg(long, env = "DPSERVE_LLMD_KV_CACHE_UTILIZATION_WEIGHT",
+          default_value_t = LlmdPrefixConfig::default().kv_cache_utilization_weight)]
+    pub llmd_kv_cache_utilization_weight: f64,
     /// Append one JSON line per routing decision to this file (read it with `dpserve trace`).
     #[arg(long, env = "DPSERVE_TRACE_FILE")]
     pub trace_file: Option<PathBuf>,
@@ -109,6 +156,7 @@ impl Default for RoutingArgs {
     fn default() -> Self {
         let affinity = PrefixAffinityConfig::default();
         let cache = CacheAwareConfig::default();
+        let peers = PeerConfigs::default();
         RoutingArgs {
             load_balance_method: Method::default(),
             decode_load_balance_method: DEFAULT_DECODE_METHOD,
@@ -118,6 +166,16 @@ impl Default for RoutingArgs {
             prefix_affinity_max_load_skew: affinity.max_load_skew,
             cache_aware_load_weight: cache.load_weight,
             cache_aware_max_load_skew: cache.max_load_skew,
+            smg_cache_threshold: peers.smg.cache_threshold,
+            smg_balance_abs_threshold: peers.smg.balance_abs_threshold,
+            smg_balance_rel_threshold: peers.smg.balance_rel_threshold,
+            smg_eviction_interval: peers.smg.eviction_interval.as_secs(),
+            smg_max_tree_size: peers.smg.max_tree_size,
+            dynamo_overlap_score_weight: peers.dynamo.overlap_score_weight,
+            dynamo_router_temperature: peers.dynamo.router_temperature,
+            llmd_prefix_cache_weight: peers.llmd.prefix_cache_weight,
+            llmd_queue_weight: peers.llmd.queue_weight,
+            llmd_kv_cache_utilization_weight: peers.llmd.kv_cache_utilization_weight,
             trace_file: None,
             worker_timeout: DEFAULT_WORKER_TIMEOUT_S,
             model_id: None,
@@ -138,6 +196,7 @@ impl ControllerArgs {
         // Validated whatever the method, so a typo surfaces before someone switches to it.
         let prefix_affinity = routing.prefix_affinity_config()?;
         let cache_aware = routing.cache_aware_config()?;
+        let peers = routing.peer_configs()?;
         Ok(ControllerConfig {
             controller_addr: addr("controller-addr", &self.controller_addr, "controller")?,
             worker_addr: addr("worker-addr", &self.worker_addr, "worker")?,
@@ -146,6 +205,7 @@ impl ControllerArgs {
             decode_method: routing.decode_load_balance_method,
             prefix_affinity,
             cache_aware,
+            peers,
             trace_file: routing.trace_file.clone(),
             trace_dir: self.trace_dir.clone(),
             trace_max_bytes: self.trace_max_mb << 20,
@@ -162,7 +222,65 @@ impl RoutingArgs {
     pub fn check(&self) -> Result<()> {
         self.check_worker_timeout()?;
         self.cache_aware_config()?;
+        self.peer_configs()?;
         self.prefix_affinity_config().map(|_| ())
+    }
+
+    /// The `--smg-*`, `--dynamo-*` and `--llmd-*` flags, checked.
+    pub fn peer_configs(&self) -> Result<PeerConfigs> {
+        fn check(flag: &'static str, rule: &'static str, got: f64, ok: bool) -> Result<f64> {
+            if got.is_finite() && ok {
+                Ok(got)
+            } else {
+                Err(Error::PeerFlag { flag, rule, got })
+            }
+        }
+        const WEIGHT: &str = "a finite number >= 0";
+        let weight = |flag, got: f64| check(flag, WEIGHT, got, got >= 0.0);
+        let threshold = self.smg_cache_threshold;
+        let rel = self.smg_balance_rel_threshold;
+        Ok(PeerConfigs {
+            smg: SmgCacheAwareConfig {
+                cache_threshold: check(
+                    "--smg-cache-threshold",
+                    "a number in 0..=1",
+                    threshold,
+                    (0.0..=1.0).contains(&threshold),
+                )?,
+                balance_abs_threshold: self.smg_balance_abs_threshold,
+                balance_rel_threshold: check(
+                    "--smg-balance-rel-threshold",
+                    "a finite number >= 1.0",
+                    rel,
+                    rel >= 1.0,
+                )?,
+                eviction_interval: Duration::from_secs(self.smg_eviction_interval),
+                max_tree_size: self.smg_max_tree_size,
+            },
+            dynamo: DynamoKvConfig {
+                overlap_score_weight: weight(
+                    "--dynamo-overlap-score-weight",
+                    self.dynamo_overlap_score_weight,
+                )?,
+                router_temperature: weight(
+                    "--dynamo-router-temperature",
+                    self.dynamo_router_temperature,
+                )?,
+                ..DynamoKvConfig::default()
+            },
+            llmd: LlmdPrefixConfig {
+                prefix_cache_weight: weight(
+                    "--llmd-prefix-cache-weight",
+                    self.llmd_prefix_cache_weight,
+                )?,
+                queue_weight: weight("--llmd-queue-weight", self.llmd_queue_weight)?,
+                kv_cache_utilization_weight: weight(
+                    "--llmd-kv-cache-utilization-weight",
+                    self.llmd_kv_cache_utilization_weight,
+                )?,
+                ..LlmdPrefixConfig::default()
+            },
+        })
     }
 
     /// The `--cache-aware-*` flags, checked.
@@ -304,6 +422,62 @@ mod tests {
     }
 
     #[test]
+    fn the_peer_methods_flags_are_read_and_default_to_their_projects_defaults() {
+        let c = parse(&["--load-balance-method", "smg_cache_aware"]).unwrap();
+        assert_eq!(c.method, Method::SmgCacheAware);
+        assert_eq!(c.peers, PeerConfigs::default());
+        let c = parse(&[
+            "--smg-cache-threshold",
+            "0.5",
+            "--smg-balance-abs-threshold",
+            "32",
+            "--smg-balance-rel-threshold",
+            "1.1",
+            "--smg-eviction-interval",
+            "30",
+            "--smg-max-tree-size",
+            "10000",
+            "--dynamo-overlap-score-weight",
+            "2",
+            "--dynamo-router-temperature",
+            "0.5",
+            "--llmd-prefix-cache-weight",
+            "3",
+            "--llmd-queue-weight",
+            "0.5",
+            "--llmd-kv-cache-utilization-weight",
+            "0",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.peers.smg,
+            SmgCacheAwareConfig {
+                cache_threshold: 0.5,
+                balance_abs_threshold: 32,
+                balance_rel_threshold: 1.1,
+                eviction_interval: Duration::from_secs(30),
+                max_tree_size: 10000,
+            }
+        );
+        assert_eq!(
+            (
+                c.peers.dynamo.overlap_score_weight,
+                c.peers.dynamo.router_temperature
+            ),
+            (2.0, 0.5)
+        );
+        let l = &c.peers.llmd;
+        assert_eq!(
+            (
+                l.prefix_cache_weight,
+                l.queue_weight,
+                l.kv_cache_utilization_weight
+            ),
+            (3.0, 0.5, 0.0)
+        );
+    }
+
+    #[test]
     fn invalid_values_are_startup_errors_that_name_the_flag() {
         let cases: &[(&[&str], &str)] = &[
             (
@@ -339,6 +513,24 @@ mod tests {
                 &["--cache-aware-load-weight", "NaN"],
                 "--cache-aware-load-weight",
             ),
+            (&["--smg-cache-threshold", "1.5"], "--smg-cache-threshold"),
+            (
+                &["--smg-balance-rel-threshold", "0.9"],
+                "--smg-balance-rel-threshold",
+            ),
+            (
+                &["--smg-balance-abs-threshold", "many"],
+                "--smg-balance-abs-threshold",
+            ),
+            (
+                &["--dynamo-overlap-score-weight=-1"],
+                "--dynamo-overlap-score-weight",
+            ),
+            (
+                &["--dynamo-router-temperature", "inf"],
+                "--dynamo-router-temperature",
+            ),
+            (&["--llmd-queue-weight", "NaN"], "--llmd-queue-weight"),
         ];
         for (flags, name) in cases {
             let err = format!("{:#}", parse(flags).unwrap_err());

@@ -403,10 +403,9 @@ impl Ranks {
 
     /// As [`Ranks::rank_set`], for the ranks whose role `keep` accepts.
     pub fn rank_set_where(&self, keep: impl Fn(DisaggMode) -> bool) -> RankSet {
+        let kept = || self.live.iter().filter(|(_, r)| keep(r.mode));
         RankSet::new(
-            self.live
-                .iter()
-                .filter(|(_, r)| keep(r.mode))
+            kept()
                 .map(|(&rank, r)| {
                     let (active_requests, active_tokens) = r.budget.load();
                     RankLoad {
@@ -417,6 +416,7 @@ impl Ranks {
                 })
                 .collect(),
         )
+        .with_queues(kept().map(|(&rank, r)| r.budget.queue(rank)).collect())
     }
 
     /// The live ranks as reported to the tokenizer.

@@ -91,6 +91,10 @@ pub enum Milestone {
         /// `cache_aware`: each live rank's cached prefix and cost, cheapest first.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         costs: Vec<RankCost>,
+        /// The peers' methods (`vllm_dp`, `smg_cache_aware`, `dynamo_kv`, `llmd_prefix`): each
+        /// live rank's terms of the method's rule, in rank order.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        scores: Vec<RankScore>,
     },
     /// No rank could take the request (controller): rank not live, no live rank.
     Refused { error: String },
@@ -309,6 +313,71 @@ pub struct RankCost {
     pub cost: f64,
 }
 
+/// A peer method's view of one rank for one request: the terms of the rule it follows, so a
+/// trace shows why the rank won (`scores` of the `routed` milestone; `rule` names the method).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "rule", rename_all = "snake_case")]
+pub enum RankScore {
+    /// `vllm_dp`: `score = 4 × waiting + running`, the lowest wins.
+    VllmDp {
+        rank: u32,
+        /// Waiting by its last status plus the controller's dispatches since.
+        waiting: u64,
+        running: u64,
+        score: u64,
+    },
+    /// `smg_cache_aware`: what the rank's approximate tree (its routing history) holds of the
+    /// prompt, and the load the balance mode compares.
+    SmgCacheAware {
+        rank: u32,
+        /// Leading prompt tokens (whole 16-token pages) the rank's tree holds.
+        matched_tokens: u64,
+        /// Active requests.
+        load: u64,
+        /// Tokens in the rank's tree.
+        tree_tokens: u64,
+    },
+    /// `dynamo_kv`: `logit = overlap_score_weight × prefill_blocks + decode_blocks`, the
+    /// lowest wins (or is sampled from, at a temperature above 0).
+    DynamoKv {
+        rank: u32,
+        /// Leading prompt blocks the rank's prefix cache holds (from its KV events).
+        overlap_blocks: u64,
+        /// Prompt blocks it would still compute: its predicted backlog (the requests it waits
+        /// to prefill) and this request's uncached blocks.
+        prefill_blocks: f64,
+        /// Its active KV blocks plus the request's own.
+        decode_blocks: f64,
+        logit: f64,
+        /// Its softmax probability, at a temperature above 0.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        probability: Option<f64>,
+    },
+    /// `llmd_prefix`: `score = w_prefix × prefix + w_queue × queue + w_kv × kv`, the highest
+    /// wins; each scorer's value is in [0, 1].
+    LlmdPrefix {
+        rank: u32,
+        /// Matched prompt blocks / prompt blocks.
+        prefix: f64,
+        /// (max waiting − its waiting) / (max − min), 1 when all wait alike.
+        queue: f64,
+        /// 1 − its KV-cache utilisation.
+        kv_cache: f64,
+        score: f64,
+    },
+}
+
+impl RankScore {
+    pub fn rank(&self) -> u32 {
+        match *self {
+            RankScore::VllmDp { rank, .. }
+            | RankScore::SmgCacheAware { rank, .. }
+            | RankScore::DynamoKv { rank, .. }
+            | RankScore::LlmdPrefix { rank, .. } => rank,
+        }
+    }
+}
+
 /// Which branch of a method produced the decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -332,6 +401,17 @@ pub enum Branch {
     Cached,
     /// `cache_aware`: no rank holds any of the prompt; the first HRW choice on its first block.
     Cold,
+    /// `smg_cache_aware`: loads were balanced and the best match in the routing-history tree
+    /// was above `cache_threshold` of the prompt; the rank holding it.
+    Matched,
+    /// `smg_cache_aware`: loads were imbalanced (both thresholds exceeded); shortest queue.
+    Balance,
+    /// `dynamo_kv`: the lowest logit (temperature 0).
+    LowestCost,
+    /// `dynamo_kv`: sampled by softmax over the normalised logits (temperature above 0).
+    Sampled,
+    /// `llmd_prefix`: the highest weighted score.
+    MaxScore,
 }
 
 impl Branch {
@@ -347,6 +427,11 @@ impl Branch {
             Branch::Fallback => "fallback",
             Branch::Cached => "cached",
             Branch::Cold => "cold",
+            Branch::Matched => "matched",
+            Branch::Balance => "balance",
+            Branch::LowestCost => "lowest_cost",
+            Branch::Sampled => "sampled",
+            Branch::MaxScore => "max_score",
         }
     }
 }
@@ -470,6 +555,7 @@ mod legacy {
                 fallback: None,
                 leg: None,
                 costs: Vec::new(),
+                scores: Vec::new(),
             },
             "refused" => Milestone::Refused { error: d.into() },
             "failed" => Milestone::Failed { error: d.into() },
@@ -544,6 +630,35 @@ mod tests {
                     load_cost: 4.0,
                     cost: 40.0,
                 }],
+                scores: vec![
+                    RankScore::VllmDp {
+                        rank: 0,
+                        waiting: 2,
+                        running: 1,
+                        score: 9,
+                    },
+                    RankScore::SmgCacheAware {
+                        rank: 1,
+                        matched_tokens: 32,
+                        load: 3,
+                        tree_tokens: 64,
+                    },
+                    RankScore::DynamoKv {
+                        rank: 2,
+                        overlap_blocks: 2,
+                        prefill_blocks: 1.5,
+                        decode_blocks: 7.0,
+                        logit: 8.5,
+                        probability: Some(0.25),
+                    },
+                    RankScore::LlmdPrefix {
+                        rank: 3,
+                        prefix: 0.5,
+                        queue: 1.0,
+                        kv_cache: 0.75,
+                        score: 2.75,
+                    },
+                ],
             }),
             TraceEvent::Event(Milestone::Refused {
                 error: "no live rank".into(),
@@ -599,6 +714,47 @@ mod tests {
             (&v["dir"], &v["type"], &v["bytes"]),
             (&"send".into(), &"GenerateReq".into(), &339.into())
         );
+    }
+
+    #[test]
+    fn scores_are_flat_objects_named_by_their_rule_and_old_lines_lack_them() {
+        let v = serde_json::to_value(RankScore::VllmDp {
+            rank: 1,
+            waiting: 2,
+            running: 3,
+            score: 11,
+        })
+        .unwrap();
+        assert_eq!(v["rule"], "vllm_dp");
+        assert_eq!((&v["rank"], &v["score"]), (&1.into(), &11.into()));
+        let no_p = serde_json::to_value(RankScore::DynamoKv {
+            rank: 0,
+            overlap_blocks: 0,
+            prefill_blocks: 1.0,
+            decode_blocks: 1.0,
+            logit: 2.0,
+            probability: None,
+        })
+        .unwrap();
+        assert!(no_p.get("probability").is_none());
+        // A routed line written before the peers' methods existed.
+        let old = r#"{"t":1.0,"actor":"controller","rid":"r","dir":"event","type":"routed","method":"total_tokens","chosen_rank":0,"branch":"least_loaded","key_source":"none","loads":[{"rank":0,"active_requests":1,"active_tokens":2}]}"#;
+        match TraceLine::parse(old).and_then(|l| l.milestone().cloned()) {
+            Some(Milestone::Routed { scores, loads, .. }) => {
+                assert!(scores.is_empty());
+                assert_eq!(loads[0].active_tokens, 2);
+            }
+            other => panic!("{other:?}"),
+        }
+        for b in [
+            Branch::Matched,
+            Branch::Balance,
+            Branch::LowestCost,
+            Branch::Sampled,
+            Branch::MaxScore,
+        ] {
+            assert_eq!(serde_json::to_value(b).unwrap(), b.as_str());
+        }
     }
 
     #[test]

@@ -155,6 +155,7 @@ impl LoadBalancer for CacheAware {
             threshold: Some(threshold),
             fallback: None,
             costs,
+            scores: Vec::new(),
         }
     }
 }
@@ -168,6 +169,7 @@ mod tests {
         RankSet::with_loads(loads).with_cached_prefix(CachedPrefix {
             matched_tokens: matched.to_vec(),
             first_block: 42,
+            block_size: 32,
         })
     }
 

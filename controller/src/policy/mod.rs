@@ -5,20 +5,33 @@
 
 mod bootstrap_room;
 mod cache_aware;
+mod clock;
+mod dynamo_kv;
 pub mod hrw;
 mod least_loaded;
+mod llmd_prefix;
+mod page_tree;
 mod prefix_affinity;
+mod rng;
 mod round_robin;
+mod smg_cache_aware;
+mod vllm_dp;
 
 pub use bootstrap_room::FollowBootstrapRoom;
 pub use cache_aware::{CacheAware, CacheAwareConfig};
+pub use clock::{Clock, ManualClock, MonotonicClock};
+pub use dynamo_kv::{DynamoKv, DynamoKvConfig};
 pub use hrw::{Blake2Hrw, HrwHasher};
 pub use least_loaded::{TotalRequests, TotalTokens};
+pub use llmd_prefix::{LlmdPrefix, LlmdPrefixConfig};
 pub use prefix_affinity::{PrefixAffinity, PrefixAffinityConfig};
+pub use rng::SplitMix64;
 pub use round_robin::RoundRobin;
+pub use smg_cache_aware::{SmgCacheAware, SmgCacheAwareConfig};
+pub use vllm_dp::VllmDp;
 
 /// The routing vocabulary lives in `protocol::trace_event`, beside the trace events that carry it.
-pub use protocol::trace_event::{Branch, KeySource, RankCost, RankLoad};
+pub use protocol::trace_event::{Branch, KeySource, RankCost, RankLoad, RankScore};
 
 use std::fmt;
 
@@ -35,8 +48,37 @@ pub struct RouteInput<'a> {
 #[derive(Debug, Clone, Default)]
 pub struct RankSet {
     ranks: Vec<RankLoad>,
-    /// What the KV index says of the request's prompt on these ranks (`cache_aware` only).
+    /// Each rank's queue split and KV capacity, in `ranks` order (empty: not known).
+    queues: Vec<RankQueue>,
+    /// What the KV index says of the request's prompt on these ranks (methods that read it).
     cached: Option<CachedPrefix>,
+}
+
+/// What a rank's last status said beyond its [`RankLoad`]: the split of its active requests
+/// into running and waiting, and its KV capacity, for the rules that weigh them apart
+/// (`vllm_dp`, `llmd_prefix`). Kept beside the load rather than in it, so the traced
+/// [`RankLoad`] keeps its shape; the methods trace what they used in their [`RankScore`]s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RankQueue {
+    pub rank: u32,
+    /// Running by the last applied status.
+    pub running_requests: u64,
+    /// Waiting by the last applied status, plus the dispatches it does not count yet
+    /// (speculative): `running_requests + waiting_requests` is the load's `active_requests`.
+    pub waiting_requests: u64,
+    /// The rank's KV capacity in tokens (`max_total_tokens` of its status; 0 before one).
+    pub max_total_tokens: u64,
+}
+
+impl RankQueue {
+    /// KV-cache utilisation in [0, 1]: active tokens (held, reserved, or sent since the last
+    /// status) over capacity; 0 while the capacity is unknown.
+    pub fn kv_utilization(&self, load: &RankLoad) -> f64 {
+        if self.max_total_tokens == 0 {
+            return 0.0;
+        }
+        (load.active_tokens as f64 / self.max_total_tokens as f64).min(1.0)
+    }
 }
 
 /// A prompt as the KV index sees it on the live ranks (`cache_aware`), computed by the
@@ -48,6 +90,8 @@ pub struct CachedPrefix {
     /// Hash of the prompt's first block (its first tokens, when shorter): the key that keeps
     /// cold prompts with the same beginning together.
     pub first_block: u64,
+    /// Tokens per block of the index (the workers' `--kv-event-block-size`).
+    pub block_size: usize,
 }
 
 impl RankSet {
@@ -55,8 +99,34 @@ impl RankSet {
         ranks.sort_by_key(|r| r.rank);
         RankSet {
             ranks,
+            queues: Vec::new(),
             cached: None,
         }
+    }
+
+    /// The same ranks, with each one's queue split and capacity (one per rank, any order).
+    pub fn with_queues(mut self, mut queues: Vec<RankQueue>) -> Self {
+        queues.sort_by_key(|q| q.rank);
+        debug_assert!(queues
+            .iter()
+            .map(|q| q.rank)
+            .eq(self.ranks.iter().map(|r| r.rank)));
+        self.queues = queues;
+        self
+    }
+
+    /// The queue split of the rank at `i` (in [`RankSet::loads`] order). Unknown: every
+    /// active request counts as running, capacity 0.
+    pub fn queue(&self, i: usize) -> RankQueue {
+        self.queues.get(i).copied().unwrap_or_else(|| {
+            let l = &self.ranks[i];
+            RankQueue {
+                rank: l.rank,
+                running_requests: l.active_requests,
+                waiting_requests: 0,
+                max_total_tokens: 0,
+            }
+        })
     }
 
     /// The same ranks, with what the KV index says of the request's prompt on each.
@@ -143,6 +213,8 @@ pub struct RouteDecision {
     pub fallback: Option<Method>,
     /// `cache_aware`: every candidate's cached prefix and cost, cheapest first.
     pub costs: Vec<RankCost>,
+    /// The peers' methods: every live rank's terms of the rule, in rank order.
+    pub scores: Vec<RankScore>,
 }
 
 impl RouteDecision {
@@ -157,6 +229,15 @@ impl RouteDecision {
             threshold: None,
             fallback: None,
             costs: Vec::new(),
+            scores: Vec::new(),
+        }
+    }
+
+    /// A decision with no key information and these per-rank scores.
+    pub fn scored(rank: u32, branch: Branch, scores: Vec<RankScore>) -> Self {
+        RouteDecision {
+            scores,
+            ..RouteDecision::plain(rank, branch)
         }
     }
 
@@ -174,6 +255,7 @@ impl RouteDecision {
             fallback: self.fallback.map(|m| m.to_string()),
             leg: None,
             costs: self.costs.clone(),
+            scores: self.scores.clone(),
         }
     }
 }
@@ -203,6 +285,17 @@ pub enum Method {
     /// The rank whose prefix cache holds most of the prompt (from the workers' KV events),
     /// traded against its load, with prefix_affinity's overload guard; no key needed.
     CacheAware,
+    /// vLLM's data-parallel balancer: the lowest 4 × waiting + running (first rank on ties).
+    VllmDp,
+    /// SMG's cache_aware: a prefix tree per rank from the routing history; the best match
+    /// above --smg-cache-threshold, else the least loaded, shortest queue when imbalanced.
+    SmgCacheAware,
+    /// Dynamo's KV router: the lowest overlap_score_weight × prefill blocks to compute +
+    /// active decode blocks (KV events), softmax-sampled at --dynamo-router-temperature > 0.
+    DynamoKv,
+    /// llm-d's scheduler: the highest weighted sum of its precise prefix-cache (KV events),
+    /// queue and KV-utilisation scorers.
+    LlmdPrefix,
 }
 
 impl Method {
@@ -215,19 +308,28 @@ impl Method {
             Method::FollowBootstrapRoom => "follow_bootstrap_room",
             Method::PrefixAffinity => "prefix_affinity",
             Method::CacheAware => "cache_aware",
+            Method::VllmDp => "vllm_dp",
+            Method::SmgCacheAware => "smg_cache_aware",
+            Method::DynamoKv => "dynamo_kv",
+            Method::LlmdPrefix => "llmd_prefix",
         }
     }
 
     /// Whether the method reads the KV index (the controller then matches each prompt).
     pub fn uses_kv_index(self) -> bool {
-        self == Method::CacheAware
+        matches!(
+            self,
+            Method::CacheAware | Method::DynamoKv | Method::LlmdPrefix
+        )
     }
 
-    /// Build the balancer; `affinity` configures `prefix_affinity`, `cache` `cache_aware`.
+    /// Build the balancer; `affinity` configures `prefix_affinity`, `cache` `cache_aware`,
+    /// `peers` the peers' methods.
     pub fn balancer(
         self,
         affinity: &PrefixAffinityConfig,
         cache: &CacheAwareConfig,
+        peers: &PeerConfigs,
     ) -> Box<dyn LoadBalancer> {
         match self {
             Method::RoundRobin => Box::new(RoundRobin::default()),
@@ -236,8 +338,24 @@ impl Method {
             Method::FollowBootstrapRoom => Box::new(FollowBootstrapRoom::default()),
             Method::PrefixAffinity => Box::new(PrefixAffinity::new(affinity.clone())),
             Method::CacheAware => Box::new(CacheAware::new(cache.clone())),
+            Method::VllmDp => Box::new(VllmDp),
+            Method::SmgCacheAware => Box::new(SmgCacheAware::new(
+                peers.smg.clone(),
+                Box::new(MonotonicClock::new()),
+            )),
+            Method::DynamoKv => Box::new(DynamoKv::new(peers.dynamo.clone())),
+            Method::LlmdPrefix => Box::new(LlmdPrefix::new(peers.llmd.clone())),
         }
     }
+}
+
+/// The settings of the peers' methods (`--smg-*`, `--dynamo-*`, `--llmd-*`; `vllm_dp` has
+/// none). `Default` holds each project's published defaults.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PeerConfigs {
+    pub smg: SmgCacheAwareConfig,
+    pub dynamo: DynamoKvConfig,
+    pub llmd: LlmdPrefixConfig,
 }
 
 impl fmt::Display for Method {
@@ -312,7 +430,11 @@ mod tests {
                 "total_tokens",
                 "follow_bootstrap_room",
                 "prefix_affinity",
-                "cache_aware"
+                "cache_aware",
+                "vllm_dp",
+                "smg_cache_aware",
+                "dynamo_kv",
+                "llmd_prefix"
             ]
         );
     }

@@ -164,6 +164,7 @@ impl LoadBalancer for PrefixAffinity {
             threshold: Some(threshold),
             fallback: None,
             costs: Vec::new(),
+            scores: Vec::new(),
         }
     }
 }

@@ -25,7 +25,8 @@ use protocol::{encode, ClusterStatus, Endpoint, FrameStats, Message, Shutdown, T
 
 use crate::kv_index::KvIndex;
 use crate::policy::{
-    CacheAwareConfig, LoadBalancer, Method, PrefixAffinityConfig, RouteDecision, RouteInput,
+    CacheAwareConfig, LoadBalancer, Method, PeerConfigs, PrefixAffinityConfig, RouteDecision,
+    RouteInput,
 };
 use crate::ranks::Ranks;
 use crate::rejoin::Rejoins;
@@ -44,6 +45,8 @@ pub struct ControllerConfig {
     pub decode_method: Method,
     pub prefix_affinity: PrefixAffinityConfig,
     pub cache_aware: CacheAwareConfig,
+    /// The peers' methods (`vllm_dp`, `smg_cache_aware`, `dynamo_kv`, `llmd_prefix`).
+    pub peers: PeerConfigs,
     /// Append one JSON line per routing decision here.
     pub trace_file: Option<PathBuf>,
     /// Message traces: `DIR/controller.jsonl`, one line per frame in or out.
@@ -115,12 +118,16 @@ impl Controller {
         );
         Ok(Controller {
             ranks: Ranks::new(config.model_id.clone(), config.worker_timeout),
-            balancer: config
-                .method
-                .balancer(&config.prefix_affinity, &config.cache_aware),
-            decode_balancer: config
-                .decode_method
-                .balancer(&config.prefix_affinity, &config.cache_aware),
+            balancer: config.method.balancer(
+                &config.prefix_affinity,
+                &config.cache_aware,
+                &config.peers,
+            ),
+            decode_balancer: config.decode_method.balancer(
+                &config.prefix_affinity,
+                &config.cache_aware,
+                &config.peers,
+            ),
             trace,
             tracer,
             route_counts: RouteCounts::default(),

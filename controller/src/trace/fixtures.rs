@@ -59,6 +59,7 @@ pub fn decision() -> RouteDecision {
         threshold: Some(1.5),
         fallback: None,
         costs: Vec::new(),
+        scores: Vec::new(),
     }
 }
 

@@ -365,6 +365,10 @@ fn route_lines_of_record(r: &RouteRecord) -> Vec<String> {
                     .collect();
                 lines.push(format!("cached prefix: {}", each.join("; ")));
             }
+            if !r.scores.is_empty() {
+                let each: Vec<String> = r.scores.iter().map(super::scores::brief).collect();
+                lines.push(format!("scores: {}", each.join("; ")));
+            }
             lines
         }
         (_, _, Some(err)) if r.loads.is_empty() => vec![format!("{}: refused: {err}", r.method)],
@@ -392,9 +396,11 @@ fn route_lines_of_milestone(m: &Milestone) -> Option<Vec<String>> {
             fallback,
             leg,
             costs,
+            scores,
         } => {
             rec.leg = leg.clone();
             rec.costs.clone_from(costs);
+            rec.scores.clone_from(scores);
             if !method.is_empty() {
                 rec.method = method.clone();
             }
@@ -487,5 +493,29 @@ mod tests {
         let open: Vec<&Arrow> = j.messages.iter().filter(|a| a.sent.is_none()).collect();
         assert_eq!(open.len(), 2);
         assert_eq!((open[0].from, open[0].to), (2, 0));
+    }
+
+    #[test]
+    fn a_peer_methods_decision_lists_each_ranks_terms() {
+        use protocol::trace_event::RankScore;
+        let mut rec = RouteRecord::blank("r", 0.0, "vllm_dp".into());
+        rec.rank = Some(1);
+        rec.branch = Some(protocol::trace_event::Branch::LeastLoaded);
+        rec.scores = vec![
+            RankScore::VllmDp {
+                rank: 0,
+                waiting: 1,
+                running: 2,
+                score: 6,
+            },
+            RankScore::VllmDp {
+                rank: 1,
+                waiting: 0,
+                running: 3,
+                score: 3,
+            },
+        ];
+        let lines = route_lines_of_record(&rec);
+        assert_eq!(lines.last().unwrap(), "scores: r0 4×1+2=6; r1 4×0+3=3");
     }
 }

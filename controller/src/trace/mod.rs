@@ -14,6 +14,7 @@ mod fixtures;
 pub mod journey;
 pub mod picture;
 pub mod report;
+mod scores;
 mod svg;
 pub mod timeline;
 pub mod traffic;
@@ -30,7 +31,9 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::policy::{Branch, KeySource, Method, RankCost, RankLoad, RankSet, RouteDecision};
+use crate::policy::{
+    Branch, KeySource, Method, RankCost, RankLoad, RankScore, RankSet, RouteDecision,
+};
 use crate::router::RouteError;
 
 /// Records waiting for the writer before new ones are dropped.
@@ -76,6 +79,9 @@ pub struct RouteRecord {
     /// `cache_aware`: each live rank's cached prefix and cost terms, cheapest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub costs: Vec<RankCost>,
+    /// The peers' methods: each live rank's terms of the method's rule, in rank order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scores: Vec<RankScore>,
 }
 
 impl RouteRecord {
@@ -96,6 +102,7 @@ impl RouteRecord {
             error: None,
             leg: None,
             costs: Vec::new(),
+            scores: Vec::new(),
         }
     }
 
@@ -120,6 +127,7 @@ impl RouteRecord {
                 rec.branch = Some(d.branch);
                 rec.fallback = d.fallback.map(|m| m.to_string());
                 rec.costs.clone_from(&d.costs);
+                rec.scores.clone_from(&d.scores);
             }
             Err(e) => {
                 if matches!(e, RouteError::UnknownRank { .. }) {
@@ -257,6 +265,7 @@ mod tests {
             threshold: Some(1.5),
             fallback: None,
             costs: Vec::new(),
+            scores: Vec::new(),
         }
     }
 

@@ -228,6 +228,7 @@ pub fn explain(r: &RouteRecord) -> String {
     if !r.loads.is_empty() {
         loads_table(r, &mut out);
     }
+    super::scores::table(r, &mut out);
     out
 }
 
@@ -245,6 +246,9 @@ fn sentence(r: &RouteRecord) -> String {
         (Some(d), src) => format!("its {src} key (digest {d})"),
         (None, _) => "it had no key".to_string(),
     };
+    if let Some(peer) = super::scores::sentence(r).filter(|_| r.error.is_none()) {
+        return peer;
+    }
     match (r.rank, r.branch, &r.error) {
         (_, _, Some(err)) => format!("Request {} was refused: {err}.", r.rid),
         (Some(rank), Some(Branch::Explicit), _) => format!(
@@ -510,6 +514,7 @@ mod tests {
             .with_cached_prefix(CachedPrefix {
                 matched_tokens: matched,
                 first_block: 7,
+                block_size: 32,
             })
         };
         let explain_with = |m: &mut CacheAware, ranks: RankSet| {
@@ -538,6 +543,91 @@ mod tests {
         assert!(
             cold.contains("no rank holds any of its 100 prompt tokens"),
             "{cold}"
+        );
+    }
+
+    /// `explain` of one decision by `method`'s balancer (built with the default settings).
+    fn explain_peer(method: Method, ranks: &RankSet, prompt: &[u32]) -> String {
+        let mut m = method.balancer(
+            &PrefixAffinityConfig::default(),
+            &crate::policy::CacheAwareConfig::default(),
+            &crate::policy::PeerConfigs::default(),
+        );
+        let req = RouteInput {
+            rid: "p1",
+            input_ids: prompt,
+            routing_key: None,
+            bootstrap_room: None,
+        };
+        let d = m.select(&req, ranks);
+        let rec = RouteRecord::new("p1", 1.0, method, ranks, &Ok(d));
+        // Through the file form, as `dpserve trace` reads it.
+        let line = serde_json::to_string(&rec).unwrap();
+        explain(&serde_json::from_str(&line).unwrap())
+    }
+
+    #[test]
+    fn explains_the_peers_methods_with_their_terms() {
+        use crate::policy::{CachedPrefix, RankQueue};
+        let loads: Vec<RankLoad> = [(0, 2, 320), (1, 5, 0)]
+            .iter()
+            .map(|&(rank, active_requests, active_tokens)| RankLoad {
+                rank,
+                active_requests,
+                active_tokens,
+            })
+            .collect();
+        let ranks = RankSet::new(loads)
+            .with_queues(vec![
+                RankQueue {
+                    rank: 0,
+                    running_requests: 1,
+                    waiting_requests: 1,
+                    max_total_tokens: 640,
+                },
+                RankQueue {
+                    rank: 1,
+                    running_requests: 5,
+                    waiting_requests: 0,
+                    max_total_tokens: 640,
+                },
+            ])
+            .with_cached_prefix(CachedPrefix {
+                matched_tokens: vec![256, 0],
+                first_block: 1,
+                block_size: 32,
+            });
+        let prompt = [9u32; 320];
+
+        let v = explain_peer(Method::VllmDp, &ranks, &prompt);
+        assert!(
+            v.contains(
+                "went to rank 0, the lowest vLLM score 4 × waiting + running = 4 × 1 + 1 = 5"
+            ) && v.contains("the next lowest, rank 1, scored 5")
+                && v.contains("waiting    running"),
+            "{v}"
+        );
+        let d = explain_peer(Method::DynamoKv, &ranks, &prompt);
+        // Rank 0 saves 8 of 10 blocks but carries 10 active ones: 2 + 20 against 10 + 10.
+        assert!(
+            d.contains("went to rank 1, the lowest Dynamo cost (logit 20.00")
+                && d.contains("0 prompt blocks cached there")
+                && d.contains("the best other, rank 0, had logit 22.00"),
+            "{d}"
+        );
+        // 2 × 0.8 + 0 + 0.5 against 0 + 1 + 1.
+        let l = explain_peer(Method::LlmdPrefix, &ranks, &prompt);
+        assert!(
+            l.contains("went to rank 0, the highest llm-d score 2.10")
+                && l.contains("the next highest, rank 1, scored 2.00")
+                && l.contains("← chosen"),
+            "{l}"
+        );
+        let s = explain_peer(Method::SmgCacheAware, &ranks, &prompt);
+        assert!(
+            s.contains("went to rank 0, the least loaded (2 active requests)")
+                && s.contains("not above the match threshold"),
+            "{s}"
         );
     }
 }

@@ -34,6 +34,7 @@ pub fn start(method: Method) -> Running {
         decode_method: Method::TotalTokens,
         prefix_affinity: PrefixAffinityConfig::default(),
         cache_aware: CacheAwareConfig::default(),
+        peers: Default::default(),
         trace_file: None,
         trace_dir: None,
         trace_max_bytes: 1 << 20,
