@@ -11,6 +11,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use protocol::DisaggMode;
+
 /// `--decode-prealloc-size`: `auto` or a row count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DecodePrealloc {
@@ -26,7 +28,13 @@ const AUTO_PREALLOC_MAX_RUNNING: usize = 32;
 const AUTO_PREALLOC_FACTOR: usize = 2;
 
 impl DecodePrealloc {
-    pub fn rows(self, max_running_requests: usize) -> usize {
+    /// The extra rows of a worker in `mode`: none but on a decode worker, as SGLang's
+    /// `DecodeReqToTokenPool` (only the decode role has requests that hold KV without
+    /// running; elsewhere the rows would go unused and only widen the KV pool's bound).
+    pub fn rows(self, mode: DisaggMode, max_running_requests: usize) -> usize {
+        if mode != DisaggMode::Decode {
+            return 0;
+        }
         match self {
             DecodePrealloc::Auto if max_running_requests <= AUTO_PREALLOC_MAX_RUNNING => {
                 AUTO_PREALLOC_FACTOR * max_running_requests
@@ -113,10 +121,15 @@ mod tests {
 
     #[test]
     fn auto_prealloc_follows_the_decode_pool_rule() {
-        assert_eq!(DecodePrealloc::Auto.rows(8), 16);
-        assert_eq!(DecodePrealloc::Auto.rows(32), 64);
-        assert_eq!(DecodePrealloc::Auto.rows(33), 0);
-        assert_eq!(DecodePrealloc::Rows(5).rows(100), 5);
+        let decode = DisaggMode::Decode;
+        assert_eq!(DecodePrealloc::Auto.rows(decode, 8), 16);
+        assert_eq!(DecodePrealloc::Auto.rows(decode, 32), 64);
+        assert_eq!(DecodePrealloc::Auto.rows(decode, 33), 0);
+        assert_eq!(DecodePrealloc::Rows(5).rows(decode, 100), 5);
+        for other in [DisaggMode::Null, DisaggMode::Prefill] {
+            assert_eq!(DecodePrealloc::Auto.rows(other, 8), 0);
+            assert_eq!(DecodePrealloc::Rows(5).rows(other, 8), 0);
+        }
         assert_eq!("auto".parse::<DecodePrealloc>(), Ok(DecodePrealloc::Auto));
         assert_eq!("3".parse::<DecodePrealloc>(), Ok(DecodePrealloc::Rows(3)));
         assert!("x".parse::<DecodePrealloc>().is_err());
