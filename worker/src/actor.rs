@@ -193,6 +193,7 @@ impl<O: Outbox> WorkerActor<O> {
             }
             Message::EmbedReq(req) => {
                 if let Some(out) = self.refusal(&req.rid) {
+                    let out = self.sched.refuse_embed(out);
                     return self.emit(out);
                 }
                 self.held.insert(&req.rid);
@@ -389,6 +390,13 @@ mod tests {
     }
 
     pub(super) fn actor(drain_timeout: Duration) -> WorkerActor<Recorded> {
+        actor_with(drain_timeout, None)
+    }
+
+    fn actor_with(
+        drain_timeout: Duration,
+        max_queued_requests: Option<usize>,
+    ) -> WorkerActor<Recorded> {
         let config = ModelConfig::builtin(BuiltinSize::Tiny);
         let model = LlamaModel::dummy(config, 7);
         let sched = Scheduler::new(
@@ -404,7 +412,7 @@ mod tests {
                 disable_radix_cache: false,
                 prefill_step_target: None,
                 disagg: None,
-                max_queued_requests: None,
+                max_queued_requests,
             },
             model,
         );
@@ -538,6 +546,46 @@ mod tests {
             (s.taken_seq, s.num_running_reqs + s.num_waiting_reqs),
             (Some(2), 2)
         );
+    }
+
+    /// Every rid the controller heard finished, over all statuses sent so far.
+    fn reported_finished(a: &WorkerActor<Recorded>) -> Vec<String> {
+        a.out
+            .controller
+            .iter()
+            .filter_map(|m| match m {
+                Message::WorkerStatus(s) => Some(s.finished_rids.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
+    #[test]
+    fn every_refused_request_is_reported_finished_to_the_controller() {
+        // The controller counts a dispatched request in flight until a status lists it
+        // finished; one refused here (a bad prompt, a full queue, a drain) must be listed too,
+        // or its rid stays in flight until the rank leaves and is then failed a second time.
+        let mut a = actor_with(Duration::from_secs(30), Some(1));
+        let bad = crate::scheduler::tests::req("bad", vec![u32::MAX], 2);
+        a.on_inbound(Inbound::Msg(Message::GenerateReq(bad)));
+        a.on_inbound(generate("queued", 2));
+        a.on_inbound(generate("full", 2));
+        a.stop.store(true, Ordering::Relaxed);
+        assert!(a.keep_running(), "\"queued\" is held: drain");
+        a.on_inbound(generate("late", 2));
+        for rid in ["bad", "full", "late"] {
+            let out = final_of(&a, rid).expect("refused at once");
+            assert!(out.error.is_some(), "{rid}");
+        }
+        while a.keep_running() {
+            a.tick();
+        }
+        a.status.now = true;
+        a.tick();
+        let mut finished = reported_finished(&a);
+        finished.sort();
+        assert_eq!(finished, ["bad", "full", "late", "queued"]);
     }
 
     #[test]

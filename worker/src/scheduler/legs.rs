@@ -90,9 +90,10 @@ impl Scheduler {
         self.legs.mode()
     }
 
-    /// A request refused before it was taken in (a draining worker, a bad rid), as `out` says.
-    /// A prefill leg is answered through its decode worker (when its `KvReady` comes), never
-    /// here; a decode leg's prefill worker is told, so it does not wait for it.
+    /// A request refused before it was taken in (a draining worker, a bad rid), as `out` says;
+    /// it ends for the controller too (see `refused_out`). A prefill leg is answered through
+    /// its decode worker (when its `KvReady` comes), never here; a decode leg's prefill worker
+    /// is told, so it does not wait for it.
     pub fn refuse(&mut self, mut req: GenerateReq, out: TokenOut) -> Option<TokenOut> {
         let (status, reason) = out
             .error
@@ -109,10 +110,20 @@ impl Scheduler {
             (DisaggMode::Decode, Some(leg)) => {
                 let to = KvPeer::Endpoint(leg.prefill_kv_endpoint);
                 self.legs.abort_room(to, leg.room, status, reason);
+                self.note_refused(&req.rid);
                 Some(out)
             }
-            _ => Some(out),
+            _ => {
+                self.note_refused(&req.rid);
+                Some(out)
+            }
         }
+    }
+
+    /// An embedding request refused before it was taken in, as `out` says (see [`Self::refuse`]).
+    pub fn refuse_embed(&mut self, out: TokenOut) -> TokenOut {
+        self.note_refused(&out.rid);
+        out
     }
 
     /// KV messages to send since the last call.
