@@ -219,8 +219,9 @@ pub struct ServeArgs {
     /// the whole server).
     #[arg(long, env = "DPSERVE_MAX_QUEUED_REQUESTS")]
     pub max_queued_requests: Option<usize>,
-    /// Prefill worker: seconds a request waits for its decode worker to be ready for its KV
-    /// before it is dropped.
+    /// Seconds a request waits for its decode worker to be ready for its KV: on a prefill
+    /// worker before it is dropped, on a decode worker (waiting for a request row and KV
+    /// slots) before it fails (503). Either side giving up tells the other.
     #[arg(long, env = "DPSERVE_DISAGGREGATION_BOOTSTRAP_TIMEOUT", default_value_t = DEFAULT_DISAGG_TIMEOUT_S)]
     pub disaggregation_bootstrap_timeout: f64,
     /// Decode worker: seconds a request's KV may take to arrive once its slots are ready; past

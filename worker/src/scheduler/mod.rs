@@ -434,7 +434,7 @@ impl Scheduler {
             self.legs.stats.transfers_failed += 1;
             self.legs.muted.insert(req.rid.clone());
             // A KvReady still on its way is answered at once.
-            self.bootstrap_entry(leg.room).aborted = true;
+            self.bootstrap_entry(leg.room).aborted = Some(prefill_leg::ended_here());
         }
         self.release_req(&mut req);
         self.finished_rids.push(req.rid.clone());
