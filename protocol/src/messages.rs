@@ -172,7 +172,8 @@ pub struct GenerateReq {
     #[serde(default)]
     pub received_at: f64,
     /// The controller's number for this request among those it dispatched to the chosen rank
-    /// (1, 2, … since the rank registered); 0 until the controller sets it. The worker reports the last one it took in (`WorkerStatus.taken_seq`).
+    /// (1, 2, … since the rank registered, or on from its `Hello.taken_seq`); 0 until the
+    /// controller sets it. The worker reports the last one it took in (`WorkerStatus.taken_seq`).
     #[serde(default)]
     pub dispatch_seq: u64,
     /// In a disaggregated deployment: the request's prefill and decode ranks and its transfer
@@ -362,6 +363,13 @@ pub struct Hello {
     /// and from workers that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuInfo>,
+    /// The `dispatch_seq` of the last request this worker process was sent before this
+    /// `Hello` (absent: none, or a worker that predates the field). The controller numbers
+    /// this registration's dispatches after it, so every `WorkerStatus.taken_seq` the worker
+    /// reports, from before this `Hello` or after, reads in one numbering; without it, a
+    /// status sent before the worker reads its first new request would seem to count them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taken_seq: Option<u64>,
 }
 
 /// A worker's GPU as its driver reports it, announced in `Hello` and shown per rank by

@@ -163,8 +163,9 @@ impl<O: Outbox> WorkerActor<O> {
         if let Message::GenerateReq(protocol::GenerateReq { dispatch_seq, .. })
         | Message::EmbedReq(protocol::EmbedReq { dispatch_seq, .. }) = &msg
         {
-            // Requests arrive in dispatch order on one connection; a restarted controller
-            // numbers from 1 again, so this is the last seen, not the largest.
+            // Requests arrive in dispatch order on one connection; a controller this worker
+            // registers with again numbers on after the rejoin Hello's taken_seq (one from
+            // before that field numbers from 1 again), so this is the last seen, not the largest.
             if *dispatch_seq > 0 {
                 self.taken_seq = *dispatch_seq;
             }
