@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use protocol::{Capacity, DisaggMode, GpuInfo, Hello, RankInfo, WorkerStatus};
 
-use crate::budget::RankBudget;
+use crate::budget::{RankBudget, StatusStamp};
 use crate::policy::{RankLoad, RankSet};
 
 /// One registered rank.
@@ -283,10 +283,11 @@ impl Ranks {
             r.inflight.remove(rid);
         }
         r.budget.on_status(&status, now);
+        let stamp = StatusStamp::of(&status);
         if !r
             .status
             .as_ref()
-            .is_some_and(|old| old.timestamp > status.timestamp)
+            .is_some_and(|old| stamp.before(StatusStamp::of(old)))
         {
             r.status = Some(status);
         }
@@ -562,6 +563,25 @@ mod tests {
         );
         let load = ranks.rank_set().loads()[0];
         assert_eq!((load.active_requests, load.active_tokens), (2, 20));
+    }
+
+    #[test]
+    fn the_status_reported_is_the_newest_sent_whatever_the_worker_clock_says() {
+        let mut ranks = Ranks::new(None, Duration::from_secs(3));
+        ranks.hello(&hello(0, "a"), &id(0), false).unwrap();
+        // The second status was sent after a clock step back of an hour.
+        for (status_seq, timestamp, running) in [(1, 5000.0, 4), (2, 1400.0, 1)] {
+            let status = WorkerStatus {
+                rank: 0,
+                timestamp,
+                num_running_reqs: running,
+                status_seq: Some(status_seq),
+                ..Default::default()
+            };
+            ranks.status(status, &id(0));
+        }
+        let info = ranks.infos().remove(0);
+        assert_eq!(info.status.map(|s| s.num_running_reqs), Some(1));
     }
 
     #[test]

@@ -458,6 +458,11 @@ pub struct WorkerStatus {
     /// model times its steps. Its tokens are pseudo-random, not a model's. Absent for real ranks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub simulated: Option<String>,
+    /// This status's number among those the worker process sent (1, 2, …): what orders them,
+    /// since `timestamp` is the worker's wall clock, which may step back. Absent from workers
+    /// that predate it (the controller then orders by `timestamp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_seq: Option<u64>,
 }
 
 /// A disaggregated worker's queues and transfers, in its `WorkerStatus`.

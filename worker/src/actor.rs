@@ -62,6 +62,8 @@ struct StatusClock {
     /// rank's load from the moment it joins).
     now: bool,
     last_generated: u64,
+    /// `WorkerStatus.status_seq` of the last one sent (0: none yet).
+    seq: u64,
 }
 
 impl<O: Outbox> WorkerActor<O> {
@@ -93,6 +95,7 @@ impl<O: Outbox> WorkerActor<O> {
                 last: Instant::now(),
                 now: true,
                 last_generated: 0,
+                seq: 0,
             },
         }
     }
@@ -289,11 +292,13 @@ impl<O: Outbox> WorkerActor<O> {
             taken_seq: Some(self.taken_seq),
             disagg: sched.disagg_status(),
             simulated: sched.model().simulated().map(|p| p.name.clone()),
+            status_seq: Some(self.status.seq + 1),
         };
         self.status = StatusClock {
             last: Instant::now(),
             now: false,
             last_generated: generated,
+            seq: self.status.seq + 1,
         };
         self.out.to_controller(&Message::WorkerStatus(status));
         // What the prefix cache stored and evicted, after the status that counts the same step.
@@ -547,6 +552,16 @@ mod tests {
             (s.taken_seq, s.num_running_reqs + s.num_waiting_reqs),
             (Some(2), 2)
         );
+        let seqs: Vec<Option<u64>> = a
+            .out
+            .controller
+            .iter()
+            .filter_map(|m| match m {
+                Message::WorkerStatus(s) => Some(s.status_seq),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(seqs, [Some(1), Some(2)], "numbered in the order sent");
     }
 
     /// Every rid the controller heard finished, over all statuses sent so far.

@@ -336,6 +336,7 @@ fn worker_status() -> WorkerStatus {
         taken_seq: Some(7),
         disagg: None,
         simulated: None,
+        status_seq: Some(12),
     }
 }
 
