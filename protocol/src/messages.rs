@@ -75,6 +75,17 @@ impl Message {
         }
     }
 
+    /// The controller's number of a dispatched request (`dispatch_seq`), if the message is
+    /// one and it is numbered (0 means not).
+    pub fn dispatch_seq(&self) -> Option<u64> {
+        let seq = match self {
+            Message::GenerateReq(m) => m.dispatch_seq,
+            Message::EmbedReq(m) => m.dispatch_seq,
+            _ => 0,
+        };
+        (seq > 0).then_some(seq)
+    }
+
     /// The request id the message is about, if any.
     pub fn rid(&self) -> Option<&str> {
         match self {
@@ -567,4 +578,28 @@ pub struct Shutdown {
     /// once but lets its in-flight requests finish.
     #[serde(default)]
     pub drain_timeout_s: Option<f64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_numbered_requests_have_a_dispatch_seq() {
+        let mut generate = GenerateReq::new("r", vec![1]);
+        assert_eq!(Message::GenerateReq(generate.clone()).dispatch_seq(), None);
+        generate.dispatch_seq = 58;
+        assert_eq!(Message::GenerateReq(generate).dispatch_seq(), Some(58));
+        let embed = EmbedReq {
+            rid: "e".into(),
+            input_ids: vec![1],
+            routing_key: None,
+            routed_dp_rank: None,
+            received_at: 0.0,
+            dispatch_seq: 3,
+        };
+        assert_eq!(Message::EmbedReq(embed).dispatch_seq(), Some(3));
+        let abort = Message::Abort(Abort { rid: None });
+        assert_eq!(abort.dispatch_seq(), None);
+    }
 }

@@ -163,15 +163,11 @@ impl<O: Outbox> WorkerActor<O> {
         let _span = msg
             .rid()
             .map(|rid| tracing::info_span!("request", rid).entered());
-        if let Message::GenerateReq(protocol::GenerateReq { dispatch_seq, .. })
-        | Message::EmbedReq(protocol::EmbedReq { dispatch_seq, .. }) = &msg
-        {
+        if let Some(seq) = msg.dispatch_seq() {
             // Requests arrive in dispatch order on one connection; a controller this worker
             // registers with again numbers on after the rejoin Hello's taken_seq (one from
             // before that field numbers from 1 again), so this is the last seen, not the largest.
-            if *dispatch_seq > 0 {
-                self.taken_seq = *dispatch_seq;
-            }
+            self.taken_seq = seq;
         }
         match msg {
             Message::GenerateReq(req) => {

@@ -218,13 +218,9 @@ impl LinkState {
             // The controller's probe of this connection (it notices a closed one at once).
             Message::Heartbeat(_) => None,
             other => {
-                if let Message::GenerateReq(protocol::GenerateReq { dispatch_seq, .. })
-                | Message::EmbedReq(protocol::EmbedReq { dispatch_seq, .. }) = &other
-                {
-                    // In order on this connection, so the worker takes them in this order.
-                    if *dispatch_seq > 0 {
-                        self.last_dispatch_seq = *dispatch_seq;
-                    }
+                // In order on this connection, so the worker takes them in this order.
+                if let Some(seq) = other.dispatch_seq() {
+                    self.last_dispatch_seq = seq;
                 }
                 Some(Inbound::Msg(other))
             }
