@@ -7,8 +7,10 @@
 //! on dispatch  : add (rid, tokens, seq, sent_at) to speculative; seq numbers the dispatches
 //!                to this rank (GenerateReq.dispatch_seq)
 //! on finished  : remove rid from speculative (the request is gone, whatever the snapshot says)
-//! on status    : skip if older than the newest held; else hold it as pending, and apply it
-//!                only if the last apply was ≥ 20 ms ago (refresh() applies it later otherwise)
+//! on status    : skip if older than the newest held (by the worker's status counter,
+//!                status_seq; by its timestamp from a worker without one); else hold it as
+//!                pending, and apply it only if the last apply was ≥ 20 ms ago (refresh()
+//!                applies it later otherwise)
 //! on apply     : the snapshot says the last dispatch it took in (taken_seq): it counts every
 //!                entry up to that number and none after, so exactly those are dropped.
 //!                From a worker that does not report it (taken_seq null): drop entries sent before
@@ -35,9 +37,38 @@ pub const STATUS_REFRESH: Duration = Duration::from_millis(20);
 /// worker's clock says otherwise.
 pub const SPECULATIVE_MAX_AGE: Duration = Duration::from_secs(1);
 
+/// When a status was taken, as far as ordering goes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StatusStamp {
+    /// `WorkerStatus.status_seq`: counts the statuses of one worker process.
+    pub seq: Option<u64>,
+    /// The worker's wall clock (unix seconds).
+    pub timestamp: f64,
+}
+
+impl StatusStamp {
+    pub fn of(status: &WorkerStatus) -> Self {
+        StatusStamp {
+            seq: status.status_seq,
+            timestamp: status.timestamp,
+        }
+    }
+
+    /// Whether this status was taken before `other`'s. By the status counter when both carry
+    /// one: the worker's clock may step back (NTP, a VM resumed), and judged by it every
+    /// fresh status would look stale and freeze the rank's load until the clock caught up.
+    /// By the timestamps for workers that predate the counter.
+    pub fn before(self, other: StatusStamp) -> bool {
+        match (self.seq, other.seq) {
+            (Some(a), Some(b)) => a < b,
+            _ => self.timestamp < other.timestamp,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Snapshot {
-    timestamp: f64,
+    stamp: StatusStamp,
     requests: u64,
     tokens: u64,
     /// The split of `requests`, and the rank's KV capacity (for [`RankBudget::queue`]).
@@ -105,12 +136,13 @@ impl RankBudget {
         for rid in &status.finished_rids {
             self.on_finished(rid);
         }
-        let newest = self.pending.or(self.applied).map(|s| s.timestamp);
-        if newest.is_some_and(|t| status.timestamp < t) {
+        let stamp = StatusStamp::of(status);
+        let newest = self.pending.or(self.applied).map(|s| s.stamp);
+        if newest.is_some_and(|held| stamp.before(held)) {
             return StatusOutcome::Stale;
         }
         self.pending = Some(Snapshot {
-            timestamp: status.timestamp,
+            stamp,
             requests: u64::from(status.num_running_reqs) + u64::from(status.num_waiting_reqs),
             tokens: status.num_used_tokens,
             running: u64::from(status.num_running_reqs),
@@ -141,7 +173,7 @@ impl RankBudget {
             if let (Some(taken), true) = (snap.taken_seq, s.seq > 0) {
                 s.seq > taken
             } else {
-                s.sent_unix > snap.timestamp
+                s.sent_unix > snap.stamp.timestamp
                     && now.saturating_duration_since(s.sent_at) < SPECULATIVE_MAX_AGE
             }
         });
@@ -338,6 +370,33 @@ mod tests {
                 proptest::prop_assert!(b.load().0 >= holds, "view {:?} < holds {holds}", b.load());
             }
         }
+    }
+
+    fn sequenced(status_seq: u64, timestamp: f64, running: u32) -> WorkerStatus {
+        WorkerStatus {
+            status_seq: Some(status_seq),
+            ..status(timestamp, running, 0, &[])
+        }
+    }
+
+    #[test]
+    fn statuses_are_ordered_by_their_counter_not_the_worker_clock() {
+        let mut b = RankBudget::default();
+        let t0 = Instant::now();
+        b.on_status(&sequenced(1, 1000.0, 5), t0);
+        // The worker's clock steps back an hour: its next status is still the newest.
+        let t1 = t0 + STATUS_REFRESH;
+        assert_eq!(
+            b.on_status(&sequenced(2, 1000.0 - 3600.0, 0), t1),
+            StatusOutcome::Applied
+        );
+        assert_eq!(b.load().0, 0, "an idle rank is seen idle");
+        // One that really is older (a lower number) is skipped, whatever its clock says.
+        assert_eq!(
+            b.on_status(&sequenced(1, 5000.0, 9), t1 + STATUS_REFRESH),
+            StatusOutcome::Stale
+        );
+        assert_eq!(b.load().0, 0);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use protocol::{Capacity, DisaggMode, GpuInfo, Hello, RankInfo, WorkerStatus};
 
-use crate::budget::RankBudget;
+use crate::budget::{RankBudget, StatusStamp};
 use crate::policy::{RankLoad, RankSet};
 
 /// One registered rank.
@@ -25,8 +25,8 @@ pub struct LiveRank {
     pub budget: RankBudget,
     /// Requests dispatched to this rank and not yet reported finished: rid → prompt tokens.
     pub inflight: HashMap<String, u64>,
-    /// The `dispatch_seq` the last request sent to this rank carried (counts from 1 per
-    /// registration).
+    /// The `dispatch_seq` the last request sent to this rank carried (counts on from its
+    /// `Hello.taken_seq`, or from 1).
     pub last_seq: u64,
     /// Its role in a disaggregated deployment, and a prefill rank's KV endpoint.
     pub mode: DisaggMode,
@@ -193,7 +193,9 @@ impl Ranks {
                 // What it reports holding (after a controller restart) is ours to fail should
                 // it die; its load arrives with its next status.
                 inflight: hello.held_rids.iter().map(|rid| (rid.clone(), 0)).collect(),
-                last_seq: 0,
+                // Numbered on from what its worker was last sent, so its statuses' taken_seq,
+                // from before this registration or after, reads in this numbering.
+                last_seq: hello.taken_seq.unwrap_or(0),
                 mode: hello.disaggregation_mode,
                 kv_endpoint: hello.kv_endpoint.clone(),
                 gpu: hello.gpu.clone(),
@@ -281,10 +283,11 @@ impl Ranks {
             r.inflight.remove(rid);
         }
         r.budget.on_status(&status, now);
+        let stamp = StatusStamp::of(&status);
         if !r
             .status
             .as_ref()
-            .is_some_and(|old| old.timestamp > status.timestamp)
+            .is_some_and(|old| stamp.before(StatusStamp::of(old)))
         {
             r.status = Some(status);
         }
@@ -462,6 +465,7 @@ mod tests {
             kv_endpoint: None,
             kv_layout: None,
             gpu: None,
+            taken_seq: None,
         }
     }
 
@@ -530,6 +534,54 @@ mod tests {
         let load = ranks.rank_set().loads()[0];
         assert_eq!((load.active_requests, load.active_tokens), (1, 5));
         assert_eq!(ranks.remove(0), Some(vec!["y".to_string()]));
+    }
+
+    #[test]
+    fn a_rank_registered_again_counts_what_was_sent_since_before_its_worker_reads_it() {
+        // The worker took in dispatches 1..=57 from a controller that then restarted; it
+        // registers with this one, which sends it two requests.
+        let mut ranks = Ranks::new(None, Duration::from_secs(3));
+        let again = Hello {
+            taken_seq: Some(57),
+            ..hello(0, "a")
+        };
+        ranks.hello(&again, &id(0), false).unwrap();
+        for rid in ["x", "y"] {
+            let seq = ranks.next_dispatch_seq(0);
+            ranks.dispatched(0, rid, 10, seq);
+        }
+        // Before it reads either, its status says the last dispatch it took in: 57, numbered
+        // by the old controller. Neither new request is counted there.
+        ranks.status(
+            WorkerStatus {
+                rank: 0,
+                timestamp: protocol::unix_time(),
+                taken_seq: Some(57),
+                ..Default::default()
+            },
+            &id(0),
+        );
+        let load = ranks.rank_set().loads()[0];
+        assert_eq!((load.active_requests, load.active_tokens), (2, 20));
+    }
+
+    #[test]
+    fn the_status_reported_is_the_newest_sent_whatever_the_worker_clock_says() {
+        let mut ranks = Ranks::new(None, Duration::from_secs(3));
+        ranks.hello(&hello(0, "a"), &id(0), false).unwrap();
+        // The second status was sent after a clock step back of an hour.
+        for (status_seq, timestamp, running) in [(1, 5000.0, 4), (2, 1400.0, 1)] {
+            let status = WorkerStatus {
+                rank: 0,
+                timestamp,
+                num_running_reqs: running,
+                status_seq: Some(status_seq),
+                ..Default::default()
+            };
+            ranks.status(status, &id(0));
+        }
+        let info = ranks.infos().remove(0);
+        assert_eq!(info.status.map(|s| s.num_running_reqs), Some(1));
     }
 
     #[test]

@@ -35,6 +35,7 @@ impl Worker {
             kv_endpoint: (mode == DisaggMode::Prefill).then(|| format!("ipc:///kv-{rank}.sock")),
             kv_layout: None,
             gpu: None,
+            taken_seq: None,
         };
         protocol::socket::send(&sock, &Message::Hello(hello)).unwrap();
         let w = Worker { rank, sock };

@@ -75,6 +75,17 @@ impl Message {
         }
     }
 
+    /// The controller's number of a dispatched request (`dispatch_seq`), if the message is
+    /// one and it is numbered (0 means not).
+    pub fn dispatch_seq(&self) -> Option<u64> {
+        let seq = match self {
+            Message::GenerateReq(m) => m.dispatch_seq,
+            Message::EmbedReq(m) => m.dispatch_seq,
+            _ => 0,
+        };
+        (seq > 0).then_some(seq)
+    }
+
     /// The request id the message is about, if any.
     pub fn rid(&self) -> Option<&str> {
         match self {
@@ -172,7 +183,8 @@ pub struct GenerateReq {
     #[serde(default)]
     pub received_at: f64,
     /// The controller's number for this request among those it dispatched to the chosen rank
-    /// (1, 2, … since the rank registered); 0 until the controller sets it. The worker reports the last one it took in (`WorkerStatus.taken_seq`).
+    /// (1, 2, … since the rank registered, or on from its `Hello.taken_seq`); 0 until the
+    /// controller sets it. The worker reports the last one it took in (`WorkerStatus.taken_seq`).
     #[serde(default)]
     pub dispatch_seq: u64,
     /// In a disaggregated deployment: the request's prefill and decode ranks and its transfer
@@ -362,6 +374,13 @@ pub struct Hello {
     /// and from workers that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuInfo>,
+    /// The `dispatch_seq` of the last request this worker process was sent before this
+    /// `Hello` (absent: none, or a worker that predates the field). The controller numbers
+    /// this registration's dispatches after it, so every `WorkerStatus.taken_seq` the worker
+    /// reports, from before this `Hello` or after, reads in one numbering; without it, a
+    /// status sent before the worker reads its first new request would seem to count them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taken_seq: Option<u64>,
 }
 
 /// A worker's GPU as its driver reports it, announced in `Hello` and shown per rank by
@@ -450,6 +469,11 @@ pub struct WorkerStatus {
     /// model times its steps. Its tokens are pseudo-random, not a model's. Absent for real ranks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub simulated: Option<String>,
+    /// This status's number among those the worker process sent (1, 2, …): what orders them,
+    /// since `timestamp` is the worker's wall clock, which may step back. Absent from workers
+    /// that predate it (the controller then orders by `timestamp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status_seq: Option<u64>,
 }
 
 /// A disaggregated worker's queues and transfers, in its `WorkerStatus`.
@@ -554,4 +578,28 @@ pub struct Shutdown {
     /// once but lets its in-flight requests finish.
     #[serde(default)]
     pub drain_timeout_s: Option<f64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_numbered_requests_have_a_dispatch_seq() {
+        let mut generate = GenerateReq::new("r", vec![1]);
+        assert_eq!(Message::GenerateReq(generate.clone()).dispatch_seq(), None);
+        generate.dispatch_seq = 58;
+        assert_eq!(Message::GenerateReq(generate).dispatch_seq(), Some(58));
+        let embed = EmbedReq {
+            rid: "e".into(),
+            input_ids: vec![1],
+            routing_key: None,
+            routed_dp_rank: None,
+            received_at: 0.0,
+            dispatch_seq: 3,
+        };
+        assert_eq!(Message::EmbedReq(embed).dispatch_seq(), Some(3));
+        let abort = Message::Abort(Abort { rid: None });
+        assert_eq!(abort.dispatch_seq(), None);
+    }
 }

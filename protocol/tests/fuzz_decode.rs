@@ -199,6 +199,7 @@ const FIELD_NAMES: &[&str] = &[
     "received_at",
     "dispatch_seq",
     "taken_seq",
+    "status_seq",
     "output_ids",
     "finish_reason",
     "matched_stop",

@@ -62,6 +62,8 @@ struct StatusClock {
     /// rank's load from the moment it joins).
     now: bool,
     last_generated: u64,
+    /// `WorkerStatus.status_seq` of the last one sent (0: none yet).
+    seq: u64,
 }
 
 impl<O: Outbox> WorkerActor<O> {
@@ -93,6 +95,7 @@ impl<O: Outbox> WorkerActor<O> {
                 last: Instant::now(),
                 now: true,
                 last_generated: 0,
+                seq: 0,
             },
         }
     }
@@ -160,14 +163,11 @@ impl<O: Outbox> WorkerActor<O> {
         let _span = msg
             .rid()
             .map(|rid| tracing::info_span!("request", rid).entered());
-        if let Message::GenerateReq(protocol::GenerateReq { dispatch_seq, .. })
-        | Message::EmbedReq(protocol::EmbedReq { dispatch_seq, .. }) = &msg
-        {
-            // Requests arrive in dispatch order on one connection; a restarted controller
-            // numbers from 1 again, so this is the last seen, not the largest.
-            if *dispatch_seq > 0 {
-                self.taken_seq = *dispatch_seq;
-            }
+        if let Some(seq) = msg.dispatch_seq() {
+            // Requests arrive in dispatch order on one connection; a controller this worker
+            // registers with again numbers on after the rejoin Hello's taken_seq (one from
+            // before that field numbers from 1 again), so this is the last seen, not the largest.
+            self.taken_seq = seq;
         }
         match msg {
             Message::GenerateReq(req) => {
@@ -193,6 +193,7 @@ impl<O: Outbox> WorkerActor<O> {
             }
             Message::EmbedReq(req) => {
                 if let Some(out) = self.refusal(&req.rid) {
+                    let out = self.sched.refuse_embed(out);
                     return self.emit(out);
                 }
                 self.held.insert(&req.rid);
@@ -287,11 +288,13 @@ impl<O: Outbox> WorkerActor<O> {
             taken_seq: Some(self.taken_seq),
             disagg: sched.disagg_status(),
             simulated: sched.model().simulated().map(|p| p.name.clone()),
+            status_seq: Some(self.status.seq + 1),
         };
         self.status = StatusClock {
             last: Instant::now(),
             now: false,
             last_generated: generated,
+            seq: self.status.seq + 1,
         };
         self.out.to_controller(&Message::WorkerStatus(status));
         // What the prefix cache stored and evicted, after the status that counts the same step.
@@ -389,6 +392,13 @@ mod tests {
     }
 
     pub(super) fn actor(drain_timeout: Duration) -> WorkerActor<Recorded> {
+        actor_with(drain_timeout, None)
+    }
+
+    fn actor_with(
+        drain_timeout: Duration,
+        max_queued_requests: Option<usize>,
+    ) -> WorkerActor<Recorded> {
         let config = ModelConfig::builtin(BuiltinSize::Tiny);
         let model = LlamaModel::dummy(config, 7);
         let sched = Scheduler::new(
@@ -404,7 +414,7 @@ mod tests {
                 disable_radix_cache: false,
                 prefill_step_target: None,
                 disagg: None,
-                max_queued_requests: None,
+                max_queued_requests,
             },
             model,
         );
@@ -538,6 +548,56 @@ mod tests {
             (s.taken_seq, s.num_running_reqs + s.num_waiting_reqs),
             (Some(2), 2)
         );
+        let seqs: Vec<Option<u64>> = a
+            .out
+            .controller
+            .iter()
+            .filter_map(|m| match m {
+                Message::WorkerStatus(s) => Some(s.status_seq),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(seqs, [Some(1), Some(2)], "numbered in the order sent");
+    }
+
+    /// Every rid the controller heard finished, over all statuses sent so far.
+    fn reported_finished(a: &WorkerActor<Recorded>) -> Vec<String> {
+        a.out
+            .controller
+            .iter()
+            .filter_map(|m| match m {
+                Message::WorkerStatus(s) => Some(s.finished_rids.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
+    #[test]
+    fn every_refused_request_is_reported_finished_to_the_controller() {
+        // The controller counts a dispatched request in flight until a status lists it
+        // finished; one refused here (a bad prompt, a full queue, a drain) must be listed too,
+        // or its rid stays in flight until the rank leaves and is then failed a second time.
+        let mut a = actor_with(Duration::from_secs(30), Some(1));
+        let bad = crate::scheduler::tests::req("bad", vec![u32::MAX], 2);
+        a.on_inbound(Inbound::Msg(Message::GenerateReq(bad)));
+        a.on_inbound(generate("queued", 2));
+        a.on_inbound(generate("full", 2));
+        a.stop.store(true, Ordering::Relaxed);
+        assert!(a.keep_running(), "\"queued\" is held: drain");
+        a.on_inbound(generate("late", 2));
+        for rid in ["bad", "full", "late"] {
+            let out = final_of(&a, rid).expect("refused at once");
+            assert!(out.error.is_some(), "{rid}");
+        }
+        while a.keep_running() {
+            a.tick();
+        }
+        a.status.now = true;
+        a.tick();
+        let mut finished = reported_finished(&a);
+        finished.sort();
+        assert_eq!(finished, ["bad", "full", "late", "queued"]);
     }
 
     #[test]

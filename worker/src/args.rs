@@ -176,9 +176,10 @@ pub struct ServeArgs {
     /// Most prompt tokens computed in one prefill step over all requests.
     #[arg(long, env = "DPSERVE_MAX_PREFILL_TOKENS", default_value_t = DEFAULT_MAX_PREFILL_TOKENS)]
     pub max_prefill_tokens: usize,
-    /// Extra request-to-token rows beyond --max-running-requests for requests that hold KV
-    /// without running (disaggregated decode): `auto` = 2 × max-running-requests when that is
-    /// at most 32, else 0; or a row count.
+    /// Decode workers (--disaggregation-mode decode) only: extra request-to-token rows beyond
+    /// --max-running-requests for requests that hold KV without running: `auto` = 2 ×
+    /// max-running-requests when that is at most 32, else 0; or a row count. Other roles
+    /// have none.
     #[arg(long, env = "DPSERVE_DECODE_PREALLOC_SIZE", default_value_t = DecodePrealloc::Auto)]
     pub decode_prealloc_size: DecodePrealloc,
     /// Scheduling policy.
@@ -218,8 +219,9 @@ pub struct ServeArgs {
     /// the whole server).
     #[arg(long, env = "DPSERVE_MAX_QUEUED_REQUESTS")]
     pub max_queued_requests: Option<usize>,
-    /// Prefill worker: seconds a request waits for its decode worker to be ready for its KV
-    /// before it is dropped.
+    /// Seconds a request waits for its decode worker to be ready for its KV: on a prefill
+    /// worker before it is dropped, on a decode worker (waiting for a request row and KV
+    /// slots) before it fails (503). Either side giving up tells the other.
     #[arg(long, env = "DPSERVE_DISAGGREGATION_BOOTSTRAP_TIMEOUT", default_value_t = DEFAULT_DISAGG_TIMEOUT_S)]
     pub disaggregation_bootstrap_timeout: f64,
     /// Decode worker: seconds a request's KV may take to arrive once its slots are ready; past
@@ -512,7 +514,9 @@ impl WorkerArgs {
             max_total_tokens: serve.max_total_tokens,
             mem_fraction: serve.mem_fraction,
             max_running_requests: serve.max_running_requests,
-            pre_alloc_rows: serve.decode_prealloc_size.rows(serve.max_running_requests),
+            pre_alloc_rows: serve
+                .decode_prealloc_size
+                .rows(self.disaggregation_mode, serve.max_running_requests),
             schedule_policy: serve.schedule_policy,
             disable_radix_cache: serve.disable_radix_cache,
             kv_event_block_size: serve.kv_event_block_size,
@@ -687,6 +691,23 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("--disaggregation-mode"), "{err}");
+    }
+
+    #[test]
+    fn pre_allocation_rows_exist_only_on_decode_workers() {
+        // As SGLang's decode request pool (PR #6980): a unified or prefill worker's admission
+        // never holds a request without running it, so extra rows would only widen the KV
+        // pool's bound.
+        for (mode, auto_rows, given_rows) in
+            [("null", 0, 0), ("prefill", 0, 0), ("decode", 2 * 8, 5)]
+        {
+            let mode_flags = ["--disaggregation-mode", mode, "--max-running-requests", "8"];
+            let config = parse(&mode_flags).unwrap().resolve().unwrap();
+            assert_eq!(config.pre_alloc_rows, auto_rows, "{mode}, auto");
+            let given = [&mode_flags[..], &["--decode-prealloc-size", "5"]].concat();
+            let config = parse(&given).unwrap().resolve().unwrap();
+            assert_eq!(config.pre_alloc_rows, given_rows, "{mode}, 5 given");
+        }
     }
 
     #[test]

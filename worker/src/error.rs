@@ -1,5 +1,7 @@
 //! The worker's errors. [`WorkerError`] is what ends or refuses something on this rank;
-//! [`RequestError`] is why a request is refused at submission (the client gets it as a 400).
+//! [`RequestError`] is why a request is refused at submission (the client gets it as a 400);
+//! [`RowFreeError`] is a request row given back twice (a bug, refused rather than corrupting the
+//! pool).
 //! Model-file and forward-pass errors are [`crate::model::ModelError`].
 
 use thiserror::Error;
@@ -78,4 +80,14 @@ impl RequestError {
             _ => 400,
         }
     }
+}
+
+/// A request row given back that the pool does not hand out (`ReqToTokenPool::free`): a
+/// bookkeeping bug in the caller, refused so that the row is never handed to two requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum RowFreeError {
+    #[error("request row {row} freed while it is free (a double free)")]
+    NotHeld { row: usize },
+    #[error("request row {row} is not one of the pool's {rows}")]
+    OutOfRange { row: usize, rows: usize },
 }

@@ -230,7 +230,10 @@ impl KvMemory {
             if let Some(node) = req.cache_node.take() {
                 self.cache.unlock(node);
             }
-            self.pool.free(row);
+            if let Err(e) = self.pool.free(row) {
+                // Refused, so no request shares the row; loud, since a caller's books are wrong.
+                tracing::error!(rid = %req.rid, %e, "request row not freed");
+            }
         }
         req.row = None;
         req.len = 0;

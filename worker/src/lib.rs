@@ -394,6 +394,7 @@ fn load(
         kv_layout: (!config.disaggregation_mode.is_null()).then(|| mc.kv_layout()),
         // The GPU a CUDA rank runs on, as its probe found it; none on the CPU or a simulated rank.
         gpu: model.gpu().map(gpu_identity::gpu_identity),
+        taken_seq: None, // nothing sent to this process yet; a rejoin's Hello says
     };
     let disagg = (!config.disaggregation_mode.is_null()).then(|| disagg::DisaggConfig {
         mode: config.disaggregation_mode,

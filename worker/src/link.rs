@@ -112,6 +112,9 @@ struct LinkState {
     unregistered_since: Instant,
     unregistered_warned: Instant,
     last_beat: Instant,
+    /// The `dispatch_seq` of the last request handed to the worker (0: none), reported in a
+    /// rejoin's `Hello` so the controller numbers on after it.
+    last_dispatch_seq: u64,
 }
 
 impl LinkState {
@@ -129,6 +132,7 @@ impl LinkState {
             unregistered_since: now,
             unregistered_warned: now,
             last_beat: now,
+            last_dispatch_seq: 0,
         })
     }
 
@@ -213,7 +217,13 @@ impl LinkState {
             }
             // The controller's probe of this connection (it notices a closed one at once).
             Message::Heartbeat(_) => None,
-            other => Some(Inbound::Msg(other)),
+            other => {
+                // In order on this connection, so the worker takes them in this order.
+                if let Some(seq) = other.dispatch_seq() {
+                    self.last_dispatch_seq = seq;
+                }
+                Some(Inbound::Msg(other))
+            }
         })
     }
 
@@ -231,6 +241,7 @@ impl LinkState {
         self.acked = false;
         let again = Hello {
             held_rids: self.link.held_rids.snapshot(),
+            taken_seq: (self.last_dispatch_seq > 0).then_some(self.last_dispatch_seq),
             ..self.link.hello.clone()
         };
         self.hello_frame = encode(&Message::Hello(again))?;

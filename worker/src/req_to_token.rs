@@ -1,15 +1,26 @@
 //! Request-to-token pool: one table of `rows × context_len` KV slot indices, allocated once at
-//! start. A request holds one row while it is admitted; row `r`, column `p` is the KV slot of
-//! position `p` of that request, which is what the model reads attention from.
+//! start. A request holds one row while its KV is held (admitted, or on a decode worker while
+//! its KV arrives); row `r`, column `p` is the KV slot of position `p` of that request, which is
+//! what the model reads attention from.
 //!
-//! Rows are handed out from a free list (O(1) alloc and free, no per-request allocation). Beyond
-//! `--max-running-requests` rows there are `pre_alloc` extra rows (`--decode-prealloc-size`) for
-//! requests that hold KV without running: a decode worker receiving KV from a prefill worker in
-//! disaggregated serving, or a request admitted while it waits. The scheduler never lets more
-//! than `max_running_requests` requests run, so the extra rows never raise the running cap.
+//! Rows are handed out from a free list (O(1) alloc and free, no per-request allocation). A
+//! held flag per row makes a double free (or a row the pool never had) a refusal in every
+//! build: counted and returned as an error, never pushed onto the free list a second time,
+//! where one row would then be handed to two requests.
+//!
+//! A decode worker, and only it, has `pre_alloc` extra rows beyond `--max-running-requests`
+//! (`--decode-prealloc-size`, as SGLang's `DecodeReqToTokenPool`): requests in its
+//! pre-allocation, transfer and ready queues hold a row and their prompt's slots without
+//! running. Its scheduler never lets more than `max_running_requests` requests run, so the extra
+//! rows never raise the running cap. Unified and prefill workers have exactly
+//! `max_running_requests` rows.
 
 use std::fmt;
 use std::str::FromStr;
+
+use protocol::DisaggMode;
+
+use crate::error::RowFreeError;
 
 /// `--decode-prealloc-size`: `auto` or a row count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -26,7 +37,13 @@ const AUTO_PREALLOC_MAX_RUNNING: usize = 32;
 const AUTO_PREALLOC_FACTOR: usize = 2;
 
 impl DecodePrealloc {
-    pub fn rows(self, max_running_requests: usize) -> usize {
+    /// The extra rows of a worker in `mode`: none but on a decode worker, as SGLang's
+    /// `DecodeReqToTokenPool` (only the decode role has requests that hold KV without
+    /// running; elsewhere the rows would go unused and only widen the KV pool's bound).
+    pub fn rows(self, mode: DisaggMode, max_running_requests: usize) -> usize {
+        if mode != DisaggMode::Decode {
+            return 0;
+        }
         match self {
             DecodePrealloc::Auto if max_running_requests <= AUTO_PREALLOC_MAX_RUNNING => {
                 AUTO_PREALLOC_FACTOR * max_running_requests
@@ -59,13 +76,17 @@ impl fmt::Display for DecodePrealloc {
     }
 }
 
-/// The table and its free rows.
+/// The table, its free rows, and which rows are handed out.
 #[derive(Debug)]
 pub struct ReqToTokenPool {
     table: Vec<u32>,
     context_len: usize,
     free_rows: Vec<usize>,
     rows: usize,
+    /// Per row: handed out and not yet freed (what makes a double free an O(1) check).
+    held: Vec<bool>,
+    /// Frees refused since start (each one a bookkeeping bug in a caller).
+    refused_frees: u64,
 }
 
 impl ReqToTokenPool {
@@ -76,6 +97,8 @@ impl ReqToTokenPool {
             context_len,
             free_rows: (0..rows).rev().collect(),
             rows,
+            held: vec![false; rows],
+            refused_frees: 0,
         }
     }
 
@@ -88,12 +111,33 @@ impl ReqToTokenPool {
     }
 
     pub fn alloc(&mut self) -> Option<usize> {
-        self.free_rows.pop()
+        let row = self.free_rows.pop()?;
+        self.held[row] = true;
+        Some(row)
     }
 
-    pub fn free(&mut self, row: usize) {
-        debug_assert!(row < self.rows && !self.free_rows.contains(&row));
-        self.free_rows.push(row);
+    /// Gives `row` back; a row that is not handed out is refused (and counted), so the free
+    /// list never holds a row twice.
+    pub fn free(&mut self, row: usize) -> Result<(), RowFreeError> {
+        let refusal = match self.held.get_mut(row) {
+            Some(held @ true) => {
+                *held = false;
+                self.free_rows.push(row);
+                return Ok(());
+            }
+            Some(false) => RowFreeError::NotHeld { row },
+            None => RowFreeError::OutOfRange {
+                row,
+                rows: self.rows,
+            },
+        };
+        self.refused_frees += 1;
+        Err(refusal)
+    }
+
+    /// Frees refused since start (0 unless a caller's bookkeeping is wrong).
+    pub fn refused_frees(&self) -> u64 {
+        self.refused_frees
     }
 
     /// Slots of row `row`, all `context_len` positions.
@@ -113,10 +157,15 @@ mod tests {
 
     #[test]
     fn auto_prealloc_follows_the_decode_pool_rule() {
-        assert_eq!(DecodePrealloc::Auto.rows(8), 16);
-        assert_eq!(DecodePrealloc::Auto.rows(32), 64);
-        assert_eq!(DecodePrealloc::Auto.rows(33), 0);
-        assert_eq!(DecodePrealloc::Rows(5).rows(100), 5);
+        let decode = DisaggMode::Decode;
+        assert_eq!(DecodePrealloc::Auto.rows(decode, 8), 16);
+        assert_eq!(DecodePrealloc::Auto.rows(decode, 32), 64);
+        assert_eq!(DecodePrealloc::Auto.rows(decode, 33), 0);
+        assert_eq!(DecodePrealloc::Rows(5).rows(decode, 100), 5);
+        for other in [DisaggMode::Null, DisaggMode::Prefill] {
+            assert_eq!(DecodePrealloc::Auto.rows(other, 8), 0);
+            assert_eq!(DecodePrealloc::Rows(5).rows(other, 8), 0);
+        }
         assert_eq!("auto".parse::<DecodePrealloc>(), Ok(DecodePrealloc::Auto));
         assert_eq!("3".parse::<DecodePrealloc>(), Ok(DecodePrealloc::Rows(3)));
         assert!("x".parse::<DecodePrealloc>().is_err());
@@ -135,6 +184,22 @@ mod tests {
         assert!(pool.alloc().is_none(), "three rows in all");
     }
 
+    #[test]
+    fn a_double_free_is_refused_in_every_build_and_the_pool_stays_whole() {
+        let mut pool = ReqToTokenPool::new(2, 0, 4);
+        let a = pool.alloc().unwrap();
+        assert!(pool.free(a).is_ok());
+        // A second free of the same row, and a row the pool never had: each refused, not
+        // pushed onto the free list (where the row would be handed to two requests).
+        assert!(pool.free(a).is_err());
+        assert!(pool.free(7).is_err());
+        assert_eq!(pool.refused_frees(), 2);
+        assert_eq!(pool.available(), 2);
+        let (x, y) = (pool.alloc().unwrap(), pool.alloc().unwrap());
+        assert_ne!(x, y);
+        assert!(pool.alloc().is_none());
+    }
+
     proptest! {
         #[test]
         fn rows_are_never_handed_out_twice(ops in prop::collection::vec(any::<bool>(), 1..200)) {
@@ -149,7 +214,7 @@ mod tests {
                         prop_assert_eq!(held.len(), 6);
                     }
                 } else if let Some(r) = held.pop() {
-                    pool.free(r);
+                    prop_assert!(pool.free(r).is_ok());
                 }
                 prop_assert_eq!(pool.available() + held.len(), pool.rows());
             }

@@ -125,6 +125,7 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                 kv_endpoint: None,
                 kv_layout: None,
                 gpu: None,
+                taken_seq: Some(57),
             }),
         ),
         (
@@ -140,6 +141,7 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                 kv_endpoint: Some("tcp://10.0.0.5:7010".into()),
                 kv_layout: Some(layout()),
                 gpu: None,
+                taken_seq: None,
             }),
         ),
         (
@@ -155,6 +157,7 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                 kv_endpoint: None,
                 kv_layout: None,
                 gpu: Some(gpu()),
+                taken_seq: None,
             }),
         ),
         (
@@ -333,6 +336,7 @@ fn worker_status() -> WorkerStatus {
         taken_seq: Some(7),
         disagg: None,
         simulated: None,
+        status_seq: Some(12),
     }
 }
 

@@ -369,6 +369,7 @@ mod tests {
                         taken_seq: None,
                         disagg: None,
                         simulated: None,
+                        status_seq: None,
                     }),
                     gpu: None,
                 })

@@ -120,7 +120,7 @@ fn routing_headers() -> Value {
          "description": "Pin a live rank (wins over the body's routed_dp_rank; not live: 400)",
          "schema": {"type": "string", "pattern": "^[ \\t]*[0-9]{1,9}[ \\t]*$"}},
         {"name": "x-smg-routing-key", "in": "header", "required": false,
-         "description": "Routing key (wins over the body's routing_key)",
+         "description": "Routing key (a non-empty one wins over the body's routing_key)",
          "schema": {"type": "string", "pattern": "^[\\t\\x20-\\x7e]*$"}},
     ])
 }

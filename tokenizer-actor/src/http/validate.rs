@@ -253,8 +253,8 @@ pub fn check_child_rids(rid: &str, last_index: Option<usize>) -> Result<(), ApiE
     }
 }
 
-/// Routing key and explicit rank: headers win over the body; the rank may be given as
-/// `routed_dp_rank` or SGLang's `data_parallel_rank`.
+/// Routing key and explicit rank: headers win over the body (an empty routing key header does
+/// not); the rank may be given as `routed_dp_rank` or SGLang's `data_parallel_rank`.
 pub fn routing(
     obj: &Map<String, Value>,
     headers: &HeaderInputs,
@@ -272,8 +272,10 @@ pub fn routing(
         })?),
         None => None,
     };
-    let key = headers.routing_key.clone().or(body_key);
-    Ok((key, header_rank.or(body_rank)))
+    // An empty header is no key (a proxy that always sets it, empty when its client gave
+    // none): it must not hide the body's key and send the request to token hashing.
+    let header_key = headers.routing_key.clone().filter(|k| !k.trim().is_empty());
+    Ok((header_key.or(body_key), header_rank.or(body_rank)))
 }
 
 fn parse_sampling(sp: &Map<String, Value>) -> Result<SamplingParams, ApiError> {
@@ -679,6 +681,21 @@ mod tests {
         };
         let err = parse_generate(body.as_bytes(), &bad).unwrap_err();
         assert!(err.message.contains("X-Data-Parallel-Rank"));
+    }
+
+    #[test]
+    fn an_empty_routing_key_header_leaves_the_body_key_in_force() {
+        // A proxy that always sets the header, empty when its client gave none, must not turn
+        // a body key into token hashing (the policy treats an empty key as no key).
+        for empty in ["", "  "] {
+            let headers = HeaderInputs {
+                routing_key: Some(empty.into()),
+                ..Default::default()
+            };
+            let body = r#"{"input_ids": [1, 2], "routing_key": "b"}"#;
+            let input = parse_generate(body.as_bytes(), &headers).unwrap();
+            assert_eq!(input.routing_key.as_deref(), Some("b"), "header {empty:?}");
+        }
     }
 
     #[test]

@@ -16,8 +16,10 @@
 //!    the client) and decodes the request like one it prefilled itself.
 //!
 //! Failures end a transfer on both sides: `KvAbort` (either way), `PeerGone` from the
-//! controller when a rank leaves, and timeouts (`--disaggregation-bootstrap-timeout` on the
-//! prefill side, `--disaggregation-waiting-timeout` on the decode side).
+//! controller when a rank leaves, and timeouts: `--disaggregation-bootstrap-timeout` bounds the
+//! wait for `KvReady` on both sides (the prefill side's bootstrap, the decode side's
+//! pre-allocation queue; either side giving up tells the other), and
+//! `--disaggregation-waiting-timeout` bounds a decode transfer from `KvReady` to `KvDone`.
 
 pub mod link;
 
@@ -49,7 +51,9 @@ pub struct DisaggConfig {
     pub mode: DisaggMode,
     /// This worker's KV layout (checked against every peer's).
     pub layout: KvLayout,
-    /// Prefill: how long a request waits for its decode worker's `KvReady`.
+    /// Prefill: how long a request waits for its decode worker's `KvReady`. Decode: how long
+    /// a request waits in the pre-allocation queue for a row and slots (as long as its
+    /// prefill worker waits for the `KvReady` that would follow).
     pub bootstrap_timeout: Duration,
     /// Decode: how long a transfer may take from `KvReady` to `KvDone`.
     pub waiting_timeout: Duration,

@@ -3,6 +3,7 @@
 //! requests may still grow into, as SGLang's `DecodePreallocQueue`), the KV frames written into
 //! those slots, and the commit that makes the request a running one.
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use protocol::trace_event::Milestone;
@@ -225,9 +226,18 @@ impl Scheduler {
         }
     }
 
-    /// The prefill worker gave up on the room: the client gets its error.
+    /// The prefill worker gave up on the room (whether this worker holds slots for it or it
+    /// still waits in the pre-allocation queue): the client gets its error.
     pub(super) fn decode_room_aborted(&mut self, a: KvAbort) -> Vec<TokenOut> {
-        let Some(mut req) = self.legs.transfers.remove(&a.room) else {
+        let in_room = |r: &Req| r.transfer.as_ref().is_some_and(|t| t.room == a.room);
+        let req = match self.legs.transfers.remove(&a.room) {
+            Some(req) => Some(req),
+            None => {
+                let queued = self.legs.prealloc.iter().position(in_room);
+                queued.and_then(|i| self.legs.prealloc.remove(i))
+            }
+        };
+        let Some(mut req) = req else {
             // Ours already ended (an abort crossing ours, or a late frame).
             return Vec::new();
         };
@@ -258,7 +268,7 @@ impl Scheduler {
     /// Every transfer (queued or under way) from prefill rank `rank` fails.
     pub(super) fn fail_transfers_from(&mut self, rank: u32, why: String) -> Vec<TokenOut> {
         let from_rank = |r: &Req| r.transfer.as_ref().is_some_and(|t| t.prefill_rank == rank);
-        let (queued, keep): (std::collections::VecDeque<Req>, _) =
+        let (queued, keep): (VecDeque<Req>, _) =
             self.legs.prealloc.drain(..).partition(|r| from_rank(r));
         self.legs.prealloc = keep;
         let rooms: Vec<u64> = self
@@ -276,6 +286,40 @@ impl Scheduler {
             outs.extend(self.fail_transfer(room, 503, why.clone()));
         }
         outs
+    }
+
+    /// Requests that waited in the pre-allocation queue longer than
+    /// `--disaggregation-bootstrap-timeout`: their prefill worker waits as long for the
+    /// `KvReady` and has given the room up by now, so a row taken for one would only wait for
+    /// KV that never comes. Each fails (503) and its prefill worker is told.
+    pub(super) fn expire_prealloc(&mut self) -> Vec<TokenOut> {
+        let timeout = self
+            .legs
+            .config
+            .as_ref()
+            .map(|c| c.bootstrap_timeout)
+            .unwrap_or_default();
+        let waited_too_long = |r: &Req| {
+            r.transfer
+                .as_ref()
+                .is_some_and(|t| t.since.elapsed() > timeout)
+        };
+        if !self.legs.prealloc.iter().any(waited_too_long) {
+            return Vec::new();
+        }
+        let (late, keep): (VecDeque<Req>, VecDeque<Req>) =
+            self.legs.prealloc.drain(..).partition(waited_too_long);
+        self.legs.prealloc = keep;
+        let why = format!(
+            "no request row and KV slots free for {:.1}s (--disaggregation-bootstrap-timeout)",
+            timeout.as_secs_f64()
+        );
+        late.into_iter()
+            .map(|req| {
+                tracing::warn!(rid = %req.rid, "{why}");
+                self.fail(req, 503, why.clone())
+            })
+            .collect()
     }
 
     /// Transfers that did not finish within `--disaggregation-waiting-timeout` of their

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use protocol::{DisaggMode, DisaggStatus, GenerateReq, KvAbort, KvReady, Message, TokenOut};
 
+use super::prefill_leg::ended_here;
 use super::Scheduler;
 use crate::disagg::{DisaggConfig, KvInbound, KvPeer, KvSend};
 use crate::request::Req;
@@ -18,8 +19,10 @@ pub(super) struct Bootstrap {
     /// The request was refused here (status, reason): answered to the decode worker.
     pub refused: Option<(u16, String)>,
     pub ready: Option<(KvPeer, KvReady)>,
-    /// The decode side gave the room up before the request came: drop it when it does.
-    pub aborted: bool,
+    /// The room was given up before it paired (the decode side aborted it, the request ended
+    /// here, or its bootstrap timed out), with the status and reason a late `KvReady` is
+    /// answered with at once; a late request is dropped. Kept one more bootstrap timeout.
+    pub aborted: Option<(u16, String)>,
     pub since: Instant,
 }
 
@@ -28,6 +31,9 @@ pub(super) struct Legs {
     pub config: Option<DisaggConfig>,
     /// Prefill: rooms waiting for their request or their `KvReady`.
     pub bootstrap: HashMap<u64, Bootstrap>,
+    /// Prefill: each decode rank's worker as its last `KvReady` came from, so a room whose
+    /// `KvReady` never came can still be given up to the worker that may hold it queued.
+    pub decode_peers: HashMap<u32, KvPeer>,
     /// Decode: requests waiting for a row and slots (the pre-allocation queue).
     pub prealloc: VecDeque<Req>,
     /// Decode: requests holding a row and slots while their KV arrives, by room.
@@ -90,9 +96,10 @@ impl Scheduler {
         self.legs.mode()
     }
 
-    /// A request refused before it was taken in (a draining worker, a bad rid), as `out` says.
-    /// A prefill leg is answered through its decode worker (when its `KvReady` comes), never
-    /// here; a decode leg's prefill worker is told, so it does not wait for it.
+    /// A request refused before it was taken in (a draining worker, a bad rid), as `out` says;
+    /// it ends for the controller too (see `refused_out`). A prefill leg is answered through
+    /// its decode worker (when its `KvReady` comes), never here; a decode leg's prefill worker
+    /// is told, so it does not wait for it.
     pub fn refuse(&mut self, mut req: GenerateReq, out: TokenOut) -> Option<TokenOut> {
         let (status, reason) = out
             .error
@@ -109,10 +116,20 @@ impl Scheduler {
             (DisaggMode::Decode, Some(leg)) => {
                 let to = KvPeer::Endpoint(leg.prefill_kv_endpoint);
                 self.legs.abort_room(to, leg.room, status, reason);
+                self.note_refused(&req.rid);
                 Some(out)
             }
-            _ => Some(out),
+            _ => {
+                self.note_refused(&req.rid);
+                Some(out)
+            }
         }
+    }
+
+    /// An embedding request refused before it was taken in, as `out` says (see [`Self::refuse`]).
+    pub fn refuse_embed(&mut self, out: TokenOut) -> TokenOut {
+        self.note_refused(&out.rid);
+        out
     }
 
     /// KV messages to send since the last call.
@@ -167,7 +184,11 @@ impl Scheduler {
                 self.expire_bootstrap();
                 Vec::new()
             }
-            DisaggMode::Decode => self.expire_transfers(),
+            DisaggMode::Decode => {
+                let mut outs = self.expire_prealloc();
+                outs.extend(self.expire_transfers());
+                outs
+            }
             DisaggMode::Null => Vec::new(),
         };
         self.admit_prealloc();
@@ -227,12 +248,17 @@ impl Scheduler {
     }
 
     /// Gives back what `req` holds: a decode transfer's slots that never got their KV go to
-    /// the allocator; everything else as usual.
+    /// the allocator; everything else as usual. A decode request's prefill worker hears it,
+    /// whether the request held slots (`KvReady` sent) or still waited for them.
     pub(super) fn release_req(&mut self, req: &mut Req) {
         match req.transfer.take() {
-            Some(t) if t.ready_sent => {
-                let held = req.prompt.len();
-                self.mem.release_partial(req, held);
+            Some(t) => {
+                if t.ready_sent {
+                    let held = req.prompt.len();
+                    self.mem.release_partial(req, held);
+                } else {
+                    self.mem.release(req);
+                }
                 self.tracer.milestone(
                     &req.rid,
                     protocol::trace_event::Milestone::KvAborted {
@@ -240,12 +266,13 @@ impl Scheduler {
                         reason: "ended on the decode side before its KV arrived".into(),
                     },
                 );
-                // Tell the prefill worker, which may still be computing it.
+                // Tell the prefill worker, which may still be computing it (or wait for its
+                // KvReady).
                 self.legs
                     .abort_room(t.from, t.room, 499, "ended on the decode side".into());
                 self.legs.stats.transfers_failed += 1;
             }
-            _ => self.mem.release(req),
+            None => self.mem.release(req),
         }
         if let Some(leg) = req.leg.take() {
             self.tracer.milestone(
@@ -266,7 +293,7 @@ impl Scheduler {
             self.legs.stats.transfers_failed += 1;
             self.legs.muted.insert(req.rid.clone());
             // A KvReady still on its way is answered at once.
-            self.bootstrap_entry(leg.room).aborted = true;
+            self.bootstrap_entry(leg.room).aborted = Some(ended_here());
         }
     }
 }

@@ -501,3 +501,108 @@ fn a_kv_ready_for_a_leg_that_already_ended_is_answered_at_once() {
         "{sent:?}"
     );
 }
+
+/// A decode worker with one request row: a second request waits in the pre-allocation queue
+/// while the first holds it.
+fn one_row() -> SchedulerConfig {
+    SchedulerConfig {
+        max_running_requests: 1,
+        pre_alloc_rows: 0,
+        ..config(4096, 8)
+    }
+}
+
+#[test]
+fn a_request_waiting_for_a_row_times_out_and_its_prefill_worker_is_told() {
+    let mut pair = Pair::new(config(4096, 8), one_row());
+    pair.d.legs.config.as_mut().unwrap().bootstrap_timeout = Duration::from_millis(30);
+    pair.lose = vec!["KvChunk", "KvDone"]; // "holder" keeps the only row
+    pair.submit("holder", prompt(1, 20), 4, 1, true);
+    pair.submit("queued", prompt(2, 20), 4, 2, true);
+    pair.carry();
+    assert_eq!(pair.d.legs.prealloc.len(), 1, "no row for \"queued\"");
+    std::thread::sleep(Duration::from_millis(40));
+    let outs = pair.d.expire();
+    pair.collect(outs);
+    let err = pair.done["queued"].1.error.clone().expect("timed out");
+    assert_eq!(err.status, 503);
+    assert!(err.message.contains("request row"), "{}", err.message);
+    assert!(pair.d.legs.prealloc.is_empty());
+    // The prefill worker hears it and drops the leg it held for the room.
+    pair.carry();
+    assert!(
+        pair.p
+            .legs
+            .bootstrap
+            .get(&2)
+            .is_none_or(|b| b.req.is_none()),
+        "the prefill leg of room 2 is gone"
+    );
+    assert!(pair.p.take_finished_rids().contains(&"queued".to_string()));
+}
+
+#[test]
+fn a_prefill_bootstrap_timeout_fails_the_decode_request_at_once() {
+    let mut pair = Pair::new(config(4096, 8), one_row());
+    pair.p.legs.config.as_mut().unwrap().bootstrap_timeout = Duration::from_millis(30);
+    pair.lose = vec!["KvChunk", "KvDone"]; // "holder" keeps the only row
+    pair.submit("holder", prompt(1, 20), 4, 1, true);
+    pair.submit("queued", prompt(2, 20), 4, 2, true);
+    pair.carry();
+    std::thread::sleep(Duration::from_millis(40));
+    pair.p.expire();
+    pair.carry();
+    // The prefill worker knows rank 1 from "holder"'s KvReady: it says so at once, and the
+    // decode worker fails the request without waiting for a row it no longer needs.
+    let err = pair.done["queued"].1.error.clone().expect("told at once");
+    assert_eq!(err.status, 503);
+    assert!(
+        err.message.contains("bootstrap timed out"),
+        "{}",
+        err.message
+    );
+    assert!(pair.d.legs.prealloc.is_empty());
+}
+
+#[test]
+fn a_kv_ready_for_a_room_whose_bootstrap_timed_out_is_refused_at_once() {
+    let mut pair = Pair::new(config(4096, 8), one_row());
+    pair.p.legs.config.as_mut().unwrap().bootstrap_timeout = Duration::from_millis(30);
+    // No KvReady reaches the prefill worker in time: it never learns the decode worker.
+    pair.lose = vec!["KvReady"];
+    pair.submit("holder", prompt(1, 20), 4, 1, true);
+    pair.submit("queued", prompt(2, 20), 4, 2, true);
+    pair.carry();
+    std::thread::sleep(Duration::from_millis(40));
+    pair.p.expire();
+    pair.lose.clear();
+    // The row frees, "queued" says KvReady for a room the prefill worker gave up: it is
+    // answered at once, not after a second bootstrap (or waiting) timeout.
+    let outs = pair.d.abort(Some("holder"));
+    pair.collect(outs);
+    let outs = pair.d.expire(); // the actor's round: pre-allocation for what freed up
+    pair.collect(outs);
+    pair.carry();
+    let err = pair.done["queued"]
+        .1
+        .error
+        .clone()
+        .expect("refused at once");
+    assert_eq!(err.status, 503);
+    assert!(
+        err.message.contains("bootstrap timed out"),
+        "{}",
+        err.message
+    );
+    assert!(pair.d.legs.transfers.is_empty() && pair.d.legs.prealloc.is_empty());
+    assert!(
+        !pair
+            .p
+            .legs
+            .bootstrap
+            .values()
+            .any(|b| b.ready.is_some() || b.req.is_some()),
+        "no fresh bootstrap entry opened for the late KvReady"
+    );
+    pair.assert_whole();
+}

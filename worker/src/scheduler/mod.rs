@@ -228,7 +228,7 @@ impl Scheduler {
                     self.legs
                         .abort_room(to, leg.room, e.status(), e.to_string());
                 }
-                Some(self.error_out(&req.rid, e.status(), e.to_string()))
+                Some(self.refused_out(&req.rid, e.status(), e.to_string()))
             }
             (DisaggMode::Decode, Some(leg), Ok(())) => {
                 self.decode_leg_arrived(req, leg);
@@ -248,7 +248,7 @@ impl Scheduler {
             .validate(&input_ids, 0)
             .and_then(|()| self.queue_has_room())
         {
-            return Some(self.error_out(&rid, e.status(), e.to_string()));
+            return Some(self.refused_out(&rid, e.status(), e.to_string()));
         }
         self.waiting.push_back(Req::embed(rid, input_ids));
         None
@@ -434,11 +434,27 @@ impl Scheduler {
             self.legs.stats.transfers_failed += 1;
             self.legs.muted.insert(req.rid.clone());
             // A KvReady still on its way is answered at once.
-            self.bootstrap_entry(leg.room).aborted = true;
+            self.bootstrap_entry(leg.room).aborted = Some(prefill_leg::ended_here());
         }
         self.release_req(&mut req);
         self.finished_rids.push(req.rid.clone());
         self.error_out(&req.rid, status, message)
+    }
+
+    /// The answer to a request refused before it was taken in. The controller counted it in
+    /// flight when it dispatched it, so it ends for the controller too (the next status lists
+    /// it), or its rid would stay in flight until this rank leaves and then be failed again.
+    fn refused_out(&mut self, rid: &str, status: u16, message: String) -> TokenOut {
+        self.note_refused(rid);
+        self.error_out(rid, status, message)
+    }
+
+    /// Lists a refused `rid` among the finished ones. A rid over the limit is left out: the
+    /// controller refuses those itself, so it never counted one.
+    fn note_refused(&mut self, rid: &str) {
+        if protocol::rid_problem(rid).is_none() {
+            self.finished_rids.push(rid.to_string());
+        }
     }
 
     fn error_out(&self, rid: &str, status: u16, message: String) -> TokenOut {

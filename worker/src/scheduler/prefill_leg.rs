@@ -13,6 +13,11 @@ use crate::disagg::{KvPeer, PrefillLeg};
 use crate::error::RequestError;
 use crate::request::Req;
 
+/// What a `KvReady` for a room whose request ended here is answered with.
+pub(super) fn ended_here() -> (u16, String) {
+    (503, "the request ended on the prefill side".into())
+}
+
 impl Scheduler {
     /// A request whose prompt this worker computes for `leg.decode_rank`. It waits for that
     /// worker's `KvReady` (which may already be here).
@@ -49,6 +54,7 @@ impl Scheduler {
     /// A decode worker holds a row and slots for `r.room`.
     pub(super) fn kv_ready(&mut self, from: KvPeer, r: KvReady) {
         let room = r.room;
+        self.legs.decode_peers.insert(r.decode_rank, from.clone());
         self.bootstrap_entry(room).ready = Some((from, r));
         self.try_pair(room);
     }
@@ -61,7 +67,7 @@ impl Scheduler {
                 req: None,
                 refused: None,
                 ready: None,
-                aborted: false,
+                aborted: None,
                 since: Instant::now(),
             })
     }
@@ -72,7 +78,7 @@ impl Scheduler {
         let Some(entry) = self.legs.bootstrap.get_mut(&room) else {
             return;
         };
-        if entry.aborted {
+        if let Some((status, why)) = entry.aborted.clone() {
             // Kept until the bootstrap timeout so a request or a KvReady arriving late is
             // answered at once.
             let ready = entry.ready.take();
@@ -80,8 +86,7 @@ impl Scheduler {
                 self.finished_rids.push(req.rid);
             }
             if let Some((from, _)) = ready {
-                let why = "the request ended on the prefill side".to_string();
-                self.legs.abort_room(from, room, 503, why);
+                self.legs.abort_room(from, room, status, why);
             }
             return;
         }
@@ -219,7 +224,10 @@ impl Scheduler {
         }
         // Not paired yet: the request may be here, or still on its way.
         let entry = self.bootstrap_entry(room);
-        entry.aborted = true;
+        entry.aborted = Some((
+            a.status,
+            format!("the decode side gave the room up: {}", a.reason),
+        ));
         entry.ready = None;
         self.try_pair(room);
     }
@@ -244,6 +252,7 @@ impl Scheduler {
                 self.finished_rids.push(req.rid);
             }
         }
+        self.legs.decode_peers.remove(&rank);
         self.drop_legs_where(|leg| leg.decode_rank == rank);
     }
 
@@ -258,7 +267,7 @@ impl Scheduler {
         }
         for mut req in gone {
             if let Some(leg) = req.leg.take() {
-                self.bootstrap_entry(leg.room).aborted = true;
+                self.bootstrap_entry(leg.room).aborted = Some(ended_here());
                 // The peer knows (it aborted, or it is gone).
                 let reason = "the decode side ended the transfer".into();
                 self.tracer.milestone(
@@ -275,7 +284,11 @@ impl Scheduler {
         }
     }
 
-    /// Rooms whose `KvReady` or request did not come in time.
+    /// Rooms whose `KvReady` or request did not come in time. The decode side hears it from
+    /// here: the worker whose `KvReady` came, or for a request still waiting for one, its
+    /// decode rank's worker as known from earlier `KvReady`s (it may hold the request in its
+    /// pre-allocation queue). The room is then kept as given up for one more timeout, so a
+    /// `KvReady` crossing this one is refused at once instead of opening a fresh wait.
     pub(super) fn expire_bootstrap(&mut self) {
         let timeout = self
             .legs
@@ -294,15 +307,28 @@ impl Scheduler {
             let Some(entry) = self.legs.bootstrap.remove(&room) else {
                 continue;
             };
+            if entry.aborted.is_some() {
+                continue; // given up already; its extra timeout is over
+            }
             self.legs.stats.transfers_failed += 1;
             let why = format!("KV bootstrap timed out after {:.1}s", timeout.as_secs_f64());
             tracing::warn!(room, has_request = entry.req.is_some(), "{why}");
-            if let Some((from, _)) = entry.ready {
-                self.legs.abort_room(from, room, 503, why);
+            let decode_side = match (entry.ready, &entry.req) {
+                (Some((from, _)), _) => Some(from),
+                (None, Some(req)) => req
+                    .leg
+                    .as_ref()
+                    .and_then(|l| self.legs.decode_peers.get(&l.decode_rank))
+                    .cloned(),
+                (None, None) => None,
+            };
+            if let Some(to) = decode_side {
+                self.legs.abort_room(to, room, 503, why.clone());
             }
             if let Some(req) = entry.req {
                 self.finished_rids.push(req.rid);
             }
+            self.bootstrap_entry(room).aborted = Some((503, why));
         }
     }
 }
