@@ -9,9 +9,13 @@
 //! pooled LRU   = the same through one LRU cache of C tokens (C = every rank's KV pool added
 //!                up): after each prompt, its chunks are the most recent; least recent first out
 //! ```
-//! The pooled ceiling is what a single cache as large as the whole deployment would reach; a
-//! router spreading the same prefix over ranks, or a rank's running requests taking KV, can
-//! only do worse. Chunks, not tokens, bound the memory this costs (one hash per chunk seen).
+//! The unlimited ceiling is a true bound: no router and no cache serves a prefix never sent
+//! before. The pooled one is a reference, not a bound: it is what the plainest cache the size
+//! of the whole deployment keeps (prompt KV only, no running requests). A router can pass it,
+//! because LRU is not the best eviction and ranks with their own LRUs can keep what one pooled
+//! LRU would have evicted; far below it, the router is duplicating prefixes across ranks or
+//! the ranks' running requests crowd the cache. Chunks, not tokens, bound the memory this
+//! costs (one hash per chunk seen).
 //! The granularity `g` is stated with the numbers: 1 for generated workloads (exact), the trace
 //! block for a trace (where prompts share whole blocks; a shared partial last block is missed).
 //!

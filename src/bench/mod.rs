@@ -1284,6 +1284,13 @@ mod tests {
             server.sim_config.is_none() && server.up_args.is_empty(),
             "CPU ranks"
         );
+        for m in EVERY_METHOD.split(',') {
+            use clap::ValueEnum;
+            assert!(
+                controller::policy::Method::from_str(m, false).is_ok(),
+                "{m} is a load-balance method"
+            );
+        }
     }
 
     #[test]

@@ -437,8 +437,8 @@ pub fn compare_table(results: &[MethodResult]) -> String {
     }
     out.push_str(
         "ratios: against round_robin (throughput: higher is better; p90 TTFT: lower is better); \
-         ceiling: the workload's own hit rate with an unlimited cache / one LRU pool of every \
-         rank's KV; load: prompt tokens per rank, max over mean\n",
+         ceiling: the workload's own hit rate with an unlimited cache (a bound) / through one \
+         LRU pool of every rank's KV (a reference); load: prompt tokens per rank, max over mean\n",
     );
     out
 }
