@@ -44,6 +44,7 @@ fn config() -> ModelConfig {
         mlp_bias: false,
         qk_norm: false,
         sliding_window: None,
+        gemma: None,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
         model_id: "parity".into(),
@@ -279,6 +280,13 @@ fn hf_fixtures_match_transformers_in_f32() {
         let cpu = LlamaModel::load_hf(&fx.dir)
             .expect("load")
             .rounded_to(CudaDtype::F32);
+        if let Some(why) = cpu.config().cuda_refusal() {
+            // The CUDA pass refuses these (Gemma): the refusal is the behaviour to check.
+            let e = CudaLlama::upload(&cpu, info.clone()).expect_err("refused");
+            assert!(e.to_string().contains(&why), "{}: {e}", fx.name);
+            eprintln!("{}: refused on the GPU: {why}", fx.name);
+            continue;
+        }
         let gpu = CudaLlama::upload(&cpu, info.clone()).expect("upload");
         gpu.alloc_kv(SLOTS).expect("KV pool");
         let vocab = cpu.config().vocab_size;

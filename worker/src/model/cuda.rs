@@ -153,6 +153,12 @@ impl CudaLlama {
     /// uploads `model`'s weights in their stored type. No KV pool yet: [`Self::alloc_kv`] sizes
     /// it from what is left.
     pub fn upload(model: &LlamaModel, gpu: DeviceInfo) -> std::result::Result<Self, CudaError> {
+        if let Some(why) = model.config.cuda_refusal() {
+            return Err(CudaError::Shape {
+                kernel: "the model",
+                why,
+            });
+        }
         let ctx = CudaContext::new(gpu.ordinal as usize)
             .map_err(|e| driver_error("CudaContext::new", e))?;
         let kernels = CudaKernels::load(&ctx)?;

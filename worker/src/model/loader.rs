@@ -210,6 +210,16 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
     let ix = shards.parse()?;
     let (h, inter, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
     let (q, kv) = (cfg.q_dim(), cfg.kv_dim());
+    let gemma = cfg.gemma.is_some();
+    // Gemma's norms multiply by `1 + w`: folded in here (in f32, as transformers adds), so the
+    // forward pass has one RMSNorm.
+    let norm = |name: &str, len: usize| -> Result<Vec<f32>> {
+        let mut w = ix.get(name, &[len])?;
+        if gemma {
+            w.iter_mut().for_each(|x| *x += 1.0);
+        }
+        Ok(w)
+    };
     let embed = ix.get("model.embed_tokens.weight", &[v, h])?;
     let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
     for l in 0..cfg.num_hidden_layers {
@@ -229,8 +239,8 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
         let d = cfg.head_dim;
         let qk_norm = match cfg.qk_norm {
             true => Some((
-                ix.get(&format!("{a}.q_norm.weight"), &[d])?,
-                ix.get(&format!("{a}.k_norm.weight"), &[d])?,
+                norm(&format!("{a}.q_norm.weight"), d)?,
+                norm(&format!("{a}.k_norm.weight"), d)?,
             )),
             false => None,
         };
@@ -249,14 +259,29 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
             }
             false => (None, None),
         };
+        // Llama's `post_attention_layernorm` is its MLP's input norm; Gemma's norms the
+        // attention output, and `pre_feedforward_layernorm` is the MLP's.
+        let (mlp_norm, post_norms) = match gemma {
+            true => (
+                norm(&format!("{p}.pre_feedforward_layernorm.weight"), h)?,
+                Some((
+                    norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                    norm(&format!("{p}.post_feedforward_layernorm.weight"), h)?,
+                )),
+            ),
+            false => (
+                norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                None,
+            ),
+        };
         layers.push(LayerWeights {
-            attn_norm: ix.get(&format!("{p}.input_layernorm.weight"), &[h])?,
+            attn_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
             wqkv: PackedMatrix::pack(&wqkv, q + 2 * kv, h),
             bqkv,
             qk_norm,
             wo: PackedMatrix::pack(&ix.get(&format!("{a}.o_proj.weight"), &[h, q])?, h, q),
             bo,
-            mlp_norm: ix.get(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+            mlp_norm,
             wgu: PackedMatrix::pack(&wgu, 2 * inter, h),
             bgu,
             wdown: PackedMatrix::pack(
@@ -265,9 +290,10 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
                 inter,
             ),
             bdown,
+            post_norms,
         });
     }
-    let norm = ix.get("model.norm.weight", &[h])?;
+    let norm = norm("model.norm.weight", h)?;
     let lm_head = if ix.contains("lm_head.weight") {
         let w = ix.get("lm_head.weight", &[v, h])?;
         // An explicit copy of the embeddings costs memory for nothing; share instead.
@@ -292,6 +318,7 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
         norm,
         lm_head,
         rope: cfg.rope(),
+        local_rope: cfg.local_rope(),
         dtype: ix
             .dtype("model.embed_tokens.weight")
             .unwrap_or(CudaDtype::F32),

@@ -188,6 +188,7 @@ fn small_cfg() -> ModelConfig {
         mlp_bias: true,
         qk_norm: false,
         sliding_window: None,
+        gemma: None,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
         model_id: "small".into(),
@@ -476,15 +477,46 @@ fn what_is_not_implemented_is_refused_in_one_line_naming_field_and_value() {
         rs
     };
     let cases = [
-        // The Gemma 3 checkpoint, as its config.json names it.
+        // Gemma 3 with its vision tower, and Gemma's options it does not implement.
         (
-            json!({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
-                "hidden_activation": "gelu_pytorch_tanh", "sliding_window": 512}),
-            "`architectures` = [\"Gemma3ForCausalLM\"]",
+            json!({"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3"}),
+            "`architectures` = [\"Gemma3ForConditionalGeneration\"]",
         ),
         (
-            json!({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2"}),
-            "Gemma2ForCausalLM",
+            json!({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+                "hidden_activation": "gelu"}),
+            "`hidden_activation` = \"gelu\"",
+        ),
+        (
+            json!({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+                "use_bidirectional_attention": true}),
+            "`use_bidirectional_attention` = true",
+        ),
+        (
+            json!({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+                "layer_types": ["sliding_attention", "chunked_attention"]}),
+            "`layer_types` = \"chunked_attention\"",
+        ),
+        (
+            json!({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+                "layer_types": ["sliding_attention"]}),
+            "1 entries for num_hidden_layers 2",
+        ),
+        (
+            json!({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+                "rope_parameters": {"full_attention": {"rope_type": "default"},
+                "sliding_attention": {"rope_type": "linear", "factor": 2.0}}}),
+            "RoPE scaling on Gemma 3's local layers",
+        ),
+        (
+            json!({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+                "final_logit_softcapping": -1.0}),
+            "`final_logit_softcapping` = -1.0",
+        ),
+        // The other families still refuse Gemma's options.
+        (
+            json!({"query_pre_attn_scalar": 256}),
+            "`query_pre_attn_scalar` = 256",
         ),
         (
             json!({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe"}),
@@ -666,6 +698,65 @@ fn each_family_reads_its_options() {
     assert_eq!(c.sliding_window, Some(4096));
     assert!(!c.qkv_bias && !c.o_bias);
     assert_eq!((c.attend_from(4095), c.attend_from(4096)), (0, 1));
+}
+
+#[test]
+fn gemma_reads_its_options_with_transformers_defaults() {
+    use serde_json::json;
+    // Gemma 2 as its configs leave things out: soft caps 50 and 30, scores by 256^-1/2,
+    // layers alternating local (first) and global, head_dim 256, a window of 4096.
+    let c = parse_config(&config_with(json!({"architectures": ["Gemma2ForCausalLM"],
+        "model_type": "gemma2", "head_dim": null, "hidden_act": "gelu_pytorch_tanh",
+        "num_hidden_layers": 4})))
+    .unwrap();
+    let g = c.gemma.clone().expect("Gemma options");
+    assert_eq!((g.attn_softcap, g.final_softcap), (Some(50.0), Some(30.0)));
+    assert_eq!((g.attention_scale, g.sliding_window), (1.0 / 16.0, 4096));
+    assert_eq!(g.local_layers, [true, false, true, false]);
+    assert_eq!(
+        (c.head_dim, c.rope_theta, g.local_rope_theta),
+        (256, 1e4, None)
+    );
+    assert!(c.sliding_window.is_none() && !c.qk_norm && c.cuda_refusal().is_some());
+    // The window is the local layers' only: a global layer reads every slot.
+    let slots: Vec<u32> = (0..5000).collect();
+    assert_eq!(
+        (g.window(0, &slots).len(), g.window(1, &slots).len()),
+        (4096, 5000)
+    );
+    // An explicit null (or 0) turns a cap off (`config_with` would drop a null field).
+    let mut cj = config_with(json!({"architectures": ["Gemma2ForCausalLM"],
+        "model_type": "gemma2"}));
+    cj["attn_logit_softcapping"] = serde_json::Value::Null;
+    cj["final_logit_softcapping"] = json!(0);
+    let g = parse_config(&cj).unwrap().gemma.unwrap();
+    assert_eq!((g.attn_softcap, g.final_softcap), (None, None));
+
+    // Gemma 3 as the Hub states it: every 6th layer global, rope_theta 1e6 scaled on the
+    // global layers, rope_local_base_freq on the local ones, q/k norms, no caps.
+    let c = parse_config(&config_with(json!({"architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text", "num_hidden_layers": 7, "rope_theta": 1e6,
+        "rope_local_base_freq": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+        "query_pre_attn_scalar": 64})))
+    .unwrap();
+    let g = c.gemma.clone().unwrap();
+    assert_eq!(g.local_layers, [true, true, true, true, true, false, true]);
+    assert_eq!((c.rope_theta, g.local_rope_theta), (1e6, Some(1e4)));
+    assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 8.0 });
+    assert_eq!(
+        (g.attn_softcap, g.final_softcap, g.attention_scale),
+        (None, None, 0.125)
+    );
+    assert!(c.qk_norm);
+    // transformers 5's spelling: one rope_parameters entry per layer type; and a pattern.
+    let c = parse_config(&config_with(json!({"architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text", "num_hidden_layers": 4, "sliding_window_pattern": 2,
+        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 5e5},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 2e4}}})))
+    .unwrap();
+    let g = c.gemma.unwrap();
+    assert_eq!(g.local_layers, [true, false, true, false]);
+    assert_eq!((c.rope_theta, g.local_rope_theta), (5e5, Some(2e4)));
 }
 
 #[test]

@@ -39,6 +39,8 @@ pub(crate) struct LayerWeights {
     /// `[hidden, intermediate]`.
     pub wdown: PackedMatrix,
     pub bdown: Option<Vec<f32>>,
+    /// Gemma's norms of the attention output and of the MLP output, before each residual add.
+    pub post_norms: Option<(Vec<f32>, Vec<f32>)>,
 }
 
 pub(crate) struct Weights {
@@ -52,6 +54,8 @@ pub(crate) struct Weights {
     /// What RoPE's tables are built from, scaling applied ([`ModelConfig::rope`]), so a step
     /// builds its tables without recomputing the frequencies.
     pub rope: Rope,
+    /// Gemma 3's local layers' RoPE (their own base); `None`: every layer uses `rope`.
+    pub local_rope: Option<Rope>,
     /// The checkpoint's storage type (of its embedding table; f32 for dummy weights). Every
     /// value above is that value widened to f32, exactly.
     pub dtype: CudaDtype,
@@ -102,6 +106,10 @@ impl Weights {
             for b in [&mut l.bgu, &mut l.bdown].into_iter().flatten() {
                 round_to(b, dtype);
             }
+            if let Some((a, m)) = &mut l.post_norms {
+                round_to(a, dtype);
+                round_to(m, dtype);
+            }
         }
         round_to(&mut self.norm, dtype);
         if let Some(m) = &mut self.lm_head {
@@ -149,6 +157,7 @@ impl Weights {
                 wdown: PackedMatrix::pack(&uni(h * i, resid / (i as f32).sqrt()), h, i),
                 bgu: cfg.mlp_bias.then(|| uni(2 * i, 0.02)),
                 bdown: cfg.mlp_bias.then(|| uni(h, 0.02)),
+                post_norms: cfg.gemma.is_some().then(|| (vec![1.0; h], vec![1.0; h])),
             })
             .collect();
         let lm_head = (!cfg.tie_word_embeddings).then(|| {
@@ -161,6 +170,7 @@ impl Weights {
             norm: vec![1.0; h],
             lm_head,
             rope: cfg.rope(),
+            local_rope: cfg.local_rope(),
             dtype: CudaDtype::F32,
         }
     }
