@@ -150,6 +150,43 @@ FIXTURES = {
         },
         {"sliding_window": None},
     ),
+    # Mixtral: 4 experts, 2 per token (always renormalised), expert intermediate 24, a window
+    # of 6, untied head; saved in the Hub's layout (block_sparse_moe.experts.E.w1/w2/w3).
+    "mixtral": (
+        {
+            "architectures": ["MixtralForCausalLM"],
+            "model_type": "mixtral",
+            "intermediate_size": 24,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "sliding_window": 6,
+            "tie_word_embeddings": False,
+        },
+        [{"num_experts_per_tok": 1}, {"sliding_window": None}],
+    ),
+    # Qwen3-MoE: 3 layers, experts in layers 0 and 2 (`mlp_only_layers` [1]: a dense MLP of
+    # intermediate 64 there), 6 experts of intermediate 16, 3 per token, `norm_topk_prob`
+    # false (its default: the chosen probabilities are not renormalised), q/k norms, head_dim
+    # 16, tied head; saved in the Hub's layout (mlp.experts.E.gate_proj/up_proj/down_proj).
+    "qwen3_moe": (
+        {
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "model_type": "qwen3_moe",
+            "num_hidden_layers": 3,
+            "head_dim": 16,
+            "num_experts": 6,
+            "num_experts_per_tok": 3,
+            "moe_intermediate_size": 16,
+            "norm_topk_prob": False,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [1],
+            "attention_bias": False,
+            "use_sliding_window": False,
+            "tie_word_embeddings": True,
+            "rope_theta": 1000000.0,
+        },
+        [{"norm_topk_prob": True}, {"num_experts_per_tok": 1}],
+    ),
     # Gemma 2: 4 layers alternating local (window 4, shorter than the 10-token prompts) and
     # global, head_dim 16 ≠ hidden/heads, query_pre_attn_scalar 24 ≠ head_dim, attention and
     # final-logit soft caps small enough to bite at these logits, tied head; GeGLU, the (1 + w)
@@ -203,6 +240,33 @@ FIXTURES = {
         ],
     ),
 }
+
+
+def hub_layout(state, model_type):
+    """transformers 5 holds a layer's experts fused (`mlp.experts.gate_up_proj` [E, 2I, H],
+    `mlp.experts.down_proj` [E, H, I]); checkpoints on the Hub store one tensor per expert and
+    projection, Mixtral's under `block_sparse_moe` as w1 (gate), w3 (up), w2 (down)."""
+    names = {"mixtral": ("block_sparse_moe", "w1", "w3", "w2"), "qwen3_moe": ("mlp", "gate_proj", "up_proj", "down_proj")}
+    if model_type not in names:
+        return state
+    block, gate, up, down = names[model_type]
+    out = {}
+    for k, v in state.items():
+        if k.endswith(".mlp.experts.gate_up_proj"):
+            p = k[: -len(".mlp.experts.gate_up_proj")] + f".{block}.experts"
+            i = v.shape[1] // 2
+            for e in range(v.shape[0]):
+                out[f"{p}.{e}.{gate}.weight"] = v[e, :i].contiguous()
+                out[f"{p}.{e}.{up}.weight"] = v[e, i:].contiguous()
+        elif k.endswith(".mlp.experts.down_proj"):
+            p = k[: -len(".mlp.experts.down_proj")] + f".{block}.experts"
+            for e in range(v.shape[0]):
+                out[f"{p}.{e}.{down}.weight"] = v[e].contiguous()
+        elif k.endswith(".mlp.gate.weight"):
+            out[k.replace(".mlp.gate.", f".{block}.gate.")] = v
+        else:
+            out[k] = v
+    return out
 
 
 def prompts(rng, vocab):
@@ -287,6 +351,16 @@ ALT_FIELDS = {
     "qwen3": {"head_dim": 32, "attention_bias": True},
     "mistral_window": {"sliding_window": 7},
     "gemma2": {"head_dim": 32, "sliding_window": 6, "attention_bias": True, "query_pre_attn_scalar": 40},
+    "mixtral": {"num_local_experts": 8, "intermediate_size": 40, "sliding_window": 7},
+    "qwen3_moe": {
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 24,
+        "mlp_only_layers": [],
+        "decoder_sparse_step": 2,
+        "head_dim": 32,
+        "attention_bias": True,
+    },
     "gemma3": {"head_dim": 32, "sliding_window": 7, "final_logit_softcapping": 4.0, "tie_word_embeddings": False},
 }
 
@@ -309,7 +383,13 @@ def build(out, name, fields, off, base=BASE, seeds=range(100)):
         state = {k: v.to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
         if cfg.get("tie_word_embeddings"):
             state.pop("lm_head.weight", None)
-        save_file(state, d / "model.safetensors", metadata={"format": "pt"})
+        save_file(hub_layout(state, cfg["model_type"]), d / "model.safetensors", metadata={"format": "pt"})
+        # What was saved is what transformers reads back (the Hub layout included).
+        back = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+        with torch.no_grad():
+            p0 = ps[0] + runs[0][0][:-1]
+            moved = float((back(torch.tensor([p0])).logits[0] - runs[0][1]).abs().max())
+            assert moved == 0.0, f"{name}: reloaded, the logits move by {moved}"
         # The option turned off, on the same weights: it must matter at these lengths.
         option_moves = None
         for one_off in off if isinstance(off, list) else [off] if off else []:

@@ -45,6 +45,7 @@ fn config() -> ModelConfig {
         qk_norm: false,
         sliding_window: None,
         gemma: None,
+        moe: None,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
         model_id: "parity".into(),

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::error::{ModelError, Result};
 use super::gemma::GemmaOptions;
+use super::moe::MoeOptions;
 use super::rope::{Rope, RopeScaling};
 use super::support::{self, ModelFamily};
 
@@ -42,6 +43,8 @@ pub struct ModelConfig {
     pub sliding_window: Option<usize>,
     /// Gemma 2/3's block and options (`None` for the Llama family).
     pub gemma: Option<GemmaOptions>,
+    /// Mixtral / Qwen3-MoE's experts (`None`: a dense MLP in every layer).
+    pub moe: Option<MoeOptions>,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
     pub model_id: String,
@@ -107,6 +110,7 @@ impl ModelConfig {
             qk_norm: false,
             sliding_window: None,
             gemma: None,
+            moe: None,
             bos_token_id: Some(BOS_ID),
             eos_token_ids: vec![EOS_ID],
             // The weights differ by size, so the id a worker announces in `Hello` does too: a
@@ -154,13 +158,15 @@ impl ModelConfig {
 
     /// Why the CUDA pass cannot run this model, if it cannot: one line for the start-up refusal.
     pub fn cuda_refusal(&self) -> Option<String> {
-        self.family.is_gemma().then(|| {
-            format!(
-                "{} runs on the CPU only: the CUDA pass does not implement Gemma's norms, GeGLU, \
-                 soft-capping or local layers (use --device cpu)",
-                self.family.architecture()
-            )
-        })
+        let missing = match self.family {
+            f if f.is_gemma() => "Gemma's norms, GeGLU, soft-capping or local layers",
+            f if f.is_moe() => "mixture-of-experts layers",
+            _ => return None,
+        };
+        Some(format!(
+            "{} runs on the CPU only: the CUDA pass does not implement {missing} (use --device cpu)",
+            self.family.architecture()
+        ))
     }
 
     /// The first position a token at position `p` attends to (0 without a sliding window).
@@ -179,10 +185,15 @@ impl ModelConfig {
         let qk_norm = if self.qk_norm { 2 * self.head_dim } else { 0 };
         // Gemma's norms after attention and after the MLP.
         let post_norms = if self.gemma.is_some() { 2 * h } else { 0 };
-        let layer = h * (q + 2 * kv) + bias + qk_norm + post_norms + q * h + 3 * h * i + 2 * h;
+        let attn = h * (q + 2 * kv) + bias + qk_norm + post_norms + q * h + 2 * h;
+        let mlp = |l: usize| match &self.moe {
+            Some(m) if m.moe_layers[l] => m.num_experts * (h + 3 * h * m.expert_intermediate_size),
+            _ => 3 * h * i,
+        };
         let embed = self.vocab_size * h;
         let head = if self.tie_word_embeddings { 0 } else { embed };
-        embed + head + self.num_hidden_layers * layer + h
+        let layers: usize = (0..self.num_hidden_layers).map(|l| attn + mlp(l)).sum();
+        embed + head + layers + h
     }
 
     /// Reads `dir/config.json` and, if present, `dir/generation_config.json` (whose EOS ids win).
@@ -222,6 +233,7 @@ impl ModelConfig {
             qk_norm: features.qk_norm,
             sliding_window: features.sliding_window,
             gemma: features.gemma,
+            moe: features.moe,
             bos_token_id: bos,
             eos_token_ids: eos,
             model_id,

@@ -12,6 +12,7 @@ use super::config::ModelConfig;
 use super::error::{ModelError, Result};
 use super::gemma;
 use super::kv::KvBuffers;
+use super::moe;
 use super::plan::BatchPlan;
 use super::weights::Weights;
 
@@ -169,6 +170,12 @@ pub(crate) fn hidden_last(
         add_residual(x, o, lw.post_norms.as_ref().map(|n| &n.0), cfg, hn);
 
         kernels::rmsnorm(x, &lw.mlp_norm, cfg.rms_norm_eps, hn);
+        if let (Some(mw), Some(opts)) = (&lw.moe, &cfg.moe) {
+            let down = sized(down, t * h);
+            moe::moe_mlp(opts, mw, hn, t, down);
+            kernels::add_inplace(x, down);
+            continue;
+        }
         linear(hn, t, &lw.wgu, lw.bgu.as_deref(), gu);
         match gemma {
             Some(_) => kernels::gelu_tanh_mul(gu, inter, act),

@@ -15,6 +15,8 @@ use safetensors::{Dtype, SafeTensors};
 
 use super::config::ModelConfig;
 use super::error::{ModelError, Result};
+use super::moe::{MoeOptions, MoeWeights};
+use super::support::ModelFamily;
 use super::weights::{LayerWeights, Weights};
 
 /// The `.safetensors` files of a model directory: those named by `model.safetensors.index.json`
@@ -204,6 +206,57 @@ impl TensorIndex<'_> {
     }
 }
 
+/// The router and experts of layer `prefix` (`model.layers.N`), as the Hub stores them
+/// (Mixtral: `block_sparse_moe.gate`, `block_sparse_moe.experts.E.w1` / `w3` / `w2` for gate /
+/// up / down; Qwen3-MoE: `mlp.gate`, `mlp.experts.E.gate_proj` / `up_proj` / `down_proj`), or
+/// as transformers 5 holds them (`mlp.experts.gate_up_proj` `[E, 2·inter, hidden]` and
+/// `mlp.experts.down_proj` `[E, hidden, inter]`).
+fn load_experts(
+    ix: &TensorIndex<'_>,
+    cfg: &ModelConfig,
+    o: &MoeOptions,
+    prefix: &str,
+) -> Result<MoeWeights> {
+    let (h, i, e) = (cfg.hidden_size, o.expert_intermediate_size, o.num_experts);
+    let fused = format!("{prefix}.mlp.experts.gate_up_proj");
+    let block = match cfg.family == ModelFamily::Mixtral && !ix.contains(&fused) {
+        true => format!("{prefix}.block_sparse_moe"),
+        false => format!("{prefix}.mlp"),
+    };
+    let router = PackedMatrix::pack(&ix.get(&format!("{block}.gate.weight"), &[e, h])?, e, h);
+    let experts = if ix.contains(&fused) {
+        let gu = ix.get(&fused, &[e, 2 * i, h])?;
+        let down = ix.get(&format!("{block}.experts.down_proj"), &[e, h, i])?;
+        (0..e)
+            .map(|x| {
+                (
+                    PackedMatrix::pack(&gu[x * 2 * i * h..(x + 1) * 2 * i * h], 2 * i, h),
+                    PackedMatrix::pack(&down[x * h * i..(x + 1) * h * i], h, i),
+                )
+            })
+            .collect()
+    } else {
+        let [gate, up, down] = match cfg.family {
+            ModelFamily::Mixtral => ["w1", "w3", "w2"],
+            _ => ["gate_proj", "up_proj", "down_proj"],
+        };
+        let mut experts = Vec::with_capacity(e);
+        for x in 0..e {
+            let t = |name: &str, shape: &[usize]| {
+                ix.get(&format!("{block}.experts.{x}.{name}.weight"), shape)
+            };
+            let mut gu = t(gate, &[i, h])?;
+            gu.extend(t(up, &[i, h])?);
+            experts.push((
+                PackedMatrix::pack(&gu, 2 * i, h),
+                PackedMatrix::pack(&t(down, &[h, i])?, h, i),
+            ));
+        }
+        experts
+    };
+    Ok(MoeWeights { router, experts })
+}
+
 /// Loads every weight of `cfg` from the safetensors files of `dir`.
 pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
     let shards = Shards::open(shard_files(dir)?)?;
@@ -249,8 +302,17 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
             false => None,
         };
         let m = format!("{p}.mlp");
-        let mut wgu = ix.get(&format!("{m}.gate_proj.weight"), &[inter, h])?;
-        wgu.extend(ix.get(&format!("{m}.up_proj.weight"), &[inter, h])?);
+        let moe = match cfg.moe.as_ref().filter(|o| o.moe_layers[l]) {
+            Some(o) => Some(load_experts(&ix, cfg, o, &p)?),
+            None => None,
+        };
+        // A layer with experts has no dense MLP.
+        let inter = if moe.is_some() { 0 } else { inter };
+        let mut wgu = Vec::new();
+        if inter > 0 {
+            wgu = ix.get(&format!("{m}.gate_proj.weight"), &[inter, h])?;
+            wgu.extend(ix.get(&format!("{m}.up_proj.weight"), &[inter, h])?);
+        }
         let (bgu, bdown) = match cfg.mlp_bias {
             true => {
                 let mut b = ix.get(&format!("{m}.gate_proj.bias"), &[inter])?;
@@ -284,13 +346,17 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
             mlp_norm,
             wgu: PackedMatrix::pack(&wgu, 2 * inter, h),
             bgu,
-            wdown: PackedMatrix::pack(
-                &ix.get(&format!("{m}.down_proj.weight"), &[h, inter])?,
-                h,
-                inter,
-            ),
+            wdown: match inter {
+                0 => PackedMatrix::pack(&[], h, 0),
+                _ => PackedMatrix::pack(
+                    &ix.get(&format!("{m}.down_proj.weight"), &[h, inter])?,
+                    h,
+                    inter,
+                ),
+            },
             bdown,
             post_norms,
+            moe,
         });
     }
     let norm = norm("model.norm.weight", h)?;

@@ -13,6 +13,7 @@ use serde_json::Value;
 use super::config::Fields;
 use super::error::{ModelError, Result};
 use super::gemma::{self, GemmaOptions};
+use super::moe::{self, MoeOptions};
 use super::rope::{yarn_attention_factor, RopeScaling};
 
 /// The decoder families the forward pass implements. All are pre-norm RMSNorm decoders with
@@ -35,16 +36,24 @@ pub enum ModelFamily {
     /// Gemma 3 (text): Gemma 2's block with Qwen3-style q/k norms, no soft-capping by default,
     /// and its own RoPE base on the local layers.
     Gemma3,
+    /// Mixtral: Mistral's attention, a mixture of SwiGLU experts in every layer
+    /// ([`MoeOptions`]; top-k weights always renormalised).
+    Mixtral,
+    /// Qwen3-MoE: Qwen3's attention, experts in the layers `decoder_sparse_step` and
+    /// `mlp_only_layers` leave them, `norm_topk_prob`.
+    Qwen3Moe,
 }
 
 impl ModelFamily {
-    pub const ALL: [ModelFamily; 6] = [
+    pub const ALL: [ModelFamily; 8] = [
         ModelFamily::Llama,
         ModelFamily::Mistral,
         ModelFamily::Qwen2,
         ModelFamily::Qwen3,
         ModelFamily::Gemma2,
         ModelFamily::Gemma3,
+        ModelFamily::Mixtral,
+        ModelFamily::Qwen3Moe,
     ];
 
     /// The `architectures` entry of its checkpoints.
@@ -56,6 +65,8 @@ impl ModelFamily {
             ModelFamily::Qwen3 => "Qwen3ForCausalLM",
             ModelFamily::Gemma2 => "Gemma2ForCausalLM",
             ModelFamily::Gemma3 => "Gemma3ForCausalLM",
+            ModelFamily::Mixtral => "MixtralForCausalLM",
+            ModelFamily::Qwen3Moe => "Qwen3MoeForCausalLM",
         }
     }
 
@@ -68,7 +79,14 @@ impl ModelFamily {
             ModelFamily::Qwen3 => "qwen3",
             ModelFamily::Gemma2 => "gemma2",
             ModelFamily::Gemma3 => "gemma3_text",
+            ModelFamily::Mixtral => "mixtral",
+            ModelFamily::Qwen3Moe => "qwen3_moe",
         }
+    }
+
+    /// Mixtral or Qwen3-MoE.
+    pub fn is_moe(self) -> bool {
+        matches!(self, ModelFamily::Mixtral | ModelFamily::Qwen3Moe)
     }
 
     /// Gemma 2 or 3.
@@ -95,6 +113,7 @@ pub(super) struct Features {
     pub qk_norm: bool,
     pub sliding_window: Option<usize>,
     pub gemma: Option<GemmaOptions>,
+    pub moe: Option<MoeOptions>,
 }
 
 /// Options no supported family has; present and not null (or, for a flag, true), they are
@@ -188,7 +207,14 @@ pub(super) fn read(f: &Fields<'_>) -> Result<Features> {
             }
         }
     }
-    refuse_not_implemented(f, &[])?;
+    refuse_not_implemented(
+        f,
+        if family.is_moe() {
+            moe::OWN_FIELDS
+        } else {
+            &[]
+        },
+    )?;
     if let Some(Value::Array(types)) = f.get("layer_types") {
         if let Some(t) = types.iter().find(|t| t.as_str() != Some("full_attention")) {
             return Err(unsupported(
@@ -203,10 +229,14 @@ pub(super) fn read(f: &Fields<'_>) -> Result<Features> {
     let (rope_theta, rope_scaling) = rope(f)?;
     let attention_bias = f.bool_opt("attention_bias")?.unwrap_or(false);
     let (qkv_bias, o_bias) = match family {
-        ModelFamily::Llama | ModelFamily::Qwen3 => (attention_bias, attention_bias),
+        ModelFamily::Llama | ModelFamily::Qwen3 | ModelFamily::Qwen3Moe => {
+            (attention_bias, attention_bias)
+        }
         // Transformers ignores `attention_bias` for these two: their biases are fixed.
         ModelFamily::Qwen2 => (true, false),
-        ModelFamily::Mistral | ModelFamily::Gemma2 | ModelFamily::Gemma3 => (false, false),
+        ModelFamily::Mistral | ModelFamily::Mixtral | ModelFamily::Gemma2 | ModelFamily::Gemma3 => {
+            (false, false)
+        }
     };
     // Only Llama's MLP reads `mlp_bias`; elsewhere transformers ignores it, and so does this.
     let mlp_bias = family == ModelFamily::Llama && f.bool_opt("mlp_bias")?.unwrap_or(false);
@@ -217,9 +247,13 @@ pub(super) fn read(f: &Fields<'_>) -> Result<Features> {
         qkv_bias,
         o_bias,
         mlp_bias,
-        qk_norm: family == ModelFamily::Qwen3,
+        qk_norm: matches!(family, ModelFamily::Qwen3 | ModelFamily::Qwen3Moe),
         sliding_window,
         gemma: None,
+        moe: match family.is_moe() {
+            true => Some(moe::read(f, family)?),
+            false => None,
+        },
     })
 }
 
@@ -263,6 +297,7 @@ fn read_gemma(f: &Fields<'_>, family: ModelFamily) -> Result<Features> {
         qk_norm: family == ModelFamily::Gemma3,
         sliding_window: None,
         gemma: Some(g),
+        moe: None,
     })
 }
 
@@ -324,7 +359,7 @@ fn family(f: &Fields<'_>) -> Result<ModelFamily> {
 /// the field there, and so does this).
 fn sliding_window(f: &Fields<'_>, family: ModelFamily) -> Result<Option<usize>> {
     match family {
-        ModelFamily::Mistral => match f.usize_opt("sliding_window")? {
+        ModelFamily::Mistral | ModelFamily::Mixtral => match f.usize_opt("sliding_window")? {
             Some(0) => Err(unsupported(
                 f,
                 "sliding_window",
@@ -333,15 +368,17 @@ fn sliding_window(f: &Fields<'_>, family: ModelFamily) -> Result<Option<usize>> 
             )),
             w => Ok(w),
         },
-        ModelFamily::Qwen2 | ModelFamily::Qwen3 => match f.get("use_sliding_window") {
-            Some(v) if !is_off(v) => Err(unsupported(
-                f,
-                "use_sliding_window",
-                v,
-                "Qwen sliding-window layers are not implemented",
-            )),
-            _ => Ok(None),
-        },
+        ModelFamily::Qwen2 | ModelFamily::Qwen3 | ModelFamily::Qwen3Moe => {
+            match f.get("use_sliding_window") {
+                Some(v) if !is_off(v) => Err(unsupported(
+                    f,
+                    "use_sliding_window",
+                    v,
+                    "Qwen sliding-window layers are not implemented",
+                )),
+                _ => Ok(None),
+            }
+        }
         ModelFamily::Llama => Ok(None),
         // Windows on some layers only: `gemma.rs`.
         ModelFamily::Gemma2 | ModelFamily::Gemma3 => Ok(None),

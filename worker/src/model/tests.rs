@@ -189,6 +189,7 @@ fn small_cfg() -> ModelConfig {
         qk_norm: false,
         sliding_window: None,
         gemma: None,
+        moe: None,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
         model_id: "small".into(),
@@ -519,12 +520,19 @@ fn what_is_not_implemented_is_refused_in_one_line_naming_field_and_value() {
             "`query_pre_attn_scalar` = 256",
         ),
         (
-            json!({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe"}),
-            "Qwen3MoeForCausalLM",
+            json!({"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe"}),
+            "Qwen2MoeForCausalLM",
         ),
         (
-            json!({"architectures": null, "model_type": "mixtral"}),
-            "`model_type` = \"mixtral\"",
+            json!({"architectures": null, "model_type": "deepseek_v3"}),
+            "`model_type` = \"deepseek_v3\"",
+        ),
+        // Experts in a family without them, and an impossible routing.
+        (json!({"num_local_experts": 8}), "`num_local_experts` = 8"),
+        (
+            json!({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                "num_local_experts": 4, "num_experts_per_tok": 5}),
+            "`num_experts_per_tok` = 5",
         ),
         (
             json!({"architectures": ["LlamaForCausalLM", "MistralForCausalLM"]}),
@@ -698,6 +706,45 @@ fn each_family_reads_its_options() {
     assert_eq!(c.sliding_window, Some(4096));
     assert!(!c.qkv_bias && !c.o_bias);
     assert_eq!((c.attend_from(4095), c.attend_from(4096)), (0, 1));
+}
+
+#[test]
+fn moe_families_read_their_experts() {
+    use serde_json::json;
+    let c = parse_config(&config_with(
+        json!({"architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2,
+        "sliding_window": 4096}),
+    ))
+    .unwrap();
+    let m = c.moe.clone().expect("experts");
+    assert_eq!((m.num_experts, m.top_k, m.norm_topk_prob), (8, 2, true));
+    assert_eq!(
+        (m.expert_intermediate_size, m.moe_layers),
+        (40, vec![true, true])
+    );
+    assert!(!c.qkv_bias && !c.qk_norm && c.sliding_window == Some(4096));
+    assert!(c.cuda_refusal().unwrap().contains("mixture-of-experts"));
+    let c = parse_config(&config_with(
+        json!({"architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe", "num_hidden_layers": 4, "num_experts": 16,
+        "num_experts_per_tok": 4, "moe_intermediate_size": 8, "decoder_sparse_step": 2,
+        "mlp_only_layers": [3], "attention_bias": false}),
+    ))
+    .unwrap();
+    let m = c.moe.clone().unwrap();
+    assert_eq!((m.num_experts, m.top_k, m.norm_topk_prob), (16, 4, false));
+    // Layers 1 and 3 by the step, less layer 3.
+    assert_eq!(m.moe_layers, [false, true, false, false]);
+    assert!(c.qk_norm && !c.qkv_bias);
+    // Three dense layers of intermediate 40, one of 16 experts of intermediate 8.
+    let (h, dense, experts) = (32, 3 * 32 * 40, 16 * (32 + 3 * 32 * 8));
+    let attn = h * (c.q_dim() + 2 * c.kv_dim()) + 2 * 8 + c.q_dim() * h + 2 * h;
+    let embed = c.vocab_size * h;
+    assert_eq!(
+        c.num_params(),
+        2 * embed + 4 * attn + 3 * dense + experts + h
+    );
 }
 
 #[test]
