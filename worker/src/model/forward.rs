@@ -14,7 +14,7 @@ use super::gemma;
 use super::kv::KvBuffers;
 use super::moe;
 use super::plan::BatchPlan;
-use super::weights::Weights;
+use super::weights::{LayerWeights, Weights};
 
 /// Activations of one step, kept between steps (per thread) so a step allocates nothing but
 /// its result once the buffers have grown to the largest step seen. Line-aligned where the
@@ -168,21 +168,7 @@ pub(crate) fn hidden_last(
         }
         linear(attn, t, &lw.wo, lw.bo.as_deref(), o);
         add_residual(x, o, lw.post_norms.as_ref().map(|n| &n.0), cfg, hn);
-
-        kernels::rmsnorm(x, &lw.mlp_norm, cfg.rms_norm_eps, hn);
-        if let (Some(mw), Some(opts)) = (&lw.moe, &cfg.moe) {
-            let down = sized(down, t * h);
-            moe::moe_mlp(opts, mw, hn, t, down);
-            kernels::add_inplace(x, down);
-            continue;
-        }
-        linear(hn, t, &lw.wgu, lw.bgu.as_deref(), gu);
-        match gemma {
-            Some(_) => kernels::gelu_tanh_mul(gu, inter, act),
-            None => kernels::silu_mul(gu, inter, act),
-        }
-        linear(act, t, &lw.wdown, lw.bdown.as_deref(), down);
-        add_residual(x, down, lw.post_norms.as_ref().map(|n| &n.1), cfg, hn);
+        mlp_block(cfg, lw, x, t, [hn, act], [gu, down]);
     }
     last.clear();
     for &r in &st.logit_rows {
@@ -192,6 +178,34 @@ pub(crate) fn hidden_last(
     kernels::rmsnorm(last, &w.norm, cfg.rms_norm_eps, &mut out);
     BUFFERS.set(Some(bufs));
     Ok(out)
+}
+
+/// The MLP half of a layer: `x += mlp(rmsnorm(x))`, the MLP dense (SwiGLU, or Gemma's GeGLU
+/// with its post-norm) or of experts; `hn` (`[t, hidden]`) and `act` (`[t, intermediate]`)
+/// sized, `gu` and `down` resized as needed.
+fn mlp_block(
+    cfg: &ModelConfig,
+    lw: &LayerWeights,
+    x: &mut [f32],
+    t: usize,
+    [hn, act]: [&mut [f32]; 2],
+    [gu, down]: [&mut LineVec; 2],
+) {
+    kernels::rmsnorm(x, &lw.mlp_norm, cfg.rms_norm_eps, hn);
+    if let (Some(mw), Some(opts)) = (&lw.moe, &cfg.moe) {
+        let down = sized(down, t * cfg.hidden_size);
+        moe::moe_mlp(opts, mw, hn, t, down);
+        kernels::add_inplace(x, down);
+        return;
+    }
+    let inter = cfg.intermediate_size;
+    linear(hn, t, &lw.wgu, lw.bgu.as_deref(), gu);
+    match cfg.gemma {
+        Some(_) => kernels::gelu_tanh_mul(gu, inter, act),
+        None => kernels::silu_mul(gu, inter, act),
+    }
+    linear(act, t, &lw.wdown, lw.bdown.as_deref(), down);
+    add_residual(x, down, lw.post_norms.as_ref().map(|n| &n.1), cfg, hn);
 }
 
 /// `x += y`, or (Gemma) `x += rmsnorm(y)` with `post_norm`, through `scratch`.
