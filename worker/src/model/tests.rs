@@ -747,6 +747,100 @@ fn moe_families_read_their_experts() {
     );
 }
 
+/// The `config.json` fields of published checkpoints of the new families (Gemma 2 2B, Gemma 3
+/// 1B, Mixtral 8x7B, Qwen3-30B-A3B, their shapes and options as the Hub states them) parse
+/// as the model they are: nothing in them is refused, and each option lands where it should.
+#[test]
+fn published_configs_of_the_new_families_parse() {
+    use serde_json::json;
+    let parse = |v: serde_json::Value| {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.json"), v.to_string()).unwrap();
+        ModelConfig::from_hf_dir(dir.path()).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let c = parse(
+        json!({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+        "attention_bias": false, "attention_dropout": 0.0, "attn_logit_softcapping": 50.0,
+        "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": [1, 107],
+        "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2304,
+        "initializer_range": 0.02, "intermediate_size": 9216, "max_position_embeddings": 8192,
+        "num_attention_heads": 8, "num_hidden_layers": 26, "num_key_value_heads": 4,
+        "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+        "rope_theta": 10000.0, "sliding_window": 4096, "torch_dtype": "float32",
+        "transformers_version": "4.42.4", "use_cache": true, "vocab_size": 256000}),
+    );
+    let g = c.gemma.as_ref().unwrap();
+    assert_eq!(
+        (g.attn_softcap, g.final_softcap, g.sliding_window),
+        (Some(50.0), Some(30.0), 4096)
+    );
+    assert_eq!(g.local_layers.iter().filter(|&&l| l).count(), 13);
+    let c = parse(
+        json!({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+        "attention_bias": false, "attention_dropout": 0.0, "attn_logit_softcapping": null,
+        "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": [1, 106],
+        "final_logit_softcapping": null, "head_dim": 256, "hidden_activation":
+        "gelu_pytorch_tanh", "hidden_size": 1152, "initializer_range": 0.02,
+        "intermediate_size": 6912, "max_position_embeddings": 32768, "num_attention_heads": 4,
+        "num_hidden_layers": 26, "num_key_value_heads": 1, "pad_token_id": 0,
+        "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000,
+        "rope_scaling": null, "rope_theta": 1000000, "sliding_window": 512,
+        "sliding_window_pattern": 6, "torch_dtype": "bfloat16", "use_cache": true,
+        "vocab_size": 262144}),
+    );
+    let g = c.gemma.as_ref().unwrap();
+    assert_eq!(
+        (g.attn_softcap, g.final_softcap, g.sliding_window),
+        (None, None, 512)
+    );
+    assert_eq!(
+        (c.rope_theta, g.local_rope_theta, c.head_dim),
+        (1e6, Some(1e4), 256)
+    );
+    assert_eq!(g.local_layers.iter().filter(|&&l| !l).count(), 4);
+    let c = parse(
+        json!({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+        "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+        "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+        "max_position_embeddings": 32768, "num_attention_heads": 32,
+        "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8,
+        "num_local_experts": 8, "output_router_logits": false, "rms_norm_eps": 1e-05,
+        "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02, "sliding_window": null,
+        "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true,
+        "vocab_size": 32000}),
+    );
+    let m = c.moe.as_ref().unwrap();
+    assert_eq!(
+        (m.num_experts, m.top_k, m.expert_intermediate_size),
+        (8, 2, 14336)
+    );
+    assert!(c.sliding_window.is_none());
+    let c = parse(
+        json!({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+        "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 151643,
+        "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
+        "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+        "intermediate_size": 6144, "max_position_embeddings": 40960, "max_window_layers": 48,
+        "mlp_only_layers": [], "moe_intermediate_size": 768, "norm_topk_prob": true,
+        "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+        "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": false,
+        "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000.0,
+        "router_aux_loss_coef": 0.001, "sliding_window": null, "tie_word_embeddings": false,
+        "torch_dtype": "bfloat16", "use_cache": true, "use_sliding_window": false,
+        "vocab_size": 151936}),
+    );
+    let m = c.moe.as_ref().unwrap();
+    assert_eq!((m.num_experts, m.top_k, m.norm_topk_prob), (128, 8, true));
+    assert!(m.moe_layers.iter().all(|&l| l) && c.qk_norm);
+    // The "30B" of its name.
+    assert!(
+        (30_000_000_000..31_000_000_000).contains(&c.num_params()),
+        "{}",
+        c.num_params()
+    );
+}
+
 #[test]
 fn gemma_reads_its_options_with_transformers_defaults() {
     use serde_json::json;
