@@ -159,7 +159,6 @@ impl ModelConfig {
     /// Why the CUDA pass cannot run this model, if it cannot: one line for the start-up refusal.
     pub fn cuda_refusal(&self) -> Option<String> {
         let missing = match self.family {
-            f if f.is_gemma() => "Gemma's norms, GeGLU, soft-capping or local layers",
             f if f.is_moe() => "mixture-of-experts layers",
             _ => return None,
         };

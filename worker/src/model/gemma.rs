@@ -6,7 +6,7 @@
 //! `query_pre_attn_scalar^-1/2` and may be soft-capped, local layers see a sliding window (and,
 //! in Gemma 3, rotate by their own RoPE base), and the final logits may be soft-capped. Not
 //! here: Gemma 1, PaliGemma / Gemma 3's vision tower (`Gemma3ForConditionalGeneration`),
-//! bidirectional attention; the GPU pass (refused for Gemma, see `ModelConfig::cuda_refusal`).
+//! bidirectional attention. The GPU pass (`cuda.rs`) does the same math, kernel for kernel.
 
 use serde_json::Value;
 
@@ -50,9 +50,14 @@ impl GemmaOptions {
     /// The slice of `attend` (a token's slots, oldest first) that layer `layer` reads.
     pub fn window<'a>(&self, layer: usize, attend: &'a [u32]) -> &'a [u32] {
         match self.local_layers[layer] {
-            true => &attend[attend.len().saturating_sub(self.sliding_window)..],
+            true => self.local_window(attend),
             false => attend,
         }
+    }
+
+    /// The slice of `attend` a local layer reads: its last `sliding_window` slots.
+    pub fn local_window<'a>(&self, attend: &'a [u32]) -> &'a [u32] {
+        &attend[attend.len().saturating_sub(self.sliding_window)..]
     }
 }
 

@@ -858,7 +858,7 @@ fn gemma_reads_its_options_with_transformers_defaults() {
         (c.head_dim, c.rope_theta, g.local_rope_theta),
         (256, 1e4, None)
     );
-    assert!(c.sliding_window.is_none() && !c.qk_norm && c.cuda_refusal().is_some());
+    assert!(c.sliding_window.is_none() && !c.qk_norm && c.cuda_refusal().is_none());
     // The window is the local layers' only: a global layer reads every slot.
     let slots: Vec<u32> = (0..5000).collect();
     assert_eq!(
