@@ -229,10 +229,17 @@ impl CudaLlama {
             + elem * (3 * c.hidden_size + 2 * c.q_dim() + 2 * c.kv_dim() + 3 * c.intermediate_size)
             + 4 * (3 + c.head_dim);
         // The gathered last rows, their norm and logits, and the attention index's rows.
-        let per_seq = 4 * c.hidden_size
+        let mut per_seq = 4 * c.hidden_size
             + elem * (c.hidden_size + c.vocab_size)
             + 4 * c.vocab_size
             + 4 * c.max_position_embeddings;
+        let mut per_token = per_token;
+        if c.gemma.is_some() {
+            // The widened post-norm input (f32), the local layers' RoPE tables, and their
+            // attention index (the same rows again, each token's start moved).
+            per_token += 4 * c.hidden_size + 4 * c.head_dim + 4 * 2;
+            per_seq += 4 * c.max_position_embeddings;
+        }
         (tokens * per_token + seqs * per_seq) as u64
     }
 
@@ -442,18 +449,18 @@ where
         let write_slots = self.to_gpu(&plan.write_slots)?;
         let last_rows: Vec<u32> = plan.logit_rows.iter().map(|&i| i as u32).collect();
         let last_rows = self.to_gpu(&last_rows)?;
-        let batch =
-            AttnBatch::upload(k.stream(), &AttnIndex::from_token_slots(&plan.attend)).map_err(e)?;
+        let index = AttnIndex::from_token_slots(&plan.attend);
+        let batch = AttnBatch::upload(k.stream(), &index).map_err(e)?;
         let (mut cos, mut sin) = (Vec::new(), Vec::new());
         self.rope.tables_into(&plan.positions, &mut cos, &mut sin);
         let (cos, sin) = (self.to_gpu(&cos)?, self.to_gpu(&sin)?);
         // Gemma: its local layers' window of every token's slots, and (Gemma 3) their RoPE.
         let gemma = c.gemma.as_ref();
         let local_batch = match gemma.filter(|g| g.local_layers.contains(&true)) {
+            // Each token's last `sliding_window` slots (`GemmaOptions::local_window`).
             Some(g) => {
-                let window: Vec<&[u32]> = plan.attend.iter().map(|s| g.local_window(s)).collect();
-                let index = AttnIndex::from_token_slots(&window);
-                Some(AttnBatch::upload(k.stream(), &index).map_err(e)?)
+                let window = index.windowed(g.sliding_window);
+                Some(AttnBatch::upload(k.stream(), &window).map_err(e)?)
             }
             None => None,
         };
