@@ -928,3 +928,78 @@ fn a_tensor_the_config_does_not_use_is_refused_by_name() {
     assert!(worker.is_config_error(), "{worker}");
     assert!(err.to_string().contains("o_proj.bias"), "{err}");
 }
+
+/// The `mixtral` fixture rewritten in transformers 5's fused expert layout
+/// (`mlp.experts.gate_up_proj` `[E, 2·inter, hidden]`, `mlp.experts.down_proj`, the router at
+/// `mlp.gate`) loads to the same model as the Hub's per-expert layout.
+#[test]
+fn moe_experts_load_from_the_fused_layout_too() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/mixtral");
+    let bytes = std::fs::read(fixture.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let raw = |name: &str| {
+        let t = st.tensor(name).unwrap();
+        (t.shape().to_vec(), t.data().to_vec())
+    };
+    let hub = LlamaModel::load_hf(&fixture).unwrap();
+    let c = hub.config().clone();
+    let (e, i, h) = (
+        c.moe.as_ref().unwrap().num_experts,
+        c.intermediate_size,
+        c.hidden_size,
+    );
+    let mut t = HashMap::new();
+    for name in st.names() {
+        if name.contains(".block_sparse_moe.") {
+            continue;
+        }
+        let (shape, data) = raw(name);
+        t.insert(
+            name.to_string(),
+            Raw {
+                dtype: Dtype::BF16,
+                shape,
+                data,
+            },
+        );
+    }
+    for l in 0..c.num_hidden_layers {
+        let (p, m) = (
+            format!("model.layers.{l}.block_sparse_moe"),
+            format!("model.layers.{l}.mlp"),
+        );
+        let (shape, data) = raw(&format!("{p}.gate.weight"));
+        t.insert(
+            format!("{m}.gate.weight"),
+            Raw {
+                dtype: Dtype::BF16,
+                shape,
+                data,
+            },
+        );
+        let (mut gu, mut down) = (Vec::new(), Vec::new());
+        for x in 0..e {
+            for w in ["w1", "w3"] {
+                gu.extend(raw(&format!("{p}.experts.{x}.{w}.weight")).1);
+            }
+            down.extend(raw(&format!("{p}.experts.{x}.w2.weight")).1);
+        }
+        let fused = |shape: Vec<usize>, data: Vec<u8>| Raw {
+            dtype: Dtype::BF16,
+            shape,
+            data,
+        };
+        t.insert(
+            format!("{m}.experts.gate_up_proj"),
+            fused(vec![e, 2 * i, h], gu),
+        );
+        t.insert(format!("{m}.experts.down_proj"), fused(vec![e, h, i], down));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(fixture.join("config.json"), dir.path().join("config.json")).unwrap();
+    let views: Vec<(&String, &Raw)> = t.iter().collect();
+    safetensors::serialize_to_file(views, &None, &dir.path().join("model.safetensors")).unwrap();
+    let fused = LlamaModel::load_hf(dir.path()).unwrap();
+    let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    assert_eq!(bits(run(&fused)), bits(run(&hub)));
+}
