@@ -2,7 +2,8 @@
 //! all new tokens of all sequences at once, and the final norm / lm_head on each sequence's last
 //! token. Every kernel is row-wise batch-invariant, so a token's logits do not depend on what
 //! else is in the step, on chunking, or on prefix-cache hits. Gemma's block (see `gemma.rs`) is
-//! this one with its norms, activation, scores and windows where the options say.
+//! this one with its norms, activation, scores and windows where the options say; Mixtral and
+//! Qwen3-MoE route their MLP through experts (`moe.rs`).
 
 use std::cell::Cell;
 
