@@ -187,6 +187,24 @@ FIXTURES = {
         },
         [{"norm_topk_prob": True}, {"num_experts_per_tok": 1}],
     ),
+    # Qwen2-MoE (Qwen1.5-MoE): 4 experts of intermediate 16, 2 per token, a shared expert of
+    # intermediate 24 under its sigmoid gate, q/k/v biases (`qkv_bias`), untied head; the
+    # Hub's layout.
+    "qwen2_moe": (
+        {
+            "architectures": ["Qwen2MoeForCausalLM"],
+            "model_type": "qwen2_moe",
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 16,
+            "shared_expert_intermediate_size": 24,
+            "norm_topk_prob": False,
+            "qkv_bias": True,
+            "use_sliding_window": False,
+            "tie_word_embeddings": False,
+        },
+        [{"num_experts_per_tok": 1}, {"norm_topk_prob": True}],
+    ),
     # Gemma 2: 4 layers alternating local (window 4, shorter than the 10-token prompts) and
     # global, head_dim 16 ≠ hidden/heads, query_pre_attn_scalar 24 ≠ head_dim, attention and
     # final-logit soft caps small enough to bite at these logits, tied head; GeGLU, the (1 + w)
@@ -246,7 +264,8 @@ def hub_layout(state, model_type):
     """transformers 5 holds a layer's experts fused (`mlp.experts.gate_up_proj` [E, 2I, H],
     `mlp.experts.down_proj` [E, H, I]); checkpoints on the Hub store one tensor per expert and
     projection, Mixtral's under `block_sparse_moe` as w1 (gate), w3 (up), w2 (down)."""
-    names = {"mixtral": ("block_sparse_moe", "w1", "w3", "w2"), "qwen3_moe": ("mlp", "gate_proj", "up_proj", "down_proj")}
+    per_expert = ("mlp", "gate_proj", "up_proj", "down_proj")
+    names = {"mixtral": ("block_sparse_moe", "w1", "w3", "w2"), "qwen3_moe": per_expert, "qwen2_moe": per_expert}
     if model_type not in names:
         return state
     block, gate, up, down = names[model_type]
@@ -361,6 +380,7 @@ ALT_FIELDS = {
         "head_dim": 32,
         "attention_bias": True,
     },
+    "qwen2_moe": {"num_experts": 8, "shared_expert_intermediate_size": 40, "mlp_only_layers": [2]},
     "gemma3": {"head_dim": 32, "sliding_window": 7, "final_logit_softcapping": 4.0, "tie_word_embeddings": False},
 }
 

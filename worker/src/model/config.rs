@@ -186,7 +186,12 @@ impl ModelConfig {
         let post_norms = if self.gemma.is_some() { 2 * h } else { 0 };
         let attn = h * (q + 2 * kv) + bias + qk_norm + post_norms + q * h + 2 * h;
         let mlp = |l: usize| match &self.moe {
-            Some(m) if m.moe_layers[l] => m.num_experts * (h + 3 * h * m.expert_intermediate_size),
+            Some(m) if m.moe_layers[l] => {
+                let shared = m
+                    .shared_expert_intermediate_size
+                    .map_or(0, |si| 3 * h * si + h);
+                m.num_experts * (h + 3 * h * m.expert_intermediate_size) + shared
+            }
             _ => 3 * h * i,
         };
         let embed = self.vocab_size * h;

@@ -15,7 +15,7 @@ use safetensors::{Dtype, SafeTensors};
 
 use super::config::ModelConfig;
 use super::error::{ModelError, Result};
-use super::moe::{MoeOptions, MoeWeights};
+use super::moe::{MoeOptions, MoeWeights, SharedExpert};
 use super::support::ModelFamily;
 use super::weights::{LayerWeights, Weights};
 
@@ -254,7 +254,24 @@ fn load_experts(
         }
         experts
     };
-    Ok(MoeWeights { router, experts })
+    let shared = match o.shared_expert_intermediate_size {
+        Some(si) => {
+            let t = |name: &str, shape: &[usize]| ix.get(&format!("{block}.{name}"), shape);
+            let mut gu = t("shared_expert.gate_proj.weight", &[si, h])?;
+            gu.extend(t("shared_expert.up_proj.weight", &[si, h])?);
+            Some(SharedExpert {
+                wgu: PackedMatrix::pack(&gu, 2 * si, h),
+                wdown: PackedMatrix::pack(&t("shared_expert.down_proj.weight", &[h, si])?, h, si),
+                gate: PackedMatrix::pack(&t("shared_expert_gate.weight", &[1, h])?, 1, h),
+            })
+        }
+        None => None,
+    };
+    Ok(MoeWeights {
+        router,
+        experts,
+        shared,
+    })
 }
 
 /// Loads every weight of `cfg` from the safetensors files of `dir`.

@@ -1,13 +1,15 @@
-//! Mixture-of-experts MLPs (Mixtral, Qwen3-MoE) on the CPU: what their `config.json` asks
-//! (experts, top-k, `norm_topk_prob`, which layers have experts) and the routed MLP itself.
+//! Mixture-of-experts MLPs (Mixtral, Qwen3-MoE, Qwen2-MoE) on the CPU: what their
+//! `config.json` asks (experts, top-k, `norm_topk_prob`, which layers have experts, a shared
+//! expert) and the routed MLP itself.
 //! Each token's router logits go through a softmax, its `top_k` most probable experts run
 //! their SwiGLU on it, and their outputs are summed weighted by those probabilities
 //! (renormalised to sum 1 for Mixtral, and for Qwen3-MoE with `norm_topk_prob`). Experts are
 //! visited in index order, each over the tokens routed to it (one GEMM per expert), and a
 //! token's sum is taken in that order, as transformers does. The GEMMs are row-wise batch
 //! invariant, so which other tokens an expert serves in a step changes no token's result.
-//! Not here: shared experts (Qwen2-MoE, DeepSeek), grouped or biased routing, the GPU pass
-//! (refused, see `ModelConfig::cuda_refusal`).
+//! Qwen2-MoE adds to that sum a shared expert (a SwiGLU every token runs) times
+//! `sigmoid(shared_expert_gate · x)`. Not here: DeepSeek's grouped or biased routing, the GPU
+//! pass (refused, see `ModelConfig::cuda_refusal`).
 
 use kernels::{LineVec, PackedMatrix};
 use serde_json::Value;
@@ -32,6 +34,8 @@ pub struct MoeOptions {
     pub expert_intermediate_size: usize,
     /// For each layer, whether its MLP has experts (else it is dense, of `intermediate_size`).
     pub moe_layers: Vec<bool>,
+    /// Qwen2-MoE: the intermediate size of the shared expert every token runs.
+    pub shared_expert_intermediate_size: Option<usize>,
 }
 
 /// One layer's router and experts.
@@ -40,6 +44,18 @@ pub(crate) struct MoeWeights {
     pub router: PackedMatrix,
     /// Per expert: gate and up fused `[2·inter, hidden]`, and down `[hidden, inter]`.
     pub experts: Vec<(PackedMatrix, PackedMatrix)>,
+    /// Qwen2-MoE's shared expert.
+    pub shared: Option<SharedExpert>,
+}
+
+/// A shared expert: `sigmoid(gate · x) · down(silu(gate_proj x) · up_proj x)`.
+pub(crate) struct SharedExpert {
+    /// Gate and up fused `[2·inter, hidden]`.
+    pub wgu: PackedMatrix,
+    /// `[hidden, inter]`.
+    pub wdown: PackedMatrix,
+    /// `[1, hidden]`.
+    pub gate: PackedMatrix,
 }
 
 /// The experts of a Mixtral or Qwen3-MoE `config.json`.
@@ -68,6 +84,10 @@ pub(super) fn read(f: &Fields<'_>, family: ModelFamily) -> Result<MoeOptions> {
             format!("more than the {num_experts} experts"),
         ));
     }
+    let shared_expert_intermediate_size = match family {
+        ModelFamily::Qwen2Moe => Some(positive("shared_expert_intermediate_size", 5632)?),
+        _ => None,
+    };
     let (norm_topk_prob, expert_intermediate_size, moe_layers) = match family {
         // Mixtral always renormalises, and every layer has experts.
         ModelFamily::Mixtral => (
@@ -108,6 +128,7 @@ pub(super) fn read(f: &Fields<'_>, family: ModelFamily) -> Result<MoeOptions> {
         norm_topk_prob,
         expert_intermediate_size,
         moe_layers,
+        shared_expert_intermediate_size,
     })
 }
 
@@ -179,6 +200,25 @@ pub(crate) fn moe_mlp(opts: &MoeOptions, w: &MoeWeights, x: &[f32], t: usize, ou
             }
         }
     }
+    if let Some(s) = &w.shared {
+        // Added after the routed sum, as transformers adds it.
+        let si = s.wdown.cols();
+        gu.resize(t * 2 * si);
+        kernels::linear_packed(x, t, &s.wgu, None, &mut gu);
+        act.resize(t * si);
+        kernels::silu_mul(&gu, si, &mut act);
+        down.resize(t * h);
+        kernels::linear_packed(&act, t, &s.wdown, None, &mut down);
+        let mut g = vec![0f32; t];
+        kernels::linear_packed(x, t, &s.gate, None, &mut g);
+        for (r, &g) in g.iter().enumerate() {
+            let gate = 1.0 / (1.0 + (-g).exp());
+            let o = &mut out[r * h..(r + 1) * h];
+            for (o, &d) in o.iter_mut().zip(&down[r * h..(r + 1) * h]) {
+                *o += gate * d;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -192,6 +232,7 @@ mod tests {
             norm_topk_prob: norm,
             expert_intermediate_size: 2,
             moe_layers: vec![true],
+            shared_expert_intermediate_size: None,
         }
     }
 

@@ -42,10 +42,13 @@ pub enum ModelFamily {
     /// Qwen3-MoE: Qwen3's attention, experts in the layers `decoder_sparse_step` and
     /// `mlp_only_layers` leave them, `norm_topk_prob`.
     Qwen3Moe,
+    /// Qwen2-MoE (Qwen1.5-MoE): Qwen2's attention (q/k/v biases by `qkv_bias`), Qwen3-MoE's
+    /// routing, plus a shared expert gated by a sigmoid in every layer with experts.
+    Qwen2Moe,
 }
 
 impl ModelFamily {
-    pub const ALL: [ModelFamily; 8] = [
+    pub const ALL: [ModelFamily; 9] = [
         ModelFamily::Llama,
         ModelFamily::Mistral,
         ModelFamily::Qwen2,
@@ -54,6 +57,7 @@ impl ModelFamily {
         ModelFamily::Gemma3,
         ModelFamily::Mixtral,
         ModelFamily::Qwen3Moe,
+        ModelFamily::Qwen2Moe,
     ];
 
     /// The `architectures` entry of its checkpoints.
@@ -67,6 +71,7 @@ impl ModelFamily {
             ModelFamily::Gemma3 => "Gemma3ForCausalLM",
             ModelFamily::Mixtral => "MixtralForCausalLM",
             ModelFamily::Qwen3Moe => "Qwen3MoeForCausalLM",
+            ModelFamily::Qwen2Moe => "Qwen2MoeForCausalLM",
         }
     }
 
@@ -81,12 +86,16 @@ impl ModelFamily {
             ModelFamily::Gemma3 => "gemma3_text",
             ModelFamily::Mixtral => "mixtral",
             ModelFamily::Qwen3Moe => "qwen3_moe",
+            ModelFamily::Qwen2Moe => "qwen2_moe",
         }
     }
 
     /// Mixtral or Qwen3-MoE.
     pub fn is_moe(self) -> bool {
-        matches!(self, ModelFamily::Mixtral | ModelFamily::Qwen3Moe)
+        matches!(
+            self,
+            ModelFamily::Mixtral | ModelFamily::Qwen3Moe | ModelFamily::Qwen2Moe
+        )
     }
 
     /// Gemma 2 or 3.
@@ -234,6 +243,8 @@ pub(super) fn read(f: &Fields<'_>) -> Result<Features> {
         }
         // Transformers ignores `attention_bias` for these two: their biases are fixed.
         ModelFamily::Qwen2 => (true, false),
+        // Qwen2-MoE reads its own flag for q, k and v (o never has one).
+        ModelFamily::Qwen2Moe => (f.bool_opt("qkv_bias")?.unwrap_or(true), false),
         ModelFamily::Mistral | ModelFamily::Mixtral | ModelFamily::Gemma2 | ModelFamily::Gemma3 => {
             (false, false)
         }
@@ -368,7 +379,7 @@ fn sliding_window(f: &Fields<'_>, family: ModelFamily) -> Result<Option<usize>> 
             )),
             w => Ok(w),
         },
-        ModelFamily::Qwen2 | ModelFamily::Qwen3 | ModelFamily::Qwen3Moe => {
+        ModelFamily::Qwen2 | ModelFamily::Qwen3 | ModelFamily::Qwen3Moe | ModelFamily::Qwen2Moe => {
             match f.get("use_sliding_window") {
                 Some(v) if !is_off(v) => Err(unsupported(
                     f,

@@ -520,8 +520,8 @@ fn what_is_not_implemented_is_refused_in_one_line_naming_field_and_value() {
             "`query_pre_attn_scalar` = 256",
         ),
         (
-            json!({"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe"}),
-            "Qwen2MoeForCausalLM",
+            json!({"architectures": ["PhimoeForCausalLM"], "model_type": "phimoe"}),
+            "PhimoeForCausalLM",
         ),
         (
             json!({"architectures": null, "model_type": "deepseek_v3"}),
@@ -737,6 +737,7 @@ fn moe_families_read_their_experts() {
     // Layers 1 and 3 by the step, less layer 3.
     assert_eq!(m.moe_layers, [false, true, false, false]);
     assert!(c.qk_norm && !c.qkv_bias);
+    assert!(m.shared_expert_intermediate_size.is_none());
     // Three dense layers of intermediate 40, one of 16 experts of intermediate 8.
     let (h, dense, experts) = (32, 3 * 32 * 40, 16 * (32 + 3 * 32 * 8));
     let attn = h * (c.q_dim() + 2 * c.kv_dim()) + 2 * 8 + c.q_dim() * h + 2 * h;
@@ -839,6 +840,29 @@ fn published_configs_of_the_new_families_parse() {
         "{}",
         c.num_params()
     );
+}
+
+#[test]
+fn qwen2_moe_reads_its_shared_expert_and_qkv_bias() {
+    use serde_json::json;
+    let c = parse_config(&config_with(
+        json!({"architectures": ["Qwen2MoeForCausalLM"],
+        "model_type": "qwen2_moe", "num_experts": 60, "num_experts_per_tok": 4,
+        "moe_intermediate_size": 8, "shared_expert_intermediate_size": 20,
+        "attention_bias": false}),
+    ))
+    .unwrap();
+    let m = c.moe.clone().unwrap();
+    assert_eq!((m.num_experts, m.top_k, m.norm_topk_prob), (60, 4, false));
+    assert_eq!(m.shared_expert_intermediate_size, Some(20));
+    // `qkv_bias` (default true) decides, not `attention_bias`; o has none.
+    assert!(c.qkv_bias && !c.o_bias && !c.qk_norm);
+    let c = parse_config(&config_with(
+        json!({"architectures": ["Qwen2MoeForCausalLM"],
+        "model_type": "qwen2_moe", "qkv_bias": false}),
+    ))
+    .unwrap();
+    assert!(!c.qkv_bias && c.cuda_refusal().is_some());
 }
 
 #[test]

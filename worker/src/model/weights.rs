@@ -7,7 +7,7 @@ use kernels::PackedMatrix;
 use rand::{Rng, SeedableRng};
 
 use super::config::ModelConfig;
-use super::moe::MoeWeights;
+use super::moe::{MoeWeights, SharedExpert};
 use super::rope::Rope;
 
 /// Dummy-init constants, tuned by looking at greedy outputs of the builtin sizes: with tied
@@ -120,6 +120,11 @@ impl Weights {
                     matrix(gu);
                     matrix(down);
                 }
+                if let Some(s) = &mut m.shared {
+                    matrix(&mut s.wgu);
+                    matrix(&mut s.wdown);
+                    matrix(&mut s.gate);
+                }
             }
         }
         round_to(&mut self.norm, dtype);
@@ -188,6 +193,19 @@ impl Weights {
                                     )
                                 })
                                 .collect(),
+                            shared: m.shared_expert_intermediate_size.map(|si| SharedExpert {
+                                wgu: PackedMatrix::pack(
+                                    &uni(2 * si * h, 1.0 / (h as f32).sqrt()),
+                                    2 * si,
+                                    h,
+                                ),
+                                wdown: PackedMatrix::pack(
+                                    &uni(h * si, resid / (si as f32).sqrt()),
+                                    h,
+                                    si,
+                                ),
+                                gate: PackedMatrix::pack(&uni(h, 1.0 / (h as f32).sqrt()), 1, h),
+                            }),
                         }
                     }),
                 }
