@@ -1,4 +1,5 @@
-//! Element-wise ops of the Llama block (SwiGLU, residual add) and argmax over logits.
+//! Element-wise ops of the Llama block (SwiGLU, Gemma's GeGLU, residual add) and argmax over
+//! logits.
 
 use crate::math::exp_fixed;
 use crate::path::{kernel_path, multiversion};
@@ -21,6 +22,25 @@ fn silu_mul_body(gu: &[f32], inter: usize, out: &mut [f32]) {
         let (gate, up) = g.split_at(inter);
         for ((o, &x), &u) in o.iter_mut().zip(gate).zip(up) {
             *o = x / (1.0 + exp_fixed(-x)) * u;
+        }
+    }
+}
+
+/// GeGLU with the tanh approximation of GELU (Gemma's `gelu_pytorch_tanh`):
+/// `out[t, i] = gelu_tanh(gu[t, i]) * gu[t, inter + i]`, `gu` holding the fused gate and up
+/// projections as for [`silu_mul`]. One scalar `tanh` per element (the same bits on every path).
+pub fn gelu_tanh_mul(gu: &[f32], inter: usize, out: &mut [f32]) {
+    assert!(
+        inter > 0 && gu.len() == out.len() * 2,
+        "gelu_tanh_mul shape"
+    );
+    // sqrt(2/π), as PyTorch rounds it to f32.
+    const K: f32 = 0.797_884_6;
+    for (g, o) in gu.chunks_exact(2 * inter).zip(out.chunks_exact_mut(inter)) {
+        let (gate, up) = g.split_at(inter);
+        for ((o, &x), &u) in o.iter_mut().zip(gate).zip(up) {
+            let inner = K * (x + 0.044715 * x * x * x);
+            *o = 0.5 * x * (1.0 + inner.tanh()) * u;
         }
     }
 }
@@ -97,6 +117,30 @@ pub fn argmax(x: &[f32]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gelu_tanh_is_the_tanh_gelu_times_up() {
+        // Known values of 0.5·x·(1 + tanh(sqrt(2/π)·(x + 0.044715·x³))) (f64), times up = 2.
+        let cases = [
+            (0.0f32, 0.0f64),
+            (1.0, 0.841_191_990_608),
+            (-1.0, -0.158_808_009_392),
+            (3.0, 2.996_362_607_918),
+            (-4.0, -7.024_594_8e-5),
+        ];
+        let gate: Vec<f32> = cases.iter().map(|c| c.0).collect();
+        let mut gu = gate.clone();
+        gu.extend(std::iter::repeat_n(2.0, gate.len()));
+        let mut out = vec![0f32; gate.len()];
+        gelu_tanh_mul(&gu, gate.len(), &mut out);
+        for ((_, want), got) in cases.iter().zip(&out) {
+            assert!(
+                (*got as f64 - 2.0 * want).abs() < 1e-5,
+                "{got} vs {}",
+                2.0 * want
+            );
+        }
+    }
 
     #[test]
     fn argmax_ties_low_and_skips_nan() {

@@ -103,6 +103,25 @@ struct Seq {
     off: usize,
 }
 
+/// How a score is made from `q·k`: multiplied by `scale`, then, with a `softcap`, squashed to
+/// `softcap · tanh(score / softcap)` (Gemma 2) before the softmax. Either way the score is one
+/// element-wise function of the dot, so batch invariance and the reduction order are kept.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScoreScale {
+    pub scale: f32,
+    pub softcap: Option<f32>,
+}
+
+impl ScoreScale {
+    /// `1/sqrt(head_dim)`, uncapped: the Llama family's scores.
+    pub fn standard(head_dim: usize) -> Self {
+        ScoreScale {
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            softcap: None,
+        }
+    }
+}
+
 /// `out[t, h, :] = softmax(q[t,h]·K[slots]ᵀ / sqrt(d)) · V[slots]` for every query token `t`.
 ///
 /// # Panics
@@ -118,6 +137,23 @@ pub fn attention(
     attention_with(kernel_path(), q, token_slots, k_cache, v_cache, shape, out);
 }
 
+/// [`attention`] with scores made as `score` says (another scale, a soft cap).
+///
+/// # Panics
+/// As [`attention`].
+pub fn attention_scored(
+    q: &[f32],
+    token_slots: &[&[u32]],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    shape: AttnShape,
+    score: ScoreScale,
+    out: &mut [f32],
+) {
+    let path = kernel_path();
+    attention_scored_with(path, q, token_slots, k_cache, v_cache, shape, score, out);
+}
+
 /// [`attention`] on a given path (tests and benchmarks compare paths in one process).
 ///
 /// # Panics
@@ -129,6 +165,25 @@ pub fn attention_with(
     k_cache: &[f32],
     v_cache: &[f32],
     shape: AttnShape,
+    out: &mut [f32],
+) {
+    let score = ScoreScale::standard(shape.head_dim);
+    attention_scored_with(path, q, token_slots, k_cache, v_cache, shape, score, out);
+}
+
+/// [`attention_scored`] on a given path.
+///
+/// # Panics
+/// As [`attention_with`].
+#[allow(clippy::too_many_arguments)]
+pub fn attention_scored_with(
+    path: KernelPath,
+    q: &[f32],
+    token_slots: &[&[u32]],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    shape: AttnShape,
+    score: ScoreScale,
     out: &mut [f32],
 ) {
     let AttnShape {
@@ -167,7 +222,8 @@ pub fn attention_with(
         kv_row,
         head_dim,
         heads: num_heads / num_kv_heads,
-        scale: 1.0 / (head_dim as f32).sqrt(),
+        scale: score.scale,
+        softcap: score.softcap,
     };
     let mut blocks = BLOCKS.take();
     let mut seqs = SEQS.take();
@@ -390,6 +446,7 @@ struct Group<'a> {
     /// Query heads per KV head.
     heads: usize,
     scale: f32,
+    softcap: Option<f32>,
 }
 
 multiversion! {
@@ -529,7 +586,13 @@ impl Group<'_> {
         }
         for r in 0..rows {
             let n = job.n0 + r / heads;
-            exp_shifted(&mut scores[r * stride..r * stride + n]);
+            let row = &mut scores[r * stride..r * stride + n];
+            if let Some(cap) = self.softcap {
+                // After the scale, as transformers caps; one scalar `tanh` per score, so
+                // every path gives the same bits.
+                row.iter_mut().for_each(|s| *s = (*s / cap).tanh() * cap);
+            }
+            exp_shifted(row);
         }
         // The sums four rows at a time: four independent chains of adds.
         let mut r = 0;
@@ -1297,10 +1360,23 @@ mod tests {
         v_cache: &[f32],
         shape: AttnShape,
     ) -> Vec<f32> {
+        let score = ScoreScale::standard(shape.head_dim);
+        reference_scored(q, token_slots, k_cache, v_cache, shape, score)
+    }
+
+    /// [`reference`] with scores made as `score` says.
+    fn reference_scored(
+        q: &[f32],
+        token_slots: &[&[u32]],
+        k_cache: &[f32],
+        v_cache: &[f32],
+        shape: AttnShape,
+        score: ScoreScale,
+    ) -> Vec<f32> {
         let (nh, d) = (shape.num_heads, shape.head_dim);
         let group = nh / shape.num_kv_heads;
         let kv_row = shape.num_kv_heads * d;
-        let scale = 1.0 / (d as f32).sqrt();
+        let scale = score.scale;
         let mut out = vec![0f32; q.len()];
         for (idx, o) in out.chunks_mut(d).enumerate() {
             let (t, h) = (idx / nh, idx % nh);
@@ -1310,7 +1386,10 @@ mod tests {
             let mut max = f32::NEG_INFINITY;
             for &s in token_slots[t] {
                 let b = s as usize * kv_row + kvh * d;
-                let sc = dot8_fma(qv, &k_cache[b..b + d]) * scale;
+                let mut sc = dot8_fma(qv, &k_cache[b..b + d]) * scale;
+                if let Some(cap) = score.softcap {
+                    sc = (sc / cap).tanh() * cap;
+                }
                 max = max.max(sc);
                 scores.push(sc);
             }
@@ -1366,6 +1445,46 @@ mod tests {
                 attention_with(imp, &q, &toks, &k, &v, shape, &mut out);
                 let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&out), bits(&want), "{imp:?} {nh}/{nkv}x{d}, {n} keys");
+            }
+        }
+    }
+
+    /// Gemma's scores (another scale, and a cap of 2 that bites: scaled scores here reach
+    /// several times it) on every path, prefill-sized and decode-sized: the reference's bits,
+    /// and different from uncapped attention.
+    #[test]
+    fn scaled_and_capped_scores_equal_reference_bits() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(13);
+        let score = ScoreScale {
+            scale: 0.2,
+            softcap: Some(2.0),
+        };
+        for &(nh, nkv, d, n) in &[(4, 2, 16, 40), (8, 4, 64, 9), (2, 1, 8, 1)] {
+            let shape = AttnShape {
+                num_heads: nh,
+                num_kv_heads: nkv,
+                head_dim: d,
+            };
+            let kv_row = nkv * d;
+            let k: Vec<f32> = (0..n * kv_row).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let v: Vec<f32> = (0..n * kv_row).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let seq: Vec<u32> = (0..n as u32).collect();
+            let toks: Vec<&[u32]> = (0..n).map(|p| &seq[..=p]).collect();
+            let q: Vec<f32> = (0..n * nh * d).map(|_| rng.gen_range(-2.0..2.0)).collect();
+            let want = reference_scored(&q, &toks, &k, &v, shape, score);
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            for imp in KernelPath::all_supported() {
+                let mut out = vec![0f32; q.len()];
+                attention_scored_with(imp, &q, &toks, &k, &v, shape, score, &mut out);
+                assert_eq!(bits(&out), bits(&want), "{imp:?} {nh}/{nkv}x{d}, {n} keys");
+            }
+            if n > 1 {
+                let plain = ScoreScale {
+                    softcap: None,
+                    ..score
+                };
+                let uncapped = reference_scored(&q, &toks, &k, &v, shape, plain);
+                assert_ne!(bits(&uncapped), bits(&want));
             }
         }
     }

@@ -22,8 +22,8 @@ pub mod path;
 pub mod peak;
 pub mod rope;
 
-pub use activation::{add_inplace, argmax, silu_mul, softmax_weights};
-pub use attention::{attention, AttnShape};
+pub use activation::{add_inplace, argmax, gelu_tanh_mul, silu_mul, softmax_weights};
+pub use attention::{attention, attention_scored, AttnShape, ScoreScale};
 pub use gemm::{dot_fixed, linear, linear_packed, PackedMatrix};
 pub use linevec::LineVec;
 pub use norm::rmsnorm;

@@ -24,7 +24,7 @@ use cudarc::driver::sys::CUresult;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use half::{bf16, f16};
 use kernels::cuda::{self, AttnBatch, AttnIndex, CudaError, CudaKernels, Storage};
-use kernels::AttnShape;
+use kernels::{AttnShape, ScoreScale};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -310,6 +310,8 @@ impl Gpu<'_> {
         self.head_rmsnorm::<T>(rng);
         self.rope::<T>(rng);
         self.silu_mul::<T>(rng);
+        self.gelu_tanh_mul::<T>(rng);
+        self.softcap::<T>(rng);
         self.add_inplace::<T>(rng);
         self.add_bias::<T>(rng);
         self.kv_write::<T>(rng);
@@ -324,6 +326,12 @@ impl Gpu<'_> {
         self.attention::<T>(rng, shape(8, 2, 64), 256, &[(70, 5), (130, 1), (1, 1)]);
         self.attention::<T>(rng, shape(4, 1, 256), 32, &[(20, 2)]);
         self.attention::<T>(rng, shape(6, 3, 40), 40, &[(9, 3), (17, 1)]);
+        // Gemma 2's scores: another scale and a soft cap that bites (scaled scores reach ~3).
+        let gemma = ScoreScale {
+            scale: 0.4,
+            softcap: Some(1.5),
+        };
+        self.attention_scored::<T>(rng, shape(8, 2, 16), 64, &[(30, 4), (12, 1)], gemma);
         for (m, k, n) in [(5, 300, 70), (1, 64, 33), (3, 17, 1)] {
             self.linear::<T>(rng, m, k, n);
         }
@@ -362,6 +370,20 @@ impl Gpu<'_> {
         let mut want = vec![0.0; rows * dim];
         kernels::rmsnorm(&x, &w_wide, eps, &mut want);
         assert_close("rmsnorm", &self.down(&y), &want, &vec![0.0; rows * dim]);
+        // Gemma's `1 + w`: a small stored `w` whose sum with 1 the storage type could not
+        // hold, added in f32 by the kernel, as the CPU does with its folded f32 weight.
+        let (w, w_wide) = stored::<T>(rng, dim, -0.05, 0.05);
+        self.k
+            .rmsnorm_plus(&self.up(&x), &self.up(&w), 1.0, eps, &mut y)
+            .expect("rmsnorm_plus");
+        let one_plus: Vec<f32> = w_wide.iter().map(|w| 1.0 + w).collect();
+        kernels::rmsnorm(&x, &one_plus, eps, &mut want);
+        assert_close(
+            "rmsnorm_plus",
+            &self.down(&y),
+            &want,
+            &vec![0.0; rows * dim],
+        );
     }
 
     /// The per-head norm of the key heads inside fused qkv rows (after 3 query heads), in
@@ -442,6 +464,34 @@ impl Gpu<'_> {
         assert_same("silu_mul", &self.down(&out), &rounded::<T>(&want));
     }
 
+    fn gelu_tanh_mul<T: Elem>(&self, rng: &mut StdRng) {
+        let (n, inter) = (3, 700);
+        let (gu, wide) = stored::<T>(rng, n * 2 * inter, -6.0, 6.0);
+        let mut out = self.s.alloc_zeros::<T>(n * inter).unwrap();
+        self.k
+            .gelu_tanh_mul(&self.up(&gu), inter, &mut out)
+            .expect("gelu_tanh_mul");
+        let mut want = vec![0.0; n * inter];
+        kernels::gelu_tanh_mul(&wide, inter, &mut want);
+        assert_same("gelu_tanh_mul", &self.down(&out), &rounded::<T>(&want));
+    }
+
+    /// The final-logit soft cap, and the two helpers of Gemma's post-norms and embedding scale.
+    fn softcap<T: Elem>(&self, rng: &mut StdRng) {
+        let len = 1000;
+        let (y, wide) = stored::<T>(rng, len, -20.0, 20.0);
+        let mut y_d = self.up(&y);
+        self.k.softcap(&mut y_d, 3.0).expect("softcap");
+        let want: Vec<f32> = wide.iter().map(|v| (v / 3.0).tanh() * 3.0).collect();
+        assert_same("softcap", &self.down(&y_d), &rounded::<T>(&want));
+        let mut w = self.s.alloc_zeros::<f32>(len).unwrap();
+        self.k.widen(&self.up(&y), &mut w).expect("widen");
+        assert_eq!(self.down(&w), wide, "widen");
+        self.k.scale_f32::<T>(&mut w, 1.5).expect("scale_f32");
+        let scaled: Vec<f32> = wide.iter().map(|v| v * 1.5).collect();
+        assert_eq!(self.down(&w), scaled, "scale_f32");
+    }
+
     fn add_inplace<T: Elem>(&self, rng: &mut StdRng) {
         let len = 2100;
         let x: Vec<f32> = (0..len).map(|_| rng.gen_range(-4.0..4.0)).collect();
@@ -504,6 +554,18 @@ impl Gpu<'_> {
         num_slots: usize,
         requests: &[(usize, usize)],
     ) {
+        let score = ScoreScale::standard(shape.head_dim);
+        self.attention_scored::<T>(rng, shape, num_slots, requests, score)
+    }
+
+    fn attention_scored<T: Elem>(
+        &self,
+        rng: &mut StdRng,
+        shape: AttnShape,
+        num_slots: usize,
+        requests: &[(usize, usize)],
+        score: ScoreScale,
+    ) {
         let width = shape.num_heads * shape.head_dim;
         let kv_width = shape.num_kv_heads * shape.head_dim;
         let (q_stride, out_stride) = (width + 2 * kv_width, width + 8);
@@ -528,23 +590,31 @@ impl Gpu<'_> {
         let mut out = self.up(&vec![sentinel; n * out_stride]);
         let batch = AttnBatch::upload(&self.s, &AttnIndex::from_token_slots(&token_slots))
             .expect("upload the index");
+        let (k_d, v_d) = (self.up(&k_cache), self.up(&v_cache));
         self.k
-            .attention(
+            .attention_scored(
                 &self.up(&q),
                 q_stride,
-                &self.up(&k_cache),
-                &self.up(&v_cache),
+                (&k_d, &v_d),
                 &batch,
                 shape,
-                &mut out,
-                out_stride,
+                score,
+                (&mut out, out_stride),
             )
             .expect("attention");
         let q_heads: Vec<f32> = (0..n)
             .flat_map(|t| q_wide[t * q_stride..][..width].to_vec())
             .collect();
         let mut cpu = vec![0.0; n * width];
-        kernels::attention(&q_heads, &token_slots, &k_wide, &v_wide, shape, &mut cpu);
+        kernels::attention_scored(
+            &q_heads,
+            &token_slots,
+            &k_wide,
+            &v_wide,
+            shape,
+            score,
+            &mut cpu,
+        );
         let want: Vec<T> = (0..n)
             .flat_map(|t| {
                 let mut row = rounded::<T>(&cpu[t * width..][..width]);
@@ -553,7 +623,7 @@ impl Gpu<'_> {
             })
             .collect();
         let what = format!(
-            "attention {}x{}x{} of {requests:?}",
+            "attention {}x{}x{} of {requests:?}, {score:?}",
             shape.num_heads, shape.num_kv_heads, shape.head_dim
         );
         assert_same(&what, &self.down(&out), &want);

@@ -53,7 +53,8 @@ BASE = {
     "torch_dtype": "bfloat16",
 }
 
-# name -> (config.json fields, {option: value that turns it off}).
+# name -> (config.json fields, {option: value that turns it off}, or a list of such: each must
+# matter on its own).
 FIXTURES = {
     # GQA, untied head, attention_bias (q, k, v and o biases), mlp_bias (gate, up, down).
     "llama": (
@@ -149,7 +150,142 @@ FIXTURES = {
         },
         {"sliding_window": None},
     ),
+    # Mixtral: 4 experts, 2 per token (always renormalised), expert intermediate 24, a window
+    # of 6, untied head; saved in the Hub's layout (block_sparse_moe.experts.E.w1/w2/w3).
+    "mixtral": (
+        {
+            "architectures": ["MixtralForCausalLM"],
+            "model_type": "mixtral",
+            "intermediate_size": 24,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "sliding_window": 6,
+            "tie_word_embeddings": False,
+        },
+        [{"num_experts_per_tok": 1}, {"sliding_window": None}],
+    ),
+    # Qwen3-MoE: 3 layers, experts in layers 0 and 2 (`mlp_only_layers` [1]: a dense MLP of
+    # intermediate 64 there), 6 experts of intermediate 16, 3 per token, `norm_topk_prob`
+    # false (its default: the chosen probabilities are not renormalised), q/k norms, head_dim
+    # 16, tied head; saved in the Hub's layout (mlp.experts.E.gate_proj/up_proj/down_proj).
+    "qwen3_moe": (
+        {
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "model_type": "qwen3_moe",
+            "num_hidden_layers": 3,
+            "head_dim": 16,
+            "num_experts": 6,
+            "num_experts_per_tok": 3,
+            "moe_intermediate_size": 16,
+            "norm_topk_prob": False,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [1],
+            "attention_bias": False,
+            "use_sliding_window": False,
+            "tie_word_embeddings": True,
+            "rope_theta": 1000000.0,
+        },
+        [{"norm_topk_prob": True}, {"num_experts_per_tok": 1}],
+    ),
+    # Qwen2-MoE (Qwen1.5-MoE): 4 experts of intermediate 16, 2 per token, a shared expert of
+    # intermediate 24 under its sigmoid gate, q/k/v biases (`qkv_bias`), untied head; the
+    # Hub's layout.
+    "qwen2_moe": (
+        {
+            "architectures": ["Qwen2MoeForCausalLM"],
+            "model_type": "qwen2_moe",
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 16,
+            "shared_expert_intermediate_size": 24,
+            "norm_topk_prob": False,
+            "qkv_bias": True,
+            "use_sliding_window": False,
+            "tie_word_embeddings": False,
+        },
+        [{"num_experts_per_tok": 1}, {"norm_topk_prob": True}],
+    ),
+    # Gemma 2: 4 layers alternating local (window 4, shorter than the 10-token prompts) and
+    # global, head_dim 16 ≠ hidden/heads, query_pre_attn_scalar 24 ≠ head_dim, attention and
+    # final-logit soft caps small enough to bite at these logits, tied head; GeGLU, the (1 + w)
+    # norms, the post-attention / post-MLP norms and the embedding scale come with the family.
+    "gemma2": (
+        {
+            "architectures": ["Gemma2ForCausalLM"],
+            "model_type": "gemma2",
+            "hidden_act": "gelu_pytorch_tanh",
+            "hidden_activation": "gelu_pytorch_tanh",
+            "num_hidden_layers": 4,
+            "head_dim": 16,
+            "query_pre_attn_scalar": 24,
+            "sliding_window": 4,
+            "attn_logit_softcapping": 2.0,
+            "final_logit_softcapping": 3.0,
+            "tie_word_embeddings": True,
+            "pad_token_id": 0,
+        },
+        [
+            {"attn_logit_softcapping": None},
+            {"final_logit_softcapping": None},
+            {"query_pre_attn_scalar": 16},
+            {"layer_types": ["full_attention"] * 4},
+        ],
+    ),
+    # Gemma 3 text: 3 layers with `sliding_window_pattern` 3 (local, local, global), window 4,
+    # per-head q/k norms (1 + w), the global layers' rope_theta 1e6 with linear scaling 8 and
+    # the local layers' rope_local_base_freq 1e4 (as Gemma 3 4B–27B), no soft caps (its default).
+    "gemma3": (
+        {
+            "architectures": ["Gemma3ForCausalLM"],
+            "model_type": "gemma3_text",
+            "hidden_act": "gelu_pytorch_tanh",
+            "hidden_activation": "gelu_pytorch_tanh",
+            "num_hidden_layers": 3,
+            "head_dim": 16,
+            "query_pre_attn_scalar": 32,
+            "sliding_window": 4,
+            "sliding_window_pattern": 3,
+            "rope_theta": 1000000.0,
+            "rope_local_base_freq": 10000.0,
+            "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+            "tie_word_embeddings": True,
+            "pad_token_id": 0,
+        },
+        [
+            {"rope_scaling": None},
+            {"rope_local_base_freq": None},
+            {"layer_types": ["full_attention"] * 3},
+        ],
+    ),
 }
+
+
+def hub_layout(state, model_type):
+    """transformers 5 holds a layer's experts fused (`mlp.experts.gate_up_proj` [E, 2I, H],
+    `mlp.experts.down_proj` [E, H, I]); checkpoints on the Hub store one tensor per expert and
+    projection, Mixtral's under `block_sparse_moe` as w1 (gate), w3 (up), w2 (down)."""
+    per_expert = ("mlp", "gate_proj", "up_proj", "down_proj")
+    names = {"mixtral": ("block_sparse_moe", "w1", "w3", "w2"), "qwen3_moe": per_expert, "qwen2_moe": per_expert}
+    if model_type not in names:
+        return state
+    block, gate, up, down = names[model_type]
+    out = {}
+    for k, v in state.items():
+        if k.endswith(".mlp.experts.gate_up_proj"):
+            p = k[: -len(".mlp.experts.gate_up_proj")] + f".{block}.experts"
+            i = v.shape[1] // 2
+            for e in range(v.shape[0]):
+                out[f"{p}.{e}.{gate}.weight"] = v[e, :i].contiguous()
+                out[f"{p}.{e}.{up}.weight"] = v[e, i:].contiguous()
+        elif k.endswith(".mlp.experts.down_proj"):
+            p = k[: -len(".mlp.experts.down_proj")] + f".{block}.experts"
+            for e in range(v.shape[0]):
+                out[f"{p}.{e}.{down}.weight"] = v[e].contiguous()
+        elif k.endswith(".mlp.gate.weight"):
+            out[k.replace(".mlp.gate.", f".{block}.gate.")] = v
+        else:
+            out[k] = v
+    return out
 
 
 def prompts(rng, vocab):
@@ -161,14 +297,16 @@ def prompts(rng, vocab):
 
 
 def init_(model, seed):
-    """Weights whose greedy text is not flat: projections ~ N(0, 1/fan_in), norms around 1,
-    biases 0.1, embeddings N(0, 0.1) (small beside the layers' outputs, or a tied head makes
-    every token predict itself); all rounded to bf16."""
+    """Weights whose greedy text is not flat: projections ~ N(0, 1/fan_in), norms around 1
+    (Gemma's store w for a gain of 1 + w: around 0), biases 0.1, embeddings N(0, 0.1) (small
+    beside the layers' outputs, or a tied head makes every token predict itself); all rounded
+    to bf16."""
     g = torch.Generator().manual_seed(seed)
+    norm_centre = 0.0 if model.config.model_type.startswith("gemma") else 1.0
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                v = 1.0 + 0.2 * torch.randn(p.shape, generator=g)
+                v = norm_centre + 0.2 * torch.randn(p.shape, generator=g)
             elif name.endswith(".bias"):
                 v = 0.1 * torch.randn(p.shape, generator=g)
             elif "embed_tokens" in name:
@@ -180,14 +318,23 @@ def init_(model, seed):
 
 def load(dir_, overrides=None):
     cfg = AutoConfig.from_pretrained(dir_)
+    rope = cfg.rope_parameters
     for k, v in (overrides or {}).items():
-        if k == "rope_scaling":
+        if k == "rope_scaling" and "full_attention" in rope:
+            # Gemma 3: one entry per layer type; the global layers' scaling off.
+            rope["full_attention"] = {"rope_type": "default", "rope_theta": rope["full_attention"]["rope_theta"]}
+        elif k == "rope_scaling":
             # transformers 5 keeps RoPE in rope_parameters (rope_scaling is an alias of it).
-            cfg.rope_parameters = {"rope_type": "default", "rope_theta": cfg.rope_parameters["rope_theta"]}
+            cfg.rope_parameters = {"rope_type": "default", "rope_theta": rope["rope_theta"]}
+        elif k == "rope_local_base_freq":
+            # Gemma 3's local layers with the global layers' base.
+            rope["sliding_attention"]["rope_theta"] = rope["full_attention"]["rope_theta"]
         else:
             setattr(cfg, k, v)
     cfg._attn_implementation = "eager"
-    return AutoModelForCausalLM.from_config(cfg).float().eval()
+    # Built in f32, not in the config's bf16: buffers computed at build (Gemma's embedding scale)
+    # would otherwise be bf16-rounded before `.float()`.
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
 
 
 @torch.no_grad()
@@ -219,7 +366,23 @@ ALT_BASE = {
     "vocab_size": 200,
     "rms_norm_eps": 1e-6,
 }
-ALT_FIELDS = {"qwen3": {"head_dim": 32, "attention_bias": True}, "mistral_window": {"sliding_window": 7}}
+ALT_FIELDS = {
+    "qwen3": {"head_dim": 32, "attention_bias": True},
+    "mistral_window": {"sliding_window": 7},
+    "gemma2": {"head_dim": 32, "sliding_window": 6, "attention_bias": True, "query_pre_attn_scalar": 40},
+    "mixtral": {"num_local_experts": 8, "intermediate_size": 40, "sliding_window": 7},
+    "qwen3_moe": {
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 24,
+        "mlp_only_layers": [],
+        "decoder_sparse_step": 2,
+        "head_dim": 32,
+        "attention_bias": True,
+    },
+    "qwen2_moe": {"num_experts": 8, "shared_expert_intermediate_size": 40, "mlp_only_layers": [2]},
+    "gemma3": {"head_dim": 32, "sliding_window": 7, "final_logit_softcapping": 4.0, "tie_word_embeddings": False},
+}
 
 
 def build(out, name, fields, off, base=BASE, seeds=range(100)):
@@ -240,18 +403,31 @@ def build(out, name, fields, off, base=BASE, seeds=range(100)):
         state = {k: v.to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
         if cfg.get("tie_word_embeddings"):
             state.pop("lm_head.weight", None)
-        save_file(state, d / "model.safetensors", metadata={"format": "pt"})
+        save_file(hub_layout(state, cfg["model_type"]), d / "model.safetensors", metadata={"format": "pt"})
+        # What was saved is what transformers reads back (the Hub layout included).
+        back = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+        with torch.no_grad():
+            p0 = ps[0] + runs[0][0][:-1]
+            moved = float((back(torch.tensor([p0])).logits[0] - runs[0][1]).abs().max())
+            assert moved == 0.0, f"{name}: reloaded, the logits move by {moved}"
         # The option turned off, on the same weights: it must matter at these lengths.
         option_moves = None
-        if off:
-            plain = load(d, off)
+        for one_off in off if isinstance(off, list) else [off] if off else []:
+            plain = load(d, one_off)
             plain.load_state_dict(model.state_dict(), strict=False)
             with torch.no_grad():
-                option_moves = max(
+                moves = max(
                     float((plain(torch.tensor([p + g[:-1]])).logits[0] - lg).abs().max())
                     for p, (g, lg, _) in zip(ps, runs)
                 )
-            assert option_moves > OPTION_MATTERS, f"{name}: {off} changes logits by only {option_moves}"
+            if moves <= OPTION_MATTERS:
+                break
+            option_moves = moves if not isinstance(off, list) else (option_moves or []) + [moves]
+        else:
+            moves = None
+        if moves is not None and moves <= OPTION_MATTERS:
+            print(f"{name}: seed {seed}: {one_off} changes logits by only {moves}; next seed")
+            continue
         seqs = ",\n".join(
             '    {"prompt": %s, "greedy": %s, "logits": [\n      %s\n    ]}'
             % (json.dumps(p), json.dumps(g), ",\n      ".join(f32_text(r) for r in lg))

@@ -180,6 +180,9 @@ fn load_cuda(
 ) -> anyhow::Result<model::cuda::CudaLlama> {
     let gpu = kernels::cuda::probe(ordinal).map_err(|e| cuda_unavailable(ordinal, e))?;
     let host = pool.install(|| load_model(&config.model))?;
+    if let Some(why) = host.config().cuda_refusal() {
+        return Err(cuda_unavailable(ordinal, why).into());
+    }
     // cudarc panics on a symbol its library lacks: at start, that is a refusal like any other.
     let model = kernels::cuda::quietly("uploading the model", || {
         model::cuda::CudaLlama::upload(&host, gpu)

@@ -9,7 +9,8 @@
 // heads at the start of each row (so q can be read inside the fused qkv rows).
 //
 // The reduction of one (token, head) is the CPU's, step for step (with --fmad=false):
-//   score_i = tree8(8 lane fmaf chains of q . k_i, element j in lane j % 8) * scale;
+//   score_i = tree8(8 lane fmaf chains of q . k_i, element j in lane j % 8) * scale,
+//             then, with a soft cap c > 0 (Gemma 2), c * tanhf(score_i / c);
 //   m = max_i score_i (NaN passed over); e_i = exp_fixed(score_i - m);
 //   sum = tree8(8 lanes, e_i added in position order to lane i % 8);
 //   acc = fmaf(e_i, v_i, acc) in position order; out = acc * (1 / sum).
@@ -36,13 +37,14 @@
 template <typename S>
 __device__ __forceinline__ float attn_score(const float* q_s, const typename S::Raw* k_cache,
                                             u32 slot, bool valid, int kv_width, int col,
-                                            int head_dim, int l, float scale) {
+                                            int head_dim, int l, float scale, float softcap) {
     float a = 0.0f;
     if (valid) {
         const typename S::Raw* k = k_cache + (usize)slot * kv_width + col;
         for (int j = l; j < head_dim; j += 8) a = fmaf(q_s[j], S::load(k[j]), a);
     }
-    return tree8_shfl(a) * scale;
+    float s = tree8_shfl(a) * scale;
+    return softcap > 0.0f ? tanhf(s / softcap) * softcap : s;
 }
 
 template <typename S>
@@ -50,7 +52,7 @@ __device__ void attention(const typename S::Raw* q, int q_stride, const typename
                           const typename S::Raw* v_cache, const u32* slots,
                           const u32* slot_start, const u32* kv_len, typename S::Raw* out,
                           int out_stride, int n_tokens, int num_heads, int num_kv_heads,
-                          int head_dim, float scale, u32 num_slots) {
+                          int head_dim, float scale, float softcap, u32 num_slots) {
     __shared__ float q_s[ATTN_MAX_HEAD_DIM];
     __shared__ float e_s[ATTN_TILE];
     __shared__ u32 slot_s[ATTN_TILE];
@@ -74,7 +76,7 @@ __device__ void attention(const typename S::Raw* q, int q_stride, const typename
         int i = base + group;
         bool valid = i < n && row[i] < num_slots;
         float s = attn_score<S>(q_s, k_cache, valid ? row[i] : 0u, valid, kv_width, col,
-                                head_dim, l, scale);
+                                head_dim, l, scale, softcap);
         if (valid && s > m) m = s;
     }
     for (int off = 16; off > 0; off >>= 1) {
@@ -96,7 +98,7 @@ __device__ void attention(const typename S::Raw* q, int q_stride, const typename
             int j = base + group, i = tile + j;
             bool valid = j < count && row[i] < num_slots;
             float s = attn_score<S>(q_s, k_cache, valid ? row[i] : 0u, valid, kv_width, col,
-                                    head_dim, l, scale);
+                                    head_dim, l, scale, softcap);
             if (l == 0 && j < count) {
                 // A slot outside the pool contributes nothing (and is never read).
                 e_s[j] = valid ? exp_fixed(s - m) : 0.0f;
@@ -130,9 +132,9 @@ __device__ void attention(const typename S::Raw* q, int q_stride, const typename
         NAME(const S::Raw* q, int q_stride, const S::Raw* k_cache, const S::Raw* v_cache,       \
              const u32* slots, const u32* slot_start, const u32* kv_len, S::Raw* out,           \
              int out_stride, int n_tokens, int num_heads, int num_kv_heads, int head_dim,       \
-             float scale, u32 num_slots) {                                                      \
+             float scale, float softcap, u32 num_slots) {                                       \
         attention<S>(q, q_stride, k_cache, v_cache, slots, slot_start, kv_len, out, out_stride, \
-                     n_tokens, num_heads, num_kv_heads, head_dim, scale, num_slots);            \
+                     n_tokens, num_heads, num_kv_heads, head_dim, scale, softcap, num_slots);   \
     }
 ATTENTION(attention_f32, F32)
 ATTENTION(attention_bf16, BF16)

@@ -58,6 +58,19 @@ impl AttnIndex {
     pub fn token(&self, t: usize) -> &[u32] {
         &self.slots[self.start[t] as usize..][..self.len[t] as usize]
     }
+
+    /// This index with each token cut to its last `window` slots (a sliding window's layers):
+    /// the same shared rows, each token's start moved up, so the window costs no slots per
+    /// token.
+    pub fn windowed(&self, window: usize) -> Self {
+        let mut w = self.clone();
+        for (start, len) in w.start.iter_mut().zip(w.len.iter_mut()) {
+            let cut = len.saturating_sub(u32::try_from(window).unwrap_or(u32::MAX));
+            *start += cut;
+            *len -= cut;
+        }
+        w
+    }
 }
 
 #[cfg(test)]
@@ -83,6 +96,17 @@ mod tests {
         let mut again = index.clone();
         again.fill(&token_slots[3..4]);
         assert_eq!((again.slots, again.start, again.len), (b, vec![0], vec![5]));
+    }
+
+    #[test]
+    fn a_window_keeps_each_tokens_last_slots_of_the_shared_rows() {
+        let a: Vec<u32> = (10..20).collect();
+        let token_slots: Vec<&[u32]> = vec![&a[..2], &a[..7], &a[..10], &a[..3]];
+        let index = AttnIndex::from_token_slots(&token_slots).windowed(4);
+        for (t, s) in token_slots.iter().enumerate() {
+            assert_eq!(index.token(t), &s[s.len().saturating_sub(4)..], "token {t}");
+        }
+        assert_eq!(index.slots.len(), a.len());
     }
 
     #[test]

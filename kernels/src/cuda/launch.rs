@@ -22,7 +22,7 @@ use super::{
     arch_for, check_library, compile_all, AttnIndex, CudaDtype, CudaError, CudaLibrary, Result,
     ATTN_MAX_HEAD_DIM, ATTN_THREADS, RMSNORM_THREADS,
 };
-use crate::AttnShape;
+use crate::{AttnShape, ScoreScale};
 
 /// A storage type the kernels take.
 pub trait Storage: DeviceRepr + Copy + 'static {
@@ -222,6 +222,18 @@ impl CudaKernels {
         eps: f32,
         y: &mut CudaSlice<T>,
     ) -> Result<()> {
+        self.rmsnorm_plus(x, w, 0.0, eps, y)
+    }
+
+    /// [`Self::rmsnorm`] with the weight `w_offset + w`, the sum in f32 (Gemma: 1 + w).
+    pub fn rmsnorm_plus<T: Storage>(
+        &self,
+        x: &CudaSlice<f32>,
+        w: &CudaSlice<T>,
+        w_offset: f32,
+        eps: f32,
+        y: &mut CudaSlice<T>,
+    ) -> Result<()> {
         let op = "rmsnorm";
         let dim = w.len();
         check(op, dim > 0 && x.len().is_multiple_of(dim), "x shape")?;
@@ -230,8 +242,14 @@ impl CudaKernels {
         let (n_i, dim_i) = (int(op, n)?, int(op, dim)?);
         let f = self.function(op, T::DTYPE)?;
         let mut b = self.stream.launch_builder(f);
-        b.arg(x).arg(w).arg(&eps).arg(y).arg(&n_i).arg(&dim_i);
-        // SAFETY: rmsnorm's (x, w, eps, y, rows, dim); RMSNORM_THREADS threads as the kernel
+        b.arg(x)
+            .arg(w)
+            .arg(&w_offset)
+            .arg(&eps)
+            .arg(y)
+            .arg(&n_i)
+            .arg(&dim_i);
+        // SAFETY: rmsnorm's (x, w, w_offset, eps, y, rows, dim); RMSNORM_THREADS threads as the kernel
         // requires; rows * dim elements in x and y (checked).
         launch(op, n, || unsafe { b.launch(rows(n, RMSNORM_THREADS)) })
     }
@@ -243,6 +261,21 @@ impl CudaKernels {
         &self,
         x: &mut impl DeviceOut<T>,
         w: &CudaSlice<T>,
+        eps: f32,
+        n_tokens: usize,
+        heads: usize,
+        row_stride: usize,
+    ) -> Result<()> {
+        self.head_rmsnorm_plus(x, w, 0.0, eps, n_tokens, heads, row_stride)
+    }
+
+    /// [`Self::head_rmsnorm`] with the weight `w_offset + w` (Gemma 3: 1 + w).
+    #[allow(clippy::too_many_arguments)]
+    pub fn head_rmsnorm_plus<T: Storage>(
+        &self,
+        x: &mut impl DeviceOut<T>,
+        w: &CudaSlice<T>,
+        w_offset: f32,
         eps: f32,
         n_tokens: usize,
         heads: usize,
@@ -268,12 +301,13 @@ impl CudaKernels {
         let mut b = self.stream.launch_builder(f);
         x.push_out(&mut b);
         b.arg(w)
+            .arg(&w_offset)
             .arg(&eps)
             .arg(&args.0)
             .arg(&args.1)
             .arg(&args.2)
             .arg(&args.3);
-        // SAFETY: head_rmsnorm's (x, w, eps, n_tokens, heads, head_dim, row_stride); one warp
+        // SAFETY: head_rmsnorm's (x, w, w_offset, eps, n_tokens, heads, head_dim, row_stride); one warp
         // per (token, head) as the kernel requires; every head it touches is inside x (checked)
         // and w has head_dim elements.
         launch(op, n, || unsafe { b.launch(rows(n, 32)) })
@@ -348,6 +382,63 @@ impl CudaKernels {
         // SAFETY: silu_mul's (gu, out, n_tokens, inter); a grid-stride loop over n * inter
         // outputs, inside both buffers (checked).
         launch(op, n, || unsafe { b.launch(strided(n * inter)) })
+    }
+
+    /// Gemma's GeGLU: `out[t, i] = gelu_tanh(gu[t, i]) · gu[t, inter + i]`.
+    pub fn gelu_tanh_mul<T: Storage>(
+        &self,
+        gu: &CudaSlice<T>,
+        inter: usize,
+        out: &mut CudaSlice<T>,
+    ) -> Result<()> {
+        let op = "gelu_tanh_mul";
+        check(op, inter > 0 && gu.len() == 2 * out.len(), "shape")?;
+        check(op, out.len().is_multiple_of(inter), "shape")?;
+        let n = out.len() / inter;
+        let (n_i, inter_i) = (int(op, n)?, int(op, inter)?);
+        let f = self.function(op, T::DTYPE)?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(gu).arg(out).arg(&n_i).arg(&inter_i);
+        // SAFETY: gelu_tanh_mul's (gu, out, n_tokens, inter); a grid-stride loop over
+        // n * inter outputs, inside both buffers (checked).
+        launch(op, n, || unsafe { b.launch(strided(n * inter)) })
+    }
+
+    /// `x *= s` on the f32 residual stream (through the entry point of storage type `T`).
+    pub fn scale_f32<T: Storage>(&self, x: &mut CudaSlice<f32>, s: f32) -> Result<()> {
+        let op = "scale_f32";
+        let len = x.len();
+        let n = len as u64;
+        let f = self.function(op, T::DTYPE)?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(x).arg(&s).arg(&n);
+        // SAFETY: scale_f32's (x, s, n), n the length of x.
+        launch(op, len, || unsafe { b.launch(strided(len)) })
+    }
+
+    /// `y = cap · tanh(y / cap)`.
+    pub fn softcap<T: Storage>(&self, y: &mut CudaSlice<T>, cap: f32) -> Result<()> {
+        let op = "softcap";
+        let len = y.len();
+        let n = len as u64;
+        let f = self.function(op, T::DTYPE)?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(y).arg(&cap).arg(&n);
+        // SAFETY: softcap's (y, cap, n), n the length of y.
+        launch(op, len, || unsafe { b.launch(strided(len)) })
+    }
+
+    /// `y = x` widened to f32.
+    pub fn widen<T: Storage>(&self, x: &CudaSlice<T>, y: &mut CudaSlice<f32>) -> Result<()> {
+        let op = "widen";
+        check(op, x.len() == y.len(), "shape")?;
+        let len = x.len();
+        let n = len as u64;
+        let f = self.function(op, T::DTYPE)?;
+        let mut b = self.stream.launch_builder(f);
+        b.arg(x).arg(y).arg(&n);
+        // SAFETY: widen's (x, y, n), n the length of both (checked).
+        launch(op, len, || unsafe { b.launch(strided(len)) })
     }
 
     /// `x += y` (x the f32 residual stream).
@@ -430,6 +521,23 @@ impl CudaKernels {
         out: &mut CudaSlice<T>,
         out_stride: usize,
     ) -> Result<()> {
+        let score = ScoreScale::standard(shape.head_dim);
+        let (kv, io) = ((k_cache, v_cache), (out, out_stride));
+        self.attention_scored(q, q_stride, kv, batch, shape, score, io)
+    }
+
+    /// [`Self::attention`] with scores made as `score` says (Gemma's scale and soft cap).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_scored<T: Storage>(
+        &self,
+        q: &CudaSlice<T>,
+        q_stride: usize,
+        (k_cache, v_cache): (&CudaSlice<T>, &CudaSlice<T>),
+        batch: &AttnBatch,
+        shape: AttnShape,
+        score: ScoreScale,
+        (out, out_stride): (&mut CudaSlice<T>, usize),
+    ) -> Result<()> {
         let op = "attention";
         let AttnShape {
             num_heads,
@@ -473,8 +581,8 @@ impl CudaKernels {
             int(op, num_kv_heads)?,
             int(op, head_dim)?,
         );
-        // The CPU's scale, computed the CPU's way.
-        let scale = 1.0 / (head_dim as f32).sqrt();
+        // The CPU's scale and cap (0: none), as `crate::attention` takes them.
+        let (scale, softcap) = (score.scale, score.softcap.unwrap_or(0.0));
         let f = self.function(op, T::DTYPE)?;
         let mut b = self.stream.launch_builder(f);
         b.arg(q).arg(&ints.0).arg(k_cache).arg(v_cache);
@@ -484,6 +592,7 @@ impl CudaKernels {
             .arg(&heads.1)
             .arg(&heads.2)
             .arg(&scale)
+            .arg(&softcap)
             .arg(&num_slots);
         let cfg = LaunchConfig {
             grid_dim: (n as u32, num_heads as u32, 1),
@@ -491,7 +600,7 @@ impl CudaKernels {
             shared_mem_bytes: 0,
         };
         // SAFETY: attention's (q, q_stride, k_cache, v_cache, slots, slot_start, kv_len, out,
-        // out_stride, n_tokens, num_heads, num_kv_heads, head_dim, scale, num_slots) in order
+        // out_stride, n_tokens, num_heads, num_kv_heads, head_dim, scale, softcap, num_slots) in order
         // and type; ATTN_THREADS threads and head_dim <= ATTN_MAX_HEAD_DIM as it requires; q
         // and out rows inside their buffers (checked); slots past num_slots read nothing. The
         // index rows themselves are the AttnIndex's, consistent by construction.

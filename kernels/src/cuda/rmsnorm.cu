@@ -1,5 +1,7 @@
 // RMSNorm of each row of the f32 residual stream `x` (`[rows, dim]`):
-// `y = w * (x * (1 / sqrt(sum(x^2) / dim + eps)))`, stored as the weight's type (the input of
+// `y = (w_offset + w) * (x * (1 / sqrt(sum(x^2) / dim + eps)))` (w_offset 0, or Gemma's 1: its
+// weight is `1 + w`, the sum taken in f32 as transformers does, so a 16-bit `w` keeps its
+// bits), stored as the weight's type (the input of
 // the next GEMM). Same formula and operation order per element as kernels/src/norm.rs; the sum
 // of squares is reduced in another (fixed) order, so results agree with the CPU to rounding,
 // not bit for bit.
@@ -12,7 +14,7 @@
 #define RMSNORM_THREADS 256
 
 template <typename S>
-__device__ void rmsnorm(const float* x, const typename S::Raw* w, float eps,
+__device__ void rmsnorm(const float* x, const typename S::Raw* w, float w_offset, float eps,
                         typename S::Raw* y, int rows, int dim) {
     __shared__ float warp_sums[RMSNORM_THREADS / 32];
     __shared__ float inv_s;
@@ -33,19 +35,21 @@ __device__ void rmsnorm(const float* x, const typename S::Raw* w, float eps,
     __syncthreads();
     float inv = inv_s;
     typename S::Raw* yr = y + (usize)r * dim;
-    for (int i = threadIdx.x; i < dim; i += RMSNORM_THREADS) yr[i] = S::store(S::load(w[i]) * (xr[i] * inv));
+    for (int i = threadIdx.x; i < dim; i += RMSNORM_THREADS) yr[i] = S::store((w_offset + S::load(w[i])) * (xr[i] * inv));
 }
 
 #define RMSNORM(NAME, S)                                                                       \
     extern "C" __global__ void __launch_bounds__(RMSNORM_THREADS)                              \
-        NAME(const float* x, const S::Raw* w, float eps, S::Raw* y, int rows, int dim) {       \
-        rmsnorm<S>(x, w, eps, y, rows, dim);                                                   \
+        NAME(const float* x, const S::Raw* w, float w_offset, float eps, S::Raw* y, int rows,  \
+             int dim) {                                                                        \
+        rmsnorm<S>(x, w, w_offset, eps, y, rows, dim);                                         \
     }
 RMSNORM(rmsnorm_f32, F32)
 RMSNORM(rmsnorm_bf16, BF16)
 RMSNORM(rmsnorm_f16, F16)
 
-// RMSNorm of each head of q or k in place (Qwen3's q_norm / k_norm, before RoPE): `x` is
+// RMSNorm of each head of q or k in place (Qwen3's and Gemma 3's q_norm / k_norm, before RoPE,
+// the weight `w_offset + w` as above): `x` is
 // `[n_tokens, row_stride]` with `heads` heads of `head_dim` at the start of each row (q or k
 // inside the fused qkv rows), `w` the `[head_dim]` weight. Same formula and per-element order
 // as kernels/src/norm.rs over a row of `head_dim`; the sum of squares in f32, reduced in a
@@ -54,7 +58,7 @@ RMSNORM(rmsnorm_f16, F16)
 // Grid: one block per (token, head), `n_tokens * heads`; block: exactly one warp, 32 threads.
 // Each lane reads and then writes only its own elements, so in place is safe. Batch-invariant.
 template <typename S>
-__device__ void head_rmsnorm(typename S::Raw* x, const typename S::Raw* w, float eps,
+__device__ void head_rmsnorm(typename S::Raw* x, const typename S::Raw* w, float w_offset, float eps,
                              int n_tokens, int heads, int head_dim, int row_stride) {
     int b = blockIdx.x;
     if (b >= n_tokens * heads) return;
@@ -66,14 +70,14 @@ __device__ void head_rmsnorm(typename S::Raw* x, const typename S::Raw* w, float
     }
     for (int o = 16; o > 0; o >>= 1) s = s + __shfl_xor_sync(0xffffffffu, s, o);
     float inv = 1.0f / sqrtf(s / (float)head_dim + eps);
-    for (int i = threadIdx.x; i < head_dim; i += 32) xh[i] = S::store(S::load(w[i]) * (S::load(xh[i]) * inv));
+    for (int i = threadIdx.x; i < head_dim; i += 32) xh[i] = S::store((w_offset + S::load(w[i])) * (S::load(xh[i]) * inv));
 }
 
 #define HEAD_RMSNORM(NAME, S)                                                                  \
     extern "C" __global__ void __launch_bounds__(32)                                           \
-        NAME(S::Raw* x, const S::Raw* w, float eps, int n_tokens, int heads, int head_dim,     \
-             int row_stride) {                                                                 \
-        head_rmsnorm<S>(x, w, eps, n_tokens, heads, head_dim, row_stride);                     \
+        NAME(S::Raw* x, const S::Raw* w, float w_offset, float eps, int n_tokens, int heads,   \
+             int head_dim, int row_stride) {                                                   \
+        head_rmsnorm<S>(x, w, w_offset, eps, n_tokens, heads, head_dim, row_stride);           \
     }
 HEAD_RMSNORM(head_rmsnorm_f32, F32)
 HEAD_RMSNORM(head_rmsnorm_bf16, BF16)

@@ -74,7 +74,15 @@ pub const SOURCES: &[KernelSource] = &[
     KernelSource {
         name: "elementwise",
         body: include_str!("elementwise.cu"),
-        ops: &["silu_mul", "add_inplace", "add_bias"],
+        ops: &[
+            "silu_mul",
+            "add_inplace",
+            "add_bias",
+            "gelu_tanh_mul",
+            "scale_f32",
+            "softcap",
+            "widen",
+        ],
     },
     KernelSource {
         name: "kv_write",
@@ -153,6 +161,6 @@ mod tests {
         all.sort();
         all.dedup();
         assert_eq!(all.len(), n, "an entry point defined twice");
-        assert_eq!(n, 9 * CudaDtype::ALL.len());
+        assert_eq!(n, 13 * CudaDtype::ALL.len());
     }
 }

@@ -8,6 +8,8 @@ use std::str::FromStr;
 use serde_json::Value;
 
 use super::error::{ModelError, Result};
+use super::gemma::GemmaOptions;
+use super::moe::MoeOptions;
 use super::rope::{Rope, RopeScaling};
 use super::support::{self, ModelFamily};
 
@@ -39,6 +41,10 @@ pub struct ModelConfig {
     /// Each token attends to at most this many of its sequence's latest positions, itself
     /// included (Mistral); `None`: to all of them.
     pub sliding_window: Option<usize>,
+    /// Gemma 2/3's block and options (`None` for the Llama family).
+    pub gemma: Option<GemmaOptions>,
+    /// Mixtral / Qwen3-MoE's experts (`None`: a dense MLP in every layer).
+    pub moe: Option<MoeOptions>,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
     pub model_id: String,
@@ -103,6 +109,8 @@ impl ModelConfig {
             mlp_bias: false,
             qk_norm: false,
             sliding_window: None,
+            gemma: None,
+            moe: None,
             bos_token_id: Some(BOS_ID),
             eos_token_ids: vec![EOS_ID],
             // The weights differ by size, so the id a worker announces in `Hello` does too: a
@@ -142,6 +150,24 @@ impl ModelConfig {
         self.rope_scaling.rope(self.head_dim, self.rope_theta)
     }
 
+    /// Gemma 3's local layers' RoPE (their own base, unscaled), if the model has one.
+    pub(crate) fn local_rope(&self) -> Option<Rope> {
+        let theta = self.gemma.as_ref()?.local_rope_theta?;
+        Some(RopeScaling::None.rope(self.head_dim, theta))
+    }
+
+    /// Why the CUDA pass cannot run this model, if it cannot: one line for the start-up refusal.
+    pub fn cuda_refusal(&self) -> Option<String> {
+        let missing = match self.family {
+            f if f.is_moe() => "mixture-of-experts layers",
+            _ => return None,
+        };
+        Some(format!(
+            "{} runs on the CPU only: the CUDA pass does not implement {missing} (use --device cpu)",
+            self.family.architecture()
+        ))
+    }
+
     /// The first position a token at position `p` attends to (0 without a sliding window).
     pub fn attend_from(&self, p: usize) -> usize {
         self.sliding_window.map_or(0, |w| (p + 1).saturating_sub(w))
@@ -156,10 +182,22 @@ impl ModelConfig {
             + if self.o_bias { h } else { 0 }
             + if self.mlp_bias { 2 * i + h } else { 0 };
         let qk_norm = if self.qk_norm { 2 * self.head_dim } else { 0 };
-        let layer = h * (q + 2 * kv) + bias + qk_norm + q * h + 3 * h * i + 2 * h;
+        // Gemma's norms after attention and after the MLP.
+        let post_norms = if self.gemma.is_some() { 2 * h } else { 0 };
+        let attn = h * (q + 2 * kv) + bias + qk_norm + post_norms + q * h + 2 * h;
+        let mlp = |l: usize| match &self.moe {
+            Some(m) if m.moe_layers[l] => {
+                let shared = m
+                    .shared_expert_intermediate_size
+                    .map_or(0, |si| 3 * h * si + h);
+                m.num_experts * (h + 3 * h * m.expert_intermediate_size) + shared
+            }
+            _ => 3 * h * i,
+        };
         let embed = self.vocab_size * h;
         let head = if self.tie_word_embeddings { 0 } else { embed };
-        embed + head + self.num_hidden_layers * layer + h
+        let layers: usize = (0..self.num_hidden_layers).map(|l| attn + mlp(l)).sum();
+        embed + head + layers + h
     }
 
     /// Reads `dir/config.json` and, if present, `dir/generation_config.json` (whose EOS ids win).
@@ -170,7 +208,9 @@ impl ModelConfig {
         // The family and options first: a checkpoint of another kind is named as such, not
         // reported as a Llama with odd shapes.
         let features = support::read(&f)?;
-        let shape = AttentionShape::read(&f)?;
+        // Gemma's configs default `head_dim` to 256, whatever the hidden size.
+        let default_head_dim = features.family.is_gemma().then_some(256);
+        let shape = AttentionShape::read(&f, default_head_dim)?;
         let (bos, eos) = special_tokens(dir, &f)?;
         let model_id = dir
             .file_name()
@@ -196,6 +236,8 @@ impl ModelConfig {
             mlp_bias: features.mlp_bias,
             qk_norm: features.qk_norm,
             sliding_window: features.sliding_window,
+            gemma: features.gemma,
+            moe: features.moe,
             bos_token_id: bos,
             eos_token_ids: eos,
             model_id,
@@ -224,10 +266,11 @@ struct AttentionShape {
 }
 
 impl AttentionShape {
-    fn read(f: &Fields<'_>) -> Result<Self> {
+    fn read(f: &Fields<'_>, default_head_dim: Option<usize>) -> Result<Self> {
         let hidden = f.usize_req("hidden_size")?;
         let heads = f.usize_req("num_attention_heads")?;
-        if heads == 0 || hidden % heads != 0 && f.get("head_dim").is_none() {
+        let given_head_dim = f.get("head_dim").is_some() || default_head_dim.is_some();
+        if heads == 0 || hidden % heads != 0 && !given_head_dim {
             return Err(f.missing("num_attention_heads"));
         }
         let kv_heads = f.usize_opt("num_key_value_heads")?.unwrap_or(heads);
@@ -237,7 +280,10 @@ impl AttentionShape {
                 reason: format!("{kv_heads} does not divide num_attention_heads {heads}"),
             });
         }
-        let head_dim = f.usize_opt("head_dim")?.unwrap_or(hidden / heads);
+        let head_dim = f
+            .usize_opt("head_dim")?
+            .or(default_head_dim)
+            .unwrap_or(hidden / heads);
         if head_dim == 0 || head_dim % 2 != 0 {
             return Err(ModelError::Config {
                 field: "head_dim".into(),
@@ -299,6 +345,10 @@ impl Fields<'_> {
     /// The field's value; `None` when absent or null.
     pub fn get(&self, field: &str) -> Option<&Value> {
         self.v.get(field).filter(|v| !v.is_null())
+    }
+    /// The field's value, null included (where null means something other than absent).
+    pub fn raw(&self, field: &str) -> Option<&Value> {
+        self.v.get(field)
     }
     fn missing(&self, field: &str) -> ModelError {
         ModelError::MissingField {

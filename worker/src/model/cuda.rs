@@ -14,6 +14,11 @@
 //! from another; Qwen3's per-head q/k norm, RoPE and the KV write reach the q, k and v columns
 //! through views of those rows. RoPE scaling needs nothing here (the host builds the tables from
 //! the model's frequencies, as the CPU does), nor does a sliding window (it is the plan's).
+//! Gemma 2/3 (`gemma.rs`) as on the CPU: the embedding scaled, RMSNorms of `1 + w` (uploaded as
+//! `w`, the kernels add 1 in f32), post-attention and post-MLP norms over the output widened to
+//! f32, GeGLU, scaled and soft-capped scores, a second attention index for the local layers'
+//! window and their own RoPE tables, the final logits soft-capped. Mixture-of-experts models
+//! are refused ([`ModelConfig::cuda_refusal`]).
 //!
 //! What is batch-invariant here: the embedding gather, RoPE, KV write, the element-wise ops and
 //! attention (one fixed reduction order per (token, head), nothing shared with other tokens);
@@ -29,7 +34,7 @@ use kernels::cuda::cudarc::driver::{CudaContext, CudaSlice, DeviceRepr, ValidAsZ
 use kernels::cuda::{
     driver_error, AttnBatch, AttnIndex, CudaDtype, CudaError, CudaKernels, DeviceInfo, Storage,
 };
-use kernels::AttnShape;
+use kernels::{AttnShape, ScoreScale};
 
 use super::config::ModelConfig;
 use super::error::{ModelError, Result};
@@ -82,6 +87,8 @@ struct Layer<T> {
     bgu: Option<CudaSlice<T>>,
     wdown: CudaSlice<T>,
     bdown: Option<CudaSlice<T>>,
+    /// Gemma's norms of the attention output and of the MLP output.
+    post_norms: Option<(CudaSlice<T>, CudaSlice<T>)>,
 }
 
 /// The model's weights and KV pool on one GPU, in storage type `T`.
@@ -94,6 +101,12 @@ struct Net<T> {
     lm_head: Option<CudaSlice<T>>,
     /// What the host builds each step's cos/sin tables from (scaling applied).
     rope: Rope,
+    /// Gemma 3's local layers' RoPE.
+    local_rope: Option<Rope>,
+    /// What every RMSNorm adds to its stored weight: 1 for Gemma (whose `1 + w` the host holds
+    /// folded; `w` goes up unfolded, so a 16-bit type keeps its bits and the sum is in f32, as
+    /// in transformers), else 0.
+    norm_offset: f32,
     /// Per layer, K and V of every slot: `[num_slots, kv_dim]`. Empty until `alloc_kv`.
     k_cache: Vec<CudaSlice<T>>,
     v_cache: Vec<CudaSlice<T>>,
@@ -153,15 +166,22 @@ impl CudaLlama {
     /// uploads `model`'s weights in their stored type. No KV pool yet: [`Self::alloc_kv`] sizes
     /// it from what is left.
     pub fn upload(model: &LlamaModel, gpu: DeviceInfo) -> std::result::Result<Self, CudaError> {
+        if let Some(why) = model.config.cuda_refusal() {
+            return Err(CudaError::Shape {
+                kernel: "the model",
+                why,
+            });
+        }
         let ctx = CudaContext::new(gpu.ordinal as usize)
             .map_err(|e| driver_error("CudaContext::new", e))?;
         let kernels = CudaKernels::load(&ctx)?;
         let (w, c) = (&model.weights, &model.config);
         let dtype = model.stored_dtype();
+        let off = if c.gemma.is_some() { 1.0 } else { 0.0 };
         let net = match dtype {
-            CudaDtype::F32 => AnyNet::F32(Net::upload(kernels, w)?),
-            CudaDtype::Bf16 => AnyNet::Bf16(Net::upload(kernels, w)?),
-            CudaDtype::F16 => AnyNet::F16(Net::upload(kernels, w)?),
+            CudaDtype::F32 => AnyNet::F32(Net::upload(kernels, w, off)?),
+            CudaDtype::Bf16 => AnyNet::Bf16(Net::upload(kernels, w, off)?),
+            CudaDtype::F16 => AnyNet::F16(Net::upload(kernels, w, off)?),
         };
         Ok(CudaLlama {
             config: c.clone(),
@@ -209,10 +229,17 @@ impl CudaLlama {
             + elem * (3 * c.hidden_size + 2 * c.q_dim() + 2 * c.kv_dim() + 3 * c.intermediate_size)
             + 4 * (3 + c.head_dim);
         // The gathered last rows, their norm and logits, and the attention index's rows.
-        let per_seq = 4 * c.hidden_size
+        let mut per_seq = 4 * c.hidden_size
             + elem * (c.hidden_size + c.vocab_size)
             + 4 * c.vocab_size
             + 4 * c.max_position_embeddings;
+        let mut per_token = per_token;
+        if c.gemma.is_some() {
+            // The widened post-norm input (f32), the local layers' RoPE tables, and their
+            // attention index (the same rows again, each token's start moved).
+            per_token += 4 * c.hidden_size + 4 * c.head_dim + 4 * 2;
+            per_seq += 4 * c.max_position_embeddings;
+        }
         (tokens * per_token + seqs * per_seq) as u64
     }
 
@@ -281,7 +308,11 @@ where
     CudaBlas: Gemm<T>,
 {
     /// Uploads `w` as `T` (exact: the f32 values were widened from `T` when loaded, or are f32).
-    fn upload(kernels: CudaKernels, w: &Weights) -> std::result::Result<Self, CudaError> {
+    fn upload(
+        kernels: CudaKernels,
+        w: &Weights,
+        norm_offset: f32,
+    ) -> std::result::Result<Self, CudaError> {
         let stream = kernels.stream().clone();
         let up = |v: &[f32]| -> std::result::Result<CudaSlice<T>, CudaError> {
             let host: Vec<T> = v.iter().map(|&x| T::from_f32(x)).collect();
@@ -289,17 +320,23 @@ where
                 .clone_htod(&host)
                 .map_err(|e| driver_error("cuMemcpyHtoD", e))
         };
+        // `(1 + w) - 1` is `w` exactly: the sum was exact in f32, or rounded to what the
+        // kernel's `1 + w` rounds to again.
+        let up_norm = |v: &[f32]| {
+            let raw: Vec<f32> = v.iter().map(|&x| x - norm_offset).collect();
+            up(&raw)
+        };
         let mut layers = Vec::with_capacity(w.layers.len());
         for lw in &w.layers {
             layers.push(Layer {
-                attn_norm: up(&lw.attn_norm)?,
+                attn_norm: up_norm(&lw.attn_norm)?,
                 wqkv: up(&lw.wqkv.unpack())?,
                 bqkv: match &lw.bqkv {
                     Some(b) => Some(up(b)?),
                     None => None,
                 },
                 qk_norm: match &lw.qk_norm {
-                    Some((qn, kn)) => Some((up(qn)?, up(kn)?)),
+                    Some((qn, kn)) => Some((up_norm(qn)?, up_norm(kn)?)),
                     None => None,
                 },
                 wo: up(&lw.wo.unpack())?,
@@ -307,7 +344,7 @@ where
                     Some(b) => Some(up(b)?),
                     None => None,
                 },
-                mlp_norm: up(&lw.mlp_norm)?,
+                mlp_norm: up_norm(&lw.mlp_norm)?,
                 wgu: up(&lw.wgu.unpack())?,
                 bgu: match &lw.bgu {
                     Some(b) => Some(up(b)?),
@@ -318,17 +355,23 @@ where
                     Some(b) => Some(up(b)?),
                     None => None,
                 },
+                post_norms: match &lw.post_norms {
+                    Some((a, m)) => Some((up_norm(a)?, up_norm(m)?)),
+                    None => None,
+                },
             });
         }
         Ok(Net {
             embed: up(&w.embed.unpack())?,
             layers,
-            norm: up(&w.norm)?,
+            norm: up_norm(&w.norm)?,
             lm_head: match &w.lm_head {
                 Some(m) => Some(up(&m.unpack())?),
                 None => None,
             },
             rope: w.rope.clone(),
+            local_rope: w.local_rope.clone(),
+            norm_offset,
             k_cache: Vec::new(),
             v_cache: Vec::new(),
             num_slots: 0,
@@ -406,11 +449,37 @@ where
         let write_slots = self.to_gpu(&plan.write_slots)?;
         let last_rows: Vec<u32> = plan.logit_rows.iter().map(|&i| i as u32).collect();
         let last_rows = self.to_gpu(&last_rows)?;
-        let batch =
-            AttnBatch::upload(k.stream(), &AttnIndex::from_token_slots(&plan.attend)).map_err(e)?;
+        let index = AttnIndex::from_token_slots(&plan.attend);
+        let batch = AttnBatch::upload(k.stream(), &index).map_err(e)?;
         let (mut cos, mut sin) = (Vec::new(), Vec::new());
         self.rope.tables_into(&plan.positions, &mut cos, &mut sin);
         let (cos, sin) = (self.to_gpu(&cos)?, self.to_gpu(&sin)?);
+        // Gemma: its local layers' window of every token's slots, and (Gemma 3) their RoPE.
+        let gemma = c.gemma.as_ref();
+        let local_batch = match gemma.filter(|g| g.local_layers.contains(&true)) {
+            // Each token's last `sliding_window` slots (`GemmaOptions::local_window`).
+            Some(g) => {
+                let window = index.windowed(g.sliding_window);
+                Some(AttnBatch::upload(k.stream(), &window).map_err(e)?)
+            }
+            None => None,
+        };
+        let local_tables = match &self.local_rope {
+            Some(r) => {
+                let (mut lc, mut ls) = (Vec::new(), Vec::new());
+                r.tables_into(&plan.positions, &mut lc, &mut ls);
+                Some((self.to_gpu(&lc)?, self.to_gpu(&ls)?))
+            }
+            None => None,
+        };
+        let score = match gemma {
+            Some(g) => ScoreScale {
+                scale: g.attention_scale,
+                softcap: g.attn_softcap,
+            },
+            None => ScoreScale::standard(hd),
+        };
+        let off = self.norm_offset;
 
         let mut x = self.scratch::<f32>(t * h)?;
         let mut hn = self.scratch::<T>(t * h)?;
@@ -421,11 +490,30 @@ where
         let mut gu = self.scratch::<T>(t * 2 * inter)?;
         let mut act = self.scratch::<T>(t * inter)?;
         let mut down = self.scratch::<T>(t * h)?;
+        // Gemma's post-norms read an attention or MLP output widened to f32 here.
+        let mut wide = match gemma {
+            Some(_) => Some(self.scratch::<f32>(t * h)?),
+            None => None,
+        };
 
         k.embedding_gather(&self.embed, &ids, h, &mut x)
             .map_err(e)?;
+        if gemma.is_some() {
+            // sqrt(hidden) rounded to f32, as on the CPU.
+            k.scale_f32::<T>(&mut x, (h as f64).sqrt() as f32)
+                .map_err(e)?;
+        }
         for (l, lw) in self.layers.iter().enumerate() {
-            k.rmsnorm(&x, &lw.attn_norm, c.rms_norm_eps, &mut hn)
+            let local = gemma.is_some_and(|g| g.local_layers[l]);
+            let (cos, sin) = match (&local_tables, local) {
+                (Some((lc, ls)), true) => (lc, ls),
+                _ => (&cos, &sin),
+            };
+            let batch = match (&local_batch, local) {
+                (Some(b), true) => b,
+                _ => &batch,
+            };
+            k.rmsnorm_plus(&x, &lw.attn_norm, off, c.rms_norm_eps, &mut hn)
                 .map_err(e)?;
             k.linear(&hn, t, &lw.wqkv, w, &mut qkv).map_err(e)?;
             if let Some(b) = &lw.bqkv {
@@ -433,24 +521,26 @@ where
             }
             // q at column 0 of each row, k at q_dim, v at q_dim + kv_dim.
             if let Some((qn, kn)) = &lw.qk_norm {
-                k.head_rmsnorm(&mut qkv, qn, c.rms_norm_eps, t, c.num_attention_heads, w)
+                let eps = c.rms_norm_eps;
+                k.head_rmsnorm_plus(&mut qkv, qn, off, eps, t, c.num_attention_heads, w)
                     .map_err(e)?;
-                k.head_rmsnorm(
+                k.head_rmsnorm_plus(
                     &mut qkv.slice_mut(qd..),
                     kn,
-                    c.rms_norm_eps,
+                    off,
+                    eps,
                     t,
                     c.num_key_value_heads,
                     w,
                 )
                 .map_err(e)?;
             }
-            k.rope(&mut qkv, &cos, &sin, c.num_attention_heads, hd, w)
+            k.rope(&mut qkv, cos, sin, c.num_attention_heads, hd, w)
                 .map_err(e)?;
             k.rope(
                 &mut qkv.slice_mut(qd..),
-                &cos,
-                &sin,
+                cos,
+                sin,
                 c.num_key_value_heads,
                 hd,
                 w,
@@ -466,35 +556,46 @@ where
                 kvd,
             )
             .map_err(e)?;
-            k.attention(
-                &qkv,
-                w,
-                &self.k_cache[l],
-                &self.v_cache[l],
-                &batch,
-                shape,
-                &mut attn,
-                qd,
-            )
-            .map_err(e)?;
+            let kv = (&self.k_cache[l], &self.v_cache[l]);
+            k.attention_scored(&qkv, w, kv, batch, shape, score, (&mut attn, qd))
+                .map_err(e)?;
             k.linear(&attn, t, &lw.wo, h, &mut o).map_err(e)?;
             if let Some(b) = &lw.bo {
                 k.add_bias(&mut o, b).map_err(e)?;
             }
-            k.add_inplace(&mut x, &o).map_err(e)?;
+            match (&lw.post_norms, &mut wide) {
+                (Some((pa, _)), Some(wide)) => {
+                    k.widen(&o, wide).map_err(e)?;
+                    k.rmsnorm_plus(wide, pa, off, c.rms_norm_eps, &mut hn)
+                        .map_err(e)?;
+                    k.add_inplace(&mut x, &hn).map_err(e)?;
+                }
+                _ => k.add_inplace(&mut x, &o).map_err(e)?,
+            }
 
-            k.rmsnorm(&x, &lw.mlp_norm, c.rms_norm_eps, &mut hn)
+            k.rmsnorm_plus(&x, &lw.mlp_norm, off, c.rms_norm_eps, &mut hn)
                 .map_err(e)?;
             k.linear(&hn, t, &lw.wgu, 2 * inter, &mut gu).map_err(e)?;
             if let Some(b) = &lw.bgu {
                 k.add_bias(&mut gu, b).map_err(e)?;
             }
-            k.silu_mul(&gu, inter, &mut act).map_err(e)?;
+            match gemma {
+                Some(_) => k.gelu_tanh_mul(&gu, inter, &mut act).map_err(e)?,
+                None => k.silu_mul(&gu, inter, &mut act).map_err(e)?,
+            }
             k.linear(&act, t, &lw.wdown, h, &mut down).map_err(e)?;
             if let Some(b) = &lw.bdown {
                 k.add_bias(&mut down, b).map_err(e)?;
             }
-            k.add_inplace(&mut x, &down).map_err(e)?;
+            match (&lw.post_norms, &mut wide) {
+                (Some((_, pf)), Some(wide)) => {
+                    k.widen(&down, wide).map_err(e)?;
+                    k.rmsnorm_plus(wide, pf, off, c.rms_norm_eps, &mut hn)
+                        .map_err(e)?;
+                    k.add_inplace(&mut x, &hn).map_err(e)?;
+                }
+                _ => k.add_inplace(&mut x, &down).map_err(e)?,
+            }
         }
 
         // Only each sequence's last row goes on: gathered (the embedding gather over the
@@ -503,7 +604,7 @@ where
         k.embedding_gather(&x, &last_rows, h, &mut last)
             .map_err(e)?;
         let mut normed = self.scratch::<T>(r * h)?;
-        k.rmsnorm(&last, &self.norm, c.rms_norm_eps, &mut normed)
+        k.rmsnorm_plus(&last, &self.norm, off, c.rms_norm_eps, &mut normed)
             .map_err(e)?;
         let result = match out {
             Output::Hidden => normed,
@@ -511,6 +612,9 @@ where
                 let mut logits = self.scratch::<T>(r * v)?;
                 let lm_head = self.lm_head.as_ref().unwrap_or(&self.embed);
                 k.linear(&normed, r, lm_head, v, &mut logits).map_err(e)?;
+                if let Some(cap) = gemma.and_then(|g| g.final_softcap) {
+                    k.softcap(&mut logits, cap).map_err(e)?;
+                }
                 logits
             }
         };

@@ -1,17 +1,21 @@
 //! The batched Llama-family forward pass on CPU: validation of a step's inputs, the decoder layers over
 //! all new tokens of all sequences at once, and the final norm / lm_head on each sequence's last
 //! token. Every kernel is row-wise batch-invariant, so a token's logits do not depend on what
-//! else is in the step, on chunking, or on prefix-cache hits.
+//! else is in the step, on chunking, or on prefix-cache hits. Gemma's block (see `gemma.rs`) is
+//! this one with its norms, activation, scores and windows where the options say; Mixtral and
+//! Qwen3-MoE route their MLP through experts (`moe.rs`).
 
 use std::cell::Cell;
 
-use kernels::{AttnShape, LineVec, PackedMatrix};
+use kernels::{AttnShape, LineVec, PackedMatrix, ScoreScale};
 
 use super::config::ModelConfig;
 use super::error::{ModelError, Result};
+use super::gemma;
 use super::kv::KvBuffers;
+use super::moe;
 use super::plan::BatchPlan;
-use super::weights::Weights;
+use super::weights::{LayerWeights, Weights};
 
 /// Activations of one step, kept between steps (per thread) so a step allocates nothing but
 /// its result once the buffers have grown to the largest step seen. Line-aligned where the
@@ -32,6 +36,9 @@ struct Buffers {
     down: LineVec,
     cos: Vec<f32>,
     sin: Vec<f32>,
+    /// Gemma 3's local layers' RoPE tables.
+    local_cos: Vec<f32>,
+    local_sin: Vec<f32>,
     last: Vec<f32>,
 }
 
@@ -87,19 +94,44 @@ pub(crate) fn hidden_last(
         down,
         cos,
         sin,
+        local_cos,
+        local_sin,
         last,
     } = &mut *bufs;
     let x = sized(x, t * h);
     for (row, &id) in x.chunks_exact_mut(h).zip(&st.ids) {
         w.embed.copy_row(id as usize, row);
     }
+    let gemma = cfg.gemma.as_ref();
+    if gemma.is_some() {
+        // sqrt(hidden) rounded to f32 first, as transformers' `embed_scale` buffer holds it.
+        let scale = (h as f64).sqrt() as f32;
+        x.iter_mut().for_each(|v| *v *= scale);
+    }
     w.rope.tables_into(&st.positions, cos, sin);
+    if let Some(r) = &w.local_rope {
+        r.tables_into(&st.positions, local_cos, local_sin);
+    }
+    let score = match gemma {
+        Some(g) => ScoreScale {
+            scale: g.attention_scale,
+            softcap: g.attn_softcap,
+        },
+        None => ScoreScale::standard(hd),
+    };
+    // Gemma's local layers read the last `sliding_window` of each token's slots.
+    let mut window: Vec<&[u32]> = Vec::new();
     let hn = sized(hn, t * h);
     let q = sized(q, t * qd);
     let k = sized(k, t * kvd);
     let attn = sized(attn, t * qd);
     let act = sized(act, t * inter);
     for (l, lw) in w.layers.iter().enumerate() {
+        let local = gemma.filter(|g| g.local_layers[l]);
+        let (cos, sin) = match (local, &w.local_rope) {
+            (Some(_), Some(_)) => (&*local_cos, &*local_sin),
+            _ => (&*cos, &*sin),
+        };
         kernels::rmsnorm(x, &lw.attn_norm, cfg.rms_norm_eps, hn);
         linear(hn, t, &lw.wqkv, lw.bqkv.as_deref(), qkv);
         let (kc, vc) = (&mut kv.k[l], &mut kv.v[l]);
@@ -123,15 +155,21 @@ pub(crate) fn hidden_last(
             let s = slot as usize * kvd;
             kc[s..s + kvd].copy_from_slice(&k[r * kvd..(r + 1) * kvd]);
         }
-        kernels::attention(q, &st.attend, kc, vc, shape, attn);
+        let attend = match local {
+            Some(g) => {
+                window.clear();
+                window.extend(st.attend.iter().map(|s| g.window(l, s)));
+                &window
+            }
+            None => &st.attend,
+        };
+        match gemma {
+            Some(_) => kernels::attention_scored(q, attend, kc, vc, shape, score, attn),
+            None => kernels::attention(q, attend, kc, vc, shape, attn),
+        }
         linear(attn, t, &lw.wo, lw.bo.as_deref(), o);
-        kernels::add_inplace(x, o);
-
-        kernels::rmsnorm(x, &lw.mlp_norm, cfg.rms_norm_eps, hn);
-        linear(hn, t, &lw.wgu, lw.bgu.as_deref(), gu);
-        kernels::silu_mul(gu, inter, act);
-        linear(act, t, &lw.wdown, lw.bdown.as_deref(), down);
-        kernels::add_inplace(x, down);
+        add_residual(x, o, lw.post_norms.as_ref().map(|n| &n.0), cfg, hn);
+        mlp_block(cfg, lw, x, t, [hn, act], [gu, down]);
     }
     last.clear();
     for &r in &st.logit_rows {
@@ -143,10 +181,58 @@ pub(crate) fn hidden_last(
     Ok(out)
 }
 
-/// Logits `[rows, vocab]` of final-normed hidden states.
+/// The MLP half of a layer: `x += mlp(rmsnorm(x))`, the MLP dense (SwiGLU, or Gemma's GeGLU
+/// with its post-norm) or of experts; `hn` (`[t, hidden]`) and `act` (`[t, intermediate]`)
+/// sized, `gu` and `down` resized as needed.
+fn mlp_block(
+    cfg: &ModelConfig,
+    lw: &LayerWeights,
+    x: &mut [f32],
+    t: usize,
+    [hn, act]: [&mut [f32]; 2],
+    [gu, down]: [&mut LineVec; 2],
+) {
+    kernels::rmsnorm(x, &lw.mlp_norm, cfg.rms_norm_eps, hn);
+    if let (Some(mw), Some(opts)) = (&lw.moe, &cfg.moe) {
+        let down = sized(down, t * cfg.hidden_size);
+        moe::moe_mlp(opts, mw, hn, t, down);
+        kernels::add_inplace(x, down);
+        return;
+    }
+    let inter = cfg.intermediate_size;
+    linear(hn, t, &lw.wgu, lw.bgu.as_deref(), gu);
+    match cfg.gemma {
+        Some(_) => kernels::gelu_tanh_mul(gu, inter, act),
+        None => kernels::silu_mul(gu, inter, act),
+    }
+    linear(act, t, &lw.wdown, lw.bdown.as_deref(), down);
+    add_residual(x, down, lw.post_norms.as_ref().map(|n| &n.1), cfg, hn);
+}
+
+/// `x += y`, or (Gemma) `x += rmsnorm(y)` with `post_norm`, through `scratch`.
+fn add_residual(
+    x: &mut [f32],
+    y: &[f32],
+    post_norm: Option<&Vec<f32>>,
+    cfg: &ModelConfig,
+    scratch: &mut [f32],
+) {
+    match post_norm {
+        Some(n) => {
+            kernels::rmsnorm(y, n, cfg.rms_norm_eps, scratch);
+            kernels::add_inplace(x, scratch);
+        }
+        None => kernels::add_inplace(x, y),
+    }
+}
+
+/// Logits `[rows, vocab]` of final-normed hidden states (soft-capped where Gemma says).
 pub(crate) fn logits(cfg: &ModelConfig, w: &Weights, hidden: &[f32]) -> Vec<f32> {
     let rows = hidden.len() / cfg.hidden_size;
     let mut y = vec![0f32; rows * w.lm_head().rows()];
     kernels::linear_packed(hidden, rows, w.lm_head(), None, &mut y);
+    if let Some(cap) = cfg.gemma.as_ref().and_then(|g| g.final_softcap) {
+        gemma::softcap(&mut y, cap);
+    }
     y
 }

@@ -15,6 +15,8 @@ use safetensors::{Dtype, SafeTensors};
 
 use super::config::ModelConfig;
 use super::error::{ModelError, Result};
+use super::moe::{MoeOptions, MoeWeights, SharedExpert};
+use super::support::ModelFamily;
 use super::weights::{LayerWeights, Weights};
 
 /// The `.safetensors` files of a model directory: those named by `model.safetensors.index.json`
@@ -204,12 +206,90 @@ impl TensorIndex<'_> {
     }
 }
 
+/// The router and experts of layer `prefix` (`model.layers.N`), as the Hub stores them
+/// (Mixtral: `block_sparse_moe.gate`, `block_sparse_moe.experts.E.w1` / `w3` / `w2` for gate /
+/// up / down; Qwen3-MoE: `mlp.gate`, `mlp.experts.E.gate_proj` / `up_proj` / `down_proj`), or
+/// as transformers 5 holds them (`mlp.experts.gate_up_proj` `[E, 2·inter, hidden]` and
+/// `mlp.experts.down_proj` `[E, hidden, inter]`).
+fn load_experts(
+    ix: &TensorIndex<'_>,
+    cfg: &ModelConfig,
+    o: &MoeOptions,
+    prefix: &str,
+) -> Result<MoeWeights> {
+    let (h, i, e) = (cfg.hidden_size, o.expert_intermediate_size, o.num_experts);
+    let fused = format!("{prefix}.mlp.experts.gate_up_proj");
+    let block = match cfg.family == ModelFamily::Mixtral && !ix.contains(&fused) {
+        true => format!("{prefix}.block_sparse_moe"),
+        false => format!("{prefix}.mlp"),
+    };
+    let router = PackedMatrix::pack(&ix.get(&format!("{block}.gate.weight"), &[e, h])?, e, h);
+    let experts = if ix.contains(&fused) {
+        let gu = ix.get(&fused, &[e, 2 * i, h])?;
+        let down = ix.get(&format!("{block}.experts.down_proj"), &[e, h, i])?;
+        (0..e)
+            .map(|x| {
+                (
+                    PackedMatrix::pack(&gu[x * 2 * i * h..(x + 1) * 2 * i * h], 2 * i, h),
+                    PackedMatrix::pack(&down[x * h * i..(x + 1) * h * i], h, i),
+                )
+            })
+            .collect()
+    } else {
+        let [gate, up, down] = match cfg.family {
+            ModelFamily::Mixtral => ["w1", "w3", "w2"],
+            _ => ["gate_proj", "up_proj", "down_proj"],
+        };
+        let mut experts = Vec::with_capacity(e);
+        for x in 0..e {
+            let t = |name: &str, shape: &[usize]| {
+                ix.get(&format!("{block}.experts.{x}.{name}.weight"), shape)
+            };
+            let mut gu = t(gate, &[i, h])?;
+            gu.extend(t(up, &[i, h])?);
+            experts.push((
+                PackedMatrix::pack(&gu, 2 * i, h),
+                PackedMatrix::pack(&t(down, &[h, i])?, h, i),
+            ));
+        }
+        experts
+    };
+    let shared = match o.shared_expert_intermediate_size {
+        Some(si) => {
+            let t = |name: &str, shape: &[usize]| ix.get(&format!("{block}.{name}"), shape);
+            let mut gu = t("shared_expert.gate_proj.weight", &[si, h])?;
+            gu.extend(t("shared_expert.up_proj.weight", &[si, h])?);
+            Some(SharedExpert {
+                wgu: PackedMatrix::pack(&gu, 2 * si, h),
+                wdown: PackedMatrix::pack(&t("shared_expert.down_proj.weight", &[h, si])?, h, si),
+                gate: PackedMatrix::pack(&t("shared_expert_gate.weight", &[1, h])?, 1, h),
+            })
+        }
+        None => None,
+    };
+    Ok(MoeWeights {
+        router,
+        experts,
+        shared,
+    })
+}
+
 /// Loads every weight of `cfg` from the safetensors files of `dir`.
 pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
     let shards = Shards::open(shard_files(dir)?)?;
     let ix = shards.parse()?;
     let (h, inter, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
     let (q, kv) = (cfg.q_dim(), cfg.kv_dim());
+    let gemma = cfg.gemma.is_some();
+    // Gemma's norms multiply by `1 + w`: folded in here (in f32, as transformers adds), so the
+    // forward pass has one RMSNorm.
+    let norm = |name: &str, len: usize| -> Result<Vec<f32>> {
+        let mut w = ix.get(name, &[len])?;
+        if gemma {
+            w.iter_mut().for_each(|x| *x += 1.0);
+        }
+        Ok(w)
+    };
     let embed = ix.get("model.embed_tokens.weight", &[v, h])?;
     let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
     for l in 0..cfg.num_hidden_layers {
@@ -229,8 +309,8 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
         let d = cfg.head_dim;
         let qk_norm = match cfg.qk_norm {
             true => Some((
-                ix.get(&format!("{a}.q_norm.weight"), &[d])?,
-                ix.get(&format!("{a}.k_norm.weight"), &[d])?,
+                norm(&format!("{a}.q_norm.weight"), d)?,
+                norm(&format!("{a}.k_norm.weight"), d)?,
             )),
             false => None,
         };
@@ -239,8 +319,17 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
             false => None,
         };
         let m = format!("{p}.mlp");
-        let mut wgu = ix.get(&format!("{m}.gate_proj.weight"), &[inter, h])?;
-        wgu.extend(ix.get(&format!("{m}.up_proj.weight"), &[inter, h])?);
+        let moe = match cfg.moe.as_ref().filter(|o| o.moe_layers[l]) {
+            Some(o) => Some(load_experts(&ix, cfg, o, &p)?),
+            None => None,
+        };
+        // A layer with experts has no dense MLP.
+        let inter = if moe.is_some() { 0 } else { inter };
+        let mut wgu = Vec::new();
+        if inter > 0 {
+            wgu = ix.get(&format!("{m}.gate_proj.weight"), &[inter, h])?;
+            wgu.extend(ix.get(&format!("{m}.up_proj.weight"), &[inter, h])?);
+        }
         let (bgu, bdown) = match cfg.mlp_bias {
             true => {
                 let mut b = ix.get(&format!("{m}.gate_proj.bias"), &[inter])?;
@@ -249,25 +338,45 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
             }
             false => (None, None),
         };
+        // Llama's `post_attention_layernorm` is its MLP's input norm; Gemma's norms the
+        // attention output, and `pre_feedforward_layernorm` is the MLP's.
+        let (mlp_norm, post_norms) = match gemma {
+            true => (
+                norm(&format!("{p}.pre_feedforward_layernorm.weight"), h)?,
+                Some((
+                    norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                    norm(&format!("{p}.post_feedforward_layernorm.weight"), h)?,
+                )),
+            ),
+            false => (
+                norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                None,
+            ),
+        };
         layers.push(LayerWeights {
-            attn_norm: ix.get(&format!("{p}.input_layernorm.weight"), &[h])?,
+            attn_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
             wqkv: PackedMatrix::pack(&wqkv, q + 2 * kv, h),
             bqkv,
             qk_norm,
             wo: PackedMatrix::pack(&ix.get(&format!("{a}.o_proj.weight"), &[h, q])?, h, q),
             bo,
-            mlp_norm: ix.get(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+            mlp_norm,
             wgu: PackedMatrix::pack(&wgu, 2 * inter, h),
             bgu,
-            wdown: PackedMatrix::pack(
-                &ix.get(&format!("{m}.down_proj.weight"), &[h, inter])?,
-                h,
-                inter,
-            ),
+            wdown: match inter {
+                0 => PackedMatrix::pack(&[], h, 0),
+                _ => PackedMatrix::pack(
+                    &ix.get(&format!("{m}.down_proj.weight"), &[h, inter])?,
+                    h,
+                    inter,
+                ),
+            },
             bdown,
+            post_norms,
+            moe,
         });
     }
-    let norm = ix.get("model.norm.weight", &[h])?;
+    let norm = norm("model.norm.weight", h)?;
     let lm_head = if ix.contains("lm_head.weight") {
         let w = ix.get("lm_head.weight", &[v, h])?;
         // An explicit copy of the embeddings costs memory for nothing; share instead.
@@ -292,6 +401,7 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
         norm,
         lm_head,
         rope: cfg.rope(),
+        local_rope: cfg.local_rope(),
         dtype: ix
             .dtype("model.embed_tokens.weight")
             .unwrap_or(CudaDtype::F32),

@@ -1,5 +1,7 @@
 //! The Llama-family model (Llama 1–3.3 with their RoPE scaling, Mistral with its sliding window,
-//! Qwen2/2.5 with q/k/v biases, Qwen3 with its q/k norm; `support.rs` refuses anything else):
+//! Qwen2/2.5 with q/k/v biases, Qwen3 with its q/k norm, Gemma 2 and 3 (text) with their block,
+//! `gemma.rs`; Mixtral and Qwen3-MoE with their experts, `moe.rs`; `support.rs` refuses anything
+//! else):
 //! configuration, Hugging Face loading, seeded dummy weights, the batch plan of a step and its
 //! forward pass over a KV slot pool, on the CPU (`forward.rs`) and on an NVIDIA GPU (`cuda.rs`,
 //! the `cuda` feature). Scheduling, slot allocation and sampling live elsewhere.
@@ -9,8 +11,10 @@ mod config;
 pub mod cuda;
 mod error;
 mod forward;
+mod gemma;
 mod kv;
 mod loader;
+mod moe;
 mod plan;
 mod rope;
 mod support;
@@ -23,8 +27,10 @@ use std::path::Path;
 
 pub use config::{BuiltinSize, ModelConfig};
 pub use error::{ModelError, Result};
+pub use gemma::GemmaOptions;
 pub use kernels::cuda::CudaDtype;
 pub use kv::KvBuffers;
+pub use moe::MoeOptions;
 pub use plan::BatchPlan;
 pub use rope::RopeScaling;
 pub use support::ModelFamily;

@@ -2,8 +2,9 @@
 //! `model_type`) and every option that changes the math (activation, biases, RoPE type, q/k
 //! norm, sliding window, soft-capping, …). Anything else is refused at load with one line
 //! naming the field and its value, so a checkpoint of another kind (Gemma, a mixture of
-//! experts, a quantized one) never runs as if it were Llama. Not here: the shapes (`config.rs`)
-//! and the tensors (`loader.rs`, which refuses a tensor this description does not use).
+//! experts, a quantized one) never runs as if it were Llama. Not here: the shapes (`config.rs`),
+//! Gemma's own options (`gemma.rs`) and the tensors (`loader.rs`, which refuses a tensor this
+//! description does not use).
 
 use std::fmt;
 
@@ -11,10 +12,13 @@ use serde_json::Value;
 
 use super::config::Fields;
 use super::error::{ModelError, Result};
+use super::gemma::{self, GemmaOptions};
+use super::moe::{self, MoeOptions};
 use super::rope::{yarn_attention_factor, RopeScaling};
 
 /// The decoder families the forward pass implements. All are pre-norm RMSNorm decoders with
-/// SwiGLU MLPs and rotate-half RoPE; they differ in the options of [`Features`].
+/// gated MLPs and rotate-half RoPE; they differ in the options of [`Features`] (Gemma's in
+/// [`GemmaOptions`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ModelFamily {
     /// Llama 1–3.3 (and TinyStories, SmolLM2): `attention_bias` puts biases on q, k, v and o,
@@ -26,14 +30,34 @@ pub enum ModelFamily {
     Qwen2,
     /// Qwen3 (dense): a per-head RMSNorm on q and k before RoPE; `attention_bias` as Llama.
     Qwen3,
+    /// Gemma 2: see [`GemmaOptions`] (norms of `1 + w`, GeGLU, scaled embeddings, norms after
+    /// attention and MLP, local/global layers, soft-capping); `attention_bias` as Llama.
+    Gemma2,
+    /// Gemma 3 (text): Gemma 2's block with Qwen3-style q/k norms, no soft-capping by default,
+    /// and its own RoPE base on the local layers.
+    Gemma3,
+    /// Mixtral: Mistral's attention, a mixture of SwiGLU experts in every layer
+    /// ([`MoeOptions`]; top-k weights always renormalised).
+    Mixtral,
+    /// Qwen3-MoE: Qwen3's attention, experts in the layers `decoder_sparse_step` and
+    /// `mlp_only_layers` leave them, `norm_topk_prob`.
+    Qwen3Moe,
+    /// Qwen2-MoE (Qwen1.5-MoE): Qwen2's attention (q/k/v biases by `qkv_bias`), Qwen3-MoE's
+    /// routing, plus a shared expert gated by a sigmoid in every layer with experts.
+    Qwen2Moe,
 }
 
 impl ModelFamily {
-    pub const ALL: [ModelFamily; 4] = [
+    pub const ALL: [ModelFamily; 9] = [
         ModelFamily::Llama,
         ModelFamily::Mistral,
         ModelFamily::Qwen2,
         ModelFamily::Qwen3,
+        ModelFamily::Gemma2,
+        ModelFamily::Gemma3,
+        ModelFamily::Mixtral,
+        ModelFamily::Qwen3Moe,
+        ModelFamily::Qwen2Moe,
     ];
 
     /// The `architectures` entry of its checkpoints.
@@ -43,6 +67,11 @@ impl ModelFamily {
             ModelFamily::Mistral => "MistralForCausalLM",
             ModelFamily::Qwen2 => "Qwen2ForCausalLM",
             ModelFamily::Qwen3 => "Qwen3ForCausalLM",
+            ModelFamily::Gemma2 => "Gemma2ForCausalLM",
+            ModelFamily::Gemma3 => "Gemma3ForCausalLM",
+            ModelFamily::Mixtral => "MixtralForCausalLM",
+            ModelFamily::Qwen3Moe => "Qwen3MoeForCausalLM",
+            ModelFamily::Qwen2Moe => "Qwen2MoeForCausalLM",
         }
     }
 
@@ -53,7 +82,25 @@ impl ModelFamily {
             ModelFamily::Mistral => "mistral",
             ModelFamily::Qwen2 => "qwen2",
             ModelFamily::Qwen3 => "qwen3",
+            ModelFamily::Gemma2 => "gemma2",
+            ModelFamily::Gemma3 => "gemma3_text",
+            ModelFamily::Mixtral => "mixtral",
+            ModelFamily::Qwen3Moe => "qwen3_moe",
+            ModelFamily::Qwen2Moe => "qwen2_moe",
         }
+    }
+
+    /// Mixtral or Qwen3-MoE.
+    pub fn is_moe(self) -> bool {
+        matches!(
+            self,
+            ModelFamily::Mixtral | ModelFamily::Qwen3Moe | ModelFamily::Qwen2Moe
+        )
+    }
+
+    /// Gemma 2 or 3.
+    pub fn is_gemma(self) -> bool {
+        matches!(self, ModelFamily::Gemma2 | ModelFamily::Gemma3)
     }
 }
 
@@ -74,6 +121,8 @@ pub(super) struct Features {
     pub mlp_bias: bool,
     pub qk_norm: bool,
     pub sliding_window: Option<usize>,
+    pub gemma: Option<GemmaOptions>,
+    pub moe: Option<MoeOptions>,
 }
 
 /// Options no supported family has; present and not null (or, for a flag, true), they are
@@ -126,7 +175,12 @@ const NOT_IMPLEMENTED: &[(&str, &str)] = &[
     ("use_qk_norm", "q/k norm is implemented for Qwen3 only"),
 ];
 
-fn unsupported(f: &Fields<'_>, field: &str, value: &Value, why: impl Into<String>) -> ModelError {
+pub(super) fn unsupported(
+    f: &Fields<'_>,
+    field: &str,
+    value: &Value,
+    why: impl Into<String>,
+) -> ModelError {
     ModelError::Unsupported {
         file: f.file.into(),
         field: field.into(),
@@ -136,7 +190,7 @@ fn unsupported(f: &Fields<'_>, field: &str, value: &Value, why: impl Into<String
 }
 
 /// Whether an option's value leaves the math as without it (absent, null, false, 0).
-fn is_off(v: &Value) -> bool {
+pub(super) fn is_off(v: &Value) -> bool {
     match v {
         Value::Null | Value::Bool(false) => true,
         Value::Number(n) => n.as_f64() == Some(0.0),
@@ -147,6 +201,9 @@ fn is_off(v: &Value) -> bool {
 /// The family and options of a `config.json`, or the first thing in it that is not implemented.
 pub(super) fn read(f: &Fields<'_>) -> Result<Features> {
     let family = family(f)?;
+    if family.is_gemma() {
+        return read_gemma(f, family);
+    }
     for field in ["hidden_act", "hidden_activation"] {
         if let Some(v) = f.get(field) {
             if v.as_str() != Some("silu") {
@@ -159,21 +216,14 @@ pub(super) fn read(f: &Fields<'_>) -> Result<Features> {
             }
         }
     }
-    for &(field, why) in NOT_IMPLEMENTED {
-        if let Some(v) = f.get(field).filter(|v| !is_off(v)) {
-            return Err(unsupported(f, field, v, why));
-        }
-    }
-    if let Some(v) = f.get("partial_rotary_factor") {
-        if v.as_f64() != Some(1.0) {
-            return Err(unsupported(
-                f,
-                "partial_rotary_factor",
-                v,
-                "only full RoPE is implemented",
-            ));
-        }
-    }
+    refuse_not_implemented(
+        f,
+        if family.is_moe() {
+            moe::OWN_FIELDS
+        } else {
+            &[]
+        },
+    )?;
     if let Some(Value::Array(types)) = f.get("layer_types") {
         if let Some(t) = types.iter().find(|t| t.as_str() != Some("full_attention")) {
             return Err(unsupported(
@@ -188,10 +238,16 @@ pub(super) fn read(f: &Fields<'_>) -> Result<Features> {
     let (rope_theta, rope_scaling) = rope(f)?;
     let attention_bias = f.bool_opt("attention_bias")?.unwrap_or(false);
     let (qkv_bias, o_bias) = match family {
-        ModelFamily::Llama | ModelFamily::Qwen3 => (attention_bias, attention_bias),
+        ModelFamily::Llama | ModelFamily::Qwen3 | ModelFamily::Qwen3Moe => {
+            (attention_bias, attention_bias)
+        }
         // Transformers ignores `attention_bias` for these two: their biases are fixed.
         ModelFamily::Qwen2 => (true, false),
-        ModelFamily::Mistral => (false, false),
+        // Qwen2-MoE reads its own flag for q, k and v (o never has one).
+        ModelFamily::Qwen2Moe => (f.bool_opt("qkv_bias")?.unwrap_or(true), false),
+        ModelFamily::Mistral | ModelFamily::Mixtral | ModelFamily::Gemma2 | ModelFamily::Gemma3 => {
+            (false, false)
+        }
     };
     // Only Llama's MLP reads `mlp_bias`; elsewhere transformers ignores it, and so does this.
     let mlp_bias = family == ModelFamily::Llama && f.bool_opt("mlp_bias")?.unwrap_or(false);
@@ -202,8 +258,57 @@ pub(super) fn read(f: &Fields<'_>) -> Result<Features> {
         qkv_bias,
         o_bias,
         mlp_bias,
-        qk_norm: family == ModelFamily::Qwen3,
+        qk_norm: matches!(family, ModelFamily::Qwen3 | ModelFamily::Qwen3Moe),
         sliding_window,
+        gemma: None,
+        moe: match family.is_moe() {
+            true => Some(moe::read(f, family)?),
+            false => None,
+        },
+    })
+}
+
+/// The options of [`NOT_IMPLEMENTED`] (but those in `own`, which the family reads itself), and
+/// partial RoPE: the first one set is refused.
+fn refuse_not_implemented(f: &Fields<'_>, own: &[&str]) -> Result<()> {
+    for &(field, why) in NOT_IMPLEMENTED {
+        if own.contains(&field) {
+            continue;
+        }
+        if let Some(v) = f.get(field).filter(|v| !is_off(v)) {
+            return Err(unsupported(f, field, v, why));
+        }
+    }
+    if let Some(v) = f.get("partial_rotary_factor") {
+        if v.as_f64() != Some(1.0) {
+            return Err(unsupported(
+                f,
+                "partial_rotary_factor",
+                v,
+                "only full RoPE is implemented",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A Gemma 2/3 `config.json`: its own options ([`gemma::read`]), `attention_bias` as Llama,
+/// everything else refused as for the other families.
+fn read_gemma(f: &Fields<'_>, family: ModelFamily) -> Result<Features> {
+    refuse_not_implemented(f, gemma::OWN_FIELDS)?;
+    let (g, rope_theta, rope_scaling) = gemma::read(f, family)?;
+    let attention_bias = f.bool_opt("attention_bias")?.unwrap_or(false);
+    Ok(Features {
+        family,
+        rope_theta,
+        rope_scaling,
+        qkv_bias: attention_bias,
+        o_bias: attention_bias,
+        mlp_bias: false,
+        qk_norm: family == ModelFamily::Gemma3,
+        sliding_window: None,
+        gemma: Some(g),
+        moe: None,
     })
 }
 
@@ -265,7 +370,7 @@ fn family(f: &Fields<'_>) -> Result<ModelFamily> {
 /// the field there, and so does this).
 fn sliding_window(f: &Fields<'_>, family: ModelFamily) -> Result<Option<usize>> {
     match family {
-        ModelFamily::Mistral => match f.usize_opt("sliding_window")? {
+        ModelFamily::Mistral | ModelFamily::Mixtral => match f.usize_opt("sliding_window")? {
             Some(0) => Err(unsupported(
                 f,
                 "sliding_window",
@@ -274,16 +379,20 @@ fn sliding_window(f: &Fields<'_>, family: ModelFamily) -> Result<Option<usize>> 
             )),
             w => Ok(w),
         },
-        ModelFamily::Qwen2 | ModelFamily::Qwen3 => match f.get("use_sliding_window") {
-            Some(v) if !is_off(v) => Err(unsupported(
-                f,
-                "use_sliding_window",
-                v,
-                "Qwen sliding-window layers are not implemented",
-            )),
-            _ => Ok(None),
-        },
+        ModelFamily::Qwen2 | ModelFamily::Qwen3 | ModelFamily::Qwen3Moe | ModelFamily::Qwen2Moe => {
+            match f.get("use_sliding_window") {
+                Some(v) if !is_off(v) => Err(unsupported(
+                    f,
+                    "use_sliding_window",
+                    v,
+                    "Qwen sliding-window layers are not implemented",
+                )),
+                _ => Ok(None),
+            }
+        }
         ModelFamily::Llama => Ok(None),
+        // Windows on some layers only: `gemma.rs`.
+        ModelFamily::Gemma2 | ModelFamily::Gemma3 => Ok(None),
     }
 }
 
@@ -294,6 +403,18 @@ fn rope(f: &Fields<'_>) -> Result<(f32, RopeScaling)> {
         (Some(p), _) => ("rope_parameters", Some(p)),
         (None, s) => ("rope_scaling", s),
     };
+    let theta = f.f32_opt("rope_theta")?.unwrap_or(10000.0);
+    rope_from(f, field, params, theta)
+}
+
+/// The RoPE base and scaling of one `rope_parameters` / `rope_scaling` object (`field` names
+/// it in errors); `default_theta` where it gives no `rope_theta`.
+pub(super) fn rope_from(
+    f: &Fields<'_>,
+    field: &str,
+    params: Option<&Value>,
+    default_theta: f32,
+) -> Result<(f32, RopeScaling)> {
     let theta_field = params
         .and_then(|p| p.get("rope_theta"))
         .filter(|v| !v.is_null());
@@ -302,7 +423,7 @@ fn rope(f: &Fields<'_>) -> Result<(f32, RopeScaling)> {
             .as_f64()
             .map(|x| x as f32)
             .ok_or_else(|| unsupported(f, field, v, "rope_theta must be a number"))?,
-        None => f.f32_opt("rope_theta")?.unwrap_or(10000.0),
+        None => default_theta,
     };
     let Some(p) = params else {
         return Ok((theta, RopeScaling::None));

@@ -188,6 +188,8 @@ fn small_cfg() -> ModelConfig {
         mlp_bias: true,
         qk_norm: false,
         sliding_window: None,
+        gemma: None,
+        moe: None,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
         model_id: "small".into(),
@@ -476,23 +478,61 @@ fn what_is_not_implemented_is_refused_in_one_line_naming_field_and_value() {
         rs
     };
     let cases = [
-        // The Gemma 3 checkpoint, as its config.json names it.
+        // Gemma 3 with its vision tower, and Gemma's options it does not implement.
+        (
+            json!({"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3"}),
+            "`architectures` = [\"Gemma3ForConditionalGeneration\"]",
+        ),
+        (
+            json!({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+                "hidden_activation": "gelu"}),
+            "`hidden_activation` = \"gelu\"",
+        ),
         (
             json!({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
-                "hidden_activation": "gelu_pytorch_tanh", "sliding_window": 512}),
-            "`architectures` = [\"Gemma3ForCausalLM\"]",
+                "use_bidirectional_attention": true}),
+            "`use_bidirectional_attention` = true",
         ),
         (
-            json!({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2"}),
-            "Gemma2ForCausalLM",
+            json!({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+                "layer_types": ["sliding_attention", "chunked_attention"]}),
+            "`layer_types` = \"chunked_attention\"",
         ),
         (
-            json!({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe"}),
-            "Qwen3MoeForCausalLM",
+            json!({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+                "layer_types": ["sliding_attention"]}),
+            "1 entries for num_hidden_layers 2",
         ),
         (
-            json!({"architectures": null, "model_type": "mixtral"}),
-            "`model_type` = \"mixtral\"",
+            json!({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+                "rope_parameters": {"full_attention": {"rope_type": "default"},
+                "sliding_attention": {"rope_type": "linear", "factor": 2.0}}}),
+            "RoPE scaling on Gemma 3's local layers",
+        ),
+        (
+            json!({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+                "final_logit_softcapping": -1.0}),
+            "`final_logit_softcapping` = -1.0",
+        ),
+        // The other families still refuse Gemma's options.
+        (
+            json!({"query_pre_attn_scalar": 256}),
+            "`query_pre_attn_scalar` = 256",
+        ),
+        (
+            json!({"architectures": ["PhimoeForCausalLM"], "model_type": "phimoe"}),
+            "PhimoeForCausalLM",
+        ),
+        (
+            json!({"architectures": null, "model_type": "deepseek_v3"}),
+            "`model_type` = \"deepseek_v3\"",
+        ),
+        // Experts in a family without them, and an impossible routing.
+        (json!({"num_local_experts": 8}), "`num_local_experts` = 8"),
+        (
+            json!({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                "num_local_experts": 4, "num_experts_per_tok": 5}),
+            "`num_experts_per_tok` = 5",
         ),
         (
             json!({"architectures": ["LlamaForCausalLM", "MistralForCausalLM"]}),
@@ -669,6 +709,222 @@ fn each_family_reads_its_options() {
 }
 
 #[test]
+fn moe_families_read_their_experts() {
+    use serde_json::json;
+    let c = parse_config(&config_with(
+        json!({"architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2,
+        "sliding_window": 4096}),
+    ))
+    .unwrap();
+    let m = c.moe.clone().expect("experts");
+    assert_eq!((m.num_experts, m.top_k, m.norm_topk_prob), (8, 2, true));
+    assert_eq!(
+        (m.expert_intermediate_size, m.moe_layers),
+        (40, vec![true, true])
+    );
+    assert!(!c.qkv_bias && !c.qk_norm && c.sliding_window == Some(4096));
+    assert!(c.cuda_refusal().unwrap().contains("mixture-of-experts"));
+    let c = parse_config(&config_with(
+        json!({"architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe", "num_hidden_layers": 4, "num_experts": 16,
+        "num_experts_per_tok": 4, "moe_intermediate_size": 8, "decoder_sparse_step": 2,
+        "mlp_only_layers": [3], "attention_bias": false}),
+    ))
+    .unwrap();
+    let m = c.moe.clone().unwrap();
+    assert_eq!((m.num_experts, m.top_k, m.norm_topk_prob), (16, 4, false));
+    // Layers 1 and 3 by the step, less layer 3.
+    assert_eq!(m.moe_layers, [false, true, false, false]);
+    assert!(c.qk_norm && !c.qkv_bias);
+    assert!(m.shared_expert_intermediate_size.is_none());
+    // Three dense layers of intermediate 40, one of 16 experts of intermediate 8.
+    let (h, dense, experts) = (32, 3 * 32 * 40, 16 * (32 + 3 * 32 * 8));
+    let attn = h * (c.q_dim() + 2 * c.kv_dim()) + 2 * 8 + c.q_dim() * h + 2 * h;
+    let embed = c.vocab_size * h;
+    assert_eq!(
+        c.num_params(),
+        2 * embed + 4 * attn + 3 * dense + experts + h
+    );
+}
+
+/// The `config.json` fields of published checkpoints of the new families (Gemma 2 2B, Gemma 3
+/// 1B, Mixtral 8x7B, Qwen3-30B-A3B, their shapes and options as the Hub states them) parse
+/// as the model they are: nothing in them is refused, and each option lands where it should.
+#[test]
+fn published_configs_of_the_new_families_parse() {
+    use serde_json::json;
+    let parse = |v: serde_json::Value| {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.json"), v.to_string()).unwrap();
+        ModelConfig::from_hf_dir(dir.path()).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let c = parse(
+        json!({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+        "attention_bias": false, "attention_dropout": 0.0, "attn_logit_softcapping": 50.0,
+        "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": [1, 107],
+        "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+        "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2304,
+        "initializer_range": 0.02, "intermediate_size": 9216, "max_position_embeddings": 8192,
+        "num_attention_heads": 8, "num_hidden_layers": 26, "num_key_value_heads": 4,
+        "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+        "rope_theta": 10000.0, "sliding_window": 4096, "torch_dtype": "float32",
+        "transformers_version": "4.42.4", "use_cache": true, "vocab_size": 256000}),
+    );
+    let g = c.gemma.as_ref().unwrap();
+    assert_eq!(
+        (g.attn_softcap, g.final_softcap, g.sliding_window),
+        (Some(50.0), Some(30.0), 4096)
+    );
+    assert_eq!(g.local_layers.iter().filter(|&&l| l).count(), 13);
+    let c = parse(
+        json!({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+        "attention_bias": false, "attention_dropout": 0.0, "attn_logit_softcapping": null,
+        "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": [1, 106],
+        "final_logit_softcapping": null, "head_dim": 256, "hidden_activation":
+        "gelu_pytorch_tanh", "hidden_size": 1152, "initializer_range": 0.02,
+        "intermediate_size": 6912, "max_position_embeddings": 32768, "num_attention_heads": 4,
+        "num_hidden_layers": 26, "num_key_value_heads": 1, "pad_token_id": 0,
+        "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000,
+        "rope_scaling": null, "rope_theta": 1000000, "sliding_window": 512,
+        "sliding_window_pattern": 6, "torch_dtype": "bfloat16", "use_cache": true,
+        "vocab_size": 262144}),
+    );
+    let g = c.gemma.as_ref().unwrap();
+    assert_eq!(
+        (g.attn_softcap, g.final_softcap, g.sliding_window),
+        (None, None, 512)
+    );
+    assert_eq!(
+        (c.rope_theta, g.local_rope_theta, c.head_dim),
+        (1e6, Some(1e4), 256)
+    );
+    assert_eq!(g.local_layers.iter().filter(|&&l| !l).count(), 4);
+    let c = parse(
+        json!({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+        "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+        "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+        "max_position_embeddings": 32768, "num_attention_heads": 32,
+        "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8,
+        "num_local_experts": 8, "output_router_logits": false, "rms_norm_eps": 1e-05,
+        "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02, "sliding_window": null,
+        "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_cache": true,
+        "vocab_size": 32000}),
+    );
+    let m = c.moe.as_ref().unwrap();
+    assert_eq!(
+        (m.num_experts, m.top_k, m.expert_intermediate_size),
+        (8, 2, 14336)
+    );
+    assert!(c.sliding_window.is_none());
+    let c = parse(
+        json!({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+        "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 151643,
+        "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
+        "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+        "intermediate_size": 6144, "max_position_embeddings": 40960, "max_window_layers": 48,
+        "mlp_only_layers": [], "moe_intermediate_size": 768, "norm_topk_prob": true,
+        "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+        "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": false,
+        "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000.0,
+        "router_aux_loss_coef": 0.001, "sliding_window": null, "tie_word_embeddings": false,
+        "torch_dtype": "bfloat16", "use_cache": true, "use_sliding_window": false,
+        "vocab_size": 151936}),
+    );
+    let m = c.moe.as_ref().unwrap();
+    assert_eq!((m.num_experts, m.top_k, m.norm_topk_prob), (128, 8, true));
+    assert!(m.moe_layers.iter().all(|&l| l) && c.qk_norm);
+    // The "30B" of its name.
+    assert!(
+        (30_000_000_000..31_000_000_000).contains(&c.num_params()),
+        "{}",
+        c.num_params()
+    );
+}
+
+#[test]
+fn qwen2_moe_reads_its_shared_expert_and_qkv_bias() {
+    use serde_json::json;
+    let c = parse_config(&config_with(
+        json!({"architectures": ["Qwen2MoeForCausalLM"],
+        "model_type": "qwen2_moe", "num_experts": 60, "num_experts_per_tok": 4,
+        "moe_intermediate_size": 8, "shared_expert_intermediate_size": 20,
+        "attention_bias": false}),
+    ))
+    .unwrap();
+    let m = c.moe.clone().unwrap();
+    assert_eq!((m.num_experts, m.top_k, m.norm_topk_prob), (60, 4, false));
+    assert_eq!(m.shared_expert_intermediate_size, Some(20));
+    // `qkv_bias` (default true) decides, not `attention_bias`; o has none.
+    assert!(c.qkv_bias && !c.o_bias && !c.qk_norm);
+    let c = parse_config(&config_with(
+        json!({"architectures": ["Qwen2MoeForCausalLM"],
+        "model_type": "qwen2_moe", "qkv_bias": false}),
+    ))
+    .unwrap();
+    assert!(!c.qkv_bias && c.cuda_refusal().is_some());
+}
+
+#[test]
+fn gemma_reads_its_options_with_transformers_defaults() {
+    use serde_json::json;
+    // Gemma 2 as its configs leave things out: soft caps 50 and 30, scores by 256^-1/2,
+    // layers alternating local (first) and global, head_dim 256, a window of 4096.
+    let c = parse_config(&config_with(json!({"architectures": ["Gemma2ForCausalLM"],
+        "model_type": "gemma2", "head_dim": null, "hidden_act": "gelu_pytorch_tanh",
+        "num_hidden_layers": 4})))
+    .unwrap();
+    let g = c.gemma.clone().expect("Gemma options");
+    assert_eq!((g.attn_softcap, g.final_softcap), (Some(50.0), Some(30.0)));
+    assert_eq!((g.attention_scale, g.sliding_window), (1.0 / 16.0, 4096));
+    assert_eq!(g.local_layers, [true, false, true, false]);
+    assert_eq!(
+        (c.head_dim, c.rope_theta, g.local_rope_theta),
+        (256, 1e4, None)
+    );
+    assert!(c.sliding_window.is_none() && !c.qk_norm && c.cuda_refusal().is_none());
+    // The window is the local layers' only: a global layer reads every slot.
+    let slots: Vec<u32> = (0..5000).collect();
+    assert_eq!(
+        (g.window(0, &slots).len(), g.window(1, &slots).len()),
+        (4096, 5000)
+    );
+    // An explicit null (or 0) turns a cap off (`config_with` would drop a null field).
+    let mut cj = config_with(json!({"architectures": ["Gemma2ForCausalLM"],
+        "model_type": "gemma2"}));
+    cj["attn_logit_softcapping"] = serde_json::Value::Null;
+    cj["final_logit_softcapping"] = json!(0);
+    let g = parse_config(&cj).unwrap().gemma.unwrap();
+    assert_eq!((g.attn_softcap, g.final_softcap), (None, None));
+
+    // Gemma 3 as the Hub states it: every 6th layer global, rope_theta 1e6 scaled on the
+    // global layers, rope_local_base_freq on the local ones, q/k norms, no caps.
+    let c = parse_config(&config_with(json!({"architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text", "num_hidden_layers": 7, "rope_theta": 1e6,
+        "rope_local_base_freq": 1e4, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+        "query_pre_attn_scalar": 64})))
+    .unwrap();
+    let g = c.gemma.clone().unwrap();
+    assert_eq!(g.local_layers, [true, true, true, true, true, false, true]);
+    assert_eq!((c.rope_theta, g.local_rope_theta), (1e6, Some(1e4)));
+    assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 8.0 });
+    assert_eq!(
+        (g.attn_softcap, g.final_softcap, g.attention_scale),
+        (None, None, 0.125)
+    );
+    assert!(c.qk_norm);
+    // transformers 5's spelling: one rope_parameters entry per layer type; and a pattern.
+    let c = parse_config(&config_with(json!({"architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text", "num_hidden_layers": 4, "sliding_window_pattern": 2,
+        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 5e5},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 2e4}}})))
+    .unwrap();
+    let g = c.gemma.unwrap();
+    assert_eq!(g.local_layers, [true, false, true, false]);
+    assert_eq!((c.rope_theta, g.local_rope_theta), (5e5, Some(2e4)));
+}
+
+#[test]
 fn a_tensor_the_config_does_not_use_is_refused_by_name() {
     let mut with_o_bias = small_cfg();
     with_o_bias.mlp_bias = false;
@@ -695,4 +951,79 @@ fn a_tensor_the_config_does_not_use_is_refused_by_name() {
         .expect("a WorkerError");
     assert!(worker.is_config_error(), "{worker}");
     assert!(err.to_string().contains("o_proj.bias"), "{err}");
+}
+
+/// The `mixtral` fixture rewritten in transformers 5's fused expert layout
+/// (`mlp.experts.gate_up_proj` `[E, 2·inter, hidden]`, `mlp.experts.down_proj`, the router at
+/// `mlp.gate`) loads to the same model as the Hub's per-expert layout.
+#[test]
+fn moe_experts_load_from_the_fused_layout_too() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf/mixtral");
+    let bytes = std::fs::read(fixture.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let raw = |name: &str| {
+        let t = st.tensor(name).unwrap();
+        (t.shape().to_vec(), t.data().to_vec())
+    };
+    let hub = LlamaModel::load_hf(&fixture).unwrap();
+    let c = hub.config().clone();
+    let (e, i, h) = (
+        c.moe.as_ref().unwrap().num_experts,
+        c.intermediate_size,
+        c.hidden_size,
+    );
+    let mut t = HashMap::new();
+    for name in st.names() {
+        if name.contains(".block_sparse_moe.") {
+            continue;
+        }
+        let (shape, data) = raw(name);
+        t.insert(
+            name.to_string(),
+            Raw {
+                dtype: Dtype::BF16,
+                shape,
+                data,
+            },
+        );
+    }
+    for l in 0..c.num_hidden_layers {
+        let (p, m) = (
+            format!("model.layers.{l}.block_sparse_moe"),
+            format!("model.layers.{l}.mlp"),
+        );
+        let (shape, data) = raw(&format!("{p}.gate.weight"));
+        t.insert(
+            format!("{m}.gate.weight"),
+            Raw {
+                dtype: Dtype::BF16,
+                shape,
+                data,
+            },
+        );
+        let (mut gu, mut down) = (Vec::new(), Vec::new());
+        for x in 0..e {
+            for w in ["w1", "w3"] {
+                gu.extend(raw(&format!("{p}.experts.{x}.{w}.weight")).1);
+            }
+            down.extend(raw(&format!("{p}.experts.{x}.w2.weight")).1);
+        }
+        let fused = |shape: Vec<usize>, data: Vec<u8>| Raw {
+            dtype: Dtype::BF16,
+            shape,
+            data,
+        };
+        t.insert(
+            format!("{m}.experts.gate_up_proj"),
+            fused(vec![e, 2 * i, h], gu),
+        );
+        t.insert(format!("{m}.experts.down_proj"), fused(vec![e, h, i], down));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(fixture.join("config.json"), dir.path().join("config.json")).unwrap();
+    let views: Vec<(&String, &Raw)> = t.iter().collect();
+    safetensors::serialize_to_file(views, &None, &dir.path().join("model.safetensors")).unwrap();
+    let fused = LlamaModel::load_hf(dir.path()).unwrap();
+    let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    assert_eq!(bits(run(&fused)), bits(run(&hub)));
 }

@@ -7,6 +7,7 @@ use kernels::PackedMatrix;
 use rand::{Rng, SeedableRng};
 
 use super::config::ModelConfig;
+use super::moe::{MoeWeights, SharedExpert};
 use super::rope::Rope;
 
 /// Dummy-init constants, tuned by looking at greedy outputs of the builtin sizes: with tied
@@ -32,13 +33,18 @@ pub(crate) struct LayerWeights {
     pub wo: PackedMatrix,
     pub bo: Option<Vec<f32>>,
     pub mlp_norm: Vec<f32>,
-    /// `[2·intermediate, hidden]`: gate rows, then up rows.
+    /// `[2·intermediate, hidden]`: gate rows, then up rows. Of intermediate size 0 in a layer
+    /// with experts, as is `wdown`.
     pub wgu: PackedMatrix,
     /// The gate and up biases, fused the same way (Llama with `mlp_bias`).
     pub bgu: Option<Vec<f32>>,
     /// `[hidden, intermediate]`.
     pub wdown: PackedMatrix,
     pub bdown: Option<Vec<f32>>,
+    /// Gemma's norms of the attention output and of the MLP output, before each residual add.
+    pub post_norms: Option<(Vec<f32>, Vec<f32>)>,
+    /// The router and experts of a mixture-of-experts layer (instead of `wgu` / `wdown`).
+    pub moe: Option<MoeWeights>,
 }
 
 pub(crate) struct Weights {
@@ -52,6 +58,8 @@ pub(crate) struct Weights {
     /// What RoPE's tables are built from, scaling applied ([`ModelConfig::rope`]), so a step
     /// builds its tables without recomputing the frequencies.
     pub rope: Rope,
+    /// Gemma 3's local layers' RoPE (their own base); `None`: every layer uses `rope`.
+    pub local_rope: Option<Rope>,
     /// The checkpoint's storage type (of its embedding table; f32 for dummy weights). Every
     /// value above is that value widened to f32, exactly.
     pub dtype: CudaDtype,
@@ -102,6 +110,22 @@ impl Weights {
             for b in [&mut l.bgu, &mut l.bdown].into_iter().flatten() {
                 round_to(b, dtype);
             }
+            if let Some((a, m)) = &mut l.post_norms {
+                round_to(a, dtype);
+                round_to(m, dtype);
+            }
+            if let Some(m) = &mut l.moe {
+                matrix(&mut m.router);
+                for (gu, down) in &mut m.experts {
+                    matrix(gu);
+                    matrix(down);
+                }
+                if let Some(s) = &mut m.shared {
+                    matrix(&mut s.wgu);
+                    matrix(&mut s.wdown);
+                    matrix(&mut s.gate);
+                }
+            }
         }
         round_to(&mut self.norm, dtype);
         if let Some(m) = &mut self.lm_head {
@@ -129,26 +153,62 @@ impl Weights {
         let resid = RESID_GAIN / (2.0 * cfg.num_hidden_layers.max(1) as f32).sqrt();
         let embed = PackedMatrix::pack(&uni(cfg.vocab_size * h, EMBED_STD), cfg.vocab_size, h);
         let layers = (0..cfg.num_hidden_layers)
-            .map(|_| LayerWeights {
-                attn_norm: vec![1.0; h],
-                wqkv: {
-                    let mut w = uni((q + kv) * h, QK_GAIN / (h as f32).sqrt());
-                    w.extend(uni(kv * h, 1.0 / (h as f32).sqrt()));
-                    PackedMatrix::pack(&w, q + 2 * kv, h)
-                },
-                bqkv: cfg.qkv_bias.then(|| uni(q + 2 * kv, 0.02)),
-                qk_norm: cfg.qk_norm.then(|| {
-                    let d = cfg.head_dim;
-                    let around_one = |v: Vec<f32>| v.into_iter().map(|x| 1.0 + x).collect();
-                    (around_one(uni(d, 0.1)), around_one(uni(d, 0.1)))
-                }),
-                wo: PackedMatrix::pack(&uni(h * q, resid / (q as f32).sqrt()), h, q),
-                bo: cfg.o_bias.then(|| uni(h, 0.02)),
-                mlp_norm: vec![1.0; h],
-                wgu: PackedMatrix::pack(&uni(2 * i * h, 1.0 / (h as f32).sqrt()), 2 * i, h),
-                wdown: PackedMatrix::pack(&uni(h * i, resid / (i as f32).sqrt()), h, i),
-                bgu: cfg.mlp_bias.then(|| uni(2 * i, 0.02)),
-                bdown: cfg.mlp_bias.then(|| uni(h, 0.02)),
+            .map(|l| {
+                let moe = cfg.moe.as_ref().filter(|m| m.moe_layers[l]);
+                // A layer with experts has no dense MLP.
+                let i = if moe.is_some() { 0 } else { i };
+                LayerWeights {
+                    attn_norm: vec![1.0; h],
+                    wqkv: {
+                        let mut w = uni((q + kv) * h, QK_GAIN / (h as f32).sqrt());
+                        w.extend(uni(kv * h, 1.0 / (h as f32).sqrt()));
+                        PackedMatrix::pack(&w, q + 2 * kv, h)
+                    },
+                    bqkv: cfg.qkv_bias.then(|| uni(q + 2 * kv, 0.02)),
+                    qk_norm: cfg.qk_norm.then(|| {
+                        let d = cfg.head_dim;
+                        let around_one = |v: Vec<f32>| v.into_iter().map(|x| 1.0 + x).collect();
+                        (around_one(uni(d, 0.1)), around_one(uni(d, 0.1)))
+                    }),
+                    wo: PackedMatrix::pack(&uni(h * q, resid / (q as f32).sqrt()), h, q),
+                    bo: cfg.o_bias.then(|| uni(h, 0.02)),
+                    mlp_norm: vec![1.0; h],
+                    wgu: PackedMatrix::pack(&uni(2 * i * h, 1.0 / (h as f32).sqrt()), 2 * i, h),
+                    wdown: PackedMatrix::pack(&uni(h * i, resid / (i as f32).sqrt()), h, i),
+                    bgu: cfg.mlp_bias.then(|| uni(2 * i, 0.02)),
+                    bdown: cfg.mlp_bias.then(|| uni(h, 0.02)),
+                    post_norms: cfg.gemma.is_some().then(|| (vec![1.0; h], vec![1.0; h])),
+                    moe: moe.map(|m| {
+                        let ei = m.expert_intermediate_size;
+                        let e = m.num_experts;
+                        MoeWeights {
+                            router: PackedMatrix::pack(&uni(e * h, 1.0 / (h as f32).sqrt()), e, h),
+                            experts: (0..e)
+                                .map(|_| {
+                                    let gu = uni(2 * ei * h, 1.0 / (h as f32).sqrt());
+                                    let down = uni(h * ei, resid / (ei as f32).sqrt());
+                                    (
+                                        PackedMatrix::pack(&gu, 2 * ei, h),
+                                        PackedMatrix::pack(&down, h, ei),
+                                    )
+                                })
+                                .collect(),
+                            shared: m.shared_expert_intermediate_size.map(|si| SharedExpert {
+                                wgu: PackedMatrix::pack(
+                                    &uni(2 * si * h, 1.0 / (h as f32).sqrt()),
+                                    2 * si,
+                                    h,
+                                ),
+                                wdown: PackedMatrix::pack(
+                                    &uni(h * si, resid / (si as f32).sqrt()),
+                                    h,
+                                    si,
+                                ),
+                                gate: PackedMatrix::pack(&uni(h, 1.0 / (h as f32).sqrt()), 1, h),
+                            }),
+                        }
+                    }),
+                }
             })
             .collect();
         let lm_head = (!cfg.tie_word_embeddings).then(|| {
@@ -161,6 +221,7 @@ impl Weights {
             norm: vec![1.0; h],
             lm_head,
             rope: cfg.rope(),
+            local_rope: cfg.local_rope(),
             dtype: CudaDtype::F32,
         }
     }
