@@ -93,9 +93,10 @@ pub enum Preset {
     /// count).
     #[value(name = "mooncake-16gpu")]
     Mooncake16Gpu,
-    /// The Mooncake conversation trace on 2 CPU ranks of the built-in `base` model: 160
-    /// requests from the trace's start, 4 tokens per block (prompts ≈ 94 tokens on average),
-    /// outputs x0.05, time compressed 8x; finishes in minutes for every method.
+    /// The Mooncake conversation trace on 2 CPU ranks of the built-in `base` model: 600
+    /// requests from the trace's start (reuse grows with the window: conversations span
+    /// minutes), 2 tokens per block (prompts ≈ 47 tokens on average), outputs x0.02, time
+    /// compressed 8x; finishes in minutes for every method.
     MooncakeCpu,
 }
 
@@ -219,19 +220,18 @@ impl Preset {
             },
             Preset::Mooncake8Gpu => sim_trace_preset(8, 4.0),
             Preset::Mooncake16Gpu => sim_trace_preset(16, 8.0),
-            // The trace's first 160 requests span 50 s; compressed 8x, ~25 requests/s arrive
-            // for ~6 s, more prefill than two cores of the base model compute in that time, so
-            // queues form and routing decides how long they get.
+            // The trace's first 600 requests span 200 s; compressed 8x, ~24 requests/s arrive
+            // for 25 s.
             Preset::MooncakeCpu => PresetValues {
                 dataset: Dataset::Mooncake,
                 gsp: TRACE_PRESET_GSP,
                 trace: TraceConfig {
-                    block_tokens: 4,
+                    block_tokens: 2,
                     time_compression: 8.0,
-                    output_scale: 0.05,
+                    output_scale: 0.02,
                     ..TraceConfig::default()
                 },
-                num_prompts: Some(160),
+                num_prompts: Some(600),
                 max_concurrency: 16,
                 dp_size: 2,
                 builtin_size: Some(BuiltinSize::Base),
@@ -1278,7 +1278,7 @@ mod tests {
         );
         assert_eq!(server.sim_config, None);
         let (plan, server) = parse(&["--preset", "mooncake-cpu"]).resolve().unwrap();
-        assert_eq!((plan.trace.block_tokens, plan.num_prompts), (4, Some(160)));
+        assert_eq!((plan.trace.block_tokens, plan.num_prompts), (2, Some(600)));
         assert_eq!(server.cluster().dp_size, 2);
         assert!(
             server.sim_config.is_none() && server.up_args.is_empty(),
