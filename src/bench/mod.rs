@@ -1,7 +1,8 @@
 //! `dpserve bench`: the serving benchmark. Against a running server (`--base-url`) it sends a
 //! workload (SGLang bench_serving's generated shared prefixes, multi-turn conversations, a
 //! replayed Mooncake production trace, or one of the routers' known failure cases) and reports
-//! bench_serving's metrics plus goodput under an SLO and the workload's cache-hit ceilings; with `--launch --compare m1,m2,…` it starts a fresh cluster per load-balance method
+//! bench_serving's metrics plus goodput under an SLO and the workload's cache-hit ceilings;
+//! with `--launch --compare m1,m2,…` it starts a fresh cluster per load-balance method
 //! (or deployment, `m@1p1d`), runs the identical workload on each and compares them (table,
 //! JSON, Markdown, SVG).
 //!
@@ -89,8 +90,8 @@ pub enum Preset {
     /// 256, concurrency 64) on the same ranks.
     #[value(name = "mooncake-8gpu")]
     Mooncake8Gpu,
-    /// As `mooncake-8gpu` on 16 simulated ranks, time compressed 8x (twice the load per rank
-    /// count).
+    /// As `mooncake-8gpu` on 16 simulated ranks, time compressed 8x (twice the ranks, twice
+    /// the rate: the same load per rank).
     #[value(name = "mooncake-16gpu")]
     Mooncake16Gpu,
     /// The Mooncake conversation trace on 2 CPU ranks of the built-in `base` model: 600
