@@ -174,12 +174,7 @@ mod tests {
     }
 
     fn req(ids: &[u32]) -> RouteInput<'_> {
-        RouteInput {
-            rid: "r",
-            input_ids: ids,
-            routing_key: None,
-            bootstrap_room: None,
-        }
+        RouteInput::prompt(ids)
     }
 
     const PROMPT: [u32; 100] = [7; 100];

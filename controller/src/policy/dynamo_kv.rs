@@ -214,12 +214,7 @@ mod tests {
     }
 
     fn req(ids: &[u32]) -> RouteInput<'_> {
-        RouteInput {
-            rid: "r",
-            input_ids: ids,
-            routing_key: None,
-            bootstrap_room: None,
-        }
+        RouteInput::prompt(ids)
     }
 
     fn logits(d: &RouteDecision) -> Vec<f64> {

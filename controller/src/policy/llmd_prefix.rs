@@ -170,12 +170,7 @@ mod tests {
     }
 
     fn req(ids: &[u32]) -> RouteInput<'_> {
-        RouteInput {
-            rid: "r",
-            input_ids: ids,
-            routing_key: None,
-            bootstrap_room: None,
-        }
+        RouteInput::prompt(ids)
     }
 
     fn terms(d: &RouteDecision) -> Vec<(f64, f64, f64, f64)> {

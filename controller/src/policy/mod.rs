@@ -44,6 +44,19 @@ pub struct RouteInput<'a> {
     pub bootstrap_room: Option<u64>,
 }
 
+impl<'a> RouteInput<'a> {
+    /// A request with only a prompt (no rid to speak of, key or room): the balancers' tests.
+    #[cfg(test)]
+    pub(crate) fn prompt(input_ids: &'a [u32]) -> Self {
+        RouteInput {
+            rid: "r",
+            input_ids,
+            routing_key: None,
+            bootstrap_room: None,
+        }
+    }
+}
+
 /// The live ranks, sorted by rank id. Never empty when handed to a balancer.
 #[derive(Debug, Clone, Default)]
 pub struct RankSet {
