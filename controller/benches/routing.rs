@@ -94,6 +94,7 @@ fn routing(c: &mut Criterion) {
             })
         });
         let index = index_holding(&prompt, n);
+        let now = Instant::now();
         let cold: Vec<u32> = prompt.iter().map(|t| t ^ 1).collect();
         let mut ca = CacheAware::new(CacheAwareConfig::default());
         for (name, ids) in [
@@ -110,7 +111,7 @@ fn routing(c: &mut Criterion) {
                     };
                     let set = set
                         .clone()
-                        .with_cached_prefix(index.cached_prefix(ids, set));
+                        .with_cached_prefix(index.cached_prefix(ids, set, now));
                     black_box(ca.select(&req, &set).rank)
                 })
             });

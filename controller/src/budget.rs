@@ -15,7 +15,14 @@
 //!                entry up to that number and none after, so exactly those are dropped.
 //!                From a worker that does not report it (taken_seq null): drop entries sent before
 //!                the snapshot's timestamp and any older than SPECULATIVE_MAX_AGE.
+//! prefill backlog = the snapshot's (PrefillStatus.backlog_tokens) + the uncached prompt tokens
+//!                   of the speculative dispatches
+//! prefill rate    = Δ computed_tokens / Δ busy_seconds between applied snapshots, smoothed
+//!                   over about RATE_WINDOW of prefill time (exponentially weighted)
 //! ```
+//! The backlog and rate feed `cache_aware`'s time cost; a worker that does not report
+//! `prefill` has neither (the balancer then counts tokens, as if every rank were as fast).
+//!
 //! Without the speculative part, a burst arriving between two snapshots would see the same
 //! loads for every request and herd onto one rank. Judging by dispatch numbers rather than
 //! clocks matters during long steps: a request sent while the worker computes waits in its
@@ -26,7 +33,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use protocol::WorkerStatus;
+use protocol::{PrefillStatus, WorkerStatus};
 
 use crate::policy::RankQueue;
 
@@ -36,6 +43,13 @@ pub const STATUS_REFRESH: Duration = Duration::from_millis(20);
 /// A speculative entry older than this is assumed counted by any later snapshot, even if the
 /// worker's clock says otherwise.
 pub const SPECULATIVE_MAX_AGE: Duration = Duration::from_secs(1);
+
+/// The prefill time over which a rank's measured speed is averaged: long enough to smooth one
+/// step's noise, short enough to follow a rank that slows down (longer contexts, a busy host).
+pub const RATE_WINDOW: Duration = Duration::from_secs(2);
+
+/// Prefill time a rate sample must cover before it is used (shorter ones are accumulated).
+const RATE_MIN_SAMPLE: Duration = Duration::from_millis(20);
 
 /// When a status was taken, as far as ordering goes.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -77,11 +91,15 @@ struct Snapshot {
     max_total_tokens: u64,
     /// The last dispatch it counts (0: none yet); `None` from a worker that does not say.
     taken_seq: Option<u64>,
+    /// Its prefill line and totals; `None` from a worker that does not report them.
+    prefill: Option<PrefillStatus>,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct Speculative {
     tokens: u64,
+    /// The prompt tokens the rank will compute for it (what it does not hold cached).
+    prefill_tokens: u64,
     /// This dispatch's number (0: unnumbered).
     seq: u64,
     /// Controller wall clock (unix seconds), compared with the worker's snapshot timestamp.
@@ -106,13 +124,28 @@ pub struct RankBudget {
     pending: Option<Snapshot>,
     speculative: HashMap<String, Speculative>,
     speculative_tokens: u64,
+    speculative_prefill: u64,
+    /// The measured prefill speed (tokens per second of prefill step), once measured.
+    prefill_rate: Option<f64>,
+    /// The totals the rate was last updated from (computed tokens, busy seconds).
+    rate_base: Option<(u64, f64)>,
 }
 
 impl RankBudget {
-    /// A request was sent to this rank.
-    pub fn on_dispatch(&mut self, rid: &str, tokens: u64, seq: u64, now: Instant, now_unix: f64) {
+    /// A request was sent to this rank: `tokens` of KV at most (prompt and output), of which
+    /// `prefill_tokens` prompt tokens to compute.
+    pub fn on_dispatch(
+        &mut self,
+        rid: &str,
+        tokens: u64,
+        prefill_tokens: u64,
+        seq: u64,
+        now: Instant,
+        now_unix: f64,
+    ) {
         let entry = Speculative {
             tokens,
+            prefill_tokens,
             seq,
             sent_unix: now_unix,
             sent_at: now,
@@ -120,14 +153,17 @@ impl RankBudget {
         if let Some(old) = self.speculative.insert(rid.to_string(), entry) {
             // A duplicate rid replaces its earlier entry rather than counting twice.
             self.speculative_tokens -= old.tokens;
+            self.speculative_prefill -= old.prefill_tokens;
         }
         self.speculative_tokens += tokens;
+        self.speculative_prefill += prefill_tokens;
     }
 
     /// A request ended on this rank.
     pub fn on_finished(&mut self, rid: &str) {
         if let Some(old) = self.speculative.remove(rid) {
             self.speculative_tokens -= old.tokens;
+            self.speculative_prefill -= old.prefill_tokens;
         }
     }
 
@@ -149,6 +185,7 @@ impl RankBudget {
             waiting: u64::from(status.num_waiting_reqs),
             max_total_tokens: status.max_total_tokens,
             taken_seq: status.taken_seq,
+            prefill: status.prefill,
         });
         if self.refresh(now) {
             StatusOutcome::Applied
@@ -169,6 +206,9 @@ impl RankBudget {
         self.pending = None;
         self.applied = Some(snap);
         self.applied_at = Some(now);
+        if let Some(p) = snap.prefill {
+            self.measure_rate(p);
+        }
         self.speculative.retain(|_, s| {
             if let (Some(taken), true) = (snap.taken_seq, s.seq > 0) {
                 s.seq > taken
@@ -178,7 +218,32 @@ impl RankBudget {
             }
         });
         self.speculative_tokens = self.speculative.values().map(|s| s.tokens).sum();
+        self.speculative_prefill = self.speculative.values().map(|s| s.prefill_tokens).sum();
         true
+    }
+
+    /// Folds the prefill totals of an applied snapshot into the measured speed.
+    fn measure_rate(&mut self, p: PrefillStatus) {
+        let Some((tokens, seconds)) = self.rate_base else {
+            self.rate_base = Some((p.computed_tokens, p.busy_seconds));
+            return;
+        };
+        if p.computed_tokens < tokens || p.busy_seconds < seconds {
+            // Totals went back: a new worker process holds the rank. Measure afresh.
+            self.rate_base = Some((p.computed_tokens, p.busy_seconds));
+            return;
+        }
+        let dt = p.busy_seconds - seconds;
+        if dt < RATE_MIN_SAMPLE.as_secs_f64() {
+            return; // accumulate until the sample is long enough
+        }
+        let sample = (p.computed_tokens - tokens) as f64 / dt;
+        let w = (dt / RATE_WINDOW.as_secs_f64()).min(1.0);
+        self.prefill_rate = Some(match self.prefill_rate {
+            Some(rate) => rate + w * (sample - rate),
+            None => sample,
+        });
+        self.rate_base = Some((p.computed_tokens, p.busy_seconds));
     }
 
     /// (active requests, active tokens) as the balancers see them.
@@ -202,6 +267,11 @@ impl RankBudget {
             running_requests: running,
             waiting_requests: waiting + self.speculative.len() as u64,
             max_total_tokens,
+            prefill_backlog_tokens: self
+                .applied
+                .and_then(|s| s.prefill)
+                .map(|p| p.backlog_tokens + self.speculative_prefill),
+            prefill_rate: self.prefill_rate,
         }
     }
 }
@@ -226,7 +296,7 @@ mod tests {
         let mut b = RankBudget::default();
         let t0 = Instant::now();
         for i in 0..5 {
-            b.on_dispatch(&format!("r{i}"), 10, 0, t0, 100.0);
+            b.on_dispatch(&format!("r{i}"), 10, 0, 0, t0, 100.0);
         }
         assert_eq!(b.load(), (5, 50));
     }
@@ -235,8 +305,8 @@ mod tests {
     fn a_snapshot_replaces_what_it_already_counts_and_keeps_what_came_after() {
         let mut b = RankBudget::default();
         let t0 = Instant::now();
-        b.on_dispatch("early", 10, 0, t0, 100.0);
-        b.on_dispatch("late", 7, 0, t0, 100.5);
+        b.on_dispatch("early", 10, 0, 0, t0, 100.0);
+        b.on_dispatch("late", 7, 0, 0, t0, 100.5);
         // Taken at 100.2: it includes "early" but cannot include "late".
         assert_eq!(
             b.on_status(&status(100.2, 1, 10, &[]), t0),
@@ -250,8 +320,8 @@ mod tests {
         let mut b = RankBudget::default();
         let t0 = Instant::now();
         b.on_status(&status(100.0, 0, 0, &[]), t0);
-        b.on_dispatch("x", 10, 0, t0, 101.0);
-        b.on_dispatch("y", 5, 0, t0, 101.0);
+        b.on_dispatch("x", 10, 0, 0, t0, 101.0);
+        b.on_dispatch("y", 5, 0, 0, t0, 101.0);
         // Within the refresh window: the snapshot waits, but the finished rid counts now.
         let t1 = t0 + Duration::from_millis(5);
         assert_eq!(
@@ -307,7 +377,7 @@ mod tests {
         let mut b = RankBudget::default();
         let t0 = Instant::now();
         for (i, rid) in ["a", "b", "c"].into_iter().enumerate() {
-            b.on_dispatch(rid, 10, i as u64 + 1, t0, 100.0);
+            b.on_dispatch(rid, 10, 0, i as u64 + 1, t0, 100.0);
         }
         // Taken after all three were sent (a long step), but the worker had only taken in "a":
         // by timestamps all three would be dropped and the rank would look idle but for one.
@@ -339,7 +409,7 @@ mod tests {
                     0 => {
                         seq += 1;
                         let rid = format!("r{seq}");
-                        b.on_dispatch(&rid, 1, seq, now, 0.0);
+                        b.on_dispatch(&rid, 1, 0, seq, now, 0.0);
                         channel.push_back((rid, seq));
                     }
                     1 => {
@@ -404,7 +474,7 @@ mod tests {
         let mut b = RankBudget::default();
         let t0 = Instant::now();
         // The controller's clock is an hour ahead of the worker's.
-        b.on_dispatch("x", 10, 0, t0, 3600.0 + 10.0);
+        b.on_dispatch("x", 10, 0, 0, t0, 3600.0 + 10.0);
         b.on_status(&status(11.0, 1, 10, &[]), t0 + Duration::from_millis(100));
         assert_eq!(
             b.load(),
@@ -414,4 +484,70 @@ mod tests {
         b.on_status(&status(12.0, 1, 10, &[]), t0 + SPECULATIVE_MAX_AGE);
         assert_eq!(b.load(), (1, 10));
     }
+
+    /// A numbered status reporting this prefill line and these totals.
+    fn with_prefill(seq: u64, taken: u64, backlog: u64, tokens: u64, seconds: f64) -> WorkerStatus {
+        WorkerStatus {
+            status_seq: Some(seq),
+            timestamp: seq as f64,
+            taken_seq: Some(taken),
+            prefill: Some(PrefillStatus {
+                backlog_tokens: backlog,
+                computed_tokens: tokens,
+                busy_seconds: seconds,
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_prefill_rate_is_measured_from_the_totals_and_follows_a_change() {
+        let mut b = RankBudget::default();
+        let mut now = Instant::now();
+        assert_eq!(b.queue(0).prefill_rate, None);
+        let mut status = |b: &mut RankBudget, seq: u64, tokens: u64, seconds: f64| {
+            now += STATUS_REFRESH;
+            b.on_status(&with_prefill(seq, 0, 0, tokens, seconds), now);
+        };
+        status(&mut b, 1, 0, 0.0);
+        assert_eq!(b.queue(0).prefill_rate, None, "one total is no rate yet");
+        status(&mut b, 2, 1000, 0.5);
+        assert_eq!(b.queue(0).prefill_rate, Some(2000.0));
+        // Samples under RATE_MIN_SAMPLE of prefill time accumulate.
+        status(&mut b, 3, 1001, 0.501);
+        assert_eq!(b.queue(0).prefill_rate, Some(2000.0));
+        // The rank slows to 1000 tokens/s: a whole window of it moves the rate there.
+        status(&mut b, 4, 1001 + 2000, 2.501);
+        let rate = b.queue(0).prefill_rate.unwrap();
+        assert!((rate - 1000.0).abs() < 1.0, "{rate}");
+        // A quarter of a window at 3000 tokens/s moves it a quarter of the way there.
+        status(&mut b, 5, 3001 + 1500, 3.001);
+        let half = b.queue(0).prefill_rate.unwrap();
+        assert!((half - 1500.0).abs() < 1.0, "{half}");
+        // Totals that go back (a new process) start a fresh measurement, keeping the rate.
+        status(&mut b, 6, 10, 0.01);
+        assert_eq!(b.queue(0).prefill_rate, Some(half));
+        status(&mut b, 7, 10 + 4000, 1.01);
+        let fresh = b.queue(0).prefill_rate.unwrap();
+        assert!(fresh > half && fresh < 4000.0, "{fresh}");
+    }
+
+    #[test]
+    fn the_backlog_is_the_status_line_plus_what_was_sent_since() {
+        let mut b = RankBudget::default();
+        let t0 = Instant::now();
+        assert_eq!(b.queue(0).prefill_backlog_tokens, None, "no status yet");
+        b.on_dispatch("a", 110, 100, 1, t0, 0.0);
+        b.on_dispatch("b", 60, 50, 2, t0, 0.0);
+        // The status took in "a" (its 100 are in the backlog it reports), not "b".
+        b.on_status(&with_prefill(1, 1, 300, 0, 0.0), t0);
+        assert_eq!(b.queue(0).prefill_backlog_tokens, Some(350));
+        b.on_finished("b");
+        assert_eq!(b.queue(0).prefill_backlog_tokens, Some(300));
+        // A worker that does not report its line has none.
+        let mut old = RankBudget::default();
+        old.on_status(&numbered(1.0, 0, 0, &[]), t0);
+        assert_eq!(old.queue(0).prefill_backlog_tokens, None);
+    }
+
 }

@@ -13,8 +13,8 @@ pub enum Error {
     HashTokens { got: usize },
     #[error("--cache-aware-max-load-skew must be a finite number >= 1.0, got {got}")]
     CacheAwareLoadSkew { got: f64 },
-    #[error("--cache-aware-load-weight must be a finite number >= 0, got {got}")]
-    CacheAwareLoadWeight { got: f64 },
+    #[error("--cache-aware-compute-weight must be a finite number >= 0, got {got}")]
+    CacheAwareComputeWeight { got: f64 },
     /// A peer method's flag out of its range (`--smg-*`, `--dynamo-*`, `--llmd-*`).
     #[error("{flag} must be {rule}, got {got}")]
     PeerFlag {

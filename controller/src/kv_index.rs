@@ -8,6 +8,14 @@
 //! ```
 //! A chained hash names its whole prefix, so the leading run of held blocks is the cached prefix.
 //!
+//! Predictions: when the controller sends a prompt to a rank, that rank will hold the prompt's
+//! blocks once it has computed them, but its events say so only then, seconds later under
+//! load. Until they do, the blocks are *predicted* on that rank (`predict`), for
+//! [`PREDICTION_TTL`]: a lookup counts a predicted block as held, so the siblings of a burst
+//! meet the rank their first member went to instead of scattering. An event storing the block
+//! confirms it (the prediction gives way to the fact); one removing it, a snapshot, or the
+//! rank's departure contradicts it (dropped); otherwise it expires.
+//!
 //! Trust: a rank's blocks are applied batch by batch in `seq` order from the registration on.
 //! A rank starts (and restarts) *awaiting a snapshot*: it shows nothing until a batch with
 //! `cleared` arrives. A missing batch (a gap in `seq`) drops everything the rank showed and
@@ -26,6 +34,11 @@ use protocol::kv_events::{block_hash, extend_block_hashes, DEFAULT_KV_BLOCK_SIZE
 use protocol::KvEvents;
 
 use crate::policy::{CachedPrefix, RankSet};
+
+/// How long a block sent to a rank counts as held there before its events confirm it: longer
+/// than a loaded rank's wait for its first token, short enough that a request that failed or
+/// was aborted does not attract its prefix's traffic for long.
+pub const PREDICTION_TTL: Duration = Duration::from_secs(30);
 
 /// How often a rank still awaiting a snapshot is asked again (its batches keep arriving).
 pub const SNAPSHOT_RETRY: Duration = Duration::from_secs(1);
@@ -72,6 +85,10 @@ pub struct KvIndex {
     block_size: Option<u32>,
     owners: HashMap<u64, Vec<u32>>,
     ranks: HashMap<u32, RankBlocks>,
+    /// Blocks sent to ranks and not yet confirmed: hash → (rank, until).
+    predicted: HashMap<u64, Vec<(u32, Instant)>>,
+    /// When expired predictions are next swept out.
+    next_sweep: Option<Instant>,
 }
 
 impl KvIndex {
@@ -99,6 +116,7 @@ impl KvIndex {
 
     /// `rank` left: none of its blocks count any more.
     pub fn remove(&mut self, rank: u32) {
+        self.forget_predictions(rank);
         let Some(mut r) = self.ranks.remove(&rank) else {
             return;
         };
@@ -170,19 +188,90 @@ impl KvIndex {
         }
         if ev.cleared {
             self.forget_blocks(rank, r);
+            self.forget_predictions(rank);
         }
         for h in &ev.removed {
             if r.blocks.remove(h) {
                 self.drop_owner(*h, rank);
             }
+            self.drop_prediction(*h, rank);
         }
         for &h in &ev.stored {
             if r.blocks.insert(h) {
                 self.owners.entry(h).or_default().push(rank);
             }
+            self.drop_prediction(h, rank);
         }
         r.stream = Stream::Synced { next: ev.seq + 1 };
         Applied::Applied
+    }
+
+    /// The prompt `ids` was sent to `rank`: its blocks count as held there until its events
+    /// confirm or contradict them, or until `now + PREDICTION_TTL`. Only a rank whose stream
+    /// is synced is predicted (one awaiting a snapshot shows nothing at all).
+    pub fn predict(&mut self, rank: u32, ids: &[u32], now: Instant) {
+        let (Some(block), Some(r)) = (self.block_size, self.ranks.get(&rank)) else {
+            return;
+        };
+        if !matches!(r.stream, Stream::Synced { .. }) {
+            return;
+        }
+        let until = now + PREDICTION_TTL;
+        let mut hashes = Vec::with_capacity(ids.len() / block as usize);
+        extend_block_hashes(None, ids, block as usize, &mut hashes);
+        for h in hashes {
+            if r.blocks.contains(&h) {
+                continue;
+            }
+            let entry = self.predicted.entry(h).or_default();
+            match entry.iter_mut().find(|(o, _)| *o == rank) {
+                Some(p) => p.1 = until,
+                None => entry.push((rank, until)),
+            }
+        }
+        self.sweep_predictions(now);
+    }
+
+    /// Predicted blocks not yet confirmed, expired or not (tests, metrics).
+    pub fn predicted_len(&self) -> usize {
+        self.predicted.values().map(Vec::len).sum()
+    }
+
+    fn drop_prediction(&mut self, hash: u64, rank: u32) {
+        if let Some(p) = self.predicted.get_mut(&hash) {
+            p.retain(|&(o, _)| o != rank);
+            if p.is_empty() {
+                self.predicted.remove(&hash);
+            }
+        }
+    }
+
+    fn forget_predictions(&mut self, rank: u32) {
+        self.predicted.retain(|_, p| {
+            p.retain(|&(o, _)| o != rank);
+            !p.is_empty()
+        });
+    }
+
+    /// Drops expired predictions, at most once per [`PREDICTION_TTL`] (O(predictions)).
+    fn sweep_predictions(&mut self, now: Instant) {
+        if self.next_sweep.is_some_and(|t| now < t) {
+            return;
+        }
+        self.next_sweep = Some(now + PREDICTION_TTL);
+        self.predicted.retain(|_, p| {
+            p.retain(|&(_, until)| until > now);
+            !p.is_empty()
+        });
+    }
+
+    /// Whether `rank` holds `hash`, or was sent it and the prediction still stands at `now`.
+    fn holds(&self, hash: u64, rank: u32, now: Instant) -> bool {
+        self.owners.get(&hash).is_some_and(|o| o.contains(&rank))
+            || self
+                .predicted
+                .get(&hash)
+                .is_some_and(|p| p.iter().any(|&(o, until)| o == rank && until > now))
     }
 
     fn forget_blocks(&mut self, rank: u32, r: &mut RankBlocks) {
@@ -201,12 +290,14 @@ impl KvIndex {
     }
 
     /// For each rank of `ranks`, how many leading blocks of `hashes` (a prompt's chained block
-    /// hashes) it holds, into `out` (same order as `ranks`). Reads `hashes` only as far as some
-    /// rank still matches, so a lazy iterator hashes no more of the prompt than that.
+    /// hashes) it holds or is predicted to hold at `now`, into `out` (same order as `ranks`).
+    /// Reads `hashes` only as far as some rank still matches, so a lazy iterator hashes no
+    /// more of the prompt than that.
     pub fn matched_blocks(
         &self,
         hashes: impl IntoIterator<Item = u64>,
         ranks: &[u32],
+        now: Instant,
         out: &mut Vec<usize>,
     ) {
         out.clear();
@@ -214,11 +305,11 @@ impl KvIndex {
         // Ranks still matching, as indices into `ranks`.
         let mut alive: Vec<usize> = (0..ranks.len()).collect();
         for (depth, h) in hashes.into_iter().enumerate() {
-            let Some(owners) = self.owners.get(&h) else {
+            if !self.owners.contains_key(&h) && !self.predicted.contains_key(&h) {
                 break;
-            };
+            }
             alive.retain(|&i| {
-                let holds = owners.contains(&ranks[i]);
+                let holds = self.holds(h, ranks[i], now);
                 if holds {
                     out[i] = depth + 1;
                 }
@@ -235,13 +326,13 @@ impl KvIndex {
     /// What the index says of the prompt `ids` on each of `ranks`: the leading tokens each
     /// holds (whole blocks) and the hash of its first block. The prompt is hashed block by
     /// block only while some rank still holds the chain, not to its end.
-    pub fn cached_prefix(&self, ids: &[u32], ranks: &RankSet) -> CachedPrefix {
+    pub fn cached_prefix(&self, ids: &[u32], ranks: &RankSet, now: Instant) -> CachedPrefix {
         let block = self
             .block_size()
             .map_or(DEFAULT_KV_BLOCK_SIZE, |b| b as usize);
         let first_block = block_hash(None, &ids[..ids.len().min(block)]);
         let mut matched = Vec::new();
-        if !self.is_empty() {
+        if !self.is_empty() || !self.predicted.is_empty() {
             let hashes = BlockHashes {
                 ids,
                 block,
@@ -249,7 +340,7 @@ impl KvIndex {
                 batch: Vec::new(),
                 next: 0,
             };
-            self.matched_blocks(hashes, &ranks.ids(), &mut matched);
+            self.matched_blocks(hashes, &ranks.ids(), now, &mut matched);
         }
         matched.resize(ranks.len(), 0);
         CachedPrefix {

@@ -23,7 +23,7 @@ fn batch(rank: u32, seq: u64, cleared: bool, removed: &[u64], stored: &[u64]) ->
 
 fn matched(index: &KvIndex, hashes: &[u64], ranks: &[u32]) -> Vec<usize> {
     let mut out = Vec::new();
-    index.matched_blocks(hashes.iter().copied(), ranks, &mut out);
+    index.matched_blocks(hashes.iter().copied(), ranks, Instant::now(), &mut out);
     out
 }
 
@@ -325,14 +325,179 @@ fn cached_prefix_counts_whole_blocks_each_rank_holds() {
         index.apply(&batch(rank, 1, true, &[], &hashes[..depth]), now);
     }
     let set = crate::policy::RankSet::idle(&[0, 1, 2, 3]);
-    let c = index.cached_prefix(&ids, &set);
+    let c = index.cached_prefix(&ids, &set, now);
     assert_eq!(c.matched_tokens, vec![40, 12, 0, 0]);
     assert_eq!(c.first_block, hashes[0]);
     // Past what any rank holds, the prompt's tail does not matter.
     let mut longer = ids.clone();
     longer.extend(1000..1100);
     assert_eq!(
-        index.cached_prefix(&longer, &set).matched_tokens,
+        index.cached_prefix(&longer, &set, now).matched_tokens,
         vec![40, 12, 0, 0]
     );
+}
+
+/// Ranks 0..n joined and synced (an empty snapshot each), blocks of 4 tokens.
+fn synced(n: u32, t: Instant) -> KvIndex {
+    let mut index = KvIndex::new();
+    for rank in 0..n {
+        index.join(rank, t);
+        index.apply(&batch(rank, 1, true, &[], &[]), t);
+    }
+    index
+}
+
+#[test]
+fn a_prompt_sent_to_a_rank_counts_there_until_its_events_confirm_it_or_it_expires() {
+    let t = Instant::now();
+    let ids: Vec<u32> = (0..16).collect();
+    let hashes = protocol::kv_events::block_hashes(&ids, 4);
+    let set = crate::policy::RankSet::idle(&[0, 1]);
+    let mut index = synced(2, t);
+    index.predict(1, &ids, t);
+    assert_eq!(index.cached_prefix(&ids, &set, t).matched_tokens, [0, 16]);
+    // A longer prompt with the same beginning matches the sent part.
+    let longer: Vec<u32> = (0..24).collect();
+    assert_eq!(index.cached_prefix(&longer, &set, t).matched_tokens, [0, 16]);
+    // Expired: nothing shown, whether swept or not.
+    let late = t + super::PREDICTION_TTL + Duration::from_millis(1);
+    assert_eq!(index.cached_prefix(&ids, &set, late).matched_tokens, [0, 0]);
+    // Events confirm the first two blocks: they are facts from then on, the rest predicted.
+    index.apply(&batch(1, 2, false, &[], &hashes[..2]), t);
+    assert_eq!(index.predicted_len(), 2);
+    assert_eq!(index.cached_prefix(&ids, &set, late).matched_tokens, [0, 8]);
+    assert_eq!(index.cached_prefix(&ids, &set, t).matched_tokens, [0, 16]);
+    // An event removing a block it was predicted to hold contradicts the prediction.
+    index.apply(&batch(1, 3, false, &[hashes[2]], &[]), t);
+    assert_eq!(index.cached_prefix(&ids, &set, t).matched_tokens, [0, 8]);
+    // A snapshot, or the rank leaving, drops its predictions.
+    index.predict(1, &ids, t);
+    index.apply(&batch(1, 4, true, &[], &hashes[..1]), t);
+    assert_eq!(index.cached_prefix(&ids, &set, t).matched_tokens, [0, 4]);
+    index.predict(1, &ids, t);
+    index.remove(1);
+    assert_eq!(index.predicted_len(), 0);
+}
+
+#[test]
+fn a_rank_awaiting_its_snapshot_is_not_predicted() {
+    let t = Instant::now();
+    let mut index = synced(1, t);
+    index.join(1, t);
+    let ids: Vec<u32> = (0..16).collect();
+    index.predict(1, &ids, t);
+    assert_eq!(index.predicted_len(), 0);
+    // Nor is anything before the block size is known.
+    let mut fresh = KvIndex::new();
+    fresh.join(0, t);
+    fresh.predict(0, &ids, t);
+    assert_eq!(fresh.predicted_len(), 0);
+}
+
+/// `cache_aware` over the index, as the controller drives it: decide, then predict the
+/// prompt on the chosen rank.
+fn route_and_predict(
+    m: &mut crate::policy::CacheAware,
+    index: &mut KvIndex,
+    set: &crate::policy::RankSet,
+    ids: &[u32],
+    t: Instant,
+) -> crate::policy::RouteDecision {
+    use crate::policy::LoadBalancer;
+    let with = set.clone().with_cached_prefix(index.cached_prefix(ids, set, t));
+    let d = m.select(&crate::policy::RouteInput::prompt(ids), &with);
+    index.predict(d.rank, ids, t);
+    d
+}
+
+#[test]
+fn the_siblings_of_a_burst_meet_before_any_event() {
+    use crate::policy::{CacheAware, CacheAwareConfig};
+    let t = Instant::now();
+    let mut index = synced(4, t);
+    let mut m = CacheAware::new(CacheAwareConfig::default());
+    let set = crate::policy::RankSet::idle(&[0, 1, 2, 3]);
+    let prefix: Vec<u32> = (0..64).collect();
+    let mut ranks = Vec::new();
+    for tail in 0..6u32 {
+        let mut ids = prefix.clone();
+        ids.extend([1000 + tail, 2000 + tail]);
+        ranks.push(route_and_predict(&mut m, &mut index, &set, &ids, t).rank);
+    }
+    assert!(ranks.iter().all(|&r| r == ranks[0]), "{ranks:?}");
+}
+
+#[test]
+fn a_hot_prefix_gains_a_second_holder_and_keeps_both() {
+    use crate::policy::{CacheAware, CacheAwareConfig, RankLoad, RankQueue, RankSet};
+    let t = Instant::now();
+    let mut index = synced(3, t);
+    let mut m = CacheAware::new(CacheAwareConfig::default());
+    // Ranks with these prefill lines (tokens queued), equally fast and equally busy.
+    let lines = |backlog: [u64; 3]| {
+        RankSet::new(
+            (0..3)
+                .map(|rank| RankLoad {
+                    rank,
+                    active_requests: 1,
+                    active_tokens: 0,
+                })
+                .collect(),
+        )
+        .with_queues(
+            (0..3)
+                .map(|rank| RankQueue {
+                    rank,
+                    running_requests: 1,
+                    waiting_requests: 0,
+                    max_total_tokens: 1 << 20,
+                    prefill_backlog_tokens: Some(backlog[rank as usize]),
+                    prefill_rate: Some(1000.0),
+                })
+                .collect(),
+        )
+    };
+    let hot: Vec<u32> = (0..96).collect();
+    let asking = |tail: u32| {
+        let mut ids = hot.clone();
+        ids.extend([5000 + tail; 4]);
+        ids
+    };
+    let first = route_and_predict(&mut m, &mut index, &lines([0; 3]), &asking(0), t).rank;
+    // The holder's line grows past what the prefix saves: the next request spills.
+    let mut busy = [0u64; 3];
+    busy[first as usize] = 400;
+    let second = route_and_predict(&mut m, &mut index, &lines(busy), &asking(1), t).rank;
+    assert_ne!(second, first);
+    // Both now hold the prefix; each later request goes to the holder with the shorter line,
+    // never to the third rank.
+    let third = (0..3).find(|r| *r != first && *r != second).unwrap();
+    for (i, (a, b)) in [(400, 0), (0, 400), (150, 100), (100, 180)].into_iter().enumerate() {
+        let mut busy = [0u64; 3];
+        busy[first as usize] = a;
+        busy[second as usize] = b;
+        busy[third as usize] = 0;
+        let d = route_and_predict(&mut m, &mut index, &lines(busy), &asking(2 + i as u32), t);
+        let want = if a <= b { first } else { second };
+        assert_eq!(d.rank, want, "lines {a} / {b}");
+        assert_eq!(d.cached_tokens, None, "set by the controller, not the balancer");
+        let held = d.costs.iter().filter(|c| c.matched_tokens >= 96).count();
+        assert_eq!(held, 2);
+    }
+}
+
+#[test]
+fn a_conversation_stays_on_the_rank_of_its_previous_turn() {
+    use crate::policy::{CacheAware, CacheAwareConfig, RankSet};
+    let t = Instant::now();
+    let mut index = synced(4, t);
+    let mut m = CacheAware::new(CacheAwareConfig::default());
+    let set = RankSet::idle(&[0, 1, 2, 3]);
+    let mut convo: Vec<u32> = (0..40).collect();
+    let first = route_and_predict(&mut m, &mut index, &set, &convo, t).rank;
+    for turn in 0..5u32 {
+        convo.extend((0..12).map(|i| 100 * (turn + 1) + i));
+        let d = route_and_predict(&mut m, &mut index, &set, &convo, t);
+        assert_eq!(d.rank, first, "turn {turn}");
+    }
 }

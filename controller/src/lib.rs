@@ -87,11 +87,12 @@ pub struct RoutingArgs {
     #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_MAX_LOAD_SKEW",
           default_value_t = PrefixAffinityConfig::default().max_load_skew)]
     pub prefix_affinity_max_load_skew: f64,
-    /// cache_aware: the cost of one active token on a rank, in prompt tokens to compute
-    /// (>= 0): a rank holding a longer prefix wins unless its load outweighs the saving.
-    #[arg(long, env = "DPSERVE_CACHE_AWARE_LOAD_WEIGHT",
-          default_value_t = CacheAwareConfig::default().load_weight)]
-    pub cache_aware_load_weight: f64,
+    /// cache_aware: the weight (>= 0) of the wait a request's own prefill adds for those
+    /// queued behind it on a rank, relative to its own wait; 0 routes by the predicted time
+    /// to first token alone.
+    #[arg(long, env = "DPSERVE_CACHE_AWARE_COMPUTE_WEIGHT",
+          default_value_t = CacheAwareConfig::default().compute_weight)]
+    pub cache_aware_compute_weight: f64,
     /// cache_aware: a rank is overloaded when its active requests exceed this multiple
     /// (>= 1.0) of max(mean over live ranks, 1); the request goes to the next cheapest rank.
     #[arg(long, env = "DPSERVE_CACHE_AWARE_MAX_LOAD_SKEW",
@@ -164,7 +165,7 @@ impl Default for RoutingArgs {
             prefix_affinity_disable_token_fallback: !affinity.token_fallback,
             prefix_affinity_fallback: affinity.fallback,
             prefix_affinity_max_load_skew: affinity.max_load_skew,
-            cache_aware_load_weight: cache.load_weight,
+            cache_aware_compute_weight: cache.compute_weight,
             cache_aware_max_load_skew: cache.max_load_skew,
             smg_cache_threshold: peers.smg.cache_threshold,
             smg_balance_abs_threshold: peers.smg.balance_abs_threshold,
@@ -289,12 +290,12 @@ impl RoutingArgs {
         if !(skew.is_finite() && skew >= 1.0) {
             return Err(Error::CacheAwareLoadSkew { got: skew });
         }
-        let weight = self.cache_aware_load_weight;
+        let weight = self.cache_aware_compute_weight;
         if !(weight.is_finite() && weight >= 0.0) {
-            return Err(Error::CacheAwareLoadWeight { got: weight });
+            return Err(Error::CacheAwareComputeWeight { got: weight });
         }
         Ok(CacheAwareConfig {
-            load_weight: weight,
+            compute_weight: weight,
             max_load_skew: skew,
         })
     }
@@ -510,8 +511,8 @@ mod tests {
                 "--cache-aware-max-load-skew",
             ),
             (
-                &["--cache-aware-load-weight", "NaN"],
-                "--cache-aware-load-weight",
+                &["--cache-aware-compute-weight", "NaN"],
+                "--cache-aware-compute-weight",
             ),
             (&["--smg-cache-threshold", "1.5"], "--smg-cache-threshold"),
             (

@@ -304,10 +304,17 @@ impl Ranks {
     }
 
     /// Account a request dispatched to `rank` with number `seq`.
-    pub fn dispatched(&mut self, rank: u32, rid: &str, tokens: u64, seq: u64) {
+    pub fn dispatched(
+        &mut self,
+        rank: u32,
+        rid: &str,
+        tokens: u64,
+        prefill_tokens: u64,
+        seq: u64,
+    ) {
         if let Some(r) = self.live.get_mut(&rank) {
             r.budget
-                .on_dispatch(rid, tokens, seq, Instant::now(), protocol::unix_time());
+                .on_dispatch(rid, tokens, prefill_tokens, seq, Instant::now(), protocol::unix_time());
             r.inflight.insert(rid.to_string(), tokens);
         }
     }
@@ -315,10 +322,17 @@ impl Ranks {
     /// Account the prefill leg of a disaggregated request: load only. Its rid is the decode
     /// rank's to answer (and to fail should that rank die); should this rank die, its decode
     /// peers hear `PeerGone` and fail what waited for it.
-    pub fn dispatched_leg(&mut self, rank: u32, rid: &str, tokens: u64, seq: u64) {
+    pub fn dispatched_leg(
+        &mut self,
+        rank: u32,
+        rid: &str,
+        tokens: u64,
+        prefill_tokens: u64,
+        seq: u64,
+    ) {
         if let Some(r) = self.live.get_mut(&rank) {
             r.budget
-                .on_dispatch(rid, tokens, seq, Instant::now(), protocol::unix_time());
+                .on_dispatch(rid, tokens, prefill_tokens, seq, Instant::now(), protocol::unix_time());
         }
     }
 
@@ -516,8 +530,8 @@ mod tests {
     fn speculative_load_is_replaced_by_status_and_finished_rids_settle() {
         let mut ranks = Ranks::new(None, Duration::from_secs(3));
         ranks.hello(&hello(0, "a"), &id(0), false).unwrap();
-        ranks.dispatched(0, "x", 10, 0);
-        ranks.dispatched(0, "y", 5, 0);
+        ranks.dispatched(0, "x", 10, 0, 0);
+        ranks.dispatched(0, "y", 5, 0, 0);
         assert_eq!(ranks.rank_set().loads()[0].active_requests, 2);
         // A snapshot taken after both dispatches counts them itself.
         ranks.status(
@@ -548,7 +562,7 @@ mod tests {
         ranks.hello(&again, &id(0), false).unwrap();
         for rid in ["x", "y"] {
             let seq = ranks.next_dispatch_seq(0);
-            ranks.dispatched(0, rid, 10, seq);
+            ranks.dispatched(0, rid, 10, 0, seq);
         }
         // Before it reads either, its status says the last dispatch it took in: 57, numbered
         // by the old controller. Neither new request is counted there.
@@ -588,8 +602,8 @@ mod tests {
     fn a_draining_rank_leaves_routing_but_keeps_its_requests_until_it_ends() {
         let mut ranks = Ranks::new(None, Duration::from_secs(3));
         ranks.hello(&hello(0, "a"), &id(0), false).unwrap();
-        ranks.dispatched(0, "x", 10, 0);
-        ranks.dispatched(0, "y", 10, 0);
+        ranks.dispatched(0, "x", 10, 0, 0);
+        ranks.dispatched(0, "y", 10, 0, 0);
         assert!(ranks.start_drain(0, Duration::from_secs(30)));
         assert!(
             ranks.ids().is_empty(),
@@ -629,7 +643,7 @@ mod tests {
             ranks.hello(&hello(0, "a"), b"rank-0.first", false),
             Ok(Joined::New { lost: vec![] })
         );
-        ranks.dispatched(0, "x", 10, 0);
+        ranks.dispatched(0, "x", 10, 0, 0);
         let mut dup = hello(0, "a");
         dup.pid = 2;
         assert_eq!(

@@ -474,6 +474,25 @@ pub struct WorkerStatus {
     /// that predate it (the controller then orders by `timestamp`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status_seq: Option<u64>,
+    /// The rank's prefill line and speed, for the router's time cost. Absent from workers that
+    /// predate it (the controller then counts prompt tokens, at one speed for every rank).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill: Option<PrefillStatus>,
+}
+
+/// What a worker's prompt computation looks like, in its `WorkerStatus`.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PrefillStatus {
+    /// Prompt tokens taken in and not yet computed: the uncached rest of every waiting
+    /// request's prompt (as the prefix cache stands now) and what is left of those being
+    /// prefilled. A request sent to this rank waits behind them for its first token.
+    pub backlog_tokens: u64,
+    /// Prompt tokens computed by prefill steps since start.
+    pub computed_tokens: u64,
+    /// Seconds those prefill steps took, since start: with `computed_tokens`, the rank's
+    /// measured prefill speed.
+    pub busy_seconds: f64,
 }
 
 /// A disaggregated worker's queues and transfers, in its `WorkerStatus`.

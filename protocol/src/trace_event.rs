@@ -299,18 +299,30 @@ pub struct RankLoad {
     pub active_tokens: u64,
 }
 
-/// `cache_aware`'s view of one rank for one request: the terms of its cost.
+/// `cache_aware`'s view of one rank for one request: the terms of its cost, in seconds of
+/// prefill (in prompt tokens while no rank's prefill speed is measured yet).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct RankCost {
     pub rank: u32,
-    /// Leading prompt tokens the rank's prefix cache holds (whole blocks, from its KV events).
+    /// Leading prompt tokens the rank holds (whole blocks, from its KV events, and blocks
+    /// sent to it that its events have not confirmed yet).
     pub matched_tokens: u64,
     /// Prompt tokens it would still compute: prompt − matched.
     pub prefill_tokens: u64,
-    /// `--cache-aware-load-weight` × its active tokens.
+    /// The wait for the prompt tokens queued ahead of it: backlog ÷ rate.
     pub load_cost: f64,
-    /// prefill_tokens + load_cost: the lowest wins, unless the overload guard skips it.
+    /// load_cost + (1 + compute weight) × prefill_tokens ÷ rate: its predicted time to first
+    /// token plus what its computing delays those who come after it. The lowest wins, unless
+    /// the overload guard skips it.
     pub cost: f64,
+    /// Prompt tokens queued on the rank, not yet computed (its status plus the dispatches
+    /// since); absent when the rank does not report them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backlog_tokens: Option<u64>,
+    /// The prefill speed used, prompt tokens per second (the rank's measured one, or the mean
+    /// of the measured ranks'); absent while no rank's is measured (costs are then in tokens).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_rate: Option<f64>,
 }
 
 /// A peer method's view of one rank for one request: the terms of the rule it follows, so a
@@ -629,6 +641,8 @@ mod tests {
                     prefill_tokens: 36,
                     load_cost: 4.0,
                     cost: 40.0,
+                    backlog_tokens: Some(400),
+                    prefill_rate: Some(100.0),
                 }],
                 scores: vec![
                     RankScore::VllmDp {

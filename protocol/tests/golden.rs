@@ -678,6 +678,7 @@ const FIELD_RULES: &[FieldRules] = &[
             ("taken_seq", "null"),
             ("disagg", "null"),
             ("status_seq", "null"),
+            ("prefill", "null"),
         ],
     },
     FieldRules {

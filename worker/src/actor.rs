@@ -289,6 +289,7 @@ impl<O: Outbox> WorkerActor<O> {
             disagg: sched.disagg_status(),
             simulated: sched.model().simulated().map(|p| p.name.clone()),
             status_seq: Some(self.status.seq + 1),
+            prefill: Some(sched.prefill_status()),
         };
         self.status = StatusClock {
             last: Instant::now(),

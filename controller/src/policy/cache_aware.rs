@@ -1,26 +1,41 @@
-//! `cache_aware`: send each request where its prompt's prefix is already cached, as the workers'
-//! own radix caches report it (KV events → [`crate::kv_index`]), traded against load; no routing
+//! `cache_aware`: send each request where it gets its first token soonest for the least work,
+//! counting the prefix each rank already holds (its radix cache, as the workers' KV events
+//! report it, plus what the controller sent it and its events have not confirmed yet), the
+//! prompt tokens queued ahead of it there, and the rank's measured prefill speed; no routing
 //! key needed, and prefixes of any length count.
 //!
 //! ```text
-//! matched(r)  = leading prompt tokens rank r holds (whole blocks; from the RankSet's CachedPrefix)
-//! cost(r)     = (prompt − matched(r))  +  load_weight × active_tokens(r)
-//!               └ prefill still to do ┘   └ work already queued or resident ┘
+//! matched(r)  = leading prompt tokens r holds or was sent (whole blocks; the RankSet's CachedPrefix)
+//! uncached(r) = prompt − matched(r)
+//! backlog(r)  = prompt tokens r has taken in and not computed (its status) + the uncached
+//!               tokens of what was sent to it since (0 when it does not report one)
+//! rate(r)     = its measured prefill tokens per second | the mean of the measured ranks' |
+//!               1 when none is measured (every cost is then in tokens)
+//! cost(r)     = backlog(r) / rate(r)  +  (1 + w) × uncached(r) / rate(r)
+//!               └ wait for the line ┘    └ its own prefill, and the wait it adds for those
+//!                                          who queue behind it (w: --cache-aware-compute-weight) ┘
 //! order       = live ranks by cost, lowest first (ties: HRW order on the first block's hash)
-//!             | HRW order on the first block's hash, when no rank holds any of the prompt
 //! T           = max_load_skew × max(mean active requests over live ranks, 1.0)
 //! rank        = first r in order with active_requests(r) ≤ T  (branch cached | cold; spill if
 //!               not the first) | order[0] if none qualifies
 //! ```
-//! Why HRW for cold prompts: a burst of prompts that share a beginning arrives before the first
-//! of them is cached anywhere; a pure cost would spread them by load and compute the shared
-//! prefix on every rank. The first block's hash sends them to one rank, as prefix_affinity
-//! would, and the overload guard (the same as prefix_affinity's, on active requests) spills a
-//! hot prefix to its next choice, which then caches it too.
+//! Why time, not tokens: a rank's queue of prompts is what a new request waits behind (the
+//! worker prefills before it decodes), and ranks differ in speed; the cost is the predicted
+//! time to first token. Decode adds nothing to it here beyond the step in progress: the
+//! scheduler runs a prefill step whenever one is admitted.
 //!
-//! Why load in tokens, weighted down: a rank's active tokens are mostly KV that decode steps
-//! read, much cheaper per token than computing a prompt token; the default weight 0.1 lets a
-//! cached prefix win until the holder carries ten times more tokens than the prefill saved.
+//! Why the uncached tokens count twice by default: the time to first token alone would send
+//! the second request of a shared prefix to an idle rank that computes the whole prompt again
+//! (it starts at once, instead of after its sibling), and the cluster then computes every
+//! prefix once per rank. Work a rank computes also delays everyone who comes after it there,
+//! so the cost charges it again: a request joins its prefix's holder unless the holder's line
+//! is longer than about twice the work the prefix saves.
+//!
+//! Why predictions: the siblings of a burst arrive before the first of them is computed and
+//! reported anywhere; counting the blocks sent to a rank as held there (see
+//! [`crate::kv_index`]) makes them meet. A hot prefix whose holder's line grows spills to the
+//! cheapest other rank, which then holds the prefix too: later requests choose among its
+//! holders by cost, so its traffic spreads over as many ranks as it needs, and no further.
 //!
 //! Cost per decision: O(n log n) for n live ranks plus the HRW hashes; the prompt's hashing and
 //! index lookups are the controller's (see `server`), O(prompt / block size).
@@ -31,8 +46,9 @@ use super::{Branch, KeySource, LoadBalancer, RankCost, RankSet, RouteDecision, R
 /// `--cache-aware-*` settings. `Default` is the single source of the defaults; clap reads it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CacheAwareConfig {
-    /// Cost of one active token on a rank, in prompt tokens to compute (≥ 0).
-    pub load_weight: f64,
+    /// Weight of the wait a request's own prefill adds for those queued behind it, relative
+    /// to its own (≥ 0; 0: the predicted time to first token alone).
+    pub compute_weight: f64,
     /// Overload threshold as a multiple of the mean active requests (≥ 1.0).
     pub max_load_skew: f64,
 }
@@ -40,7 +56,7 @@ pub struct CacheAwareConfig {
 impl Default for CacheAwareConfig {
     fn default() -> Self {
         CacheAwareConfig {
-            load_weight: 0.1,
+            compute_weight: 1.0,
             max_load_skew: 1.5,
         }
     }
@@ -84,6 +100,20 @@ fn first_block_of(ids: &[u32]) -> u64 {
     protocol::kv_events::block_hash(None, &ids[..n])
 }
 
+/// The prefill speed each rank is costed at, in [`RankSet::loads`] order: its measured one,
+/// else the mean of the measured ones; all `None` while none is measured.
+fn rates(ranks: &RankSet) -> Vec<Option<f64>> {
+    let measured: Vec<Option<f64>> = (0..ranks.len())
+        .map(|i| ranks.queue(i).prefill_rate.filter(|r| *r > 0.0))
+        .collect();
+    let known: Vec<f64> = measured.iter().flatten().copied().collect();
+    if known.is_empty() {
+        return measured;
+    }
+    let mean = known.iter().sum::<f64>() / known.len() as f64;
+    measured.into_iter().map(|r| r.or(Some(mean))).collect()
+}
+
 impl LoadBalancer for CacheAware {
     fn select(&mut self, req: &RouteInput<'_>, ranks: &RankSet) -> RouteDecision {
         let loads = ranks.loads();
@@ -109,6 +139,7 @@ impl LoadBalancer for CacheAware {
                 .unwrap_or(0)
                 .min(prompt)
         };
+        let rates = rates(ranks);
         let cold = (0..loads.len()).all(|i| matched_of(i) == 0);
         // Candidates in HRW order, then (stable) by cost: equal costs keep the HRW order.
         let mut costs: Vec<RankCost> = hrw_order
@@ -116,19 +147,24 @@ impl LoadBalancer for CacheAware {
             .map(|&rank| {
                 let i = loads.partition_point(|l| l.rank < rank);
                 let matched = matched_of(i);
-                let load_cost = self.config.load_weight * loads[i].active_tokens as f64;
+                let uncached = prompt - matched;
+                let backlog = ranks.queue(i).prefill_backlog_tokens;
+                let rate = rates[i];
+                let per_token = rate.map_or(1.0, |r| 1.0 / r);
+                let load_cost = backlog.unwrap_or(0) as f64 * per_token;
                 RankCost {
                     rank,
                     matched_tokens: matched,
-                    prefill_tokens: prompt - matched,
+                    prefill_tokens: uncached,
                     load_cost,
-                    cost: (prompt - matched) as f64 + load_cost,
+                    cost: load_cost
+                        + (1.0 + self.config.compute_weight) * uncached as f64 * per_token,
+                    backlog_tokens: backlog,
+                    prefill_rate: rate,
                 }
             })
             .collect();
-        if !cold {
-            costs.sort_by(|a, b| a.cost.total_cmp(&b.cost));
-        }
+        costs.sort_by(|a, b| a.cost.total_cmp(&b.cost));
 
         let total: u64 = loads.iter().map(|l| l.active_requests).sum();
         let mean = total as f64 / loads.len() as f64;
@@ -156,6 +192,7 @@ impl LoadBalancer for CacheAware {
             fallback: None,
             costs,
             scores: Vec::new(),
+            cached_tokens: None,
         }
     }
 }
@@ -163,7 +200,7 @@ impl LoadBalancer for CacheAware {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::CachedPrefix;
+    use crate::policy::{CachedPrefix, RankLoad, RankQueue};
 
     fn ranks(loads: &[(u32, u64, u64)], matched: &[u64]) -> RankSet {
         RankSet::with_loads(loads).with_cached_prefix(CachedPrefix {
@@ -171,6 +208,37 @@ mod tests {
             first_block: 42,
             block_size: 32,
         })
+    }
+
+    /// Ranks `(rank, backlog tokens, measured prefill rate)` holding `matched` tokens each,
+    /// one active request apiece.
+    fn timed(spec: &[(u32, u64, Option<f64>)], matched: &[u64]) -> RankSet {
+        let loads = spec
+            .iter()
+            .map(|&(rank, _, _)| RankLoad {
+                rank,
+                active_requests: 1,
+                active_tokens: 0,
+            })
+            .collect();
+        let queues = spec
+            .iter()
+            .map(|&(rank, backlog, rate)| RankQueue {
+                rank,
+                running_requests: 1,
+                waiting_requests: 0,
+                max_total_tokens: 1 << 20,
+                prefill_backlog_tokens: Some(backlog),
+                prefill_rate: rate,
+            })
+            .collect();
+        RankSet::new(loads)
+            .with_queues(queues)
+            .with_cached_prefix(CachedPrefix {
+                matched_tokens: matched.to_vec(),
+                first_block: 42,
+                block_size: 32,
+            })
     }
 
     fn req(ids: &[u32]) -> RouteInput<'_> {
@@ -185,18 +253,53 @@ mod tests {
         let set = ranks(&[(0, 1, 0), (1, 1, 0), (2, 1, 0)], &[0, 64, 32]);
         let d = m.select(&req(&PROMPT), &set);
         assert_eq!((d.rank, d.branch), (1, Branch::Cached));
-        let order: Vec<(u32, u64)> = d.costs.iter().map(|c| (c.rank, c.prefill_tokens)).collect();
-        assert_eq!(order, [(1, 36), (2, 68), (0, 100)]);
+        let order: Vec<(u32, u64, f64)> = d
+            .costs
+            .iter()
+            .map(|c| (c.rank, c.prefill_tokens, c.cost))
+            .collect();
+        // No backlog or speed reported: the cost is twice the tokens to compute.
+        assert_eq!(order, [(1, 36, 72.0), (2, 68, 136.0), (0, 100, 200.0)]);
         assert_eq!(d.key_digest, Some(42));
     }
 
     #[test]
-    fn load_outweighs_a_small_saving_but_not_a_large_one() {
+    fn the_cost_is_time_on_ranks_of_different_speed() {
         let mut m = CacheAware::new(CacheAwareConfig::default());
-        // Rank 1 saves 64 prefill tokens but carries 1000 more active tokens (cost +100).
-        let set = ranks(&[(0, 1, 0), (1, 1, 1000)], &[0, 64]);
+        // Equal lines, nothing cached: rank 1 computes twice as fast.
+        let set = timed(&[(0, 1000, Some(1000.0)), (1, 1000, Some(2000.0))], &[0, 0]);
+        let d = m.select(&req(&PROMPT), &set);
+        assert_eq!(d.rank, 1);
+        let c1 = d.costs.iter().find(|c| c.rank == 1).unwrap();
+        assert_eq!(c1.load_cost, 0.5);
+        assert!((c1.cost - 0.6).abs() < 1e-12, "{}", c1.cost);
+        assert_eq!(c1.prefill_rate, Some(2000.0));
+        // The fast rank's line is three times longer: the slow one is sooner.
+        let set = timed(&[(0, 1000, Some(1000.0)), (1, 3000, Some(2000.0))], &[0, 0]);
         assert_eq!(m.select(&req(&PROMPT), &set).rank, 0);
-        let set = ranks(&[(0, 1, 0), (1, 1, 500)], &[0, 64]);
+        // A rank not measured yet is costed at the mean of the measured ones.
+        let set = timed(&[(0, 0, None), (1, 0, Some(2000.0)), (2, 0, Some(1000.0))], &[0, 0, 0]);
+        let d = m.select(&req(&PROMPT), &set);
+        let c0 = d.costs.iter().find(|c| c.rank == 0).unwrap();
+        assert_eq!(c0.prefill_rate, Some(1500.0));
+        assert_eq!(d.rank, 1);
+    }
+
+    #[test]
+    fn a_long_line_outweighs_a_cached_prefix_but_not_a_short_one() {
+        let mut m = CacheAware::new(CacheAwareConfig::default());
+        // Rank 1 holds 64 of 100 tokens: it saves 2 × 64 = 128 tokens of cost.
+        let set = timed(&[(0, 0, Some(100.0)), (1, 120, Some(100.0))], &[0, 64]);
+        assert_eq!(m.select(&req(&PROMPT), &set).rank, 1);
+        let set = timed(&[(0, 0, Some(100.0)), (1, 140, Some(100.0))], &[0, 64]);
+        assert_eq!(m.select(&req(&PROMPT), &set).rank, 0);
+        // Weight 0: the time to first token alone; the idle rank wins at once.
+        let mut ttft = CacheAware::new(CacheAwareConfig {
+            compute_weight: 0.0,
+            ..Default::default()
+        });
+        let set = timed(&[(0, 0, Some(100.0)), (1, 70, Some(100.0))], &[0, 64]);
+        assert_eq!(ttft.select(&req(&PROMPT), &set).rank, 0);
         assert_eq!(m.select(&req(&PROMPT), &set).rank, 1);
     }
 
@@ -213,7 +316,7 @@ mod tests {
     }
 
     #[test]
-    fn cold_prompts_with_one_first_block_go_to_one_rank_by_hrw() {
+    fn cold_prompts_on_equal_ranks_go_to_one_rank_by_hrw() {
         let mut m = CacheAware::new(CacheAwareConfig::default());
         let set = ranks(
             &[(0, 0, 0), (1, 0, 500), (2, 0, 0), (3, 0, 0)],
@@ -221,7 +324,7 @@ mod tests {
         );
         let d = m.select(&req(&PROMPT), &set);
         assert_eq!(d.branch, Branch::Cold);
-        assert_eq!(d.rank, d.hrw_order[0], "load does not spread a cold burst");
+        assert_eq!(d.rank, d.hrw_order[0], "equal costs keep the HRW order");
         let order = hrw::order(&Blake2Hrw, &42u64.to_le_bytes(), &[0, 1, 2, 3]);
         assert_eq!(d.hrw_order, order);
         // Without an index view the key is the prompt's own first block.
@@ -231,6 +334,17 @@ mod tests {
         other[99] = 8; // a different tail, same first block
         assert_eq!(m.select(&req(&other), &plain).rank, a.rank);
         assert_eq!(a.key_digest, Some(first_block_of(&PROMPT)));
+    }
+
+    #[test]
+    fn a_cold_prompt_goes_to_the_shortest_line() {
+        let mut m = CacheAware::new(CacheAwareConfig::default());
+        let set = timed(
+            &[(0, 500, Some(100.0)), (1, 0, Some(100.0)), (2, 900, Some(100.0))],
+            &[0, 0, 0],
+        );
+        let d = m.select(&req(&PROMPT), &set);
+        assert_eq!((d.rank, d.branch), (1, Branch::Cold));
     }
 
     #[test]

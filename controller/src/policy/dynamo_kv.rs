@@ -331,6 +331,7 @@ mod tests {
                     running_requests: 0,
                     waiting_requests: waiting[rank as usize],
                     max_total_tokens: 0,
+                    ..Default::default()
                 })
                 .collect();
             RankSet::new(loads)

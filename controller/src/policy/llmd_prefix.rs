@@ -158,6 +158,7 @@ mod tests {
                 running_requests: 0,
                 waiting_requests: waiting,
                 max_total_tokens: 1000,
+                ..Default::default()
             })
             .collect();
         RankSet::new(loads)

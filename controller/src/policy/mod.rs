@@ -71,7 +71,7 @@ pub struct RankSet {
 /// into running and waiting, and its KV capacity, for the rules that weigh them apart
 /// (`vllm_dp`, `llmd_prefix`). Kept beside the load rather than in it, so the traced
 /// [`RankLoad`] keeps its shape; the methods trace what they used in their [`RankScore`]s.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct RankQueue {
     pub rank: u32,
     /// Running by the last applied status.
@@ -81,6 +81,11 @@ pub struct RankQueue {
     pub waiting_requests: u64,
     /// The rank's KV capacity in tokens (`max_total_tokens` of its status; 0 before one).
     pub max_total_tokens: u64,
+    /// Prompt tokens the rank has yet to compute: its last status's backlog plus the uncached
+    /// part of the dispatches it does not count yet. `None`: the rank does not report one.
+    pub prefill_backlog_tokens: Option<u64>,
+    /// Its measured prefill speed in prompt tokens per second; `None` until measured.
+    pub prefill_rate: Option<f64>,
 }
 
 impl RankQueue {
@@ -138,6 +143,8 @@ impl RankSet {
                 running_requests: l.active_requests,
                 waiting_requests: 0,
                 max_total_tokens: 0,
+                prefill_backlog_tokens: None,
+                prefill_rate: None,
             }
         })
     }
@@ -228,6 +235,9 @@ pub struct RouteDecision {
     pub costs: Vec<RankCost>,
     /// The peers' methods: every live rank's terms of the rule, in rank order.
     pub scores: Vec<RankScore>,
+    /// The leading prompt tokens the chosen rank holds by the KV index (blocks predicted
+    /// there included), for the methods that read it; `None` for the others.
+    pub cached_tokens: Option<u64>,
 }
 
 impl RouteDecision {
@@ -243,6 +253,7 @@ impl RouteDecision {
             fallback: None,
             costs: Vec::new(),
             scores: Vec::new(),
+            cached_tokens: None,
         }
     }
 

@@ -165,6 +165,7 @@ impl LoadBalancer for PrefixAffinity {
             fallback: None,
             costs: Vec::new(),
             scores: Vec::new(),
+            cached_tokens: None,
         }
     }
 }

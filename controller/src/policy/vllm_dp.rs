@@ -89,6 +89,7 @@ mod tests {
                     running_requests: running,
                     waiting_requests: waiting,
                     max_total_tokens: 1000,
+                    ..Default::default()
                 })
                 .collect(),
         )
@@ -149,7 +150,7 @@ mod tests {
             },
             t0,
         );
-        b.on_dispatch("x", 10, 0, t0, 101.0);
+        b.on_dispatch("x", 10, 10, 0, t0, 101.0);
         let q = b.queue(0);
         assert_eq!((q.running_requests, q.waiting_requests), (2, 1));
         // 4 × 1 + 2 = 6 > 5: the dispatch alone moves the next request to rank 1.

@@ -34,6 +34,7 @@ impl Controller {
             &decode_ranks,
             Some(DisaggMode::Decode),
         );
+        let computed = self.expect_computed(&prefill, &req.input_ids);
         let (prefill, decode) = match (prefill, decode) {
             (Ok(p), Ok(d)) => (p, d),
             (Err(e), _) | (_, Err(e)) => {
@@ -68,9 +69,11 @@ impl Controller {
             let why = format!("prefill rank {} is unreachable", prefill.rank);
             return self.refuse(&rid, 503, why);
         }
-        self.ranks.dispatched_leg(prefill.rank, &rid, prompt, seq);
+        self.ranks
+            .dispatched_leg(prefill.rank, &rid, prompt, computed, seq);
         let tokens = prompt + u64::from(req.sampling.max_new_tokens);
-        if !self.dispatch(&rid, Ok(decode), tokens, Message::GenerateReq(req)) {
+        // The decode rank receives the prompt's KV: it computes none of it.
+        if !self.dispatch(&rid, Ok(decode), tokens, 0, Message::GenerateReq(req)) {
             let abort = Message::Abort(protocol::Abort {
                 rid: Some(rid.clone()),
             });

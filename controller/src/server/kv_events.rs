@@ -65,9 +65,9 @@ impl Controller {
     }
 }
 
-/// `ranks` with what `index` says of the prompt `ids` on each of them.
+/// `ranks` with what `index` says of the prompt `ids` on each of them now.
 pub(super) fn with_cached_prefix(index: &KvIndex, ids: &[u32], ranks: &RankSet) -> RankSet {
     ranks
         .clone()
-        .with_cached_prefix(index.cached_prefix(ids, ranks))
+        .with_cached_prefix(index.cached_prefix(ids, ranks, Instant::now()))
 }

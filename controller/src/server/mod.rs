@@ -255,8 +255,9 @@ impl Controller {
                 };
                 let decision = self.decide(&input, req.routed_dp_rank);
                 let tokens = req.input_ids.len() as u64 + u64::from(req.sampling.max_new_tokens);
+                let prefill = self.expect_computed(&decision, &req.input_ids);
                 let rid = req.rid.clone();
-                self.dispatch(&rid, decision, tokens, Message::GenerateReq(req));
+                self.dispatch(&rid, decision, tokens, prefill, Message::GenerateReq(req));
             }
             Message::EmbedReq(req) => {
                 let input = RouteInput {
@@ -267,8 +268,9 @@ impl Controller {
                 };
                 let decision = self.decide(&input, req.routed_dp_rank);
                 let tokens = req.input_ids.len() as u64;
+                let prefill = self.expect_computed(&decision, &req.input_ids);
                 let rid = req.rid.clone();
-                self.dispatch(&rid, decision, tokens, Message::EmbedReq(req));
+                self.dispatch(&rid, decision, tokens, prefill, Message::EmbedReq(req));
             }
             Message::Abort(abort) => {
                 // The request may be on any rank (or still in flight to one): tell them all.
@@ -338,7 +340,11 @@ impl Controller {
         } else {
             ranks
         };
-        let decision = route(balancer, input, explicit, ranks);
+        let mut decision = route(balancer, input, explicit, ranks);
+        if let (Ok(d), Some(c)) = (&mut decision, ranks.cached_prefix()) {
+            let i = ranks.loads().partition_point(|l| l.rank < d.rank);
+            d.cached_tokens = c.matched_tokens.get(i).copied();
+        }
         self.route_counts.record(method, &decision);
         if self.tracer.enabled() {
             let milestone = match &decision {
@@ -376,12 +382,30 @@ impl Controller {
         decision
     }
 
-    /// Sends a routed request to its rank; false (the client answered) when it could not.
+    /// The prompt tokens the chosen rank will compute for `ids` (what it does not hold by the
+    /// KV index; all of them for methods that do not read it). Under `cache_aware` the prompt's
+    /// blocks are predicted on that rank from now on (see [`KvIndex::predict`]): the next
+    /// request sharing them meets it there before its KV events arrive.
+    fn expect_computed(
+        &mut self,
+        decision: &Result<RouteDecision, RouteError>,
+        ids: &[u32],
+    ) -> u64 {
+        let Ok(d) = decision else { return 0 };
+        if self.config.method == Method::CacheAware {
+            self.kv_index.predict(d.rank, ids, Instant::now());
+        }
+        (ids.len() as u64).saturating_sub(d.cached_tokens.unwrap_or(0))
+    }
+
+    /// Sends a routed request to its rank (`tokens` of KV at most, `prefill_tokens` of them to
+    /// compute); false (the client answered) when it could not.
     fn dispatch(
         &mut self,
         rid: &str,
         decision: Result<RouteDecision, RouteError>,
         tokens: u64,
+        prefill_tokens: u64,
         msg: Message,
     ) -> bool {
         let decision = match decision {
@@ -405,7 +429,8 @@ impl Controller {
             *dispatch_seq = seq;
         }
         if self.send_to_worker(decision.rank, &msg) {
-            self.ranks.dispatched(decision.rank, rid, tokens, seq);
+            self.ranks
+                .dispatched(decision.rank, rid, tokens, prefill_tokens, seq);
             true
         } else {
             self.send_to_tokenizer(&Message::TokenOut(TokenOut::error(

@@ -60,6 +60,7 @@ pub fn decision() -> RouteDecision {
         fallback: None,
         costs: Vec::new(),
         scores: Vec::new(),
+        cached_tokens: None,
     }
 }
 

@@ -266,6 +266,7 @@ mod tests {
             fallback: None,
             costs: Vec::new(),
             scores: Vec::new(),
+            cached_tokens: None,
         }
     }
 

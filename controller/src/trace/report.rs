@@ -312,14 +312,22 @@ fn cache_sentence(r: &RouteRecord, rank: u32) -> String {
     };
     let c = &r.costs[pos];
     let prompt = c.matched_tokens + c.prefill_tokens;
+    let unit = if c.prefill_rate.is_some() { "s" } else { " tokens" };
+    let speed = c
+        .prefill_rate
+        .map_or(String::new(), |rate| format!(" at {rate:.0} tokens/s"));
     let terms = format!(
-        "cost {:.1} = {} prompt tokens to compute + {:.1} for its load",
-        c.cost, c.prefill_tokens, c.load_cost
+        "cost {:.3}{unit} = {:.3} waiting behind {} queued prompt tokens + {:.3} for its {} to compute{speed}",
+        c.cost,
+        c.load_cost,
+        c.backlog_tokens.unwrap_or(0),
+        c.cost - c.load_cost,
+        c.prefill_tokens,
     );
     let digest = r.key_digest.as_deref().unwrap_or("-");
     match r.branch {
         Some(Branch::Cold) => format!(
-            "Request {} went to rank {rank}: no rank holds any of its {prompt} prompt tokens, so the first HRW choice for its first block (digest {digest}), with {} active requests within the threshold {}.",
+            "Request {} went to rank {rank}: no rank holds any of its {prompt} prompt tokens, so the cheapest line ({terms}; equal costs in HRW order for its first block, digest {digest}), with {} active requests within the threshold {}.",
             r.rid,
             load_of(r, rank),
             fmt_threshold(r.threshold)
@@ -348,7 +356,7 @@ fn cache_sentence(r: &RouteRecord, rank: u32) -> String {
         _ => {
             let next = r.costs.get(1).map_or(String::new(), |n| {
                 format!(
-                    "; the next cheapest, rank {}, holds {} (cost {:.1})",
+                    "; the next cheapest, rank {}, holds {} (cost {:.3})",
                     n.rank, n.matched_tokens, n.cost
                 )
             });
@@ -530,7 +538,9 @@ mod tests {
         let hit = explain_with(&mut m, set(vec![0, 64], 0));
         assert!(
             hit.contains("went to rank 1, the cheapest: it holds 64 of 100 prompt tokens")
-                && hit.contains("cost 36.0 = 36 prompt tokens to compute + 0.0 for its load")
+                && hit.contains(
+                    "cost 72.000 tokens = 0.000 waiting behind 0 queued prompt tokens + 72.000 for its 36 to compute"
+                )
                 && hit.contains("the next cheapest, rank 0, holds 0"),
             "{hit}"
         );
@@ -584,12 +594,14 @@ mod tests {
                     running_requests: 1,
                     waiting_requests: 1,
                     max_total_tokens: 640,
+                    ..Default::default()
                 },
                 RankQueue {
                     rank: 1,
                     running_requests: 5,
                     waiting_requests: 0,
                     max_total_tokens: 640,
+                    ..Default::default()
                 },
             ])
             .with_cached_prefix(CachedPrefix {

@@ -337,6 +337,7 @@ fn worker_status() -> WorkerStatus {
         disagg: None,
         simulated: None,
         status_seq: Some(12),
+        prefill: None,
     }
 }
 

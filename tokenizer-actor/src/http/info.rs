@@ -370,6 +370,7 @@ mod tests {
                         disagg: None,
                         simulated: None,
                         status_seq: None,
+                        prefill: None,
                     }),
                     gpu: None,
                 })

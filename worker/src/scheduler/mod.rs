@@ -100,6 +100,9 @@ pub struct StepStats {
     /// Prompt tokens of admitted requests, and how many of them came from the cache.
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
+    /// Prompt tokens computed by prefill steps, and the seconds those steps took.
+    pub prefill_tokens: u64,
+    pub prefill_seconds: f64,
 }
 
 pub struct Scheduler {
@@ -181,6 +184,26 @@ impl Scheduler {
     /// Queued requests, those whose KV is on its way included.
     pub fn num_waiting(&self) -> usize {
         self.waiting.len() + self.legs.queued()
+    }
+
+    /// The prefill line for `WorkerStatus.prefill`: prompt tokens still to compute (waiting
+    /// requests net of what the prefix cache holds of them now, plus the rest of those being
+    /// prefilled) and the prefill steps' totals since start.
+    pub fn prefill_status(&self) -> protocol::PrefillStatus {
+        let waiting: usize = self
+            .waiting
+            .iter()
+            .map(|r| {
+                let cached = self.mem.peek_prefix_len(&r.prompt).max(r.len);
+                r.total_len().saturating_sub(cached)
+            })
+            .sum();
+        let prefilling: usize = self.prefilling.iter().map(Req::pending).sum();
+        protocol::PrefillStatus {
+            backlog_tokens: (waiting + prefilling) as u64,
+            computed_tokens: self.stats.prefill_tokens,
+            busy_seconds: self.stats.prefill_seconds,
+        }
     }
 
     /// Slots neither free nor evictable: held by requests or locked in the cache.

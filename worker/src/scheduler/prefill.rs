@@ -29,7 +29,10 @@ impl Scheduler {
         let started = Instant::now();
         let results = self.run_chunks(&chunks);
         let computed: usize = chunks.iter().map(|c| c.tokens.len()).sum();
-        self.step_budget.observe(computed, started.elapsed());
+        let took = started.elapsed();
+        self.step_budget.observe(computed, took);
+        self.stats.prefill_tokens += computed as u64;
+        self.stats.prefill_seconds += took.as_secs_f64();
         self.settle(&chunks, results)
     }
 
