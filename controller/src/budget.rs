@@ -549,5 +549,4 @@ mod tests {
         old.on_status(&numbered(1.0, 0, 0, &[]), t0);
         assert_eq!(old.queue(0).prefill_backlog_tokens, None);
     }
-
 }

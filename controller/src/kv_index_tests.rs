@@ -358,7 +358,10 @@ fn a_prompt_sent_to_a_rank_counts_there_until_its_events_confirm_it_or_it_expire
     assert_eq!(index.cached_prefix(&ids, &set, t).matched_tokens, [0, 16]);
     // A longer prompt with the same beginning matches the sent part.
     let longer: Vec<u32> = (0..24).collect();
-    assert_eq!(index.cached_prefix(&longer, &set, t).matched_tokens, [0, 16]);
+    assert_eq!(
+        index.cached_prefix(&longer, &set, t).matched_tokens,
+        [0, 16]
+    );
     // Expired: nothing shown, whether swept or not.
     let late = t + super::PREDICTION_TTL + Duration::from_millis(1);
     assert_eq!(index.cached_prefix(&ids, &set, late).matched_tokens, [0, 0]);
@@ -404,7 +407,9 @@ fn route_and_predict(
     t: Instant,
 ) -> crate::policy::RouteDecision {
     use crate::policy::LoadBalancer;
-    let with = set.clone().with_cached_prefix(index.cached_prefix(ids, set, t));
+    let with = set
+        .clone()
+        .with_cached_prefix(index.cached_prefix(ids, set, t));
     let d = m.select(&crate::policy::RouteInput::prompt(ids), &with);
     index.predict(d.rank, ids, t);
     d
@@ -472,7 +477,10 @@ fn a_hot_prefix_gains_a_second_holder_and_keeps_both() {
     // Both now hold the prefix; each later request goes to the holder with the shorter line,
     // never to the third rank.
     let third = (0..3).find(|r| *r != first && *r != second).unwrap();
-    for (i, (a, b)) in [(400, 0), (0, 400), (150, 100), (100, 180)].into_iter().enumerate() {
+    for (i, (a, b)) in [(400, 0), (0, 400), (150, 100), (100, 180)]
+        .into_iter()
+        .enumerate()
+    {
         let mut busy = [0u64; 3];
         busy[first as usize] = a;
         busy[second as usize] = b;
@@ -480,7 +488,10 @@ fn a_hot_prefix_gains_a_second_holder_and_keeps_both() {
         let d = route_and_predict(&mut m, &mut index, &lines(busy), &asking(2 + i as u32), t);
         let want = if a <= b { first } else { second };
         assert_eq!(d.rank, want, "lines {a} / {b}");
-        assert_eq!(d.cached_tokens, None, "set by the controller, not the balancer");
+        assert_eq!(
+            d.cached_tokens, None,
+            "set by the controller, not the balancer"
+        );
         let held = d.costs.iter().filter(|c| c.matched_tokens >= 96).count();
         assert_eq!(held, 2);
     }

@@ -304,17 +304,16 @@ impl Ranks {
     }
 
     /// Account a request dispatched to `rank` with number `seq`.
-    pub fn dispatched(
-        &mut self,
-        rank: u32,
-        rid: &str,
-        tokens: u64,
-        prefill_tokens: u64,
-        seq: u64,
-    ) {
+    pub fn dispatched(&mut self, rank: u32, rid: &str, tokens: u64, prefill_tokens: u64, seq: u64) {
         if let Some(r) = self.live.get_mut(&rank) {
-            r.budget
-                .on_dispatch(rid, tokens, prefill_tokens, seq, Instant::now(), protocol::unix_time());
+            r.budget.on_dispatch(
+                rid,
+                tokens,
+                prefill_tokens,
+                seq,
+                Instant::now(),
+                protocol::unix_time(),
+            );
             r.inflight.insert(rid.to_string(), tokens);
         }
     }
@@ -331,8 +330,14 @@ impl Ranks {
         seq: u64,
     ) {
         if let Some(r) = self.live.get_mut(&rank) {
-            r.budget
-                .on_dispatch(rid, tokens, prefill_tokens, seq, Instant::now(), protocol::unix_time());
+            r.budget.on_dispatch(
+                rid,
+                tokens,
+                prefill_tokens,
+                seq,
+                Instant::now(),
+                protocol::unix_time(),
+            );
         }
     }
 

@@ -1,12 +1,14 @@
 //! Routing-decision counters per (method, branch), reported cumulatively in `ClusterStatus` so
-//! the tokenizer can expose them as `dpserve:routing_decisions_total`. Counting is a map update
-//! on the controller thread; the controller is the only writer, so there is no lock.
+//! the tokenizer can expose them as `dpserve:routing_decisions_total`, and the regret counters:
+//! requests sent away from the rank holding the longest prefix of their prompt, per (method,
+//! the branch that decided), as `dpserve:routing_regret_total`. Counting is a map update on the
+//! controller thread; the controller is the only writer, so there is no lock.
 
 use std::collections::BTreeMap;
 
 use protocol::RouteCount;
 
-use crate::policy::{Method, RouteDecision};
+use crate::policy::{Method, RankSet, RouteDecision};
 use crate::router::RouteError;
 
 /// The branch label of a request that could not be routed (rank not live, no live rank).
@@ -16,6 +18,7 @@ pub const REFUSED: &str = "refused";
 #[derive(Debug, Default, Clone)]
 pub struct RouteCounts {
     counts: BTreeMap<(&'static str, &'static str), u64>,
+    regret: BTreeMap<(&'static str, &'static str), u64>,
 }
 
 impl RouteCounts {
@@ -29,21 +32,47 @@ impl RouteCounts {
         *self.counts.entry((method.as_str(), branch)).or_default() += 1;
     }
 
+    /// Count `decision` as a regret if its rank holds less of the prompt than another of
+    /// `ranks` does, by the KV index view the decision saw (no view: nothing to regret).
+    pub fn record_regret(&mut self, method: Method, decision: &RouteDecision, ranks: &RankSet) {
+        let Some(cached) = ranks.cached_prefix() else {
+            return;
+        };
+        let best = cached.matched_tokens.iter().copied().max().unwrap_or(0);
+        let i = ranks.loads().partition_point(|l| l.rank < decision.rank);
+        let chosen = cached.matched_tokens.get(i).copied().unwrap_or(0);
+        if chosen < best {
+            *self
+                .regret
+                .entry((method.as_str(), decision.branch.as_str()))
+                .or_default() += 1;
+        }
+    }
+
+    /// The regret counters in wire form (`branch`: the reason), sorted by method then reason.
+    pub fn regret(&self) -> Vec<RouteCount> {
+        wire(&self.regret)
+    }
+
     /// The counters in wire form, sorted by method then branch.
     pub fn snapshot(&self) -> Vec<RouteCount> {
-        self.counts
-            .iter()
-            .map(|(&(method, branch), &count)| RouteCount {
-                method: method.to_string(),
-                branch: branch.to_string(),
-                count,
-            })
-            .collect()
+        wire(&self.counts)
     }
 
     pub fn total(&self) -> u64 {
         self.counts.values().sum()
     }
+}
+
+fn wire(counts: &BTreeMap<(&'static str, &'static str), u64>) -> Vec<RouteCount> {
+    counts
+        .iter()
+        .map(|(&(method, branch), &count)| RouteCount {
+            method: method.to_string(),
+            branch: branch.to_string(),
+            count,
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -87,5 +116,34 @@ mod tests {
         let mut sorted = snap.clone();
         sorted.sort_by(|a, b| (&a.method, &a.branch).cmp(&(&b.method, &b.branch)));
         assert_eq!(snap, sorted);
+    }
+
+    #[test]
+    fn regret_counts_requests_sent_away_from_the_longest_holder_by_branch() {
+        use crate::policy::CachedPrefix;
+        let mut c = RouteCounts::default();
+        let ranks = RankSet::idle(&[0, 1, 2]).with_cached_prefix(CachedPrefix {
+            matched_tokens: vec![0, 64, 64],
+            first_block: 0,
+            block_size: 32,
+        });
+        let ca = Method::CacheAware;
+        // To a holder of the longest prefix (either of two): no regret.
+        c.record_regret(ca, &RouteDecision::plain(1, Branch::Cached), &ranks);
+        c.record_regret(ca, &RouteDecision::plain(2, Branch::Cached), &ranks);
+        assert!(c.regret().is_empty());
+        c.record_regret(ca, &RouteDecision::plain(0, Branch::Spill), &ranks);
+        c.record_regret(ca, &RouteDecision::plain(0, Branch::Cached), &ranks);
+        c.record_regret(ca, &RouteDecision::plain(0, Branch::Spill), &ranks);
+        let regret = c.regret();
+        let of = |b: &str| regret.iter().find(|r| r.branch == b).map(|r| r.count);
+        assert_eq!((of("spill"), of("cached")), (Some(2), Some(1)));
+        // Without an index view (methods that do not read it) there is nothing to regret.
+        c.record_regret(
+            Method::RoundRobin,
+            &RouteDecision::plain(0, Branch::Rotate),
+            &RankSet::idle(&[0, 1]),
+        );
+        assert_eq!(c.regret().len(), 2);
     }
 }

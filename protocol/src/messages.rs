@@ -557,6 +557,11 @@ pub struct ClusterStatus {
     /// controllers that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub controller_id: Option<u64>,
+    /// Requests the controller sent away from the rank that held the longest prefix of their
+    /// prompt (by the KV index, for the methods that read it), per (method, reason: the
+    /// branch that decided); cumulative (`dpserve:routing_regret_total`). Absent when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub regret: Vec<RouteCount>,
 }
 
 /// Most rids in one `Reconcile` frame; a longer list goes in several.

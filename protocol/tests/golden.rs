@@ -684,7 +684,11 @@ const FIELD_RULES: &[FieldRules] = &[
     FieldRules {
         kind: "ClusterStatus",
         required: &["timestamp", "load_balance_method", "live_ranks"],
-        optional: &[("routing", "[]"), ("controller_id", "null")],
+        optional: &[
+            ("routing", "[]"),
+            ("controller_id", "null"),
+            ("regret", "[]"),
+        ],
     },
     FieldRules {
         kind: "Shutdown",

@@ -379,6 +379,20 @@ fn cluster_metrics(
             .inc_by(c.count);
     }
     registry.register(Box::new(routing))?;
+    let regret = IntCounterVec::new(
+        opts(
+            "routing_regret_total",
+            "Requests sent away from the rank that held the longest prefix of their prompt, by \
+             load-balance method and the branch that decided (methods that read the KV index).",
+        ),
+        &["method", "reason"],
+    )?;
+    for c in cluster.iter().flat_map(|c| &c.regret) {
+        regret
+            .with_label_values(&[c.method.as_str(), c.branch.as_str()])
+            .inc_by(c.count);
+    }
+    registry.register(Box::new(regret))?;
     Ok(registry)
 }
 
@@ -478,6 +492,7 @@ mod tests {
             live_ranks: Vec::new(),
             routing,
             controller_id: None,
+            regret: Vec::new(),
         }
     }
 
@@ -515,5 +530,23 @@ mod tests {
         // Without a (fresh) cluster status the counter has no samples.
         let text = m.render(None, 0).unwrap();
         assert!(!text.contains("dpserve:routing_decisions_total{"), "{text}");
+    }
+
+    #[test]
+    fn routing_regret_is_a_counter_per_method_and_reason() {
+        let m = Metrics::default();
+        let mut status = cluster(Vec::new());
+        status.regret = vec![
+            count("cache_aware", "spill", 7),
+            count("cache_aware", "cached", 2),
+        ];
+        let text = m.render(Some(&status), 0).unwrap();
+        for want in [
+            "# TYPE dpserve:routing_regret_total counter",
+            "dpserve:routing_regret_total{method=\"cache_aware\",reason=\"spill\"} 7",
+            "dpserve:routing_regret_total{method=\"cache_aware\",reason=\"cached\"} 2",
+        ] {
+            assert!(text.contains(want), "missing {want:?} in\n{text}");
+        }
     }
 }

@@ -278,7 +278,10 @@ mod tests {
         let set = timed(&[(0, 1000, Some(1000.0)), (1, 3000, Some(2000.0))], &[0, 0]);
         assert_eq!(m.select(&req(&PROMPT), &set).rank, 0);
         // A rank not measured yet is costed at the mean of the measured ones.
-        let set = timed(&[(0, 0, None), (1, 0, Some(2000.0)), (2, 0, Some(1000.0))], &[0, 0, 0]);
+        let set = timed(
+            &[(0, 0, None), (1, 0, Some(2000.0)), (2, 0, Some(1000.0))],
+            &[0, 0, 0],
+        );
         let d = m.select(&req(&PROMPT), &set);
         let c0 = d.costs.iter().find(|c| c.rank == 0).unwrap();
         assert_eq!(c0.prefill_rate, Some(1500.0));
@@ -340,7 +343,11 @@ mod tests {
     fn a_cold_prompt_goes_to_the_shortest_line() {
         let mut m = CacheAware::new(CacheAwareConfig::default());
         let set = timed(
-            &[(0, 500, Some(100.0)), (1, 0, Some(100.0)), (2, 900, Some(100.0))],
+            &[
+                (0, 500, Some(100.0)),
+                (1, 0, Some(100.0)),
+                (2, 900, Some(100.0)),
+            ],
             &[0, 0, 0],
         );
         let d = m.select(&req(&PROMPT), &set);

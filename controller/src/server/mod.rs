@@ -346,6 +346,9 @@ impl Controller {
             d.cached_tokens = c.matched_tokens.get(i).copied();
         }
         self.route_counts.record(method, &decision);
+        if let Ok(d) = &decision {
+            self.route_counts.record_regret(method, d, ranks);
+        }
         if self.tracer.enabled() {
             let milestone = match &decision {
                 Ok(d) => {
@@ -515,6 +518,7 @@ impl Controller {
             live_ranks: self.ranks.infos(),
             routing: self.route_counts.snapshot(),
             controller_id: Some(self.id),
+            regret: self.route_counts.regret(),
         };
         self.send_to_tokenizer(&Message::ClusterStatus(status));
         self.last_cluster_status = Instant::now();

@@ -312,7 +312,11 @@ fn cache_sentence(r: &RouteRecord, rank: u32) -> String {
     };
     let c = &r.costs[pos];
     let prompt = c.matched_tokens + c.prefill_tokens;
-    let unit = if c.prefill_rate.is_some() { "s" } else { " tokens" };
+    let unit = if c.prefill_rate.is_some() {
+        "s"
+    } else {
+        " tokens"
+    };
     let speed = c
         .prefill_rate
         .map_or(String::new(), |rate| format!(" at {rate:.0} tokens/s"));

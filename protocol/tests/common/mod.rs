@@ -197,6 +197,7 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                     count: 7,
                 }],
                 controller_id: None,
+                regret: Vec::new(),
             }),
         ),
         (

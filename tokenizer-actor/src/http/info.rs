@@ -377,6 +377,7 @@ mod tests {
                 .collect(),
             routing: Vec::new(),
             controller_id: None,
+            regret: Vec::new(),
         }
     }
 

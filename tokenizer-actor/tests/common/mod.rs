@@ -145,6 +145,7 @@ fn cluster(live: &[u32]) -> ClusterStatus {
             .collect(),
         routing: Vec::new(),
         controller_id: None,
+        regret: Vec::new(),
     }
 }
 
