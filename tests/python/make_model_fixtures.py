@@ -3,11 +3,16 @@
 transformers computes for them: the reference the worker's `hf_parity` test compares against.
 
 Each fixture is a directory with a Hub-style `config.json` (written here, then read back by
-transformers itself, so the reference is what transformers makes of exactly that file), a
-`model.safetensors` in bf16 (every weight is rounded to bf16 before the reference runs, so the
-f32 forward pass of both sides starts from the same values) and `reference.json`: for a few
-prompts the greedy continuation and the f32 logits of every position of prompt + continuation
-(each logit the shortest decimal that reads back as the same f32).
+transformers itself, so the reference is what transformers makes of exactly that file) and
+`reference.json`: for a few prompts the greedy continuation and the f32 logits of every position
+of prompt + continuation (each logit the shortest decimal that reads back as the same f32), and
+the list of the checkpoint's tensors (name, shape, the mean and std they are drawn with and an
+FNV-1a 64 hash of their bf16 bits). No weights are stored: every tensor comes from WEIGHTS, a
+generator defined by integer arithmetic and IEEE-754 operations only, which the Rust tests
+(worker/tests/common/hf_weights.rs) implement bit for bit; they write the bf16 safetensors at
+test time and check each tensor's hash first. Here the generated tensors are written to a
+temporary model.safetensors that transformers loads, so the reference is computed from exactly
+those weights, in the Hub's layout.
 
 Every option a fixture exists for is shown to matter at the recorded lengths: the same weights
 with the option turned off must move some logit by more than OPTION_MATTERS, or the script fails.
@@ -24,6 +29,7 @@ import json
 import math
 import pathlib
 import shutil
+import tempfile
 
 import numpy as np
 import torch
@@ -296,24 +302,97 @@ def prompts(rng, vocab):
     return [a, b, c]
 
 
-def init_(model, seed):
-    """Weights whose greedy text is not flat: projections ~ N(0, 1/fan_in), norms around 1
+# The weight generator, fixed forever (worker/tests/common/hf_weights.rs is the same, bit for
+# bit): tensor `name` of a fixture with seed `seed` is a SplitMix64 stream whose state starts at
+# (the first draw of a SplitMix64 seeded with `seed`) XOR (FNV-1a 64 of the name's UTF-8); its
+# k-th draw r gives the k-th value in row-major order:
+#   s = the sum of r's four 16-bit lanes (Irwin-Hall: mean 131070, variance (2^32 - 1) / 3),
+#   x = mean + std * ((s - 131070) / sqrt(1431655765.0))   (f64: IEEE-754, correctly rounded),
+#   then x rounded to f32 and the f32 to bf16 (both to nearest, ties to even).
+# Only integer arithmetic and IEEE-754 +, *, / and sqrt: no float RNG, no libm.
+WEIGHTS = "splitmix64-irwin-hall-4/bf16"
+MASK64 = (1 << 64) - 1
+GAMMA = 0x9E3779B97F4A7C15
+IRWIN_HALL_MEAN = 131070
+IRWIN_HALL_SIGMA = math.sqrt(1431655765.0)
+
+
+def mix64(z):
+    """SplitMix64's output function (on a Python int): its draw from state z."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def fnv1a64(data):
+    h = 0xCBF29CE484222325
+    for byte in data:
+        h = ((h ^ byte) * 0x100000001B3) & MASK64
+    return h
+
+
+def bf16_bits(seed, name, shape, mean, std):
+    """The tensor's values as bf16 bit patterns (numpy uint16, `shape`)."""
+    n = math.prod(shape)
+    state = mix64((seed + GAMMA) & MASK64) ^ fnv1a64(name.encode())
+    with np.errstate(over="ignore"):
+        # SplitMix64: the k-th state is state + k * GAMMA (mod 2^64), then its output function.
+        z = np.uint64(state) + np.arange(1, n + 1, dtype=np.uint64) * np.uint64(GAMMA)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        r = z ^ (z >> np.uint64(31))
+    lanes = sum((r >> np.uint64(16 * i)) & np.uint64(0xFFFF) for i in range(4))
+    x = mean + std * ((lanes.astype(np.int64) - IRWIN_HALL_MEAN).astype(np.float64) / IRWIN_HALL_SIGMA)
+    f = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    bits = (f + np.uint64(0x7FFF) + ((f >> np.uint64(16)) & np.uint64(1))) >> np.uint64(16)
+    return bits.astype(np.uint16).reshape(shape)
+
+
+def init_of(name, shape, model_type):
+    """(mean, std) of a tensor, chosen so the greedy text is not flat: projections N(0, 1/fan_in)
+    (the std to 4 significant digits, so reference.json carries it exactly), norms around 1
     (Gemma's store w for a gain of 1 + w: around 0), biases 0.1, embeddings N(0, 0.1) (small
-    beside the layers' outputs, or a tied head makes every token predict itself); all rounded
-    to bf16."""
-    g = torch.Generator().manual_seed(seed)
-    norm_centre = 0.0 if model.config.model_type.startswith("gemma") else 1.0
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                v = norm_centre + 0.2 * torch.randn(p.shape, generator=g)
-            elif name.endswith(".bias"):
-                v = 0.1 * torch.randn(p.shape, generator=g)
-            elif "embed_tokens" in name:
-                v = 0.1 * torch.randn(p.shape, generator=g)
-            else:
-                v = torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1])
-            p.copy_(v.to(torch.bfloat16).float())
+    beside the layers' outputs, or a tied head makes every token predict itself)."""
+    if name.endswith("norm.weight"):
+        return (0.0 if model_type.startswith("gemma") else 1.0), 0.2
+    if name.endswith(".bias") or "embed_tokens" in name:
+        return 0.0, 0.1
+    return 0.0, float(f"{1 / math.sqrt(shape[-1]):.4g}")
+
+
+def checkpoint(model, cfg, seed):
+    """The generated checkpoint of `model`'s architecture in the Hub's layout: ({name: bf16
+    tensor}, the tensor list of reference.json)."""
+    state = hub_layout(dict(model.state_dict()), cfg["model_type"])
+    if cfg.get("tie_word_embeddings"):
+        state.pop("lm_head.weight", None)
+    tensors, listing = {}, []
+    for name in sorted(state):
+        shape = list(state[name].shape)
+        mean, std = init_of(name, shape, cfg["model_type"])
+        bits = bf16_bits(seed, name, shape, mean, std)
+        tensors[name] = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
+        digest = fnv1a64(bits.astype("<u2").tobytes())
+        listing.append({"name": name, "shape": shape, "mean": mean, "std": std, "fnv1a64": f"{digest:016x}"})
+    return tensors, listing
+
+
+def load_generated(d, tensors):
+    """transformers' model of config `d`/config.json with `tensors` as its checkpoint (written
+    to a temporary directory, read by from_pretrained as a Hub checkpoint is). Every tensor is
+    read and none is missing, and the model holds exactly those bits."""
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(d / "config.json", tmp)
+        save_file(tensors, pathlib.Path(tmp) / "model.safetensors", metadata={"format": "pt"})
+        model, info = AutoModelForCausalLM.from_pretrained(
+            tmp, dtype=torch.float32, attn_implementation="eager", output_loading_info=True
+        )
+    bad = {k: v for k, v in info.items() if v}
+    assert not bad, f"{d.name}: loading the generated checkpoint: {bad}"
+    held = hub_layout({k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}, model.config.model_type)
+    for name, t in tensors.items():
+        assert torch.equal(held[name].view(torch.int16), t.view(torch.int16)), f"{d.name}: {name} differs once loaded"
+    return model.eval()
 
 
 def load(dir_, overrides=None):
@@ -393,23 +472,21 @@ def build(out, name, fields, off, base=BASE, seeds=range(100)):
         d.mkdir(parents=True)
         cfg = dict(base, **fields)
         (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        model = load(d)
-        init_(model, seed)
+        tensors, listing = checkpoint(load(d), cfg, seed)
+        model = load_generated(d, tensors)
         ps = prompts(np.random.default_rng(seed), cfg["vocab_size"])
         runs = [greedy(model, p) for p in ps]
         margin = min(r[2] for r in runs)
         if margin < MIN_MARGIN or any(len(set(r[0])) < 3 for r in runs):
             continue
-        state = {k: v.to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
-        if cfg.get("tie_word_embeddings"):
-            state.pop("lm_head.weight", None)
-        save_file(hub_layout(state, cfg["model_type"]), d / "model.safetensors", metadata={"format": "pt"})
-        # What was saved is what transformers reads back (the Hub layout included).
-        back = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+        # The model built from the config (as the option-off ones below are) with the same
+        # weights computes the same logits as the one loaded from the checkpoint.
+        built = load(d)
+        built.load_state_dict(model.state_dict())
         with torch.no_grad():
             p0 = ps[0] + runs[0][0][:-1]
-            moved = float((back(torch.tensor([p0])).logits[0] - runs[0][1]).abs().max())
-            assert moved == 0.0, f"{name}: reloaded, the logits move by {moved}"
+            moved = float((built(torch.tensor([p0])).logits[0] - runs[0][1]).abs().max())
+            assert moved == 0.0, f"{name}: built from the config, the logits move by {moved}"
         # The option turned off, on the same weights: it must matter at these lengths.
         option_moves = None
         for one_off in off if isinstance(off, list) else [off] if off else []:
@@ -441,9 +518,13 @@ def build(out, name, fields, off, base=BASE, seeds=range(100)):
             "min_greedy_margin": margin,
             "option_off": off,
             "option_moves_logits_by": option_moves,
+            "weights": WEIGHTS,
         }
         head = json.dumps(meta, indent=2)[:-2]
-        (d / "reference.json").write_text(head + ',\n  "sequences": [\n' + seqs + "\n  ]\n}\n")
+        tensor_lines = ",\n".join("    " + json.dumps(t) for t in listing)
+        (d / "reference.json").write_text(
+            head + ',\n  "tensors": [\n' + tensor_lines + '\n  ],\n  "sequences": [\n' + seqs + "\n  ]\n}\n"
+        )
         json.loads((d / "reference.json").read_text())
         print(f"{name}: seed {seed}, min margin {margin:.4f}, option moves logits by {option_moves}")
         return
@@ -457,6 +538,7 @@ def main():
     ap.add_argument("names", nargs="*", help="fixtures to build (default: all)")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    transformers.utils.logging.disable_progress_bar()
     out = pathlib.Path(args.out)
     for name in args.names or FIXTURES:
         fields, off = copy.deepcopy(FIXTURES[name])

@@ -5,13 +5,17 @@
 //! tokens are another's cached prefix — and every logit is compared with the f32 logits
 //! transformers recorded (within [`TOL`]), every greedy token with its greedy token (exactly).
 //! Each kernel path this CPU supports runs the whole check in its own process, as a worker
-//! would (the path is fixed once per process).
+//! would (the path is fixed once per process). And the same mixture-of-experts weights in the
+//! Hub's per-expert layout and in transformers 5's fused one load to the same model.
 
 mod common;
 #[path = "common/hf_fixture.rs"]
 mod hf_fixture;
 
+use std::collections::HashMap;
+
 use common::this_binary;
+use hf_fixture::hf_weights::{write_safetensors, Bf16Tensor};
 use hf_fixture::{fixtures, max_abs_diff, Fixture, RefSeq};
 use kernels::{KernelPath, KERNEL_PATH_ENV};
 use worker::model::{KvBuffers, LlamaModel, SeqInput};
@@ -255,4 +259,83 @@ fn child_check() {
         return;
     }
     check_all();
+}
+
+/// The logits of a few tokens' prefill.
+fn prefill_logits(m: &LlamaModel) -> Vec<f32> {
+    let mut kv = KvBuffers::new(m.config(), 16);
+    let toks = [1u32, 7, 30, 12, 44];
+    m.forward(
+        &mut kv,
+        &[SeqInput {
+            new_tokens: &toks,
+            start_pos: 0,
+            slots: &[0, 1, 2, 3, 4],
+        }],
+    )
+    .unwrap()
+}
+
+/// The `mixtral` fixture rewritten in transformers 5's fused expert layout
+/// (`mlp.experts.gate_up_proj` `[E, 2·inter, hidden]`, `mlp.experts.down_proj`, the router at
+/// `mlp.gate`) loads to the same model as the Hub's per-expert layout.
+#[test]
+fn moe_experts_load_from_the_fused_layout_too() {
+    let fixture = fixtures()
+        .into_iter()
+        .find(|f| f.name == "mixtral")
+        .expect("the mixtral fixture");
+    let bytes = std::fs::read(fixture.dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let raw = |name: &str| {
+        let t = st.tensor(name).unwrap();
+        assert_eq!(t.dtype(), safetensors::Dtype::BF16, "{name}");
+        Bf16Tensor {
+            shape: t.shape().to_vec(),
+            data: t.data().to_vec(),
+        }
+    };
+    let hub = LlamaModel::load_hf(&fixture.dir).unwrap();
+    let c = hub.config().clone();
+    let (e, i, h) = (
+        c.moe.as_ref().unwrap().num_experts,
+        c.intermediate_size,
+        c.hidden_size,
+    );
+    let mut t = HashMap::new();
+    for name in st.names() {
+        if !name.contains(".block_sparse_moe.") {
+            t.insert(name.to_string(), raw(name));
+        }
+    }
+    for l in 0..c.num_hidden_layers {
+        let (p, m) = (
+            format!("model.layers.{l}.block_sparse_moe"),
+            format!("model.layers.{l}.mlp"),
+        );
+        t.insert(format!("{m}.gate.weight"), raw(&format!("{p}.gate.weight")));
+        let (mut gu, mut down) = (Vec::new(), Vec::new());
+        for x in 0..e {
+            for w in ["w1", "w3"] {
+                gu.extend(raw(&format!("{p}.experts.{x}.{w}.weight")).data);
+            }
+            down.extend(raw(&format!("{p}.experts.{x}.w2.weight")).data);
+        }
+        let fused = |shape: Vec<usize>, data: Vec<u8>| Bf16Tensor { shape, data };
+        t.insert(
+            format!("{m}.experts.gate_up_proj"),
+            fused(vec![e, 2 * i, h], gu),
+        );
+        t.insert(format!("{m}.experts.down_proj"), fused(vec![e, h, i], down));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        fixture.dir.join("config.json"),
+        dir.path().join("config.json"),
+    )
+    .unwrap();
+    write_safetensors(&dir.path().join("model.safetensors"), &t);
+    let fused = LlamaModel::load_hf(dir.path()).unwrap();
+    let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    assert_eq!(bits(prefill_logits(&fused)), bits(prefill_logits(&hub)));
 }
