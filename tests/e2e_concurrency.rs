@@ -3,7 +3,8 @@
 //! far too small for what they run, so the cache evicts and decode retracts. Every request must
 //! end with exactly one final response carrying the same tokens as when it ran alone, and the
 //! ranks must end idle with every KV slot free or evictable. Also `/flush_cache`: refused while
-//! a request runs, and then empties every rank's cache.
+//! a request runs (at once, or when its `timeout` is up), and then, with a `timeout` that waits
+//! out the ranks' lagging status, empties every rank's cache at the first try.
 
 mod common;
 
@@ -95,9 +96,9 @@ fn send(client: &reqwest::blocking::Client, url: &str, case: &Case, rid: &str) -
             meta: v["meta_info"].clone(),
         };
     }
-    // SSE: chunks of new ids; exactly one carries a finish reason and it is the last; then one
-    // [DONE] and nothing after it.
-    let mut output_ids = Vec::new();
+    // SSE: chunks of every id so far (as SGLang); exactly one carries a finish reason and it is
+    // the last; then one [DONE] and nothing after it.
+    let mut chunks = Vec::new();
     let mut finals = 0;
     let mut meta = Value::Null;
     let mut done = 0;
@@ -110,14 +111,16 @@ fn send(client: &reqwest::blocking::Client, url: &str, case: &Case, rid: &str) -
         assert_eq!(finals, 0, "{rid}: a chunk after the final one: {text}");
         let chunk: Value = serde_json::from_str(data).unwrap_or_else(|e| panic!("{rid}: {e}"));
         assert!(chunk.get("error").is_none(), "{rid}: {chunk}");
-        output_ids.extend(ids(&chunk["output_ids"]));
         if !chunk["meta_info"]["finish_reason"].is_null() {
             finals += 1;
         }
         meta = chunk["meta_info"].clone();
+        chunks.push(chunk);
     }
     assert_eq!(finals, 1, "{rid}: final chunks: {text}");
     assert_eq!(done, 1, "{rid}: no [DONE]: {text}");
+    let output_ids =
+        common::generate::produced(&chunks, common::generate::Form::Cumulative).output_ids;
     Outcome { output_ids, meta }
 }
 
@@ -383,6 +386,18 @@ fn flush_cache_is_refused_while_a_request_runs_then_empties_every_rank() {
         message.contains("Cache not flushed because there are pending requests"),
         "{refusal}"
     );
+    // With a timeout (SGLang's parameter) the flush waits for idle; the request runs on, so it
+    // is refused when the time is up, not before.
+    let asked = Instant::now();
+    let (status, refusal) = server.post("/flush_cache?timeout=0.5", &json!({}));
+    assert_eq!(status, 400, "{refusal}");
+    assert!(asked.elapsed() >= Duration::from_millis(500), "no wait");
+    let message = refusal["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("Timed out after 0.5 s waiting for idle state.")
+            && message.contains("#running-req: 1"),
+        "{refusal}"
+    );
 
     // Abort it; its stream ends with one final chunk, then [DONE].
     let (status, resp) = server.post("/abort_request", &json!({"rid": "long-one"}));
@@ -400,17 +415,10 @@ fn flush_cache_is_refused_while_a_request_runs_then_empties_every_rank() {
     assert_eq!(finals[0]["meta_info"]["finish_reason"]["type"], "abort");
     assert!(rest.trim_end().ends_with("data: [DONE]"), "{rest}");
 
-    // Idle now (the ranks' status may lag the abort briefly): the flush goes through...
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let (status, resp) = server.post("/flush_cache", &json!({}));
-        if status == 200 {
-            break;
-        }
-        assert_eq!(status, 400, "{resp}");
-        assert!(Instant::now() < deadline, "flush still refused: {resp}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    // Idle now, though the ranks' status may lag the abort by a report: a flush with a timeout
+    // waits that out and goes through, at the first try...
+    let (status, resp) = server.post("/flush_cache?timeout=60", &json!({}));
+    assert_eq!(status, 200, "{resp}");
     // ...and every rank's pool is entirely free: nothing left in the caches.
     wait_info(&server, "caches not emptied", |info| {
         let s = rank_statuses(info);

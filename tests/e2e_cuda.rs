@@ -290,8 +290,8 @@ fn golden_on_two_ranks_sharing_gpu_0() {
                 "routed_dp_rank": rank,
             }),
         );
-        let streamed: String = chunks.iter().filter_map(|c| c["text"].as_str()).collect();
-        assert_eq!(streamed, text, "rank {rank} streamed");
+        let streamed = common::generate::produced(&chunks, common::generate::Form::Cumulative);
+        assert_eq!(streamed.text, text, "rank {rank} streamed");
     }
     eprintln!("golden: 8 concurrent requests and 2 streams on 2 ranks sharing GPU 0");
 }

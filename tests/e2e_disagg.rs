@@ -49,15 +49,12 @@ fn ids(resp: &Value) -> Vec<u64> {
         .collect()
 }
 
-/// The same request streamed: the concatenated ids of its chunks.
+/// The same request streamed: the ids its chunks carry (each all so far, as SGLang).
 fn streamed(server: &Server, body: &Value) -> Vec<u64> {
     let mut body = body.clone();
     body["stream"] = json!(true);
-    server
-        .stream("/generate", &body)
-        .iter()
-        .flat_map(ids)
-        .collect()
+    let chunks = server.stream("/generate", &body);
+    common::generate::produced(&chunks, common::generate::Form::Cumulative).output_ids
 }
 
 /// A prompt of about `words` words.

@@ -232,14 +232,11 @@ fn generate_returns_top_logprobs_in_sglang_shape() {
         assert_eq!(&top[0], c);
     }
 
-    // Streaming: each chunk carries its own tokens' entries; together they are the same.
+    // Streaming: each chunk carries the entries of every token so far (as SGLang); the last
+    // ones are the same.
     let chunks = server.stream("/generate", &body(true, true));
-    let gather = |key: &str| -> Vec<Value> {
-        chunks
-            .iter()
-            .flat_map(|c| c["meta_info"][key].as_array().cloned().unwrap_or_default())
-            .collect()
-    };
+    let gather =
+        |key: &str| common::generate::meta_list(&chunks, key, common::generate::Form::Cumulative);
     assert_eq!(&gather("output_token_logprobs"), chosen);
     assert_eq!(&gather("output_top_logprobs"), tops);
 

@@ -49,14 +49,9 @@ fn golden_continuation_on_every_rank_streaming_and_not() {
         let mut stream_body = body.clone();
         stream_body["stream"] = json!(true);
         let chunks = server.stream("/generate", &stream_body);
-        let streamed_ids: Vec<u64> = chunks
-            .iter()
-            .flat_map(|c| c["output_ids"].as_array().cloned().unwrap_or_default())
-            .filter_map(|v| v.as_u64())
-            .collect();
-        let streamed_text: String = chunks.iter().filter_map(|c| c["text"].as_str()).collect();
-        assert_eq!(streamed_ids, ids, "rank {rank} streamed ids");
-        assert_eq!(streamed_text, text, "rank {rank} streamed text");
+        let streamed = common::generate::produced(&chunks, common::generate::Form::Cumulative);
+        assert_eq!(streamed.output_ids, ids, "rank {rank} streamed ids");
+        assert_eq!(streamed.text, text, "rank {rank} streamed text");
     }
 
     // The explicit-rank header does the same as the body field.

@@ -338,3 +338,39 @@ fn a_worker_refuses_a_kernel_path_this_cpu_cannot_run() {
         );
     }
 }
+
+/// `/generate` streams as SGLang does: by default each chunk holds the whole text and every id
+/// so far; `dpserve up --incremental-streaming-output` (SGLang's flag) streams each step alone.
+/// Either way the stream adds up to the non-streamed answer.
+#[test]
+fn generate_streams_everything_so_far_unless_incremental_streaming_output() {
+    use common::generate::{produced, Form};
+    let body = json!({"text": "once upon a time", "sampling_params":
+                      {"max_new_tokens": 12, "temperature": 0, "ignore_eos": true}});
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    for (flag, form) in [
+        (None, Form::Cumulative),
+        (Some("--incremental-streaming-output"), Form::Incremental),
+    ] {
+        let mut args = vec!["--builtin-size", "tiny", "--dp-size", "1"];
+        args.extend(flag);
+        let server = Server::up(&args);
+        let (status, whole) = server.post("/generate", &body);
+        assert_eq!(status, 200, "{whole}");
+        let chunks = server.stream("/generate", &streamed);
+        assert!(chunks.len() > 1, "{flag:?}: one chunk only: {chunks:?}");
+        let got = produced(&chunks, form);
+        assert_eq!(got.text, whole["text"].as_str().unwrap(), "{flag:?}");
+        assert_eq!(json!(got.output_ids), whole["output_ids"], "{flag:?}");
+        let first = chunks[0]["output_ids"].as_array().unwrap().len();
+        let last = chunks.last().unwrap()["output_ids"]
+            .as_array()
+            .unwrap()
+            .len();
+        match form {
+            Form::Cumulative => assert_eq!(last, 12, "the last chunk holds every id"),
+            Form::Incremental => assert!(first + last <= 12, "{chunks:?}"),
+        }
+    }
+}

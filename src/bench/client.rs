@@ -211,6 +211,8 @@ struct StreamParser {
     prompt_tokens: Option<u64>,
     cached_tokens: Option<u64>,
     dp_rank: Option<u32>,
+    /// The last `/generate` event's `output_ids`.
+    last_ids: Vec<Value>,
 }
 
 impl StreamParser {
@@ -226,6 +228,7 @@ impl StreamParser {
             prompt_tokens: None,
             cached_tokens: None,
             dp_rank: None,
+            last_ids: Vec::new(),
         }
     }
 
@@ -261,7 +264,10 @@ impl StreamParser {
         Ok(())
     }
 
-    /// Tokens carried by a `/generate` event (its `output_ids` are the new ids of this step).
+    /// Tokens a `/generate` event adds, in either stream form (SGLang's default, where each
+    /// event carries every id so far, or `--incremental-streaming-output`, where each carries
+    /// its own step's): the growth of `meta_info.completion_tokens`, which both forms carry;
+    /// without it, the growth of `output_ids` (see [`StreamParser::ids_added`]).
     fn generate_event(&mut self, event: &Value) -> usize {
         let meta = &event["meta_info"];
         if let Some(n) = meta["prompt_tokens"].as_u64() {
@@ -273,15 +279,30 @@ impl StreamParser {
         if let Some(r) = meta["dp_rank"].as_u64() {
             self.dp_rank = Some(r as u32);
         }
-        let before = self.completion_tokens.unwrap_or(0);
-        if let Some(n) = meta["completion_tokens"].as_u64() {
-            self.completion_tokens = Some(n as usize);
+        match meta["completion_tokens"].as_u64() {
+            Some(n) => {
+                let before = self.completion_tokens.replace(n as usize).unwrap_or(0);
+                (n as usize).saturating_sub(before)
+            }
+            None => event["output_ids"]
+                .as_array()
+                .map_or(0, |ids| self.ids_added(ids)),
         }
-        match event["output_ids"].as_array() {
-            Some(ids) => ids.len(),
-            // No ids in the event: fall back on the running completion count.
-            None => self.completion_tokens.unwrap_or(0).saturating_sub(before),
-        }
+    }
+
+    /// How many ids `ids` adds: a list that extends the last event's is everything so far
+    /// (cumulative); any other is one step's own.
+    fn ids_added(&mut self, ids: &[Value]) -> usize {
+        let cumulative = !self.last_ids.is_empty()
+            && ids.len() >= self.last_ids.len()
+            && ids.starts_with(&self.last_ids);
+        let added = if cumulative {
+            ids.len() - self.last_ids.len()
+        } else {
+            ids.len()
+        };
+        self.last_ids = ids.to_vec();
+        added
     }
 
     /// Tokens carried by a `/v1/completions` event: a chunk with a choice is one step (the
@@ -366,6 +387,45 @@ mod tests {
             (out.cached_tokens, out.server_prompt_tokens, out.dp_rank),
             (Some(6), Some(10), Some(1))
         );
+    }
+
+    #[test]
+    fn generate_stream_reads_both_forms() {
+        // SGLang's default: every event holds everything so far.
+        let cumulative = [
+            (
+                r#"data: {"text":"a","output_ids":[5],"meta_info":{"completion_tokens":1}}"#,
+                0.1,
+            ),
+            (
+                r#"data: {"text":"abc","output_ids":[5,6,7],"meta_info":{"completion_tokens":3}}"#,
+                0.3,
+            ),
+            (
+                r#"data: {"text":"abcd","output_ids":[5,6,7,8],"meta_info":{"completion_tokens":4,"finish_reason":{"type":"length"}}}"#,
+                0.4,
+            ),
+            ("data: [DONE]", 0.4),
+        ];
+        // The same without the counts: the ids alone say it.
+        let uncounted = [
+            (r#"data: {"text":"a","output_ids":[5]}"#, 0.1),
+            (r#"data: {"text":"abc","output_ids":[5,6,7]}"#, 0.3),
+            (r#"data: {"text":"abcd","output_ids":[5,6,7,8]}"#, 0.4),
+            ("data: [DONE]", 0.4),
+        ];
+        // --incremental-streaming-output, without the counts.
+        let incremental = [
+            (r#"data: {"text":"a","output_ids":[5]}"#, 0.1),
+            (r#"data: {"text":"bc","output_ids":[6,7]}"#, 0.3),
+            (r#"data: {"text":"d","output_ids":[8]}"#, 0.4),
+            ("data: [DONE]", 0.4),
+        ];
+        for lines in [&cumulative, &uncounted, &incremental] {
+            let out = feed(Backend::Generate, lines).unwrap();
+            assert_eq!((out.ttft_s, out.output_len), (0.1, 4), "{lines:?}");
+            assert_eq!(out.itl_s.len(), 3, "{lines:?}");
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 pub mod actors;
 pub mod cluster;
+pub mod generate;
 pub mod sse;
 
 use std::io::{BufRead, BufReader};

@@ -391,8 +391,10 @@ class ThroughRouter(unittest.TestCase):
         events = post_sse(router() + "/generate", generate_body(input_ids=ids, stream=True))
         self.assertEqual(events[-1], "[DONE]")
         chunks = [json.loads(e) for e in events[:-1]]
-        streamed = [t for c in chunks for t in c["output_ids"]]
-        self.assertEqual(streamed, full["output_ids"])
+        # SGLang's stream: each chunk holds every id so far, the last one all of them.
+        for before, after in zip(chunks, chunks[1:]):
+            self.assertEqual(after["output_ids"][:len(before["output_ids"])], before["output_ids"])
+        self.assertEqual(chunks[-1]["output_ids"], full["output_ids"])
         self.assertEqual(len({c["meta_info"]["dp_rank"] for c in chunks}), 1, chunks)
         self.assertIsNotNone(chunks[-1]["meta_info"]["finish_reason"])
         # Round robin: two consecutive requests, two ranks.
@@ -405,8 +407,11 @@ class ThroughRouter(unittest.TestCase):
         full = post_json(router() + "/generate", generate_body(text=PROMPT))
         events = post_sse(router() + "/generate", generate_body(text=PROMPT, stream=True))
         self.assertEqual(events[-1], "[DONE]")
-        text = "".join(json.loads(e)["text"] for e in events[:-1])
-        self.assertEqual(text, full["text"])
+        texts = [json.loads(e)["text"] for e in events[:-1]]
+        # SGLang's stream: each chunk's text is the whole text so far.
+        for before, after in zip(texts, texts[1:]):
+            self.assertTrue(after.startswith(before), texts)
+        self.assertEqual(texts[-1], full["text"])
 
     def test_openai_completions_through_the_router(self):
         rids, texts = [], set()

@@ -100,6 +100,12 @@ pub struct HttpArgs {
     #[arg(long, env = "DPSERVE_MAX_IN_FLIGHT_REQUESTS", default_value_t = Defaults::MAX_IN_FLIGHT_REQUESTS,
           value_parser = at_least_one)]
     pub max_in_flight_requests: usize,
+    /// Stream `/generate` as SGLang's `--incremental-streaming-output` does: each chunk
+    /// carries only its own text, `output_ids` and log-probabilities. Without it (SGLang's
+    /// default) each chunk carries everything so far. The OpenAI endpoints stream deltas
+    /// either way, as OpenAI's API has them.
+    #[arg(long, env = "DPSERVE_INCREMENTAL_STREAMING_OUTPUT")]
+    pub incremental_streaming_output: bool,
 }
 
 fn at_least_one(s: &str) -> Result<usize, String> {
@@ -120,6 +126,7 @@ impl Default for HttpArgs {
             api_key: None,
             chat_template: None,
             max_in_flight_requests: Defaults::MAX_IN_FLIGHT_REQUESTS,
+            incremental_streaming_output: false,
         }
     }
 }

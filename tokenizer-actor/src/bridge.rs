@@ -51,6 +51,8 @@ struct Shared {
     stopping: AtomicBool,
     /// To the sender thread; taken (closing the channel, which ends that thread) at shutdown.
     outbox: Mutex<Option<mpsc::Sender<Message>>>,
+    /// Counts the cluster statuses handed to the view, for those who wait for the next one.
+    cluster_updates: tokio::sync::watch::Sender<u64>,
 }
 
 /// Handle to the two socket threads and the two actors; shared by every HTTP worker.
@@ -117,6 +119,7 @@ impl Bridge {
             stop: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             outbox: Mutex::new(Some(tx)),
+            cluster_updates: tokio::sync::watch::Sender::new(0),
         });
         let io = |what: &str, source| TokenizerError::Io {
             what: what.to_string(),
@@ -186,6 +189,12 @@ impl Bridge {
             .await
             .ok()
             .flatten()
+    }
+
+    /// Changes each time a cluster status reaches the view; a [`Bridge::cluster`] asked after
+    /// the change sees that status (the view takes its messages in order).
+    pub fn cluster_updates(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.cluster_updates.subscribe()
     }
 
     pub async fn in_flight(&self) -> usize {
@@ -303,6 +312,9 @@ fn reader_loop(sock: zmq::Socket, shared: &Shared, peer: &str, tracer: &MessageT
                 let restarted = controller_id.is_some() && status.controller_id != controller_id;
                 controller_id = status.controller_id;
                 shared.cluster.do_send(cluster_view::Update(status));
+                shared
+                    .cluster_updates
+                    .send_modify(|n| *n = n.wrapping_add(1));
                 if restarted {
                     shared.reconcile();
                 }

@@ -25,10 +25,61 @@ fn generate_stream_and_non_stream_agree() {
     assert_eq!(meta["prompt_tokens"], 5);
     assert_eq!(meta["completion_tokens"], outputs.len());
     assert_eq!(meta["cached_tokens"], 2);
+    // As SGLang: where the cached tokens were (a rank's own prefix cache).
+    assert_eq!(
+        meta["cached_tokens_details"],
+        json!({"device": 2, "host": 0})
+    );
     assert_eq!(meta["dp_rank"], 1);
     assert_eq!(meta["finish_reason"]["type"], "length");
     assert!(meta["e2e_latency"].as_f64().unwrap() >= 0.0);
 
+    // Streamed as SGLang does by default: each chunk holds the whole text and every id so far,
+    // so the last one is the answer.
+    let mut sbody = body.clone();
+    sbody["stream"] = json!(true);
+    let (status, events) = h.stream(&sbody);
+    assert_eq!(status, 200);
+    assert_eq!(events.len(), outputs.len().div_ceil(3));
+    for (before, after) in events.iter().zip(&events[1..]) {
+        let text = |e: &Value| e["text"].as_str().unwrap().to_string();
+        assert!(text(after).starts_with(&text(before)), "{after}");
+        let ids = |e: &Value| e["output_ids"].as_array().unwrap().clone();
+        assert!(ids(after).starts_with(&ids(before)), "{after}");
+        assert!(ids(after).len() > ids(before).len(), "{after}");
+    }
+    let last = events.last().unwrap();
+    assert_eq!(last["text"], resp["text"]);
+    assert_eq!(last["output_ids"], resp["output_ids"]);
+    for e in &events[..events.len() - 1] {
+        assert!(e["meta_info"]["finish_reason"].is_null());
+    }
+    assert_eq!(last["meta_info"]["finish_reason"]["type"], "length");
+
+    // What the controller received: tokenized prompt with BOS, sampling params, EOS added.
+    let reqs = h.fake.script.lock().unwrap().requests.clone();
+    assert_eq!(reqs[0].input_ids[0], protocol::builtin::BOS_ID);
+    assert_eq!(reqs[0].sampling.max_new_tokens, 16);
+    assert_eq!(reqs[0].sampling.temperature, 0.0);
+    assert!(reqs[0]
+        .sampling
+        .stop_token_ids
+        .contains(&protocol::builtin::EOS_ID));
+    assert!(reqs[1].stream && !reqs[0].stream);
+}
+
+/// With `--incremental-streaming-output` (SGLang's flag), each chunk holds only its own
+/// step's text, ids and log-probabilities; together they are the answer.
+#[test]
+fn incremental_streaming_output_streams_each_step_alone() {
+    let outputs = builtin_ids("there was a little dog . the dog said xyzzy");
+    let h = Harness::start_with(outputs.clone(), |a| {
+        a.http.incremental_streaming_output = true
+    });
+    let body = json!({"text": "Once upon a time", "return_logprob": true,
+                      "sampling_params": {"max_new_tokens": 16, "temperature": 0}});
+    let (status, resp) = h.post("/generate", &body);
+    assert_eq!(status, 200, "{resp}");
     let mut sbody = body.clone();
     sbody["stream"] = json!(true);
     let (status, events) = h.stream(&sbody);
@@ -47,24 +98,20 @@ fn generate_stream_and_non_stream_agree() {
         })
         .collect();
     assert_eq!(json!(ids), resp["output_ids"]);
-    for e in &events[..events.len() - 1] {
-        assert!(e["meta_info"]["finish_reason"].is_null());
+    let logprobs: Vec<Value> = events
+        .iter()
+        .flat_map(|e| {
+            e["meta_info"]["output_token_logprobs"]
+                .as_array()
+                .unwrap()
+                .clone()
+        })
+        .collect();
+    assert_eq!(json!(logprobs), resp["meta_info"]["output_token_logprobs"]);
+    for e in &events {
+        let n = e["output_ids"].as_array().unwrap().len();
+        assert!((1..=3).contains(&n), "one step's ids: {e}");
     }
-    assert_eq!(
-        events.last().unwrap()["meta_info"]["finish_reason"]["type"],
-        "length"
-    );
-
-    // What the controller received: tokenized prompt with BOS, sampling params, EOS added.
-    let reqs = h.fake.script.lock().unwrap().requests.clone();
-    assert_eq!(reqs[0].input_ids[0], protocol::builtin::BOS_ID);
-    assert_eq!(reqs[0].sampling.max_new_tokens, 16);
-    assert_eq!(reqs[0].sampling.temperature, 0.0);
-    assert!(reqs[0]
-        .sampling
-        .stop_token_ids
-        .contains(&protocol::builtin::EOS_ID));
-    assert!(reqs[1].stream && !reqs[0].stream);
 }
 
 #[test]
@@ -188,8 +235,65 @@ fn health_and_info_follow_cluster_status() {
         "{resp}"
     );
     assert_eq!(h.fake.script.lock().unwrap().flushes, 0, "FlushCache sent");
+    // With SGLang's `timeout` it waits, and is refused only when the time is up.
+    let asked = std::time::Instant::now();
+    let (status, resp) = h.post("/flush_cache?timeout=0.3", &json!({}));
+    assert_eq!(status, 400, "{resp}");
+    assert!(
+        asked.elapsed() >= Duration::from_millis(300),
+        "no wait: {resp}"
+    );
+    let message = resp["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("Timed out after 0.3 s waiting for idle state.")
+            && message.contains("#running-req: 3"),
+        "{resp}"
+    );
+    let (status, resp) = h.post("/flush_cache?timeout=-1", &json!({}));
+    assert_eq!(
+        (status, &resp["error"]["param"]),
+        (400, &json!("timeout")),
+        "{resp}"
+    );
+    assert_eq!(h.fake.script.lock().unwrap().flushes, 0, "FlushCache sent");
     let (status, resp) = h.get("/no/such/path");
     assert_eq!(status, 404, "{resp}");
+}
+
+/// A flush with a timeout asked while the rank is busy goes through as soon as its status says
+/// idle, without a second try.
+#[test]
+fn flush_with_a_timeout_waits_for_the_ranks_to_report_idle() {
+    let h = Harness::start(None, builtin_ids("hi"), 30);
+    let url = h.url("/flush_cache?timeout=20");
+    let flush = std::thread::spawn(move || {
+        let resp = Harness::client().post(url).send().unwrap();
+        let answered = std::time::Instant::now();
+        (
+            resp.status().as_u16(),
+            resp.json::<Value>().unwrap(),
+            answered,
+        )
+    });
+    // Nothing tells a client that a flush is waiting: give the request time to arrive (on
+    // loopback, far more than it needs) before the rank turns idle.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!flush.is_finished(), "answered while the rank is busy");
+    assert_eq!(h.fake.script.lock().unwrap().flushes, 0);
+    let idle_at = std::time::Instant::now();
+    h.fake.set_idle(true);
+    let (status, resp, answered) = flush.join().unwrap();
+    assert_eq!(status, 200, "{resp}");
+    assert!(answered >= idle_at, "answered before the rank was idle");
+    assert_eq!(resp["ranks"], json!([0, 1]));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while h.fake.script.lock().unwrap().flushes == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no FlushCache reached the controller"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
@@ -309,8 +413,8 @@ fn stories260k_golden_text_over_http() {
     let mut sbody = body;
     sbody["stream"] = json!(true);
     let (_, events) = h.stream(&sbody);
-    let text: String = events.iter().map(|e| e["text"].as_str().unwrap()).collect();
-    assert_eq!(text, golden["greedy_text"]);
+    // Each chunk holds the whole text so far (SGLang's stream); the last one all of it.
+    assert_eq!(events.last().unwrap()["text"], golden["greedy_text"]);
     // Prompt + max_new_tokens beyond the 512-token context is refused.
     let (status, _) = h.post(
         "/generate",

@@ -481,3 +481,56 @@ fn api_key_guards_everything_but_health() {
         assert_eq!(resp.status().as_u16(), 400, "{path}");
     }
 }
+
+/// SGLang's `sglext` with `return_cached_tokens_details` (what `bench_serving --cache-report`
+/// asks), streamed and not, on both endpoints: the cached prompt tokens (the fake worker
+/// reports 2) as `device`, once per prompt; absent unless asked.
+#[test]
+fn cached_tokens_details_come_in_sglext_when_asked() {
+    let h = story();
+    let details = json!({"cached_tokens_details": {"device": 2, "host": 0}});
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8});
+    let completion = json!({"prompt": "Once upon a time", "max_tokens": 8});
+    for (path, body) in [
+        ("/v1/completions", &completion),
+        ("/v1/chat/completions", &chat),
+    ] {
+        let (status, v) = h.post(path, body);
+        assert_eq!(status, 200, "{v}");
+        assert!(v.get("sglext").is_none(), "{path}: not asked: {v}");
+        let mut asked = body.clone();
+        asked["return_cached_tokens_details"] = json!(true);
+        let (status, v) = h.post(path, &asked);
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["sglext"], details, "{path}");
+
+        // Streamed: on the last chunk with a choice (the one that finishes it), and only there.
+        asked["stream"] = json!(true);
+        asked["stream_options"] = json!({"include_usage": true});
+        let (status, events) = h.stream_at(path, &asked);
+        assert_eq!(status, 200);
+        let with: Vec<usize> = (0..events.len())
+            .filter(|&i| events[i].get("sglext").is_some())
+            .collect();
+        let last_choice = events
+            .iter()
+            .rposition(|e| !e["choices"].as_array().unwrap().is_empty())
+            .unwrap();
+        assert_eq!(with, [last_choice], "{path}: {events:?}");
+        assert_eq!(events[last_choice]["sglext"], details, "{path}");
+        assert!(!events[last_choice]["choices"][0]["finish_reason"].is_null());
+    }
+    // Two prompts: counted once each, as `usage` is.
+    let body = json!({"prompt": ["a", "b"], "n": 2, "max_tokens": 4,
+                      "return_cached_tokens_details": true});
+    let (status, v) = h.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
+    assert_eq!(v["sglext"]["cached_tokens_details"]["device"], 4);
+    let (status, v) = h.post(
+        "/v1/completions",
+        &json!({"prompt": "a", "return_cached_tokens_details": "yes"}),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "return_cached_tokens_details");
+}

@@ -1,10 +1,15 @@
 //! `POST /generate` (SGLang-native): parse and validate, tokenize, submit one `GenerateReq`,
 //! then answer with one JSON body or an SSE stream built from the request's [`InFlight`].
 //!
+//! A stream is SGLang's: by default each chunk carries everything so far (`text`, `output_ids`
+//! and the log-probability lists), so the last chunk is the whole answer; with
+//! `--incremental-streaming-output` (SGLang's flag of that name) each chunk carries only its
+//! own step's. [`StreamForm`] is the choice, [`Produced`] what a chunk carries.
+//!
 //! Log-probabilities come in SGLang's shape: `meta_info.output_token_logprobs` is one
 //! `[logprob, token_id, text_or_null]` per output token, `meta_info.output_top_logprobs` one
 //! list of such triples per output token (most likely first); the text is there only with
-//! `return_text_in_logprobs`. A stream carries each chunk's own tokens' entries.
+//! `return_text_in_logprobs`.
 
 use std::time::Instant;
 
@@ -25,8 +30,9 @@ pub const DP_RANK_HEADER: &str = "x-data-parallel-rank";
 /// Generate from a prompt (SGLang-native).
 ///
 /// One JSON answer, or with `stream: true` server-sent events (`data: <GenerateResponse>` per
-/// step with that step's tokens, ending `data: [DONE]`; an error after the stream started is
-/// one more event with the error body).
+/// step, ending `data: [DONE]`; an error after the stream started is one more event with the
+/// error body). As SGLang, each event carries the whole `text`, `output_ids` and
+/// log-probabilities so far; with `--incremental-streaming-output`, only that step's.
 #[utoipa::path(
     post,
     path = "/generate",
@@ -87,10 +93,11 @@ pub async fn generate(
         top: input.return_logprob && input.top_logprobs_num > 0,
     };
     if input.stream {
+        let form = StreamForm::of(&state.args.http);
         // Wait for the first output before committing to 200 + SSE, so an error the
         // controller answers at once (rank not live, no live rank) keeps its HTTP status.
         match inflight.next().await {
-            Some(Ok(first)) => Ok(sse_response(first, inflight, lp)),
+            Some(Ok(first)) => Ok(sse_response(first, inflight, lp, form)),
             Some(Err(err)) => Err(err),
             None => Err(ApiError::internal("request ended without output")),
         }
@@ -190,51 +197,97 @@ pub fn random_rid() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
-async fn collect(mut inflight: InFlight, lp: LogprobShape) -> Result<HttpResponse, ApiError> {
-    let mut text = String::new();
-    let mut output_ids = Vec::new();
-    let mut logprobs = lp.empty();
-    while let Some(step) = inflight.next().await {
-        let chunk = step?;
-        text.push_str(&chunk.text);
-        output_ids.extend_from_slice(&chunk.output_ids);
+/// How the chunks of a `/generate` stream relate (SGLang's `--incremental-streaming-output`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamForm {
+    /// Each chunk carries the whole text, every output id and every log-probability so far
+    /// (SGLang's default): a client shows the latest chunk's `text`.
+    Cumulative,
+    /// Each chunk carries only its own step's: a client appends.
+    Incremental,
+}
+
+impl StreamForm {
+    pub fn of(http: &crate::HttpArgs) -> StreamForm {
+        if http.incremental_streaming_output {
+            StreamForm::Incremental
+        } else {
+            StreamForm::Cumulative
+        }
+    }
+}
+
+/// What a `/generate` body carries: the chunks pushed so far (all of a request's for the
+/// answer and for a cumulative chunk; one for an incremental chunk).
+struct Produced {
+    text: String,
+    output_ids: Vec<u32>,
+    /// The asked-for log-probability lists, keyed as in `meta_info`.
+    logprobs: Value,
+}
+
+impl Produced {
+    fn new(lp: &LogprobShape) -> Self {
+        Produced {
+            text: String::new(),
+            output_ids: Vec::new(),
+            logprobs: lp.empty(),
+        }
+    }
+
+    fn push(&mut self, chunk: &Chunk, lp: &LogprobShape) {
+        self.text.push_str(&chunk.text);
+        self.output_ids.extend_from_slice(&chunk.output_ids);
         lp.extend(
-            &mut logprobs,
+            &mut self.logprobs,
             &chunk.output_ids,
             chunk.logprobs.as_deref(),
             chunk.top_logprobs.as_deref(),
         );
+    }
+
+    /// The SGLang body, with `meta_info` (the latest chunk's) holding the log-probabilities.
+    fn body(&self, meta_info: &Value) -> Value {
+        let mut meta = meta_info.clone();
+        if let (Value::Object(meta), Value::Object(lps)) = (&mut meta, &self.logprobs) {
+            meta.extend(lps.clone());
+        }
+        json!({
+            "text": self.text,
+            "output_ids": self.output_ids,
+            "meta_info": meta,
+        })
+    }
+}
+
+async fn collect(mut inflight: InFlight, lp: LogprobShape) -> Result<HttpResponse, ApiError> {
+    let mut produced = Produced::new(&lp);
+    while let Some(step) = inflight.next().await {
+        let chunk = step?;
+        produced.push(&chunk, &lp);
         if chunk.finished {
-            let mut meta = chunk.meta_info;
-            if let (Value::Object(meta), Value::Object(lps)) = (&mut meta, logprobs) {
-                meta.extend(lps);
-            }
-            return Ok(HttpResponse::Ok().json(json!({
-                "text": text,
-                "output_ids": output_ids,
-                "meta_info": meta,
-            })));
+            return Ok(HttpResponse::Ok().json(produced.body(&chunk.meta_info)));
         }
     }
     Err(ApiError::internal("request ended without a final output"))
 }
 
-fn chunk_event(chunk: &Chunk, lp: &LogprobShape) -> Bytes {
-    let mut meta = chunk.meta_info.clone();
-    if let (Value::Object(meta), Value::Object(empty)) = (&mut meta, lp.empty()) {
-        meta.extend(empty);
+/// One stream's state between events.
+struct Streamed {
+    inflight: InFlight,
+    lp: LogprobShape,
+    form: StreamForm,
+    produced: Produced,
+}
+
+impl Streamed {
+    fn event(&mut self, chunk: &Chunk) -> Bytes {
+        if self.form == StreamForm::Incremental {
+            self.produced = Produced::new(&self.lp);
+        }
+        self.produced.push(chunk, &self.lp);
+        sse::event(&self.produced.body(&chunk.meta_info))
     }
-    lp.extend(
-        &mut meta,
-        &chunk.output_ids,
-        chunk.logprobs.as_deref(),
-        chunk.top_logprobs.as_deref(),
-    );
-    sse::event(&json!({
-        "text": chunk.text,
-        "output_ids": chunk.output_ids,
-        "meta_info": meta,
-    }))
 }
 
 enum SsePhase {
@@ -246,10 +299,21 @@ enum SsePhase {
 }
 
 /// The SSE body; it owns the request's [`InFlight`] (see [`sse::response`]).
-fn sse_response(first: Chunk, inflight: InFlight, lp: LogprobShape) -> HttpResponse {
+fn sse_response(
+    first: Chunk,
+    inflight: InFlight,
+    lp: LogprobShape,
+    form: StreamForm,
+) -> HttpResponse {
+    let streamed = Streamed {
+        inflight,
+        produced: Produced::new(&lp),
+        lp,
+        form,
+    };
     let stream = futures::stream::unfold(
-        (SsePhase::First(Box::new(first)), inflight, lp),
-        |(phase, mut inflight, lp)| async move {
+        (SsePhase::First(Box::new(first)), streamed),
+        |(phase, mut st)| async move {
             let after = |chunk: &Chunk| {
                 if chunk.finished {
                     SsePhase::Done
@@ -258,16 +322,16 @@ fn sse_response(first: Chunk, inflight: InFlight, lp: LogprobShape) -> HttpRespo
                 }
             };
             let (bytes, next) = match phase {
-                SsePhase::First(chunk) => (chunk_event(&chunk, &lp), after(&chunk)),
-                SsePhase::Running => match inflight.next().await {
-                    Some(Ok(chunk)) => (chunk_event(&chunk, &lp), after(&chunk)),
+                SsePhase::First(chunk) => (st.event(&chunk), after(&chunk)),
+                SsePhase::Running => match st.inflight.next().await {
+                    Some(Ok(chunk)) => (st.event(&chunk), after(&chunk)),
                     Some(Err(err)) => (sse::event(&err.body()), SsePhase::Done),
                     None => (sse::done(), SsePhase::Ended),
                 },
                 SsePhase::Done => (sse::done(), SsePhase::Ended),
                 SsePhase::Ended => return None,
             };
-            Some((bytes, (next, inflight, lp)))
+            Some((bytes, (next, st)))
         },
     );
     sse::response(stream)

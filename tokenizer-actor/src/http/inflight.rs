@@ -116,6 +116,15 @@ pub struct Usage {
     pub cached_tokens: usize,
 }
 
+impl Usage {
+    /// SGLang's `cached_tokens_details`: where the cached prompt tokens came from. Here every
+    /// one is from a rank's own prefix cache (`device`: dpserve has no host or storage tier).
+    /// `None` when none was cached, as SGLang sends it.
+    pub fn cached_tokens_details(&self) -> Option<Value> {
+        (self.cached_tokens > 0).then(|| json!({"device": self.cached_tokens, "host": 0}))
+    }
+}
+
 /// What ended a request early or late: a stop token id or a stop string.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Matched {
@@ -362,7 +371,7 @@ impl InFlight {
             FinishReason::Abort => json!({"type": "abort", "message": "aborted"}),
             FinishReason::Error => json!({"type": "error"}),
         });
-        json!({
+        let mut meta = json!({
             "id": self.rid(),
             "prompt_tokens": usage.prompt_tokens,
             "completion_tokens": usage.completion_tokens,
@@ -370,7 +379,11 @@ impl InFlight {
             "finish_reason": if self.done || self.stopped_here { finish_reason } else { None },
             "dp_rank": self.last.as_ref().and_then(|l| l.dp_rank),
             "e2e_latency": self.started.elapsed().as_secs_f64(),
-        })
+        });
+        if let Some(details) = usage.cached_tokens_details() {
+            meta["cached_tokens_details"] = details;
+        }
+        meta
     }
 }
 

@@ -1,14 +1,17 @@
 //! The small endpoints: health, server and model info (read by sglang-router before it
 //! routes), the OpenAI model list, and cache flush. All answer from local state, without a
-//! round trip, except flush, which checks that nothing runs and then tells the controller.
+//! round trip, except flush, which checks that nothing runs (waiting for it, with `timeout`)
+//! and then tells the controller.
 //!
 //! sglang-router (`--dp-aware`) reads `dp_size` from `/server_info` to make one worker per rank,
 //! names the model from `served_model_name`, and loads a tokenizer from `tokenizer_path` (else
 //! `model_path`): a local directory if one exists at that path, else a Hugging Face Hub id.
 
-use actix_web::{web, HttpResponse};
+use actix_web::{web, HttpRequest, HttpResponse};
 use protocol::{Abort, FlushCache, Message};
+use serde::Deserialize;
 use serde_json::json;
+use utoipa::IntoParams;
 
 use super::error::ApiError;
 use super::generate::read_body;
@@ -197,25 +200,87 @@ pub async fn models(state: web::Data<AppState>) -> HttpResponse {
     })
 }
 
-/// `POST /flush_cache`: drop every rank's prefix cache, only when nothing runs. Refused (400,
-/// as SGLang) while this tokenizer has requests in flight or a live rank's fresh status shows
-/// running or waiting requests; a worker still refuses on its own if one arrives meanwhile.
+/// The query of `POST /flush_cache`.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct FlushParams {
+    /// Seconds to wait for idle (SGLang's parameter): for this server's requests in flight to
+    /// end and every live rank to report none running or waiting, then flush. At most
+    /// `--request-timeout-s` (a longer wait is cut to it). Absent or 0: refuse at once if busy.
+    #[param(minimum = 0)]
+    pub timeout: Option<f64>,
+}
+
+impl FlushParams {
+    /// How long to wait, from the query string; a bad `timeout` is a 400 naming it.
+    fn wait(query: &str, most_s: u64) -> Result<std::time::Duration, ApiError> {
+        let bad = |msg: String| ApiError::invalid_param("timeout", msg);
+        let params = web::Query::<FlushParams>::from_query(query)
+            .map_err(|e| bad(format!("timeout: {e}")))?
+            .into_inner();
+        match params.timeout {
+            None => Ok(std::time::Duration::ZERO),
+            Some(t) if t.is_finite() && t >= 0.0 => {
+                Ok(std::time::Duration::from_secs_f64(t.min(most_s as f64)))
+            }
+            Some(t) => Err(bad(format!(
+                "timeout must be a non-negative number of seconds, got {t}"
+            ))),
+        }
+    }
+}
+
+/// `POST /flush_cache`: drop every rank's prefix cache, only when nothing runs. As SGLang:
+/// without `timeout` it is refused (400) at once while this tokenizer has requests in flight
+/// or a live rank's fresh status shows running or waiting requests; with `timeout=SECS` it
+/// waits, up to that long, for both to clear (a rank's status lags a request's end by up to a
+/// report interval), then flushes, and is refused only when the time runs out. A worker still
+/// refuses on its own if a request reaches it meanwhile.
 #[utoipa::path(
     post,
     path = "/flush_cache",
     tag = "operations",
+    params(FlushParams),
     responses((status = 200, description = "Flush sent to every live rank",
         body = FlushCacheResponse)),
 )]
-pub async fn flush_cache(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let Some(cluster) = state.fresh_cluster().await else {
-        return Err(ApiError::unavailable(
-            "no recent cluster status from the controller; cache not flushed",
-        ));
-    };
-    if let Some(refusal) = flush_refusal(state.bridge.in_flight().await, &cluster) {
-        return Err(ApiError::bad_request(refusal));
+pub async fn flush_cache(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let wait = FlushParams::wait(req.query_string(), state.args.http.request_timeout_s)?;
+    let deadline = tokio::time::Instant::now() + wait;
+    // Subscribed before the first look, so a status that arrives after it wakes the wait.
+    let mut updates = state.bridge.cluster_updates();
+    loop {
+        let blocked = match state.fresh_cluster().await {
+            None => ApiError::unavailable(
+                "no recent cluster status from the controller; cache not flushed",
+            ),
+            Some(cluster) => match flush_refusal(state.bridge.in_flight().await, &cluster) {
+                None => return send_flush(&state, &cluster),
+                Some(refusal) if wait.is_zero() => ApiError::bad_request(refusal),
+                Some(refusal) => ApiError::bad_request(format!(
+                    "Timed out after {} s waiting for idle state. {refusal}",
+                    wait.as_secs_f64()
+                )),
+            },
+        };
+        if wait.is_zero() {
+            return Err(blocked);
+        }
+        // Each new status is a new look; the deadline (or a bridge shutting down) ends the wait.
+        match tokio::time::timeout_at(deadline, updates.changed()).await {
+            Ok(Ok(())) => continue,
+            _ => return Err(blocked),
+        }
     }
+}
+
+fn send_flush(
+    state: &AppState,
+    cluster: &protocol::ClusterStatus,
+) -> Result<HttpResponse, ApiError> {
     if !state.bridge.send(Message::FlushCache(FlushCache {})) {
         return Err(ApiError::unavailable("tokenizer is shutting down"));
     }
@@ -451,6 +516,34 @@ mod tests {
                 "{refusal}"
             );
             assert!(refusal.contains(counts), "{refusal} lacks {counts}");
+        }
+    }
+
+    #[test]
+    fn flush_timeout_is_seconds_cut_to_the_request_timeout() {
+        use std::time::Duration;
+        let wait = |q| FlushParams::wait(q, 600);
+        assert_eq!(
+            wait("").unwrap(),
+            Duration::ZERO,
+            "no timeout: refuse at once"
+        );
+        assert_eq!(wait("timeout=60").unwrap(), Duration::from_secs(60));
+        assert_eq!(
+            wait("other=1&timeout=0.5").unwrap(),
+            Duration::from_millis(500)
+        );
+        assert_eq!(wait("timeout=1e9").unwrap(), Duration::from_secs(600));
+        for bad in [
+            "timeout=-1",
+            "timeout=abc",
+            "timeout=",
+            "timeout=inf",
+            "timeout=NaN",
+        ] {
+            let err = wait(bad).unwrap_err();
+            assert_eq!(err.status, 400, "{bad}");
+            assert_eq!(err.param.as_deref(), Some("timeout"), "{bad}");
         }
     }
 

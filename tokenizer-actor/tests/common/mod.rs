@@ -26,6 +26,8 @@ pub struct Script {
     /// Stop sending cluster status (a controller that died, as the tokenizer sees it), while
     /// still taking requests.
     pub mute_status: bool,
+    /// Report every rank with nothing running or waiting (else 3 running and 1 waiting).
+    pub idle: bool,
 }
 
 pub struct FakeController {
@@ -51,8 +53,12 @@ impl FakeController {
             while !st.load(Ordering::Relaxed) {
                 let muted = s.lock().unwrap().mute_status;
                 if last_status.elapsed() > Duration::from_millis(50) && !muted {
-                    let live = s.lock().unwrap().live_ranks.clone();
-                    protocol::socket::send(&push, &Message::ClusterStatus(cluster(&live))).unwrap();
+                    let (live, idle) = {
+                        let sc = s.lock().unwrap();
+                        (sc.live_ranks.clone(), sc.idle)
+                    };
+                    let status = cluster(&live, idle);
+                    protocol::socket::send(&push, &Message::ClusterStatus(status)).unwrap();
                     last_status = Instant::now();
                 }
                 let Ok(frame) = pull.recv_bytes(0) else {
@@ -95,6 +101,10 @@ impl FakeController {
         self.script.lock().unwrap().live_ranks = live.to_vec();
     }
 
+    pub fn set_idle(&self, idle: bool) {
+        self.script.lock().unwrap().idle = idle;
+    }
+
     pub fn mute_status(&self) {
         self.script.lock().unwrap().mute_status = true;
     }
@@ -113,7 +123,7 @@ impl Drop for FakeController {
     }
 }
 
-fn cluster(live: &[u32]) -> ClusterStatus {
+fn cluster(live: &[u32], idle: bool) -> ClusterStatus {
     ClusterStatus {
         timestamp: protocol::unix_time(),
         load_balance_method: "prefix_affinity".into(),
@@ -132,8 +142,8 @@ fn cluster(live: &[u32]) -> ClusterStatus {
                 last_seen_s: 0.1,
                 status: Some(protocol::WorkerStatus {
                     rank,
-                    num_running_reqs: 3,
-                    num_waiting_reqs: 1,
+                    num_running_reqs: if idle { 0 } else { 3 },
+                    num_waiting_reqs: if idle { 0 } else { 1 },
                     num_used_tokens: 1024,
                     max_total_tokens: 4096,
                     cache_hit_rate: 0.5,

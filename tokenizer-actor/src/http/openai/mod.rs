@@ -6,6 +6,13 @@
 //! the choices differ yet reproduce), which the controller routes like any other request. The
 //! answer merges the jobs' choices; a stream interleaves them as they come. `usage` counts a
 //! prompt once however many choices it has.
+//!
+//! With SGLang's `return_cached_tokens_details`, the answer carries SGLang's `sglext` object:
+//! `{"cached_tokens_details": {"device": N, "host": 0}}` when N > 0 prompt tokens came from a
+//! rank's prefix cache (as `usage`, counted once per prompt), none when nothing was cached. A
+//! stream carries it on its last chunk with a choice. SGLang sends it in one more chunk of its
+//! own, with `choices: []`, which `sglang.bench_serving`'s completions reader (0.5.23) cannot
+//! read: it takes `choices[0]` of every chunk.
 
 pub(crate) mod params;
 
@@ -89,6 +96,8 @@ struct Shape {
     logprobs: bool,
     /// Alternatives per token, with `logprobs`.
     top_logprobs: u32,
+    /// SGLang's `return_cached_tokens_details`.
+    cached_tokens_details: bool,
 }
 
 async fn serve(
@@ -168,6 +177,7 @@ async fn serve(
             .unwrap_or_else(|| state.served_model_name.clone()),
         logprobs: r.logprobs,
         top_logprobs: r.top_logprobs,
+        cached_tokens_details: r.return_cached_tokens_details,
     };
     if r.stream {
         stream_response(shape, jobs, r.include_usage, state).await
@@ -255,6 +265,14 @@ impl Shape {
             (Kind::Chat, false) => "chat.completion",
             (Kind::Chat, true) => "chat.completion.chunk",
         }
+    }
+
+    /// SGLang's `sglext` for the request's `usage`, when asked for and there is something in it.
+    fn sglext(&self, usage: &Usage) -> Option<Value> {
+        let details = usage
+            .cached_tokens_details()
+            .filter(|_| self.cached_tokens_details)?;
+        Some(json!({"cached_tokens_details": details}))
     }
 
     fn envelope(&self, chunk: bool, choices: Vec<Value>) -> Value {
@@ -412,6 +430,9 @@ async fn collect_response(
         .collect();
     let mut body = shape.envelope(false, choices);
     body["usage"] = usage_json(&usage);
+    if let Some(ext) = shape.sglext(&usage) {
+        body["sglext"] = ext;
+    }
     Ok(HttpResponse::Ok().json(body))
 }
 
@@ -444,6 +465,8 @@ struct StreamState {
     started: Vec<bool>,
     /// Text bytes sent per choice (completions' `text_offset`).
     sent_len: Vec<usize>,
+    /// Choices whose final chunk has not come yet.
+    unfinished: usize,
     usage: Usage,
     ended: bool,
 }
@@ -461,6 +484,7 @@ impl StreamState {
         };
         if chunk.finished {
             add_usage(&mut self.usage, &chunk.usage, first_of_prompt);
+            self.unfinished = self.unfinished.saturating_sub(1);
         }
         let text = match echo {
             Some(e) => e + &chunk.text,
@@ -503,6 +527,11 @@ impl StreamState {
         if self.include_usage {
             body["usage"] = Value::Null;
         }
+        if chunk.finished && self.unfinished == 0 {
+            if let Some(ext) = self.shape.sglext(&self.usage) {
+                body["sglext"] = ext;
+            }
+        }
         vec![sse::event(&body)]
     }
 
@@ -542,6 +571,7 @@ async fn stream_response(
         include_usage,
         started: vec![false; choices],
         sent_len: vec![0; choices],
+        unfinished: choices,
         usage: Usage::default(),
         ended: false,
     };

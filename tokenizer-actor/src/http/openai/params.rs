@@ -2,7 +2,8 @@
 //! the rest of the server understands. Ranges follow OpenAI's API (temperature ≤ 2, penalties
 //! in [-2, 2], logit bias in [-100, 100], at most 4 stop strings, 1 ≤ n ≤ 128); every error
 //! names its `param`. SGLang/vLLM extensions (`top_k`, `min_p`, `repetition_penalty`,
-//! `stop_token_ids`, `ignore_eos`, `routing_key`, `data_parallel_rank`, `rid`) are accepted;
+//! `stop_token_ids`, `ignore_eos`, `routing_key`, `data_parallel_rank`, `rid`,
+//! `return_cached_tokens_details`) are accepted;
 //! unknown fields are ignored. Features this server does not have are refused by name
 //! (tools, structured output, suffix, best_of > n), never faked.
 
@@ -51,6 +52,8 @@ pub struct OpenAiRequest {
     pub prompts: Vec<Prompt>,
     pub messages: Vec<ChatMessage>,
     pub add_generation_prompt: bool,
+    /// SGLang's `return_cached_tokens_details`: answer `sglext.cached_tokens_details`.
+    pub return_cached_tokens_details: bool,
 }
 
 fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
@@ -256,6 +259,8 @@ pub fn parse(body: &[u8], headers: &HeaderInputs, kind: Kind) -> Result<OpenAiRe
         prompts,
         messages,
         add_generation_prompt: field(&obj, "", "add_generation_prompt")?.unwrap_or(true),
+        return_cached_tokens_details: field(&obj, "", "return_cached_tokens_details")?
+            .unwrap_or(false),
     })
 }
 

@@ -237,6 +237,8 @@ pub struct OpenAiSampling {
     pub bootstrap_room: Option<u64>,
     #[schema(schema_with = rid)]
     pub rid: Option<String>,
+    /// SGLang's: answer `sglext.cached_tokens_details` (when some prompt token was cached).
+    pub return_cached_tokens_details: Option<bool>,
 }
 
 #[derive(Serialize, ToSchema)]

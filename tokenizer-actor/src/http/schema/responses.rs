@@ -183,6 +183,22 @@ fn top_logprob_triples() -> RefOr<Schema> {
     }))
 }
 
+/// SGLang's breakdown of the cached prompt tokens by where they were cached: every one here
+/// is in a rank's own prefix cache (`device`); dpserve has no host tier (`host` is 0).
+#[derive(Serialize, ToSchema)]
+pub struct CachedTokensDetails {
+    pub device: usize,
+    pub host: usize,
+}
+
+/// SGLang's extension object of the OpenAI answers.
+#[derive(Serialize, ToSchema)]
+pub struct SglExt {
+    /// With `return_cached_tokens_details`, when some prompt token was cached (as `usage`,
+    /// once per prompt).
+    pub cached_tokens_details: Option<CachedTokensDetails>,
+}
+
 /// `meta_info` of a `/generate` answer or stream chunk.
 #[derive(Serialize, ToSchema)]
 pub struct GenerateMetaInfo {
@@ -190,6 +206,8 @@ pub struct GenerateMetaInfo {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub cached_tokens: usize,
+    /// When some prompt token was cached (as SGLang).
+    pub cached_tokens_details: Option<CachedTokensDetails>,
     /// Null until the request ends.
     #[schema(schema_with = generate_finish_reason)]
     pub finish_reason: Option<serde_json::Value>,
@@ -203,7 +221,9 @@ pub struct GenerateMetaInfo {
     pub output_top_logprobs: Option<Vec<serde_json::Value>>,
 }
 
-/// `POST /generate`: the whole answer, or (streaming) one chunk with that step's tokens.
+/// `POST /generate`: the whole answer, or (streaming) one chunk: as SGLang, everything so far
+/// (the last chunk is the whole answer); with `--incremental-streaming-output`, that step's
+/// text, ids and log-probabilities only.
 #[derive(Serialize, ToSchema)]
 pub struct GenerateResponse {
     pub text: String,
@@ -268,6 +288,8 @@ pub struct CompletionResponse {
     pub system_fingerprint: Option<String>,
     pub choices: Vec<CompletionChoice>,
     pub usage: Option<Usage>,
+    /// With `return_cached_tokens_details`; in a stream, on the last chunk with a choice.
+    pub sglext: Option<SglExt>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -330,6 +352,8 @@ pub struct ChatCompletionResponse {
     pub system_fingerprint: Option<String>,
     pub choices: Vec<ChatChoice>,
     pub usage: Usage,
+    /// With `return_cached_tokens_details`.
+    pub sglext: Option<SglExt>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -367,6 +391,8 @@ pub struct ChatCompletionChunk {
     pub system_fingerprint: Option<String>,
     pub choices: Vec<ChatChunkChoice>,
     pub usage: Option<Usage>,
+    /// With `return_cached_tokens_details`, on the last chunk with a choice.
+    pub sglext: Option<SglExt>,
 }
 
 #[derive(Serialize, ToSchema)]
