@@ -99,15 +99,14 @@ fn wire_md_sections() -> BTreeSet<String> {
         .collect()
 }
 
-/// The types `WIRE.md`'s socket table (§2) says some socket carries.
-fn wire_md_socket_table() -> BTreeSet<String> {
-    let rows: String = section(WIRE_MD, "## 2. Sockets")
+/// The types the socket table of `doc`'s §2 says some socket carries (its last column).
+fn socket_table_types(doc: &str) -> BTreeSet<String> {
+    let carries: Vec<&str> = section(doc, "## 2. Sockets")
         .lines()
         .filter(|l| l.starts_with('|'))
-        .map(|l| l.rsplit('|').nth(1).unwrap_or("")) // the last column, "Carries"
-        .collect::<Vec<_>>()
-        .join(" ");
-    backticked_types(&rows)
+        .map(|l| l.rsplit('|').nth(1).unwrap_or(""))
+        .collect();
+    backticked_types(&carries.join(" "))
 }
 
 /// The first column of the message table in `docs/ARCHITECTURE.md`.
@@ -135,7 +134,13 @@ fn assert_same(what: &str, doc: BTreeSet<String>) {
 #[test]
 fn the_probe_sees_every_variant() {
     let variants = message_variants();
-    for name in ["GenerateReq", "TokenOut", "Hello", "WorkerStatus", "KvEvents"] {
+    for name in [
+        "GenerateReq",
+        "TokenOut",
+        "Hello",
+        "WorkerStatus",
+        "KvEvents",
+    ] {
         assert!(variants.contains(name), "{variants:?}");
     }
     assert!(variants.len() >= 20, "{variants:?}");
@@ -150,7 +155,7 @@ fn wire_md_has_a_section_for_exactly_the_message_types() {
 fn wire_md_socket_table_carries_exactly_the_message_types() {
     assert_same(
         "WIRE.md's socket table (§2, column Carries)",
-        wire_md_socket_table(),
+        socket_table_types(WIRE_MD),
     );
 }
 
@@ -177,17 +182,12 @@ fn type_name_is_the_wire_name() {
 
 #[test]
 fn the_document_parsers_find_what_they_look_for() {
-    // Guards the parsers above against matching nothing (then every set would be empty and the
-    // comparisons would fail loudly anyway, but with a misleading message).
-    let doc = "# T\n\n## 2. Sockets\n\n| a | b |\n|---|---|\n| x | `Hello`, `KvChunk` (+ payload) |\n\
-               \n## 3. Next\n| y | `Abort` |\n";
-    let rows: String = section(doc, "## 2. Sockets")
-        .lines()
-        .filter(|l| l.starts_with('|'))
-        .map(|l| l.rsplit('|').nth(1).unwrap_or(""))
-        .collect();
+    // Guards the parsers above against matching nothing or too much: the last column only, and
+    // only within §2.
+    let doc = "# T\n\n## 2. Sockets\n\n| a | b |\n|---|---|\n\
+               | `Rejoin` | `Hello`, `KvChunk` (+ payload) |\n\n## 3. Next\n| y | `Abort` |\n";
     assert_eq!(
-        backticked_types(&rows),
+        socket_table_types(doc),
         ["Hello", "KvChunk"].map(String::from).into()
     );
     assert!(!is_type_name("rank-<R>"));
