@@ -1,4 +1,4 @@
-//! The command-line contract (`../shared/DESIGN.md`, README, `deploy/`): every flag of `up`, the
+//! The command-line contract (`docs/ARCHITECTURE.md`, README, `docs/FLAGS.md`, `deploy/`): every flag of `up`, the
 //! actors and `bench --launch` with its variable, its default and a value it must accept, checked
 //! against the parser that `main` uses. A flag added, renamed or given another default fails here
 //! until this table, and the docs it mirrors, say so.
@@ -376,4 +376,222 @@ fn help_lists_the_choices_of_closed_sets() {
             );
         }
     }
+}
+
+/// The documents whose `| flag | default | meaning |` tables state defaults.
+const FLAG_TABLES: &[(&str, &str)] = &[
+    ("README.md", include_str!("../README.md")),
+    ("docs/FLAGS.md", include_str!("../docs/FLAGS.md")),
+];
+
+/// The cells of a Markdown table row, split on the `|`s outside backticks.
+fn table_cells(row: &str) -> Vec<String> {
+    let row = row.trim().trim_start_matches('|');
+    let row = row.strip_suffix('|').unwrap_or(row);
+    let mut cells = vec![String::new()];
+    let mut code = false;
+    for c in row.chars() {
+        match c {
+            '`' => code = !code,
+            '|' if !code => {
+                cells.push(String::new());
+                continue;
+            }
+            _ => {}
+        }
+        cells.last_mut().unwrap().push(c);
+    }
+    cells.iter().map(|c| c.trim().to_string()).collect()
+}
+
+/// The rows (as cells) of every table in `doc` whose header is `header`.
+fn table_rows(doc: &str, header: &[&str]) -> Vec<Vec<String>> {
+    let mut rows = Vec::new();
+    let mut lines = doc.lines().peekable();
+    while let Some(line) = lines.next() {
+        if !line.starts_with('|') || table_cells(line) != header {
+            continue;
+        }
+        lines.next(); // the |---| line
+        while let Some(row) = lines.next_if(|l| l.starts_with('|')) {
+            rows.push(table_cells(row));
+        }
+    }
+    rows
+}
+
+/// The backticked words of `cell`.
+fn backticked(cell: &str) -> Vec<&str> {
+    cell.split('`').skip(1).step_by(2).collect()
+}
+
+/// What a documented default cell says of one flag.
+#[derive(Debug, PartialEq)]
+enum DocDefault {
+    /// `none` or `off` (a first word): clap has no default.
+    Unset,
+    /// A single value, checked against clap's.
+    Value(String),
+    /// Words (`from --mem-fraction`, `CPUs / dp-size`): computed at run time, not checked.
+    Computed,
+}
+
+impl DocDefault {
+    fn parse(part: &str) -> Self {
+        let text = part.replace('`', "");
+        let text = text.trim();
+        // Seconds are written with their unit; clap's values are bare.
+        let text = text.strip_suffix(" s").unwrap_or(text);
+        let first = text.split([' ', ':', ',', '(']).next().unwrap_or("");
+        if matches!(first, "none" | "off") {
+            DocDefault::Unset
+        } else if text.contains(char::is_whitespace) {
+            DocDefault::Computed
+        } else {
+            DocDefault::Value(text.to_string())
+        }
+    }
+}
+
+/// The default of `long` in effect under `dpserve up`: `up`'s own when it has one; else (a flag
+/// `up` only forwards, or one it does not take) the default of the actors that read it, which
+/// must agree. `None`: no default. Panics on a flag no command has.
+fn effective_default(long: &str) -> Option<String> {
+    let default_of = |name: &str| -> Option<Option<String>> {
+        let cmd = sub(name);
+        let a = cmd
+            .get_arguments()
+            .find(|a| a.get_long().map(|l| format!("--{l}")).as_deref() == Some(long))?;
+        let values: Vec<String> = a
+            .get_default_values()
+            .iter()
+            .map(|v| v.to_string_lossy().into_owned())
+            .collect();
+        Some(match values.as_slice() {
+            [] => None,
+            [v] if is_switch(a) && v == "false" => None,
+            [v] => Some(v.clone()),
+            _ => Some(values.join(",")),
+        })
+    };
+    if let Some(Some(d)) = default_of("up") {
+        return Some(d);
+    }
+    let actors: Vec<(&str, Option<String>)> = ["tokenizer", "controller", "worker"]
+        .into_iter()
+        .filter_map(|name| Some((name, default_of(name)?)))
+        .collect();
+    assert!(
+        default_of("up").is_some() || !actors.is_empty(),
+        "no command has {long}"
+    );
+    let set: Vec<&(&str, Option<String>)> = actors.iter().filter(|(_, d)| d.is_some()).collect();
+    let first = set.first().and_then(|(_, d)| d.clone());
+    assert!(
+        set.iter().all(|(_, d)| *d == first),
+        "the actors disagree on the default of {long}: {actors:?}"
+    );
+    first
+}
+
+/// Checks every `| flag | default | meaning |` row of `doc` against clap: how many defaults it
+/// compared, and what disagrees. Rows for a family of flags (`--smg-*`) are left to `--help`.
+fn flag_table_problems(doc: &str) -> (usize, Vec<String>) {
+    let mut checked = 0;
+    let mut problems = Vec::new();
+    for row in table_rows(doc, &["flag", "default", "meaning"]) {
+        let flags: Vec<&str> = backticked(&row[0])
+            .into_iter()
+            .filter(|f| f.starts_with("--"))
+            .collect();
+        if flags.is_empty() || flags.iter().any(|f| f.contains('*')) {
+            continue;
+        }
+        // "2; `--device cuda`: one per visible GPU" states 2 and then the exceptions.
+        let stated = row[1].split(';').next().unwrap_or("");
+        let parts: Vec<&str> = stated.split(", ").collect();
+        let parts: Vec<&str> = match parts.len() {
+            1 => vec![parts[0]; flags.len()],
+            n if n == flags.len() => parts,
+            n => {
+                problems.push(format!(
+                    "{}: {n} defaults for {} flags",
+                    row[0],
+                    flags.len()
+                ));
+                continue;
+            }
+        };
+        for (flag, part) in flags.into_iter().zip(parts) {
+            let clap = effective_default(flag);
+            match (DocDefault::parse(part), clap) {
+                (DocDefault::Computed, _) => continue,
+                (DocDefault::Unset, None) => {}
+                (DocDefault::Value(doc), Some(clap)) if doc == clap => {}
+                (doc, clap) => {
+                    problems.push(format!("{flag}: the table says {doc:?}, clap {clap:?}"))
+                }
+            }
+            checked += 1;
+        }
+    }
+    (checked, problems)
+}
+
+#[test]
+fn the_defaults_the_flag_tables_state_are_clap_s() {
+    let mut problems = Vec::new();
+    for (name, doc) in FLAG_TABLES {
+        let (checked, found) = flag_table_problems(doc);
+        problems.extend(found.into_iter().map(|p| format!("{name}: {p}")));
+        if checked < 10 {
+            problems.push(format!("{name}: only {checked} defaults checked"));
+        }
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
+#[test]
+fn a_wrong_default_in_a_flag_table_is_found() {
+    let doc = "| flag | default | meaning |\n|---|---|---|\n\
+               | `--port`, `--host` | 30000, 127.0.0.1 | right |\n\
+               | `--dp-size` | 3; more | wrong |\n\
+               | `--api-key` | 1 | has none |\n\
+               | `--disable-radix-cache` | off | a switch |\n\
+               | `--max-total-tokens` | from `--mem-fraction` | computed |\n\
+               | `--drain-timeout` | 30 s | seconds |\n\
+               | `--smg-*` | see `--help` | a family |\n";
+    let (checked, problems) = flag_table_problems(doc);
+    assert_eq!(checked, 6, "{problems:?}");
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(problems[0].starts_with("--dp-size"), "{problems:?}");
+    assert!(problems[1].starts_with("--api-key"), "{problems:?}");
+}
+
+#[test]
+fn architecture_md_lists_every_load_balance_method() {
+    const ARCHITECTURE_MD: &str = include_str!("../docs/ARCHITECTURE.md");
+    let documented: std::collections::BTreeSet<String> = table_rows(
+        ARCHITECTURE_MD,
+        &[
+            "method",
+            "rule",
+            "branches",
+            "module (`controller/src/policy/`)",
+        ],
+    )
+    .iter()
+    .filter_map(|row| backticked(&row[0]).first().map(|m| m.to_string()))
+    .collect();
+    let cmd = sub("controller");
+    let methods: std::collections::BTreeSet<String> = arg(&cmd, "--load-balance-method")
+        .get_possible_values()
+        .iter()
+        .map(|v| v.get_name().to_string())
+        .collect();
+    assert!(methods.len() >= 10, "{methods:?}");
+    assert_eq!(
+        documented, methods,
+        "docs/ARCHITECTURE.md's method table against `dpserve controller --help`"
+    );
 }

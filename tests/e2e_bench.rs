@@ -149,7 +149,7 @@ fn bench_launch_compares_methods_and_writes_json() {
     assert!(!out.path().join("routing-no_such_method.svg").exists());
 }
 
-/// `dpserve bench --engine` as the README runs it, scaled down: every supported kernel path in
+/// `dpserve bench --engine` as docs/ENGINE.md runs it, scaled down: every supported kernel path in
 /// its own process, a table each, the comparison, and one JSON line per path.
 #[test]
 fn bench_engine_compares_every_kernel_path() {

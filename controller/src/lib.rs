@@ -332,7 +332,7 @@ impl RoutingArgs {
 /// Run the controller until SIGTERM or SIGINT.
 ///
 /// Why no actor framework here (as the tokenizer's registry and cluster view have): the
-/// controller is already one actor in DESIGN.md's sense. One thread owns its three ZeroMQ
+/// controller is already one actor in docs/ARCHITECTURE.md's sense. One thread owns its three ZeroMQ
 /// sockets (a socket belongs to one thread, and the ROUTER to the workers is used in both
 /// directions) and every piece of routing state (ranks, DP budget, route counts, traces), and
 /// reacts to frames and a liveness tick in one `zmq::poll` loop (`server::Controller::run`).

@@ -32,7 +32,7 @@ impl Backend {
     }
 }
 
-/// Header carrying the routing key (DESIGN: HTTP API).
+/// Header carrying the routing key (docs/ARCHITECTURE.md, "HTTP API").
 pub const ROUTING_KEY_HEADER: &str = "x-smg-routing-key";
 
 #[derive(Clone)]

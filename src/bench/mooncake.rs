@@ -386,7 +386,7 @@ mod tests {
     }
 
     /// The real trace, when it is beside the checkout: every line reads, and the sharing the
-    /// README states (first blocks repeat) survives the scaling.
+    /// docs/BENCHMARKS.md states (first blocks repeat) survives the scaling.
     #[test]
     fn the_shared_conversation_trace_reads() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))

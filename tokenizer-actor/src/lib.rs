@@ -1,6 +1,6 @@
 //! The tokenizer actor: dpserve's HTTP front end. It tokenizes requests, sends them to the
 //! controller over ZeroMQ, and turns the workers' token outputs back into text (JSON or SSE).
-//! It holds no routing or model logic; see DESIGN.md "Processes and sockets".
+//! It holds no routing or model logic; see docs/ARCHITECTURE.md, "Processes and sockets".
 
 mod args;
 mod bridge;

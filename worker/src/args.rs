@@ -266,8 +266,7 @@ pub struct DeviceArgs {
     pub kernel_path: KernelPath,
     /// Compute device: `cpu` runs the model; `sim` simulates a GPU rank (real scheduler and
     /// caches, a cost model's step times, pseudo-tokens; see docs/SIM.md); `cuda` or `cuda:N`
-    /// serves on NVIDIA GPU N (0 for `cuda`; not yet run on real hardware, see README "CUDA
-    /// status"); without a usable driver, GPU or CUDA 13 library the worker exits 78 with why.
+    /// serves on NVIDIA GPU N (0 for `cuda`; not yet run on real hardware, see docs/CUDA.md); without a usable driver, GPU or CUDA 13 library the worker exits 78 with why.
     #[arg(long, env = "DPSERVE_DEVICE", default_value = "cpu", value_parser = device_parser())]
     pub device: Device,
     /// `--device sim`: the simulated GPU and model, a built-in profile.

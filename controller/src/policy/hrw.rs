@@ -262,9 +262,9 @@ mod tests {
 
     #[test]
     fn score_is_splitmix64_of_digest_xor_splitmix64_of_digest_xor_rank() {
-        // Pins the contract (module doc, DESIGN.md) so other implementations can reproduce the
-        // order: computed from the formula, and golden values from an independent Python
-        // implementation (hashlib.blake2b(key, digest_size=8), little-endian).
+        // Pins the contract (module doc, docs/ARCHITECTURE.md) so other implementations can
+        // reproduce the order: computed from the formula, and golden values from an independent
+        // Python implementation (hashlib.blake2b(key, digest_size=8), little-endian).
         let d = Blake2Hrw.digest(b"k");
         let mut bytes = [0u8; 8];
         bytes.copy_from_slice(&Blake2b64::digest(b"k"));

@@ -107,7 +107,7 @@ impl SimProfile {
 
     /// The built-in base model (`--builtin-size base`, about 29.4M f32 parameters) on two
     /// threads of the AVX-512 CPUs these machines have: the ≈ 470 GFLOP/s GEMM ceiling and
-    /// ≈ 50 GB/s copy measured in DESIGN.md, at the shares of them the engine benchmark
+    /// ≈ 50 GB/s copy measured in docs/ARCHITECTURE.md, at the shares of them the engine benchmark
     /// reaches. For checking the cost model against the real CPU worker, not for GPU studies.
     pub fn cpu_calibrated() -> Self {
         SimProfile {
