@@ -505,7 +505,11 @@ mod tests {
     #[test]
     fn explains_cache_aware_decisions_with_their_cost_terms() {
         use crate::policy::{CacheAware, CacheAwareConfig, CachedPrefix};
-        let mut m = CacheAware::new(CacheAwareConfig::default());
+        // Skew 1.5: at the default 2 the guard never fires on two ranks.
+        let mut m = CacheAware::new(CacheAwareConfig {
+            max_load_skew: 1.5,
+            ..Default::default()
+        });
         let prompt = [5u32; 100];
         let req = RouteInput {
             rid: "c1",
