@@ -265,15 +265,6 @@ impl KvIndex {
         });
     }
 
-    /// Whether `rank` holds `hash`, or was sent it and the prediction still stands at `now`.
-    fn holds(&self, hash: u64, rank: u32, now: Instant) -> bool {
-        self.owners.get(&hash).is_some_and(|o| o.contains(&rank))
-            || self
-                .predicted
-                .get(&hash)
-                .is_some_and(|p| p.iter().any(|&(o, until)| o == rank && until > now))
-    }
-
     fn forget_blocks(&mut self, rank: u32, r: &mut RankBlocks) {
         for h in r.blocks.drain() {
             self.drop_owner(h, rank);
@@ -305,11 +296,15 @@ impl KvIndex {
         // Ranks still matching, as indices into `ranks`.
         let mut alive: Vec<usize> = (0..ranks.len()).collect();
         for (depth, h) in hashes.into_iter().enumerate() {
-            if !self.owners.contains_key(&h) && !self.predicted.contains_key(&h) {
+            let (owners, predicted) = (self.owners.get(&h), self.predicted.get(&h));
+            if owners.is_none() && predicted.is_none() {
                 break;
             }
             alive.retain(|&i| {
-                let holds = self.holds(h, ranks[i], now);
+                let rank = ranks[i];
+                let holds = owners.is_some_and(|o| o.contains(&rank))
+                    || predicted
+                        .is_some_and(|p| p.iter().any(|&(o, until)| o == rank && until > now));
                 if holds {
                     out[i] = depth + 1;
                 }

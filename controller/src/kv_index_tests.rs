@@ -434,33 +434,17 @@ fn the_siblings_of_a_burst_meet_before_any_event() {
 
 #[test]
 fn a_hot_prefix_gains_a_second_holder_and_keeps_both() {
-    use crate::policy::{CacheAware, CacheAwareConfig, RankLoad, RankQueue, RankSet};
+    use crate::policy::{CacheAware, CacheAwareConfig, RankSet};
     let t = Instant::now();
     let mut index = synced(3, t);
     let mut m = CacheAware::new(CacheAwareConfig::default());
     // Ranks with these prefill lines (tokens queued), equally fast and equally busy.
     let lines = |backlog: [u64; 3]| {
-        RankSet::new(
-            (0..3)
-                .map(|rank| RankLoad {
-                    rank,
-                    active_requests: 1,
-                    active_tokens: 0,
-                })
-                .collect(),
-        )
-        .with_queues(
-            (0..3)
-                .map(|rank| RankQueue {
-                    rank,
-                    running_requests: 1,
-                    waiting_requests: 0,
-                    max_total_tokens: 1 << 20,
-                    prefill_backlog_tokens: Some(backlog[rank as usize]),
-                    prefill_rate: Some(1000.0),
-                })
-                .collect(),
-        )
+        RankSet::with_prefill_lines(&[
+            (0, backlog[0], Some(1000.0)),
+            (1, backlog[1], Some(1000.0)),
+            (2, backlog[2], Some(1000.0)),
+        ])
     };
     let hot: Vec<u32> = (0..96).collect();
     let asking = |tail: u32| {

@@ -305,15 +305,8 @@ impl Ranks {
 
     /// Account a request dispatched to `rank` with number `seq`.
     pub fn dispatched(&mut self, rank: u32, rid: &str, tokens: u64, prefill_tokens: u64, seq: u64) {
+        self.dispatched_leg(rank, rid, tokens, prefill_tokens, seq);
         if let Some(r) = self.live.get_mut(&rank) {
-            r.budget.on_dispatch(
-                rid,
-                tokens,
-                prefill_tokens,
-                seq,
-                Instant::now(),
-                protocol::unix_time(),
-            );
             r.inflight.insert(rid.to_string(), tokens);
         }
     }

@@ -365,35 +365,44 @@ fn cluster_metrics(
             }
         }
     }
-    let routing = IntCounterVec::new(
+    route_counter(
+        &registry,
         opts(
             "routing_decisions_total",
             "Routing decisions of the controller by load-balance method and branch \
              (refused: not routable).",
         ),
-        &["method", "branch"],
+        "branch",
+        cluster.iter().flat_map(|c| &c.routing),
     )?;
-    for c in cluster.iter().flat_map(|c| &c.routing) {
-        routing
-            .with_label_values(&[c.method.as_str(), c.branch.as_str()])
-            .inc_by(c.count);
-    }
-    registry.register(Box::new(routing))?;
-    let regret = IntCounterVec::new(
+    route_counter(
+        &registry,
         opts(
             "routing_regret_total",
             "Requests sent away from the rank that held the longest prefix of their prompt, by \
              load-balance method and the branch that decided (methods that read the KV index).",
         ),
-        &["method", "reason"],
+        "reason",
+        cluster.iter().flat_map(|c| &c.regret),
     )?;
-    for c in cluster.iter().flat_map(|c| &c.regret) {
-        regret
+    Ok(registry)
+}
+
+/// A counter of the controller's [`protocol::RouteCount`]s, labelled by method and by
+/// `second` (what the count's `branch` means for this series).
+fn route_counter<'a>(
+    registry: &Registry,
+    opts: Opts,
+    second: &str,
+    counts: impl Iterator<Item = &'a protocol::RouteCount>,
+) -> prometheus::Result<()> {
+    let series = IntCounterVec::new(opts, &["method", second])?;
+    for c in counts {
+        series
             .with_label_values(&[c.method.as_str(), c.branch.as_str()])
             .inc_by(c.count);
     }
-    registry.register(Box::new(regret))?;
-    Ok(registry)
+    registry.register(Box::new(series))
 }
 
 fn opts(name: &str, help: &str) -> Opts {

@@ -203,7 +203,7 @@ impl LoadBalancer for CacheAware {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{CachedPrefix, RankLoad, RankQueue};
+    use crate::policy::CachedPrefix;
 
     fn ranks(loads: &[(u32, u64, u64)], matched: &[u64]) -> RankSet {
         RankSet::with_loads(loads).with_cached_prefix(CachedPrefix {
@@ -216,32 +216,11 @@ mod tests {
     /// Ranks `(rank, backlog tokens, measured prefill rate)` holding `matched` tokens each,
     /// one active request apiece.
     fn timed(spec: &[(u32, u64, Option<f64>)], matched: &[u64]) -> RankSet {
-        let loads = spec
-            .iter()
-            .map(|&(rank, _, _)| RankLoad {
-                rank,
-                active_requests: 1,
-                active_tokens: 0,
-            })
-            .collect();
-        let queues = spec
-            .iter()
-            .map(|&(rank, backlog, rate)| RankQueue {
-                rank,
-                running_requests: 1,
-                waiting_requests: 0,
-                max_total_tokens: 1 << 20,
-                prefill_backlog_tokens: Some(backlog),
-                prefill_rate: rate,
-            })
-            .collect();
-        RankSet::new(loads)
-            .with_queues(queues)
-            .with_cached_prefix(CachedPrefix {
-                matched_tokens: matched.to_vec(),
-                first_block: 42,
-                block_size: 32,
-            })
+        RankSet::with_prefill_lines(spec).with_cached_prefix(CachedPrefix {
+            matched_tokens: matched.to_vec(),
+            first_block: 42,
+            block_size: 32,
+        })
     }
 
     fn req(ids: &[u32]) -> RouteInput<'_> {

@@ -188,6 +188,30 @@ impl RankSet {
         )
     }
 
+    /// Ranks `(rank, prefill backlog tokens, measured prefill rate)`, one running request and
+    /// 2^20 KV tokens each (tests of the time cost).
+    #[cfg(test)]
+    pub(crate) fn with_prefill_lines(spec: &[(u32, u64, Option<f64>)]) -> Self {
+        RankSet::with_loads(
+            &spec
+                .iter()
+                .map(|&(rank, _, _)| (rank, 1, 0))
+                .collect::<Vec<_>>(),
+        )
+        .with_queues(
+            spec.iter()
+                .map(|&(rank, backlog, rate)| RankQueue {
+                    rank,
+                    running_requests: 1,
+                    waiting_requests: 0,
+                    max_total_tokens: 1 << 20,
+                    prefill_backlog_tokens: Some(backlog),
+                    prefill_rate: rate,
+                })
+                .collect(),
+        )
+    }
+
     pub fn loads(&self) -> &[RankLoad] {
         &self.ranks
     }
