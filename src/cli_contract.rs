@@ -79,6 +79,7 @@ const CONTRACT: &[Row] = &[
     ("up", "--device", "DPSERVE_DEVICE", Some("cpu"), "cuda:1"),
     ("up", "--sim-profile", "DPSERVE_SIM_PROFILE", Some("h100-qwen3.5-122b-a10b-fp8"), "cpu-calibrated"),
     ("up", "--sim-config", "DPSERVE_SIM_CONFIG", None, "/sim.toml"),
+    ("up", "--sim-lock-step", "DPSERVE_SIM_LOCK_STEP", Some("false"), "true"),
     ("up", "--trace-dir", "DPSERVE_TRACE_DIR", None, "/d"),
     ("up", "--trace-max-mb", "DPSERVE_TRACE_MAX_MB", None, "64"),
     ("up", "--runtime-dir", "DPSERVE_RUNTIME_DIR", None, "/rt"),
@@ -158,6 +159,7 @@ const CONTRACT: &[Row] = &[
     ("worker", "--device", "DPSERVE_DEVICE", Some("cpu"), "cuda:1"),
     ("worker", "--sim-profile", "DPSERVE_SIM_PROFILE", Some("h100-qwen3.5-122b-a10b-fp8"), "cpu-calibrated"),
     ("worker", "--sim-config", "DPSERVE_SIM_CONFIG", None, "/sim.toml"),
+    ("worker", "--sim-lock-step", "DPSERVE_SIM_LOCK_STEP", Some("false"), "true"),
     // dpserve bench: the cluster flags of --launch, and --engine's kernel path
     ("bench", "--kernel-path", "DPSERVE_KERNEL_PATH", Some("auto"), "portable"),
     ("bench", "--dp-size", "DPSERVE_BENCH_DP_SIZE", Some("2"), "3"),

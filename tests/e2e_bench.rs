@@ -672,3 +672,60 @@ fn bench_replays_a_mooncake_trace_window() {
         assert_eq!(r["refused"], 0);
     }
 }
+
+/// SIGTERM to `bench --launch` mid-run stops the cluster it started (a signal ends the process
+/// without running the cluster's `Drop`), then exits 143: nothing is left serving on the port.
+#[test]
+fn a_signalled_bench_stops_its_cluster() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let out = out_dir("dpss");
+    let mut bench = Command::new(env!("CARGO_BIN_EXE_dpserve"))
+        .args([
+            "bench",
+            "--launch",
+            "--builtin-size",
+            "tiny",
+            "--dp-size",
+            "2",
+        ])
+        .args(["--max-total-tokens", "4096", "--disable-progress-bar"])
+        .args(["--startup-timeout", "60", "--compare", "round_robin"])
+        // Long enough that the signal lands mid-workload.
+        .args(["--gsp-num-groups", "8", "--gsp-prompts-per-group", "64"])
+        .args(["--gsp-system-prompt-len", "64", "--gsp-question-len", "8"])
+        .args(["--gsp-output-len", "256"])
+        .arg("--output-dir")
+        .arg(out.path())
+        .env("DPSERVE_LOG", "warn")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("run dpserve bench");
+    let stderr = BufReader::new(bench.stderr.take().unwrap());
+    let mut lines = stderr.lines().map_while(Result::ok);
+    let url = lines
+        .by_ref()
+        .find_map(|l| {
+            l.split_once("ready at ")
+                .map(|(_, rest)| rest.split(';').next().unwrap().to_string())
+        })
+        .expect("the cluster came up");
+    let addr = url.trim_start_matches("http://").to_string();
+    assert!(std::net::TcpStream::connect(&addr).is_ok(), "{addr} serves");
+    // Keep draining stderr so the benchmark never blocks on a full pipe.
+    let drain = std::thread::spawn(move || lines.collect::<Vec<_>>());
+    let killed = Command::new("kill")
+        .args(["-TERM", &bench.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = bench.wait().unwrap();
+    let said = drain.join().unwrap().join("\n");
+    assert_eq!(status.code(), Some(143), "{status}: {said}");
+    assert!(said.contains("stopping 1 cluster"), "{said}");
+    assert!(
+        std::net::TcpStream::connect(&addr).is_err(),
+        "{addr} still serves after the benchmark was stopped"
+    );
+}

@@ -172,3 +172,32 @@ fn the_sglang_preset_runs_on_simulated_ranks_and_says_so() {
     assert!(md.starts_with("SIMULATED ranks"), "{md}");
     assert!(md.contains(&format!("model simulated ({PROFILE})")), "{md}");
 }
+
+/// `--sim-lock-step` (DP attention's rounds): two ranks stepping through one shared state file
+/// serve concurrent requests of different lengths to completion, each with exactly its tokens.
+#[test]
+fn lock_step_ranks_serve_every_request() {
+    let server = Server::up(&["--device", "sim", "--dp-size", "2", "--sim-lock-step"]);
+    wait_info(&server, "both ranks report", |i| ranks(i).len() == 2);
+    let bodies: Vec<Value> = (0..8)
+        .map(|i| body(&prompt(40 + i, i), 4 + 3 * i, None))
+        .collect();
+    let mut used_ranks = std::collections::BTreeSet::new();
+    for (i, reply) in server
+        .post_concurrently("/generate", bodies)
+        .into_iter()
+        .enumerate()
+    {
+        let reply = reply.join().unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let meta = &reply.body["meta_info"];
+        assert_eq!(
+            meta["completion_tokens"],
+            4 + 3 * i as u64,
+            "{}",
+            reply.body
+        );
+        used_ranks.insert(meta["dp_rank"].as_u64().unwrap());
+    }
+    assert_eq!(used_ranks.len(), 2, "both ranks stepped: {used_ranks:?}");
+}

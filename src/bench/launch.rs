@@ -11,7 +11,7 @@ use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Mutex, Once};
 use std::time::{Duration, Instant};
 
 use crate::forwarded::{BenchEnv, Given};
@@ -73,9 +73,77 @@ pub fn parse_deployment(s: &str) -> Option<(u32, u32)> {
     Some((p.parse().ok()?, d.parse().ok()?))
 }
 
+/// How long a stopped `up` gets to stop its actors before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(15);
+
+/// The `up` processes started and not yet stopped. They live here rather than in their
+/// [`Cluster`] so that a SIGTERM or SIGINT to the benchmark, which ends the process without
+/// running any `Drop`, stops them too (see [`stop_clusters_on_signal`]).
+static RUNNING: Mutex<Vec<Child>> = Mutex::new(Vec::new());
+
+/// Takes `up` process `pid` out of [`RUNNING`], if it is there.
+fn take_running(pid: u32) -> Option<Child> {
+    let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+    let i = running.iter().position(|c| c.id() == pid)?;
+    Some(running.swap_remove(i))
+}
+
+/// Once per process: a thread that, on SIGTERM or SIGINT, stops every running cluster and then
+/// exits as the signal would have (128 + its number).
+fn stop_clusters_on_signal() {
+    static INSTALLED: Once = Once::new();
+    INSTALLED.call_once(|| {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        let mut signals = match signal_hook::iterator::Signals::new([SIGTERM, SIGINT]) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!(
+                    "warning: no signal handler ({e}); a signal would leave clusters running"
+                );
+                return;
+            }
+        };
+        std::thread::spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                // Held until the exit: the main thread, which sees its cluster go away, blocks
+                // on its next start or stop instead of finishing (and exiting) first.
+                let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+                eprintln!("== signal {sig}: stopping {} cluster(s)", running.len());
+                for child in running.drain(..) {
+                    stop_child(child, STOP_GRACE);
+                }
+                std::process::exit(128 + sig);
+            }
+        });
+    });
+}
+
+/// SIGTERM `up` (it stops its children), wait up to `grace`, then SIGKILL.
+fn stop_child(mut child: Child, grace: Duration) {
+    // Our own child, by pid; `up` handles SIGTERM by stopping every actor it started.
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .stderr(Stdio::null())
+        .status();
+    let deadline = Instant::now() + grace;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) | Err(_) => break,
+            Ok(None) if Instant::now() >= deadline => {
+                child.kill().ok();
+                child.wait().ok();
+                break;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
 /// A running `dpserve up`; dropping it stops the cluster.
 pub struct Cluster {
-    child: Option<Child>,
+    /// The `up` process's pid, its `Child` in [`RUNNING`]; `None` once stopped or exited.
+    pid: Option<u32>,
     pub base_url: String,
     pub log_path: PathBuf,
     runtime_dir: PathBuf,
@@ -101,6 +169,9 @@ pub fn start(
     let log_path = log_dir.join(format!("up-{method}.log"));
     let log =
         File::create(&log_path).map_err(|e| format!("creating {}: {e}", log_path.display()))?;
+    stop_clusters_on_signal();
+    // Held across the spawn: while a signal is being handled no new cluster starts.
+    let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
     let mut child = Command::new(exe)
         .args(flags.up_args(method, port, &runtime_dir))
         .stdin(Stdio::null())
@@ -109,6 +180,9 @@ pub fn start(
         .spawn()
         .map_err(|e| format!("starting dpserve up: {e}"))?;
     let stdout = child.stdout.take().ok_or("no stdout from dpserve up")?;
+    let pid = child.id();
+    running.push(child);
+    drop(running);
     let (tx, rx) = mpsc::channel::<String>();
     // Drains `up`'s stdout for its whole life, so the pipe never fills.
     std::thread::spawn(move || {
@@ -119,7 +193,7 @@ pub fn start(
         }
     });
     let mut cluster = Cluster {
-        child: Some(child),
+        pid: Some(pid),
         base_url: format!("http://127.0.0.1:{port}"),
         log_path,
         runtime_dir,
@@ -135,12 +209,13 @@ pub fn start(
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
-        let exited = cluster
-            .child
-            .as_mut()
-            .and_then(|c| c.try_wait().ok().flatten());
+        let exited = cluster.pid.and_then(|pid| {
+            let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+            let child = running.iter_mut().find(|c| c.id() == pid)?;
+            child.try_wait().ok().flatten()
+        });
         if let Some(status) = exited {
-            cluster.child = None;
+            cluster.pid.take().and_then(take_running);
             return Err(format!(
                 "dpserve up exited ({status}): {}",
                 last_error_line(&cluster.log_path)
@@ -202,25 +277,8 @@ fn strip_ansi(s: &str) -> String {
 impl Cluster {
     /// SIGTERM `up` (it stops its children), wait up to `grace`, then SIGKILL.
     pub fn stop(&mut self, grace: Duration) {
-        if let Some(mut child) = self.child.take() {
-            // Our own child, by pid; `up` handles SIGTERM by stopping every actor it started.
-            let _ = Command::new("kill")
-                .arg("-TERM")
-                .arg(child.id().to_string())
-                .stderr(Stdio::null())
-                .status();
-            let deadline = Instant::now() + grace;
-            loop {
-                match child.try_wait() {
-                    Ok(Some(_)) | Err(_) => break,
-                    Ok(None) if Instant::now() >= deadline => {
-                        child.kill().ok();
-                        child.wait().ok();
-                        break;
-                    }
-                    Ok(None) => std::thread::sleep(Duration::from_millis(50)),
-                }
-            }
+        if let Some(child) = self.pid.take().and_then(take_running) {
+            stop_child(child, grace);
         }
         std::fs::remove_dir_all(&self.runtime_dir).ok();
     }
@@ -228,7 +286,7 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        self.stop(Duration::from_secs(15));
+        self.stop(STOP_GRACE);
     }
 }
 

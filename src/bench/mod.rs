@@ -216,7 +216,8 @@ impl Preset {
                 builtin_size: None,
                 // The simulated GPU's memory sizes the pool (docs/SIM.md).
                 max_total_tokens: None,
-                up_args: &[("--device", "sim")],
+                // DP attention: every rank's step ends with the slowest (docs/SIM.md).
+                up_args: &[("--device", "sim"), ("--sim-lock-step", "true")],
                 compare: "round_robin,total_tokens,prefix_affinity,cache_aware",
             },
             Preset::Mooncake8Gpu => sim_trace_preset(8, 4.0),
@@ -509,8 +510,16 @@ impl BenchArgs {
                     c.serve.value.max_total_tokens = Some(tokens)
                 });
             }
+            // The user's own --device wins, and then the preset's simulation flags do not apply.
+            let own_device = server
+                .up_args
+                .iter()
+                .any(|a| a == "--device" || a.starts_with("--device="));
             for (flag, value) in p.up_args {
                 let given = |a: &String| a == flag || a.starts_with(&format!("{flag}="));
+                if own_device && flag.starts_with("--sim-") {
+                    continue;
+                }
                 if !server.up_args.iter().any(given) {
                     server.up_args.extend([flag.to_string(), value.to_string()]);
                 }
@@ -1223,7 +1232,10 @@ mod tests {
         assert!(!g.send_routing_key, "SGLang's run sent no routing key");
         assert_eq!(plan.max_concurrency, Some(64));
         assert_eq!(server.cluster().dp_size, 8);
-        assert_eq!(server.up_args, ["--device", "sim"]);
+        assert_eq!(
+            server.up_args,
+            ["--device", "sim", "--sim-lock-step", "true"]
+        );
         assert_eq!(
             server.cluster().serve.max_total_tokens,
             None,

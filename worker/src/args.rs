@@ -277,6 +277,12 @@ pub struct DeviceArgs {
     /// `base = "NAME"` picks another built-in profile to start from).
     #[arg(long, env = "DPSERVE_SIM_CONFIG")]
     pub sim_config: Option<PathBuf>,
+    /// `--device sim`: step in lock-step with the cluster's other simulated ranks on this host,
+    /// as data-parallel attention does (every rank's step ends with the round's slowest; see
+    /// docs/SIM.md). `--sim-lock-step` alone means `true`.
+    #[arg(long, env = "DPSERVE_SIM_LOCK_STEP", num_args = 0..=1, default_value_t = false,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub sim_lock_step: bool,
 }
 
 impl Default for DeviceArgs {
@@ -286,6 +292,7 @@ impl Default for DeviceArgs {
             device: Device::Cpu,
             sim_profile: DEFAULT_SIM_PROFILE.to_string(),
             sim_config: None,
+            sim_lock_step: false,
         }
     }
 }
@@ -383,6 +390,8 @@ pub fn device_parser() -> Listed<Device> {
 pub struct SimSettings {
     pub profile: SimProfile,
     pub seed: u64,
+    /// `--sim-lock-step`: the state file the cluster's ranks share.
+    pub lock_step: Option<PathBuf>,
 }
 
 /// The names `--kernel-path` takes: `auto` and every path, supported here or not.
@@ -494,7 +503,8 @@ impl WorkerArgs {
         if let Some(refusal) = self.disaggregation_refusal() {
             anyhow::bail!(refusal);
         }
-        let sim = self.sim_settings()?;
+        let worker_addr = addr("worker-addr", &self.worker_addr, "worker")?;
+        let sim = self.sim_settings(&worker_addr)?;
         let serve = &self.serve;
         serve.check()?;
         let seconds = |v: f64| Duration::from_secs_f64(v);
@@ -508,7 +518,7 @@ impl WorkerArgs {
             model,
             sim,
             cuda: self.device.device.cuda_ordinal(),
-            worker_addr: addr("worker-addr", &self.worker_addr, "worker")?,
+            worker_addr,
             tokenizer_addr: addr("tokenizer-addr", &self.tokenizer_addr, "tokenizer")?,
             max_total_tokens: serve.max_total_tokens,
             mem_fraction: serve.mem_fraction,
@@ -552,11 +562,14 @@ impl WorkerArgs {
 
     /// The simulated GPU `--device sim` asks for (its profile file read and checked), or
     /// `None` for a real device.
-    fn sim_settings(&self) -> anyhow::Result<Option<SimSettings>> {
+    fn sim_settings(&self, worker_addr: &Endpoint) -> anyhow::Result<Option<SimSettings>> {
         let d = &self.device;
         if d.device != Device::Sim {
             if d.sim_config.is_some() {
                 anyhow::bail!("--sim-config applies only with --device sim");
+            }
+            if d.sim_lock_step {
+                anyhow::bail!("--sim-lock-step applies only with --device sim");
             }
             return Ok(None);
         }
@@ -570,6 +583,9 @@ impl WorkerArgs {
         Ok(Some(SimSettings {
             profile,
             seed: self.model.weight_seed,
+            lock_step: d
+                .sim_lock_step
+                .then(|| crate::sim::LockStep::path_for(&worker_addr.to_string())),
         }))
     }
 }
@@ -770,7 +786,48 @@ mod tests {
             sim.profile.peak_tflops,
             SimProfile::cpu_calibrated().peak_tflops
         );
+        // Lock-step: one state file per controller address, so a cluster's ranks share it.
+        let lock = |flags: &[&str]| {
+            parse(flags)
+                .unwrap()
+                .resolve()
+                .unwrap()
+                .sim
+                .unwrap()
+                .lock_step
+        };
+        assert_eq!(lock(&["--device", "sim"]), None);
+        let mine = lock(&[
+            "--device",
+            "sim",
+            "--sim-lock-step",
+            "--worker-addr",
+            "tcp://127.0.0.1:7001",
+        ]);
+        assert!(mine.is_some());
+        assert_eq!(
+            mine,
+            lock(&[
+                "--device",
+                "sim",
+                "--worker-addr",
+                "tcp://127.0.0.1:7001",
+                "--sim-lock-step",
+                "true"
+            ])
+        );
+        assert_ne!(
+            mine,
+            lock(&[
+                "--device",
+                "sim",
+                "--sim-lock-step",
+                "--worker-addr",
+                "tcp://127.0.0.1:7002"
+            ])
+        );
         for (flags, want) in [
+            (&["--sim-lock-step"][..], "--sim-lock-step"),
             (&["--sim-config", file][..], "--sim-config"),
             (&["--device", "sim", "--model-path", "/m"], "--model-path"),
             (

@@ -155,9 +155,22 @@ fn log_simulated(
         weight_bytes = sim.cost().weight_bytes(),
         context_len,
         max_total_tokens,
+        lock_step = ?sim.lock_step().map(|l| l.path().display().to_string()),
         "SIMULATED rank: no model runs here; steps sleep for a cost model's time and emit \
          pseudo-tokens (docs/SIM.md)"
     );
+}
+
+/// The simulated rank `--device sim` asks for, in lock-step if `--sim-lock-step` is set.
+fn sim_model(sim: &args::SimSettings) -> anyhow::Result<SimModel> {
+    let model = SimModel::new(sim.profile.clone(), sim.seed);
+    Ok(match &sim.lock_step {
+        Some(path) => model.with_lock_step(
+            crate::sim::LockStep::open(path)
+                .with_context(|| format!("--sim-lock-step: opening {}", path.display()))?,
+        ),
+        None => model,
+    })
 }
 
 /// `--device cuda:N` where it cannot be served: the probe's reason (no driver, no device, no
@@ -322,7 +335,7 @@ fn load(
     let free_memory = mem::read_available_memory();
     let started = Instant::now();
     let model: ModelRunner = match (&config.sim, config.cuda) {
-        (Some(sim), _) => SimModel::new(sim.profile.clone(), sim.seed).into(),
+        (Some(sim), _) => sim_model(sim)?.into(),
         (None, Some(ordinal)) => load_cuda(config, ordinal, pool)?.into(),
         (None, None) => pool.install(|| load_model(&config.model))?.into(),
     };

@@ -6,11 +6,13 @@
 //! `/get_server_info`. See `docs/SIM.md`.
 
 pub mod cost;
+pub mod lockstep;
 pub mod profile;
 
 use std::time::{Duration, Instant};
 
 pub use cost::{CostModel, PoolSize, SeqWork, StepCost, SIM_MAX_POOL_TOKENS};
+pub use lockstep::LockStep;
 pub use profile::{SimProfile, DEFAULT_SIM_PROFILE};
 
 use crate::model::{BuiltinSize, ModelConfig, SeqInput};
@@ -40,6 +42,8 @@ pub struct SimModel {
     config: ModelConfig,
     cost: CostModel,
     seed: u64,
+    /// `--sim-lock-step`: the cluster's shared rounds; `None` steps alone.
+    lock_step: Option<LockStep>,
 }
 
 impl SimModel {
@@ -54,7 +58,19 @@ impl SimModel {
             config,
             cost: CostModel::new(profile),
             seed,
+            lock_step: None,
         }
+    }
+
+    /// Steps in lock-step with the other ranks sharing `lock_step` (`--sim-lock-step`).
+    pub fn with_lock_step(mut self, lock_step: LockStep) -> Self {
+        self.lock_step = Some(lock_step);
+        self
+    }
+
+    /// The shared rounds this rank steps in, if it steps in lock-step.
+    pub fn lock_step(&self) -> Option<&LockStep> {
+        self.lock_step.as_ref()
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -114,8 +130,21 @@ impl SimModel {
         self.cost.step(&work).time
     }
 
-    /// Sleeps until the step's modelled time since `started` has passed.
+    /// Sleeps until the step's modelled time since `started` has passed, and in lock-step
+    /// until the round it joins ends.
     fn wait(&self, seqs: &[SeqInput<'_>], started: Instant) {
+        let left = self
+            .step_time(seqs)
+            .checked_sub(started.elapsed())
+            .unwrap_or_default();
+        if let Some(lock_step) = &self.lock_step {
+            match lock_step.step(left) {
+                Ok(()) => return,
+                // The step still takes its own time; the rounds are lost for this step only.
+                Err(e) => tracing::warn!(path = %lock_step.path().display(), error = %e,
+                                         "sim lock-step state unusable; stepping alone"),
+            }
+        }
         if let Some(left) = self.step_time(seqs).checked_sub(started.elapsed()) {
             std::thread::sleep(left);
         }
