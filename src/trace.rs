@@ -10,15 +10,15 @@
 //! journey across the actors (a directory); without, routing over the whole run (a file or a
 //! directory).
 //!
-//! The analysis lives in `controller::trace::{report, timeline, journey, picture, traffic,
-//! chrome}`; this file is only the I/O.
+//! The analysis lives in the `trace-tools` crate (`report`, `timeline`, `journey`, `picture`,
+//! `traffic`, `chrome`); this file is only the I/O.
 
 use std::fs::File;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use controller::trace::{chrome, journey, picture, report, timeline, traffic};
+use trace_tools::{chrome, journey, picture, report, timeline, traffic};
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct TraceArgs {

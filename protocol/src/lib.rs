@@ -11,6 +11,7 @@ pub mod error;
 pub mod kv_events;
 pub mod messages;
 pub mod msg_trace;
+pub mod route_record;
 pub mod socket;
 pub mod trace_event;
 

@@ -1,22 +1,19 @@
-//! The comparison chart: an SVG with two bar panels, TTFT (mean and p99) and output throughput
-//! per load-balance method, drawn with plotters' SVG backend (no fonts or system libraries);
-//! and each method's routing over time, drawn from its cluster's routing trace by the same
-//! code as `dpserve trace FILE --svg`.
+//! The comparison chart: an SVG with two bar panels, TTFT (p50 and p90) and goodput per
+//! load-balance method; and each method's routing over time, drawn from its cluster's routing
+//! trace by the same code as `dpserve trace FILE --svg`. Both are drawn by `trace-tools`, whose
+//! SVG writer draws every picture dpserve makes.
 
 use std::path::Path;
 
 use anyhow::Context;
-use plotters::prelude::*;
+use trace_tools::bars::{bars_svg, BarPanel, Group, Series};
+use trace_tools::svg::PALETTE;
+use trace_tools::{report, traffic};
 
 use super::report::MethodResult;
 
-const MEAN_COLOR: RGBColor = RGBColor(0x4c, 0x72, 0xb0);
-const P99_COLOR: RGBColor = RGBColor(0xdd, 0x84, 0x52);
-const TPUT_COLOR: RGBColor = RGBColor(0x55, 0xa8, 0x68);
-
 /// Draws routing over time from the routing trace at `trace` into `out`; returns `out` shown.
 pub fn write_routing_svg(trace: &Path, method: &str, out: &Path) -> anyhow::Result<String> {
-    use controller::trace::{report, traffic};
     let file =
         std::fs::File::open(trace).with_context(|| format!("opening {}", trace.display()))?;
     let (records, _) = report::parse(std::io::BufReader::new(file))
@@ -35,118 +32,75 @@ pub fn write_routing_svg(trace: &Path, method: &str, out: &Path) -> anyhow::Resu
     Ok(out.display().to_string())
 }
 
+/// A method that ran, as the chart shows it.
+struct Ran<'a> {
+    method: &'a str,
+    ttft_p50_ms: f64,
+    ttft_p90_ms: f64,
+    goodput: f64,
+}
+
 /// Writes the chart of the methods that ran (skipped ones are left out) to `path`.
 pub fn write_svg(results: &[MethodResult], title: &str, path: &Path) -> anyhow::Result<()> {
-    let ran: Vec<(&str, f64, f64, f64)> = results
+    let ran: Vec<Ran<'_>> = results
         .iter()
         .filter_map(|r| {
-            r.result
-                .as_ref()
-                .ok()
-                .map(|m| (r.method.as_str(), m.ttft.median, m.ttft.p90, m.goodput))
+            let m = r.result.as_ref().ok()?;
+            Some(Ran {
+                method: &r.method,
+                ttft_p50_ms: m.ttft.median,
+                ttft_p90_ms: m.ttft.p90,
+                goodput: m.goodput,
+            })
         })
         .collect();
     anyhow::ensure!(!ran.is_empty(), "no method ran; nothing to chart");
-    // Wide enough for every method's name under its bars.
-    let width = (1100).max(2 * 80 * ran.len() as u32 + 160);
-    let root = SVGBackend::new(path, (width, 480)).into_drawing_area();
-    root.fill(&WHITE).map_err(plot_err)?;
-    let root = root.titled(title, ("sans-serif", 20)).map_err(plot_err)?;
-    let (left, right) = root.split_horizontally(width / 2);
-    let n = ran.len() as f64;
-
-    // Left: TTFT, two bars per method.
-    let ttft_max = ran
-        .iter()
-        .map(|r| r.2.max(r.1))
-        .fold(0.0, f64::max)
-        .max(1.0)
-        * 1.15;
-    let mut chart = ChartBuilder::on(&left)
-        .caption(
+    let panels = [
+        panel(
             "TTFT (ms): p50 and p90, lower is better",
-            ("sans-serif", 16),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..n, 0.0..ttft_max)
-        .map_err(plot_err)?;
-    let labels: Vec<String> = ran.iter().map(|r| r.0.to_string()).collect();
-    let label_of = |x: &f64| {
-        let i = (*x - 0.5).round();
-        if (x - 0.5 - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < labels.len() {
-            labels[i as usize].clone()
-        } else {
-            String::new()
-        }
-    };
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(ran.len() * 2 + 1)
-        .x_label_formatter(&label_of)
-        .y_desc("ms")
-        .draw()
-        .map_err(plot_err)?;
-    chart
-        .draw_series(ran.iter().enumerate().map(|(i, r)| {
-            let x = i as f64;
-            Rectangle::new([(x + 0.12, 0.0), (x + 0.5, r.1)], MEAN_COLOR.filled())
-        }))
-        .map_err(plot_err)?
-        .label("p50")
-        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], MEAN_COLOR.filled()));
-    chart
-        .draw_series(ran.iter().enumerate().map(|(i, r)| {
-            let x = i as f64;
-            Rectangle::new([(x + 0.5, 0.0), (x + 0.88, r.2)], P99_COLOR.filled())
-        }))
-        .map_err(plot_err)?
-        .label("p90")
-        .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], P99_COLOR.filled()));
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(plot_err)?;
-
-    // Right: goodput, one bar per method.
-    let tput_max = ran.iter().map(|r| r.3).fold(0.0, f64::max).max(1.0) * 1.15;
-    let mut chart = ChartBuilder::on(&right)
-        .caption(
+            "ms",
+            &[("p50", PALETTE[0]), ("p90", PALETTE[1])],
+            &ran,
+            |r| vec![r.ttft_p50_ms, r.ttft_p90_ms],
+        ),
+        panel(
             "Goodput (req/s within the SLO), higher is better",
-            ("sans-serif", 16),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..n, 0.0..tput_max)
-        .map_err(plot_err)?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(ran.len() * 2 + 1)
-        .x_label_formatter(&label_of)
-        .y_desc("req/s")
-        .draw()
-        .map_err(plot_err)?;
-    chart
-        .draw_series(ran.iter().enumerate().map(|(i, r)| {
-            let x = i as f64;
-            Rectangle::new([(x + 0.2, 0.0), (x + 0.8, r.3)], TPUT_COLOR.filled())
-        }))
-        .map_err(plot_err)?;
-    root.present()
-        .with_context(|| format!("writing {}", path.display()))?;
-    Ok(())
+            "req/s",
+            &[("goodput", PALETTE[2])],
+            &ran,
+            |r| vec![r.goodput],
+        ),
+    ];
+    std::fs::write(path, bars_svg(title, &panels))
+        .with_context(|| format!("writing {}", path.display()))
 }
 
-fn plot_err<E: std::error::Error + Send + Sync + 'static>(
-    e: DrawingAreaErrorKind<E>,
-) -> anyhow::Error {
-    anyhow::anyhow!("drawing the chart: {e}")
+/// A panel with a group per method and a bar per `(name, colour)` of `series`.
+fn panel(
+    caption: &str,
+    unit: &str,
+    series: &[(&str, &str)],
+    ran: &[Ran<'_>],
+    values: impl Fn(&Ran<'_>) -> Vec<f64>,
+) -> BarPanel {
+    BarPanel {
+        caption: caption.into(),
+        unit: unit.into(),
+        series: series
+            .iter()
+            .map(|&(name, color)| Series {
+                name: name.into(),
+                color: color.into(),
+            })
+            .collect(),
+        groups: ran
+            .iter()
+            .map(|r| Group {
+                label: r.method.into(),
+                values: values(r),
+            })
+            .collect(),
+    }
 }
 
 #[cfg(test)]

@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::Context;
-use controller::trace::{report, RouteRecord};
+use protocol::route_record::RouteRecord;
 use serde::Serialize;
+use trace_tools::report;
 
 /// The decisions of one run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]

@@ -32,7 +32,7 @@ use crate::ranks::Ranks;
 use crate::rejoin::Rejoins;
 use crate::route_counts::RouteCounts;
 use crate::router::{route, RouteError};
-use crate::trace::{RouteRecord, TraceWriter};
+use crate::trace::{route_record, TraceWriter};
 
 /// Resolved controller settings.
 #[derive(Debug, Clone)]
@@ -379,7 +379,7 @@ impl Controller {
         }
         if let Some(trace) = &self.trace {
             // Built only when tracing to a file: without it a decision allocates nothing extra.
-            let rec = RouteRecord::new(input.rid, protocol::unix_time(), method, ranks, &decision);
+            let rec = route_record(input.rid, protocol::unix_time(), method, ranks, &decision);
             trace.record(rec);
         }
         decision

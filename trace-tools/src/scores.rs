@@ -1,112 +1,133 @@
 //! The peers' methods' decisions in words (`dpserve trace --rid`): the sentence and the table
 //! of per-rank terms that a `routed` record's [`RankScore`]s carry. Pure functions of the
-//! record, beside [`super::report`], which calls them.
+//! record, beside [`crate::report`], which calls them.
 
 use std::fmt::Write as _;
 
-use crate::policy::{Branch, RankScore};
-
-use super::RouteRecord;
+use protocol::route_record::RouteRecord;
+use protocol::trace_event::{Branch, RankScore};
 
 /// The sentence for a decision whose record carries scores, or `None` for any other.
 pub(super) fn sentence(r: &RouteRecord) -> Option<String> {
     let rank = r.rank?;
     let chosen = r.scores.iter().find(|s| s.rank() == rank)?;
-    let others = || r.scores.iter().filter(move |s| s.rank() != rank);
-    let rid = &r.rid;
-    Some(match (*chosen, r.branch?) {
-        (
-            RankScore::VllmDp {
-                waiting,
-                running,
-                score,
-                ..
-            },
-            _,
-        ) => {
-            let next = others()
-                .filter_map(|s| match *s {
-                    RankScore::VllmDp { rank, score, .. } => Some((score, rank)),
-                    _ => None,
-                })
-                .min()
-                .map_or(String::new(), |(s, q)| {
-                    format!("; the next lowest, rank {q}, scored {s}")
-                });
-            format!(
-                "Request {rid} went to rank {rank}, the lowest vLLM score 4 × waiting + running = \
-                 4 × {waiting} + {running} = {score} (ties go to the lowest rank){next}."
-            )
-        }
-        (
-            RankScore::SmgCacheAware {
-                matched_tokens,
-                load,
-                ..
-            },
-            branch,
-        ) => smg_sentence(r, rank, matched_tokens, load, branch),
-        (
-            RankScore::DynamoKv {
-                overlap_blocks,
-                prefill_blocks,
-                decode_blocks,
-                logit,
-                probability,
-                ..
-            },
-            branch,
-        ) => {
-            let terms = format!(
-                "logit {logit:.2} = weight × {prefill_blocks:.2} prefill blocks to compute + \
-                 {decode_blocks:.2} decode blocks; {overlap_blocks} prompt blocks cached there"
-            );
-            let best_other = others()
-                .filter_map(|s| match *s {
-                    RankScore::DynamoKv { rank, logit, .. } => Some((logit, rank)),
-                    _ => None,
-                })
-                .min_by(|a, b| a.0.total_cmp(&b.0));
-            let next = best_other.map_or(String::new(), |(l, q)| {
-                format!("; the best other, rank {q}, had logit {l:.2}")
-            });
-            match (branch, probability) {
-                (Branch::Sampled, Some(p)) => format!(
-                    "Request {rid} went to rank {rank}, drawn by Dynamo's softmax over the \
-                     normalised logits with probability {:.1}% ({terms}){next}.",
-                    p * 100.0
-                ),
-                _ => format!(
-                    "Request {rid} went to rank {rank}, the lowest Dynamo cost ({terms}){next}."
-                ),
-            }
-        }
-        (
-            RankScore::LlmdPrefix {
-                prefix,
-                queue,
-                kv_cache,
-                score,
-                ..
-            },
-            _,
-        ) => {
-            let next = others()
-                .filter_map(|s| match *s {
-                    RankScore::LlmdPrefix { rank, score, .. } => Some((score, rank)),
-                    _ => None,
-                })
-                .max_by(|a, b| a.0.total_cmp(&b.0))
-                .map_or(String::new(), |(s, q)| {
-                    format!("; the next highest, rank {q}, scored {s:.2}")
-                });
-            format!(
-                "Request {rid} went to rank {rank}, the highest llm-d score {score:.2} = weighted \
-                 prefix {prefix:.2} (cached share of the prompt's blocks) + queue {queue:.2} + \
-                 KV-cache {kv_cache:.2} (1 − utilisation){next}."
-            )
-        }
+    let d = Decided {
+        rid: &r.rid,
+        rank,
+        others: r.scores.iter().filter(|s| s.rank() != rank).collect(),
+    };
+    let branch = r.branch?;
+    match *chosen {
+        RankScore::VllmDp {
+            waiting,
+            running,
+            score,
+            ..
+        } => Some(vllm_sentence(&d, waiting, running, score)),
+        RankScore::SmgCacheAware {
+            matched_tokens,
+            load,
+            ..
+        } => Some(smg_sentence(r, rank, matched_tokens, load, branch)),
+        RankScore::DynamoKv { .. } => dynamo_sentence(&d, chosen, branch),
+        RankScore::LlmdPrefix { .. } => llmd_sentence(&d, chosen),
+    }
+}
+
+/// The request, the rank it went to and the other ranks' scores.
+struct Decided<'a> {
+    rid: &'a str,
+    rank: u32,
+    others: Vec<&'a RankScore>,
+}
+
+fn vllm_sentence(d: &Decided<'_>, waiting: u64, running: u64, score: u64) -> String {
+    let next = d
+        .others
+        .iter()
+        .filter_map(|s| match **s {
+            RankScore::VllmDp { rank, score, .. } => Some((score, rank)),
+            _ => None,
+        })
+        .min()
+        .map_or(String::new(), |(s, q)| {
+            format!("; the next lowest, rank {q}, scored {s}")
+        });
+    let Decided { rid, rank, .. } = d;
+    format!(
+        "Request {rid} went to rank {rank}, the lowest vLLM score 4 × waiting + running = \
+         4 × {waiting} + {running} = {score} (ties go to the lowest rank){next}."
+    )
+}
+
+/// `None` unless `chosen` is `dynamo_kv`'s.
+fn dynamo_sentence(d: &Decided<'_>, chosen: &RankScore, branch: Branch) -> Option<String> {
+    let RankScore::DynamoKv {
+        overlap_blocks,
+        prefill_blocks,
+        decode_blocks,
+        logit,
+        probability,
+        ..
+    } = *chosen
+    else {
+        return None;
+    };
+    let terms = format!(
+        "logit {logit:.2} = weight × {prefill_blocks:.2} prefill blocks to compute + \
+         {decode_blocks:.2} decode blocks; {overlap_blocks} prompt blocks cached there"
+    );
+    let best_other = d
+        .others
+        .iter()
+        .filter_map(|s| match **s {
+            RankScore::DynamoKv { rank, logit, .. } => Some((logit, rank)),
+            _ => None,
+        })
+        .min_by(|a, b| a.0.total_cmp(&b.0));
+    let next = best_other.map_or(String::new(), |(l, q)| {
+        format!("; the best other, rank {q}, had logit {l:.2}")
+    });
+    let Decided { rid, rank, .. } = d;
+    Some(match (branch, probability) {
+        (Branch::Sampled, Some(p)) => format!(
+            "Request {rid} went to rank {rank}, drawn by Dynamo's softmax over the \
+             normalised logits with probability {:.1}% ({terms}){next}.",
+            p * 100.0
+        ),
+        _ => format!("Request {rid} went to rank {rank}, the lowest Dynamo cost ({terms}){next}."),
     })
+}
+
+/// `None` unless `chosen` is `llmd_prefix`'s.
+fn llmd_sentence(d: &Decided<'_>, chosen: &RankScore) -> Option<String> {
+    let RankScore::LlmdPrefix {
+        prefix,
+        queue,
+        kv_cache,
+        score,
+        ..
+    } = *chosen
+    else {
+        return None;
+    };
+    let next = d
+        .others
+        .iter()
+        .filter_map(|s| match **s {
+            RankScore::LlmdPrefix { rank, score, .. } => Some((score, rank)),
+            _ => None,
+        })
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map_or(String::new(), |(s, q)| {
+            format!("; the next highest, rank {q}, scored {s:.2}")
+        });
+    let Decided { rid, rank, .. } = d;
+    Some(format!(
+        "Request {rid} went to rank {rank}, the highest llm-d score {score:.2} = weighted \
+         prefix {prefix:.2} (cached share of the prompt's blocks) + queue {queue:.2} + \
+         KV-cache {kv_cache:.2} (1 − utilisation){next}."
+    ))
 }
 
 fn smg_sentence(r: &RouteRecord, rank: u32, matched: u64, load: u64, branch: Branch) -> String {

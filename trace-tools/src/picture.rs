@@ -8,8 +8,8 @@
 //! Gaps between consecutive traced moments are drawn in proportion, except that none is drawn
 //! narrower than [`MIN_GAP`]; the phase bars and the axis ticks carry the real durations.
 
-use super::journey::{ms_text, Arrow, Journey, Mark};
-use super::svg::{Anchor, Svg};
+use crate::journey::{ms_text, Arrow, Journey, Mark};
+use crate::svg::{nice_step, Anchor, Svg};
 
 const WIDTH: f64 = 1200.0;
 const LEFT: f64 = 120.0;
@@ -402,6 +402,7 @@ fn draw_ticks(svg: &mut Svg, j: &Journey, axis: &TimeAxis, bottom: f64) {
     let y = bottom + 4.0;
     svg.group("axis", &[]);
     svg.line(LEFT, y, WIDTH - RIGHT + 20.0, y, "stroke=\"#666\"");
+    // Milliseconds: at least 1 µs.
     let step = nice_step(total_ms / 8.0);
     let mut last_x = f64::NEG_INFINITY;
     let mut t = 0.0;
@@ -435,23 +436,11 @@ fn draw_ticks(svg: &mut Svg, j: &Journey, axis: &TimeAxis, bottom: f64) {
     svg.end();
 }
 
-/// 1, 2 or 5 × 10^k at or above `raw` (milliseconds), at least 1 µs.
-fn nice_step(raw: f64) -> f64 {
-    let raw = raw.max(1e-3);
-    let p = 10f64.powf(raw.log10().floor());
-    for m in [1.0, 2.0, 5.0, 10.0] {
-        if m * p >= raw {
-            return m * p;
-        }
-    }
-    10.0 * p
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::fixtures::traces;
-    use super::super::timeline::timeline;
     use super::*;
+    use crate::fixtures::traces;
+    use crate::timeline::timeline;
 
     #[test]
     fn the_picture_has_every_lane_arrow_mark_and_the_routing_decision() {

@@ -1,23 +1,13 @@
-//! Routing traces: one JSON line per routing decision, written off the controller thread.
+//! Writing the routing trace: one JSON line per routing decision, off the controller thread.
 //!
-//! The controller only builds a [`RouteRecord`] and hands it to a bounded channel with
-//! `try_send`; a writer thread serialises, buffers and flushes it (whenever the channel runs
-//! empty, at least every [`FLUSH_INTERVAL`] under a steady stream, and on exit). A full channel drops the record and counts it, so a slow
-//! disk can never stall routing. Message traces across actors (`--trace-dir`) are written by
-//! `protocol::msg_trace`; [`timeline`] reads them back. Pictures: [`journey`] turns one request's
-//! timeline into lanes, arrows and marks that [`picture`] draws as SVG; [`traffic`] counts and
-//! draws routing over a run; [`chrome`] writes either as Chrome trace-event JSON.
-
-pub mod chrome;
-#[cfg(test)]
-mod fixtures;
-pub mod journey;
-pub mod picture;
-pub mod report;
-mod scores;
-mod svg;
-pub mod timeline;
-pub mod traffic;
+//! The controller only builds a [`RouteRecord`] ([`route_record`]) and hands it to a bounded
+//! channel with `try_send`; a writer thread serialises, buffers and flushes it (whenever the
+//! channel runs empty, at least every [`FLUSH_INTERVAL`] under a steady stream, and on exit). A
+//! full channel drops the record and counts it, so a slow disk can never stall routing.
+//!
+//! Not here: the record type itself (`protocol::route_record`, shared with the readers), message
+//! traces (`--trace-dir`, written by `protocol::msg_trace`), and reading any trace back: reports,
+//! timelines and pictures are the `trace-tools` crate's, used by `dpserve trace`.
 
 use std::fs::OpenOptions;
 use std::io::{BufWriter, Write};
@@ -28,12 +18,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+pub use protocol::route_record::RouteRecord;
 
 use crate::error::{Error, Result};
-use crate::policy::{
-    Branch, KeySource, Method, RankCost, RankLoad, RankScore, RankSet, RouteDecision,
-};
+use crate::policy::{KeySource, Method, RankSet, RouteDecision};
 use crate::router::RouteError;
 
 /// Records waiting for the writer before new ones are dropped.
@@ -41,103 +29,38 @@ pub const CHANNEL_CAPACITY: usize = 65_536;
 /// The writer flushes at least this often while records arrive without a pause.
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(200);
 
-/// One routing decision, as written to `--trace-file` (one JSON object per line).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RouteRecord {
-    pub rid: String,
-    /// Unix seconds.
-    pub time: f64,
-    /// The configured `--load-balance-method`.
-    pub method: String,
-    pub key_source: KeySource,
-    /// 64-bit blake2b of the key, hex: the same key has the same digest across records.
-    #[serde(default)]
-    pub key_digest: Option<String>,
-    /// Live ranks in HRW order, preferred first (affinity decisions only).
-    #[serde(default)]
-    pub hrw_order: Vec<u32>,
-    /// Every live rank's load at decision time.
-    #[serde(default)]
-    pub loads: Vec<RankLoad>,
-    /// Overload threshold on active requests (affinity decisions only).
-    #[serde(default)]
-    pub threshold: Option<f64>,
-    /// The chosen rank; `None` when the request was refused.
-    #[serde(default)]
-    pub rank: Option<u32>,
-    #[serde(default)]
-    pub branch: Option<Branch>,
-    /// The keyless method that chose, for branch `fallback`.
-    #[serde(default)]
-    pub fallback: Option<String>,
-    /// Why the request was refused (400 rank not live, 503 no live rank).
-    #[serde(default)]
-    pub error: Option<String>,
-    /// In a disaggregated deployment, which leg this decision placed (`prefill` or `decode`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub leg: Option<String>,
-    /// `cache_aware`: each live rank's cached prefix and cost terms, cheapest first.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub costs: Vec<RankCost>,
-    /// The peers' methods: each live rank's terms of the method's rule, in rank order.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub scores: Vec<RankScore>,
-}
-
-impl RouteRecord {
-    /// A record of `rid` by `method` that says nothing else yet.
-    pub fn blank(rid: &str, time: f64, method: String) -> Self {
-        RouteRecord {
-            rid: rid.to_string(),
-            time,
-            method,
-            key_source: KeySource::None,
-            key_digest: None,
-            hrw_order: Vec::new(),
-            loads: Vec::new(),
-            threshold: None,
-            rank: None,
-            branch: None,
-            fallback: None,
-            error: None,
-            leg: None,
-            costs: Vec::new(),
-            scores: Vec::new(),
+/// The record of `rid`'s routing decision by `method` over `ranks` (or of its refusal).
+pub fn route_record(
+    rid: &str,
+    time: f64,
+    method: Method,
+    ranks: &RankSet,
+    result: &std::result::Result<RouteDecision, RouteError>,
+) -> RouteRecord {
+    let mut rec = RouteRecord {
+        loads: ranks.loads().to_vec(),
+        ..RouteRecord::blank(rid, time, method.to_string())
+    };
+    match result {
+        Ok(d) => {
+            rec.key_source = d.key_source;
+            rec.key_digest = d.key_digest.map(|k| format!("{k:016x}"));
+            rec.hrw_order = d.hrw_order.clone();
+            rec.threshold = d.threshold;
+            rec.rank = Some(d.rank);
+            rec.branch = Some(d.branch);
+            rec.fallback = d.fallback.map(|m| m.to_string());
+            rec.costs.clone_from(&d.costs);
+            rec.scores.clone_from(&d.scores);
+        }
+        Err(e) => {
+            if matches!(e, RouteError::UnknownRank { .. }) {
+                rec.key_source = KeySource::Explicit;
+            }
+            rec.error = Some(e.to_string());
         }
     }
-
-    pub fn new(
-        rid: &str,
-        time: f64,
-        method: Method,
-        ranks: &RankSet,
-        result: &std::result::Result<RouteDecision, RouteError>,
-    ) -> Self {
-        let mut rec = RouteRecord {
-            loads: ranks.loads().to_vec(),
-            ..RouteRecord::blank(rid, time, method.to_string())
-        };
-        match result {
-            Ok(d) => {
-                rec.key_source = d.key_source;
-                rec.key_digest = d.key_digest.map(|k| format!("{k:016x}"));
-                rec.hrw_order = d.hrw_order.clone();
-                rec.threshold = d.threshold;
-                rec.rank = Some(d.rank);
-                rec.branch = Some(d.branch);
-                rec.fallback = d.fallback.map(|m| m.to_string());
-                rec.costs.clone_from(&d.costs);
-                rec.scores.clone_from(&d.scores);
-            }
-            Err(e) => {
-                if matches!(e, RouteError::UnknownRank { .. }) {
-                    rec.key_source = KeySource::Explicit;
-                }
-                rec.error = Some(e.to_string());
-            }
-        }
-        rec
-    }
+    rec
 }
 
 /// Appends records to a file from a background thread. Dropping it flushes and joins.
@@ -254,6 +177,7 @@ fn write_loop(rx: Receiver<RouteRecord>, mut out: impl Write, path: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::Branch;
 
     fn decision() -> RouteDecision {
         RouteDecision {
@@ -273,7 +197,7 @@ mod tests {
     #[test]
     fn records_round_trip_through_json() {
         let ranks = RankSet::idle(&[0, 1, 2]);
-        let rec = RouteRecord::new("r1", 10.0, Method::PrefixAffinity, &ranks, &Ok(decision()));
+        let rec = route_record("r1", 10.0, Method::PrefixAffinity, &ranks, &Ok(decision()));
         assert_eq!(rec.key_digest.as_deref(), Some("0000000000000abc"));
         let line = serde_json::to_string(&rec).unwrap();
         assert!(
@@ -289,7 +213,7 @@ mod tests {
             rank: 4,
             live: vec![0],
         };
-        let rec = RouteRecord::new("r", 0.0, Method::RoundRobin, &ranks, &Err(err));
+        let rec = route_record("r", 0.0, Method::RoundRobin, &ranks, &Err(err));
         assert_eq!((rec.rank, rec.key_source), (None, KeySource::Explicit));
         assert!(rec.error.unwrap().contains("not live"));
     }
@@ -302,7 +226,7 @@ mod tests {
         {
             let w = TraceWriter::create(&path).unwrap();
             for i in 0..100 {
-                let rec = RouteRecord::new(
+                let rec = route_record(
                     &format!("r{i}"),
                     1.0,
                     Method::PrefixAffinity,
@@ -317,7 +241,7 @@ mod tests {
         // Reopening appends.
         {
             let w = TraceWriter::create(&path).unwrap();
-            w.record(RouteRecord::new(
+            w.record(route_record(
                 "again",
                 2.0,
                 Method::PrefixAffinity,
@@ -336,7 +260,7 @@ mod tests {
         let path = dir.path().join("route.jsonl");
         let w = TraceWriter::create(&path).unwrap();
         let ranks = RankSet::idle(&[0, 1, 2]);
-        w.record(RouteRecord::new(
+        w.record(route_record(
             "r1",
             1.0,
             Method::PrefixAffinity,

@@ -11,8 +11,8 @@
 
 use serde_json::{json, Value};
 
-use super::journey::Journey;
-use super::traffic::Traffic;
+use crate::journey::Journey;
+use crate::traffic::Traffic;
 
 fn us(t: f64, t0: f64) -> f64 {
     ((t - t0) * 1e6 * 1000.0).round() / 1000.0
@@ -140,10 +140,10 @@ pub fn traffic_json(tr: &Traffic) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use super::super::fixtures::traces;
-    use super::super::timeline::timeline;
-    use super::super::traffic::RoutePoint;
     use super::*;
+    use crate::fixtures::traces;
+    use crate::timeline::timeline;
+    use crate::traffic::RoutePoint;
 
     /// What Perfetto's JSON importer needs of every event.
     pub fn assert_valid(doc: &Value) {

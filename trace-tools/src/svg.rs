@@ -1,6 +1,7 @@
-//! A few lines of SVG writing for the trace pictures: escaped text, shapes, groups. Hand-written
-//! on purpose: the pictures are lanes, arrows and areas, which need no chart library, and plain
-//! markup keeps them small, diffable and easy to check in tests.
+//! A few lines of SVG writing for every picture dpserve draws (the trace pictures and the bench
+//! chart): escaped text, shapes, groups. Hand-written on purpose: the pictures are lanes, arrows,
+//! areas and bars, which need no chart library, and plain markup keeps them small, diffable and
+//! easy to check in tests.
 
 use std::fmt::Write as _;
 
@@ -130,6 +131,17 @@ impl Svg {
     }
 }
 
+/// The round axis step (1, 2 or 5 times a power of ten) at or above `raw`, at least 0.001.
+pub fn nice_step(raw: f64) -> f64 {
+    let raw = raw.max(1e-3);
+    let p = 10f64.powf(raw.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * p)
+        .find(|s| *s >= raw)
+        .unwrap_or(10.0 * p)
+}
+
 /// A categorical palette (Tableau 10): rank r and branch b keep their colour across pictures.
 pub const PALETTE: [&str; 10] = [
     "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
@@ -148,5 +160,13 @@ mod tests {
         let doc = s.finish();
         assert!(doc.contains("&lt;/svg&gt;&lt;script&gt;"));
         assert_eq!(doc.matches("</svg>").count(), 1);
+    }
+
+    #[test]
+    fn axis_steps_are_round() {
+        assert_eq!(nice_step(0.7), 1.0);
+        assert_eq!(nice_step(1.3), 2.0);
+        assert_eq!(nice_step(31.0), 50.0);
+        assert_eq!(nice_step(0.0), 0.001);
     }
 }

@@ -13,10 +13,9 @@ use std::fmt::{self, Write as _};
 use std::io::BufRead;
 
 use protocol::msg_trace::{Milestone, TraceLine};
+use protocol::route_record::RouteRecord;
 use protocol::trace_event::{Branch, MessageSeen, TraceEvent};
 use protocol::FinishReason;
-
-use super::RouteRecord;
 
 /// Everything read from a trace directory.
 #[derive(Debug, Default, Clone)]
@@ -506,9 +505,11 @@ impl fmt::Display for Overview {
 
 #[cfg(test)]
 mod tests {
-    use super::super::fixtures::{event, line, send, traces};
+    use controller::policy::{Method, RankSet};
+    use controller::trace::route_record;
+
     use super::*;
-    use crate::policy::{Method, RankSet};
+    use crate::fixtures::{event, line, send, traces};
 
     #[test]
     fn merges_every_actor_in_time_order_and_summarises() {
@@ -550,7 +551,7 @@ mod tests {
 
     #[test]
     fn a_failed_request_names_its_error_without_a_routing_trace() {
-        let mut decision = super::super::fixtures::decision();
+        let mut decision = crate::fixtures::decision();
         decision.rank = 2;
         decision.branch = Branch::Spill;
         let ranks = RankSet::idle(&[0, 1, 2]);
@@ -600,12 +601,12 @@ mod tests {
 
     #[test]
     fn a_refused_request_says_why() {
-        let route = RouteRecord::new(
+        let route = route_record(
             "r1",
             1.0,
             Method::PrefixAffinity,
             &RankSet::idle(&[0]),
-            &Err(crate::router::RouteError::NoLiveRank),
+            &Err(controller::router::RouteError::NoLiveRank),
         );
         let mut set = TraceSet::default();
         set.add(serde_json::to_string(&route).unwrap().as_bytes())

@@ -1,7 +1,7 @@
 //! One request's journey as drawable parts, read off its [`Timeline`]: a lane per actor, each
 //! traced message as one arrow (its send paired with its receive), milestones as marks, the
 //! phases between them (queued, prefill, decode, ...), and the routing decision in words. The
-//! SVG picture ([`super::picture`]) and the Chrome trace ([`super::chrome`]) both draw this, so
+//! SVG picture ([`crate::picture`]) and the Chrome trace ([`crate::chrome`]) both draw this, so
 //! they show the same thing.
 //!
 //! Pairing: the i-th `send` of a type from actor A to B is the i-th `recv` of that type at B
@@ -11,10 +11,10 @@
 use std::collections::BTreeMap;
 
 use protocol::msg_trace::Milestone;
+use protocol::route_record::RouteRecord;
 use protocol::trace_event::RankLoad;
 
-use super::timeline::{RowKind, Timeline};
-use super::RouteRecord;
+use crate::timeline::{RowKind, Timeline};
 
 /// A request's journey; times are Unix seconds.
 #[derive(Debug, Clone, PartialEq)]
@@ -254,7 +254,7 @@ impl Journey {
 }
 
 /// The phases each actor's traced moments bound.
-fn phases(lanes: &[String], rows: &[super::timeline::Row], marks: &[Mark]) -> Vec<Phase> {
+fn phases(lanes: &[String], rows: &[crate::timeline::Row], marks: &[Mark]) -> Vec<Phase> {
     let mut out = Vec::new();
     for (lane, label) in lanes.iter().enumerate() {
         let first = |name: &str| {
@@ -366,7 +366,7 @@ fn route_lines_of_record(r: &RouteRecord) -> Vec<String> {
                 lines.push(format!("cached prefix: {}", each.join("; ")));
             }
             if !r.scores.is_empty() {
-                let each: Vec<String> = r.scores.iter().map(super::scores::brief).collect();
+                let each: Vec<String> = r.scores.iter().map(crate::scores::brief).collect();
                 lines.push(format!("scores: {}", each.join("; ")));
             }
             lines
@@ -431,9 +431,9 @@ fn key_text(source: protocol::trace_event::KeySource, digest: Option<&str>) -> S
 
 #[cfg(test)]
 mod tests {
-    use super::super::fixtures::traces;
-    use super::super::timeline::timeline;
     use super::*;
+    use crate::fixtures::traces;
+    use crate::timeline::timeline;
 
     #[test]
     fn every_message_is_one_arrow_and_every_milestone_a_mark() {

@@ -1,12 +1,12 @@
 //! Trace files for tests: one request across three actors, written as the actors write them.
 
+use controller::policy::{Branch, KeySource, Method, RankSet, RouteDecision};
+use controller::trace::route_record;
 use protocol::msg_trace::{Milestone, TraceEvent, TraceLine};
 use protocol::trace_event::MessageSeen;
 use protocol::FinishReason;
 
-use super::timeline::TraceSet;
-use super::RouteRecord;
-use crate::policy::{Branch, KeySource, Method, RankSet, RouteDecision};
+use crate::timeline::TraceSet;
 
 /// One JSON line of `actor[rank]`'s file about request `r1`.
 pub fn line(t: f64, actor: &str, rank: Option<u32>, event: TraceEvent) -> String {
@@ -119,7 +119,7 @@ pub fn traces() -> TraceSet {
         "{\"t\": 10.0".to_string(),
     ]
     .join("\n");
-    let route = RouteRecord::new(
+    let route = route_record(
         "r1",
         10.0015,
         Method::PrefixAffinity,

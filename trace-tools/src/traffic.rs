@@ -11,11 +11,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use protocol::msg_trace::Milestone;
+use protocol::route_record::RouteRecord;
 use protocol::trace_event::Branch;
 
-use super::svg::{Anchor, Svg, PALETTE};
-use super::timeline::TraceSet;
-use super::RouteRecord;
+use crate::svg::{nice_step, Anchor, Svg, PALETTE};
+use crate::timeline::TraceSet;
 
 /// One routing decision, from either source.
 #[derive(Debug, Clone, PartialEq)]
@@ -398,7 +398,7 @@ fn draw_panel(svg: &mut Svg, f: &Frame, top: f64, kind: &str, label: &str, bands
 
 /// Seconds since the first decision, under the lower panel.
 fn draw_axis(svg: &mut Svg, f: &Frame, y: f64) {
-    let step = nice_step_s(f.span / 8.0);
+    let step = nice_step(f.span / 8.0);
     let mut t = 0.0;
     while t <= f.span + 1e-9 {
         svg.line(f.x(t), y, f.x(t), y + 5.0, "stroke=\"#666\"");
@@ -415,20 +415,12 @@ fn draw_axis(svg: &mut Svg, f: &Frame, y: f64) {
     }
 }
 
-fn nice_step_s(raw: f64) -> f64 {
-    let raw = raw.max(1e-3);
-    let p = 10f64.powf(raw.log10().floor());
-    [1.0, 2.0, 5.0, 10.0]
-        .into_iter()
-        .map(|m| m * p)
-        .find(|s| *s >= raw)
-        .unwrap_or(10.0 * p)
-}
-
 #[cfg(test)]
 mod tests {
+    use controller::policy::{KeySource, Method, RankLoad, RankSet, RouteDecision};
+    use controller::trace::route_record;
+
     use super::*;
-    use crate::policy::{KeySource, Method, RankLoad, RankSet, RouteDecision};
 
     fn record(t: f64, rank: u32, branch: Branch, live: &[u32]) -> RouteRecord {
         let ranks = RankSet::new(
@@ -442,7 +434,7 @@ mod tests {
         );
         let mut d = RouteDecision::plain(rank, branch);
         d.key_source = KeySource::RoutingKey;
-        RouteRecord::new("r", t, Method::PrefixAffinity, &ranks, &Ok(d))
+        route_record("r", t, Method::PrefixAffinity, &ranks, &Ok(d))
     }
 
     /// Rank 2 leaves at t=5 and comes back at t=8; spills in the middle.

@@ -6,9 +6,8 @@ use std::collections::BTreeMap;
 use std::fmt::{self, Write as _};
 use std::io::BufRead;
 
-use crate::policy::{Branch, KeySource};
-
-use super::RouteRecord;
+use protocol::route_record::RouteRecord;
+use protocol::trace_event::{Branch, KeySource};
 
 /// Parse a trace, one record per line. Blank lines are skipped; lines that are not records are
 /// counted (a file cut short by a crash ends in half a line) instead of aborting the report.
@@ -228,7 +227,7 @@ pub fn explain(r: &RouteRecord) -> String {
     if !r.loads.is_empty() {
         loads_table(r, &mut out);
     }
-    super::scores::table(r, &mut out);
+    crate::scores::table(r, &mut out);
     out
 }
 
@@ -246,7 +245,7 @@ fn sentence(r: &RouteRecord) -> String {
         (Some(d), src) => format!("its {src} key (digest {d})"),
         (None, _) => "it had no key".to_string(),
     };
-    if let Some(peer) = super::scores::sentence(r).filter(|_| r.error.is_none()) {
+    if let Some(peer) = crate::scores::sentence(r).filter(|_| r.error.is_none()) {
         return peer;
     }
     match (r.rank, r.branch, &r.error) {
@@ -413,11 +412,13 @@ fn fmt_threshold(t: Option<f64>) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::policy::LoadBalancer;
-    use crate::policy::{
+    use controller::policy::LoadBalancer;
+    use controller::policy::{
         Method, PrefixAffinity, PrefixAffinityConfig, RankLoad, RankSet, RouteInput,
     };
+    use controller::trace::route_record;
+
+    use super::*;
 
     fn rec(rid: &str, key: &str, ranks: &RankSet, m: &mut PrefixAffinity) -> RouteRecord {
         let req = RouteInput {
@@ -427,7 +428,7 @@ mod tests {
             bootstrap_room: None,
         };
         let d = m.select(&req, ranks);
-        RouteRecord::new(rid, 1.0, Method::PrefixAffinity, ranks, &Ok(d))
+        route_record(rid, 1.0, Method::PrefixAffinity, ranks, &Ok(d))
     }
 
     #[test]
@@ -477,34 +478,34 @@ mod tests {
     #[test]
     fn explains_every_kind_of_decision() {
         let ranks = RankSet::idle(&[0, 1]);
-        let explicit = RouteRecord::new(
+        let explicit = route_record(
             "e",
             0.0,
             Method::PrefixAffinity,
             &ranks,
-            &Ok(crate::policy::RouteDecision {
+            &Ok(controller::policy::RouteDecision {
                 key_source: KeySource::Explicit,
-                ..crate::policy::RouteDecision::plain(1, Branch::Explicit)
+                ..controller::policy::RouteDecision::plain(1, Branch::Explicit)
             }),
         );
         assert!(explain(&explicit).contains("named rank 1 explicitly"));
-        let refused = RouteRecord::new(
+        let refused = route_record(
             "x",
             0.0,
             Method::PrefixAffinity,
             &ranks,
-            &Err(crate::router::RouteError::NoLiveRank),
+            &Err(controller::router::RouteError::NoLiveRank),
         );
         assert!(explain(&refused).contains("was refused: no live"));
-        let mut fb = crate::policy::RouteDecision::plain(0, Branch::Fallback);
+        let mut fb = controller::policy::RouteDecision::plain(0, Branch::Fallback);
         fb.fallback = Some(Method::TotalTokens);
-        let fallback = RouteRecord::new("f", 0.0, Method::PrefixAffinity, &ranks, &Ok(fb));
+        let fallback = route_record("f", 0.0, Method::PrefixAffinity, &ranks, &Ok(fb));
         assert!(explain(&fallback).contains("no key, so the fallback method total_tokens chose"));
     }
 
     #[test]
     fn explains_cache_aware_decisions_with_their_cost_terms() {
-        use crate::policy::{CacheAware, CacheAwareConfig, CachedPrefix};
+        use controller::policy::{CacheAware, CacheAwareConfig, CachedPrefix};
         // Skew 1.5: at the default 2 the guard never fires on two ranks.
         let mut m = CacheAware::new(CacheAwareConfig {
             max_load_skew: 1.5,
@@ -535,13 +536,7 @@ mod tests {
         };
         let explain_with = |m: &mut CacheAware, ranks: RankSet| {
             let d = m.select(&req, &ranks);
-            explain(&RouteRecord::new(
-                "c1",
-                1.0,
-                Method::CacheAware,
-                &ranks,
-                &Ok(d),
-            ))
+            explain(&route_record("c1", 1.0, Method::CacheAware, &ranks, &Ok(d)))
         };
         let hit = explain_with(&mut m, set(vec![0, 64], 0));
         assert!(
@@ -568,8 +563,8 @@ mod tests {
     fn explain_peer(method: Method, ranks: &RankSet, prompt: &[u32]) -> String {
         let mut m = method.balancer(
             &PrefixAffinityConfig::default(),
-            &crate::policy::CacheAwareConfig::default(),
-            &crate::policy::PeerConfigs::default(),
+            &controller::policy::CacheAwareConfig::default(),
+            &controller::policy::PeerConfigs::default(),
         );
         let req = RouteInput {
             rid: "p1",
@@ -578,7 +573,7 @@ mod tests {
             bootstrap_room: None,
         };
         let d = m.select(&req, ranks);
-        let rec = RouteRecord::new("p1", 1.0, method, ranks, &Ok(d));
+        let rec = route_record("p1", 1.0, method, ranks, &Ok(d));
         // Through the file form, as `dpserve trace` reads it.
         let line = serde_json::to_string(&rec).unwrap();
         explain(&serde_json::from_str(&line).unwrap())
@@ -586,7 +581,7 @@ mod tests {
 
     #[test]
     fn explains_the_peers_methods_with_their_terms() {
-        use crate::policy::{CachedPrefix, RankQueue};
+        use controller::policy::{CachedPrefix, RankQueue};
         let loads: Vec<RankLoad> = [(0, 2, 320), (1, 5, 0)]
             .iter()
             .map(|&(rank, active_requests, active_tokens)| RankLoad {
