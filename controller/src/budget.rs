@@ -14,7 +14,9 @@
 //! on apply     : the snapshot says the last dispatch it took in (taken_seq): it counts every
 //!                entry up to that number and none after, so exactly those are dropped.
 //!                From a worker that does not report it (taken_seq null): drop entries sent before
-//!                the snapshot's timestamp and any older than SPECULATIVE_MAX_AGE.
+//!                the snapshot's timestamp and any older than SPECULATIVE_MAX_AGE. Either way
+//!                an entry older than SPECULATIVE_UNTAKEN_MAX_AGE goes: a dispatch the rank's
+//!                statuses never take in (it cannot, short of a lost frame) is not load forever.
 //! prefill backlog = the snapshot's (PrefillStatus.backlog_tokens) + the uncached prompt tokens
 //!                   of the speculative dispatches
 //! prefill rate    = Δ computed_tokens / Δ busy_seconds between applied snapshots, smoothed
@@ -43,6 +45,12 @@ pub const STATUS_REFRESH: Duration = Duration::from_millis(20);
 /// A speculative entry older than this is assumed counted by any later snapshot, even if the
 /// worker's clock says otherwise.
 pub const SPECULATIVE_MAX_AGE: Duration = Duration::from_secs(1);
+
+/// A numbered speculative entry still untaken this long after its dispatch is dropped by the
+/// next applied snapshot. A worker takes in what arrived between two steps, so a dispatch waits
+/// at most one step (a prefill step is bounded by `--prefill-step-target-ms`, 500 ms by
+/// default); this is the bound in time for an entry whose frame the rank never read.
+pub const SPECULATIVE_UNTAKEN_MAX_AGE: Duration = Duration::from_secs(30);
 
 /// The prefill time over which a rank's measured speed is averaged: long enough to smooth one
 /// step's noise, short enough to follow a rank that slows down (longer contexts, a busy host).
@@ -212,6 +220,7 @@ impl RankBudget {
         self.speculative.retain(|_, s| {
             if let (Some(taken), true) = (snap.taken_seq, s.seq > 0) {
                 s.seq > taken
+                    && now.saturating_duration_since(s.sent_at) < SPECULATIVE_UNTAKEN_MAX_AGE
             } else {
                 s.sent_unix > snap.stamp.timestamp
                     && now.saturating_duration_since(s.sent_at) < SPECULATIVE_MAX_AGE
@@ -385,6 +394,23 @@ mod tests {
         assert_eq!(b.load().0, 3);
         b.on_status(&numbered(106.0, 3, 3, &[]), t0 + STATUS_REFRESH);
         assert_eq!(b.load().0, 3, "now the snapshot counts them all");
+    }
+
+    #[test]
+    fn a_dispatch_the_rank_never_takes_in_stops_counting_after_its_bound() {
+        let mut b = RankBudget::default();
+        let t0 = Instant::now();
+        b.on_dispatch("lost", 10, 0, 1, t0, 100.0);
+        // Statuses keep coming, none takes dispatch 1 in (its frame was never read).
+        let mut now = t0;
+        for i in 1..=3 {
+            now += SPECULATIVE_UNTAKEN_MAX_AGE / 4;
+            b.on_status(&numbered(100.0 + f64::from(i), 0, 0, &[]), now);
+            assert_eq!(b.load(), (1, 10), "still within its bound");
+        }
+        now = t0 + SPECULATIVE_UNTAKEN_MAX_AGE;
+        b.on_status(&numbered(110.0, 0, 0, &[]), now);
+        assert_eq!(b.load(), (0, 0));
     }
 
     proptest::proptest! {

@@ -4,6 +4,7 @@
 pub mod budget;
 pub mod error;
 pub mod kv_index;
+pub mod ledger;
 pub mod policy;
 pub mod ranks;
 pub mod rejoin;

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use protocol::{Capacity, DisaggMode, GpuInfo, Hello, RankInfo, WorkerStatus};
 
-use crate::budget::{RankBudget, StatusStamp};
+use crate::budget::{RankBudget, StatusOutcome, StatusStamp};
+use crate::ledger;
 use crate::policy::{RankLoad, RankSet};
 
 /// One registered rank.
@@ -33,6 +34,8 @@ pub struct LiveRank {
     pub kv_endpoint: Option<String>,
     /// The GPU it announced (reported to the tokenizer as is).
     pub gpu: Option<GpuInfo>,
+    /// What the ledger check found broken since it registered (see [`crate::ledger`]).
+    pub violations: Vec<String>,
 }
 
 /// The worker process that holds a rank: the one whose `Hello` was accepted for it, known by
@@ -199,6 +202,7 @@ impl Ranks {
                 mode: hello.disaggregation_mode,
                 kv_endpoint: hello.kv_endpoint.clone(),
                 gpu: hello.gpu.clone(),
+                violations: Vec::new(),
             },
         );
         Ok(Joined::New { lost })
@@ -282,7 +286,12 @@ impl Ranks {
         for rid in &status.finished_rids {
             r.inflight.remove(rid);
         }
-        r.budget.on_status(&status, now);
+        if r.budget.on_status(&status, now) != StatusOutcome::Stale {
+            let found = ledger::quiet_disagreements(status.rank, &status, r.last_seq, &r.inflight);
+            for line in protocol::note_violations(&mut r.violations, found) {
+                tracing::error!(rank = status.rank, "ledger check: {line}");
+            }
+        }
         let stamp = StatusStamp::of(&status);
         if !r
             .status
@@ -391,9 +400,8 @@ impl Ranks {
         }
     }
 
-    /// Draining ranks whose deadline has passed.
-    pub fn drain_expired(&self) -> Vec<u32> {
-        let now = Instant::now();
+    /// Draining ranks whose deadline has passed by `now`.
+    pub fn drain_expired(&self, now: Instant) -> Vec<u32> {
         self.draining
             .iter()
             .filter(|(_, (_, deadline))| now > *deadline)
@@ -401,12 +409,11 @@ impl Ranks {
             .collect()
     }
 
-    /// Ranks whose last sign of life is older than the timeout.
-    pub fn expired(&self) -> Vec<u32> {
-        let now = Instant::now();
+    /// Ranks whose last sign of life is older than the timeout by `now`.
+    pub fn expired(&self, now: Instant) -> Vec<u32> {
         self.live
             .iter()
-            .filter(|(_, r)| now.duration_since(r.last_seen) > self.timeout)
+            .filter(|(_, r)| now.saturating_duration_since(r.last_seen) > self.timeout)
             .map(|(&rank, _)| rank)
             .collect()
     }
@@ -447,6 +454,8 @@ impl Ranks {
                 status: r.status.clone(),
                 disaggregation_mode: r.mode,
                 gpu: r.gpu.clone(),
+                num_inflight: Some(r.inflight.len() as u64),
+                invariant_violations: r.violations.clone(),
             })
             .collect()
     }
@@ -616,7 +625,7 @@ mod tests {
             },
             &id(0),
         );
-        assert!(ranks.drain_expired().is_empty());
+        assert!(ranks.drain_expired(Instant::now()).is_empty());
         assert_eq!(
             ranks.held(),
             vec![(0, id(0))],
@@ -627,11 +636,61 @@ mod tests {
     }
 
     #[test]
+    fn a_rid_the_worker_never_settles_is_reported_at_its_next_quiet_status() {
+        let mut ranks = Ranks::new(None, Duration::from_secs(3));
+        ranks.hello(&hello(0, "a"), &id(0), false).unwrap();
+        for rid in ["kept", "lost"] {
+            let seq = ranks.next_dispatch_seq(0);
+            ranks.dispatched(0, rid, 10, 0, seq);
+        }
+        // The worker took both, finished one and forgot the other: it holds nothing.
+        let quiet = |status_seq, finished: &[&str]| WorkerStatus {
+            rank: 0,
+            timestamp: protocol::unix_time(),
+            taken_seq: Some(2),
+            status_seq: Some(status_seq),
+            finished_rids: finished.iter().map(|r| r.to_string()).collect(),
+            ..Default::default()
+        };
+        ranks.status(quiet(1, &["kept"]), &id(0));
+        ranks.status(quiet(2, &[]), &id(0));
+        let info = ranks.infos().remove(0);
+        assert_eq!(info.num_inflight, Some(1));
+        assert_eq!(info.invariant_violations.len(), 1, "reported once");
+        assert!(
+            info.invariant_violations[0].starts_with("rid lost: in flight on rank 0"),
+            "{:?}",
+            info.invariant_violations
+        );
+    }
+
+    #[test]
     fn silent_ranks_expire() {
-        let mut ranks = Ranks::new(None, Duration::from_millis(0));
+        let timeout = Duration::from_secs(3);
+        let mut ranks = Ranks::new(None, timeout);
         ranks.hello(&hello(3, "a"), &id(3), false).unwrap();
-        std::thread::sleep(Duration::from_millis(2));
-        assert_eq!(ranks.expired(), vec![3]);
+        let t0 = Instant::now();
+        assert!(ranks.expired(t0 + timeout / 2).is_empty());
+        assert_eq!(
+            ranks.expired(t0 + timeout + Duration::from_millis(1)),
+            vec![3]
+        );
+    }
+
+    #[test]
+    fn a_draining_rank_past_its_deadline_leaves_with_what_it_still_held() {
+        let timeout = Duration::from_secs(3);
+        let mut ranks = Ranks::new(None, timeout);
+        ranks.hello(&hello(0, "a"), &id(0), false).unwrap();
+        ranks.dispatched(0, "x", 10, 0, 0);
+        let drain = Duration::from_secs(30);
+        let t0 = Instant::now();
+        assert!(ranks.start_drain(0, drain));
+        // The deadline is the drain timeout plus the heartbeat timeout (for its last status).
+        assert!(ranks.drain_expired(t0 + drain).is_empty());
+        let late = Instant::now() + drain + timeout + Duration::from_millis(1);
+        assert_eq!(ranks.drain_expired(late), vec![0]);
+        assert_eq!(ranks.remove(0), Some(vec!["x".to_string()]));
     }
 
     #[test]

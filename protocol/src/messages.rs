@@ -478,6 +478,29 @@ pub struct WorkerStatus {
     /// predate it (the controller then counts prompt tokens, at one speed for every rank).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill: Option<PrefillStatus>,
+    /// What the worker's ledger check found broken since start (the first few, each naming the
+    /// rid or the pool and the maps that disagree): at a quiet point every pool is whole and
+    /// every request map empty, and every rid held for an answer is in exactly one queue.
+    /// Empty, and absent from the wire, while every check held.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub invariant_violations: Vec<String>,
+}
+
+/// Violations a ledger check keeps and reports (`WorkerStatus.invariant_violations`,
+/// `RankInfo.invariant_violations`): the first ones, since the soak fails on the first.
+pub const MAX_INVARIANT_VIOLATIONS: usize = 8;
+
+/// Adds the lines in `found` to `kept`, each once and at most [`MAX_INVARIANT_VIOLATIONS`] in
+/// all; returns the lines that are new (for the log).
+pub fn note_violations(kept: &mut Vec<String>, found: Vec<String>) -> Vec<String> {
+    let mut new = Vec::new();
+    for line in found {
+        if kept.len() < MAX_INVARIANT_VIOLATIONS && !kept.contains(&line) {
+            kept.push(line.clone());
+            new.push(line);
+        }
+    }
+    new
 }
 
 /// What a worker's prompt computation looks like, in its `WorkerStatus`.
@@ -539,6 +562,15 @@ pub struct RankInfo {
     /// The rank's GPU, as announced in its `Hello` (absent for CPU and simulated ranks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuInfo>,
+    /// Requests the controller counts in flight on this rank (dispatched, not yet reported
+    /// finished). Absent from controllers that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_inflight: Option<u64>,
+    /// What the controller's ledger check found broken on this rank since it registered (the
+    /// first few): a rid it counts in flight on a rank whose status says it holds nothing and
+    /// took every dispatch. Empty, and absent from the wire, while the check held.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub invariant_violations: Vec<String>,
 }
 
 /// The controller's view of the cluster, pushed to the tokenizer on change and periodically so

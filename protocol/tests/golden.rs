@@ -679,6 +679,7 @@ const FIELD_RULES: &[FieldRules] = &[
             ("disagg", "null"),
             ("status_seq", "null"),
             ("prefill", "null"),
+            ("invariant_violations", "[]"),
         ],
     },
     FieldRules {

@@ -53,6 +53,8 @@ pub struct WorkerActor<O: Outbox> {
     /// The controller's `dispatch_seq` of the last request taken in (reported in each status,
     /// so the controller knows which of its dispatches the status counts).
     taken_seq: u64,
+    /// What the ledger check found since start (`WorkerStatus.invariant_violations`).
+    violations: Vec<String>,
 }
 
 /// When the next status snapshot is due.
@@ -91,6 +93,7 @@ impl<O: Outbox> WorkerActor<O> {
             refused: None,
             drain_deadline: None,
             taken_seq: 0,
+            violations: Vec::new(),
             status: StatusClock {
                 last: Instant::now(),
                 now: true,
@@ -269,6 +272,7 @@ impl<O: Outbox> WorkerActor<O> {
         {
             return;
         }
+        self.check_ledger();
         let sched = &mut self.sched;
         let generated = sched.stats.generated_tokens;
         let status = WorkerStatus {
@@ -290,6 +294,7 @@ impl<O: Outbox> WorkerActor<O> {
             simulated: sched.model().simulated().map(|p| p.name.clone()),
             status_seq: Some(self.status.seq + 1),
             prefill: Some(sched.prefill_status()),
+            invariant_violations: self.violations.clone(),
         };
         self.status = StatusClock {
             last: Instant::now(),
@@ -301,6 +306,22 @@ impl<O: Outbox> WorkerActor<O> {
         // What the prefix cache stored and evicted, after the status that counts the same step.
         for batch in self.sched.take_kv_events() {
             self.out.to_controller(&Message::KvEvents(batch));
+        }
+    }
+
+    /// The ledger check before each status (`scheduler/ledger.rs`): at quiet points
+    /// in every build (it costs O(1) then), and rid by rid in debug builds. What it finds is
+    /// kept and reported in every later status, so a soak polling the statuses sees it.
+    fn check_ledger(&mut self) {
+        let per_rid = cfg!(debug_assertions);
+        let held = if per_rid || !self.sched.holds_requests() {
+            self.held.snapshot()
+        } else {
+            Vec::new()
+        };
+        let found = self.sched.ledger_violations(&held, per_rid);
+        for line in protocol::note_violations(&mut self.violations, found) {
+            tracing::error!(rank = self.rank, "ledger check: {line}");
         }
     }
 

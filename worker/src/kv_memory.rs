@@ -146,6 +146,17 @@ impl KvMemory {
         self.pool.rows() - self.pool.available()
     }
 
+    /// Request rows in all.
+    pub fn rows(&self) -> usize {
+        self.pool.rows()
+    }
+
+    /// Frees of a row that was not handed out, refused since start (0 unless the bookkeeping
+    /// that owns rows is wrong; see [`ReqToTokenPool::free`]).
+    pub fn refused_row_frees(&self) -> u64 {
+        self.pool.refused_frees()
+    }
+
     /// The KV of `req`'s positions `start..start + n`, as it travels to another worker.
     pub fn read_kv(&self, req: &Req, start: usize, n: usize) -> Vec<u8> {
         let row = req.row.expect("an admitted request holds a row");

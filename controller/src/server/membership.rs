@@ -12,14 +12,15 @@ use crate::ranks::Joined;
 
 impl Controller {
     pub(super) fn expire_ranks(&mut self) {
-        for rank in self.ranks.drain_expired() {
+        let now = Instant::now();
+        for rank in self.ranks.drain_expired(now) {
             self.lose_rank(
                 rank,
                 "its drain timeout ran out",
                 format!("data parallel rank {rank} did not finish draining in time"),
             );
         }
-        for rank in self.ranks.expired() {
+        for rank in self.ranks.expired(now) {
             let timeout_s = self.config.worker_timeout.as_secs_f64();
             let failure = format!(
                 "data parallel rank {rank} stopped responding (no heartbeat for {timeout_s:.1}s)"

@@ -273,9 +273,12 @@ impl Controller {
                 self.dispatch(&rid, decision, tokens, prefill, Message::EmbedReq(req));
             }
             Message::Abort(abort) => {
-                // The request may be on any rank (or still in flight to one): tell them all.
-                for rank in self.ranks.ids() {
-                    self.send_to_worker(rank, &Message::Abort(abort.clone()));
+                // The request may be on any rank (or still in flight to one): tell them all,
+                // the draining ones too (a client gone need not wait for the drain deadline).
+                // A rank that does not hold the rid lists it finished, so the in-flight map
+                // of a rid whose dispatch went astray ends here too (see `ledger`).
+                for (rank, identity) in self.ranks.held() {
+                    self.send_to_peer(&identity, rank, &Message::Abort(abort.clone()));
                 }
             }
             Message::FlushCache(flush) => {

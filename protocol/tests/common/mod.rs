@@ -190,6 +190,8 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                     last_seen_s: 0.5,
                     status: Some(worker_status()),
                     gpu: None,
+                    num_inflight: None,
+                    invariant_violations: Vec::new(),
                 }],
                 routing: vec![RouteCount {
                     method: "prefix_affinity".into(),
@@ -339,6 +341,7 @@ fn worker_status() -> WorkerStatus {
         simulated: None,
         status_seq: Some(12),
         prefill: None,
+        invariant_violations: Vec::new(),
     }
 }
 

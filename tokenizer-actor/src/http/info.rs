@@ -436,8 +436,11 @@ mod tests {
                         simulated: None,
                         status_seq: None,
                         prefill: None,
+                        invariant_violations: Vec::new(),
                     }),
                     gpu: None,
+                    num_inflight: None,
+                    invariant_violations: Vec::new(),
                 })
                 .collect(),
             routing: Vec::new(),

@@ -151,6 +151,8 @@ fn cluster(live: &[u32], idle: bool) -> ClusterStatus {
                     ..Default::default()
                 }),
                 gpu: None,
+                num_inflight: None,
+                invariant_violations: Vec::new(),
             })
             .collect(),
         routing: Vec::new(),

@@ -292,7 +292,7 @@ impl Scheduler {
     /// `--disaggregation-bootstrap-timeout`: their prefill worker waits as long for the
     /// `KvReady` and has given the room up by now, so a row taken for one would only wait for
     /// KV that never comes. Each fails (503) and its prefill worker is told.
-    pub(super) fn expire_prealloc(&mut self) -> Vec<TokenOut> {
+    pub(super) fn expire_prealloc(&mut self, now: Instant) -> Vec<TokenOut> {
         let timeout = self
             .legs
             .config
@@ -302,7 +302,7 @@ impl Scheduler {
         let waited_too_long = |r: &Req| {
             r.transfer
                 .as_ref()
-                .is_some_and(|t| t.since.elapsed() > timeout)
+                .is_some_and(|t| now.saturating_duration_since(t.since) > timeout)
         };
         if !self.legs.prealloc.iter().any(waited_too_long) {
             return Vec::new();
@@ -324,7 +324,7 @@ impl Scheduler {
 
     /// Transfers that did not finish within `--disaggregation-waiting-timeout` of their
     /// `KvReady`.
-    pub(super) fn expire_transfers(&mut self) -> Vec<TokenOut> {
+    pub(super) fn expire_transfers(&mut self, now: Instant) -> Vec<TokenOut> {
         let timeout = self
             .legs
             .config
@@ -337,7 +337,7 @@ impl Scheduler {
             .iter()
             .filter_map(|(&room, r)| {
                 let t = r.transfer.as_ref()?;
-                (t.since.elapsed() > timeout).then_some((room, t.prefill_rank))
+                (now.saturating_duration_since(t.since) > timeout).then_some((room, t.prefill_rank))
             })
             .collect();
         let mut outs = Vec::new();

@@ -179,14 +179,19 @@ impl Scheduler {
 
     /// Timeouts, and pre-allocation for what freed up: called every round, busy or not.
     pub fn expire(&mut self) -> Vec<TokenOut> {
+        self.expire_at(Instant::now())
+    }
+
+    /// [`Self::expire`] as of `now` (tests step a clock instead of sleeping).
+    pub fn expire_at(&mut self, now: Instant) -> Vec<TokenOut> {
         let outs = match self.legs.mode() {
             DisaggMode::Prefill => {
-                self.expire_bootstrap();
+                self.expire_bootstrap(now);
                 Vec::new()
             }
             DisaggMode::Decode => {
-                let mut outs = self.expire_prealloc();
-                outs.extend(self.expire_transfers());
+                let mut outs = self.expire_prealloc(now);
+                outs.extend(self.expire_transfers(now));
                 outs
             }
             DisaggMode::Null => Vec::new(),

@@ -2,7 +2,7 @@
 //! link would carry are handed over directly, so every state and failure is reached on purpose.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use protocol::{DisaggLeg, DisaggMode, FinishReason, KvLayout, Message, TokenOut};
 
@@ -17,14 +17,22 @@ fn layout() -> KvLayout {
     ModelConfig::builtin(BuiltinSize::Tiny).kv_layout()
 }
 
+/// Both timeouts of the pairs here; the tests step a clock past them, never sleep.
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A moment just past [`TIMEOUT`] from now: what `expire_at` is given to reach a timeout.
+fn past_the_timeout() -> Instant {
+    Instant::now() + TIMEOUT + Duration::from_millis(1)
+}
+
 fn role(mode: DisaggMode, base: SchedulerConfig) -> Scheduler {
     with_config(SchedulerConfig {
         rank: if mode == DisaggMode::Decode { 1 } else { 0 },
         disagg: Some(DisaggConfig {
             mode,
             layout: layout(),
-            bootstrap_timeout: Duration::from_secs(60),
-            waiting_timeout: Duration::from_secs(60),
+            bootstrap_timeout: TIMEOUT,
+            waiting_timeout: TIMEOUT,
         }),
         ..base
     })
@@ -329,12 +337,14 @@ fn a_decode_rank_that_leaves_is_dropped_by_the_prefill_worker() {
 #[test]
 fn a_transfer_that_stalls_times_out_and_frees_its_slots() {
     let mut pair = Pair::new(config(4096, 8), config(4096, 8));
-    pair.d.legs.config.as_mut().unwrap().waiting_timeout = Duration::from_millis(30);
     pair.lose = vec!["KvReady"]; // the prefill worker never hears of the decode side
     pair.submit("slow", prompt(3, 40), 4, 5, true);
     pair.round();
-    std::thread::sleep(Duration::from_millis(40));
-    pair.round();
+    assert_eq!(pair.d.legs.transfers.len(), 1, "slots held, KV awaited");
+    let outs = pair.d.expire_at(Instant::now() + TIMEOUT / 2);
+    assert!(outs.is_empty(), "not before its timeout");
+    let outs = pair.d.expire_at(past_the_timeout());
+    pair.collect(outs);
     let err = pair.done["slow"].1.error.clone().expect("timed out");
     assert_eq!(err.status, 503);
     assert!(err.message.contains("timed out"), "{}", err.message);
@@ -515,14 +525,13 @@ fn one_row() -> SchedulerConfig {
 #[test]
 fn a_request_waiting_for_a_row_times_out_and_its_prefill_worker_is_told() {
     let mut pair = Pair::new(config(4096, 8), one_row());
-    pair.d.legs.config.as_mut().unwrap().bootstrap_timeout = Duration::from_millis(30);
     pair.lose = vec!["KvChunk", "KvDone"]; // "holder" keeps the only row
     pair.submit("holder", prompt(1, 20), 4, 1, true);
     pair.submit("queued", prompt(2, 20), 4, 2, true);
     pair.carry();
     assert_eq!(pair.d.legs.prealloc.len(), 1, "no row for \"queued\"");
-    std::thread::sleep(Duration::from_millis(40));
-    let outs = pair.d.expire();
+    assert!(pair.d.expire_at(Instant::now() + TIMEOUT / 2).is_empty());
+    let outs = pair.d.expire_at(past_the_timeout());
     pair.collect(outs);
     let err = pair.done["queued"].1.error.clone().expect("timed out");
     assert_eq!(err.status, 503);
@@ -544,13 +553,11 @@ fn a_request_waiting_for_a_row_times_out_and_its_prefill_worker_is_told() {
 #[test]
 fn a_prefill_bootstrap_timeout_fails_the_decode_request_at_once() {
     let mut pair = Pair::new(config(4096, 8), one_row());
-    pair.p.legs.config.as_mut().unwrap().bootstrap_timeout = Duration::from_millis(30);
     pair.lose = vec!["KvChunk", "KvDone"]; // "holder" keeps the only row
     pair.submit("holder", prompt(1, 20), 4, 1, true);
     pair.submit("queued", prompt(2, 20), 4, 2, true);
     pair.carry();
-    std::thread::sleep(Duration::from_millis(40));
-    pair.p.expire();
+    pair.p.expire_at(past_the_timeout());
     pair.carry();
     // The prefill worker knows rank 1 from "holder"'s KvReady: it says so at once, and the
     // decode worker fails the request without waiting for a row it no longer needs.
@@ -567,14 +574,12 @@ fn a_prefill_bootstrap_timeout_fails_the_decode_request_at_once() {
 #[test]
 fn a_kv_ready_for_a_room_whose_bootstrap_timed_out_is_refused_at_once() {
     let mut pair = Pair::new(config(4096, 8), one_row());
-    pair.p.legs.config.as_mut().unwrap().bootstrap_timeout = Duration::from_millis(30);
     // No KvReady reaches the prefill worker in time: it never learns the decode worker.
     pair.lose = vec!["KvReady"];
     pair.submit("holder", prompt(1, 20), 4, 1, true);
     pair.submit("queued", prompt(2, 20), 4, 2, true);
     pair.carry();
-    std::thread::sleep(Duration::from_millis(40));
-    pair.p.expire();
+    pair.p.expire_at(past_the_timeout());
     pair.lose.clear();
     // The row frees, "queued" says KvReady for a room the prefill worker gave up: it is
     // answered at once, not after a second bootstrap (or waiting) timeout.

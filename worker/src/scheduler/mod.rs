@@ -21,6 +21,7 @@
 mod admission;
 mod decode;
 mod decode_leg;
+mod ledger;
 mod legs;
 mod prefill;
 mod prefill_leg;
@@ -352,6 +353,11 @@ impl Scheduler {
         let (gone, keep): (Vec<Req>, Vec<Req>) = self.running.drain(..).partition(|r| matches(r));
         self.running = keep;
         aborted.extend(gone);
+        if let (Some(rid), true) = (rid, aborted.is_empty()) {
+            // Not held here (finished already, or its dispatch never arrived): listed finished
+            // all the same, so a controller that still counts it in flight on this rank stops.
+            self.note_refused(rid);
+        }
         let outs = aborted
             .into_iter()
             .map(|req| self.finish(req, FinishReason::Abort, None))

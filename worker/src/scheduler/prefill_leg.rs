@@ -289,7 +289,7 @@ impl Scheduler {
     /// decode rank's worker as known from earlier `KvReady`s (it may hold the request in its
     /// pre-allocation queue). The room is then kept as given up for one more timeout, so a
     /// `KvReady` crossing this one is refused at once instead of opening a fresh wait.
-    pub(super) fn expire_bootstrap(&mut self) {
+    pub(super) fn expire_bootstrap(&mut self, now: Instant) {
         let timeout = self
             .legs
             .config
@@ -300,7 +300,7 @@ impl Scheduler {
             .legs
             .bootstrap
             .iter()
-            .filter(|(_, b)| b.since.elapsed() > timeout)
+            .filter(|(_, b)| now.saturating_duration_since(b.since) > timeout)
             .map(|(&room, _)| room)
             .collect();
         for room in late {

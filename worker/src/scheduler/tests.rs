@@ -157,6 +157,23 @@ fn abort_returns_slots_and_ends_the_request() {
 }
 
 #[test]
+fn an_abort_for_a_rid_not_held_here_lists_it_finished_and_answers_nothing() {
+    let mut s = scheduler(4096, 2048);
+    s.submit(req("a", prompt(1, 20), 4));
+    s.take_finished_rids();
+    // Its dispatch never arrived (or it ended already): the controller may still count it.
+    assert!(
+        s.abort(Some("ghost")).is_empty(),
+        "no answer: the client has one"
+    );
+    assert_eq!(s.take_finished_rids(), vec!["ghost".to_string()]);
+    // A rid that is held is listed once, when it ends.
+    assert_eq!(s.abort(Some("a")).len(), 1);
+    assert_eq!(s.take_finished_rids(), vec!["a".to_string()]);
+    assert_pool_whole(&s);
+}
+
+#[test]
 fn invalid_requests_are_refused_with_400() {
     let mut s = scheduler(64, 2048);
     let cases = [
