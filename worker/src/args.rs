@@ -587,7 +587,8 @@ impl WorkerArgs {
         match self.device.device {
             Device::Cpu => None,
             other => Some(format!(
-                "--weight-dtype {d} is for --device cpu; --device {other} keeps the                  checkpoint's own type"
+                "--weight-dtype {d} is for --device cpu; --device {other} keeps the checkpoint's \
+                 own type"
             )),
         }
     }
