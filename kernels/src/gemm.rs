@@ -21,6 +21,14 @@
 //! `hsum16`). Rows of `x` beyond `M` are never computed (the kernel is instantiated per row
 //! count), so no work or result depends on what else is in the batch.
 //!
+//! 16-bit weights (bf16, f16: [`WeightDtype`]) are stored in the same panel layout at half the
+//! bytes and widened to f32 as each chunk is loaded (bf16: a 16-bit shift; f16: `vcvtph2ps` or
+//! the exact portable conversion), then go through the very same fma sequence and lane tree.
+//! Widening is exact, so a bf16 matrix gives bit for bit the results of its values widened at
+//! load; only the bytes streamed from memory change. AVX-512 BF16's `vdpbf16ps` is not used: it
+//! would round the activations to bf16 too and sum its pairs in its own order, which breaks
+//! both this contract and f32 parity with transformers.
+//!
 //! Cost: O(M·N·K). Parallelism: one rayon region per call over (M block × N block) tasks; small
 //! `M` (decode) gets a few large contiguous `N` ranges per thread, so the call streams `W` once
 //! at memory bandwidth (its kernel also prefetches `W` 24 KiB ahead); large `M` (prefill) gets
@@ -32,8 +40,9 @@ use std::cell::Cell;
 
 use rayon::prelude::*;
 
-use crate::linevec::LineVec;
+use crate::linevec::{LineBuf, LineVec};
 use crate::path::{kernel_path, multiversion, KernelPath};
+use crate::wdtype::{Bf16, PackedElem, WeightDtype, F16};
 
 /// Lanes of the fixed-order reduction. Part of the numeric contract: changing it changes results.
 pub const LANES: usize = 16;
@@ -52,7 +61,8 @@ const OUT_SLOTS: usize = (MR * NR).next_multiple_of(LANES);
 const M_BLOCK_PANELS: usize = 16;
 /// `W` panels per task for large `M` (96 rows).
 const N_BLOCK_PANELS: usize = 16;
-/// How far ahead of the current chunk the few-row SIMD kernels prefetch W (in floats, 24 KiB):
+/// How far ahead of the current chunk the few-row SIMD kernels prefetch W (in elements: 24 KiB
+/// of f32, 12 KiB of a 16-bit type):
 /// across the page boundaries where the hardware streamer stops.
 #[cfg(target_arch = "x86_64")]
 const PREFETCH_FLOATS: usize = 16 * W_CHUNK;
@@ -105,15 +115,24 @@ pub fn dot_fixed(x: &[f32], w: &[f32]) -> f32 {
 }
 
 /// A `[n, k]` weight matrix packed for [`linear_packed`]: panels of `NR` rows, each stored
-/// chunk by chunk (`[panel][k/16][NR][16]`), zero-padded to whole chunks and whole panels.
-/// Packing moves values, never changes them, so results equal those of the row-major matrix.
+/// chunk by chunk (`[panel][k/16][NR][16]`), zero-padded to whole chunks and whole panels, in
+/// f32 or in a 16-bit type ([`WeightDtype`]). Packing moves values, never changes them, so
+/// results equal those of the row-major matrix (16-bit values widened to f32).
 #[derive(Clone)]
 pub struct PackedMatrix {
     n: usize,
     k: usize,
     /// Chunks of `LANES` per row (`ceil(k / 16)`).
     kc: usize,
-    data: LineVec,
+    data: Panels,
+}
+
+/// The packed elements, in their storage type.
+#[derive(Clone)]
+enum Panels {
+    F32(LineBuf<f32>),
+    Bf16(LineBuf<Bf16>),
+    F16(LineBuf<F16>),
 }
 
 impl std::fmt::Debug for PackedMatrix {
@@ -121,34 +140,77 @@ impl std::fmt::Debug for PackedMatrix {
         f.debug_struct("PackedMatrix")
             .field("n", &self.n)
             .field("k", &self.k)
+            .field("dtype", &self.dtype())
             .finish_non_exhaustive()
     }
 }
 
+/// Packs row-major `w` (`[n, k]`) into panels, converting each element with `elem`.
+fn pack_panels<S: Copy, T: Copy + Default>(
+    w: &[S],
+    n: usize,
+    k: usize,
+    elem: impl Fn(S) -> T,
+) -> LineBuf<T> {
+    assert_eq!(w.len(), n * k, "w shape");
+    let kc = k.div_ceil(LANES);
+    let mut buf = LineBuf::zeroed(n.div_ceil(NR) * kc * W_CHUNK);
+    let data = &mut buf[..];
+    if k > 0 {
+        for (r, row) in w.chunks_exact(k).enumerate() {
+            let base = (r / NR) * kc * W_CHUNK + (r % NR) * LANES;
+            for (c, part) in row.chunks(LANES).enumerate() {
+                let o = base + c * W_CHUNK;
+                for (d, &v) in data[o..o + part.len()].iter_mut().zip(part) {
+                    *d = elem(v);
+                }
+            }
+        }
+    }
+    buf
+}
+
+/// Row `r` of packed panels, widened into `out` (`k` elements).
+fn copy_row_of<T: PackedElem>(data: &[T], kc: usize, r: usize, out: &mut [f32]) {
+    let base = (r / NR) * kc * W_CHUNK + (r % NR) * LANES;
+    for (c, part) in out.chunks_mut(LANES).enumerate() {
+        let o = base + c * W_CHUNK;
+        let src = &data[o..o + part.len()];
+        for (d, v) in part.iter_mut().zip(src) {
+            *d = v.widen();
+        }
+    }
+}
+
 impl PackedMatrix {
-    /// Packs a row-major `[n, k]` matrix (Hugging Face `[out, in]`).
+    /// Packs a row-major `[n, k]` f32 matrix (Hugging Face `[out, in]`).
     ///
     /// # Panics
     /// If `w.len() != n * k`.
     pub fn pack(w: &[f32], n: usize, k: usize) -> Self {
-        assert_eq!(w.len(), n * k, "w shape");
-        let kc = k.div_ceil(LANES);
-        let mut buf = LineVec::zeroed(n.div_ceil(NR) * kc * W_CHUNK);
-        let data = &mut buf[..];
-        if k > 0 {
-            for (r, row) in w.chunks_exact(k).enumerate() {
-                let base = (r / NR) * kc * W_CHUNK + (r % NR) * LANES;
-                for (c, part) in row.chunks(LANES).enumerate() {
-                    let o = base + c * W_CHUNK;
-                    data[o..o + part.len()].copy_from_slice(part);
-                }
-            }
-        }
+        Self::with(n, k, Panels::F32(pack_panels(w, n, k, |v| v)))
+    }
+
+    /// Packs a row-major `[n, k]` matrix of 16-bit values (`bits`, as a checkpoint stores them)
+    /// kept in `dtype` (bf16 or f16).
+    ///
+    /// # Panics
+    /// If `bits.len() != n * k`, or `dtype` is f32 (use [`Self::pack`]).
+    pub fn pack_16bit(bits: &[u16], n: usize, k: usize, dtype: WeightDtype) -> Self {
+        let data = match dtype {
+            WeightDtype::Bf16 => Panels::Bf16(pack_panels(bits, n, k, Bf16)),
+            WeightDtype::F16 => Panels::F16(pack_panels(bits, n, k, F16)),
+            WeightDtype::F32 => panic!("pack_16bit of f32: use PackedMatrix::pack"),
+        };
+        Self::with(n, k, data)
+    }
+
+    fn with(n: usize, k: usize, data: Panels) -> Self {
         PackedMatrix {
             n,
             k,
-            kc,
-            data: buf,
+            kc: k.div_ceil(LANES),
+            data,
         }
     }
 
@@ -162,20 +224,38 @@ impl PackedMatrix {
         self.k
     }
 
-    /// Copies row `r` out (e.g. an embedding lookup on a tied matrix).
+    /// How the elements are stored.
+    pub fn dtype(&self) -> WeightDtype {
+        match self.data {
+            Panels::F32(_) => WeightDtype::F32,
+            Panels::Bf16(_) => WeightDtype::Bf16,
+            Panels::F16(_) => WeightDtype::F16,
+        }
+    }
+
+    /// Bytes of the packed panels (padding included).
+    pub fn bytes(&self) -> usize {
+        match &self.data {
+            Panels::F32(d) => d.capacity_bytes(),
+            Panels::Bf16(d) => d.capacity_bytes(),
+            Panels::F16(d) => d.capacity_bytes(),
+        }
+    }
+
+    /// Copies row `r` out, widened to f32 (e.g. an embedding lookup on a tied matrix).
     ///
     /// # Panics
     /// If `r >= rows()` or `out.len() != cols()`.
     pub fn copy_row(&self, r: usize, out: &mut [f32]) {
         assert!(r < self.n && out.len() == self.k, "row out of range");
-        let base = (r / NR) * self.kc * W_CHUNK + (r % NR) * LANES;
-        for (c, part) in out.chunks_mut(LANES).enumerate() {
-            let o = base + c * W_CHUNK;
-            part.copy_from_slice(&self.data[o..o + part.len()]);
+        match &self.data {
+            Panels::F32(d) => copy_row_of(d, self.kc, r, out),
+            Panels::Bf16(d) => copy_row_of(d, self.kc, r, out),
+            Panels::F16(d) => copy_row_of(d, self.kc, r, out),
         }
     }
 
-    /// The row-major `[n, k]` matrix.
+    /// The row-major `[n, k]` matrix, widened to f32.
     pub fn unpack(&self) -> Vec<f32> {
         let mut w = vec![0f32; self.n * self.k];
         if self.k > 0 {
@@ -184,12 +264,6 @@ impl PackedMatrix {
             }
         }
         w
-    }
-
-    /// Panel `p` (`kc` chunks of `NR × 16`).
-    fn panel(&self, p: usize) -> &[f32] {
-        let len = self.kc * W_CHUNK;
-        &self.data[p * len..(p + 1) * len]
     }
 }
 
@@ -297,6 +371,32 @@ pub fn linear_with(
     }
     let mut xs = X_PACK.take();
     pack_x(x, m, k, kc, &mut xs);
+    let shape = Shape { m, n, kc };
+    match &w.data {
+        Panels::F32(d) => run_blocks(path, &xs, d, shape, bias, y),
+        Panels::Bf16(d) => run_blocks(path, &xs, d, shape, bias, y),
+        Panels::F16(d) => run_blocks(path, &xs, d, shape, bias, y),
+    }
+    X_PACK.set(xs);
+}
+
+/// The problem of one call: rows of `x`, rows of `W`, chunks per row.
+#[derive(Clone, Copy)]
+struct Shape {
+    m: usize,
+    n: usize,
+    kc: usize,
+}
+
+/// Every (M block × N block) task of one call over packed `x` panels `xs` and `W` panels `wd`.
+fn run_blocks<T: GemmElem>(
+    path: KernelPath,
+    xs: &[f32],
+    wd: &[T],
+    Shape { m, n, kc }: Shape,
+    bias: Option<&[f32]>,
+    y: &mut [f32],
+) {
     let (mp, np) = (m.div_ceil(MR), n.div_ceil(NR));
     let threads = rayon::current_num_threads().max(1);
     let (m_block, n_block) = if mp <= SMALL_M_PANELS {
@@ -309,18 +409,17 @@ pub fn linear_with(
     };
     let (m_blocks, n_blocks) = (mp.div_ceil(m_block), np.div_ceil(n_block));
     let out = OutPtr(y.as_mut_ptr());
-    let xs_ref = &xs[..];
     let run = |task: usize| {
         let (mt, nt) = (task % m_blocks, task / m_blocks);
         let (q0, q1) = (mt * m_block, ((mt + 1) * m_block).min(mp));
         let (p0, p1) = (nt * n_block, ((nt + 1) * n_block).min(np));
         let mut res = [0f32; OUT_SLOTS];
         for p in p0..p1 {
-            let wp = w.panel(p);
+            let wp = &wd[p * kc * W_CHUNK..(p + 1) * kc * W_CHUNK];
             let n0 = p * NR;
             let cols = NR.min(n - n0);
             for q in q0..q1 {
-                let xp = &xs_ref[q * kc * X_CHUNK..(q + 1) * kc * X_CHUNK];
+                let xp = &xs[q * kc * X_CHUNK..(q + 1) * kc * X_CHUNK];
                 let rows = MR.min(m - q * MR);
                 micro(path, xp, wp, kc, rows, &mut res);
                 let bias = bias.map(|b| &b[n0..n0 + cols]);
@@ -348,14 +447,13 @@ pub fn linear_with(
     } else {
         (0..tasks).into_par_iter().for_each(run);
     }
-    X_PACK.set(xs);
 }
 
 /// One `rows × NR` block: `res[i * NR + j]` = dot of x panel row `i` and W panel row `j`.
-fn micro(
+fn micro<T: GemmElem>(
     path: KernelPath,
     xp: &[f32],
-    wp: &[f32],
+    wp: &[T],
     kc: usize,
     rows: usize,
     res: &mut [f32; OUT_SLOTS],
@@ -364,44 +462,89 @@ fn micro(
     match path {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Avx512` is only chosen (and `linear_with` only runs it) when the CPU reports
-        // avx512f; the panels hold `kc` whole chunks (asserted in debug, guaranteed by packing).
+        // avx512f (and f16c); the panels hold `kc` whole chunks (asserted in debug, guaranteed by packing).
         KernelPath::Avx512 => unsafe {
             match rows {
-                1 => avx512::micro::<1>(xp.as_ptr(), wp.as_ptr(), kc, res),
-                2 => avx512::micro::<2>(xp.as_ptr(), wp.as_ptr(), kc, res),
-                3 => avx512::micro::<3>(xp.as_ptr(), wp.as_ptr(), kc, res),
-                _ => avx512::micro::<MR>(xp.as_ptr(), wp.as_ptr(), kc, res),
+                1 => avx512::micro::<T, 1>(xp.as_ptr(), wp.as_ptr(), kc, res),
+                2 => avx512::micro::<T, 2>(xp.as_ptr(), wp.as_ptr(), kc, res),
+                3 => avx512::micro::<T, 3>(xp.as_ptr(), wp.as_ptr(), kc, res),
+                _ => avx512::micro::<T, MR>(xp.as_ptr(), wp.as_ptr(), kc, res),
             }
         },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `Avx2` is only chosen when the CPU reports avx2 and fma; panels as above.
+        // SAFETY: `Avx2` is only chosen when the CPU reports avx2, fma and f16c; panels as above.
         KernelPath::Avx2 => unsafe { avx2::micro(xp.as_ptr(), wp.as_ptr(), kc, rows, res) },
-        _ => lanes_micro(path, xp, wp, kc, rows, res),
+        _ => T::lanes_micro(path, xp, wp, kc, rows, res),
     }
 }
 
-multiversion! {
-    /// The generic micro-kernel (portable and NEON paths), in register blocks of 2 × 3 (or
-    /// 1 × 6) dot products whose 16-lane accumulators the compiler keeps in vector registers.
+/// A packed element type with its generic micro-kernel instantiated for every path.
+trait GemmElem: PackedElem {
     fn lanes_micro(
+        path: KernelPath,
         xp: &[f32],
-        wp: &[f32],
+        wp: &[Self],
         kc: usize,
         rows: usize,
         res: &mut [f32; OUT_SLOTS],
-    ) => lanes_micro_body;
+    );
 }
 
+/// The generic micro-kernel (portable and NEON paths) of element type `$t`, compiled per path.
+macro_rules! lanes_micro_for {
+    ($t:ty, $name:ident, $body:ident) => {
+        #[inline(always)]
+        fn $body(xp: &[f32], wp: &[$t], kc: usize, rows: usize, res: &mut [f32; OUT_SLOTS]) {
+            lanes_micro_body::<$t>(xp, wp, kc, rows, res)
+        }
+
+        multiversion! {
+            fn $name(
+                xp: &[f32],
+                wp: &[$t],
+                kc: usize,
+                rows: usize,
+                res: &mut [f32; OUT_SLOTS],
+            ) => $body;
+        }
+
+        impl GemmElem for $t {
+            fn lanes_micro(
+                path: KernelPath,
+                xp: &[f32],
+                wp: &[$t],
+                kc: usize,
+                rows: usize,
+                res: &mut [f32; OUT_SLOTS],
+            ) {
+                $name(path, xp, wp, kc, rows, res)
+            }
+        }
+    };
+}
+
+lanes_micro_for!(f32, lanes_micro_f32, lanes_micro_body_f32);
+lanes_micro_for!(Bf16, lanes_micro_bf16, lanes_micro_body_bf16);
+lanes_micro_for!(F16, lanes_micro_f16, lanes_micro_body_f16);
+
+/// In register blocks of 2 × 3 (or 1 × 6) dot products whose 16-lane accumulators the compiler
+/// keeps in vector registers.
 #[inline(always)]
-fn lanes_micro_body(xp: &[f32], wp: &[f32], kc: usize, rows: usize, res: &mut [f32; OUT_SLOTS]) {
+fn lanes_micro_body<T: PackedElem>(
+    xp: &[f32],
+    wp: &[T],
+    kc: usize,
+    rows: usize,
+    res: &mut [f32; OUT_SLOTS],
+) {
     let mut i0 = 0;
     while i0 < rows {
         if rows - i0 >= 2 {
-            lanes_block::<2, 3>(xp, wp, kc, i0, 0, res);
-            lanes_block::<2, 3>(xp, wp, kc, i0, 3, res);
+            lanes_block::<T, 2, 3>(xp, wp, kc, i0, 0, res);
+            lanes_block::<T, 2, 3>(xp, wp, kc, i0, 3, res);
             i0 += 2;
         } else {
-            lanes_block::<1, NR>(xp, wp, kc, i0, 0, res);
+            lanes_block::<T, 1, NR>(xp, wp, kc, i0, 0, res);
             i0 += 1;
         }
     }
@@ -410,9 +553,9 @@ fn lanes_micro_body(xp: &[f32], wp: &[f32], kc: usize, rows: usize, res: &mut [f
 /// Rows `i0..i0 + A` of the x panel against rows `j0..j0 + B` of the W panel, in the contract
 /// order (per lane: one fma per chunk, chunks in order; then `hsum16`).
 #[inline(always)]
-fn lanes_block<const A: usize, const B: usize>(
+fn lanes_block<T: PackedElem, const A: usize, const B: usize>(
     xp: &[f32],
-    wp: &[f32],
+    wp: &[T],
     kc: usize,
     i0: usize,
     j0: usize,
@@ -427,7 +570,7 @@ fn lanes_block<const A: usize, const B: usize>(
             for (j, acc_ij) in acc_i.iter_mut().enumerate() {
                 let ws = &wc[j * LANES..(j + 1) * LANES];
                 for l in 0..LANES {
-                    acc_ij[l] = xs[l].mul_add(ws[l], acc_ij[l]);
+                    acc_ij[l] = xs[l].mul_add(ws[l].widen(), acc_ij[l]);
                 }
             }
         }
@@ -447,17 +590,39 @@ mod avx2 {
     // Index loops over the (i, j) register block read like the math and unroll fully.
     #![allow(clippy::needless_range_loop)]
     use super::{LANES, NR, OUT_SLOTS, PREFETCH_FLOATS, W_CHUNK, X_CHUNK, X_PREFETCH};
+    use crate::wdtype::{PackedElem, WeightDtype};
     use std::arch::x86_64::*;
+
+    /// 8 weights at `p`, widened to f32 (exactly).
+    ///
+    /// # Safety
+    /// The CPU must support avx2 and f16c; `p` must hold 8 elements.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn load8<T: PackedElem>(p: *const T) -> __m256 {
+        // SAFETY (each arm): 8 elements at `p` (function contract): 32 bytes of f32, 16 of a
+        // 16-bit type.
+        unsafe {
+            match T::DTYPE {
+                WeightDtype::F32 => _mm256_loadu_ps(p as *const f32),
+                WeightDtype::Bf16 => {
+                    let h = _mm_loadu_si128(p as *const __m128i);
+                    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
+                }
+                WeightDtype::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+            }
+        }
+    }
 
     /// `res[i * NR + j]` for `i < rows`, `j < NR`.
     ///
     /// # Safety
-    /// The CPU must support avx2 and fma; `xp` must hold `kc * X_CHUNK` and `wp` `kc * W_CHUNK`
-    /// floats; `rows <= MR`.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn micro(
+    /// The CPU must support avx2, fma and f16c; `xp` must hold `kc * X_CHUNK` floats and `wp`
+    /// `kc * W_CHUNK` elements; `rows <= MR`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn micro<T: PackedElem>(
         xp: *const f32,
-        wp: *const f32,
+        wp: *const T,
         kc: usize,
         rows: usize,
         res: &mut [f32; OUT_SLOTS],
@@ -470,8 +635,8 @@ mod avx2 {
             let mut i0 = 0;
             while i0 < rows {
                 if rows - i0 >= 2 {
-                    let lo = half::<2>(xp, wp, kc, i0, 0);
-                    let hi = half::<2>(xp, wp, kc, i0, 8);
+                    let lo = half::<T, 2>(xp, wp, kc, i0, 0);
+                    let hi = half::<T, 2>(xp, wp, kc, i0, 8);
                     for i in 0..2 {
                         for j in 0..NR {
                             res[(i0 + i) * NR + j] = hsum16_pair(lo[i][j], hi[i][j]);
@@ -490,11 +655,11 @@ mod avx2 {
     ///
     /// # Safety
     /// As [`micro`], with `i0 + A <= MR` and `off` 0 or 8.
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn half<const A: usize>(
+    unsafe fn half<T: PackedElem, const A: usize>(
         xp: *const f32,
-        wp: *const f32,
+        wp: *const T,
         kc: usize,
         i0: usize,
         off: usize,
@@ -519,7 +684,7 @@ mod avx2 {
                     xv[i] = _mm256_loadu_ps(xc.add(i * LANES));
                 }
                 for j in 0..NR {
-                    let wv = _mm256_loadu_ps(wc.add(j * LANES));
+                    let wv = load8(wc.add(j * LANES));
                     for i in 0..A {
                         acc[i][j] = _mm256_fmadd_ps(xv[i], wv, acc[i][j]);
                     }
@@ -533,11 +698,11 @@ mod avx2 {
     ///
     /// # Safety
     /// As [`micro`], with `i0 < MR`.
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn one_row(
+    unsafe fn one_row<T: PackedElem>(
         xp: *const f32,
-        wp: *const f32,
+        wp: *const T,
         kc: usize,
         i0: usize,
         res: &mut [f32; OUT_SLOTS],
@@ -548,7 +713,8 @@ mod avx2 {
             let (xc, wc) = unsafe { (xp.add(c * X_CHUNK + i0 * LANES), wp.add(c * W_CHUNK)) };
             // One row streams W from memory: prefetch the whole chunk well ahead (a hint; past
             // the end of the panel it never faults).
-            for j in 0..NR {
+            // One hint per cache line: a 16-bit chunk row is half a line.
+            for j in (0..NR).step_by(4 / std::mem::size_of::<T>()) {
                 let ahead = wc.wrapping_add(PREFETCH_FLOATS + j * LANES);
                 _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
             }
@@ -557,7 +723,7 @@ mod avx2 {
                 let xv = unsafe { _mm256_loadu_ps(xc.add(8 * half)) };
                 for j in 0..NR {
                     // SAFETY: row j < NR of chunk c.
-                    let wv = unsafe { _mm256_loadu_ps(wc.add(j * LANES + 8 * half)) };
+                    let wv = unsafe { load8(wc.add(j * LANES + 8 * half)) };
                     acc[j] = _mm256_fmadd_ps(xv, wv, acc[j]);
                 }
             }
@@ -584,21 +750,44 @@ mod avx512 {
     // Index loops over the (i, j) register block read like the math and unroll fully.
     #![allow(clippy::needless_range_loop)]
     use super::{LANES, NR, OUT_SLOTS, PREFETCH_FLOATS, W_CHUNK, X_CHUNK, X_PREFETCH};
+    use crate::wdtype::{PackedElem, WeightDtype};
     use std::arch::x86_64::*;
+
+    /// 16 weights at `p`, widened to f32 (exactly).
+    ///
+    /// # Safety
+    /// The CPU must support avx512f; `p` must hold 16 elements.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn load16<T: PackedElem>(p: *const T) -> __m512 {
+        // SAFETY (each arm): 16 elements at `p` (function contract): 64 bytes of f32, 32 of a
+        // 16-bit type.
+        unsafe {
+            match T::DTYPE {
+                WeightDtype::F32 => _mm512_loadu_ps(p as *const f32),
+                WeightDtype::Bf16 => {
+                    let h = _mm256_loadu_si256(p as *const __m256i);
+                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+                }
+                WeightDtype::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)),
+            }
+        }
+    }
 
     /// `res[i * NR + j]` for `i < A`: the dot products of packed x panel rows and W panel rows.
     ///
     /// # Safety
-    /// The CPU must support avx512f; `xp` must hold `kc * X_CHUNK` and `wp` `kc * W_CHUNK` floats.
+    /// The CPU must support avx512f; `xp` must hold `kc * X_CHUNK` floats and `wp` `kc * W_CHUNK`
+    /// elements.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn micro<const A: usize>(
+    pub(super) unsafe fn micro<T: PackedElem, const A: usize>(
         xp: *const f32,
-        wp: *const f32,
+        wp: *const T,
         kc: usize,
         res: &mut [f32; OUT_SLOTS],
     ) {
         // SAFETY: function contract.
-        let acc = unsafe { chains::<A>(xp, wp, kc) };
+        let acc = unsafe { chains::<T, A>(xp, wp, kc) };
         let mut flat = [_mm512_setzero_ps(); OUT_SLOTS];
         for i in 0..A {
             for j in 0..NR {
@@ -623,9 +812,9 @@ mod avx512 {
     /// As [`micro`].
     #[target_feature(enable = "avx512f")]
     #[inline(never)]
-    unsafe fn chains<const A: usize>(
+    unsafe fn chains<T: PackedElem, const A: usize>(
         xp: *const f32,
-        wp: *const f32,
+        wp: *const T,
         kc: usize,
     ) -> [[__m512; NR]; A] {
         let mut acc = [[_mm512_setzero_ps(); NR]; A];
@@ -636,7 +825,8 @@ mod avx512 {
                 // Few rows: the kernel streams W from memory; prefetching well ahead (across
                 // the page boundaries where the hardware streamer stops) keeps more lines in
                 // flight. A prefetch is a hint: past the end of the panel it never faults.
-                for j in 0..NR {
+                // One hint per cache line: a 16-bit chunk row is half a line.
+                for j in (0..NR).step_by(4 / std::mem::size_of::<T>()) {
                     let ahead = wc.wrapping_add(PREFETCH_FLOATS + j * LANES);
                     _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
                 }
@@ -655,7 +845,7 @@ mod avx512 {
             }
             for j in 0..NR {
                 // SAFETY: row j < NR of chunk c.
-                let wv = unsafe { _mm512_loadu_ps(wc.add(j * LANES)) };
+                let wv = unsafe { load16(wc.add(j * LANES)) };
                 for i in 0..A {
                     acc[i][j] = _mm512_fmadd_ps(xv[i], wv, acc[i][j]);
                 }
@@ -821,6 +1011,55 @@ mod tests {
         }
     }
 
+    /// `w` rounded to `dtype` (to nearest even), as the 16-bit bits a checkpoint stores.
+    fn to_bits16(w: &[f32], dtype: WeightDtype) -> Vec<u16> {
+        w.iter()
+            .map(|&v| match dtype {
+                WeightDtype::Bf16 => half::bf16::from_f32(v).to_bits(),
+                _ => half::f16::from_f32(v).to_bits(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn sixteen_bit_weights_equal_their_f32_widening_on_every_path() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(6);
+        for &(m, k, n) in &[
+            (1, 16, 6),
+            (2, 33, 7),
+            (5, 1, 11),
+            (9, 47, 200),
+            (70, 129, 101),
+        ] {
+            let x = rand_vec(&mut rng, m * k);
+            // Wide magnitudes: f16 subnormals and bf16's short mantissa both show up.
+            let w: Vec<f32> = (0..n * k)
+                .map(|_| rng.gen_range(-1.0f32..1.0) * 10f32.powi(rng.gen_range(-7..2)))
+                .collect();
+            let b = rand_vec(&mut rng, n);
+            for dtype in [WeightDtype::Bf16, WeightDtype::F16] {
+                let p16 = PackedMatrix::pack_16bit(&to_bits16(&w, dtype), n, k, dtype);
+                assert_eq!(p16.dtype(), dtype);
+                let wide = p16.unpack();
+                let p32 = PackedMatrix::pack(&wide, n, k);
+                assert!(p16.bytes() < p32.bytes());
+                for imp in KernelPath::all_supported() {
+                    let (mut y16, mut y32) = (vec![0f32; m * n], vec![0f32; m * n]);
+                    linear_with(imp, &x, m, &p16, Some(&b), &mut y16);
+                    linear_with(imp, &x, m, &p32, Some(&b), &mut y32);
+                    for i in 0..m {
+                        for j in 0..n {
+                            let d = dot_fixed(&x[i * k..(i + 1) * k], &wide[j * k..(j + 1) * k]);
+                            let (got, want) = (y16[i * n + j], d + b[j]);
+                            assert_eq!(got.to_bits(), want.to_bits(), "{imp} {dtype} {m}x{k}x{n}");
+                        }
+                    }
+                    assert_eq!(y16, y32, "{imp} {dtype}");
+                }
+            }
+        }
+    }
+
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn reduce16_is_sixteen_hsum16() {
@@ -869,21 +1108,26 @@ mod bench {
             (1, 512, 8192),
         ] {
             let x = vec![0.5f32; m * k];
-            let w = PackedMatrix::pack(&vec![0.25f32; n * k], n, k);
+            let w32 = PackedMatrix::pack(&vec![0.25f32; n * k], n, k);
+            let w16 = PackedMatrix::pack_16bit(&vec![0x3e80; n * k], n, k, WeightDtype::Bf16);
             let mut y = vec![0f32; m * n];
-            for path in KernelPath::all_supported() {
-                linear_with(path, &x, m, &w, None, &mut y);
+            for (path, w) in KernelPath::all_supported()
+                .into_iter()
+                .flat_map(|p| [(p, &w32), (p, &w16)])
+            {
+                linear_with(path, &x, m, w, None, &mut y);
                 let reps = 20;
                 let t = Instant::now();
                 for _ in 0..reps {
-                    linear_with(path, &x, m, &w, None, &mut y);
+                    linear_with(path, &x, m, w, None, &mut y);
                 }
                 let dt = t.elapsed().as_secs_f64() / reps as f64;
                 println!(
-                    "{path:>8} {m}x{k}x{n}: {:.3} ms, {:.1} GFLOP/s, {:.1} GB/s of W",
+                    "{path:>8} {:>4} {m}x{k}x{n}: {:.3} ms, {:.1} GFLOP/s, {:.1} GB/s of W",
+                    w.dtype(),
                     dt * 1e3,
                     2.0 * (m * n * k) as f64 / dt / 1e9,
-                    (n * k * 4) as f64 / dt / 1e9
+                    (n * k * w.dtype().bytes()) as f64 / dt / 1e9
                 );
             }
         }

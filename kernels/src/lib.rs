@@ -1,4 +1,4 @@
-//! CPU kernels for the Llama forward pass (f32): GEMM, RMSNorm, RoPE, SwiGLU, attention over KV
+//! CPU kernels for the Llama forward pass (f32, weights stored in f32, bf16 or f16): GEMM, RMSNorm, RoPE, SwiGLU, attention over KV
 //! slots, argmax, on the instruction set chosen once per process ([`KernelPath`]: AVX-512,
 //! AVX2 + FMA, NEON or portable). Not the model itself (that is `worker::model`). The same
 //! operations for NVIDIA GPUs, as CUDA sources compiled at run time by NVRTC, are in [`cuda`]
@@ -21,16 +21,18 @@ pub mod norm;
 pub mod path;
 pub mod peak;
 pub mod rope;
+pub mod wdtype;
 
 pub use activation::{add_inplace, argmax, gelu_tanh_mul, silu_mul, softmax_weights};
 pub use attention::{attention, attention_scored, AttnShape, ScoreScale};
 pub use gemm::{dot_fixed, linear, linear_packed, PackedMatrix};
-pub use linevec::LineVec;
+pub use linevec::{LineBuf, LineVec};
 pub use norm::rmsnorm;
 pub use path::{kernel_path, set_kernel_path, KernelPath, KernelPathError, KERNEL_PATH_ENV};
 pub use rope::{
     apply_rope, rope_inv_freq, rope_tables, rope_tables_from_freqs_into, rope_tables_into,
 };
+pub use wdtype::{Bf16, PackedElem, WeightDtype, F16};
 
 /// Sum of products over 8 lanes with plain multiply and add, then a fixed tree. Used where the
 /// portable build must be fast without FMA (attention scores, norms) and deterministic.

@@ -23,7 +23,7 @@ pub enum KernelPath {
     /// The generic code compiled for aarch64 NEON (baseline there, as is FMA): each 16-lane
     /// accumulator is four 128-bit registers.
     Neon,
-    /// x86-64 AVX2 + FMA: explicit GEMM micro-kernel (each 16-lane accumulator is two 256-bit
+    /// x86-64 AVX2 + FMA (+ F16C): explicit GEMM micro-kernel (each 16-lane accumulator is two 256-bit
     /// registers), generic code elsewhere.
     Avx2,
     /// x86-64 AVX-512F: explicit GEMM micro-kernel (one 512-bit register per accumulator).
@@ -56,14 +56,19 @@ impl KernelPath {
             #[cfg(target_arch = "aarch64")]
             KernelPath::Neon => std::arch::is_aarch64_feature_detected!("neon"),
             #[cfg(target_arch = "x86_64")]
+            // f16c (16-bit → f32 loads of f16 weights) came with or before FMA on every x86
+            // CPU, so requiring it excludes none that has the rest.
             KernelPath::Avx2 => {
-                std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+                std::is_x86_feature_detected!("avx2")
+                    && std::is_x86_feature_detected!("fma")
+                    && std::is_x86_feature_detected!("f16c")
             }
             #[cfg(target_arch = "x86_64")]
             KernelPath::Avx512 => {
                 std::is_x86_feature_detected!("avx512f")
                     && std::is_x86_feature_detected!("avx2")
                     && std::is_x86_feature_detected!("fma")
+                    && std::is_x86_feature_detected!("f16c")
             }
             #[allow(unreachable_patterns)]
             _ => false,

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use kernels::KernelPath;
 use serde::{Deserialize, Serialize};
-use worker::model::{BuiltinSize, KvBuffers, ModelConfig, SeqInput};
+use worker::model::{BuiltinSize, KvBuffers, LoadDtype, ModelConfig, SeqInput};
 use worker::ModelSource;
 
 /// Prefix of the one stdout line a child (`--kernel-path` given by the parent) reports on.
@@ -25,6 +25,8 @@ const CHILD_LINE: &str = "dpserve-engine-result ";
 pub struct EngineArgs {
     pub model_path: Option<PathBuf>,
     pub builtin_size: BuiltinSize,
+    /// `--weight-dtype` of the checkpoint's matrices.
+    pub weight_dtype: LoadDtype,
     pub threads: Option<usize>,
     /// `auto`, a path name, or `all`.
     pub kernel_path: String,
@@ -52,6 +54,18 @@ pub struct EngineResult {
     pub kernel_path: String,
     pub model: String,
     pub params: usize,
+    /// The type the weight matrices were held in (`f32`, `bf16`, `f16`).
+    #[serde(default)]
+    pub weight_dtype: String,
+    /// MiB of the loaded weights (packed matrices and vectors).
+    #[serde(default)]
+    pub weight_mib: f64,
+    /// Resident MiB of the process right after loading (`VmRSS`), and its peak over the run
+    /// (`VmHWM`); 0 where `/proc/self/status` is not there.
+    #[serde(default)]
+    pub rss_loaded_mib: f64,
+    #[serde(default)]
+    pub rss_peak_mib: f64,
     pub threads: usize,
     pub cpu: String,
     pub cpu_flags: String,
@@ -106,6 +120,7 @@ fn run_all(args: &EngineArgs) -> anyhow::Result<()> {
             .args(["--engine-reps", &args.reps.to_string()])
             .args(["--chunked-prefill-size", &args.chunk.to_string()])
             .args(["--builtin-size", &args.builtin_size.to_string()])
+            .args(["--weight-dtype", args.weight_dtype.name()])
             .env("DPSERVE_ENGINE_CHILD", "1")
             .env_remove(kernels::KERNEL_PATH_ENV)
             .stdout(Stdio::piped());
@@ -163,7 +178,14 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn measure(args: &EngineArgs, path: KernelPath, threads: usize) -> anyhow::Result<EngineResult> {
     let (source, name) = match &args.model_path {
-        Some(dir) => (ModelSource::HfDir(dir.clone()), dir.display().to_string()),
+        Some(dir) => (
+            ModelSource::HfDir(dir.clone(), args.weight_dtype),
+            dir.display().to_string(),
+        ),
+        None if args.weight_dtype != LoadDtype::Auto => anyhow::bail!(
+            "--weight-dtype {} applies to a --model-path checkpoint; the built-in model is f32",
+            args.weight_dtype
+        ),
         None => (
             ModelSource::Builtin {
                 size: args.builtin_size,
@@ -173,7 +195,10 @@ fn measure(args: &EngineArgs, path: KernelPath, threads: usize) -> anyhow::Resul
         ),
     };
     let model = worker::load_model(&source)?;
+    let rss_loaded = status_mib("VmRSS");
     let c = model.config().clone();
+    // Bytes of one weight element as the matrices hold it (what a token streams per parameter).
+    let elem = model.matrix_dtype().bytes() as f64;
     let vocab = c.vocab_size as u32;
     let token = |i: usize| (i as u32 * 7919 + 13) % vocab;
     let mut rows = Vec::new();
@@ -215,7 +240,7 @@ fn measure(args: &EngineArgs, path: KernelPath, threads: usize) -> anyhow::Resul
             test: format!("pp{len}"),
             tokens_per_s: len as f64 / dt,
             gflops: flops / dt / 1e9,
-            gbps: 4.0 * matmul_params(&c, true) as f64 * chunks as f64 / dt / 1e9,
+            gbps: elem * matmul_params(&c, true) as f64 * chunks as f64 / dt / 1e9,
         });
     }
 
@@ -260,7 +285,7 @@ fn measure(args: &EngineArgs, path: KernelPath, threads: usize) -> anyhow::Resul
             .map(|p| (c.num_hidden_layers * 2 * c.kv_dim() * 4 * (p + 1)) as f64)
             .sum::<f64>()
             * batch as f64;
-        let weight_bytes = 4.0 * matmul_params(&c, true) as f64 * steps as f64;
+        let weight_bytes = elem * matmul_params(&c, true) as f64 * steps as f64;
         rows.push(EngineRow {
             test: format!("tg{steps} b{batch}"),
             tokens_per_s: (batch * steps) as f64 / dt,
@@ -274,6 +299,10 @@ fn measure(args: &EngineArgs, path: KernelPath, threads: usize) -> anyhow::Resul
         kernel_path: path.name().to_string(),
         model: name,
         params: c.num_params(),
+        weight_dtype: model.matrix_dtype().name().to_string(),
+        weight_mib: model.weight_bytes() as f64 / (1 << 20) as f64,
+        rss_loaded_mib: rss_loaded,
+        rss_peak_mib: status_mib("VmHWM"),
         threads,
         cpu,
         cpu_flags,
@@ -281,6 +310,15 @@ fn measure(args: &EngineArgs, path: KernelPath, threads: usize) -> anyhow::Resul
         copy_gbps: kernels::peak::copy_gbps(256 << 20, 5),
         rows,
     })
+}
+
+/// A `kB` field of `/proc/self/status` in MiB (0 where there is none).
+fn status_mib(field: &str) -> f64 {
+    let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
 }
 
 /// The CPU model name and its SIMD flags that matter here, from `/proc/cpuinfo` (Linux).
@@ -298,7 +336,15 @@ fn cpu_info() -> (String, String) {
     let all = field("flags")
         .or_else(|| field("Features"))
         .unwrap_or_default();
-    let wanted = ["avx2", "fma", "avx512f", "asimd", "neon"];
+    let wanted = [
+        "avx2",
+        "fma",
+        "f16c",
+        "avx512f",
+        "avx512_bf16",
+        "asimd",
+        "neon",
+    ];
     let flags: Vec<&str> = all
         .split_whitespace()
         .filter(|f| wanted.contains(f))
@@ -309,15 +355,20 @@ fn cpu_info() -> (String, String) {
 /// The result as a Markdown table, with its context above it.
 pub fn table(r: &EngineResult) -> String {
     let mut s = format!(
-        "\nengine: {} ({:.1}M params, f32), kernel path {}, {} threads\n\
+        "\nengine: {} ({:.1}M params, weights {}, computed in f32), kernel path {}, {} threads\n\
+         memory: weights {:.1} MiB, resident {:.1} MiB after loading, peak {:.1} MiB\n\
          CPU: {} [{}]\n\
          ceilings (this run): fma peak {:.1} GFLOP/s ({}), memory copy {:.1} GB/s (read + write)\n\n\
          | test | tok/s | GFLOP/s | of fma peak | GB/s | of copy |\n\
          |---|---:|---:|---:|---:|---:|\n",
         r.model,
         r.params as f64 / 1e6,
+        r.weight_dtype,
         r.kernel_path,
         r.threads,
+        r.weight_mib,
+        r.rss_loaded_mib,
+        r.rss_peak_mib,
         r.cpu,
         r.cpu_flags,
         r.fma_peak_gflops,

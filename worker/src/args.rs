@@ -14,7 +14,7 @@ use protocol::Endpoint;
 use kernels::KernelPath;
 
 use crate::mem::DEFAULT_MEM_FRACTION;
-use crate::model::BuiltinSize;
+use crate::model::{BuiltinSize, LoadDtype};
 use crate::req_to_token::DecodePrealloc;
 use crate::scheduler::SchedulePolicy;
 use crate::sim::{SimProfile, DEFAULT_SIM_PROFILE};
@@ -97,6 +97,10 @@ pub struct ModelArgs {
     /// Seed of the built-in model's weights; every rank must use the same one.
     #[arg(long, env = "DPSERVE_WEIGHT_SEED", default_value_t = 0)]
     pub weight_seed: u64,
+    /// The type the CPU keeps a checkpoint's weight matrices in (norms and biases are f32;
+    /// the built-in model is f32). Computing is f32 whatever it is.
+    #[arg(long, env = "DPSERVE_WEIGHT_DTYPE", value_enum, default_value_t = LoadDtype::default())]
+    pub weight_dtype: LoadDtype,
 }
 
 impl Default for ModelArgs {
@@ -106,7 +110,25 @@ impl Default for ModelArgs {
             load_format: LoadFormat::Auto,
             builtin_size: BuiltinSize::Base,
             weight_seed: 0,
+            weight_dtype: LoadDtype::default(),
         }
+    }
+}
+
+/// `--weight-dtype` (the type lives with the model; its names are its `Display`).
+impl clap::ValueEnum for LoadDtype {
+    fn value_variants<'a>() -> &'a [Self] {
+        &LoadDtype::ALL
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        let help = match self {
+            LoadDtype::Auto => "the checkpoint's own (bf16/f16 stay 16-bit; lossless)",
+            LoadDtype::F32 => "widened to f32 at load (twice a 16-bit checkpoint's memory)",
+            LoadDtype::Bf16 => "bf16; other stored types rounded to nearest even",
+            LoadDtype::F16 => "f16; other stored types rounded to nearest even",
+        };
+        Some(PossibleValue::new(self.name()).help(help))
     }
 }
 
@@ -436,8 +458,12 @@ impl<T: Clone + Send + Sync + 'static> TypedValueParser for Listed<T> {
 /// Where the model comes from.
 #[derive(Debug, Clone)]
 pub enum ModelSource {
-    HfDir(PathBuf),
-    Builtin { size: BuiltinSize, seed: u64 },
+    /// A Hugging Face directory, its matrices held in the type `--weight-dtype` resolves.
+    HfDir(PathBuf, LoadDtype),
+    Builtin {
+        size: BuiltinSize,
+        seed: u64,
+    },
 }
 
 /// Resolved worker settings.
@@ -486,7 +512,7 @@ impl ModelArgs {
                 size: self.builtin_size,
                 seed: self.weight_seed,
             },
-            (LoadFormat::Auto, Some(path)) => ModelSource::HfDir(path.clone()),
+            (LoadFormat::Auto, Some(path)) => ModelSource::HfDir(path.clone(), self.weight_dtype),
         }
     }
 }
@@ -500,6 +526,9 @@ impl WorkerArgs {
             }
         };
         let model = self.model.source();
+        if let Some(refusal) = self.weight_dtype_refusal() {
+            anyhow::bail!(refusal);
+        }
         if let Some(refusal) = self.disaggregation_refusal() {
             anyhow::bail!(refusal);
         }
@@ -552,6 +581,28 @@ impl WorkerArgs {
         })
     }
 
+    /// Why `--weight-dtype` cannot apply here, if it cannot: it picks the type of the CPU's
+    /// copy of a checkpoint (the built-in model is f32; the CUDA worker keeps the checkpoint's
+    /// type on the GPU).
+    fn weight_dtype_refusal(&self) -> Option<String> {
+        let d = self.model.weight_dtype;
+        if d == LoadDtype::Auto {
+            return None;
+        }
+        if !matches!(self.model.source(), ModelSource::HfDir(..)) {
+            return Some(format!(
+                "--weight-dtype {d} applies to a --model-path checkpoint; the built-in model is f32"
+            ));
+        }
+        match self.device.device {
+            Device::Cpu => None,
+            other => Some(format!(
+                "--weight-dtype {d} is for --device cpu; --device {other} keeps the checkpoint's \
+                 own type"
+            )),
+        }
+    }
+
     /// Why this worker's device cannot take its disaggregated role, if it cannot.
     fn disaggregation_refusal(&self) -> Option<String> {
         match self.disaggregation_mode.is_null() {
@@ -573,7 +624,7 @@ impl WorkerArgs {
             }
             return Ok(None);
         }
-        if matches!(self.model.source(), ModelSource::HfDir(_)) {
+        if matches!(self.model.source(), ModelSource::HfDir(..)) {
             anyhow::bail!(
                 "--device sim speaks the built-in tokenizer's vocabulary and loads no weights; \
                  drop --model-path"
@@ -706,6 +757,44 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("--disaggregation-mode"), "{err}");
+    }
+
+    #[test]
+    fn weight_dtype_applies_to_a_checkpoint_on_the_cpu_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = dir.path().to_str().unwrap();
+        let config = parse(&["--model-path", m, "--weight-dtype", "bf16"])
+            .unwrap()
+            .resolve()
+            .unwrap();
+        assert!(matches!(
+            config.model,
+            ModelSource::HfDir(_, LoadDtype::Bf16)
+        ));
+        let config = parse(&["--model-path", m]).unwrap().resolve().unwrap();
+        assert!(matches!(
+            config.model,
+            ModelSource::HfDir(_, LoadDtype::Auto)
+        ));
+        for (flags, says) in [
+            (&["--weight-dtype", "f16"][..], "the built-in model is f32"),
+            (
+                &[
+                    "--model-path",
+                    m,
+                    "--weight-dtype",
+                    "f32",
+                    "--device",
+                    "cuda",
+                ],
+                "--device cuda keeps the checkpoint's own type",
+            ),
+        ] {
+            let err = parse(flags).unwrap().resolve().unwrap_err().to_string();
+            assert!(err.contains(says), "{flags:?}: {err}");
+        }
+        let err = parse(&["--weight-dtype", "fp8"]).unwrap_err().to_string();
+        assert!(err.contains("--weight-dtype"), "{err}");
     }
 
     #[test]
@@ -889,7 +978,7 @@ mod tests {
     fn the_model_source_follows_load_format_and_path() {
         let dir = ["--model-path", "/m"];
         let source = |flags: &[&str]| parse(flags).unwrap().model.source();
-        assert!(matches!(source(&dir), ModelSource::HfDir(_)));
+        assert!(matches!(source(&dir), ModelSource::HfDir(..)));
         assert!(matches!(
             source(&[&dir[..], &["--load-format", "dummy"]].concat()),
             ModelSource::Builtin { .. }

@@ -48,7 +48,7 @@ use sim::SimModel;
 /// [`WorkerError::UnsupportedModel`] (EX_CONFIG), one line naming what is unsupported.
 pub fn load_model(source: &ModelSource) -> anyhow::Result<LlamaModel> {
     match source {
-        ModelSource::HfDir(dir) => LlamaModel::load_hf(dir).map_err(|e| {
+        ModelSource::HfDir(dir, dtype) => LlamaModel::load_hf_as(dir, *dtype).map_err(|e| {
             if e.is_unsupported() {
                 WorkerError::UnsupportedModel {
                     dir: dir.clone(),
@@ -73,12 +73,13 @@ fn size_kv_pool(
     mc: &ModelConfig,
     context_len: usize,
     reading: Result<mem::MemReading, String>,
+    weight_bytes: u64,
 ) -> usize {
     let budget = mem::KvBudget {
         available_bytes: reading.as_ref().ok().map(|r| r.available_bytes),
         mem_fraction: config.mem_fraction,
-        // Weights are held as f32 whatever the checkpoint's dtype.
-        weight_bytes: (mc.num_params() * std::mem::size_of::<f32>()) as u64,
+        // As loaded (f32 or the checkpoint's 16-bit type, `--weight-dtype`).
+        weight_bytes,
         kv_bytes_per_token: model::KvBuffers::bytes_per_slot(mc) as u64,
         context_len,
         req_to_token_rows: config.max_running_requests + config.pre_alloc_rows,
@@ -349,9 +350,14 @@ fn load(
         (None, ModelRunner::Sim(sim)) => size_sim_pool(config.rank, sim)?,
         #[cfg(feature = "cuda")]
         (None, ModelRunner::Cuda(m)) => size_gpu_pool(config, m, context_len)?,
-        (None, ModelRunner::Llama(_)) => {
-            size_kv_pool(config, mem_fraction_given, &mc, context_len, free_memory)
-        }
+        (None, ModelRunner::Llama(m)) => size_kv_pool(
+            config,
+            mem_fraction_given,
+            &mc,
+            context_len,
+            free_memory,
+            m.weight_bytes() as u64,
+        ),
     };
     match &model {
         ModelRunner::Sim(sim) => log_simulated(config, sim, context_len, max_total_tokens),
@@ -378,10 +384,12 @@ fn load(
                 "model loaded on the GPU"
             )
         }
-        ModelRunner::Llama(_) => tracing::info!(
+        ModelRunner::Llama(m) => tracing::info!(
             rank = config.rank,
             model = %mc.model_id,
             params = mc.num_params(),
+            weight_dtype = %m.matrix_dtype(),
+            weight_bytes = m.weight_bytes(),
             layers = mc.num_hidden_layers,
             hidden = mc.hidden_size,
             context_len,

@@ -5,7 +5,9 @@
 //! tokens are another's cached prefix — and every logit is compared with the f32 logits
 //! transformers recorded (within [`TOL`]), every greedy token with its greedy token (exactly).
 //! Each kernel path this CPU supports runs the whole check in its own process, as a worker
-//! would (the path is fixed once per process). And the same mixture-of-experts weights in the
+//! would (the path is fixed once per process). The fixtures are bf16 checkpoints, so all of this
+//! runs with the matrices kept in bf16 (`--weight-dtype auto`); widened to f32 at load they give
+//! the same logits bit for bit, on every path. And the same mixture-of-experts weights in the
 //! Hub's per-expert layout and in transformers 5's fused one load to the same model.
 
 mod common;
@@ -17,8 +19,8 @@ use std::collections::HashMap;
 use common::this_binary;
 use hf_fixture::hf_weights::{write_safetensors, Bf16Tensor};
 use hf_fixture::{fixtures, max_abs_diff, Fixture, RefSeq};
-use kernels::{KernelPath, KERNEL_PATH_ENV};
-use worker::model::{KvBuffers, LlamaModel, SeqInput};
+use kernels::{KernelPath, WeightDtype, KERNEL_PATH_ENV};
+use worker::model::{KvBuffers, LlamaModel, LoadDtype, SeqInput};
 
 /// Largest |dpserve − transformers| allowed on any logit.
 const TOL: f32 = 1e-4;
@@ -207,11 +209,46 @@ impl<'a> Run<'a> {
     }
 }
 
+/// Every sequence of `fx` prefilled in one batch: the logits, as bits.
+fn batch_logit_bits(fx: &Fixture, m: &LlamaModel) -> Vec<u32> {
+    let mut kv = KvBuffers::new(m.config(), POOL);
+    let seqs: Vec<Vec<u32>> = fx.seqs.iter().map(RefSeq::tokens).collect();
+    let slots: Vec<Vec<u32>> = seqs
+        .iter()
+        .enumerate()
+        .map(|(s, t)| (0..t.len()).map(|p| slot(s, p)).collect())
+        .collect();
+    let inputs: Vec<SeqInput<'_>> = (0..seqs.len())
+        .map(|s| SeqInput {
+            new_tokens: &seqs[s],
+            start_pos: 0,
+            slots: &slots[s],
+        })
+        .collect();
+    let logits = m.forward(&mut kv, &inputs).expect("forward");
+    logits.into_iter().map(f32::to_bits).collect()
+}
+
+/// A bf16 checkpoint kept in bf16 and widened to f32 at load: the same logits, bit for bit.
+fn check_weight_dtypes(fx: &Fixture, kept: &LlamaModel) {
+    assert_eq!(kept.matrix_dtype(), WeightDtype::Bf16, "{}", fx.name);
+    let wide = LlamaModel::load_hf_as(&fx.dir, LoadDtype::F32).expect("load as f32");
+    assert_eq!(wide.matrix_dtype(), WeightDtype::F32);
+    let (k, w) = (kept.weight_bytes(), wide.weight_bytes());
+    assert!(k * 10 < w * 7, "{}: {k} bytes in bf16, {w} in f32", fx.name);
+    assert!(
+        batch_logit_bits(fx, kept) == batch_logit_bits(fx, &wide),
+        "{}: bf16 and f32 weights give different logits",
+        fx.name
+    );
+}
+
 /// The whole check of every fixture on this process's kernel path; one line per fixture.
 fn check_all() {
     let path = kernels::kernel_path();
     for fx in fixtures() {
         let mut run = Run::new(&fx);
+        check_weight_dtypes(&fx, &run.model);
         run.greedy();
         run.chunked(3);
         run.chunked(1);

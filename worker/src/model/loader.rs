@@ -1,5 +1,5 @@
-//! Loading Hugging Face safetensors (single file or sharded) into `Weights`, converting
-//! F32/F16/BF16 to f32. Every failure names the file and the tensor; a tensor the configured
+//! Loading Hugging Face safetensors (single file or sharded) into `Weights`: weight matrices in
+//! the type `--weight-dtype` resolves (F32/F16/BF16 kept or converted), norms and biases in f32. Every failure names the file and the tensor; a tensor the configured
 //! model does not use is refused (a checkpoint with more parts than its config describes).
 
 use std::cell::RefCell;
@@ -8,12 +8,13 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use kernels::cuda::CudaDtype;
-use kernels::PackedMatrix;
+use kernels::{PackedMatrix, WeightDtype};
 use memmap2::Mmap;
 use rayon::prelude::*;
 use safetensors::{Dtype, SafeTensors};
 
 use super::config::ModelConfig;
+use super::elems::{narrow, Elems, LoadDtype};
 use super::error::{ModelError, Result};
 use super::moe::{MoeOptions, MoeWeights, SharedExpert};
 use super::support::ModelFamily;
@@ -101,7 +102,7 @@ impl Shards {
         Ok(Shards { files })
     }
 
-    fn parse(&self) -> Result<TensorIndex<'_>> {
+    fn parse(&self, want: LoadDtype) -> Result<TensorIndex<'_>> {
         let mut st = Vec::with_capacity(self.files.len());
         let mut by_name = HashMap::new();
         for (i, (path, map)) in self.files.iter().enumerate() {
@@ -118,6 +119,7 @@ impl Shards {
             st,
             by_name,
             used: RefCell::default(),
+            want,
         })
     }
 }
@@ -128,6 +130,8 @@ struct TensorIndex<'a> {
     by_name: HashMap<String, usize>,
     /// The names `get` has read (or `mark_used` accounted for).
     used: RefCell<HashSet<String>>,
+    /// The type weight matrices are kept in.
+    want: LoadDtype,
 }
 
 impl TensorIndex<'_> {
@@ -164,8 +168,18 @@ impl TensorIndex<'_> {
         }
     }
 
-    /// The tensor as f32, checked against `shape`.
-    fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+    /// The storage type of tensor `name` as a packed matrix can hold it (`None`: absent, or a
+    /// type the loader refuses anyway).
+    fn stored(&self, name: &str) -> Option<WeightDtype> {
+        self.dtype(name).map(|d| match d {
+            CudaDtype::F32 => WeightDtype::F32,
+            CudaDtype::Bf16 => WeightDtype::Bf16,
+            CudaDtype::F16 => WeightDtype::F16,
+        })
+    }
+
+    /// Tensor `name`, checked against `shape` and marked used.
+    fn view(&self, name: &str, shape: &[usize]) -> Result<safetensors::tensor::TensorView<'_>> {
         let missing = || ModelError::MissingTensor {
             name: name.into(),
             file: (self.st.len() == 1).then(|| self.st[0].0.to_path_buf()),
@@ -181,6 +195,50 @@ impl TensorIndex<'_> {
                 got: t.shape().to_vec(),
             });
         }
+        Ok(t)
+    }
+
+    /// A weight matrix fused from `parts` (row blocks `(name, shape)`, in order), in the type
+    /// `--weight-dtype` resolves for their stored types.
+    fn matrix(&self, parts: &[(String, Vec<usize>)]) -> Result<Elems> {
+        let stored: Vec<WeightDtype> = parts
+            .iter()
+            .map(|(n, _)| self.stored(n).unwrap_or(WeightDtype::F32))
+            .collect();
+        let dtype = self.want.resolve(&stored);
+        let mut m = Elems::empty(dtype);
+        for (name, shape) in parts {
+            m.extend(self.elems(name, shape, dtype)?);
+        }
+        Ok(m)
+    }
+
+    /// One matrix tensor (`matrix` of one part), packed as `[n, k]`.
+    fn packed(&self, name: &str, n: usize, k: usize) -> Result<PackedMatrix> {
+        Ok(self.matrix(&[(name.to_string(), vec![n, k])])?.pack(n, k))
+    }
+
+    /// Tensor `name` in `dtype`: its bits as stored when it is stored so, else converted
+    /// (widened exactly, or rounded to nearest even).
+    fn elems(&self, name: &str, shape: &[usize], dtype: WeightDtype) -> Result<Elems> {
+        if dtype == WeightDtype::F32 {
+            return Ok(Elems::F32(self.get(name, shape)?));
+        }
+        if self.stored(name) == Some(dtype) {
+            let bits = self
+                .view(name, shape)?
+                .data()
+                .par_chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .collect();
+            return Ok(Elems::Bits(bits, dtype));
+        }
+        Ok(Elems::Bits(narrow(&self.get(name, shape)?, dtype), dtype))
+    }
+
+    /// The tensor as f32, checked against `shape`.
+    fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let t = self.view(name, shape)?;
         let data = t.data();
         let out: Vec<f32> = match t.dtype() {
             Dtype::F32 => data
@@ -223,15 +281,15 @@ fn load_experts(
         true => format!("{prefix}.block_sparse_moe"),
         false => format!("{prefix}.mlp"),
     };
-    let router = PackedMatrix::pack(&ix.get(&format!("{block}.gate.weight"), &[e, h])?, e, h);
+    let router = ix.packed(&format!("{block}.gate.weight"), e, h)?;
     let experts = if ix.contains(&fused) {
-        let gu = ix.get(&fused, &[e, 2 * i, h])?;
-        let down = ix.get(&format!("{block}.experts.down_proj"), &[e, h, i])?;
+        let gu = ix.matrix(&[(fused, vec![e, 2 * i, h])])?;
+        let down = ix.matrix(&[(format!("{block}.experts.down_proj"), vec![e, h, i])])?;
         (0..e)
             .map(|x| {
                 (
-                    PackedMatrix::pack(&gu[x * 2 * i * h..(x + 1) * 2 * i * h], 2 * i, h),
-                    PackedMatrix::pack(&down[x * h * i..(x + 1) * h * i], h, i),
+                    gu.pack_range(x * 2 * i * h..(x + 1) * 2 * i * h, 2 * i, h),
+                    down.pack_range(x * h * i..(x + 1) * h * i, h, i),
                 )
             })
             .collect()
@@ -242,27 +300,23 @@ fn load_experts(
         };
         let mut experts = Vec::with_capacity(e);
         for x in 0..e {
-            let t = |name: &str, shape: &[usize]| {
-                ix.get(&format!("{block}.experts.{x}.{name}.weight"), shape)
-            };
-            let mut gu = t(gate, &[i, h])?;
-            gu.extend(t(up, &[i, h])?);
-            experts.push((
-                PackedMatrix::pack(&gu, 2 * i, h),
-                PackedMatrix::pack(&t(down, &[h, i])?, h, i),
-            ));
+            let t = |name: &str| format!("{block}.experts.{x}.{name}.weight");
+            let gu = ix.matrix(&[(t(gate), vec![i, h]), (t(up), vec![i, h])])?;
+            experts.push((gu.pack(2 * i, h), ix.packed(&t(down), h, i)?));
         }
         experts
     };
     let shared = match o.shared_expert_intermediate_size {
         Some(si) => {
-            let t = |name: &str, shape: &[usize]| ix.get(&format!("{block}.{name}"), shape);
-            let mut gu = t("shared_expert.gate_proj.weight", &[si, h])?;
-            gu.extend(t("shared_expert.up_proj.weight", &[si, h])?);
+            let t = |name: &str| format!("{block}.{name}");
+            let gu = ix.matrix(&[
+                (t("shared_expert.gate_proj.weight"), vec![si, h]),
+                (t("shared_expert.up_proj.weight"), vec![si, h]),
+            ])?;
             Some(SharedExpert {
-                wgu: PackedMatrix::pack(&gu, 2 * si, h),
-                wdown: PackedMatrix::pack(&t("shared_expert.down_proj.weight", &[h, si])?, h, si),
-                gate: PackedMatrix::pack(&t("shared_expert_gate.weight", &[1, h])?, 1, h),
+                wgu: gu.pack(2 * si, h),
+                wdown: ix.packed(&t("shared_expert.down_proj.weight"), h, si)?,
+                gate: ix.packed(&t("shared_expert_gate.weight"), 1, h)?,
             })
         }
         None => None,
@@ -274,10 +328,11 @@ fn load_experts(
     })
 }
 
-/// Loads every weight of `cfg` from the safetensors files of `dir`.
-pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
+/// Loads every weight of `cfg` from the safetensors files of `dir`, the matrices in the type
+/// `want` resolves.
+pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig, want: LoadDtype) -> Result<Weights> {
     let shards = Shards::open(shard_files(dir)?)?;
-    let ix = shards.parse()?;
+    let ix = shards.parse(want)?;
     let (h, inter, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
     let (q, kv) = (cfg.q_dim(), cfg.kv_dim());
     let gemma = cfg.gemma.is_some();
@@ -290,14 +345,16 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
         }
         Ok(w)
     };
-    let embed = ix.get("model.embed_tokens.weight", &[v, h])?;
+    let embed = ix.matrix(&[("model.embed_tokens.weight".into(), vec![v, h])])?;
     let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
     for l in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{l}");
         let a = format!("{p}.self_attn");
-        let mut wqkv = ix.get(&format!("{a}.q_proj.weight"), &[q, h])?;
-        wqkv.extend(ix.get(&format!("{a}.k_proj.weight"), &[kv, h])?);
-        wqkv.extend(ix.get(&format!("{a}.v_proj.weight"), &[kv, h])?);
+        let wqkv = ix.matrix(&[
+            (format!("{a}.q_proj.weight"), vec![q, h]),
+            (format!("{a}.k_proj.weight"), vec![kv, h]),
+            (format!("{a}.v_proj.weight"), vec![kv, h]),
+        ])?;
         let bqkv = if cfg.qkv_bias {
             let mut b = ix.get(&format!("{a}.q_proj.bias"), &[q])?;
             b.extend(ix.get(&format!("{a}.k_proj.bias"), &[kv])?);
@@ -325,11 +382,13 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
         };
         // A layer with experts has no dense MLP.
         let inter = if moe.is_some() { 0 } else { inter };
-        let mut wgu = Vec::new();
-        if inter > 0 {
-            wgu = ix.get(&format!("{m}.gate_proj.weight"), &[inter, h])?;
-            wgu.extend(ix.get(&format!("{m}.up_proj.weight"), &[inter, h])?);
-        }
+        let wgu = match inter {
+            0 => Elems::empty(WeightDtype::F32),
+            _ => ix.matrix(&[
+                (format!("{m}.gate_proj.weight"), vec![inter, h]),
+                (format!("{m}.up_proj.weight"), vec![inter, h]),
+            ])?,
+        };
         let (bgu, bdown) = match cfg.mlp_bias {
             true => {
                 let mut b = ix.get(&format!("{m}.gate_proj.bias"), &[inter])?;
@@ -355,21 +414,17 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
         };
         layers.push(LayerWeights {
             attn_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
-            wqkv: PackedMatrix::pack(&wqkv, q + 2 * kv, h),
+            wqkv: wqkv.pack(q + 2 * kv, h),
             bqkv,
             qk_norm,
-            wo: PackedMatrix::pack(&ix.get(&format!("{a}.o_proj.weight"), &[h, q])?, h, q),
+            wo: ix.packed(&format!("{a}.o_proj.weight"), h, q)?,
             bo,
             mlp_norm,
-            wgu: PackedMatrix::pack(&wgu, 2 * inter, h),
+            wgu: wgu.pack(2 * inter, h),
             bgu,
             wdown: match inter {
                 0 => PackedMatrix::pack(&[], h, 0),
-                _ => PackedMatrix::pack(
-                    &ix.get(&format!("{m}.down_proj.weight"), &[h, inter])?,
-                    h,
-                    inter,
-                ),
+                _ => ix.packed(&format!("{m}.down_proj.weight"), h, inter)?,
             },
             bdown,
             post_norms,
@@ -378,9 +433,9 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
     }
     let norm = norm("model.norm.weight", h)?;
     let lm_head = if ix.contains("lm_head.weight") {
-        let w = ix.get("lm_head.weight", &[v, h])?;
+        let w = ix.matrix(&[("lm_head.weight".into(), vec![v, h])])?;
         // An explicit copy of the embeddings costs memory for nothing; share instead.
-        (w != embed).then(|| PackedMatrix::pack(&w, v, h))
+        (w != embed).then(|| w.pack(v, h))
     } else if cfg.tie_word_embeddings {
         None
     } else {
@@ -396,7 +451,7 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig) -> Result<Weights> {
         });
     }
     Ok(Weights {
-        embed: PackedMatrix::pack(&embed, v, h),
+        embed: embed.pack(v, h),
         layers,
         norm,
         lm_head,

@@ -9,6 +9,7 @@
 mod config;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod elems;
 mod error;
 mod forward;
 mod gemma;
@@ -26,6 +27,7 @@ mod tests;
 use std::path::Path;
 
 pub use config::{BuiltinSize, ModelConfig};
+pub use elems::LoadDtype;
 pub use error::{ModelError, Result};
 pub use gemma::GemmaOptions;
 pub use kernels::cuda::CudaDtype;
@@ -47,7 +49,7 @@ pub struct SeqInput<'a> {
     pub slots: &'a [u32],
 }
 
-/// A loaded (or dummy) model: configuration plus f32 weights.
+/// A loaded (or dummy) model: configuration plus weights (matrices in f32, bf16 or f16).
 pub struct LlamaModel {
     config: ModelConfig,
     weights: Weights,
@@ -64,10 +66,16 @@ impl std::fmt::Debug for LlamaModel {
 
 impl LlamaModel {
     /// Loads `dir/config.json` (+ `generation_config.json`) and every weight from its
-    /// safetensors files (single or sharded; F32, F16 or BF16).
+    /// safetensors files (single or sharded; F32, F16 or BF16), each matrix kept in its
+    /// stored type ([`LoadDtype::Auto`]).
     pub fn load_hf(dir: &Path) -> Result<Self> {
+        Self::load_hf_as(dir, LoadDtype::Auto)
+    }
+
+    /// [`Self::load_hf`] with the weight matrices in the type `dtype` resolves.
+    pub fn load_hf_as(dir: &Path, dtype: LoadDtype) -> Result<Self> {
         let config = ModelConfig::from_hf_dir(dir)?;
-        let weights = loader::load_weights(dir, &config)?;
+        let weights = loader::load_weights(dir, &config, dtype)?;
         Ok(LlamaModel { config, weights })
     }
 
@@ -92,6 +100,18 @@ impl LlamaModel {
     /// whatever it is; the GPU keeps weights and KV in this type.
     pub fn stored_dtype(&self) -> CudaDtype {
         self.weights.dtype
+    }
+
+    /// The type the CPU holds the weight matrices in (that of the embedding table; see
+    /// [`LoadDtype`]).
+    pub fn matrix_dtype(&self) -> kernels::WeightDtype {
+        self.weights.embed.dtype()
+    }
+
+    /// Bytes the weights take in memory (packed matrices with their padding, and the f32
+    /// vectors).
+    pub fn weight_bytes(&self) -> usize {
+        self.weights.bytes()
     }
 
     /// One batched step: writes the new tokens' K/V to their slots and returns the logits of

@@ -945,7 +945,11 @@ fn a_tensor_the_config_does_not_use_is_refused_by_name() {
         "{err}"
     );
     // And the worker refuses to start with it, as a configuration error (EX_CONFIG).
-    let err = crate::load_model(&crate::ModelSource::HfDir(dir.path().into())).unwrap_err();
+    let err = crate::load_model(&crate::ModelSource::HfDir(
+        dir.path().into(),
+        LoadDtype::Auto,
+    ))
+    .unwrap_err();
     let worker = err
         .downcast_ref::<crate::WorkerError>()
         .expect("a WorkerError");

@@ -1,12 +1,13 @@
-//! The model's weights in the layout the forward pass wants (f32, projections fused so one GEMM
-//! serves q/k/v and one serves gate/up, every matrix packed once for the GEMM kernel), and the
-//! seeded dummy initialisation.
+//! The model's weights in the layout the forward pass wants (matrices in f32 or a 16-bit type,
+//! vectors in f32, projections fused so one GEMM serves q/k/v and one serves gate/up, every
+//! matrix packed once for the GEMM kernel), and the seeded dummy initialisation.
 
 use kernels::cuda::CudaDtype;
-use kernels::PackedMatrix;
+use kernels::{PackedMatrix, WeightDtype};
 use rand::{Rng, SeedableRng};
 
 use super::config::ModelConfig;
+use super::elems::narrow;
 use super::moe::{MoeWeights, SharedExpert};
 use super::rope::Rope;
 
@@ -61,7 +62,8 @@ pub(crate) struct Weights {
     /// Gemma 3's local layers' RoPE (their own base); `None`: every layer uses `rope`.
     pub local_rope: Option<Rope>,
     /// The checkpoint's storage type (of its embedding table; f32 for dummy weights). Every
-    /// value above is that value widened to f32, exactly.
+    /// value above is that value (widened to f32 exactly, or in its own 16-bit type) unless
+    /// `--weight-dtype` asked for a narrower type.
     pub dtype: CudaDtype,
 }
 
@@ -83,11 +85,22 @@ impl Weights {
     /// Every weight rounded to `dtype`, recorded as the stored type: the model a checkpoint of
     /// these weights saved in `dtype` would load as.
     pub fn round_to(&mut self, dtype: CudaDtype) {
+        // A matrix is then held in `dtype` itself (the same values; the CPU widens them exactly).
         let matrix = |m: &mut PackedMatrix| {
             let (n, k) = (m.rows(), m.cols());
-            let mut w = m.unpack();
-            round_to(&mut w, dtype);
-            *m = PackedMatrix::pack(&w, n, k);
+            let w = m.unpack();
+            *m = match dtype {
+                CudaDtype::F32 => PackedMatrix::pack(&w, n, k),
+                CudaDtype::Bf16 => PackedMatrix::pack_16bit(
+                    &narrow(&w, WeightDtype::Bf16),
+                    n,
+                    k,
+                    WeightDtype::Bf16,
+                ),
+                CudaDtype::F16 => {
+                    PackedMatrix::pack_16bit(&narrow(&w, WeightDtype::F16), n, k, WeightDtype::F16)
+                }
+            };
         };
         matrix(&mut self.embed);
         for l in &mut self.layers {
@@ -132,6 +145,33 @@ impl Weights {
             matrix(m);
         }
         self.dtype = dtype;
+    }
+
+    /// Bytes held: every packed matrix and every f32 vector.
+    pub fn bytes(&self) -> usize {
+        let vec = |v: &Vec<f32>| v.len() * 4;
+        let pair =
+            |p: &Option<(Vec<f32>, Vec<f32>)>| p.as_ref().map_or(0, |(a, b)| vec(a) + vec(b));
+        let opt = |v: &Option<Vec<f32>>| v.as_ref().map_or(0, vec);
+        let mut n = self.embed.bytes() + vec(&self.norm);
+        n += self.lm_head.as_ref().map_or(0, PackedMatrix::bytes);
+        for l in &self.layers {
+            n += l.wqkv.bytes() + l.wo.bytes() + l.wgu.bytes() + l.wdown.bytes();
+            n += vec(&l.attn_norm) + vec(&l.mlp_norm) + pair(&l.qk_norm) + pair(&l.post_norms);
+            n += opt(&l.bqkv) + opt(&l.bo) + opt(&l.bgu) + opt(&l.bdown);
+            if let Some(m) = &l.moe {
+                n += m.router.bytes();
+                n += m
+                    .experts
+                    .iter()
+                    .map(|(a, b)| a.bytes() + b.bytes())
+                    .sum::<usize>();
+                if let Some(s) = &m.shared {
+                    n += s.wgu.bytes() + s.wdown.bytes() + s.gate.bytes();
+                }
+            }
+        }
+        n
     }
 
     /// The matrix of the output projection.
