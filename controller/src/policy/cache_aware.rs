@@ -14,7 +14,8 @@
 //! cost(r)     = backlog(r) / rate(r)  +  (1 + w) × uncached(r) / rate(r)
 //!               └ wait for the line ┘    └ its own prefill, and the wait it adds for those
 //!                                          who queue behind it (w: --cache-aware-compute-weight) ┘
-//! order       = live ranks by cost, lowest first (ties: HRW order on the first block's hash)
+//! order       = live ranks by cost, lowest first; costs within 10 % of the lowest are ties,
+//!               broken by fewer active requests, then HRW order on the first block's hash
 //! T           = max_load_skew × max(mean active requests over live ranks, 1.0)
 //! rank        = first r in order with active_requests(r) ≤ T  (branch cached | cold; spill if
 //!               not the first) | order[0] if none qualifies
@@ -96,6 +97,12 @@ impl CacheAware {
     }
 }
 
+/// Costs within this fraction of the lowest count as equal. A rank's rate is measured over
+/// noisy steps to a few per cent, so without it the rank measured fastest takes every prompt
+/// that no rank holds while the lines are empty, and its decode batch grows past the others'
+/// (seen on the no-reuse replay, docs/BENCHMARKS.md); the running requests decide instead.
+const COST_TIE: f64 = 0.1;
+
 /// The cold key of a prompt when the controller attached none: its first block's hash at the
 /// default block size.
 fn first_block_of(ids: &[u32]) -> u64 {
@@ -168,6 +175,15 @@ impl LoadBalancer for CacheAware {
             })
             .collect();
         costs.sort_by(|a, b| a.cost.total_cmp(&b.cost));
+        // Costs within COST_TIE of the lowest are one cost: among them the rank running fewer
+        // requests goes first, then HRW order (both sorts are stable).
+        if let Some(best) = costs.first().map(|c| c.cost) {
+            let near = costs
+                .iter()
+                .take_while(|c| c.cost <= best * (1.0 + COST_TIE))
+                .count();
+            costs[..near].sort_by_key(|c| ranks.get(c.rank).map_or(0, |l| l.active_requests));
+        }
 
         let total: u64 = loads.iter().map(|l| l.active_requests).sum();
         let mean = total as f64 / loads.len() as f64;
@@ -203,7 +219,7 @@ impl LoadBalancer for CacheAware {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::CachedPrefix;
+    use crate::policy::{CachedPrefix, RankQueue};
 
     fn ranks(loads: &[(u32, u64, u64)], matched: &[u64]) -> RankSet {
         RankSet::with_loads(loads).with_cached_prefix(CachedPrefix {
@@ -319,6 +335,32 @@ mod tests {
         other[99] = 8; // a different tail, same first block
         assert_eq!(m.select(&req(&other), &plain).rank, a.rank);
         assert_eq!(a.key_digest, Some(first_block_of(&PROMPT)));
+    }
+
+    /// Empty lines and no prefix anywhere: rates measured 5 % apart are one cost, so the rank
+    /// running fewer requests wins; 20 % apart, the faster rank wins whatever it runs.
+    #[test]
+    fn near_equal_costs_go_to_the_rank_running_fewer_requests() {
+        let mut m = CacheAware::new(CacheAwareConfig::default());
+        let lines = |fast_rate: f64| {
+            RankSet::with_loads(&[(0, 6, 0), (1, 2, 0)]).with_queues(
+                [(0, fast_rate), (1, 1000.0)]
+                    .iter()
+                    .map(|&(rank, rate)| RankQueue {
+                        rank,
+                        running_requests: if rank == 0 { 6 } else { 2 },
+                        waiting_requests: 0,
+                        max_total_tokens: 1 << 20,
+                        prefill_backlog_tokens: Some(0),
+                        prefill_rate: Some(rate),
+                    })
+                    .collect(),
+            )
+        };
+        let d = m.select(&req(&PROMPT), &lines(1050.0));
+        assert_eq!((d.rank, d.branch), (1, Branch::Cold), "{:?}", d.costs);
+        assert_eq!(d.costs[0].rank, 1, "the trace lists the choice first");
+        assert_eq!(m.select(&req(&PROMPT), &lines(1250.0)).rank, 0);
     }
 
     #[test]
