@@ -16,10 +16,11 @@ fn out_dir(prefix: &str) -> tempfile::TempDir {
         .expect("temp dir")
 }
 
-/// Runs `dpserve bench --launch` on 2-rank clusters of the tiny built-in model with `args`,
-/// writing to `out`; returns its compare.json.
-fn bench_launch(out: &Path, args: &[&str]) -> Value {
-    let status = Command::new(env!("CARGO_BIN_EXE_dpserve"))
+/// `dpserve bench --launch` on 2-rank clusters of the tiny built-in model with `args`, writing
+/// to `out`.
+fn bench_launch_command(out: &Path, args: &[&str]) -> Command {
+    let mut bench = Command::new(env!("CARGO_BIN_EXE_dpserve"));
+    bench
         .args([
             "bench",
             "--launch",
@@ -33,7 +34,13 @@ fn bench_launch(out: &Path, args: &[&str]) -> Value {
         .args(args)
         .arg("--output-dir")
         .arg(out)
-        .env("DPSERVE_LOG", "warn")
+        .env("DPSERVE_LOG", "warn");
+    bench
+}
+
+/// Runs [`bench_launch_command`]; returns its compare.json.
+fn bench_launch(out: &Path, args: &[&str]) -> Value {
+    let status = bench_launch_command(out, args)
         .status()
         .expect("run dpserve bench");
     assert!(status.success(), "dpserve bench failed: {status}");
@@ -680,24 +687,22 @@ fn a_signalled_bench_stops_its_cluster() {
     use std::io::{BufRead, BufReader};
     use std::process::Stdio;
     let out = out_dir("dpss");
-    let mut bench = Command::new(env!("CARGO_BIN_EXE_dpserve"))
-        .args([
-            "bench",
-            "--launch",
-            "--builtin-size",
-            "tiny",
-            "--dp-size",
-            "2",
-        ])
-        .args(["--max-total-tokens", "4096", "--disable-progress-bar"])
-        .args(["--startup-timeout", "60", "--compare", "round_robin"])
-        // Long enough that the signal lands mid-workload.
-        .args(["--gsp-num-groups", "8", "--gsp-prompts-per-group", "64"])
-        .args(["--gsp-system-prompt-len", "64", "--gsp-question-len", "8"])
-        .args(["--gsp-output-len", "256"])
-        .arg("--output-dir")
-        .arg(out.path())
-        .env("DPSERVE_LOG", "warn")
+    // Long enough that the signal lands mid-workload.
+    let long = [
+        "--compare",
+        "round_robin",
+        "--gsp-num-groups",
+        "8",
+        "--gsp-prompts-per-group",
+        "64",
+        "--gsp-system-prompt-len",
+        "64",
+        "--gsp-question-len",
+        "8",
+        "--gsp-output-len",
+        "256",
+    ];
+    let mut bench = bench_launch_command(out.path(), &long)
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()

@@ -43,6 +43,33 @@ fn wait_info(server: &Server, what: &str, ok: impl Fn(&Value) -> bool) -> Value 
     }
 }
 
+/// Sends every `(body, tokens)` at once; each must end with exactly its `tokens` (finish reason
+/// `length`). Returns the ranks that served them.
+fn generate_exactly(
+    server: &Server,
+    requests: impl Iterator<Item = (Value, u64)>,
+) -> std::collections::BTreeSet<u64> {
+    let (bodies, want): (Vec<Value>, Vec<u64>) = requests.unzip();
+    let mut used_ranks = std::collections::BTreeSet::new();
+    for (reply, want) in server
+        .post_concurrently("/generate", bodies)
+        .into_iter()
+        .zip(want)
+    {
+        let reply = reply.join().unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let meta = &reply.body["meta_info"];
+        assert_eq!(meta["completion_tokens"], want, "{}", reply.body);
+        assert_eq!(
+            reply.body["output_ids"].as_array().unwrap().len() as u64,
+            want
+        );
+        assert_eq!(meta["finish_reason"]["type"], "length", "{}", reply.body);
+        used_ranks.insert(meta["dp_rank"].as_u64().unwrap());
+    }
+    used_ranks
+}
+
 fn ranks(info: &Value) -> &Vec<Value> {
     info["ranks"].as_array().expect("ranks")
 }
@@ -60,23 +87,10 @@ fn eight_simulated_ranks_serve_cache_and_say_they_are_simulated() {
     assert_eq!(info["dp_size"], 8);
 
     // Requests of several groups at once: each ends with exactly its max_new_tokens.
-    let bodies: Vec<Value> = (0..16)
-        .map(|i| body(&prompt(10 + i, 0), 8 + i, None))
-        .collect();
-    let mut used_ranks = std::collections::BTreeSet::new();
-    for (i, reply) in server
-        .post_concurrently("/generate", bodies)
-        .into_iter()
-        .enumerate()
-    {
-        let reply = reply.join().unwrap();
-        assert_eq!(reply.status, 200, "{}", reply.body);
-        let meta = &reply.body["meta_info"];
-        assert_eq!(meta["completion_tokens"], 8 + i as u64, "{}", reply.body);
-        assert_eq!(reply.body["output_ids"].as_array().unwrap().len(), 8 + i);
-        assert_eq!(meta["finish_reason"]["type"], "length", "{}", reply.body);
-        used_ranks.insert(meta["dp_rank"].as_u64().unwrap());
-    }
+    let used_ranks = generate_exactly(
+        &server,
+        (0..16).map(|i| (body(&prompt(10 + i, 0), 8 + i, None), 8 + i as u64)),
+    );
     assert!(
         used_ranks.len() > 1,
         "one rank took everything: {used_ranks:?}"
@@ -179,25 +193,9 @@ fn the_sglang_preset_runs_on_simulated_ranks_and_says_so() {
 fn lock_step_ranks_serve_every_request() {
     let server = Server::up(&["--device", "sim", "--dp-size", "2", "--sim-lock-step"]);
     wait_info(&server, "both ranks report", |i| ranks(i).len() == 2);
-    let bodies: Vec<Value> = (0..8)
-        .map(|i| body(&prompt(40 + i, i), 4 + 3 * i, None))
-        .collect();
-    let mut used_ranks = std::collections::BTreeSet::new();
-    for (i, reply) in server
-        .post_concurrently("/generate", bodies)
-        .into_iter()
-        .enumerate()
-    {
-        let reply = reply.join().unwrap();
-        assert_eq!(reply.status, 200, "{}", reply.body);
-        let meta = &reply.body["meta_info"];
-        assert_eq!(
-            meta["completion_tokens"],
-            4 + 3 * i as u64,
-            "{}",
-            reply.body
-        );
-        used_ranks.insert(meta["dp_rank"].as_u64().unwrap());
-    }
+    let used_ranks = generate_exactly(
+        &server,
+        (0..8).map(|i| (body(&prompt(40 + i, i), 4 + 3 * i, None), 4 + 3 * i as u64)),
+    );
     assert_eq!(used_ranks.len(), 2, "both ranks stepped: {used_ranks:?}");
 }

@@ -133,10 +133,7 @@ impl SimModel {
     /// Sleeps until the step's modelled time since `started` has passed, and in lock-step
     /// until the round it joins ends.
     fn wait(&self, seqs: &[SeqInput<'_>], started: Instant) {
-        let left = self
-            .step_time(seqs)
-            .checked_sub(started.elapsed())
-            .unwrap_or_default();
+        let left = self.step_time(seqs).saturating_sub(started.elapsed());
         if let Some(lock_step) = &self.lock_step {
             match lock_step.step(left) {
                 Ok(()) => return,
@@ -145,9 +142,7 @@ impl SimModel {
                                          "sim lock-step state unusable; stepping alone"),
             }
         }
-        if let Some(left) = self.step_time(seqs).checked_sub(started.elapsed()) {
-            std::thread::sleep(left);
-        }
+        std::thread::sleep(left);
     }
 
     /// The pseudo-token after `s`: a hash of the seed, the last new token and its position, so
