@@ -498,6 +498,13 @@ impl BenchArgs {
             zipf: self.gsp_zipf.or(base.zipf),
         };
         let mut server = self.server.clone();
+        // The user's own --device wins, and then none of the preset's simulation setup applies;
+        // the user's own --sim-* flags replace the preset's profile file.
+        let own_device = server
+            .up_args
+            .iter()
+            .any(|a| a == "--device" || a.starts_with("--device="));
+        let own_sim = server.up_args.iter().any(|a| a.starts_with("--sim-"));
         if let Some(p) = &preset {
             let cluster = &mut server.cluster.0;
             cluster.default_to("dp_size", &p.dp_size.to_string(), |c| c.dp_size = p.dp_size);
@@ -511,11 +518,6 @@ impl BenchArgs {
                     c.serve.value.max_total_tokens = Some(tokens)
                 });
             }
-            // The user's own --device wins, and then the preset's simulation flags do not apply.
-            let own_device = server
-                .up_args
-                .iter()
-                .any(|a| a == "--device" || a.starts_with("--device="));
             for (flag, value) in p.up_args {
                 let given = |a: &String| a == flag || a.starts_with(&format!("{flag}="));
                 if own_device && flag.starts_with("--sim-") {
@@ -537,8 +539,7 @@ impl BenchArgs {
             .filter(|_| dataset == Dataset::Mooncake)
             .and_then(|p| p.num_prompts));
         if let Some(toml) = preset.as_ref().and_then(|p| p.sim_config) {
-            let given = server.up_args.iter().any(|a| a.starts_with("--sim-"));
-            if !given {
+            if !own_device && !own_sim {
                 server.sim_config = Some(toml.to_string());
             }
         }
@@ -1290,6 +1291,12 @@ mod tests {
             (plan.trace.time_compression, plan.num_prompts),
             (2.0, Some(50))
         );
+        assert_eq!(server.sim_config, None);
+        // The user's own device: no simulated profile for it either.
+        let (_, server) = parse(&["--preset", "mooncake-8gpu", "--up-arg=--device=cpu"])
+            .resolve()
+            .unwrap();
+        assert_eq!(server.up_args, ["--device=cpu"]);
         assert_eq!(server.sim_config, None);
         let (plan, server) = parse(&["--preset", "mooncake-cpu"]).resolve().unwrap();
         assert_eq!((plan.trace.block_tokens, plan.num_prompts), (2, Some(600)));
