@@ -26,7 +26,7 @@ mod legs;
 mod prefill;
 mod prefill_leg;
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
@@ -116,7 +116,10 @@ pub struct Scheduler {
     waiting: VecDeque<Req>,
     /// Prompt computed; decoding.
     running: Vec<Req>,
+    /// Ended since the last status: the controller stops counting them in flight.
     finished_rids: Vec<String>,
+    /// The last rids listed finished, so a late Abort for one is not listed a second time.
+    recently_finished: RecentRids,
     /// Prompt tokens per prefill step that fit in `prefill_step_target`.
     step_budget: StepBudget,
     pub stats: StepStats,
@@ -124,6 +127,36 @@ pub struct Scheduler {
     pub tracer: protocol::msg_trace::MessageTracer,
     /// Disaggregated serving: requests whose KV moves between workers.
     legs: legs::Legs,
+}
+
+/// The last [`RecentRids::CAPACITY`] distinct rids, oldest forgotten first. A late Abort
+/// follows its request's end by one message's trip through the controller, far fewer
+/// requests than this apart.
+#[derive(Default)]
+struct RecentRids {
+    order: VecDeque<String>,
+    set: HashSet<String>,
+}
+
+impl RecentRids {
+    const CAPACITY: usize = 4096;
+
+    fn insert(&mut self, rid: &str) {
+        if self.set.contains(rid) {
+            return;
+        }
+        if self.order.len() == Self::CAPACITY {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+        self.order.push_back(rid.to_string());
+        self.set.insert(rid.to_string());
+    }
+
+    fn contains(&self, rid: &str) -> bool {
+        self.set.contains(rid)
+    }
 }
 
 impl Scheduler {
@@ -150,6 +183,7 @@ impl Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             finished_rids: Vec::new(),
+            recently_finished: RecentRids::default(),
             stats: StepStats::default(),
             tracer: protocol::msg_trace::MessageTracer::disabled(),
         }
@@ -354,9 +388,13 @@ impl Scheduler {
         self.running = keep;
         aborted.extend(gone);
         if let (Some(rid), true) = (rid, aborted.is_empty()) {
-            // Not held here (finished already, or its dispatch never arrived): listed finished
-            // all the same, so a controller that still counts it in flight on this rank stops.
-            self.note_refused(rid);
+            // Not held here. If its dispatch never arrived, it is listed finished all the same,
+            // so a controller that still counts it in flight on this rank stops. If it ended
+            // here already, it was listed then: listed again, it could end the controller's
+            // count of a later request that reuses the rid on this rank.
+            if !self.recently_finished.contains(rid) {
+                self.note_refused(rid);
+            }
         }
         let outs = aborted
             .into_iter()
@@ -431,7 +469,7 @@ impl Scheduler {
 
     fn finish(&mut self, mut req: Req, reason: FinishReason, matched: Option<u32>) -> TokenOut {
         self.release_req(&mut req);
-        self.finished_rids.push(req.rid.clone());
+        self.note_finished(&req.rid);
         self.token_out(&req, Some(reason), matched)
     }
 
@@ -466,7 +504,7 @@ impl Scheduler {
             self.bootstrap_entry(leg.room).aborted = Some(prefill_leg::ended_here());
         }
         self.release_req(&mut req);
-        self.finished_rids.push(req.rid.clone());
+        self.note_finished(&req.rid);
         self.error_out(&req.rid, status, message)
     }
 
@@ -482,8 +520,14 @@ impl Scheduler {
     /// controller refuses those itself, so it never counted one.
     fn note_refused(&mut self, rid: &str) {
         if protocol::rid_problem(rid).is_none() {
-            self.finished_rids.push(rid.to_string());
+            self.note_finished(rid);
         }
+    }
+
+    /// Lists `rid` among the finished ones for the next status.
+    fn note_finished(&mut self, rid: &str) {
+        self.finished_rids.push(rid.to_string());
+        self.recently_finished.insert(rid);
     }
 
     fn error_out(&self, rid: &str, status: u16, message: String) -> TokenOut {

@@ -174,6 +174,47 @@ fn an_abort_for_a_rid_not_held_here_lists_it_finished_and_answers_nothing() {
 }
 
 #[test]
+fn a_late_abort_for_a_request_that_ended_here_is_not_listed_finished_again() {
+    let mut s = scheduler(4096, 2048);
+    s.submit(req("a", prompt(1, 20), 2));
+    let refused = s
+        .submit(req("bad", vec![], 2))
+        .expect("an empty prompt is refused");
+    assert_eq!(refused.error.map(|e| e.status), Some(400));
+    assert!(drain(&mut s).contains_key("a"));
+    let mut listed = s.take_finished_rids();
+    listed.sort();
+    assert_eq!(listed, ["a", "bad"]);
+    // The client went away as "a" ended, and its Abort arrives after the end was listed; the
+    // controller may have sent a new request under the same rid since. Listing "a" again
+    // would end that one's count in flight.
+    assert!(s.abort(Some("a")).is_empty());
+    assert!(s.abort(Some("bad")).is_empty());
+    assert_eq!(s.take_finished_rids(), Vec::<String>::new());
+    // The reused rid itself ends and is listed as usual.
+    s.submit(req("a", prompt(3, 20), 2));
+    assert_eq!(s.abort(Some("a")).len(), 1);
+    assert_eq!(s.take_finished_rids(), ["a"]);
+    // A rid never seen here is still listed.
+    assert!(s.abort(Some("ghost")).is_empty());
+    assert_eq!(s.take_finished_rids(), ["ghost"]);
+    assert_pool_whole(&s);
+}
+
+#[test]
+fn recent_rids_forget_the_oldest_beyond_capacity() {
+    let mut r = super::RecentRids::default();
+    for i in 0..super::RecentRids::CAPACITY + 1 {
+        r.insert(&format!("r{i}"));
+    }
+    r.insert("r5"); // present: not counted twice
+    assert!(!r.contains("r0"));
+    assert!(r.contains("r1") && r.contains("r5"));
+    assert!(r.contains(&format!("r{}", super::RecentRids::CAPACITY)));
+    assert_eq!(r.order.len(), super::RecentRids::CAPACITY);
+}
+
+#[test]
 fn invalid_requests_are_refused_with_400() {
     let mut s = scheduler(64, 2048);
     let cases = [
