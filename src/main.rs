@@ -105,6 +105,14 @@ fn main() -> std::process::ExitCode {
             // EX_CONFIG: retrying cannot help, so systemd units can stop restarting on it.
             std::process::ExitCode::from(worker::WorkerError::REFUSED_EXIT_CODE)
         }
+        Err(err)
+            if err
+                .downcast_ref::<tokenizer_actor::TokenizerError>()
+                .is_some_and(tokenizer_actor::TokenizerError::is_config_error) =>
+        {
+            eprintln!("dpserve: error: {err:#}");
+            std::process::ExitCode::from(tokenizer_actor::TokenizerError::REFUSED_EXIT_CODE)
+        }
         Err(err) => {
             eprintln!("dpserve: error: {err:#}");
             std::process::ExitCode::FAILURE

@@ -212,6 +212,10 @@ pub fn run(mut args: UpArgs) -> anyhow::Result<()> {
     {
         bail!(refusal);
     }
+    // The tokenizer would refuse them; refused here, nothing starts. The first key is also the
+    // one the readiness probe below sends.
+    let api_keys = args.http.api_keys()?;
+    args.http.open_paths()?;
     let gpus = place_on_gpus(&mut args)?;
     let cluster = &args.cluster;
     let roles = cluster.roles()?;
@@ -274,7 +278,7 @@ pub fn run(mut args: UpArgs) -> anyhow::Result<()> {
             deployment.stop(STOP_GRACE);
             bail!("{name} exited during start ({status}); see its log above");
         }
-        if let Some(live) = live_ranks(&probe, args.http.api_key.as_deref()) {
+        if let Some(live) = live_ranks(&probe, api_keys.first().map(String::as_str)) {
             if live >= roles.len() {
                 break;
             }

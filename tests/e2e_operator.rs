@@ -597,3 +597,53 @@ fn trace_merge_skips_an_unreadable_file_with_a_warning() {
         "{stdout}"
     );
 }
+
+#[test]
+fn an_api_key_file_that_cannot_be_used_stops_the_start_with_one_line_and_78() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("keys");
+    fs::write(&empty, "# no key yet\n\n").unwrap();
+    let missing = dir.path().join("absent");
+    for (what, args) in [
+        (
+            "up, missing file",
+            vec!["up", "--api-key-file", missing.to_str().unwrap()],
+        ),
+        (
+            "up, no key in it",
+            vec!["up", "--api-key-file", empty.to_str().unwrap()],
+        ),
+        (
+            "up, none beside health",
+            vec!["up", "--api-key", "k", "--open-endpoints", "none,health"],
+        ),
+        (
+            "tokenizer, missing file",
+            vec!["tokenizer", "--api-key-file", missing.to_str().unwrap()],
+        ),
+    ] {
+        let out = Command::new(BIN)
+            .args(&args)
+            .env("DPSERVE_PORT", free_port().to_string())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{what}: {stderr}");
+        let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
+        assert_eq!(errors.len(), 1, "{what}: one line saying why:\n{stderr}");
+        let want = if what.contains("none") {
+            "--open-endpoints"
+        } else {
+            "--api-key-file"
+        };
+        assert!(
+            errors[0].starts_with("dpserve: error: ") && errors[0].contains(want),
+            "{what}: {stderr}"
+        );
+        // `up` checked it before starting any actor.
+        assert!(
+            !stderr.contains("started"),
+            "{what}: nothing starts:\n{stderr}"
+        );
+    }
+}

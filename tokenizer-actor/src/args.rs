@@ -86,9 +86,26 @@ pub struct HttpArgs {
     #[arg(long, env = "DPSERVE_REQUEST_TIMEOUT_S", default_value_t = Defaults::REQUEST_TIMEOUT_S)]
     pub request_timeout_s: u64,
 
-    /// Require `Authorization: Bearer KEY` on every endpoint except `/health`.
+    /// Require `Authorization: Bearer KEY` on every endpoint except `--open-endpoints`.
     #[arg(long, env = "DPSERVE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+
+    /// A file of API keys, one per line (blank lines and `#` comments skipped), each accepted
+    /// as `--api-key` is; with `--api-key`, both are. Read once at start: a file that cannot
+    /// be read or holds no key stops the start (exit status 78).
+    #[arg(long, env = "DPSERVE_API_KEY_FILE")]
+    pub api_key_file: Option<PathBuf>,
+
+    /// Endpoints served without a key when keys are set: `health`, `metrics`, both
+    /// (comma-separated), or `none`.
+    #[arg(
+        long,
+        env = "DPSERVE_OPEN_ENDPOINTS",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "health"
+    )]
+    pub open_endpoints: Vec<OpenEndpoint>,
 
     /// Chat template for `/v1/chat/completions`: a Jinja file, or a JSON file with a
     /// `chat_template` field (default: the model's `tokenizer_config.json`).
@@ -108,6 +125,65 @@ pub struct HttpArgs {
     pub incremental_streaming_output: bool,
 }
 
+/// An endpoint `--open-endpoints` can leave open.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OpenEndpoint {
+    /// `/health`, for load balancers and readiness checks.
+    Health,
+    /// `/metrics`, for a Prometheus scraper without the key.
+    Metrics,
+    /// None: every endpoint wants the key.
+    None,
+}
+
+impl HttpArgs {
+    /// Every accepted API key: `--api-key` and the lines of `--api-key-file`. Empty: no key
+    /// is asked for.
+    pub fn api_keys(&self) -> crate::Result<Vec<String>> {
+        let mut keys: Vec<String> = self.api_key.iter().cloned().collect();
+        if let Some(path) = &self.api_key_file {
+            let refused = |reason: String| crate::TokenizerError::ApiKeyFile {
+                path: path.clone(),
+                reason,
+            };
+            let text = std::fs::read_to_string(path).map_err(|e| refused(e.to_string()))?;
+            let before = keys.len();
+            keys.extend(
+                text.lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                    .map(String::from),
+            );
+            if keys.len() == before {
+                return Err(refused(
+                    "holds no key (one per line; blank lines and # comments are skipped)".into(),
+                ));
+            }
+        }
+        Ok(keys)
+    }
+
+    /// The paths served without a key; refuses `none` beside another endpoint.
+    pub fn open_paths(&self) -> crate::Result<Vec<&'static str>> {
+        let none = self.open_endpoints.contains(&OpenEndpoint::None);
+        if none && self.open_endpoints.len() > 1 {
+            return Err(crate::TokenizerError::Flag {
+                flag: "open-endpoints",
+                reason: "`none` cannot be listed beside an endpoint".into(),
+            });
+        }
+        Ok(self
+            .open_endpoints
+            .iter()
+            .filter_map(|e| match e {
+                OpenEndpoint::Health => Some("/health"),
+                OpenEndpoint::Metrics => Some("/metrics"),
+                OpenEndpoint::None => None,
+            })
+            .collect())
+    }
+}
+
 fn at_least_one(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(n) if n >= 1 => Ok(n),
@@ -124,6 +200,8 @@ impl Default for HttpArgs {
             max_request_bytes: Defaults::MAX_REQUEST_BYTES,
             request_timeout_s: Defaults::REQUEST_TIMEOUT_S,
             api_key: None,
+            api_key_file: None,
+            open_endpoints: vec![OpenEndpoint::Health],
             chat_template: None,
             max_in_flight_requests: Defaults::MAX_IN_FLIGHT_REQUESTS,
             incremental_streaming_output: false,

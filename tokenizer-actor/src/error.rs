@@ -21,6 +21,10 @@ pub enum TokenizerError {
         #[source]
         source: protocol::ProtocolError,
     },
+    #[error("cannot use --api-key-file {path}: {reason}")]
+    ApiKeyFile { path: PathBuf, reason: String },
+    #[error("bad --{flag}: {reason}")]
+    Flag { flag: &'static str, reason: String },
     #[error("bad chat template ({what}): {reason}")]
     ChatTemplate { what: String, reason: String },
     #[error(transparent)]
@@ -31,6 +35,19 @@ pub enum TokenizerError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl TokenizerError {
+    /// Exit status 78 (EX_CONFIG) for `dpserve`: a start that retrying cannot fix.
+    pub const REFUSED_EXIT_CODE: u8 = 78;
+
+    /// A flag or file the operator must change before a restart can help.
+    pub fn is_config_error(&self) -> bool {
+        matches!(
+            self,
+            TokenizerError::ApiKeyFile { .. } | TokenizerError::Flag { .. }
+        )
+    }
 }
 
 pub type Result<T> = std::result::Result<T, TokenizerError>;

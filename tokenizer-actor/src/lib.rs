@@ -18,7 +18,7 @@ pub mod tokenizer;
 use std::net::TcpListener;
 use std::sync::Arc;
 
-pub use args::{Defaults, HttpArgs, TokenizerArgs};
+pub use args::{Defaults, HttpArgs, OpenEndpoint, TokenizerArgs};
 pub use error::{Result, TokenizerError};
 
 use state::AppState;

@@ -27,12 +27,18 @@ pub struct AppState {
     pub served_model_name: String,
     pub chat_template: ChatTemplate,
     pub metrics: Metrics,
+    /// Accepted API keys (`--api-key`, `--api-key-file`); empty: none asked for.
+    pub api_keys: Vec<String>,
+    /// Paths served without a key (`--open-endpoints`).
+    pub open_paths: Vec<&'static str>,
 }
 
 impl AppState {
     /// Load the tokenizer and open the sockets; fails with a clear error on bad files or
     /// addresses. Must be called inside an actix `System` (the bridge starts actors).
     pub fn start(args: &TokenizerArgs) -> Result<AppState> {
+        let api_keys = args.http.api_keys()?;
+        let open_paths = args.http.open_paths()?;
         let LoadedTokenizer { tokenizer, facts } =
             LoadedTokenizer::load(args.model_path.as_deref())?;
         let chat_template = ChatTemplate::load(args.http.chat_template.as_deref(), &facts)?;
@@ -65,7 +71,8 @@ impl AppState {
             vocab_size = facts.vocab_size,
             context_len = facts.context_len,
             chat_template = %chat_template.source.describe(),
-            auth = args.http.api_key.is_some(),
+            api_keys = api_keys.len(),
+            open_without_key = ?open_paths,
             "tokenizer loaded"
         );
         Ok(AppState {
@@ -76,6 +83,8 @@ impl AppState {
             served_model_name,
             chat_template,
             metrics: Metrics::default(),
+            api_keys,
+            open_paths,
         })
     }
 

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use common::{builtin_ids, Harness};
 use serde_json::{json, Value};
+use tokenizer_actor::OpenEndpoint;
 
 const STORY: &str = "there was a little dog . the dog said xyzzy";
 const STORY_TEXT: &str = " there was a little dog . the dog said <unk>";
@@ -430,6 +431,62 @@ fn metrics_are_prometheus_text_and_move() {
         text.contains("dpserve:prompt_tokens_total{dp_rank=\"1\"} 10"),
         "{text}"
     );
+}
+
+#[test]
+fn every_key_of_the_key_file_is_accepted_and_open_endpoints_are_served_without_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("api-keys");
+    std::fs::write(&file, "# one key per client\nalpha-key\n\n  beta-key  \n").unwrap();
+    let h = Harness::start_with(builtin_ids(STORY), |a| {
+        a.http.api_key = Some("sekrit".into());
+        a.http.api_key_file = Some(file.clone());
+        a.http.open_endpoints = vec![OpenEndpoint::Metrics];
+    });
+    let c = Harness::client();
+    let status = |path: &str, key: Option<&str>| {
+        let req = c.get(h.url(path));
+        let req = match key {
+            Some(k) => req.bearer_auth(k),
+            None => req,
+        };
+        req.send().unwrap().status().as_u16()
+    };
+    for key in ["sekrit", "alpha-key", "beta-key"] {
+        assert_eq!(status("/v1/models", Some(key)), 200, "{key}");
+        assert_eq!(status("/health", Some(key)), 200, "{key}");
+    }
+    for wrong in [
+        None,
+        Some("# one key per client"),
+        Some("alpha"),
+        Some("alpha-key2"),
+    ] {
+        assert_eq!(status("/v1/models", wrong), 401, "{wrong:?}");
+    }
+    // /metrics left open, /health keyed like the rest.
+    assert_eq!(status("/metrics", None), 200);
+    assert_eq!(status("/health", None), 401);
+    let info: Value = c
+        .get(h.url("/get_server_info"))
+        .bearer_auth("beta-key")
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(info["api_key_required"], true);
+
+    // `none`: every endpoint wants a key.
+    let h = Harness::start_with(builtin_ids(STORY), |a| {
+        a.http.api_key_file = Some(file.clone());
+        a.http.open_endpoints = vec![OpenEndpoint::None];
+    });
+    for path in ["/health", "/metrics"] {
+        let resp = c.get(h.url(path)).send().unwrap();
+        assert_eq!(resp.status().as_u16(), 401, "{path}");
+        let resp = c.get(h.url(path)).bearer_auth("alpha-key").send().unwrap();
+        assert_eq!(resp.status().as_u16(), 200, "{path}");
+    }
 }
 
 #[test]

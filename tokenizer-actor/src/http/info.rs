@@ -112,7 +112,7 @@ pub async fn server_info(state: web::Data<AppState>) -> HttpResponse {
         requests_in_flight: state.bridge.in_flight().await,
         frames_dropped: state.bridge.frames_dropped(),
         chat_template: state.chat_template.source.describe(),
-        api_key_required: state.args.http.api_key.is_some(),
+        api_key_required: !state.api_keys.is_empty(),
     })
 }
 

@@ -248,6 +248,10 @@ impl Harness {
             ..TokenizerArgs::default()
         };
         edit(&mut args);
+        // With /health keyed too, readiness is asked with a key.
+        let health_key = (!args.http.open_paths().unwrap().contains(&"/health"))
+            .then(|| args.http.api_keys().unwrap().into_iter().next())
+            .flatten();
         let server = SpawnedServer::start(args).unwrap();
         let fake = FakeController::start(
             &ctl_ep,
@@ -264,8 +268,29 @@ impl Harness {
             fake,
             dir,
         };
-        h.wait_health(200);
+        match health_key {
+            None => h.wait_health(200),
+            Some(key) => h.wait_ready_with(&key),
+        }
         h
+    }
+
+    fn wait_ready_with(&self, key: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let resp = Self::client()
+                .get(self.url("/health"))
+                .bearer_auth(key)
+                .send();
+            if resp.is_ok_and(|r| r.status().as_u16() == 200) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "/health (with a key) never became 200"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn url(&self, path: &str) -> String {
