@@ -33,7 +33,7 @@ impl Scheduler {
         match refused {
             Some(e) => {
                 entry.refused = Some((e.status(), e.to_string()));
-                self.finished_rids.push(rid);
+                self.note_finished(&rid);
             }
             None => {
                 let mut req = Req::generate(req);
@@ -83,7 +83,7 @@ impl Scheduler {
             // answered at once.
             let ready = entry.ready.take();
             if let Some(req) = entry.req.take() {
-                self.finished_rids.push(req.rid);
+                self.note_finished(&req.rid);
             }
             if let Some((from, _)) = ready {
                 self.legs.abort_room(from, room, status, why);
