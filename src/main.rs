@@ -96,26 +96,24 @@ fn main() -> std::process::ExitCode {
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(err)
-            if err
-                .downcast_ref::<worker::WorkerError>()
-                .is_some_and(worker::WorkerError::is_config_error) =>
-        {
-            eprintln!("dpserve: error: {err:#}");
-            // EX_CONFIG: retrying cannot help, so systemd units can stop restarting on it.
-            std::process::ExitCode::from(worker::WorkerError::REFUSED_EXIT_CODE)
-        }
-        Err(err)
-            if err
-                .downcast_ref::<tokenizer_actor::TokenizerError>()
-                .is_some_and(tokenizer_actor::TokenizerError::is_config_error) =>
-        {
-            eprintln!("dpserve: error: {err:#}");
-            std::process::ExitCode::from(tokenizer_actor::TokenizerError::REFUSED_EXIT_CODE)
-        }
         Err(err) => {
             eprintln!("dpserve: error: {err:#}");
-            std::process::ExitCode::FAILURE
+            if is_config_error(&err) {
+                // EX_CONFIG: retrying cannot help, so systemd units can stop restarting on it.
+                std::process::ExitCode::from(worker::WorkerError::REFUSED_EXIT_CODE)
+            } else {
+                std::process::ExitCode::FAILURE
+            }
         }
     }
+}
+
+/// A start refused for a flag, file or model the operator must change (a worker's or the
+/// tokenizer's), which a restart cannot fix.
+fn is_config_error(err: &anyhow::Error) -> bool {
+    err.downcast_ref::<worker::WorkerError>()
+        .is_some_and(worker::WorkerError::is_config_error)
+        || err
+            .downcast_ref::<tokenizer_actor::TokenizerError>()
+            .is_some_and(tokenizer_actor::TokenizerError::is_config_error)
 }

@@ -38,10 +38,8 @@ pub enum TokenizerError {
 }
 
 impl TokenizerError {
-    /// Exit status 78 (EX_CONFIG) for `dpserve`: a start that retrying cannot fix.
-    pub const REFUSED_EXIT_CODE: u8 = 78;
-
-    /// A flag or file the operator must change before a restart can help.
+    /// A flag or file the operator must change before a restart can help (`dpserve` exits
+    /// 78, EX_CONFIG, as for a worker's refusal).
     pub fn is_config_error(&self) -> bool {
         matches!(
             self,
