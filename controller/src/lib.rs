@@ -88,9 +88,9 @@ pub struct RoutingArgs {
     #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_MAX_LOAD_SKEW",
           default_value_t = PrefixAffinityConfig::default().max_load_skew)]
     pub prefix_affinity_max_load_skew: f64,
-    /// cache_aware: the weight (>= 0) of the wait a request's own prefill adds for those
-    /// queued behind it on a rank, relative to its own wait; 0 routes by the predicted time
-    /// to first token alone.
+    /// cache_aware: the weight (>= 0) of the stall a request's prefill puts on each request
+    /// already active on a rank, relative to its own wait; 0 routes by the predicted time to
+    /// first token alone.
     #[arg(long, env = "DPSERVE_CACHE_AWARE_COMPUTE_WEIGHT",
           default_value_t = CacheAwareConfig::default().compute_weight)]
     pub cache_aware_compute_weight: f64,

@@ -311,9 +311,9 @@ pub struct RankCost {
     pub prefill_tokens: u64,
     /// The wait for the prompt tokens queued ahead of it: backlog ÷ rate.
     pub load_cost: f64,
-    /// load_cost + (1 + compute weight) × prefill_tokens ÷ rate: its predicted time to first
-    /// token plus what its computing delays those who come after it. The lowest wins, unless
-    /// the overload guard skips it.
+    /// load_cost + (1 + compute weight × the rank's active requests) × prefill_tokens ÷ rate:
+    /// its predicted time to first token plus the stall its computing puts on each request
+    /// already on the rank. The lowest wins, unless the overload guard skips it.
     pub cost: f64,
     /// Prompt tokens queued on the rank, not yet computed (its status plus the dispatches
     /// since); absent when the rank does not report them.

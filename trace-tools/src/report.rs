@@ -320,12 +320,13 @@ fn cache_sentence(r: &RouteRecord, rank: u32) -> String {
         .prefill_rate
         .map_or(String::new(), |rate| format!(" at {rate:.0} tokens/s"));
     let terms = format!(
-        "cost {:.3}{unit} = {:.3} waiting behind {} queued prompt tokens + {:.3} for its {} to compute{speed}",
+        "cost {:.3}{unit} = {:.3} waiting behind {} queued prompt tokens + {:.3} for computing its {} tokens{speed} while the {} requests active there wait",
         c.cost,
         c.load_cost,
         c.backlog_tokens.unwrap_or(0),
         c.cost - c.load_cost,
         c.prefill_tokens,
+        load_of(r, rank),
     );
     let digest = r.key_digest.as_deref().unwrap_or("-");
     match r.branch {
@@ -542,14 +543,16 @@ mod tests {
         assert!(
             hit.contains("went to rank 1, the cheapest: it holds 64 of 100 prompt tokens")
                 && hit.contains(
-                    "cost 72.000 tokens = 0.000 waiting behind 0 queued prompt tokens + 72.000 for its 36 to compute"
+                    "cost 36.000 tokens = 0.000 waiting behind 0 queued prompt tokens + 36.000 for computing its 36 tokens while the 0 requests active there wait"
                 )
                 && hit.contains("the next cheapest, rank 0, holds 0"),
             "{hit}"
         );
-        let spill = explain_with(&mut m, set(vec![0, 64], 9));
+        // Serving 9 requests, rank 1 holding 96 of the 100 tokens is still the cheapest (10 × 4
+        // tokens against 100), but over the threshold.
+        let spill = explain_with(&mut m, set(vec![0, 96], 9));
         assert!(
-            spill.contains("spilled to rank 0, choice #2 by cost: rank 1 (64 cached, 9 active"),
+            spill.contains("spilled to rank 0, choice #2 by cost: rank 1 (96 cached, 9 active"),
             "{spill}"
         );
         let cold = explain_with(&mut m, set(vec![0, 0], 0));

@@ -1,19 +1,20 @@
-//! `cache_aware`: send each request where it gets its first token soonest for the least work,
-//! counting the prefix each rank already holds (its radix cache, as the workers' KV events
-//! report it, plus what the controller sent it and its events have not confirmed yet), the
-//! prompt tokens queued ahead of it there, and the rank's measured prefill speed; no routing
-//! key needed, and prefixes of any length count.
+//! `cache_aware`: send each request where it adds the least delay to everyone, itself
+//! included, counting the prefix each rank already holds (its radix cache, as the workers' KV
+//! events report it, plus what the controller sent it and its events have not confirmed yet),
+//! the prompt tokens queued ahead of it there, the requests the rank is serving, and its
+//! measured prefill speed; no routing key needed, and prefixes of any length count.
 //!
 //! ```text
 //! matched(r)  = leading prompt tokens r holds or was sent (whole blocks; the RankSet's CachedPrefix)
 //! uncached(r) = prompt − matched(r)
 //! backlog(r)  = prompt tokens r has taken in and not computed (its status) + the uncached
 //!               tokens of what was sent to it since (0 when it does not report one)
+//! active(r)   = requests dispatched to r and not finished (the exact DP budget)
 //! rate(r)     = its measured prefill tokens per second | the mean of the measured ranks' |
 //!               1 when none is measured (every cost is then in tokens)
-//! cost(r)     = backlog(r) / rate(r)  +  (1 + w) × uncached(r) / rate(r)
-//!               └ wait for the line ┘    └ its own prefill, and the wait it adds for those
-//!                                          who queue behind it (w: --cache-aware-compute-weight) ┘
+//! cost(r)     = backlog(r) / rate(r)  +  (1 + w × active(r)) × uncached(r) / rate(r)
+//!               └ wait for the line ┘    └ its own prefill, and the stall that prefill puts on
+//!                                          each request already there (w: --cache-aware-compute-weight) ┘
 //! order       = live ranks by cost, lowest first; costs within 10 % of the lowest are ties,
 //!               broken by fewer active requests, then HRW order on the first block's hash
 //! T           = max_load_skew × max(mean active requests over live ranks, 1.0)
@@ -21,16 +22,19 @@
 //!               not the first) | order[0] if none qualifies
 //! ```
 //! Why time, not tokens: a rank's queue of prompts is what a new request waits behind (the
-//! worker prefills before it decodes), and ranks differ in speed; the cost is the predicted
-//! time to first token. Decode adds nothing to it here beyond the step in progress: the
-//! scheduler runs a prefill step whenever one is admitted.
+//! worker prefills before it decodes), and ranks differ in speed; the first two terms are the
+//! predicted time to first token.
 //!
-//! Why the uncached tokens count twice by default: the time to first token alone would send
-//! the second request of a shared prefix to an idle rank that computes the whole prompt again
-//! (it starts at once, instead of after its sibling), and the cluster then computes every
-//! prefix once per rank. Work a rank computes also delays everyone who comes after it there,
-//! so the cost charges it again: a request joins its prefix's holder unless the holder's line
-//! is longer than about twice the work the prefix saves.
+//! Why the stall term: a worker runs a prefill step whenever one is admitted, so while it
+//! computes a prompt every request it is decoding waits, and those queued ahead of it will be
+//! decoding by then. A prompt's uncached tokens therefore cost their prefill time once for
+//! itself and once for each request active on the rank: the cost is the delay the request adds
+//! to everyone, in seconds. Without it (w = 0, the time to first token alone) the rank with the
+//! shortest line takes every prompt, however many requests it is decoding, and the ITL of all
+//! of them suffers; on the 8-rank Mooncake replay that was the one term between `cache_aware`
+//! and the best goodput (docs/BENCHMARKS.md). It also makes a cached prefix worth more on a
+//! busy rank, where recomputing it stalls more requests, so a burst sharing a prefix joins its
+//! holder instead of recomputing it on an idle rank.
 //!
 //! Why predictions: the siblings of a burst arrive before the first of them is computed and
 //! reported anywhere; counting the blocks sent to a rank as held there (see
@@ -47,8 +51,8 @@ use super::{Branch, KeySource, LoadBalancer, RankCost, RankSet, RouteDecision, R
 /// `--cache-aware-*` settings. `Default` is the single source of the defaults; clap reads it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CacheAwareConfig {
-    /// Weight of the wait a request's own prefill adds for those queued behind it, relative
-    /// to its own (≥ 0; 0: the predicted time to first token alone).
+    /// Weight of the stall a request's prefill puts on each request already active on the
+    /// rank, relative to its own wait (≥ 0; 0: the predicted time to first token alone).
     pub compute_weight: f64,
     /// Overload threshold as a multiple of the mean active requests (≥ 1.0).
     pub max_load_skew: f64,
@@ -162,13 +166,14 @@ impl LoadBalancer for CacheAware {
                 let rate = rates[i];
                 let per_token = rate.map_or(1.0, |r| 1.0 / r);
                 let load_cost = backlog.unwrap_or(0) as f64 * per_token;
+                let stalled = loads[i].active_requests as f64;
+                let per_uncached = (1.0 + self.config.compute_weight * stalled) * per_token;
                 RankCost {
                     rank,
                     matched_tokens: matched,
                     prefill_tokens: uncached,
                     load_cost,
-                    cost: load_cost
-                        + (1.0 + self.config.compute_weight) * uncached as f64 * per_token,
+                    cost: load_cost + per_uncached * uncached as f64,
                     backlog_tokens: backlog,
                     prefill_rate: rate,
                 }
@@ -304,6 +309,68 @@ mod tests {
         assert_eq!(m.select(&req(&PROMPT), &set).rank, 1);
     }
 
+    /// Ranks `(rank, active requests, backlog tokens)` at 100 tokens/s holding `matched`.
+    fn busy(spec: &[(u32, u64, u64)], matched: &[u64]) -> RankSet {
+        let loads: Vec<(u32, u64, u64)> = spec.iter().map(|&(r, a, _)| (r, a, 0)).collect();
+        RankSet::with_loads(&loads)
+            .with_queues(
+                spec.iter()
+                    .map(|&(rank, active, backlog)| RankQueue {
+                        rank,
+                        running_requests: active,
+                        waiting_requests: 0,
+                        max_total_tokens: 1 << 20,
+                        prefill_backlog_tokens: Some(backlog),
+                        prefill_rate: Some(100.0),
+                    })
+                    .collect(),
+            )
+            .with_cached_prefix(CachedPrefix {
+                matched_tokens: matched.to_vec(),
+                first_block: 42,
+                block_size: 32,
+            })
+    }
+
+    #[test]
+    fn a_prompt_is_charged_the_stall_it_puts_on_each_request_already_there() {
+        let mut m = CacheAware::new(CacheAwareConfig::default());
+        // Empty lines, nothing cached: 100 tokens cost 1 s for the request itself and 1 s
+        // more for each request the rank is serving.
+        let d = m.select(&req(&PROMPT), &busy(&[(0, 8, 0), (1, 3, 0)], &[0, 0]));
+        let costs: Vec<(u32, f64)> = d.costs.iter().map(|c| (c.rank, c.cost)).collect();
+        assert_eq!(costs.len(), 2);
+        for ((rank, cost), want) in costs.iter().zip([(1, 4.0), (0, 9.0)]) {
+            assert_eq!(*rank, want.0);
+            assert!((cost - want.1).abs() < 1e-9, "{costs:?}");
+        }
+        assert_eq!((d.rank, d.branch), (1, Branch::Cold));
+        // The time to first token alone (weight 0) ignores what the rank is serving: the
+        // shorter line wins however busy its rank.
+        let mut ttft = CacheAware::new(CacheAwareConfig {
+            compute_weight: 0.0,
+            ..Default::default()
+        });
+        let set = busy(&[(0, 8, 0), (1, 3, 50)], &[0, 0]);
+        assert_eq!(ttft.select(&req(&PROMPT), &set).rank, 0);
+        assert_eq!(m.select(&req(&PROMPT), &set).rank, 1);
+    }
+
+    #[test]
+    fn a_cached_prefix_is_worth_more_on_a_busier_rank() {
+        let mut m = CacheAware::new(CacheAwareConfig::default());
+        // Rank 0 holds 64 of 100 tokens, rank 1 nothing, both serving 2 requests: the holder
+        // costs 3 × 0.36 s against 3 × 1 s, even behind a 1.5 s line.
+        let set = busy(&[(0, 2, 150), (1, 2, 0)], &[64, 0]);
+        assert_eq!(m.select(&req(&PROMPT), &set).rank, 0);
+        // Serving 6 each, the prefix saves 7 × 0.64 s: a 3.5 s line is still worth joining,
+        // where serving 2 each a 4 s line is not.
+        let set = busy(&[(0, 6, 350), (1, 6, 0)], &[64, 0]);
+        assert_eq!(m.select(&req(&PROMPT), &set).rank, 0);
+        let set = busy(&[(0, 2, 400), (1, 2, 0)], &[64, 0]);
+        assert_eq!(m.select(&req(&PROMPT), &set).rank, 1);
+    }
+
     #[test]
     fn the_overload_guard_spills_to_the_next_cheapest() {
         let mut m = CacheAware::new(CacheAwareConfig::default());
@@ -337,18 +404,19 @@ mod tests {
         assert_eq!(a.key_digest, Some(first_block_of(&PROMPT)));
     }
 
-    /// Empty lines and no prefix anywhere: rates measured 5 % apart are one cost, so the rank
-    /// running fewer requests wins; 20 % apart, the faster rank wins whatever it runs.
+    /// Empty lines and no prefix anywhere, rank 0 serving 3 requests and rank 1 serving 2:
+    /// costs 5 % apart (rank 0 that much faster than its extra request costs) are one cost,
+    /// so the rank running fewer requests wins; 35 % apart, the cheaper rank wins.
     #[test]
     fn near_equal_costs_go_to_the_rank_running_fewer_requests() {
         let mut m = CacheAware::new(CacheAwareConfig::default());
         let lines = |fast_rate: f64| {
-            RankSet::with_loads(&[(0, 6, 0), (1, 2, 0)]).with_queues(
+            RankSet::with_loads(&[(0, 3, 0), (1, 2, 0)]).with_queues(
                 [(0, fast_rate), (1, 1000.0)]
                     .iter()
                     .map(|&(rank, rate)| RankQueue {
                         rank,
-                        running_requests: if rank == 0 { 6 } else { 2 },
+                        running_requests: if rank == 0 { 3 } else { 2 },
                         waiting_requests: 0,
                         max_total_tokens: 1 << 20,
                         prefill_backlog_tokens: Some(0),
@@ -357,10 +425,12 @@ mod tests {
                     .collect(),
             )
         };
-        let d = m.select(&req(&PROMPT), &lines(1050.0));
+        // 4 × 100 / 1400 = 0.286 s against 3 × 100 / 1000 = 0.3 s.
+        let d = m.select(&req(&PROMPT), &lines(1400.0));
         assert_eq!((d.rank, d.branch), (1, Branch::Cold), "{:?}", d.costs);
         assert_eq!(d.costs[0].rank, 1, "the trace lists the choice first");
-        assert_eq!(m.select(&req(&PROMPT), &lines(1250.0)).rank, 0);
+        // 0.222 s against 0.3 s.
+        assert_eq!(m.select(&req(&PROMPT), &lines(1800.0)).rank, 0);
     }
 
     #[test]
