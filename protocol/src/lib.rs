@@ -8,6 +8,7 @@ pub mod codec;
 pub mod disagg;
 pub mod endpoint;
 pub mod error;
+pub mod hash;
 pub mod kv_events;
 pub mod messages;
 pub mod msg_trace;

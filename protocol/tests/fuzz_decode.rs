@@ -9,7 +9,7 @@ mod common;
 
 use std::sync::atomic::Ordering;
 
-use common::{examples, SplitMix64};
+use common::{examples, Draws, SplitMix64};
 use protocol::{decode, encode, FrameStats};
 
 /// Decodes every frame both ways and checks the counters agree with `decode`'s verdicts.

@@ -107,10 +107,7 @@ fn replay<'a>(
 /// The chain hash of a chunk after `h` (splitmix64 steps over its ids).
 fn mix(mut h: u64, chunk: &[u32]) -> u64 {
     for &t in chunk {
-        h = (h ^ u64::from(t)).wrapping_add(0x9E37_79B9_7F4A_7C15);
-        h = (h ^ (h >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        h = (h ^ (h >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        h ^= h >> 31;
+        h = protocol::hash::splitmix64(h ^ u64::from(t));
     }
     h
 }

@@ -26,6 +26,7 @@ use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use protocol::hash;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Deserialize;
@@ -236,10 +237,8 @@ impl Blocks {
         let (n, vocab, seed) = (self.block_tokens, self.vocab_size, self.seed);
         self.made.entry(id).or_insert_with(|| {
             // splitmix64 of (seed, id): independent streams for neighbouring ids.
-            let mut z = seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            let mut rng = StdRng::seed_from_u64(z ^ (z >> 31));
+            let z = seed ^ id.wrapping_mul(hash::SPLITMIX64_GAMMA);
+            let mut rng = StdRng::seed_from_u64(hash::splitmix64_mix(z));
             (0..n)
                 .map(|_| rng.gen_range(FIRST_PLAIN_TOKEN..vocab))
                 .collect()

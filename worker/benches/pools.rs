@@ -3,8 +3,8 @@
 //! Run: `cargo bench -p worker --bench pools`.
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
-use worker::kv_alloc::KvSlotAllocator;
-use worker::req_to_token::ReqToTokenPool;
+use worker::kv::alloc::KvSlotAllocator;
+use worker::kv::req_to_token::ReqToTokenPool;
 
 fn bench_kv_alloc(c: &mut Criterion) {
     let mut g = c.benchmark_group("kv_slot_allocator");

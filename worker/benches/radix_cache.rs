@@ -5,7 +5,7 @@
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use worker::radix_cache::RadixCache;
+use worker::kv::radix_cache::RadixCache;
 
 const PROMPT_LEN: usize = 4096;
 const QUESTION_LEN: usize = 128;

@@ -13,9 +13,9 @@ use protocol::Endpoint;
 
 use kernels::KernelPath;
 
+use crate::kv::req_to_token::DecodePrealloc;
 use crate::mem::DEFAULT_MEM_FRACTION;
 use crate::model::{BuiltinSize, LoadDtype};
-use crate::req_to_token::DecodePrealloc;
 use crate::scheduler::SchedulePolicy;
 use crate::sim::{SimProfile, DEFAULT_SIM_PROFILE};
 

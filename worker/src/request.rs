@@ -33,7 +33,7 @@ pub struct Req {
     /// `row[..cached_len]` belongs to the radix cache (and is locked through `cache_node`);
     /// `row[cached_len..len]` belongs to the request.
     pub cached_len: usize,
-    pub cache_node: Option<crate::radix_cache::NodeId>,
+    pub cache_node: Option<crate::kv::radix_cache::NodeId>,
     /// Prompt tokens whose KV came from the prefix cache at admission.
     pub cached_tokens: u32,
     /// Admitted at least once (prefix matched and counted).

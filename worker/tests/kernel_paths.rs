@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use common::this_binary;
 use kernels::{KernelPath, KERNEL_PATH_ENV};
+use protocol::hash::{fnv1a64_extend, FNV1A64_OFFSET};
 use worker::model::{BuiltinSize, KvBuffers, LlamaModel, ModelConfig, SeqInput};
 
 /// Set in the children this test starts (the child test does nothing without it).
@@ -79,9 +80,7 @@ fn an_unknown_or_unsupported_path_is_refused_by_name() {
 /// FNV-1a over the bits of every logit.
 fn fold(h: &mut u64, v: &[f32]) {
     for x in v {
-        for b in x.to_bits().to_le_bytes() {
-            *h = (*h ^ b as u64).wrapping_mul(0x100_0000_01b3);
-        }
+        *h = fnv1a64_extend(*h, &x.to_bits().to_le_bytes());
     }
 }
 
@@ -126,7 +125,7 @@ fn child_fingerprint() {
         return;
     }
     let path = kernels::kernel_path();
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut h = FNV1A64_OFFSET;
     let tiny = LlamaModel::dummy(ModelConfig::builtin(BuiltinSize::Tiny), 7);
     let prompt: Vec<u32> = (0..45).map(|i| (i * 37 + 11) % 500).collect();
     run(&tiny, &prompt, 6, &mut h);

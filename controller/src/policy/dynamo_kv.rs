@@ -45,8 +45,8 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use super::rng::SplitMix64;
 use super::{Branch, LoadBalancer, RankScore, RankSet, RouteDecision, RouteInput};
+use protocol::hash::SplitMix64;
 
 /// Predictions kept per rank: more than any rank's waiting queue holds in practice.
 const MAX_PREDICTIONS: usize = 4096;

@@ -32,8 +32,8 @@
 //!
 //! Cost per decision: O(n) for n live ranks; the index lookups are the controller's.
 
-use super::rng::SplitMix64;
 use super::{Branch, LoadBalancer, RankScore, RankSet, RouteDecision, RouteInput};
+use protocol::hash::SplitMix64;
 
 /// `--llmd-*` settings. `Default` is the single source of the defaults; clap reads it.
 #[derive(Debug, Clone, PartialEq)]

@@ -19,6 +19,8 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
+use protocol::hash::{fnv1a64_word, splitmix64_mix};
+
 /// Tokens per page: SMG's token tree groups prompts in pages of 16 (SGLang's radix-cache page
 /// size) and caches only whole pages.
 pub const PAGE_TOKENS: usize = 16;
@@ -30,19 +32,13 @@ pub fn page_hashes(ids: &[u32]) -> Vec<u64> {
     for page in ids.chunks_exact(PAGE_TOKENS) {
         for &t in page {
             // FNV-1a over the token ids, seeded with the previous page's hash...
-            h = (h ^ u64::from(t)).wrapping_mul(0x0000_0100_0000_01b3);
+            h = fnv1a64_word(h, u64::from(t));
         }
         // ...and a SplitMix finaliser, so nearby prefixes spread over all 64 bits.
-        h = mix(h);
+        h = splitmix64_mix(h);
         out.push(h);
     }
     out
-}
-
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 #[derive(Debug, Clone, Copy)]

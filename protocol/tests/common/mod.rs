@@ -363,33 +363,23 @@ pub fn from_hex(hex: &str) -> Vec<u8> {
         .collect()
 }
 
-/// SplitMix64: a seeded generator whose sequence is fixed forever (unlike `rand::StdRng`, which
-/// may change between `rand` versions), so a failing fuzz case stays reproducible.
-pub struct SplitMix64(u64);
+/// The fuzz cases' generator: SplitMix64, whose sequence is fixed forever (unlike
+/// `rand::StdRng`, which may change between `rand` versions), so a failing case stays
+/// reproducible.
+pub use protocol::hash::SplitMix64;
 
-impl SplitMix64 {
-    pub fn new(seed: u64) -> Self {
-        SplitMix64(seed)
-    }
+/// The draws the fuzz cases make beyond the generator's own.
+pub trait Draws {
+    fn byte(&mut self) -> u8;
+    fn chance(&mut self, one_in: usize) -> bool;
+}
 
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (n > 0); the modulo bias is irrelevant for fuzzing.
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-
-    pub fn byte(&mut self) -> u8 {
+impl Draws for SplitMix64 {
+    fn byte(&mut self) -> u8 {
         self.next_u64() as u8
     }
 
-    pub fn chance(&mut self, one_in: usize) -> bool {
+    fn chance(&mut self, one_in: usize) -> bool {
         self.below(one_in) == 0
     }
 }

@@ -35,7 +35,7 @@ use protocol::{DisaggMode, FinishReason, GenerateReq, TokenOut};
 
 use crate::disagg::DisaggConfig;
 use crate::error::{RequestError, WorkerError};
-use crate::kv_memory::{KvMemory, KvMemoryConfig};
+use crate::kv::memory::{KvMemory, KvMemoryConfig};
 use crate::model_runner::ModelRunner;
 use crate::request::Req;
 use crate::step_budget::StepBudget;
@@ -78,7 +78,7 @@ pub struct SchedulerConfig {
     pub rank: u32,
     pub max_total_tokens: usize,
     pub max_running_requests: usize,
-    /// Extra request-to-token rows (see [`crate::req_to_token`]).
+    /// Extra request-to-token rows (see [`crate::kv::req_to_token`]).
     pub pre_alloc_rows: usize,
     pub chunked_prefill_size: usize,
     pub max_prefill_tokens: usize,
@@ -425,7 +425,7 @@ impl Scheduler {
         self.mem.enable_kv_events(block_size);
     }
 
-    /// KV events for the controller (see [`crate::kv_events`]).
+    /// KV events for the controller (see [`crate::kv::events`]).
     pub fn take_kv_events(&mut self) -> Vec<protocol::KvEvents> {
         self.mem.take_kv_events(self.config.rank)
     }

@@ -91,9 +91,7 @@ impl LockStep {
     /// The state file the ranks connecting to `worker_addr` share.
     pub fn path_for(worker_addr: &str) -> PathBuf {
         // FNV-1a: stable across processes and builds (std's hasher is not).
-        let hash = worker_addr.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        });
+        let hash = protocol::hash::fnv1a64(worker_addr.as_bytes());
         std::env::temp_dir().join(format!("dpserve-sim-lockstep-{hash:016x}"))
     }
 

@@ -16,6 +16,7 @@ pub use lockstep::LockStep;
 pub use profile::{SimProfile, DEFAULT_SIM_PROFILE};
 
 use crate::model::{BuiltinSize, ModelConfig, SeqInput};
+use protocol::hash::splitmix64 as mix;
 
 /// A bad profile or `--sim-config` file.
 #[derive(Debug, thiserror::Error)]
@@ -166,14 +167,6 @@ impl SimModel {
 
 /// The built-in vocabulary's special tokens (unknown, BOS, EOS) are the ids below this.
 const FIRST_ORDINARY_ID: u32 = protocol::builtin::EOS_ID + 1;
-
-/// SplitMix64's finaliser: a fixed, well-mixed 64-bit hash.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
 
 #[cfg(test)]
 mod tests {

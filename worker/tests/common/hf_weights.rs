@@ -18,28 +18,15 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use protocol::hash::{fnv1a64, splitmix64_mix as mix64, SPLITMIX64_GAMMA as GAMMA};
 use safetensors::{Dtype, View};
 
 /// The generator `reference.json` must name (`"weights"`).
 pub const WEIGHTS: &str = "splitmix64-irwin-hall-4/bf16";
 
-const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
 const IRWIN_HALL_MEAN: i64 = 131_070;
 /// (2^32 − 1) / 3, the variance of the sum of four uniform 16-bit lanes.
 const IRWIN_HALL_VARIANCE: f64 = 1_431_655_765.0;
-
-/// SplitMix64's output function: its draw from state `z`.
-fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-pub fn fnv1a64(data: &[u8]) -> u64 {
-    data.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
 
 /// An f32 rounded to bf16 (to nearest, ties to even; no NaN occurs here).
 fn bf16_of(f: f32) -> u16 {

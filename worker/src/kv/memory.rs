@@ -8,10 +8,10 @@
 //! beyond its cached prefix, or owned by the cache (locked while a request uses it, else
 //! evictable). `used + free + evictable = total`.
 
-use crate::kv_alloc::KvSlotAllocator;
+use crate::kv::alloc::KvSlotAllocator;
+use crate::kv::radix_cache::RadixCache;
+use crate::kv::req_to_token::ReqToTokenPool;
 use crate::model::KvBuffers;
-use crate::radix_cache::RadixCache;
-use crate::req_to_token::ReqToTokenPool;
 use crate::request::Req;
 
 /// Sizes of a [`KvMemory`].
@@ -20,7 +20,7 @@ pub struct KvMemoryConfig {
     /// Token slots in the pool.
     pub max_total_tokens: usize,
     pub max_running_requests: usize,
-    /// Extra request-to-token rows (see [`crate::req_to_token`]).
+    /// Extra request-to-token rows (see [`crate::kv::req_to_token`]).
     pub pre_alloc_rows: usize,
     pub context_len: usize,
     /// Share computed prefixes through the radix cache.

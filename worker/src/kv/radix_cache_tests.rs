@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use proptest::prelude::*;
 
 use super::RadixCache;
-use crate::kv_alloc::KvSlotAllocator;
+use crate::kv::alloc::KvSlotAllocator;
 
 #[test]
 fn match_insert_split_and_evict() {

@@ -23,7 +23,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
-use crate::kv_events::KvEventLog;
+use crate::kv::events::KvEventLog;
 
 /// Index of a node in the arena. The root is node 0 and is never removed.
 pub type NodeId = usize;
