@@ -830,6 +830,79 @@ fn run_compare(
     server: &ServerFlags,
     rt: &tokio::runtime::Runtime,
 ) -> anyhow::Result<()> {
+    let methods = compare_methods(args)?;
+    let out_dir = &args.output_dir;
+    std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let runtime_root = std::env::temp_dir().join(format!("dpserve-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&runtime_root)
+        .with_context(|| format!("creating {}", runtime_root.display()))?;
+    let server = &with_sim_config(server, out_dir)?;
+
+    let mut runs = Vec::new();
+    for method in &methods {
+        runs.push(run_method(method, args, plan, server, &runtime_root, rt)?);
+    }
+    std::fs::remove_dir_all(&runtime_root).ok();
+    let mut results: Vec<MethodResult> = Vec::new();
+    let mut lines: Vec<Value> = Vec::new();
+    let mut pictures: Vec<String> = Vec::new();
+    let mut routing: Vec<(String, routes::RouteSummary)> = Vec::new();
+    for run in runs {
+        lines.extend(run.line);
+        pictures.extend(run.picture);
+        routing.extend(run.routing.map(|r| (run.result.method.clone(), r)));
+        results.push(run.result);
+    }
+
+    // Simulated ranks are named on every summary of their numbers.
+    let simulated: Vec<&str> = lines
+        .iter()
+        .flat_map(|l| l["sim_profiles"].as_array().into_iter().flatten())
+        .filter_map(Value::as_str)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let described = describe(plan, server, &simulated);
+    println!();
+    println!("{described}");
+    print!("{}", report::compare_table(&results));
+    let routing_lines: String = routing
+        .iter()
+        .map(|(method, r)| format!("routing, {method}: {}\n", r.line()))
+        .collect();
+    print!("{routing_lines}");
+
+    let summary = compare_summary(args, plan, server, &simulated, &results, &lines, &routing);
+    let json_path = out_dir.join("compare.json");
+    std::fs::write(&json_path, serde_json::to_string_pretty(&summary)? + "\n")
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    let md_path = out_dir.join("compare.md");
+    let md = format!(
+        "{}\n\n{}\n{}",
+        described,
+        report::compare_markdown(&results),
+        routing_lines
+    );
+    std::fs::write(&md_path, md).with_context(|| format!("writing {}", md_path.display()))?;
+    let svg_path = out_dir.join("compare.svg");
+    let mut written = vec![
+        json_path.display().to_string(),
+        md_path.display().to_string(),
+    ];
+    match chart::write_svg(&results, &chart_title(plan, server, &simulated), &svg_path) {
+        Ok(()) => written.push(svg_path.display().to_string()),
+        Err(e) => eprintln!("no chart: {e:#}"),
+    }
+    written.extend(pictures);
+    println!("wrote {}", written.join(", "));
+    if results.iter().all(|r| r.result.is_err()) {
+        anyhow::bail!("no method ran");
+    }
+    Ok(())
+}
+
+/// The methods `--compare` names (or the preset's, or the default), each deployment checked.
+fn compare_methods(args: &BenchArgs) -> anyhow::Result<Vec<String>> {
     let compare = args.compare.as_deref().unwrap_or(match args.preset {
         Some(p) => p.values().compare,
         None => DEFAULT_COMPARE,
@@ -848,12 +921,12 @@ fn run_compare(
             );
         }
     }
-    let out_dir = &args.output_dir;
-    std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
-    let runtime_root = std::env::temp_dir().join(format!("dpserve-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&runtime_root)
-        .with_context(|| format!("creating {}", runtime_root.display()))?;
+    Ok(methods)
+}
 
+/// The server flags with the preset's `--sim-config` TOML written into `out_dir` and passed
+/// by path.
+fn with_sim_config(server: &ServerFlags, out_dir: &Path) -> anyhow::Result<ServerFlags> {
     let mut server = server.clone();
     if let Some(toml) = server.sim_config.take() {
         let path = out_dir.join("sim-profile.toml");
@@ -862,107 +935,119 @@ fn run_compare(
         server.up_args.push("--sim-config".into());
         server.up_args.push(path.display().to_string());
     }
-    let server = &server;
-    let mut results: Vec<MethodResult> = Vec::new();
-    let mut lines: Vec<Value> = Vec::new();
-    let mut pictures: Vec<String> = Vec::new();
-    let mut routing: Vec<(String, routes::RouteSummary)> = Vec::new();
-    for method in &methods {
-        eprintln!("== {method}: starting a cluster");
-        // Each cluster writes a routing trace, drawn beside the tables as routing-<method>.svg
-        // (unless the caller routes traces elsewhere with --up-arg=--trace-file).
-        let route_trace = out_dir.join(format!("route-{method}.jsonl"));
-        let mut server = server.clone();
-        let traced = !server.up_args.iter().any(|a| a.starts_with("--trace-file"));
-        if traced {
-            std::fs::remove_file(&route_trace).ok();
-            server.up_args.push("--trace-file".into());
-            server.up_args.push(route_trace.display().to_string());
-        }
-        let server = &server;
-        let outcome = match launch::start(method, server, &runtime_root, out_dir) {
-            Err(reason) => Err(reason),
-            Ok(mut cluster) => {
-                eprintln!(
-                    "== {method}: ready at {}; running the workload",
-                    cluster.base_url
-                );
-                let run = rt.block_on(run_once(&cluster.base_url, plan));
-                cluster.stop(Duration::from_secs(15));
-                match run {
-                    Ok((mut info, m)) => {
-                        // The entry we asked for, even if the server did not report one (and
-                        // with its deployment, which the server's method does not say).
-                        if method.contains('@') {
-                            info.load_balance_method = Some(method.clone());
-                        }
-                        info.load_balance_method
-                            .get_or_insert_with(|| method.clone());
-                        print!("{}", report::result_table(&info, &m));
-                        let line = report::result_json(&info, &m);
-                        if let Some(path) = &args.output_file {
-                            append_jsonl(path, &line)?;
-                        }
-                        lines.push(line);
-                        if m.completed == 0 {
-                            Err(format!(
-                                "no request completed: {}",
-                                m.errors.first().map_or("", String::as_str)
-                            ))
-                        } else {
-                            Ok(m)
-                        }
-                    }
-                    Err(e) => Err(format!("{e:#}")),
-                }
-            }
-        };
-        if let Err(reason) = &outcome {
-            eprintln!("== {method}: skipped: {reason}");
-        } else if traced {
-            match routes::RouteSummary::read(&route_trace) {
-                Ok(summary) => {
-                    eprintln!("== {method}: routing: {}", summary.line());
-                    routing.push((method.clone(), summary));
-                }
-                Err(e) => eprintln!("== {method}: no routing summary: {e:#}"),
-            }
-            match chart::write_routing_svg(
-                &route_trace,
-                method,
-                &out_dir.join(format!("routing-{method}.svg")),
-            ) {
-                Ok(path) => pictures.push(path),
-                Err(e) => eprintln!("== {method}: no routing picture: {e:#}"),
-            }
-        }
-        results.push(MethodResult {
-            method: method.clone(),
-            result: outcome,
-        });
+    Ok(server)
+}
+
+/// What one method's cluster gave: its outcome, its result line, its routing summary and
+/// picture (when its trace was written here).
+struct MethodRun {
+    result: MethodResult,
+    line: Option<Value>,
+    routing: Option<routes::RouteSummary>,
+    picture: Option<String>,
+}
+
+/// Starts a cluster for `method`, runs the workload against it, stops it, and reads its
+/// routing trace. A cluster that does not start or completes nothing is a skipped method, not
+/// an error; only writing `--output-file` is.
+fn run_method(
+    method: &str,
+    args: &BenchArgs,
+    plan: &Plan,
+    server: &ServerFlags,
+    runtime_root: &Path,
+    rt: &tokio::runtime::Runtime,
+) -> anyhow::Result<MethodRun> {
+    let out_dir = &args.output_dir;
+    eprintln!("== {method}: starting a cluster");
+    // Each cluster writes a routing trace, drawn beside the tables as routing-<method>.svg
+    // (unless the caller routes traces elsewhere with --up-arg=--trace-file).
+    let route_trace = out_dir.join(format!("route-{method}.jsonl"));
+    let mut server = server.clone();
+    let traced = !server.up_args.iter().any(|a| a.starts_with("--trace-file"));
+    if traced {
+        std::fs::remove_file(&route_trace).ok();
+        server.up_args.push("--trace-file".into());
+        server.up_args.push(route_trace.display().to_string());
     }
-    std::fs::remove_dir_all(&runtime_root).ok();
+    let mut line = None;
+    let outcome = match launch::start(method, &server, runtime_root, out_dir) {
+        Err(reason) => Err(reason),
+        Ok(mut cluster) => {
+            eprintln!(
+                "== {method}: ready at {}; running the workload",
+                cluster.base_url
+            );
+            let run = rt.block_on(run_once(&cluster.base_url, plan));
+            cluster.stop(Duration::from_secs(15));
+            match run {
+                Ok((mut info, m)) => {
+                    // The entry we asked for, even if the server did not report one (and with
+                    // its deployment, which the server's method does not say).
+                    if method.contains('@') {
+                        info.load_balance_method = Some(method.to_string());
+                    }
+                    info.load_balance_method
+                        .get_or_insert_with(|| method.to_string());
+                    print!("{}", report::result_table(&info, &m));
+                    let result = report::result_json(&info, &m);
+                    if let Some(path) = &args.output_file {
+                        append_jsonl(path, &result)?;
+                    }
+                    line = Some(result);
+                    if m.completed == 0 {
+                        Err(format!(
+                            "no request completed: {}",
+                            m.errors.first().map_or("", String::as_str)
+                        ))
+                    } else {
+                        Ok(m)
+                    }
+                }
+                Err(e) => Err(format!("{e:#}")),
+            }
+        }
+    };
+    let (mut routing, mut picture) = (None, None);
+    if let Err(reason) = &outcome {
+        eprintln!("== {method}: skipped: {reason}");
+    } else if traced {
+        match routes::RouteSummary::read(&route_trace) {
+            Ok(summary) => {
+                eprintln!("== {method}: routing: {}", summary.line());
+                routing = Some(summary);
+            }
+            Err(e) => eprintln!("== {method}: no routing summary: {e:#}"),
+        }
+        let svg = out_dir.join(format!("routing-{method}.svg"));
+        match chart::write_routing_svg(&route_trace, method, &svg) {
+            Ok(path) => picture = Some(path),
+            Err(e) => eprintln!("== {method}: no routing picture: {e:#}"),
+        }
+    }
+    Ok(MethodRun {
+        result: MethodResult {
+            method: method.to_string(),
+            result: outcome,
+        },
+        line,
+        routing,
+        picture,
+    })
+}
 
-    // Simulated ranks are named on every summary of their numbers.
-    let simulated: Vec<&str> = lines
-        .iter()
-        .flat_map(|l| l["sim_profiles"].as_array().into_iter().flatten())
-        .filter_map(Value::as_str)
-        .collect::<std::collections::BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    let described = describe(plan, server, &simulated);
-    println!();
-    println!("{described}");
+/// `compare.json`: the workload, the server, and each method's result or why it was skipped.
+fn compare_summary(
+    args: &BenchArgs,
+    plan: &Plan,
+    server: &ServerFlags,
+    simulated: &[&str],
+    results: &[MethodResult],
+    lines: &[Value],
+    routing: &[(String, routes::RouteSummary)],
+) -> Value {
     let cluster = server.cluster();
-    print!("{}", report::compare_table(&results));
-    let routing_lines: String = routing
-        .iter()
-        .map(|(method, r)| format!("routing, {method}: {}\n", r.line()))
-        .collect();
-    print!("{routing_lines}");
-
-    let summary = json!({
+    json!({
         "workload": {
             "dataset_name": plan.gsp.dataset.name(),
             "dataset_path": (plan.gsp.dataset == Dataset::Mooncake)
@@ -1005,33 +1090,7 @@ fn run_compare(
                 "routing": routing.iter().find(|(m, _)| *m == r.method).map(|(_, s)| s)}),
             Err(reason) => json!({"method": r.method, "status": "skipped", "reason": reason}),
         }).collect::<Vec<_>>(),
-    });
-    let json_path = out_dir.join("compare.json");
-    std::fs::write(&json_path, serde_json::to_string_pretty(&summary)? + "\n")
-        .with_context(|| format!("writing {}", json_path.display()))?;
-    let md_path = out_dir.join("compare.md");
-    let md = format!(
-        "{}\n\n{}\n{}",
-        described,
-        report::compare_markdown(&results),
-        routing_lines
-    );
-    std::fs::write(&md_path, md).with_context(|| format!("writing {}", md_path.display()))?;
-    let svg_path = out_dir.join("compare.svg");
-    let mut written = vec![
-        json_path.display().to_string(),
-        md_path.display().to_string(),
-    ];
-    match chart::write_svg(&results, &chart_title(plan, server, &simulated), &svg_path) {
-        Ok(()) => written.push(svg_path.display().to_string()),
-        Err(e) => eprintln!("no chart: {e:#}"),
-    }
-    written.extend(pictures);
-    println!("wrote {}", written.join(", "));
-    if results.iter().all(|r| r.result.is_err()) {
-        anyhow::bail!("no method ran");
-    }
-    Ok(())
+    })
 }
 
 /// One line saying what was compared.

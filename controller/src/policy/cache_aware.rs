@@ -128,25 +128,14 @@ fn rates(ranks: &RankSet) -> Vec<Option<f64>> {
     measured.into_iter().map(|r| r.or(Some(mean))).collect()
 }
 
-impl LoadBalancer for CacheAware {
-    fn select(&mut self, req: &RouteInput<'_>, ranks: &RankSet) -> RouteDecision {
+impl CacheAware {
+    /// Every live rank's cost for `req`, cheapest first; ranks `hrw_order` lists in that order
+    /// where costs are equal, and within [`COST_TIE`] of the lowest the rank running fewer
+    /// requests first.
+    fn costs(&self, req: &RouteInput<'_>, ranks: &RankSet, hrw_order: &[u32]) -> Vec<RankCost> {
         let loads = ranks.loads();
         let prompt = req.input_ids.len() as u64;
         let cached = ranks.cached_prefix();
-        let first_block = cached.map_or_else(|| first_block_of(req.input_ids), |c| c.first_block);
-        let key = first_block.to_le_bytes();
-
-        self.ids.clear();
-        self.ids.extend(loads.iter().map(|l| l.rank));
-        let mut hrw_order = Vec::with_capacity(self.ids.len());
-        hrw::order_into(
-            self.hasher.as_ref(),
-            &key,
-            &self.ids,
-            &mut self.scratch,
-            &mut hrw_order,
-        );
-
         let matched_of = |i: usize| -> u64 {
             cached
                 .and_then(|c| c.matched_tokens.get(i).copied())
@@ -154,7 +143,6 @@ impl LoadBalancer for CacheAware {
                 .min(prompt)
         };
         let rates = rates(ranks);
-        let cold = (0..loads.len()).all(|i| matched_of(i) == 0);
         // Candidates in HRW order, then (stable) by cost: equal costs keep the HRW order.
         let mut costs: Vec<RankCost> = hrw_order
             .iter()
@@ -189,6 +177,30 @@ impl LoadBalancer for CacheAware {
                 .count();
             costs[..near].sort_by_key(|c| ranks.get(c.rank).map_or(0, |l| l.active_requests));
         }
+        costs
+    }
+}
+
+impl LoadBalancer for CacheAware {
+    fn select(&mut self, req: &RouteInput<'_>, ranks: &RankSet) -> RouteDecision {
+        let loads = ranks.loads();
+        let cached = ranks.cached_prefix();
+        let first_block = cached.map_or_else(|| first_block_of(req.input_ids), |c| c.first_block);
+        let key = first_block.to_le_bytes();
+
+        self.ids.clear();
+        self.ids.extend(loads.iter().map(|l| l.rank));
+        let mut hrw_order = Vec::with_capacity(self.ids.len());
+        hrw::order_into(
+            self.hasher.as_ref(),
+            &key,
+            &self.ids,
+            &mut self.scratch,
+            &mut hrw_order,
+        );
+
+        let costs = self.costs(req, ranks, &hrw_order);
+        let cold = costs.iter().all(|c| c.matched_tokens == 0);
 
         let total: u64 = loads.iter().map(|l| l.active_requests).sum();
         let mean = total as f64 / loads.len() as f64;
