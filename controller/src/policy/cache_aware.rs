@@ -34,7 +34,8 @@
 //! of them suffers; on the 8-rank Mooncake replay that was the one term between `cache_aware`
 //! and the best goodput (docs/BENCHMARKS.md). It also makes a cached prefix worth more on a
 //! busy rank, where recomputing it stalls more requests, so a burst sharing a prefix joins its
-//! holder instead of recomputing it on an idle rank.
+//! holder instead of recomputing it on an idle rank (unless the holder serves so many more
+//! requests that stalling them all costs more than the recomputation).
 //!
 //! Why predictions: the siblings of a burst arrive before the first of them is computed and
 //! reported anywhere; counting the blocks sent to a rank as held there (see
