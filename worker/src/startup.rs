@@ -334,11 +334,45 @@ fn load(
             m.weight_bytes() as u64,
         ),
     };
-    match &model {
+    #[cfg(feature = "cuda")]
+    if let ModelRunner::Cuda(m) = &model {
+        alloc_gpu_pool(m, max_total_tokens)?;
+    }
+    let pool_size = PoolSize {
+        context_len,
+        max_total_tokens,
+    };
+    log_loaded(config, &model, pool_size, kernel_path, started);
+    let hello = hello(config, &model, pool_size);
+    let mut sched = Scheduler::new(scheduler_config(config, &mc, pool_size), model);
+    sched.enable_kv_events(config.kv_event_block_size);
+    Ok((sched, hello))
+}
+
+/// The context and KV pool a worker was sized to.
+#[derive(Debug, Clone, Copy)]
+struct PoolSize {
+    context_len: usize,
+    max_total_tokens: usize,
+}
+
+/// The one line that says what was loaded, where, and how big its pool is.
+fn log_loaded(
+    config: &WorkerConfig,
+    model: &ModelRunner,
+    pool: PoolSize,
+    kernel_path: kernels::KernelPath,
+    started: Instant,
+) {
+    let PoolSize {
+        context_len,
+        max_total_tokens,
+    } = pool;
+    let mc = model.config();
+    match model {
         ModelRunner::Sim(sim) => log_simulated(config, sim, context_len, max_total_tokens),
         #[cfg(feature = "cuda")]
         ModelRunner::Cuda(m) => {
-            alloc_gpu_pool(m, max_total_tokens)?;
             let gpu = m.gpu();
             tracing::info!(
                 rank = config.rank,
@@ -376,12 +410,17 @@ fn load(
             "model loaded"
         ),
     }
-    let hello = Hello {
+}
+
+/// The worker's registration: its capacity, model and role.
+fn hello(config: &WorkerConfig, model: &ModelRunner, pool: PoolSize) -> Hello {
+    let mc = model.config();
+    Hello {
         rank: config.rank,
         capacity: Capacity {
-            max_total_tokens: max_total_tokens as u64,
+            max_total_tokens: pool.max_total_tokens as u64,
             max_running_requests: config.max_running_requests as u32,
-            context_len: context_len as u64,
+            context_len: pool.context_len as u64,
             vocab_size: mc.vocab_size as u64,
         },
         model_id: mc.model_id.clone(),
@@ -394,33 +433,31 @@ fn load(
         // The GPU a CUDA rank runs on, as its probe found it; none on the CPU or a simulated rank.
         gpu: model.gpu().map(gpu_identity::gpu_identity),
         taken_seq: None, // nothing sent to this process yet; a rejoin's Hello says
-    };
+    }
+}
+
+/// The scheduler's limits from the flags and the pool the worker was sized to.
+fn scheduler_config(config: &WorkerConfig, mc: &ModelConfig, pool: PoolSize) -> SchedulerConfig {
     let disagg = (!config.disaggregation_mode.is_null()).then(|| disagg::DisaggConfig {
         mode: config.disaggregation_mode,
         layout: mc.kv_layout(),
         bootstrap_timeout: config.bootstrap_timeout,
         waiting_timeout: config.waiting_timeout,
     });
-    let sched = Scheduler::new(
-        SchedulerConfig {
-            rank: config.rank,
-            max_total_tokens,
-            max_running_requests: config.max_running_requests,
-            pre_alloc_rows: config.pre_alloc_rows,
-            chunked_prefill_size: config.chunked_prefill_size,
-            max_prefill_tokens: config.max_prefill_tokens,
-            context_len,
-            policy: config.schedule_policy,
-            disable_radix_cache: config.disable_radix_cache,
-            prefill_step_target: config.prefill_step_target,
-            disagg,
-            max_queued_requests: config.max_queued_requests,
-        },
-        model,
-    );
-    let mut sched = sched;
-    sched.enable_kv_events(config.kv_event_block_size);
-    Ok((sched, hello))
+    SchedulerConfig {
+        rank: config.rank,
+        max_total_tokens: pool.max_total_tokens,
+        max_running_requests: config.max_running_requests,
+        pre_alloc_rows: config.pre_alloc_rows,
+        chunked_prefill_size: config.chunked_prefill_size,
+        max_prefill_tokens: config.max_prefill_tokens,
+        context_len: pool.context_len,
+        policy: config.schedule_policy,
+        disable_radix_cache: config.disable_radix_cache,
+        prefill_step_target: config.prefill_step_target,
+        disagg,
+        max_queued_requests: config.max_queued_requests,
+    }
 }
 
 /// The KV link of a disaggregated worker: its socket thread, and the outbox the actor sends
