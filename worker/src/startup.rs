@@ -403,7 +403,7 @@ fn log_loaded(
             hidden = mc.hidden_size,
             context_len,
             max_total_tokens,
-            kv_bytes = model::KvBuffers::bytes_per_slot(&mc) * max_total_tokens,
+            kv_bytes = model::KvBuffers::bytes_per_slot(mc) * max_total_tokens,
             threads = config.num_threads,
             kernel_path = %kernel_path,
             load_ms = started.elapsed().as_millis() as u64,
