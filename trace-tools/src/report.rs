@@ -364,8 +364,15 @@ fn cache_sentence(r: &RouteRecord, rank: u32) -> String {
                     n.rank, n.matched_tokens, n.cost
                 )
             });
+            // The near-tie rule may put a rank running fewer requests before a cheaper one.
+            let tied = r.costs.iter().any(|o| o.cost < c.cost);
+            let which = if tied {
+                "one of the cheapest (costs within 10 % are a tie, and it runs the fewest requests among them)"
+            } else {
+                "the cheapest"
+            };
             format!(
-                "Request {} went to rank {rank}, the cheapest: it holds {} of {prompt} prompt tokens ({terms}){next}.",
+                "Request {} went to rank {rank}, {which}: it holds {} of {prompt} prompt tokens ({terms}){next}.",
                 r.rid, c.matched_tokens
             )
         }
@@ -547,6 +554,14 @@ mod tests {
                 )
                 && hit.contains("the next cheapest, rank 0, holds 0"),
             "{hit}"
+        );
+        // Rank 1 (serving 1, holding 80) costs 2 × 20 = 40 tokens, rank 0 (idle, holding 57)
+        // 43: within 10 %, so the rank running fewer requests goes first, and says so.
+        let tie = explain_with(&mut m, set(vec![57, 80], 1));
+        assert!(
+            tie.contains("went to rank 0, one of the cheapest (costs within 10 % are a tie")
+                && tie.contains("the next cheapest, rank 1, holds 80 (cost 40.000)"),
+            "{tie}"
         );
         // Serving 9 requests, rank 1 holding 96 of the 100 tokens is still the cheapest (10 × 4
         // tokens against 100), but over the threshold.
