@@ -386,6 +386,22 @@ fn flush_cache_is_refused_while_a_request_runs_then_empties_every_rank() {
         message.contains("Cache not flushed because there are pending requests"),
         "{refusal}"
     );
+    // The ranks' statuses report the running request a heartbeat after it started (longer on
+    // a loaded machine): wait until a refusal counts it, so the timed refusal below must too.
+    let seen = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (status, refusal) = server.post("/flush_cache", &json!({}));
+        assert_eq!(status, 400, "{refusal}");
+        let message = refusal["error"]["message"].as_str().unwrap_or_default();
+        if message.contains("#running-req: 1") {
+            break;
+        }
+        assert!(
+            Instant::now() < seen,
+            "no status counted the running request: {refusal}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // With a timeout (SGLang's parameter) the flush waits for idle; the request runs on, so it
     // is refused when the time is up, not before.
     let asked = Instant::now();
