@@ -329,9 +329,20 @@ fn cache_sentence(r: &RouteRecord, rank: u32) -> String {
         load_of(r, rank),
     );
     let digest = r.key_digest.as_deref().unwrap_or("-");
+    // The near-tie rule may put a rank running fewer requests before a cheaper one.
+    let tie = if r.costs.iter().any(|o| o.cost < c.cost) {
+        " (costs within 10 % are a tie, and it runs the fewest requests among them)"
+    } else {
+        ""
+    };
+    let (cheapest, cheapest_line) = if tie.is_empty() {
+        ("the cheapest", "the cheapest line")
+    } else {
+        ("one of the cheapest", "one of the cheapest lines")
+    };
     match r.branch {
         Some(Branch::Cold) => format!(
-            "Request {} went to rank {rank}: no rank holds any of its {prompt} prompt tokens, so the cheapest line ({terms}; equal costs in HRW order for its first block, digest {digest}), with {} active requests within the threshold {}.",
+            "Request {} went to rank {rank}: no rank holds any of its {prompt} prompt tokens, so {cheapest_line}{tie} ({terms}; equal costs in HRW order for its first block, digest {digest}), with {} active requests within the threshold {}.",
             r.rid,
             load_of(r, rank),
             fmt_threshold(r.threshold)
@@ -364,15 +375,8 @@ fn cache_sentence(r: &RouteRecord, rank: u32) -> String {
                     n.rank, n.matched_tokens, n.cost
                 )
             });
-            // The near-tie rule may put a rank running fewer requests before a cheaper one.
-            let tied = r.costs.iter().any(|o| o.cost < c.cost);
-            let which = if tied {
-                "one of the cheapest (costs within 10 % are a tie, and it runs the fewest requests among them)"
-            } else {
-                "the cheapest"
-            };
             format!(
-                "Request {} went to rank {rank}, {which}: it holds {} of {prompt} prompt tokens ({terms}){next}.",
+                "Request {} went to rank {rank}, {cheapest}{tie}: it holds {} of {prompt} prompt tokens ({terms}){next}.",
                 r.rid, c.matched_tokens
             )
         }
@@ -569,6 +573,42 @@ mod tests {
         assert!(
             spill.contains("spilled to rank 0, choice #2 by cost: rank 1 (96 cached, 9 active"),
             "{spill}"
+        );
+        // Nothing cached: rank 1 (idle, 1000 tokens/s) costs 0.1 s, rank 0 (serving 1, 2100
+        // tokens/s) 2 × 100 / 2100 = 0.095 s; within 10 %, so the idle rank goes first.
+        let timed = RankSet::new(
+            (0..2)
+                .map(|rank| RankLoad {
+                    rank,
+                    active_requests: u64::from(rank == 0),
+                    active_tokens: 0,
+                })
+                .collect(),
+        )
+        .with_queues(
+            [(0, 1, 2100.0), (1, 0, 1000.0)]
+                .into_iter()
+                .map(|(rank, running, rate)| controller::policy::RankQueue {
+                    rank,
+                    running_requests: running,
+                    waiting_requests: 0,
+                    max_total_tokens: 1 << 20,
+                    prefill_backlog_tokens: Some(0),
+                    prefill_rate: Some(rate),
+                })
+                .collect(),
+        )
+        .with_cached_prefix(CachedPrefix {
+            matched_tokens: vec![0, 0],
+            first_block: 7,
+            block_size: 32,
+        });
+        let cold_tie = explain_with(&mut m, timed);
+        assert!(
+            cold_tie.contains(
+                "went to rank 1: no rank holds any of its 100 prompt tokens, so one of the cheapest lines (costs within 10 % are a tie"
+            ),
+            "{cold_tie}"
         );
         let cold = explain_with(&mut m, set(vec![0, 0], 0));
         assert!(

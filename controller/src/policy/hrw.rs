@@ -67,7 +67,7 @@ pub trait HrwHasher: Send {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Blake2Hrw;
 
-pub use protocol::hash::splitmix64;
+use protocol::hash::splitmix64;
 
 /// The HRW score of `rank` for the key whose 64-bit blake2b digest is `digest`.
 ///
