@@ -14,8 +14,7 @@
 //! cuda:<i>` (see [`gpus`]); a GPU that cannot be used stops `up` before anything starts.
 
 use std::ffi::OsString;
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,6 +24,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use controller::RoutingArgs;
 use protocol::{DisaggMode, RuntimeDir};
+use tokenizer_actor::tls::Probe;
 use tokenizer_actor::HttpArgs;
 use worker::{DeviceArgs, ModelArgs, ServeArgs};
 
@@ -216,6 +216,9 @@ pub fn run(mut args: UpArgs) -> anyhow::Result<()> {
     // one the readiness probe below sends.
     let api_keys = args.http.api_keys()?;
     args.http.open_paths()?;
+    args.http.tls()?;
+    // HTTPS: the probe trusts the certificate the tokenizer is given, and only that one.
+    let probe = Probe::new(args.http.ssl_certfile.as_deref())?;
     let gpus = place_on_gpus(&mut args)?;
     let cluster = &args.cluster;
     let roles = cluster.roles()?;
@@ -268,7 +271,11 @@ pub fn run(mut args: UpArgs) -> anyhow::Result<()> {
 
     // Wait until the tokenizer reports every rank live.
     let deadline = Instant::now() + Duration::from_secs_f64(cluster.startup_timeout.max(1.0));
-    let probe = format!("127.0.0.1:{}", args.http.port);
+    let probe_addr = format!("127.0.0.1:{}", args.http.port);
+    let auth = api_keys
+        .first()
+        .map(|k| format!("Authorization: Bearer {k}\r\n"))
+        .unwrap_or_default();
     loop {
         if stop.load(Ordering::Relaxed) {
             deployment.stop(STOP_GRACE);
@@ -278,7 +285,7 @@ pub fn run(mut args: UpArgs) -> anyhow::Result<()> {
             deployment.stop(STOP_GRACE);
             bail!("{name} exited during start ({status}); see its log above");
         }
-        if let Some(live) = live_ranks(&probe, api_keys.first().map(String::as_str)) {
+        if let Some(live) = live_ranks(&probe, &probe_addr, &auth) {
             if live >= roles.len() {
                 break;
             }
@@ -292,7 +299,7 @@ pub fn run(mut args: UpArgs) -> anyhow::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let url = format!("http://{}:{}", args.http.host, args.http.port);
+    let url = format!("{}://{}:{}", probe.scheme(), args.http.host, args.http.port);
     println!("dpserve is ready: {url} ({} ranks live)", roles.len());
     println!("try: curl -s {url}/generate -d '{{\"text\": \"hello\", \"sampling_params\": {{\"max_new_tokens\": 16}}}}'");
     std::io::stdout().flush().ok();
@@ -463,20 +470,8 @@ fn push<T: ToString>(args: &mut Vec<OsString>, flag: &str, value: Option<T>) {
 }
 
 /// Number of live ranks per the tokenizer's `/get_server_info`, or `None` if it is not up yet.
-fn live_ranks(addr: &str, api_key: Option<&str>) -> Option<usize> {
-    let mut stream =
-        TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_millis(500)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    let auth = api_key
-        .map(|k| format!("Authorization: Bearer {k}\r\n"))
-        .unwrap_or_default();
-    write!(
-        stream,
-        "GET /get_server_info HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
+fn live_ranks(probe: &Probe, addr: &str, auth: &str) -> Option<usize> {
+    let response = probe.get(addr, "/get_server_info", auth)?;
     let body = response.split_once("\r\n\r\n")?.1;
     let info: serde_json::Value = serde_json::from_str(body).ok()?;
     Some(info.get("live_ranks")?.as_array()?.len())

@@ -62,6 +62,15 @@ fn systemd_units_verify() {
         // `verify` checks that ExecStart's binary exists: point it at the one cargo built.
         fs::write(dir.path().join(unit), text.replace(UNIT_BIN, BIN)).expect("write unit");
     }
+    // The HTTPS drop-in, where an operator installs it (its `LoadCredential=` and `%d` are
+    // checked with the unit they extend).
+    let drop_in = dir.path().join("dpserve-tokenizer.service.d");
+    fs::create_dir(&drop_in).expect("drop-in dir");
+    fs::copy(
+        repo().join("deploy/systemd/dpserve-tokenizer-https.conf"),
+        drop_in.join("https.conf"),
+    )
+    .expect("copy the HTTPS drop-in");
     // The template is verified through an instance, which is what `systemctl start` loads.
     let mut targets: Vec<PathBuf> = UNITS
         .iter()
@@ -363,17 +372,6 @@ impl Cluster {
     }
 }
 
-/// The tokenizer unit's `ExecStartPost=` readiness check, as `/bin/sh` would run it.
-fn tokenizer_readiness_command() -> String {
-    let unit = read(&repo().join("deploy/systemd/dpserve-tokenizer.service"));
-    let line = unit
-        .lines()
-        .find_map(|l| l.strip_prefix("ExecStartPost="))
-        .expect("the tokenizer unit has an ExecStartPost= readiness check");
-    // systemd turns `$$` into `$` before the shell sees the line.
-    line.replace("$$", "$")
-}
-
 /// Start the tokenizer and the controller (the two units of host A).
 fn start_host_a(c: &mut Cluster) {
     c.start("tokenizer", &["tokenizer"], &[]);
@@ -388,7 +386,7 @@ fn start_host_a(c: &mut Cluster) {
         let started = Instant::now();
         let status = Command::new("/bin/sh")
             .arg("-c")
-            .arg(tokenizer_readiness_command())
+            .arg(common::tokenizer_readiness_command())
             .env("DPSERVE_HOST", "127.0.0.1")
             .env("DPSERVE_PORT", &port)
             .status()

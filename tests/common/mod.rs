@@ -49,6 +49,8 @@ pub fn free_port() -> u16 {
 
 pub struct Server {
     child: Child,
+    /// The line `up` printed when ready (`dpserve is ready: URL (N ranks live)`).
+    pub ready: String,
     pub port: u16,
     pub runtime_dir: tempfile::TempDir,
     pub base: String,
@@ -89,9 +91,9 @@ impl Server {
             }
         });
         let deadline = Instant::now() + Duration::from_secs(240);
-        loop {
+        let ready = loop {
             match rx.recv_timeout(Duration::from_millis(200)) {
-                Ok(line) if line.contains("dpserve is ready") => break,
+                Ok(line) if line.contains("dpserve is ready") => break line,
                 Ok(_) => {}
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     if let Ok(Some(status)) = child.try_wait() {
@@ -104,9 +106,10 @@ impl Server {
                     panic!("dpserve up closed stdout before ready: {status:?}");
                 }
             }
-        }
+        };
         Server {
             child,
+            ready,
             port,
             runtime_dir,
             base: format!("http://127.0.0.1:{port}"),
@@ -270,10 +273,28 @@ impl Drop for Server {
     }
 }
 
+/// The tokenizer unit's `ExecStartPost=` readiness check, as `/bin/sh` would run it.
+pub fn tokenizer_readiness_command() -> String {
+    let path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("deploy/systemd/dpserve-tokenizer.service");
+    let unit = std::fs::read_to_string(&path).expect("read the tokenizer unit");
+    let line = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ExecStartPost="))
+        .expect("the tokenizer unit has an ExecStartPost= readiness check");
+    // systemd turns `$$` into `$` before the shell sees the line.
+    line.replace("$$", "$")
+}
+
 /// Runs `python3 args…` in the checkout against the built binary (`DPSERVE_BIN`), so a Python
 /// suite under `tests/python` is part of `cargo test`. Skips with a message when `module` (the
 /// pinned package the suite drives, named `what`) cannot be imported.
 pub fn run_python_suite(what: &str, module: &str, args: &[&str]) {
+    run_python_suite_with_env(what, module, args, &[]);
+}
+
+/// [`run_python_suite`] with extra environment variables.
+pub fn run_python_suite_with_env(what: &str, module: &str, args: &[&str], env: &[(&str, &str)]) {
     let probe = Command::new("python3")
         .args(["-c", &format!("import {module}")])
         .output();
@@ -288,6 +309,7 @@ pub fn run_python_suite(what: &str, module: &str, args: &[&str]) {
         .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env("DPSERVE_BIN", env!("CARGO_BIN_EXE_dpserve"))
+        .envs(env.iter().copied())
         .output()
         .expect("run python3");
     let stderr = String::from_utf8_lossy(&out.stderr);

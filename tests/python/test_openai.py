@@ -2,7 +2,10 @@
 
 Starts a real `dpserve up --builtin-size tiny --dp-size 2` (binary from $DPSERVE_BIN, default
 target/debug/dpserve) on a free port, runs every test against it, and always stops it.
-Standard library `unittest` only, so the one pinned dependency is `openai`:
+Standard library `unittest` only, so the one pinned dependency is `openai`. With
+$DPSERVE_TEST_SSL_CERTFILE, $DPSERVE_TEST_SSL_KEYFILE and $DPSERVE_TEST_SSL_CAFILE (the CA that
+signed the certificate) the server runs HTTPS and every client trusts only that CA
+(tests/e2e_tls.rs runs part of the suite so):
 
     pip install -r tests/python/requirements.txt
     cargo build
@@ -15,6 +18,7 @@ import math
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -32,6 +36,12 @@ STARTUP_TIMEOUT_S = float(os.environ.get("DPSERVE_TEST_STARTUP_TIMEOUT", "300"))
 
 SERVER = {}
 
+# HTTPS when the test certificates are given: the server's files, and the CA the clients trust.
+CERTFILE = os.environ.get("DPSERVE_TEST_SSL_CERTFILE")
+KEYFILE = os.environ.get("DPSERVE_TEST_SSL_KEYFILE")
+CAFILE = os.environ.get("DPSERVE_TEST_SSL_CAFILE")
+TLS = ssl.create_default_context(cafile=CAFILE) if CERTFILE else None
+
 
 def free_port():
     with socket.socket() as s:
@@ -40,7 +50,7 @@ def free_port():
 
 
 def http_get(path):
-    with urllib.request.urlopen(SERVER["url"] + path, timeout=10) as r:
+    with urllib.request.urlopen(SERVER["url"] + path, timeout=10, context=TLS) as r:
         return r.status, r.read().decode()
 
 
@@ -51,7 +61,7 @@ def http_post(path, body, headers=None):
         headers=dict({"content-type": "application/json"}, **(headers or {})),
     )
     try:
-        with urllib.request.urlopen(req, timeout=120) as r:
+        with urllib.request.urlopen(req, timeout=120, context=TLS) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
@@ -63,11 +73,14 @@ def setUpModule():
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="dpserve-py-", suffix=".log", delete=False)
     env = dict(os.environ, DPSERVE_LOG=os.environ.get("DPSERVE_LOG", "warn"))
+    argv = [BIN, "up", "--builtin-size", "tiny", "--dp-size", "2", "--port", str(port)]
+    if TLS:
+        argv += ["--ssl-certfile", CERTFILE, "--ssl-keyfile", KEYFILE]
     proc = subprocess.Popen(
-        [BIN, "up", "--builtin-size", "tiny", "--dp-size", "2", "--port", str(port)],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )
-    SERVER.update(proc=proc, log=log.name, url=f"http://127.0.0.1:{port}")
+    scheme = "https" if TLS else "http"
+    SERVER.update(proc=proc, log=log.name, url=f"{scheme}://127.0.0.1:{port}")
     deadline = time.time() + STARTUP_TIMEOUT_S
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -83,8 +96,10 @@ def setUpModule():
     else:
         stop_server()
         raise RuntimeError(f"dpserve never became healthy; log: {tail_log()}")
+    http_client = openai.DefaultHttpxClient(verify=TLS) if TLS else None
     SERVER["client"] = openai.OpenAI(
-        base_url=SERVER["url"] + "/v1", api_key="unused", max_retries=0, timeout=120
+        base_url=SERVER["url"] + "/v1", api_key="unused", max_retries=0, timeout=120,
+        http_client=http_client,
     )
 
 

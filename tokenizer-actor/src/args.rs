@@ -107,6 +107,15 @@ pub struct HttpArgs {
     )]
     pub open_endpoints: Vec<OpenEndpoint>,
 
+    /// Serve HTTPS with this PEM certificate chain (leaf first); needs `--ssl-keyfile`.
+    #[arg(long, env = "DPSERVE_SSL_CERTFILE")]
+    pub ssl_certfile: Option<PathBuf>,
+
+    /// The PEM private key (unencrypted) of `--ssl-certfile`; read once at start: a file that
+    /// cannot be read or does not match the certificate stops the start (exit status 78).
+    #[arg(long, env = "DPSERVE_SSL_KEYFILE")]
+    pub ssl_keyfile: Option<PathBuf>,
+
     /// Chat template for `/v1/chat/completions`: a Jinja file, or a JSON file with a
     /// `chat_template` field (default: the model's `tokenizer_config.json`).
     #[arg(long, env = "DPSERVE_CHAT_TEMPLATE")]
@@ -163,6 +172,14 @@ impl HttpArgs {
         Ok(keys)
     }
 
+    /// The server's TLS settings with `--ssl-certfile` and `--ssl-keyfile`; `None` without
+    /// them (plain HTTP). One without the other, or a bad file, is refused.
+    pub fn tls(&self) -> crate::Result<Option<rustls::ServerConfig>> {
+        crate::tls::files(self.ssl_certfile.as_ref(), self.ssl_keyfile.as_ref())?
+            .map(|(cert, key)| crate::tls::server_config(&cert, &key))
+            .transpose()
+    }
+
     /// The paths served without a key; refuses `none` beside another endpoint.
     pub fn open_paths(&self) -> crate::Result<Vec<&'static str>> {
         let none = self.open_endpoints.contains(&OpenEndpoint::None);
@@ -202,6 +219,8 @@ impl Default for HttpArgs {
             api_key: None,
             api_key_file: None,
             open_endpoints: vec![OpenEndpoint::Health],
+            ssl_certfile: None,
+            ssl_keyfile: None,
             chat_template: None,
             max_in_flight_requests: Defaults::MAX_IN_FLIGHT_REQUESTS,
             incremental_streaming_output: false,

@@ -23,6 +23,12 @@ pub enum TokenizerError {
     },
     #[error("cannot use --api-key-file {path}: {reason}")]
     ApiKeyFile { path: PathBuf, reason: String },
+    #[error("cannot use --{flag} {path}: {reason}")]
+    TlsFile {
+        flag: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
     #[error("bad --{flag}: {reason}")]
     Flag { flag: &'static str, reason: String },
     #[error("bad chat template ({what}): {reason}")]
@@ -43,7 +49,9 @@ impl TokenizerError {
     pub fn is_config_error(&self) -> bool {
         matches!(
             self,
-            TokenizerError::ApiKeyFile { .. } | TokenizerError::Flag { .. }
+            TokenizerError::ApiKeyFile { .. }
+                | TokenizerError::TlsFile { .. }
+                | TokenizerError::Flag { .. }
         )
     }
 }

@@ -13,6 +13,7 @@ pub mod metrics;
 mod registry;
 mod state;
 pub mod stop;
+pub mod tls;
 pub mod tokenizer;
 
 use std::net::TcpListener;
@@ -44,6 +45,7 @@ pub fn serve(
     ready: Option<std::sync::mpsc::Sender<actix_web::dev::ServerHandle>>,
 ) -> anyhow::Result<()> {
     let addr = listener.local_addr().ok();
+    let tls = args.http.tls()?;
     let system = actix_rt::System::new();
     // Inside the System: the bridge starts the registry and cluster-view actors.
     let state = Arc::new(system.block_on(async { AppState::start(&args) })?);
@@ -51,8 +53,9 @@ pub fn serve(
     let stopper = state.bridge.clone();
     let result = system.block_on(async move {
         // Signals are ours, not actix's: open requests must end with an answer first.
-        let server = http::server(state, listener)?;
-        tracing::info!(?addr, "tokenizer HTTP server listening");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let server = http::server(state, listener, tls)?;
+        tracing::info!(?addr, scheme, "tokenizer HTTP server listening");
         if let Some(ready) = ready {
             let _ = ready.send(server.handle());
         }

@@ -66,9 +66,14 @@ fn method_not_allowed(allow: &'static str) -> HttpResponse {
     resp
 }
 
-/// Build the server on `listener`; must be called inside an actix `System`. It does not handle
-/// signals itself: the caller stops it (see `crate::serve`), after ending open requests.
-pub fn server(state: Arc<AppState>, listener: TcpListener) -> std::io::Result<Server> {
+/// Build the server on `listener` (HTTPS with `tls`); must be called inside an actix `System`.
+/// It does not handle signals itself: the caller stops it (see `crate::serve`), after ending
+/// open requests.
+pub fn server(
+    state: Arc<AppState>,
+    listener: TcpListener,
+    tls: Option<rustls::ServerConfig>,
+) -> std::io::Result<Server> {
     let data = web::Data::from(state);
     let server = HttpServer::new(move || {
         let post = |path, route: Route| endpoint(path, "POST", route);
@@ -105,7 +110,10 @@ pub fn server(state: Arc<AppState>, listener: TcpListener) -> std::io::Result<Se
     // handler future or SSE stream at once, so the request guard sends `Abort`. With the
     // default (half-close allowed) actix notices only when a write fails.
     .h1_allow_half_closed(false)
-    .disable_signals()
-    .listen(listener)?;
+    .disable_signals();
+    let server = match tls {
+        Some(config) => server.listen_rustls_0_23(listener, config)?,
+        None => server.listen(listener)?,
+    };
     Ok(server.run())
 }
