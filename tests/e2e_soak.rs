@@ -89,7 +89,17 @@ impl Cluster {
                 args.extend(["--max-running-requests", "2", "--decode-prealloc-size", "1"]);
             }
         }
-        self.start_tiny_rank(rank, &args);
+        // Worker 0's wall clock is the one the soak steps (unified ranks).
+        let clock = self.clock_file();
+        let clock = clock.to_str().unwrap();
+        let env = [("DPSERVE_TEST_CLOCK_OFFSET_FILE", clock)];
+        let env: &[(&str, &str)] = if rank == 0 { &env } else { &[] };
+        self.start_tiny_rank_with_env(rank, &args, env);
+    }
+
+    /// The file whose seconds worker 0 adds to its wall clock.
+    fn clock_file(&self) -> std::path::PathBuf {
+        self.dir.path().join("clock-offset-0")
     }
 
     fn pid(&mut self, name: &str) -> u32 {
@@ -282,9 +292,49 @@ fn unified_faults(c: &mut Cluster, faults: &mut BTreeMap<String, u64>) {
     *faults
         .entry("worker SIGSTOP past the timeout + SIGCONT".into())
         .or_default() += 1;
+    c.watch(3000);
+    step_the_clock(c, -3600.0);
+    *faults
+        .entry("worker clock stepped back an hour".into())
+        .or_default() += 1;
+    c.watch(3000);
+    step_the_clock(c, 0.0);
+    *faults
+        .entry("worker clock stepped forward an hour".into())
+        .or_default() += 1;
     if controller_restarts() {
         c.watch(3000);
         restart_controller(c, faults, "");
+    }
+}
+
+/// Sets worker 0's wall clock `offset` seconds from the host's and waits (watching the ledger
+/// checks) until the controller reports a status worker 0 stamped with it: a status ordered by
+/// the worker's clock would be dropped as stale after a step back, and the rank's load would
+/// freeze at its last value (the end's whole-pool check would then fail too).
+fn step_the_clock(c: &mut Cluster, offset: f64) {
+    std::fs::write(c.clock_file(), format!("{offset}\n")).unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        let stamped = c.rank_views().iter().any(|r| {
+            r["rank"] == 0
+                && r["status"]["timestamp"]
+                    .as_f64()
+                    .is_some_and(|t| (t - (now + offset)).abs() < 60.0)
+        });
+        if stamped {
+            return;
+        }
+        assert!(
+            Instant::now() < end,
+            "no status of worker 0 with its clock {offset} s off reached the controller: {}",
+            c.server_info().unwrap_or_default()
+        );
+        c.watch(50);
     }
 }
 

@@ -122,6 +122,11 @@ impl Cluster {
     /// A worker of the tiny built-in model as actor `worker <rank>` (8192 KV slots, one
     /// thread) on the deployment's ipc sockets, with `extra` flags.
     pub fn start_tiny_rank(&mut self, rank: u32, extra: &[&str]) {
+        self.start_tiny_rank_with_env(rank, extra, &[]);
+    }
+
+    /// [`Cluster::start_tiny_rank`] with extra environment variables.
+    pub fn start_tiny_rank_with_env(&mut self, rank: u32, extra: &[&str], env: &[(&str, &str)]) {
         let r = rank.to_string();
         let (w, t) = (self.ipc("w.sock"), self.ipc("t.sock"));
         let mut args = vec![
@@ -140,7 +145,7 @@ impl Cluster {
             "1",
         ];
         args.extend_from_slice(extra);
-        self.start(&format!("worker {rank}"), &args, &[]);
+        self.start(&format!("worker {rank}"), &args, env);
     }
 
     pub fn actor(&mut self, name: &str) -> &mut Actor {

@@ -277,7 +277,7 @@ impl<O: Outbox> WorkerActor<O> {
         let generated = sched.stats.generated_tokens;
         let status = WorkerStatus {
             rank: self.rank,
-            timestamp: protocol::unix_time(),
+            timestamp: crate::clock::unix_time(),
             num_running_reqs: sched.num_running() as u32,
             num_waiting_reqs: sched.num_waiting() as u32,
             num_used_tokens: sched.used_tokens() as u64,

@@ -8,6 +8,7 @@
 
 pub mod actor;
 pub mod args;
+pub mod clock;
 pub mod disagg;
 pub mod error;
 pub mod gpu_identity;

@@ -272,7 +272,7 @@ impl LinkState {
         if self.last_beat.elapsed() >= self.link.heartbeat_interval {
             let beat = encode(&Message::Heartbeat(Heartbeat {
                 rank: self.rank(),
-                timestamp: protocol::unix_time(),
+                timestamp: crate::clock::unix_time(),
             }))?;
             self.dealer.send(&beat[..], zmq::DONTWAIT).ok();
             self.last_beat = Instant::now();

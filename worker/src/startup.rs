@@ -284,6 +284,7 @@ fn alloc_gpu_pool(m: &model::cuda::CudaLlama, slots: usize) -> anyhow::Result<()
 /// few thousand slots per running request.
 pub fn run(args: WorkerArgs, mem_fraction_given: bool) -> anyhow::Result<()> {
     let config = args.resolve()?;
+    crate::clock::warn_if_stepped();
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handler")?;
