@@ -133,6 +133,24 @@ impl ChatTemplate {
     }
 }
 
+/// The token ids of a rendered chat prompt, as `/v1/chat/completions` sends them: `text`
+/// encoded as any prompt is (special tokens added as the tokenizer's post-processor says), with
+/// a doubled BOS (a template that writes `{{ bos_token }}` and an encoder that adds BOS) kept
+/// once.
+pub fn prompt_ids(
+    tokenizer: &dyn crate::tokenizer::TextTokenizer,
+    facts: &ModelFacts,
+    text: &str,
+) -> Result<Vec<u32>> {
+    let mut ids = tokenizer.encode(text)?;
+    if let Some(bos) = facts.bos_token_id {
+        if ids.len() >= 2 && ids[0] == bos && ids[1] == bos {
+            ids.remove(0);
+        }
+    }
+    Ok(ids)
+}
+
 /// A Jinja file, or a JSON file (`tokenizer_config.json` style) with `chat_template`.
 fn read_template_file(path: &Path) -> Result<String> {
     let bad = |reason: String| TokenizerError::ChatTemplate {

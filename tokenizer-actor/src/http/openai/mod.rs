@@ -224,13 +224,9 @@ fn tokenize(
                 .chat_template
                 .render(&r.messages, r.add_generation_prompt)
                 .map_err(|e| ApiError::invalid_param("messages", e))?;
-            let mut ids = encode(&text)?;
-            // A template that writes `{{ bos_token }}` and an encoder that adds BOS: keep one.
-            if let Some(bos) = state.facts.bos_token_id {
-                if ids.len() >= 2 && ids[0] == bos && ids[1] == bos {
-                    ids.remove(0);
-                }
-            }
+            let ids =
+                crate::chat_template::prompt_ids(state.tokenizer.as_ref(), &state.facts, &text)
+                    .map_err(|e| ApiError::invalid_param("messages", e.to_string()))?;
             Ok(vec![(ids, None)])
         }
     }
