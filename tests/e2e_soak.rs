@@ -135,16 +135,22 @@ impl Cluster {
             })
     }
 
-    /// The first line of either side's ledger check, with the rank and the side.
+    /// The first line of any side's ledger check, with the rank and the side.
     fn first_violation(&self) -> Option<String> {
-        self.rank_views().iter().find_map(|r| {
-            let line = |v: &Value, side: &str| {
-                v.as_array()?
-                    .first()
-                    .map(|l| format!("rank {} ({side}): {}", r["rank"], l.as_str().unwrap_or("")))
-            };
-            line(&r["invariant_violations"], "controller")
-                .or_else(|| line(&r["status"]["invariant_violations"], "worker"))
+        let tokenizer = self.server_info().and_then(|info| {
+            let line = info["invariant_violations"].as_array()?.first()?.clone();
+            Some(format!("tokenizer: {}", line.as_str().unwrap_or("")))
+        });
+        tokenizer.or_else(|| {
+            self.rank_views().iter().find_map(|r| {
+                let line = |v: &Value, side: &str| {
+                    v.as_array()?.first().map(|l| {
+                        format!("rank {} ({side}): {}", r["rank"], l.as_str().unwrap_or(""))
+                    })
+                };
+                line(&r["invariant_violations"], "controller")
+                    .or_else(|| line(&r["status"]["invariant_violations"], "worker"))
+            })
         })
     }
 

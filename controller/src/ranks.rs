@@ -441,6 +441,17 @@ impl Ranks {
         .with_queues(kept().map(|(&rank, r)| r.budget.queue(rank)).collect())
     }
 
+    /// Requests counted in flight on every rank, live or draining.
+    pub fn num_inflight(&self) -> u64 {
+        let live: usize = self.live.values().map(|r| r.inflight.len()).sum();
+        let draining: usize = self
+            .draining
+            .values()
+            .map(|(inflight, _)| inflight.len())
+            .sum();
+        (live + draining) as u64
+    }
+
     /// The live ranks as reported to the tokenizer.
     pub fn infos(&self) -> Vec<RankInfo> {
         let now = Instant::now();
@@ -603,6 +614,23 @@ mod tests {
         }
         let info = ranks.infos().remove(0);
         assert_eq!(info.status.map(|s| s.num_running_reqs), Some(1));
+    }
+
+    #[test]
+    fn requests_in_flight_are_counted_on_live_and_draining_ranks() {
+        let mut ranks = Ranks::new(None, Duration::from_secs(3));
+        ranks.hello(&hello(0, "a"), &id(0), false).unwrap();
+        ranks.hello(&hello(1, "a"), &id(1), false).unwrap();
+        ranks.dispatched(0, "x", 10, 0, 0);
+        ranks.dispatched(1, "y", 10, 0, 0);
+        ranks.dispatched(1, "z", 10, 0, 0);
+        assert_eq!(ranks.num_inflight(), 3);
+        assert!(ranks.start_drain(1, Duration::from_secs(30)));
+        assert_eq!(
+            ranks.num_inflight(),
+            3,
+            "a draining rank's requests still count"
+        );
     }
 
     #[test]

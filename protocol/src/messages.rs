@@ -191,6 +191,12 @@ pub struct GenerateReq {
     /// room, on both legs. Absent otherwise (and then not on the wire).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disagg: Option<DisaggLeg>,
+    /// The tokenizer's number for this request among every request it sent (1, 2, … per
+    /// tokenizer process); the controller reports the last one it took in
+    /// (`ClusterStatus.taken_submission_seq`) for the tokenizer's ledger check. Absent from
+    /// tokenizers that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submission_seq: Option<u64>,
 }
 
 impl GenerateReq {
@@ -210,6 +216,7 @@ impl GenerateReq {
             received_at: 0.0,
             dispatch_seq: 0,
             disagg: None,
+            submission_seq: None,
         }
     }
 }
@@ -228,6 +235,9 @@ pub struct EmbedReq {
     /// As `GenerateReq.dispatch_seq`.
     #[serde(default)]
     pub dispatch_seq: u64,
+    /// As `GenerateReq.submission_seq`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submission_seq: Option<u64>,
 }
 
 /// Abort one request (`rid`) or, with `rid: null`, every request.
@@ -594,6 +604,17 @@ pub struct ClusterStatus {
     /// branch that decided); cumulative (`dpserve:routing_regret_total`). Absent when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub regret: Vec<RouteCount>,
+    /// The last `submission_seq` this controller took in (answered, or dispatched to a rank);
+    /// absent before its first numbered request, and from controllers that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taken_submission_seq: Option<u64>,
+    /// Requests this controller counts in flight on every rank, draining ones included
+    /// (`RankInfo.num_inflight` covers the live ranks only). With `taken_submission_seq` equal
+    /// to the tokenizer's last and every live rank idle, 0 here means every request the
+    /// tokenizer sent this controller has had its final answer sent. Absent from controllers
+    /// that predate it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_inflight: Option<u64>,
 }
 
 /// Most rids in one `Reconcile` frame; a longer list goes in several.
@@ -653,6 +674,7 @@ mod tests {
             routed_dp_rank: None,
             received_at: 0.0,
             dispatch_seq: 3,
+            submission_seq: None,
         };
         assert_eq!(Message::EmbedReq(embed).dispatch_seq(), Some(3));
         let abort = Message::Abort(Abort { rid: None });

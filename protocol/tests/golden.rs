@@ -908,6 +908,7 @@ fn minimal_frames_from_other_languages_decode_with_defaults() {
         received_at: 1_700_000_000.0,
         dispatch_seq: 0,
         disagg: None,
+        submission_seq: None,
     };
     assert_eq!(req, expected);
 

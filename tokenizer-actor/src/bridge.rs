@@ -50,7 +50,10 @@ struct Shared {
     /// Set by [`Bridge::end_all`]: the tokenizer is stopping and takes no new requests.
     stopping: AtomicBool,
     /// To the sender thread; taken (closing the channel, which ends that thread) at shutdown.
+    /// Its lock also orders the requests' `submission_seq`s as they are sent.
     outbox: Mutex<Option<mpsc::Sender<Message>>>,
+    /// The last `submission_seq` given (0: none yet).
+    submission_seq: std::sync::atomic::AtomicU64,
     /// Counts the cluster statuses handed to the view, for those who wait for the next one.
     cluster_updates: tokio::sync::watch::Sender<u64>,
 }
@@ -119,6 +122,7 @@ impl Bridge {
             stop: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             outbox: Mutex::new(Some(tx)),
+            submission_seq: std::sync::atomic::AtomicU64::new(0),
             cluster_updates: tokio::sync::watch::Sender::new(0),
         });
         let io = |what: &str, source| TokenizerError::Io {
@@ -197,6 +201,12 @@ impl Bridge {
         self.shared.cluster_updates.subscribe()
     }
 
+    /// What the registry's ledger check found broken since start.
+    pub async fn invariant_violations(&self) -> Vec<String> {
+        let found = self.shared.registry.send(registry::Violations).await;
+        found.unwrap_or_default()
+    }
+
     pub async fn in_flight(&self) -> usize {
         self.shared
             .registry
@@ -257,12 +267,32 @@ impl Drop for Bridge {
 }
 
 impl Shared {
-    /// Queue `msg` for the controller; false once shut down.
-    fn send(&self, msg: Message) -> bool {
-        match lock(&self.outbox).as_ref() {
-            Some(tx) => tx.send(msg).is_ok(),
-            None => false,
+    /// Queue `msg` for the controller; false once shut down. A new request gets the next
+    /// `submission_seq` here, in the order it is queued, and the registry learns it first.
+    fn send(&self, mut msg: Message) -> bool {
+        let outbox = lock(&self.outbox);
+        let Some(tx) = outbox.as_ref() else {
+            return false;
+        };
+        if let Message::GenerateReq(protocol::GenerateReq {
+            rid,
+            submission_seq,
+            ..
+        })
+        | Message::EmbedReq(protocol::EmbedReq {
+            rid,
+            submission_seq,
+            ..
+        }) = &mut msg
+        {
+            let seq = self.submission_seq.fetch_add(1, Ordering::Relaxed) + 1;
+            *submission_seq = Some(seq);
+            self.registry.do_send(registry::Submitted {
+                rid: rid.clone(),
+                seq,
+            });
         }
+        tx.send(msg).is_ok()
     }
 
     /// A controller this tokenizer has not seen before (a restart) may have taken requests in
@@ -311,6 +341,10 @@ fn reader_loop(sock: zmq::Socket, shared: &Shared, peer: &str, tracer: &MessageT
             Some(Message::ClusterStatus(status)) => {
                 let restarted = controller_id.is_some() && status.controller_id != controller_id;
                 controller_id = status.controller_id;
+                // After every output read before it: the registry's ledger check.
+                shared
+                    .registry
+                    .do_send(registry::ControllerStatus::of(&status));
                 shared.cluster.do_send(cluster_view::Update(status));
                 shared
                     .cluster_updates

@@ -502,6 +502,8 @@ mod tests {
             routing,
             controller_id: None,
             regret: Vec::new(),
+            num_inflight: None,
+            taken_submission_seq: None,
         }
     }
 

@@ -4,6 +4,18 @@
 //! the cluster view and shutdown end requests that cannot be answered. None of them touches
 //! the map: they send messages, so there is no lock to hold across a send or to poison.
 //!
+//! It also keeps the tokenizer's third of the ledger check (the controller's is
+//! `controller::ledger`, the worker's `worker::scheduler::ledger`): a request this tokenizer
+//! still waits on must be one the controller holds, or one whose final answer is on its way.
+//! Exact without any rid list on the wire, at the controller's quiet points: a status that has
+//! taken every request this tokenizer sent (`taken_submission_seq` = the last `submission_seq`
+//! given), counts none in flight (`num_inflight` 0) and shows every live rank idle has had
+//! every final answer sent, so a request still waiting without one, at three such statuses in a
+//! row (over a second: the grace for an answer still on its way from a worker), is lost: it
+//! would wait for its timeout. Reported (`/get_server_info` `invariant_violations`, an error
+//! log line), not repaired. Requests sent before this controller was first heard from are left
+//! to `Reconcile`.
+//!
 //! Not here: the sockets (`bridge`) and the cluster status (`cluster_view`).
 
 use std::collections::HashMap;
@@ -27,13 +39,30 @@ struct Pending {
     tx: UnboundedSender<TokenOut>,
     registered: Instant,
     answered: bool,
+    /// Its final output (or error) came.
+    finished: bool,
+    /// Its `submission_seq` once sent (`None`: not sent yet).
+    seq: Option<u64>,
+    /// Quiet controller statuses in a row that it waited through unanswered.
+    quiet_strikes: u8,
 }
+
+/// Quiet statuses in a row a request may wait through unanswered before it counts as lost:
+/// the controller sends one every ~500 ms, so over a second for its final answer to arrive.
+const LOST_AFTER_QUIET_STATUSES: u8 = 3;
 
 /// Owns every registered request; see the module doc.
 pub struct Registry {
     pending: HashMap<String, Pending>,
     /// Most requests in flight at once; past it a new one is refused at once.
     cap: usize,
+    /// The last `submission_seq` given (0: none).
+    last_seq: u64,
+    /// The controller heard from, and the last `submission_seq` given when it was first heard
+    /// from: requests up to it are the business of `Reconcile`, not of this check.
+    controller: Option<(Option<u64>, u64)>,
+    /// What the ledger check found broken (the first few).
+    violations: Vec<String>,
 }
 
 impl Registry {
@@ -41,6 +70,9 @@ impl Registry {
         Registry {
             pending: HashMap::new(),
             cap,
+            last_seq: 0,
+            controller: None,
+            violations: Vec::new(),
         }
     }
 }
@@ -71,6 +103,9 @@ impl Handler<Register> for Registry {
             tx,
             registered: Instant::now(),
             answered: false,
+            finished: false,
+            seq: None,
+            quiet_strikes: 0,
         };
         self.pending.insert(msg.rid, pending);
         Ok(rx)
@@ -109,11 +144,131 @@ impl Handler<Deliver> for Registry {
         match self.pending.get_mut(&out.rid) {
             Some(p) => {
                 p.answered = true;
+                p.finished |=
+                    out.finish_reason.is_some() || out.error.is_some() || out.embedding.is_some();
                 // The receiver is gone only if the request just ended; nothing to do.
                 let _ = p.tx.send(out);
             }
             None => tracing::debug!(rid = %out.rid, "output for unknown or finished request"),
         }
+    }
+}
+
+/// `rid` went to the controller as `submission_seq` `seq` (sent before the request itself).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Submitted {
+    pub rid: String,
+    pub seq: u64,
+}
+
+impl Handler<Submitted> for Registry {
+    type Result = ();
+
+    fn handle(&mut self, msg: Submitted, _: &mut Context<Self>) {
+        self.last_seq = self.last_seq.max(msg.seq);
+        if let Some(p) = self.pending.get_mut(&msg.rid) {
+            p.seq = Some(msg.seq);
+        }
+    }
+}
+
+/// What the ledger check reads of a `ClusterStatus`.
+#[derive(Message, Debug, Clone, PartialEq)]
+#[rtype(result = "()")]
+pub struct ControllerStatus {
+    pub controller_id: Option<u64>,
+    pub taken_submission_seq: Option<u64>,
+    pub num_inflight: Option<u64>,
+    /// Every live rank's status shows nothing running, waiting or being transferred.
+    pub ranks_idle: bool,
+}
+
+impl ControllerStatus {
+    pub fn of(status: &protocol::ClusterStatus) -> Self {
+        let idle = |r: &protocol::RankInfo| {
+            r.status.as_ref().is_some_and(|s| {
+                s.num_running_reqs == 0
+                    && s.num_waiting_reqs == 0
+                    && s.disagg
+                        .as_ref()
+                        .is_none_or(|d| d.num_bootstrap_reqs == 0 && d.num_transfer_reqs == 0)
+            })
+        };
+        ControllerStatus {
+            controller_id: status.controller_id,
+            taken_submission_seq: status.taken_submission_seq,
+            num_inflight: status.num_inflight,
+            ranks_idle: status.live_ranks.iter().all(idle),
+        }
+    }
+}
+
+impl Handler<ControllerStatus> for Registry {
+    type Result = ();
+
+    fn handle(&mut self, msg: ControllerStatus, _: &mut Context<Self>) {
+        let found = self.check_ledger(&msg);
+        for line in protocol::note_violations(&mut self.violations, found) {
+            tracing::error!("ledger check: {line}");
+        }
+    }
+}
+
+impl Registry {
+    /// The lost requests `status` shows, one line each (see the module doc).
+    fn check_ledger(&mut self, status: &ControllerStatus) -> Vec<String> {
+        let since = match self.controller {
+            Some((id, since)) if id == status.controller_id => since,
+            _ => {
+                // A controller not heard from before: what was sent until now is Reconcile's.
+                self.controller = Some((status.controller_id, self.last_seq));
+                for p in self.pending.values_mut() {
+                    p.quiet_strikes = 0;
+                }
+                return Vec::new();
+            }
+        };
+        let quiet = status.num_inflight == Some(0)
+            && status.ranks_idle
+            && status.taken_submission_seq == Some(self.last_seq)
+            && self.last_seq > since;
+        if quiet {
+            tracing::trace!(through = self.last_seq, "ledger check at a quiet point");
+        }
+        let mut lost = Vec::new();
+        for (rid, p) in self.pending.iter_mut() {
+            let checked = quiet && !p.finished && p.seq.is_some_and(|seq| seq > since);
+            if !checked {
+                p.quiet_strikes = 0;
+                continue;
+            }
+            p.quiet_strikes = p.quiet_strikes.saturating_add(1);
+            if p.quiet_strikes == LOST_AFTER_QUIET_STATUSES {
+                lost.push(format!(
+                    "rid {rid}: waiting at the tokenizer (submission_seq {}), but the controller \
+                     took every request through {}, counts none in flight and every live rank \
+                     is idle, {LOST_AFTER_QUIET_STATUSES} statuses in a row",
+                    p.seq.unwrap_or(0),
+                    self.last_seq
+                ));
+            }
+        }
+        lost.sort();
+        lost
+    }
+}
+
+/// What the ledger check found broken since start (the first few).
+#[derive(Message)]
+#[rtype(result = "Vec<String>")]
+pub struct Violations;
+
+impl Handler<Violations> for Registry {
+    type Result = MessageResult<Violations>;
+
+    fn handle(&mut self, _: Violations, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.violations.clone())
     }
 }
 
@@ -209,6 +364,7 @@ impl Handler<Count> for Registry {
 
 fn fail(rid: &str, p: &mut Pending, why: &str) {
     p.answered = true;
+    p.finished = true;
     let _ = p.tx.send(TokenOut::error(rid, 503, why));
 }
 
@@ -304,5 +460,104 @@ mod tests {
         assert_eq!(failed, vec!["open".to_string()]);
         let err = open.recv().await.unwrap().error.unwrap();
         assert_eq!((err.status, err.message.as_str()), (503, "stopping"));
+    }
+
+    /// A status of controller 1 that took everything through `taken`.
+    fn quiet(taken: u64) -> ControllerStatus {
+        ControllerStatus {
+            controller_id: Some(1),
+            taken_submission_seq: Some(taken),
+            num_inflight: Some(0),
+            ranks_idle: true,
+        }
+    }
+
+    async fn sent(reg: &actix::Addr<Registry>, rid: &str, seq: u64) -> UnboundedReceiver<TokenOut> {
+        let rx = reg
+            .send(Register { rid: rid.into() })
+            .await
+            .unwrap()
+            .unwrap();
+        reg.do_send(Submitted {
+            rid: rid.into(),
+            seq,
+        });
+        rx
+    }
+
+    fn finished(rid: &str) -> TokenOut {
+        TokenOut {
+            finish_reason: Some(protocol::FinishReason::Length),
+            ..out(rid)
+        }
+    }
+
+    #[actix_rt::test]
+    async fn a_request_the_quiet_controller_took_but_nobody_answered_is_named_once() {
+        let reg = Registry::new(8).start();
+        reg.send(quiet(0)).await.unwrap(); // the controller is heard from first
+        let _lost = sent(&reg, "lost", 1).await;
+        let _done = sent(&reg, "done", 2).await;
+        reg.do_send(Deliver(finished("done")));
+        for _ in 0..LOST_AFTER_QUIET_STATUSES - 1 {
+            reg.send(quiet(2)).await.unwrap();
+        }
+        assert!(
+            reg.send(Violations).await.unwrap().is_empty(),
+            "within the grace"
+        );
+        for _ in 0..3 {
+            reg.send(quiet(2)).await.unwrap();
+        }
+        let v = reg.send(Violations).await.unwrap();
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(
+            v[0].starts_with("rid lost: waiting at the tokenizer (submission_seq 1)"),
+            "{v:?}"
+        );
+    }
+
+    #[actix_rt::test]
+    async fn no_violation_unless_every_status_in_a_row_is_quiet_and_the_request_is_this_controllers(
+    ) {
+        let busy = [
+            ControllerStatus {
+                num_inflight: Some(1),
+                ..quiet(2)
+            },
+            ControllerStatus {
+                ranks_idle: false,
+                ..quiet(2)
+            },
+            quiet(1), // the second request not taken in yet
+            ControllerStatus {
+                num_inflight: None, // a controller that predates the fields
+                taken_submission_seq: None,
+                ..quiet(2)
+            },
+        ];
+        for not_quiet in busy {
+            let reg = Registry::new(8).start();
+            reg.send(quiet(0)).await.unwrap();
+            let _a = sent(&reg, "a", 1).await;
+            let _b = sent(&reg, "b", 2).await;
+            // Quiet, not quiet, quiet, quiet: never three quiet in a row.
+            for status in [quiet(2), not_quiet.clone(), quiet(2), quiet(2)] {
+                reg.send(status).await.unwrap();
+            }
+            let v = reg.send(Violations).await.unwrap();
+            assert!(v.is_empty(), "{not_quiet:?}: {v:?}");
+        }
+
+        // Sent before this controller was first heard from (a restart): Reconcile's business.
+        let reg = Registry::new(8).start();
+        let _old = sent(&reg, "old", 1).await;
+        reg.send(quiet(0)).await.unwrap();
+        let _new = sent(&reg, "new", 2).await;
+        reg.do_send(Deliver(finished("new")));
+        for _ in 0..5 {
+            reg.send(quiet(2)).await.unwrap();
+        }
+        assert!(reg.send(Violations).await.unwrap().is_empty());
     }
 }

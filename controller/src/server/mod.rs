@@ -86,6 +86,8 @@ pub struct Controller {
     reconciles: Vec<reconcile::PendingReconcile>,
     /// When the live ranks' connections were last probed (`probe_ranks`).
     last_probe: Instant,
+    /// The last `submission_seq` taken in from the tokenizer (`ClusterStatus.taken_submission_seq`).
+    taken_submission_seq: Option<u64>,
 }
 
 impl Controller {
@@ -142,6 +144,7 @@ impl Controller {
             id: protocol::random_room(),
             reconciles: Vec::new(),
             last_probe: Instant::now(),
+            taken_submission_seq: None,
             config,
         })
     }
@@ -242,6 +245,18 @@ impl Controller {
         let _span = msg
             .rid()
             .map(|rid| tracing::info_span!("request", rid).entered());
+        // Taken in: from here it ends with an error sent now or a dispatch counted in flight.
+        if let Message::GenerateReq(protocol::GenerateReq {
+            submission_seq: Some(seq),
+            ..
+        })
+        | Message::EmbedReq(protocol::EmbedReq {
+            submission_seq: Some(seq),
+            ..
+        }) = &msg
+        {
+            self.taken_submission_seq = self.taken_submission_seq.max(Some(*seq));
+        }
         match msg {
             Message::GenerateReq(req) if self.refused_rid(&req.rid) => {}
             Message::EmbedReq(req) if self.refused_rid(&req.rid) => {}
@@ -522,6 +537,8 @@ impl Controller {
             routing: self.route_counts.snapshot(),
             controller_id: Some(self.id),
             regret: self.route_counts.regret(),
+            taken_submission_seq: self.taken_submission_seq,
+            num_inflight: Some(self.ranks.num_inflight()),
         };
         self.send_to_tokenizer(&Message::ClusterStatus(status));
         self.last_cluster_status = Instant::now();

@@ -45,6 +45,7 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                 received_at: T0,
                 dispatch_seq: 7,
                 disagg: None,
+                submission_seq: None,
             }),
         ),
         (
@@ -67,6 +68,7 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                     decode_rank: 1,
                     prefill_kv_endpoint: "tcp://10.0.0.5:7010".into(),
                 }),
+                submission_seq: None,
             }),
         ),
         (
@@ -78,6 +80,7 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                 routed_dp_rank: Some(1),
                 received_at: T0,
                 dispatch_seq: 7,
+                submission_seq: None,
             }),
         ),
         (
@@ -200,6 +203,8 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                 }],
                 controller_id: None,
                 regret: Vec::new(),
+                num_inflight: None,
+                taken_submission_seq: None,
             }),
         ),
         (

@@ -163,7 +163,8 @@ async fn embed_all(
             routing_key: input.routing_key.clone(),
             routed_dp_rank: input.routed_dp_rank,
             received_at,
-            dispatch_seq: 0, // the controller numbers it
+            dispatch_seq: 0,      // the controller numbers it
+            submission_seq: None, // the bridge numbers it as it sends it
         });
     }
     validate::check_rank(input.routed_dp_rank, &limits)?;

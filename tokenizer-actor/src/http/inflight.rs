@@ -103,8 +103,9 @@ fn to_wire(sub: Submission, state: &AppState) -> GenerateReq {
         return_logprob: sub.return_logprob,
         top_logprobs_num: sub.top_logprobs_num,
         received_at: sub.received_at,
-        dispatch_seq: 0, // the controller numbers it
-        disagg: None,    // the controller pairs it in a disaggregated deployment
+        dispatch_seq: 0,      // the controller numbers it
+        disagg: None,         // the controller pairs it in a disaggregated deployment
+        submission_seq: None, // the bridge numbers it as it sends it
     }
 }
 

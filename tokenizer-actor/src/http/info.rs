@@ -113,6 +113,7 @@ pub async fn server_info(state: web::Data<AppState>) -> HttpResponse {
         frames_dropped: state.bridge.frames_dropped(),
         chat_template: state.chat_template.source.describe(),
         api_key_required: !state.api_keys.is_empty(),
+        invariant_violations: state.bridge.invariant_violations().await,
     })
 }
 
@@ -446,6 +447,8 @@ mod tests {
             routing: Vec::new(),
             controller_id: None,
             regret: Vec::new(),
+            num_inflight: None,
+            taken_submission_seq: None,
         }
     }
 

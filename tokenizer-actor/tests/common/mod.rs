@@ -158,6 +158,9 @@ fn cluster(live: &[u32], idle: bool) -> ClusterStatus {
         routing: Vec::new(),
         controller_id: None,
         regret: Vec::new(),
+        // A controller that predates the ledger fields: the tokenizer never checks.
+        taken_submission_seq: None,
+        num_inflight: None,
     }
 }
 

@@ -90,6 +90,11 @@ pub struct ServerInfo {
     pub frames_dropped: u64,
     pub chat_template: String,
     pub api_key_required: bool,
+    /// What the tokenizer's ledger check found broken since start (the first few): a request
+    /// it still waits on though the controller took every request, counts none in flight and
+    /// every live rank is idle. Empty while the check holds. Each rank's own checks are in
+    /// `ranks` (`invariant_violations`, and its `status`'s).
+    pub invariant_violations: Vec<String>,
 }
 
 /// `GET /get_model_info` (alias `/model_info`).
