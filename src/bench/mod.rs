@@ -608,45 +608,15 @@ fn append_jsonl(path: &Path, line: &Value) -> anyhow::Result<()> {
 pub async fn run_once(base_url: &str, plan: &Plan) -> anyhow::Result<(RunInfo, BenchMetrics)> {
     let mut client = BenchClient::new(base_url, plan.backend, plan.model.clone())?;
     let facts = probe::probe(&client, plan.vocab_size, plan.model.as_deref()).await?;
-    let notes = facts.notes(plan.backend == Backend::Openai);
+    let mut notes = facts.notes(plan.backend == Backend::Openai);
     for note in &notes {
         eprintln!("note: {note}");
     }
     if let Some(model) = &facts.model {
         client.set_model(model.clone());
     }
-    let vocab_size = facts.vocab_size;
-    let requests = match plan.gsp.dataset {
-        Dataset::Mooncake => {
-            mooncake::generate(&plan.trace, vocab_size, plan.num_prompts, plan.seed)?
-        }
-        _ => workload::generate(&plan.gsp, vocab_size, plan.num_prompts, plan.seed)?,
-    };
-    anyhow::ensure!(
-        !requests.is_empty(),
-        "the workload is empty (--num-prompts 0, or a trace window with no request?)"
-    );
-
-    if plan.warmup_requests > 0 {
-        let (len, output) = match plan.gsp.dataset {
-            Dataset::Mooncake => (requests[0].prompt_len(), requests[0].output_len),
-            _ => (
-                plan.gsp.system_prompt_len + plan.gsp.question_len,
-                plan.gsp.output_len,
-            ),
-        };
-        let w = workload::warmup_request(vocab_size, len, output.min(WARMUP_MAX_OUTPUT), plan.seed);
-        let warm: Vec<BenchRequest> = (0..plan.warmup_requests).map(|_| w.clone()).collect();
-        let n = warm.len();
-        let (outcomes, _) =
-            send_all(&client, warm, vec![0.0; n], None, ProgressBar::hidden()).await;
-        if let Some(failed) = outcomes.iter().find(|o| !o.success) {
-            anyhow::bail!(
-                "warm-up failed: {}",
-                failed.error.as_deref().unwrap_or("unknown error")
-            );
-        }
-    }
+    let requests = workload_of(plan, facts.vocab_size)?;
+    warm_up(&client, plan, &requests, facts.vocab_size).await?;
     if plan.flush_cache {
         client.flush_cache().await?;
         // The flush is fire-and-forget to the ranks; give it a moment to land.
@@ -661,18 +631,7 @@ pub async fn run_once(base_url: &str, plan: &Plan) -> anyhow::Result<(RunInfo, B
         .iter()
         .map(|&i| requests[i].input_ids.clone())
         .collect();
-    let pb = if plan.progress {
-        let pb = ProgressBar::new(requests.len() as u64);
-        pb.set_style(
-            ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} {msg}",
-            )
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        pb
-    } else {
-        ProgressBar::hidden()
-    };
+    let pb = progress_bar(plan.progress, requests.len());
     let num_prompts = requests.len();
     let (outcomes, duration) = send_all(
         &client,
@@ -696,32 +655,11 @@ pub async fn run_once(base_url: &str, plan: &Plan) -> anyhow::Result<(RunInfo, B
         ),
         Err(_) => None,
     };
-    let rank_hits = after.as_ref().map(|after| {
-        let mut rank_hits = Map::new();
-        for r in after["ranks"].as_array().into_iter().flatten() {
-            if let (Some(rank), Some(rate)) =
-                (r["rank"].as_u64(), r["status"]["cache_hit_rate"].as_f64())
-            {
-                rank_hits.insert(rank.to_string(), json!(rate));
-            }
-        }
-        rank_hits
-    });
+    let rank_hits = after.as_ref().map(rank_cache_hits);
     let after = after.unwrap_or(Value::Null);
     if let Some(dp) = after["dp_size"].as_u64() {
         m = m.with_ranks(dp as u32);
     }
-    // Every rank's KV pool added up (unknown without /get_server_info).
-    let capacity: Option<u64> = after["ranks"].as_array().and_then(|ranks| {
-        ranks
-            .iter()
-            .map(|r| {
-                r["capacity"]["max_total_tokens"]
-                    .as_u64()
-                    .or(r["status"]["max_total_tokens"].as_u64())
-            })
-            .sum()
-    });
     let granularity = match plan.gsp.dataset {
         Dataset::Mooncake => plan.trace.block_tokens,
         _ => 1,
@@ -729,7 +667,7 @@ pub async fn run_once(base_url: &str, plan: &Plan) -> anyhow::Result<(RunInfo, B
     m.ceilings = Some(ceiling::compute(
         prompts.iter().map(Vec::as_slice),
         granularity,
-        capacity,
+        total_kv_capacity(&after),
     ));
     let sim_profiles: Vec<String> = after["sim_profiles"]
         .as_array()
@@ -737,7 +675,6 @@ pub async fn run_once(base_url: &str, plan: &Plan) -> anyhow::Result<(RunInfo, B
         .flatten()
         .filter_map(|p| p.as_str().map(str::to_string))
         .collect();
-    let mut notes = notes;
     if !sim_profiles.is_empty() {
         notes.push(format!(
             "SIMULATED: the ranks are simulated ({}); every timing here comes from a cost \
@@ -764,6 +701,91 @@ pub async fn run_once(base_url: &str, plan: &Plan) -> anyhow::Result<(RunInfo, B
         sim_profiles,
     };
     Ok((info, m))
+}
+
+/// The requests of the plan's dataset (a trace window, or a generated workload).
+fn workload_of(plan: &Plan, vocab_size: u32) -> anyhow::Result<Vec<BenchRequest>> {
+    let requests = match plan.gsp.dataset {
+        Dataset::Mooncake => {
+            mooncake::generate(&plan.trace, vocab_size, plan.num_prompts, plan.seed)?
+        }
+        _ => workload::generate(&plan.gsp, vocab_size, plan.num_prompts, plan.seed)?,
+    };
+    anyhow::ensure!(
+        !requests.is_empty(),
+        "the workload is empty (--num-prompts 0, or a trace window with no request?)"
+    );
+    Ok(requests)
+}
+
+/// `--warmup-requests` requests of the workload's shape, all sent at once; any failure stops
+/// the run.
+async fn warm_up(
+    client: &BenchClient,
+    plan: &Plan,
+    requests: &[BenchRequest],
+    vocab_size: u32,
+) -> anyhow::Result<()> {
+    if plan.warmup_requests == 0 {
+        return Ok(());
+    }
+    let (len, output) = match plan.gsp.dataset {
+        Dataset::Mooncake => (requests[0].prompt_len(), requests[0].output_len),
+        _ => (
+            plan.gsp.system_prompt_len + plan.gsp.question_len,
+            plan.gsp.output_len,
+        ),
+    };
+    let w = workload::warmup_request(vocab_size, len, output.min(WARMUP_MAX_OUTPUT), plan.seed);
+    let warm: Vec<BenchRequest> = (0..plan.warmup_requests).map(|_| w.clone()).collect();
+    let n = warm.len();
+    let (outcomes, _) = send_all(client, warm, vec![0.0; n], None, ProgressBar::hidden()).await;
+    if let Some(failed) = outcomes.iter().find(|o| !o.success) {
+        anyhow::bail!(
+            "warm-up failed: {}",
+            failed.error.as_deref().unwrap_or("unknown error")
+        );
+    }
+    Ok(())
+}
+
+fn progress_bar(shown: bool, len: usize) -> ProgressBar {
+    if !shown {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(len as u64);
+    pb.set_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    pb
+}
+
+/// Each rank's cache hit rate, by rank, from `/get_server_info`.
+fn rank_cache_hits(info: &Value) -> Map<String, Value> {
+    let mut rank_hits = Map::new();
+    for r in info["ranks"].as_array().into_iter().flatten() {
+        if let (Some(rank), Some(rate)) =
+            (r["rank"].as_u64(), r["status"]["cache_hit_rate"].as_f64())
+        {
+            rank_hits.insert(rank.to_string(), json!(rate));
+        }
+    }
+    rank_hits
+}
+
+/// Every rank's KV pool added up, from `/get_server_info` (unknown without it).
+fn total_kv_capacity(info: &Value) -> Option<u64> {
+    info["ranks"].as_array().and_then(|ranks| {
+        ranks
+            .iter()
+            .map(|r| {
+                r["capacity"]["max_total_tokens"]
+                    .as_u64()
+                    .or(r["status"]["max_total_tokens"].as_u64())
+            })
+            .sum()
+    })
 }
 
 /// Sends every request at its arrival time (seconds after start) and, when it names one, once

@@ -72,154 +72,16 @@ fn refuse(param: &str, what: &str) -> ApiError {
     )
 }
 
+/// The request body, checked; each check in the order its error is reported.
 pub fn parse(body: &[u8], headers: &HeaderInputs, kind: Kind) -> Result<OpenAiRequest, ApiError> {
     let obj = object(body)?;
-    let f32_or = |name: &str, default: f32| -> Result<f32, ApiError> {
-        Ok(validate::f32_field(&obj, "", name)?.unwrap_or(default))
-    };
-    let temperature = f32_or("temperature", 1.0)?;
-    if !(0.0..=2.0).contains(&temperature) {
-        return Err(ApiError::invalid_param(
-            "temperature",
-            format!("temperature must be in [0, 2], got {temperature}"),
-        ));
-    }
-    let mut top_p = f32_or("top_p", 1.0)?;
-    if !(0.0..=1.0).contains(&top_p) {
-        return Err(ApiError::invalid_param(
-            "top_p",
-            format!("top_p must be in [0, 1], got {top_p}"),
-        ));
-    }
-    let mut top_k = field::<i32>(&obj, "", "top_k")?.unwrap_or(-1);
-    if top_k == 0 {
-        top_k = -1; // vLLM's spelling of "off"
-    }
-    if top_p == 0.0 {
-        // Only the most likely token is left: greedy.
-        top_p = 1.0;
-        top_k = 1;
-    }
-    let n = field::<i64>(&obj, "", "n")?.unwrap_or(1);
-    if !(1..=MAX_N as i64).contains(&n) {
-        return Err(ApiError::invalid_param(
-            "n",
-            format!("n must be in [1, {MAX_N}], got {n}"),
-        ));
-    }
-    let n = n as usize;
-    if let Some(best_of) = field::<i64>(&obj, "", "best_of")? {
-        if best_of < n as i64 {
-            return Err(ApiError::invalid_param("best_of", "best_of must be >= n"));
-        }
-        if best_of != n as i64 {
-            return Err(refuse("best_of", "best_of greater than n"));
-        }
-    }
-
-    let max_tokens = match kind {
-        Kind::Completions => {
-            Some(max_tokens_field(&obj, "max_tokens")?.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS))
-        }
-        // Both checked, though max_completion_tokens wins: a bad field is a 400 wherever it is.
-        Kind::Chat => {
-            let legacy = max_tokens_field(&obj, "max_tokens")?;
-            max_tokens_field(&obj, "max_completion_tokens")?.or(legacy)
-        }
-    };
-
-    let stream = field::<bool>(&obj, "", "stream")?.unwrap_or(false);
-    let include_usage = match obj.get("stream_options") {
-        None | Some(Value::Null) => false,
-        Some(Value::Object(o)) => {
-            if !stream {
-                return Err(ApiError::invalid_param(
-                    "stream_options",
-                    "stream_options is only allowed when stream is true",
-                ));
-            }
-            field::<bool>(o, "stream_options.", "include_usage")?.unwrap_or(false)
-        }
-        Some(_) => {
-            return Err(ApiError::invalid_param(
-                "stream_options",
-                "stream_options: expected an object",
-            ))
-        }
-    };
-
-    let (logprobs, top_logprobs) = match kind {
-        Kind::Completions => match field::<u32>(&obj, "", "logprobs")? {
-            None => (false, 0),
-            Some(k) if k > MAX_COMPLETION_LOGPROBS => {
-                return Err(ApiError::invalid_param(
-                    "logprobs",
-                    format!("logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}], got {k}"),
-                ))
-            }
-            Some(k) => (true, k),
-        },
-        Kind::Chat => {
-            let on = field::<bool>(&obj, "", "logprobs")?.unwrap_or(false);
-            match field::<u32>(&obj, "", "top_logprobs")? {
-                None | Some(0) => (on, 0),
-                Some(k) if k > MAX_CHAT_TOP_LOGPROBS => {
-                    return Err(ApiError::invalid_param(
-                        "top_logprobs",
-                        format!("top_logprobs must be in [0, {MAX_CHAT_TOP_LOGPROBS}], got {k}"),
-                    ))
-                }
-                Some(_) if !on => {
-                    return Err(ApiError::invalid_param(
-                        "top_logprobs",
-                        "top_logprobs requires logprobs to be true",
-                    ))
-                }
-                Some(k) => (true, k),
-            }
-        }
-    };
-
-    // Features this server does not have: refuse by name rather than ignore.
-    if obj
-        .get("tools")
-        .and_then(Value::as_array)
-        .is_some_and(|t| !t.is_empty())
-        || obj
-            .get("functions")
-            .and_then(Value::as_array)
-            .is_some_and(|t| !t.is_empty())
-    {
-        return Err(refuse("tools", "tool calling"));
-    }
-    if let Some(rf) = obj.get("response_format").filter(|v| !v.is_null()) {
-        if rf.get("type").and_then(Value::as_str) != Some("text") {
-            return Err(refuse("response_format", "structured output"));
-        }
-    }
-    if field::<String>(&obj, "", "suffix")?.is_some_and(|s| !s.is_empty()) {
-        return Err(refuse("suffix", "suffix"));
-    }
-    // Ignored, but of its documented type.
-    field::<String>(&obj, "", "user")?;
-
-    let seed = field::<i64>(&obj, "", "seed")?.map(|s| s as u64);
-    let d = SamplingParams::default();
-    let sampling = SamplingParams {
-        max_new_tokens: max_tokens.unwrap_or(d.max_new_tokens),
-        temperature,
-        top_p,
-        top_k,
-        min_p: f32_or("min_p", d.min_p)?,
-        seed,
-        repetition_penalty: f32_or("repetition_penalty", d.repetition_penalty)?,
-        frequency_penalty: f32_or("frequency_penalty", d.frequency_penalty)?,
-        presence_penalty: f32_or("presence_penalty", d.presence_penalty)?,
-        stop_token_ids: field(&obj, "", "stop_token_ids")?.unwrap_or_default(),
-        ignore_eos: field(&obj, "", "ignore_eos")?.unwrap_or(false),
-        logit_bias: validate::logit_bias(&obj, "")?,
-    };
-    validate::check_sampling(&sampling, "")?;
+    let (temperature, top_p, top_k) = temperature_top_p_top_k(&obj)?;
+    let n = choices(&obj)?;
+    let max_tokens = max_tokens(&obj, kind)?;
+    let (stream, include_usage) = streaming(&obj)?;
+    let (logprobs, top_logprobs) = logprobs(&obj, kind)?;
+    refuse_unsupported(&obj)?;
+    let sampling = sampling(&obj, (temperature, top_p, top_k), max_tokens)?;
     let stop = validate::stop_strings(&obj, "")?;
     let (routing_key, routed_dp_rank) = validate::routing(&obj, headers)?;
     let rid = validate::rid(&obj)?;
@@ -262,6 +124,182 @@ pub fn parse(body: &[u8], headers: &HeaderInputs, kind: Kind) -> Result<OpenAiRe
         return_cached_tokens_details: field(&obj, "", "return_cached_tokens_details")?
             .unwrap_or(false),
     })
+}
+
+fn f32_or(obj: &Map<String, Value>, name: &str, default: f32) -> Result<f32, ApiError> {
+    Ok(validate::f32_field(obj, "", name)?.unwrap_or(default))
+}
+
+/// `temperature`, `top_p` and `top_k` in range, with vLLM's `top_k: 0` as off and `top_p: 0`
+/// as greedy.
+fn temperature_top_p_top_k(obj: &Map<String, Value>) -> Result<(f32, f32, i32), ApiError> {
+    let temperature = f32_or(obj, "temperature", 1.0)?;
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(ApiError::invalid_param(
+            "temperature",
+            format!("temperature must be in [0, 2], got {temperature}"),
+        ));
+    }
+    let mut top_p = f32_or(obj, "top_p", 1.0)?;
+    if !(0.0..=1.0).contains(&top_p) {
+        return Err(ApiError::invalid_param(
+            "top_p",
+            format!("top_p must be in [0, 1], got {top_p}"),
+        ));
+    }
+    let mut top_k = field::<i32>(obj, "", "top_k")?.unwrap_or(-1);
+    if top_k == 0 {
+        top_k = -1; // vLLM's spelling of "off"
+    }
+    if top_p == 0.0 {
+        // Only the most likely token is left: greedy.
+        top_p = 1.0;
+        top_k = 1;
+    }
+    Ok((temperature, top_p, top_k))
+}
+
+/// `n` in [1, MAX_N], and `best_of`, which may only equal it.
+fn choices(obj: &Map<String, Value>) -> Result<usize, ApiError> {
+    let n = field::<i64>(obj, "", "n")?.unwrap_or(1);
+    if !(1..=MAX_N as i64).contains(&n) {
+        return Err(ApiError::invalid_param(
+            "n",
+            format!("n must be in [1, {MAX_N}], got {n}"),
+        ));
+    }
+    if let Some(best_of) = field::<i64>(obj, "", "best_of")? {
+        if best_of < n {
+            return Err(ApiError::invalid_param("best_of", "best_of must be >= n"));
+        }
+        if best_of != n {
+            return Err(refuse("best_of", "best_of greater than n"));
+        }
+    }
+    Ok(n as usize)
+}
+
+/// The completion limit: completions default to OpenAI's 16; chat has none unless given.
+fn max_tokens(obj: &Map<String, Value>, kind: Kind) -> Result<Option<u32>, ApiError> {
+    Ok(match kind {
+        Kind::Completions => {
+            Some(max_tokens_field(obj, "max_tokens")?.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS))
+        }
+        // Both checked, though max_completion_tokens wins: a bad field is a 400 wherever it is.
+        Kind::Chat => {
+            let legacy = max_tokens_field(obj, "max_tokens")?;
+            max_tokens_field(obj, "max_completion_tokens")?.or(legacy)
+        }
+    })
+}
+
+/// `stream`, and `stream_options.include_usage` (only with `stream`).
+fn streaming(obj: &Map<String, Value>) -> Result<(bool, bool), ApiError> {
+    let stream = field::<bool>(obj, "", "stream")?.unwrap_or(false);
+    let include_usage = match obj.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => {
+            if !stream {
+                return Err(ApiError::invalid_param(
+                    "stream_options",
+                    "stream_options is only allowed when stream is true",
+                ));
+            }
+            field::<bool>(o, "stream_options.", "include_usage")?.unwrap_or(false)
+        }
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "stream_options",
+                "stream_options: expected an object",
+            ))
+        }
+    };
+    Ok((stream, include_usage))
+}
+
+/// Whether log-probabilities are asked for, and how many alternatives per token: completions'
+/// `logprobs: k`, chat's `logprobs` with `top_logprobs`.
+fn logprobs(obj: &Map<String, Value>, kind: Kind) -> Result<(bool, u32), ApiError> {
+    Ok(match kind {
+        Kind::Completions => match field::<u32>(obj, "", "logprobs")? {
+            None => (false, 0),
+            Some(k) if k > MAX_COMPLETION_LOGPROBS => {
+                return Err(ApiError::invalid_param(
+                    "logprobs",
+                    format!("logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}], got {k}"),
+                ))
+            }
+            Some(k) => (true, k),
+        },
+        Kind::Chat => {
+            let on = field::<bool>(obj, "", "logprobs")?.unwrap_or(false);
+            match field::<u32>(obj, "", "top_logprobs")? {
+                None | Some(0) => (on, 0),
+                Some(k) if k > MAX_CHAT_TOP_LOGPROBS => {
+                    return Err(ApiError::invalid_param(
+                        "top_logprobs",
+                        format!("top_logprobs must be in [0, {MAX_CHAT_TOP_LOGPROBS}], got {k}"),
+                    ))
+                }
+                Some(_) if !on => {
+                    return Err(ApiError::invalid_param(
+                        "top_logprobs",
+                        "top_logprobs requires logprobs to be true",
+                    ))
+                }
+                Some(k) => (true, k),
+            }
+        }
+    })
+}
+
+/// Features this server does not have: refused by name rather than ignored.
+fn refuse_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
+    let non_empty = |name: &str| {
+        obj.get(name)
+            .and_then(Value::as_array)
+            .is_some_and(|t| !t.is_empty())
+    };
+    if non_empty("tools") || non_empty("functions") {
+        return Err(refuse("tools", "tool calling"));
+    }
+    if let Some(rf) = obj.get("response_format").filter(|v| !v.is_null()) {
+        if rf.get("type").and_then(Value::as_str) != Some("text") {
+            return Err(refuse("response_format", "structured output"));
+        }
+    }
+    if field::<String>(obj, "", "suffix")?.is_some_and(|s| !s.is_empty()) {
+        return Err(refuse("suffix", "suffix"));
+    }
+    // Ignored, but of its documented type.
+    field::<String>(obj, "", "user")?;
+    Ok(())
+}
+
+/// The sampling parameters, with the SGLang/vLLM extensions, checked as `/generate`'s are.
+fn sampling(
+    obj: &Map<String, Value>,
+    (temperature, top_p, top_k): (f32, f32, i32),
+    max_tokens: Option<u32>,
+) -> Result<SamplingParams, ApiError> {
+    let seed = field::<i64>(obj, "", "seed")?.map(|s| s as u64);
+    let d = SamplingParams::default();
+    let sampling = SamplingParams {
+        max_new_tokens: max_tokens.unwrap_or(d.max_new_tokens),
+        temperature,
+        top_p,
+        top_k,
+        min_p: f32_or(obj, "min_p", d.min_p)?,
+        seed,
+        repetition_penalty: f32_or(obj, "repetition_penalty", d.repetition_penalty)?,
+        frequency_penalty: f32_or(obj, "frequency_penalty", d.frequency_penalty)?,
+        presence_penalty: f32_or(obj, "presence_penalty", d.presence_penalty)?,
+        stop_token_ids: field(obj, "", "stop_token_ids")?.unwrap_or_default(),
+        ignore_eos: field(obj, "", "ignore_eos")?.unwrap_or(false),
+        logit_bias: validate::logit_bias(obj, "")?,
+    };
+    validate::check_sampling(&sampling, "")?;
+    Ok(sampling)
 }
 
 fn max_tokens_field(obj: &Map<String, Value>, name: &str) -> Result<Option<u32>, ApiError> {
