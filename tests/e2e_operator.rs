@@ -622,28 +622,12 @@ fn an_api_key_file_that_cannot_be_used_stops_the_start_with_one_line_and_78() {
             vec!["tokenizer", "--api-key-file", missing.to_str().unwrap()],
         ),
     ] {
-        let out = Command::new(BIN)
-            .args(&args)
-            .env("DPSERVE_PORT", free_port().to_string())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(78), "{what}: {stderr}");
-        let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
-        assert_eq!(errors.len(), 1, "{what}: one line saying why:\n{stderr}");
         let want = if what.contains("none") {
             "--open-endpoints"
         } else {
             "--api-key-file"
         };
-        assert!(
-            errors[0].starts_with("dpserve: error: ") && errors[0].contains(want),
-            "{what}: {stderr}"
-        );
-        // `up` checked it before starting any actor.
-        assert!(
-            !stderr.contains("started"),
-            "{what}: nothing starts:\n{stderr}"
-        );
+        // `up` checks it before starting any actor.
+        common::assert_refused_at_start(what, &args, want);
     }
 }

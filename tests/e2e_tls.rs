@@ -9,7 +9,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{free_port, Server};
+use common::Server;
 use serde_json::Value;
 
 /// The test CA's certificate, and a certificate for `localhost` and 127.0.0.1 it signed, with
@@ -217,22 +217,6 @@ fn certificate_files_that_cannot_be_used_stop_the_start_with_one_line_and_78() {
             "--ssl-keyfile",
         ),
     ] {
-        let out = Command::new(common::dpserve_bin())
-            .args(&args)
-            .env("DPSERVE_PORT", free_port().to_string())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(78), "{what}: {stderr}");
-        let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
-        assert_eq!(errors.len(), 1, "{what}: one line saying why:\n{stderr}");
-        assert!(
-            errors[0].starts_with("dpserve: error: ") && errors[0].contains(want),
-            "{what}: {stderr}"
-        );
-        assert!(
-            !stderr.contains("started"),
-            "{what}: nothing starts:\n{stderr}"
-        );
+        common::assert_refused_at_start(what, &args, want);
     }
 }

@@ -273,6 +273,28 @@ impl Drop for Server {
     }
 }
 
+/// `dpserve args…` (on a free port) is refused at start as a configuration error: exit status
+/// 78, one error line, `dpserve: error: …` naming `want`, and nothing started.
+pub fn assert_refused_at_start(what: &str, args: &[&str], want: &str) {
+    let out = Command::new(dpserve_bin())
+        .args(args)
+        .env("DPSERVE_PORT", free_port().to_string())
+        .output()
+        .expect("run dpserve");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{what}: {stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
+    assert_eq!(errors.len(), 1, "{what}: one line saying why:\n{stderr}");
+    assert!(
+        errors[0].starts_with("dpserve: error: ") && errors[0].contains(want),
+        "{what}: {stderr}"
+    );
+    assert!(
+        !stderr.contains("started"),
+        "{what}: nothing starts:\n{stderr}"
+    );
+}
+
 /// The tokenizer unit's `ExecStartPost=` readiness check, as `/bin/sh` would run it.
 pub fn tokenizer_readiness_command() -> String {
     let path =
