@@ -43,13 +43,19 @@ struct Pending {
     finished: bool,
     /// Its `submission_seq` once sent (`None`: not sent yet).
     seq: Option<u64>,
-    /// Quiet controller statuses in a row that it waited through unanswered.
+    /// Quiet controller statuses in a row that it waited through unanswered, and when the
+    /// first of them came.
     quiet_strikes: u8,
+    quiet_since: Option<Instant>,
+    /// The ledger check named it already.
+    reported: bool,
 }
 
-/// Quiet statuses in a row a request may wait through unanswered before it counts as lost:
-/// the controller sends one every ~500 ms, so over a second for its final answer to arrive.
+/// A request waiting unanswered through this many quiet statuses in a row, spanning at least
+/// [`LOST_AFTER`], counts as lost: the grace for a final answer still on its way from a worker
+/// (the controller sends a status every ~500 ms, and at once on a membership change).
 const LOST_AFTER_QUIET_STATUSES: u8 = 3;
+const LOST_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Owns every registered request; see the module doc.
 pub struct Registry {
@@ -106,6 +112,8 @@ impl Handler<Register> for Registry {
             finished: false,
             seq: None,
             quiet_strikes: 0,
+            quiet_since: None,
+            reported: false,
         };
         self.pending.insert(msg.rid, pending);
         Ok(rx)
@@ -182,6 +190,8 @@ pub struct ControllerStatus {
     pub num_inflight: Option<u64>,
     /// Every live rank's status shows nothing running, waiting or being transferred.
     pub ranks_idle: bool,
+    /// When the tokenizer read it.
+    pub at: Instant,
 }
 
 impl ControllerStatus {
@@ -200,6 +210,7 @@ impl ControllerStatus {
             taken_submission_seq: status.taken_submission_seq,
             num_inflight: status.num_inflight,
             ranks_idle: status.live_ranks.iter().all(idle),
+            at: Instant::now(),
         }
     }
 }
@@ -225,6 +236,7 @@ impl Registry {
                 self.controller = Some((status.controller_id, self.last_seq));
                 for p in self.pending.values_mut() {
                     p.quiet_strikes = 0;
+                    p.quiet_since = None;
                 }
                 return Vec::new();
             }
@@ -238,19 +250,24 @@ impl Registry {
         }
         let mut lost = Vec::new();
         for (rid, p) in self.pending.iter_mut() {
-            let checked = quiet && !p.finished && p.seq.is_some_and(|seq| seq > since);
+            let checked =
+                quiet && !p.finished && !p.reported && p.seq.is_some_and(|seq| seq > since);
             if !checked {
                 p.quiet_strikes = 0;
+                p.quiet_since = None;
                 continue;
             }
             p.quiet_strikes = p.quiet_strikes.saturating_add(1);
-            if p.quiet_strikes == LOST_AFTER_QUIET_STATUSES {
+            let since_first = status.at - *p.quiet_since.get_or_insert(status.at);
+            if p.quiet_strikes >= LOST_AFTER_QUIET_STATUSES && since_first >= LOST_AFTER {
+                p.reported = true;
                 lost.push(format!(
                     "rid {rid}: waiting at the tokenizer (submission_seq {}), but the controller \
                      took every request through {}, counts none in flight and every live rank \
-                     is idle, {LOST_AFTER_QUIET_STATUSES} statuses in a row",
+                     is idle, at {LOST_AFTER_QUIET_STATUSES} statuses in a row over {:.1} s",
                     p.seq.unwrap_or(0),
-                    self.last_seq
+                    self.last_seq,
+                    since_first.as_secs_f64()
                 ));
             }
         }
@@ -462,14 +479,19 @@ mod tests {
         assert_eq!((err.status, err.message.as_str()), (503, "stopping"));
     }
 
-    /// A status of controller 1 that took everything through `taken`.
-    fn quiet(taken: u64) -> ControllerStatus {
+    /// A status of controller 1 that took everything through `taken`, read `ms` after `t0`.
+    fn quiet_at(taken: u64, t0: Instant, ms: u64) -> ControllerStatus {
         ControllerStatus {
             controller_id: Some(1),
             taken_submission_seq: Some(taken),
             num_inflight: Some(0),
             ranks_idle: true,
+            at: t0 + Duration::from_millis(ms),
         }
+    }
+
+    fn quiet(taken: u64) -> ControllerStatus {
+        quiet_at(taken, Instant::now(), 0)
     }
 
     async fn sent(reg: &actix::Addr<Registry>, rid: &str, seq: u64) -> UnboundedReceiver<TokenOut> {
@@ -499,15 +521,18 @@ mod tests {
         let _lost = sent(&reg, "lost", 1).await;
         let _done = sent(&reg, "done", 2).await;
         reg.do_send(Deliver(finished("done")));
-        for _ in 0..LOST_AFTER_QUIET_STATUSES - 1 {
-            reg.send(quiet(2)).await.unwrap();
+        let t0 = Instant::now();
+        // Three quiet statuses within 100 ms (membership changes send them at once): still
+        // within the grace, which is a second.
+        for ms in [0, 50, 100] {
+            reg.send(quiet_at(2, t0, ms)).await.unwrap();
         }
         assert!(
             reg.send(Violations).await.unwrap().is_empty(),
             "within the grace"
         );
-        for _ in 0..3 {
-            reg.send(quiet(2)).await.unwrap();
+        for ms in [600, 1100, 1600, 2100, 2600, 3100, 3600] {
+            reg.send(quiet_at(2, t0, ms)).await.unwrap();
         }
         let v = reg.send(Violations).await.unwrap();
         assert_eq!(v.len(), 1, "{v:?}");
@@ -541,8 +566,14 @@ mod tests {
             reg.send(quiet(0)).await.unwrap();
             let _a = sent(&reg, "a", 1).await;
             let _b = sent(&reg, "b", 2).await;
-            // Quiet, not quiet, quiet, quiet: never three quiet in a row.
-            for status in [quiet(2), not_quiet.clone(), quiet(2), quiet(2)] {
+            // Quiet, not quiet, quiet, quiet over 1.5 s: never three quiet in a row.
+            let t0 = Instant::now();
+            for status in [
+                quiet_at(2, t0, 0),
+                not_quiet.clone(),
+                quiet_at(2, t0, 1000),
+                quiet_at(2, t0, 1500),
+            ] {
                 reg.send(status).await.unwrap();
             }
             let v = reg.send(Violations).await.unwrap();
@@ -555,8 +586,9 @@ mod tests {
         reg.send(quiet(0)).await.unwrap();
         let _new = sent(&reg, "new", 2).await;
         reg.do_send(Deliver(finished("new")));
-        for _ in 0..5 {
-            reg.send(quiet(2)).await.unwrap();
+        let t0 = Instant::now();
+        for i in 0..5 {
+            reg.send(quiet_at(2, t0, i * 500)).await.unwrap();
         }
         assert!(reg.send(Violations).await.unwrap().is_empty());
     }
