@@ -86,6 +86,25 @@ impl Message {
         (seq > 0).then_some(seq)
     }
 
+    /// The tokenizer's `submission_seq` of a generation or embedding request, once set.
+    pub fn submission_seq(&self) -> Option<u64> {
+        match self {
+            Message::GenerateReq(m) => m.submission_seq,
+            Message::EmbedReq(m) => m.submission_seq,
+            _ => None,
+        }
+    }
+
+    /// Where a generation or embedding request keeps its `submission_seq`; `None` for any
+    /// other message.
+    pub fn submission_seq_mut(&mut self) -> Option<&mut Option<u64>> {
+        match self {
+            Message::GenerateReq(m) => Some(&mut m.submission_seq),
+            Message::EmbedReq(m) => Some(&mut m.submission_seq),
+            _ => None,
+        }
+    }
+
     /// The request id the message is about, if any.
     pub fn rid(&self) -> Option<&str> {
         match self {
@@ -676,8 +695,13 @@ mod tests {
             dispatch_seq: 3,
             submission_seq: None,
         };
-        assert_eq!(Message::EmbedReq(embed).dispatch_seq(), Some(3));
-        let abort = Message::Abort(Abort { rid: None });
+        let mut embed = Message::EmbedReq(embed);
+        assert_eq!(embed.dispatch_seq(), Some(3));
+        assert_eq!(embed.submission_seq(), None);
+        *embed.submission_seq_mut().unwrap() = Some(9);
+        assert_eq!(embed.submission_seq(), Some(9));
+        let mut abort = Message::Abort(Abort { rid: None });
         assert_eq!(abort.dispatch_seq(), None);
+        assert!(abort.submission_seq_mut().is_none());
     }
 }

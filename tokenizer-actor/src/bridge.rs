@@ -274,23 +274,11 @@ impl Shared {
         let Some(tx) = outbox.as_ref() else {
             return false;
         };
-        if let Message::GenerateReq(protocol::GenerateReq {
-            rid,
-            submission_seq,
-            ..
-        })
-        | Message::EmbedReq(protocol::EmbedReq {
-            rid,
-            submission_seq,
-            ..
-        }) = &mut msg
-        {
+        if let Some(slot) = msg.submission_seq_mut() {
             let seq = self.submission_seq.fetch_add(1, Ordering::Relaxed) + 1;
-            *submission_seq = Some(seq);
-            self.registry.do_send(registry::Submitted {
-                rid: rid.clone(),
-                seq,
-            });
+            *slot = Some(seq);
+            let rid = msg.rid().unwrap_or_default().to_string();
+            self.registry.do_send(registry::Submitted { rid, seq });
         }
         tx.send(msg).is_ok()
     }

@@ -246,16 +246,8 @@ impl Controller {
             .rid()
             .map(|rid| tracing::info_span!("request", rid).entered());
         // Taken in: from here it ends with an error sent now or a dispatch counted in flight.
-        if let Message::GenerateReq(protocol::GenerateReq {
-            submission_seq: Some(seq),
-            ..
-        })
-        | Message::EmbedReq(protocol::EmbedReq {
-            submission_seq: Some(seq),
-            ..
-        }) = &msg
-        {
-            self.taken_submission_seq = self.taken_submission_seq.max(Some(*seq));
+        if let Some(seq) = msg.submission_seq() {
+            self.taken_submission_seq = self.taken_submission_seq.max(Some(seq));
         }
         match msg {
             Message::GenerateReq(req) if self.refused_rid(&req.rid) => {}
