@@ -43,10 +43,6 @@ struct Pending {
     finished: bool,
     /// Its `submission_seq` once sent (`None`: not sent yet).
     seq: Option<u64>,
-    /// Quiet controller statuses in a row that it waited through unanswered, and when the
-    /// first of them came.
-    quiet_strikes: u8,
-    quiet_since: Option<Instant>,
     /// The ledger check named it already.
     reported: bool,
 }
@@ -67,6 +63,10 @@ pub struct Registry {
     /// The controller heard from, and the last `submission_seq` given when it was first heard
     /// from: requests up to it are the business of `Reconcile`, not of this check.
     controller: Option<(Option<u64>, u64)>,
+    /// Quiet controller statuses in a row, and when the first of them came. Every request
+    /// the check reads waited through all of them: one sent during the run would have ended
+    /// it (the controller would not have taken it in yet).
+    quiet_run: Option<(u8, Instant)>,
     /// What the ledger check found broken (the first few).
     violations: Vec<String>,
 }
@@ -78,6 +78,7 @@ impl Registry {
             cap,
             last_seq: 0,
             controller: None,
+            quiet_run: None,
             violations: Vec::new(),
         }
     }
@@ -111,8 +112,6 @@ impl Handler<Register> for Registry {
             answered: false,
             finished: false,
             seq: None,
-            quiet_strikes: 0,
-            quiet_since: None,
             reported: false,
         };
         self.pending.insert(msg.rid, pending);
@@ -234,10 +233,7 @@ impl Registry {
             _ => {
                 // A controller not heard from before: what was sent until now is Reconcile's.
                 self.controller = Some((status.controller_id, self.last_seq));
-                for p in self.pending.values_mut() {
-                    p.quiet_strikes = 0;
-                    p.quiet_since = None;
-                }
+                self.quiet_run = None;
                 return Vec::new();
             }
         };
@@ -245,31 +241,31 @@ impl Registry {
             && status.ranks_idle
             && status.taken_submission_seq == Some(self.last_seq)
             && self.last_seq > since;
-        if quiet {
-            tracing::trace!(through = self.last_seq, "ledger check at a quiet point");
+        if !quiet {
+            self.quiet_run = None;
+            return Vec::new();
+        }
+        tracing::trace!(through = self.last_seq, "ledger check at a quiet point");
+        let (count, first) = self.quiet_run.get_or_insert((0, status.at));
+        *count = count.saturating_add(1);
+        let (count, waited) = (*count, status.at - *first);
+        if count < LOST_AFTER_QUIET_STATUSES || waited < LOST_AFTER {
+            return Vec::new();
         }
         let mut lost = Vec::new();
         for (rid, p) in self.pending.iter_mut() {
-            let checked =
-                quiet && !p.finished && !p.reported && p.seq.is_some_and(|seq| seq > since);
-            if !checked {
-                p.quiet_strikes = 0;
-                p.quiet_since = None;
+            if p.finished || p.reported || p.seq.is_none_or(|seq| seq <= since) {
                 continue;
             }
-            p.quiet_strikes = p.quiet_strikes.saturating_add(1);
-            let since_first = status.at - *p.quiet_since.get_or_insert(status.at);
-            if p.quiet_strikes >= LOST_AFTER_QUIET_STATUSES && since_first >= LOST_AFTER {
-                p.reported = true;
-                lost.push(format!(
-                    "rid {rid}: waiting at the tokenizer (submission_seq {}), but the controller \
-                     took every request through {}, counts none in flight and every live rank \
-                     is idle, at {LOST_AFTER_QUIET_STATUSES} statuses in a row over {:.1} s",
-                    p.seq.unwrap_or(0),
-                    self.last_seq,
-                    since_first.as_secs_f64()
-                ));
-            }
+            p.reported = true;
+            lost.push(format!(
+                "rid {rid}: waiting at the tokenizer (submission_seq {}), but the controller \
+                 took every request through {}, counts none in flight and every live rank is \
+                 idle, at {count} statuses in a row over {:.1} s",
+                p.seq.unwrap_or(0),
+                self.last_seq,
+                waited.as_secs_f64()
+            ));
         }
         lost.sort();
         lost
