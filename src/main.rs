@@ -5,6 +5,7 @@ mod bench;
 #[cfg(test)]
 mod cli_contract;
 mod forwarded;
+mod keygen;
 mod trace;
 mod up;
 
@@ -36,6 +37,8 @@ enum Command {
     /// Summarise a routing trace file or a message-trace directory, or follow one request
     /// (--rid).
     Trace(trace::TraceArgs),
+    /// Make a CURVE keypair for authenticated, encrypted ZeroMQ between hosts.
+    Keygen(keygen::KeygenArgs),
 }
 
 fn init_logging() {
@@ -93,6 +96,7 @@ fn main() -> std::process::ExitCode {
         }
         Command::Bench(args) => bench::run(args),
         Command::Trace(args) => trace::run(args),
+        Command::Keygen(args) => keygen::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -116,4 +120,7 @@ fn is_config_error(err: &anyhow::Error) -> bool {
         || err
             .downcast_ref::<tokenizer_actor::TokenizerError>()
             .is_some_and(tokenizer_actor::TokenizerError::is_config_error)
+        || err
+            .downcast_ref::<protocol::ProtocolError>()
+            .is_some_and(protocol::ProtocolError::is_config_error)
 }

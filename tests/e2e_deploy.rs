@@ -71,6 +71,16 @@ fn systemd_units_verify() {
         drop_in.join("https.conf"),
     )
     .expect("copy the HTTPS drop-in");
+    // The CURVE drop-in, on every unit (its `LoadCredential=` and `%d` likewise).
+    for unit in UNITS.iter().filter(|u| u.ends_with(".service")) {
+        let drop_in = dir.path().join(format!("{unit}.d"));
+        fs::create_dir_all(&drop_in).expect("drop-in dir");
+        fs::copy(
+            repo().join("deploy/systemd/dpserve-curve.conf"),
+            drop_in.join("curve.conf"),
+        )
+        .expect("copy the CURVE drop-in");
+    }
     // The template is verified through an instance, which is what `systemctl start` loads.
     let mut targets: Vec<PathBuf> = UNITS
         .iter()
@@ -602,4 +612,257 @@ fn sigterm_drains_running_requests_and_stops_routing_at_once() {
     );
     let status = c.wait_exit("worker 1", Duration::from_secs(60));
     assert!(status.success(), "worker 1 exited with {status}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// CURVE between hosts: keys, the allow-list, rogue peers
+// ---------------------------------------------------------------------------------------------
+
+/// `dpserve keygen DIR/NAME`, as an operator runs it.
+fn keygen(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let stem = dir.join(name);
+    let out = Command::new(BIN)
+        .arg("keygen")
+        .arg(&stem)
+        .output()
+        .expect("dpserve keygen");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (stem.with_extension("key"), stem.with_extension("pub"))
+}
+
+/// A deployment whose every TCP endpoint is CURVE: host A (tokenizer, controller) holds the
+/// `head` keypair and admits the keys in `allow/`; each worker holds its own keypair and
+/// host A's public key.
+fn curve_deployment(keys: &Path) -> Cluster {
+    let (head_key, _) = keygen(keys, "head");
+    let allow = keys.join("allow");
+    fs::create_dir(&allow).expect("allow dir");
+    let head_key = head_key.to_string_lossy().into_owned();
+    let allow = allow.to_string_lossy().into_owned();
+    deployment(&[
+        ("DPSERVE_CURVE_SECRET_KEY", head_key.as_str()),
+        ("DPSERVE_CURVE_ALLOW_DIR", allow.as_str()),
+        ("DPSERVE_DP_SIZE", "1"),
+        ("DPSERVE_WORKER_TIMEOUT", "60"),
+    ])
+}
+
+impl Cluster {
+    /// Start worker `rank` with keypair `key` (none: a plain ZeroMQ worker).
+    fn start_keyed_worker(&mut self, name: &str, rank: u32, key: Option<&Path>, keys: &Path) {
+        let head_pub = keys.join("head.pub").to_string_lossy().into_owned();
+        let key = key.map_or_else(String::new, |k| k.to_string_lossy().into_owned());
+        // Empty is unset: a worker without keys has neither.
+        let server = if key.is_empty() {
+            ""
+        } else {
+            head_pub.as_str()
+        };
+        let env = [
+            ("DPSERVE_CURVE_ALLOW_DIR", ""),
+            ("DPSERVE_CURVE_SERVER_KEY", server),
+            ("DPSERVE_CURVE_SECRET_KEY", key.as_str()),
+        ];
+        self.start_worker(name, rank, &env);
+    }
+
+    fn env_var(&self, key: &str) -> String {
+        self.env
+            .iter()
+            .find_map(|(k, v)| (k == key).then(|| v.clone()))
+            .unwrap_or_else(|| panic!("{key} not set"))
+    }
+}
+
+/// Every TCP endpoint under CURVE: a worker whose key is listed joins and serves; a worker with
+/// an unlisted key and one without CURVE never join and get no request: each says why and
+/// exits 78, and the controller logs the unlisted key; a `TokenOut` forged by a peer without a
+/// listed key reaches no client while the real request runs; a key added to the allow-list
+/// admits its worker without a restart of host A. The deployment serves throughout.
+#[test]
+fn curve_admits_listed_keys_only_and_rogue_peers_reach_nothing() {
+    let keys = tempfile::tempdir().expect("keys dir");
+    let mut c = curve_deployment(keys.path());
+    let (w0_key, w0_pub) = keygen(keys.path(), "worker0");
+    fs::copy(&w0_pub, keys.path().join("allow/worker0.pub")).expect("list worker0");
+    let (rogue_key, rogue_pub) = keygen(keys.path(), "rogue");
+    start_host_a(&mut c);
+    c.start_keyed_worker("worker 0", 0, Some(&w0_key), keys.path());
+    c.wait_live(
+        &[0],
+        &["tokenizer", "controller", "worker 0"],
+        Duration::from_secs(180),
+    );
+    let info = c.server_info().expect("server info");
+    assert_eq!(info["zmq_security"], json!("curve"), "{info}");
+    c.assert_serves_4_tokens_on(0);
+
+    // An unlisted key: refused during the handshake; the controller names the key, and the
+    // worker says so and exits EX_CONFIG (libzmq would not retry; systemd must not either).
+    c.start_keyed_worker("rogue 1", 1, Some(&rogue_key), keys.path());
+    let rogue = protocol::curve::PublicKey::load(&rogue_pub).expect("rogue key");
+    c.wait_log(
+        "controller",
+        &format!("key={rogue}"),
+        Duration::from_secs(60),
+    );
+    let status = c.wait_exit("rogue 1", Duration::from_secs(120));
+    assert_eq!(status.code(), Some(78), "{}", c.log("rogue 1"));
+    let log = c.log("rogue 1");
+    assert!(
+        log.contains(&format!("refused this process's CURVE key {rogue}")),
+        "{log}"
+    );
+    // A worker without CURVE: its handshake fails before any key is asked for.
+    c.start_keyed_worker("plain 2", 2, None, keys.path());
+    let status = c.wait_exit("plain 2", Duration::from_secs(120));
+    assert_eq!(status.code(), Some(78), "{}", c.log("plain 2"));
+    let log = c.log("plain 2");
+    assert!(
+        log.contains("one side uses CURVE and the other does not"),
+        "{log}"
+    );
+
+    // A forged final TokenOut for a running request, from a process with an unlisted key and
+    // from one without CURVE, over and over while the request runs.
+    let tokenizer_addr: protocol::Endpoint = c
+        .env_var("DPSERVE_TOKENIZER_ADDR")
+        .parse()
+        .expect("tokenizer addr");
+    let rogue_pair = protocol::curve::Keypair::load(&rogue_key).expect("rogue keypair");
+    let head = protocol::curve::PublicKey::load(&keys.path().join("head.pub")).expect("head");
+    let forgers = [zmq::Context::new(), zmq::Context::new()];
+    let keyed = protocol::Transport::curve(
+        rogue_pair,
+        head,
+        protocol::curve::AllowList::new(None, vec![]).expect("allow list"),
+    );
+    let sockets = [
+        keyed
+            .connect(&forgers[0], zmq::PUSH, &tokenizer_addr, None)
+            .expect("forger"),
+        protocol::Transport::insecure()
+            .connect(&forgers[1], zmq::PUSH, &tokenizer_addr, None)
+            .expect("plain forger"),
+    ];
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let forging = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let forged = protocol::encode(&protocol::Message::TokenOut(protocol::TokenOut::error(
+                "victim", 500, "FORGED",
+            )))
+            .expect("encode");
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // Without waiting: a refused socket has no peer to queue for.
+                for s in &sockets {
+                    let _ = s.send(&forged[..], zmq::DONTWAIT);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    let resp: Value = c
+        .http
+        .post(format!("{}/generate", c.base))
+        .json(&json!({"rid": "victim", "text": "once upon a time",
+            "sampling_params": {"max_new_tokens": 400, "ignore_eos": true}}))
+        .send()
+        .expect("POST /generate")
+        .json()
+        .expect("json");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    forging.join().expect("forger");
+    assert_eq!(resp["meta_info"]["completion_tokens"], json!(400), "{resp}");
+    assert!(!resp.to_string().contains("FORGED"), "{resp}");
+
+    // Neither rogue worker ever joined, and a request for their ranks is refused.
+    assert_eq!(c.live_ranks(), Some(BTreeSet::from([0])));
+    for rank in [1, 2] {
+        let (status, _, resp) = c.generate(Some(rank));
+        assert_eq!(status, 400, "rank {rank} must not be live: {resp}");
+    }
+    c.assert_running(&["tokenizer", "controller", "worker 0"]);
+
+    // The operator lists the key and starts that worker again: host A needs no restart.
+    fs::copy(&rogue_pub, keys.path().join("allow/rogue.pub")).expect("list rogue");
+    c.start_keyed_worker("rogue 1", 1, Some(&rogue_key), keys.path());
+    c.wait_live(
+        &[0, 1],
+        &["tokenizer", "controller", "worker 0", "rogue 1"],
+        Duration::from_secs(120),
+    );
+    c.assert_serves_4_tokens_on(1);
+}
+
+/// Safe by default: an actor told to use TCP beyond loopback without keys refuses to start
+/// with one line that says how to set keys (exit 78); a secret key others can read, or a
+/// missing one, is refused the same way.
+#[test]
+fn tcp_beyond_loopback_without_keys_or_with_a_bad_key_file_is_refused_at_start() {
+    let keys = tempfile::tempdir().expect("keys dir");
+    let (key, public) = keygen(keys.path(), "node");
+    use std::os::unix::fs::PermissionsExt;
+    let open = keys.path().join("open.key");
+    fs::copy(&key, &open).expect("copy");
+    fs::set_permissions(&open, fs::Permissions::from_mode(0o644)).expect("chmod");
+    let open = open.to_string_lossy().into_owned();
+    let public = public.to_string_lossy().into_owned();
+    let missing = keys
+        .path()
+        .join("missing.key")
+        .to_string_lossy()
+        .into_owned();
+    let runtime = keys.path().to_string_lossy().into_owned();
+    /// Arguments, variables, and what the one error line must say.
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            vec!["controller", "--worker-addr", "tcp://0.0.0.0:7"],
+            vec![],
+            "--curve-secret-key",
+        ),
+        (
+            vec!["worker", "--rank", "0", "--worker-addr", "tcp://10.0.0.1:7"],
+            vec![],
+            "--insecure-tcp",
+        ),
+        (
+            vec!["tokenizer", "--port", "0", "--tokenizer-addr", "tcp://*:7"],
+            vec![],
+            "dpserve keygen",
+        ),
+        (
+            vec!["controller"],
+            vec![("DPSERVE_CURVE_SECRET_KEY", open.as_str())],
+            "readable by others",
+        ),
+        (
+            vec!["controller"],
+            vec![("DPSERVE_CURVE_SECRET_KEY", public.as_str())],
+            "no `secret-key",
+        ),
+        (
+            vec!["controller", "--curve-secret-key", &missing],
+            vec![],
+            "missing.key",
+        ),
+    ];
+    for (args, env, says) in cases {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let out = common::actors::command(&args)
+            .env("XDG_RUNTIME_DIR", &runtime)
+            .envs(env)
+            .output()
+            .expect("run dpserve");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{args:?}: {stderr}");
+        let line: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
+        assert_eq!(line.len(), 1, "{args:?}: one error line\n{stderr}");
+        assert!(line[0].contains(says), "{args:?}: {stderr}");
+    }
 }

@@ -57,6 +57,8 @@ pub struct ControllerArgs {
     /// previous one) and a new one starts, so traces take at most about twice this per actor.
     #[arg(long, env = "DPSERVE_TRACE_MAX_MB", default_value_t = protocol::msg_trace::DEFAULT_TRACE_MAX_MB)]
     pub trace_max_mb: u64,
+    #[command(flatten)]
+    pub security: protocol::SecurityArgs,
 }
 
 /// How requests are routed and which workers belong (also `dpserve up`'s, which flattens them).
@@ -199,10 +201,18 @@ impl ControllerArgs {
         let prefix_affinity = routing.prefix_affinity_config()?;
         let cache_aware = routing.cache_aware_config()?;
         let peers = routing.peer_configs()?;
+        let controller_addr = addr("controller-addr", &self.controller_addr, "controller")?;
+        let worker_addr = addr("worker-addr", &self.worker_addr, "worker")?;
+        let tokenizer_addr = addr("tokenizer-addr", &self.tokenizer_addr, "tokenizer")?;
+        let transport = self.security.resolve(
+            &[&controller_addr, &worker_addr, &tokenizer_addr],
+            "controller",
+        )?;
         Ok(ControllerConfig {
-            controller_addr: addr("controller-addr", &self.controller_addr, "controller")?,
-            worker_addr: addr("worker-addr", &self.worker_addr, "worker")?,
-            tokenizer_addr: addr("tokenizer-addr", &self.tokenizer_addr, "tokenizer")?,
+            controller_addr,
+            worker_addr,
+            tokenizer_addr,
+            transport,
             method: routing.load_balance_method,
             decode_method: routing.decode_load_balance_method,
             prefix_affinity,

@@ -19,6 +19,17 @@ pub enum ProtocolError {
     EndpointInUse { endpoint: String },
     #[error("cannot encode {what}: {reason}")]
     Encode { what: &'static str, reason: String },
+    #[error("CURVE key file {path}: {reason}")]
+    CurveKey { path: String, reason: String },
+    #[error("CURVE: {reason}")]
+    Security { reason: String },
+    #[error(
+        "{endpoint} is beyond loopback, and ZeroMQ over TCP without keys lets anyone who reaches \
+         the port join the deployment and read its traffic: give --curve-secret-key (make a \
+         keypair with `dpserve keygen`; docs/SECURITY.md), or --insecure-tcp on a network \
+         trusted otherwise"
+    )]
+    InsecureTcp { endpoint: String },
     #[error("runtime directory {path}: {source}")]
     RuntimeDir {
         path: String,
@@ -30,6 +41,16 @@ pub enum ProtocolError {
 pub type Result<T> = std::result::Result<T, ProtocolError>;
 
 impl ProtocolError {
+    /// A start refused for a flag or key file the operator must change: a restart cannot fix it.
+    pub fn is_config_error(&self) -> bool {
+        matches!(
+            self,
+            ProtocolError::CurveKey { .. }
+                | ProtocolError::Security { .. }
+                | ProtocolError::InsecureTcp { .. }
+        )
+    }
+
     pub fn zmq(what: impl Into<String>, source: zmq::Error) -> Self {
         ProtocolError::Zmq {
             what: what.into(),

@@ -5,6 +5,7 @@
 
 pub mod builtin;
 pub mod codec;
+pub mod curve;
 pub mod disagg;
 pub mod endpoint;
 pub mod error;
@@ -15,6 +16,7 @@ pub mod msg_trace;
 pub mod route_record;
 pub mod socket;
 pub mod trace_event;
+pub mod transport;
 
 pub use codec::{decode, encode, encode_envelope, DecodeError, FrameStats};
 pub use disagg::{
@@ -24,6 +26,7 @@ pub use endpoint::{Endpoint, RuntimeDir};
 pub use error::{ProtocolError, Result};
 pub use kv_events::{KvEvents, KvSnapshotReq};
 pub use messages::*;
+pub use transport::{SecurityArgs, SecurityMode, Transport};
 
 /// Version carried in every envelope (`v`). A peer speaking another version is refused.
 pub const PROTOCOL_VERSION: u32 = 1;

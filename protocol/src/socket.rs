@@ -1,7 +1,8 @@
 //! ZeroMQ socket construction with the options every dpserve socket wants. A socket belongs to
-//! the one thread that uses it; these helpers only build and bind or connect them.
+//! the one thread that uses it; these helpers only build and bind or connect them (the
+//! security of TCP sockets is [`Transport`]'s).
 
-use crate::{encode, Endpoint, Message, ProtocolError, Result};
+use crate::{encode, Endpoint, Message, ProtocolError, Result, Transport};
 
 /// Queue depth per peer before sends block or drop; large enough for bursts of small frames.
 const HWM: i32 = 100_000;
@@ -18,19 +19,28 @@ fn configure(sock: &zmq::Socket, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// A socket of `kind` bound at `endpoint`.
+/// A socket of `kind` bound at `endpoint`, without keys ([`Transport`]'s default: ipc and
+/// loopback TCP only).
 pub fn bind(ctx: &zmq::Context, kind: zmq::SocketType, endpoint: &Endpoint) -> Result<zmq::Socket> {
-    let what = format!("bind {endpoint}");
-    let sock = ctx.socket(kind).map_err(|e| ProtocolError::zmq(&what, e))?;
-    configure(&sock, &what)?;
+    Transport::default().bind(ctx, kind, endpoint)
+}
+
+/// Give `sock` (security already set) the options every dpserve socket wants and bind it.
+pub(crate) fn bind_configured(
+    sock: zmq::Socket,
+    kind: zmq::SocketType,
+    endpoint: &Endpoint,
+    what: &str,
+) -> Result<zmq::Socket> {
+    configure(&sock, what)?;
     if kind == zmq::ROUTER {
         // Sending to a peer that is gone is an error we see, not a silent drop. Workers use one
         // identity per process (`worker_identity`), so handover only matters for older workers
         // that send the bare `rank-<R>`: a restarted one takes over its identity.
         sock.set_router_mandatory(true)
-            .map_err(|e| ProtocolError::zmq(&what, e))?;
+            .map_err(|e| ProtocolError::zmq(what, e))?;
         sock.set_router_handover(true)
-            .map_err(|e| ProtocolError::zmq(&what, e))?;
+            .map_err(|e| ProtocolError::zmq(what, e))?;
     }
     if let Endpoint::Ipc(path) = endpoint {
         if let Some(dir) = path.parent() {
@@ -49,30 +59,39 @@ pub fn bind(ctx: &zmq::Context, kind: zmq::SocketType, endpoint: &Endpoint) -> R
         let _ = std::fs::remove_file(path);
     }
     sock.bind(&endpoint.to_string())
-        .map_err(|e| ProtocolError::zmq(&what, e))?;
+        .map_err(|e| ProtocolError::zmq(what, e))?;
     Ok(sock)
 }
 
-/// A socket of `kind` connected to `endpoint`, with an optional identity (DEALER).
+/// A socket of `kind` connected to `endpoint`, with an optional identity (DEALER), without
+/// keys ([`Transport`]'s default: ipc and loopback TCP only).
 pub fn connect(
     ctx: &zmq::Context,
     kind: zmq::SocketType,
     endpoint: &Endpoint,
     identity: Option<&[u8]>,
 ) -> Result<zmq::Socket> {
-    let what = format!("connect {endpoint}");
-    let sock = ctx.socket(kind).map_err(|e| ProtocolError::zmq(&what, e))?;
-    configure(&sock, &what)?;
+    Transport::default().connect(ctx, kind, endpoint, identity)
+}
+
+/// Give `sock` (security already set) the options every dpserve socket wants and connect it.
+pub(crate) fn connect_configured(
+    sock: zmq::Socket,
+    endpoint: &Endpoint,
+    identity: Option<&[u8]>,
+    what: &str,
+) -> Result<zmq::Socket> {
+    configure(&sock, what)?;
     if let Some(id) = identity {
         sock.set_identity(id)
-            .map_err(|e| ProtocolError::zmq(&what, e))?;
+            .map_err(|e| ProtocolError::zmq(what, e))?;
     }
     sock.set_reconnect_ivl(100)
-        .map_err(|e| ProtocolError::zmq(&what, e))?;
+        .map_err(|e| ProtocolError::zmq(what, e))?;
     sock.set_reconnect_ivl_max(1_000)
-        .map_err(|e| ProtocolError::zmq(&what, e))?;
+        .map_err(|e| ProtocolError::zmq(what, e))?;
     sock.connect(&endpoint.connect_addr())
-        .map_err(|e| ProtocolError::zmq(&what, e))?;
+        .map_err(|e| ProtocolError::zmq(what, e))?;
     Ok(sock)
 }
 

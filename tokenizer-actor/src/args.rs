@@ -60,6 +60,8 @@ pub struct TokenizerArgs {
     /// previous one) and a new one starts, so traces take at most about twice this per actor.
     #[arg(long, env = "DPSERVE_TRACE_MAX_MB", default_value_t = protocol::msg_trace::DEFAULT_TRACE_MAX_MB)]
     pub trace_max_mb: u64,
+    #[command(flatten)]
+    pub security: protocol::SecurityArgs,
 }
 
 /// The HTTP server's flags (also `dpserve up`'s, which flattens them).
@@ -238,6 +240,7 @@ impl Default for TokenizerArgs {
             dp_size: Defaults::DP_SIZE,
             trace_dir: None,
             trace_max_mb: protocol::msg_trace::DEFAULT_TRACE_MAX_MB,
+            security: protocol::SecurityArgs::default(),
         }
     }
 }

@@ -65,15 +65,18 @@ pub struct Bridge {
     /// Where the registry and the cluster view run; stopped after the socket threads, which
     /// talk to them until they end.
     arbiter: Mutex<Option<Arbiter>>,
+    security: protocol::SecurityMode,
 }
 
 impl Bridge {
-    /// Bind PULL at `tokenizer_addr`, connect PUSH to `controller_addr`, start both threads
+    /// Bind PULL at `tokenizer_addr`, connect PUSH to `controller_addr` (secured as `security`
+    /// says), start both threads
     /// and both actors. Must be called inside an actix `System`. `tracer` records every frame
     /// in and out (a disabled one costs nothing).
     pub fn start(
         tokenizer_addr: &str,
         controller_addr: &str,
+        security: &protocol::SecurityArgs,
         tracer: MessageTracer,
         max_in_flight: usize,
     ) -> Result<Bridge> {
@@ -91,13 +94,14 @@ impl Bridge {
                     flag: "controller-addr",
                     source,
                 })?;
+        let transport = security.resolve(&[&pull_ep, &push_ep], "tokenizer")?;
         let ctx = zmq::Context::new();
         // Bind and connect here so a bad address fails startup, then move each socket to its
         // one owning thread.
-        let pull = protocol::socket::bind(&ctx, zmq::PULL, &pull_ep)?;
+        let pull = transport.bind(&ctx, zmq::PULL, &pull_ep)?;
         pull.set_rcvtimeo(READER_POLL_MS)
             .map_err(|e| protocol::ProtocolError::zmq("set rcvtimeo", e))?;
-        let push = protocol::socket::connect(&ctx, zmq::PUSH, &push_ep, None)?;
+        let push = transport.connect(&ctx, zmq::PUSH, &push_ep, None)?;
         // Queue only to a controller that is connected: with none, a send fails at once and
         // the request gets a 503, instead of waiting in a queue for a controller that may
         // never come back.
@@ -150,7 +154,13 @@ impl Bridge {
             shared,
             threads: Mutex::new(vec![reader, sender]),
             arbiter: Mutex::new(Some(arbiter)),
+            security: transport.mode(),
         })
+    }
+
+    /// How the ZeroMQ endpoints are secured (`/get_server_info`'s `zmq_security`).
+    pub fn security(&self) -> protocol::SecurityMode {
+        self.security
     }
 
     /// Route `TokenOut`s of `rid` to the returned channel until [`Bridge::unregister`].

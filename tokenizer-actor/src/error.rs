@@ -52,7 +52,7 @@ impl TokenizerError {
             TokenizerError::ApiKeyFile { .. }
                 | TokenizerError::TlsFile { .. }
                 | TokenizerError::Flag { .. }
-        )
+        ) || matches!(self, TokenizerError::Protocol(e) if e.is_config_error())
     }
 }
 

@@ -58,6 +58,7 @@ impl AppState {
         let bridge = Arc::new(Bridge::start(
             &args.tokenizer_addr,
             &args.controller_addr,
+            &args.security,
             tracer,
             args.http.max_in_flight_requests,
         )?);

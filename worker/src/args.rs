@@ -73,6 +73,8 @@ pub struct WorkerArgs {
     /// hosts.
     #[arg(long, env = "DPSERVE_DISAGGREGATION_KV_ADDR")]
     pub disaggregation_kv_addr: Option<String>,
+    #[command(flatten)]
+    pub security: protocol::SecurityArgs,
 }
 
 fn disagg_mode_parser() -> Listed<protocol::DisaggMode> {
@@ -477,6 +479,8 @@ pub struct WorkerConfig {
     pub cuda: Option<u32>,
     pub worker_addr: Endpoint,
     pub tokenizer_addr: Endpoint,
+    /// CURVE or not on the TCP endpoints (`--curve-*`, `--insecure-tcp`).
+    pub transport: protocol::Transport,
     /// `None`: derive it from `mem_fraction` once the model is known.
     pub max_total_tokens: Option<usize>,
     pub mem_fraction: f64,
@@ -542,13 +546,35 @@ impl WorkerArgs {
             Some(n) => n,
             None => std::thread::available_parallelism().map_or(1, |n| n.get()),
         };
+        let tokenizer_addr = addr("tokenizer-addr", &self.tokenizer_addr, "tokenizer")?;
+        let kv_addr = addr(
+            "disaggregation-kv-addr",
+            &self.disaggregation_kv_addr,
+            &format!("kv-{}", self.rank),
+        )?;
+        let mut endpoints = vec![&worker_addr, &tokenizer_addr];
+        if self.disaggregation_mode == protocol::DisaggMode::Prefill {
+            endpoints.push(&kv_addr);
+        }
+        let transport = self.security.resolve(&endpoints, "worker")?;
+        if transport.mode() == protocol::SecurityMode::Curve
+            && self.disaggregation_mode != protocol::DisaggMode::Null
+        {
+            anyhow::bail!(protocol::ProtocolError::Security {
+                reason: "--curve-secret-key with --disaggregation-mode: CURVE on the KV link \
+                         between prefill and decode workers is not implemented yet; run \
+                         disaggregated workers on one host (ipc KV link) without keys"
+                    .into()
+            });
+        }
         Ok(WorkerConfig {
             rank: self.rank,
             model,
             sim,
             cuda: self.device.device.cuda_ordinal(),
             worker_addr,
-            tokenizer_addr: addr("tokenizer-addr", &self.tokenizer_addr, "tokenizer")?,
+            tokenizer_addr,
+            transport,
             max_total_tokens: serve.max_total_tokens,
             mem_fraction: serve.mem_fraction,
             max_running_requests: serve.max_running_requests,
@@ -571,11 +597,7 @@ impl WorkerArgs {
             trace_max_bytes: self.trace_max_mb << 20,
             max_queued_requests: serve.max_queued_requests,
             disaggregation_mode: self.disaggregation_mode,
-            kv_addr: addr(
-                "disaggregation-kv-addr",
-                &self.disaggregation_kv_addr,
-                &format!("kv-{}", self.rank),
-            )?,
+            kv_addr,
             bootstrap_timeout: seconds(serve.disaggregation_bootstrap_timeout),
             waiting_timeout: seconds(serve.disaggregation_waiting_timeout),
         })

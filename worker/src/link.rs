@@ -61,6 +61,7 @@ pub struct Link {
     /// The inproc PULL end of the outbox, already bound (inproc needs bind before connect).
     pub outbox: zmq::Socket,
     pub worker_addr: Endpoint,
+    pub transport: protocol::Transport,
     pub hello: Hello,
     pub heartbeat_interval: Duration,
     pub inbound: Sender<Inbound>,
@@ -74,13 +75,17 @@ pub struct Link {
 
 /// Run the link until `stop` is set.
 pub fn run(link: Link) -> anyhow::Result<()> {
-    let dealer = protocol::socket::connect(
+    let dealer = link.transport.connect(
         &link.ctx,
         zmq::DEALER,
         &link.worker_addr,
         Some(&worker_identity(link.hello.rank)),
     )?;
-    let mut state = LinkState::new(link, dealer)?;
+    // A refused handshake (an unlisted CURVE key, CURVE on one side only) is not retried by
+    // libzmq: the worker says why and stops instead of waiting for a registration that cannot
+    // come.
+    let monitor = protocol::transport::watch_handshakes(&link.ctx, &dealer, "controller-link")?;
+    let mut state = LinkState::new(link, dealer, monitor)?;
     loop {
         let (from_controller, from_worker) = state.poll()?;
         if from_worker {
@@ -103,6 +108,8 @@ pub fn run(link: Link) -> anyhow::Result<()> {
 struct LinkState {
     link: Link,
     dealer: zmq::Socket,
+    /// The dealer's failed handshakes ([`protocol::transport::watch_handshakes`]).
+    monitor: zmq::Socket,
     stats: FrameStats,
     /// The `Hello` to (re)send until the controller acknowledges it.
     hello_frame: Vec<u8>,
@@ -118,13 +125,14 @@ struct LinkState {
 }
 
 impl LinkState {
-    fn new(link: Link, dealer: zmq::Socket) -> anyhow::Result<Self> {
+    fn new(link: Link, dealer: zmq::Socket, monitor: zmq::Socket) -> anyhow::Result<Self> {
         let hello_frame = encode(&Message::Hello(link.hello.clone()))?;
         dealer.send(&hello_frame[..], 0)?;
         let now = Instant::now();
         Ok(LinkState {
             link,
             dealer,
+            monitor,
             stats: FrameStats::default(),
             hello_frame,
             hello_sent: now,
@@ -146,13 +154,24 @@ impl LinkState {
         let mut items = [
             self.dealer.as_poll_item(zmq::POLLIN),
             self.link.outbox.as_poll_item(zmq::POLLIN),
+            self.monitor.as_poll_item(zmq::POLLIN),
         ];
         let timeout = self
             .link
             .heartbeat_interval
             .saturating_sub(self.last_beat.elapsed());
         match zmq::poll(&mut items, timeout.as_millis() as i64) {
-            Ok(_) => Ok((items[0].is_readable(), items[1].is_readable())),
+            Ok(_) => {
+                if items[2].is_readable() {
+                    let failure =
+                        protocol::transport::handshake_failure(&self.monitor, &self.link.transport);
+                    if let Some(reason) = failure {
+                        tracing::error!(rank = self.rank(), %reason, "cannot reach the controller");
+                        let _ = self.link.inbound.send(Inbound::Refused(reason));
+                    }
+                }
+                Ok((items[0].is_readable(), items[1].is_readable()))
+            }
             Err(zmq::Error::EINTR) => Ok((false, false)),
             Err(e) => Err(e.into()),
         }

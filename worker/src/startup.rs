@@ -533,6 +533,7 @@ fn serve(
         ctx: ctx.clone(),
         outbox: outbox_rx,
         worker_addr: config.worker_addr.clone(),
+        transport: config.transport.clone(),
         hello,
         heartbeat_interval: config.heartbeat_interval,
         inbound: inbound_tx,
@@ -545,7 +546,9 @@ fn serve(
         .name("controller-link".into())
         .spawn(move || link::run(link))?;
     let out = Sockets {
-        to_tokenizer: protocol::socket::connect(&ctx, zmq::PUSH, &config.tokenizer_addr, None)?,
+        to_tokenizer: config
+            .transport
+            .connect(&ctx, zmq::PUSH, &config.tokenizer_addr, None)?,
         outbox,
         kv_outbox,
         tracer,

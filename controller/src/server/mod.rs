@@ -40,6 +40,8 @@ pub struct ControllerConfig {
     pub controller_addr: Endpoint,
     pub worker_addr: Endpoint,
     pub tokenizer_addr: Endpoint,
+    /// CURVE or not on the TCP endpoints (`--curve-*`, `--insecure-tcp`).
+    pub transport: protocol::Transport,
     pub method: Method,
     /// Disaggregated deployments: the decode leg's method (`method` picks the prefill rank).
     pub decode_method: Method,
@@ -92,9 +94,10 @@ pub struct Controller {
 
 impl Controller {
     pub fn bind(ctx: &zmq::Context, config: ControllerConfig) -> anyhow::Result<Self> {
-        let from_tokenizer = protocol::socket::bind(ctx, zmq::PULL, &config.controller_addr)?;
-        let workers = protocol::socket::bind(ctx, zmq::ROUTER, &config.worker_addr)?;
-        let to_tokenizer = protocol::socket::connect(ctx, zmq::PUSH, &config.tokenizer_addr, None)?;
+        let net = &config.transport;
+        let from_tokenizer = net.bind(ctx, zmq::PULL, &config.controller_addr)?;
+        let workers = net.bind(ctx, zmq::ROUTER, &config.worker_addr)?;
+        let to_tokenizer = net.connect(ctx, zmq::PUSH, &config.tokenizer_addr, None)?;
         // The message tracer first: it creates its directory, which may hold the routing trace.
         let tracer = match &config.trace_dir {
             Some(dir) => {

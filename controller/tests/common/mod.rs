@@ -30,6 +30,7 @@ pub fn start(method: Method) -> Running {
         controller_addr: ep("c.sock"),
         worker_addr: ep("w.sock"),
         tokenizer_addr: ep("t.sock"),
+        transport: Default::default(),
         method,
         decode_method: Method::TotalTokens,
         prefix_affinity: PrefixAffinityConfig::default(),

@@ -113,6 +113,7 @@ pub async fn server_info(state: web::Data<AppState>) -> HttpResponse {
         frames_dropped: state.bridge.frames_dropped(),
         chat_template: state.chat_template.source.describe(),
         api_key_required: !state.api_keys.is_empty(),
+        zmq_security: state.bridge.security().as_str().to_string(),
         invariant_violations: state.bridge.invariant_violations().await,
     })
 }

@@ -90,6 +90,10 @@ pub struct ServerInfo {
     pub frames_dropped: u64,
     pub chat_template: String,
     pub api_key_required: bool,
+    /// How this tokenizer's ZeroMQ endpoints are secured: `curve` (CURVE on every TCP
+    /// endpoint), `local` (no keys: ipc and loopback TCP only), or `insecure` (no keys, TCP
+    /// beyond loopback allowed by `--insecure-tcp`).
+    pub zmq_security: String,
     /// What the tokenizer's ledger check found broken since start (the first few): a request
     /// it still waits on though the controller took every request, counts none in flight and
     /// every live rank is idle. Empty while the check holds. Each rank's own checks are in
