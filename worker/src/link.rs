@@ -62,6 +62,9 @@ pub struct Link {
     pub outbox: zmq::Socket,
     pub worker_addr: Endpoint,
     pub transport: protocol::Transport,
+    /// The failed handshakes of the actor's PUSH to the tokenizer, watched here (the actor
+    /// thread does not poll).
+    pub tokenizer_handshakes: zmq::Socket,
     pub hello: Hello,
     pub heartbeat_interval: Duration,
     pub inbound: Sender<Inbound>,
@@ -155,6 +158,7 @@ impl LinkState {
             self.dealer.as_poll_item(zmq::POLLIN),
             self.link.outbox.as_poll_item(zmq::POLLIN),
             self.monitor.as_poll_item(zmq::POLLIN),
+            self.link.tokenizer_handshakes.as_poll_item(zmq::POLLIN),
         ];
         let timeout = self
             .link
@@ -162,11 +166,22 @@ impl LinkState {
             .saturating_sub(self.last_beat.elapsed());
         match zmq::poll(&mut items, timeout.as_millis() as i64) {
             Ok(_) => {
-                if items[2].is_readable() {
-                    let failure =
-                        protocol::transport::handshake_failure(&self.monitor, &self.link.transport);
+                let watched = [
+                    (items[2].is_readable(), &self.monitor, "the controller"),
+                    (
+                        items[3].is_readable(),
+                        &self.link.tokenizer_handshakes,
+                        "the tokenizer",
+                    ),
+                ];
+                for (readable, monitor, peer) in watched {
+                    let failure = readable
+                        .then(|| {
+                            protocol::transport::handshake_failure(monitor, &self.link.transport)
+                        })
+                        .flatten();
                     if let Some(reason) = failure {
-                        tracing::error!(rank = self.rank(), %reason, "cannot reach the controller");
+                        tracing::error!(rank = self.rank(), %reason, "cannot reach {peer}");
                         let _ = self.link.inbound.send(Inbound::Refused(reason));
                     }
                 }

@@ -529,11 +529,17 @@ fn serve(
         (Some(outbox), Some(thread))
     };
     let (outbox_rx, outbox) = inproc_pipe(&ctx, link::OUTBOX)?;
+    let to_tokenizer = config
+        .transport
+        .connect(&ctx, zmq::PUSH, &config.tokenizer_addr, None)?;
+    let tokenizer_handshakes =
+        protocol::transport::watch_handshakes(&ctx, &to_tokenizer, "tokenizer-push")?;
     let link = link::Link {
         ctx: ctx.clone(),
         outbox: outbox_rx,
         worker_addr: config.worker_addr.clone(),
         transport: config.transport.clone(),
+        tokenizer_handshakes,
         hello,
         heartbeat_interval: config.heartbeat_interval,
         inbound: inbound_tx,
@@ -546,9 +552,7 @@ fn serve(
         .name("controller-link".into())
         .spawn(move || link::run(link))?;
     let out = Sockets {
-        to_tokenizer: config
-            .transport
-            .connect(&ctx, zmq::PUSH, &config.tokenizer_addr, None)?,
+        to_tokenizer,
         outbox,
         kv_outbox,
         tracer,
