@@ -866,3 +866,56 @@ fn tcp_beyond_loopback_without_keys_or_with_a_bad_key_file_is_refused_at_start()
         assert!(line[0].contains(says), "{args:?}: {stderr}");
     }
 }
+
+/// The KV link under CURVE too: a prefill worker binds its TCP KV socket as a CURVE server
+/// (admitting the decode worker's listed key) and announces its public key in its `Hello`; the
+/// decode worker connects naming that key, from the pairing the controller sends. A request
+/// served by the pair completes.
+#[test]
+fn curve_covers_the_kv_link_between_prefill_and_decode_workers() {
+    let keys = tempfile::tempdir().expect("keys dir");
+    let mut c = curve_deployment(keys.path());
+    let (prefill_key, prefill_pub) = keygen(keys.path(), "prefill");
+    let (decode_key, decode_pub) = keygen(keys.path(), "decode");
+    for public in [&prefill_pub, &decode_pub] {
+        let name = public.file_name().expect("name");
+        fs::copy(public, keys.path().join("allow").join(name)).expect("list");
+    }
+    start_host_a(&mut c);
+    let kv_addr = format!("tcp://127.0.0.1:{}", free_ports(1)[0]);
+    let head_pub = keys.path().join("head.pub").to_string_lossy().into_owned();
+    let allow = c.env_var("DPSERVE_CURVE_ALLOW_DIR");
+    let prefill_key = prefill_key.to_string_lossy().into_owned();
+    let decode_key = decode_key.to_string_lossy().into_owned();
+    c.start_worker(
+        "prefill 0",
+        0,
+        &[
+            ("DPSERVE_DISAGGREGATION_MODE", "prefill"),
+            ("DPSERVE_DISAGGREGATION_KV_ADDR", kv_addr.as_str()),
+            ("DPSERVE_CURVE_SECRET_KEY", prefill_key.as_str()),
+            ("DPSERVE_CURVE_SERVER_KEY", head_pub.as_str()),
+            ("DPSERVE_CURVE_ALLOW_DIR", allow.as_str()),
+        ],
+    );
+    c.start_worker(
+        "decode 1",
+        1,
+        &[
+            ("DPSERVE_DISAGGREGATION_MODE", "decode"),
+            ("DPSERVE_CURVE_SECRET_KEY", decode_key.as_str()),
+            ("DPSERVE_CURVE_SERVER_KEY", head_pub.as_str()),
+            ("DPSERVE_CURVE_ALLOW_DIR", ""),
+        ],
+    );
+    c.wait_live(
+        &[0, 1],
+        &["tokenizer", "controller", "prefill 0", "decode 1"],
+        Duration::from_secs(180),
+    );
+    for _ in 0..3 {
+        let (status, _, resp) = c.generate(None);
+        assert_eq!(status, 200, "{resp}\n{}", c.all_logs());
+        assert_eq!(resp["meta_info"]["completion_tokens"], json!(4), "{resp}");
+    }
+}

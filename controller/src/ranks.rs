@@ -29,9 +29,10 @@ pub struct LiveRank {
     /// The `dispatch_seq` the last request sent to this rank carried (counts on from its
     /// `Hello.taken_seq`, or from 1).
     pub last_seq: u64,
-    /// Its role in a disaggregated deployment, and a prefill rank's KV endpoint.
+    /// Its role in a disaggregated deployment, and a prefill rank's KV endpoint and CURVE key.
     pub mode: DisaggMode,
     pub kv_endpoint: Option<String>,
+    pub kv_public_key: Option<String>,
     /// The GPU it announced (reported to the tokenizer as is).
     pub gpu: Option<GpuInfo>,
     /// What the ledger check found broken since it registered (see [`crate::ledger`]).
@@ -201,6 +202,7 @@ impl Ranks {
                 last_seq: hello.taken_seq.unwrap_or(0),
                 mode: hello.disaggregation_mode,
                 kv_endpoint: hello.kv_endpoint.clone(),
+                kv_public_key: hello.kv_public_key.clone(),
                 gpu: hello.gpu.clone(),
                 violations: Vec::new(),
             },
@@ -348,12 +350,12 @@ impl Ranks {
         self.live.values().any(|r| !r.mode.is_null())
     }
 
-    /// Live ranks of `mode`, with a prefill rank's KV endpoint.
-    pub fn of_mode(&self, mode: DisaggMode) -> Vec<(u32, Option<&str>)> {
+    /// Live ranks of `mode`, each with its entry (a prefill rank's KV endpoint and key).
+    pub fn of_mode(&self, mode: DisaggMode) -> Vec<(u32, &LiveRank)> {
         self.live
             .iter()
             .filter(|(_, r)| r.mode == mode)
-            .map(|(&rank, r)| (rank, r.kv_endpoint.as_deref()))
+            .map(|(&rank, r)| (rank, r))
             .collect()
     }
 
@@ -495,6 +497,7 @@ mod tests {
             held_rids: Vec::new(),
             disaggregation_mode: protocol::DisaggMode::Null,
             kv_endpoint: None,
+            kv_public_key: None,
             kv_layout: None,
             gpu: None,
             taken_seq: None,

@@ -33,6 +33,7 @@ impl Worker {
             held_rids: Vec::new(),
             disaggregation_mode: mode,
             kv_endpoint: (mode == DisaggMode::Prefill).then(|| format!("ipc:///kv-{rank}.sock")),
+            kv_public_key: None,
             kv_layout: None,
             gpu: None,
             taken_seq: None,

@@ -114,6 +114,10 @@ pub struct DisaggLeg {
     pub decode_rank: u32,
     /// The prefill worker's KV endpoint (from its `Hello`); the decode worker connects there.
     pub prefill_kv_endpoint: String,
+    /// The prefill worker's CURVE public key (its `Hello.kv_public_key`), the server key the
+    /// decode worker names. Absent without CURVE.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefill_kv_key: Option<String>,
 }
 
 /// Decode → prefill: the decode worker holds a row and slots for the prompt; send its KV.

@@ -396,6 +396,10 @@ pub struct Hello {
     /// Where a prefill worker takes KV connections from decode workers (`tcp://…`/`ipc://…`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_endpoint: Option<String>,
+    /// A prefill worker's CURVE public key (Z85) when its KV socket runs CURVE: decode workers
+    /// name it as the server key when they connect. Absent without CURVE.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_public_key: Option<String>,
     /// What a peer must match to exchange KV with this worker (disaggregated roles only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_layout: Option<KvLayout>,

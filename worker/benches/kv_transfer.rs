@@ -2,7 +2,8 @@
 //! disaggregated deployment: the prefill side gathers a prompt's KV out of its pool
 //! (`KvBuffers::read_slots`), its link thread sends it on the ROUTER, the decode side's link
 //! thread receives it on its DEALER and hands it over, and the decode side scatters it into its
-//! own slots (`write_slots`). Over ipc and tcp, for 1k- and 4k-token prompts of the built-in
+//! own slots (`write_slots`). Over ipc, tcp and tcp with CURVE (docs/SECURITY.md), for 1k- and
+//! 4k-token prompts of the built-in
 //! base model (16 KiB of KV per token), in chunks of the default `--chunked-prefill-size`, each
 //! sent as the worker sends it (frames of at most `KV_FRAME_BYTES`).
 //!
@@ -15,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use protocol::{KvChunk, KvLayout, KvReady, Message};
 use worker::disagg::link::{self, KvLink};
-use worker::disagg::{kv_frames, KvPeer, KvSend};
+use worker::disagg::{kv_frames, KvPeer, KvSend, PrefillEndpoint};
 use worker::link::Inbound;
 use worker::model::{BuiltinSize, KvBuffers, ModelConfig};
 
@@ -29,7 +30,12 @@ struct Side {
     thread: std::thread::JoinHandle<anyhow::Result<()>>,
 }
 
-fn side(ctx: &zmq::Context, name: &str, router: Option<zmq::Socket>) -> Side {
+fn side(
+    ctx: &zmq::Context,
+    name: &str,
+    router: Option<zmq::Socket>,
+    transport: protocol::Transport,
+) -> Side {
     let inproc = format!("inproc://bench-{name}");
     let outbox_rx = ctx.socket(zmq::PULL).unwrap();
     outbox_rx.bind(&inproc).unwrap();
@@ -42,6 +48,7 @@ fn side(ctx: &zmq::Context, name: &str, router: Option<zmq::Socket>) -> Side {
         outbox: outbox_rx,
         router,
         identity: format!("decode-{name}").into_bytes(),
+        transport,
         inbound: tx,
         stop: Arc::clone(&stop),
     };
@@ -65,7 +72,7 @@ fn next_kv(side: &Side) -> worker::disagg::KvInbound {
 fn transfer(
     p: &Side,
     d: &Side,
-    endpoint: &str,
+    endpoint: &PrefillEndpoint,
     src: &KvBuffers,
     dst: &mut KvBuffers,
     tokens: usize,
@@ -76,7 +83,7 @@ fn transfer(
     link::send(
         &d.outbox,
         KvSend {
-            to: KvPeer::Endpoint(endpoint.into()),
+            to: KvPeer::Endpoint(endpoint.clone()),
             msg: Message::KvReady(KvReady {
                 room: 1,
                 rid: "bench".into(),
@@ -128,8 +135,17 @@ fn main() {
     let per_token = KvBuffers::bytes_per_slot(&mc);
     let dir = tempfile::tempdir().unwrap();
     let cases = [
-        ("ipc", format!("ipc://{}/kv.sock", dir.path().display())),
-        ("tcp", format!("tcp://127.0.0.1:{}", free_port())),
+        (
+            "ipc",
+            format!("ipc://{}/kv.sock", dir.path().display()),
+            false,
+        ),
+        ("tcp", format!("tcp://127.0.0.1:{}", free_port()), false),
+        (
+            "tcp+curve",
+            format!("tcp://127.0.0.1:{}", free_port()),
+            true,
+        ),
     ];
     println!(
         "KV transfer, built-in base model ({per_token} B of KV per token), chunks of {CHUNK} \
@@ -137,11 +153,16 @@ fn main() {
     );
     println!("| transport | prompt tokens | MiB | ms | GB/s |");
     println!("|---|---:|---:|---:|---:|");
-    for (name, endpoint) in &cases {
+    for (name, endpoint, curve) in &cases {
         let ctx = zmq::Context::new();
-        let (router, _) = link::bind(&ctx, &endpoint.parse().unwrap()).unwrap();
-        let p = side(&ctx, &format!("p-{name}"), Some(router));
-        let d = side(&ctx, &format!("d-{name}"), None);
+        let (prefill, decode, server_key) = transports(*curve);
+        let (router, _) = link::bind(&ctx, &prefill, &endpoint.parse().unwrap()).unwrap();
+        let p = side(&ctx, &format!("p-{name}"), Some(router), prefill);
+        let d = side(&ctx, &format!("d-{name}"), None, decode);
+        let endpoint = PrefillEndpoint {
+            endpoint: endpoint.clone(),
+            server_key,
+        };
         for tokens in [1024, 4096] {
             let mut src = KvBuffers::new(&mc, tokens);
             let mut dst = KvBuffers::new(&mc, tokens);
@@ -151,7 +172,7 @@ fn main() {
             let slots: Vec<u32> = (0..tokens as u32).collect();
             assert!(src.write_slots(&slots, &fill));
             let mut times: Vec<f64> = (0..REPS)
-                .map(|_| transfer(&p, &d, endpoint, &src, &mut dst, tokens))
+                .map(|_| transfer(&p, &d, &endpoint, &src, &mut dst, tokens))
                 .collect();
             assert_eq!(dst.read_slots(&slots), fill, "the KV arrived intact");
             times.sort_by(f64::total_cmp);
@@ -169,6 +190,24 @@ fn main() {
             s.thread.join().unwrap().unwrap();
         }
     }
+}
+
+/// The prefill and decode workers' transports, and the key the decode worker names: plain, or
+/// CURVE with the decode worker's key listed by the prefill worker.
+fn transports(curve: bool) -> (protocol::Transport, protocol::Transport, Option<String>) {
+    if !curve {
+        return (Default::default(), Default::default(), None);
+    }
+    use protocol::curve::{AllowList, Keypair};
+    let (p, d) = (Keypair::generate().unwrap(), Keypair::generate().unwrap());
+    let prefill = AllowList::new(None, vec![d.public()]).unwrap();
+    let decode = AllowList::new(None, vec![]).unwrap();
+    let key = p.public().z85();
+    (
+        protocol::Transport::curve(p.clone(), p.public(), prefill),
+        protocol::Transport::curve(d, p.public(), decode),
+        Some(key),
+    )
 }
 
 fn free_port() -> u16 {

@@ -557,16 +557,6 @@ impl WorkerArgs {
             endpoints.push(&kv_addr);
         }
         let transport = self.security.resolve(&endpoints, "worker")?;
-        if transport.mode() == protocol::SecurityMode::Curve
-            && self.disaggregation_mode != protocol::DisaggMode::Null
-        {
-            anyhow::bail!(protocol::ProtocolError::Security {
-                reason: "--curve-secret-key with --disaggregation-mode: CURVE on the KV link \
-                         between prefill and decode workers is not implemented yet; run \
-                         disaggregated workers on one host (ipc KV link) without keys"
-                    .into()
-            });
-        }
         Ok(WorkerConfig {
             rank: self.rank,
             model,

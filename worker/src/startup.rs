@@ -430,6 +430,7 @@ fn hello(config: &WorkerConfig, model: &ModelRunner, pool: PoolSize) -> Hello {
         held_rids: Vec::new(),
         disaggregation_mode: config.disaggregation_mode,
         kv_endpoint: None, // set once the KV socket is bound
+        kv_public_key: None,
         kv_layout: (!config.disaggregation_mode.is_null()).then(|| mc.kv_layout()),
         // The GPU a CUDA rank runs on, as its probe found it; none on the CPU or a simulated rank.
         gpu: model.gpu().map(gpu_identity::gpu_identity),
@@ -473,10 +474,11 @@ fn start_kv_link(
     let (outbox_rx, outbox) = inproc_pipe(ctx, disagg::link::KV_OUTBOX)?;
     let router = match config.disaggregation_mode {
         protocol::DisaggMode::Prefill => {
-            let (router, endpoint) = disagg::link::bind(ctx, &config.kv_addr)
+            let (router, endpoint) = disagg::link::bind(ctx, &config.transport, &config.kv_addr)
                 .with_context(|| format!("--disaggregation-kv-addr {}", config.kv_addr))?;
             tracing::info!(rank = config.rank, kv_endpoint = %endpoint, "KV socket bound");
             hello.kv_endpoint = Some(endpoint);
+            hello.kv_public_key = config.transport.public_key().map(|k| k.z85());
             Some(router)
         }
         _ => None,
@@ -486,6 +488,7 @@ fn start_kv_link(
         outbox: outbox_rx,
         router,
         identity: format!("decode-{}-{}", config.rank, std::process::id()).into_bytes(),
+        transport: config.transport.clone(),
         inbound,
         stop,
     };

@@ -41,13 +41,13 @@ impl Controller {
                 return self.refuse(&req.rid, e.http_status(), e.to_string());
             }
         };
-        let endpoint = self
+        let announced = self
             .ranks
             .of_mode(DisaggMode::Prefill)
             .into_iter()
             .find(|(rank, _)| *rank == prefill.rank)
-            .and_then(|(_, ep)| ep.map(str::to_string));
-        let Some(endpoint) = endpoint else {
+            .and_then(|(_, r)| Some((r.kv_endpoint.clone()?, r.kv_public_key.clone())));
+        let Some((endpoint, key)) = announced else {
             let why = format!("prefill rank {} announced no KV endpoint", prefill.rank);
             return self.refuse(&req.rid, 503, why);
         };
@@ -56,6 +56,7 @@ impl Controller {
             prefill_rank: prefill.rank,
             decode_rank: decode.rank,
             prefill_kv_endpoint: endpoint,
+            prefill_kv_key: key,
         });
         // The prefill leg first: a decode leg alone would wait for nothing.
         let rid = req.rid.clone();

@@ -32,13 +32,20 @@ pub struct KvLink {
     pub router: Option<zmq::Socket>,
     /// The identity a decode worker's DEALERs carry.
     pub identity: Vec<u8>,
+    /// CURVE or not: the prefill worker's ROUTER is bound with it, a decode worker's DEALERs
+    /// connect with it, naming each prefill worker's own key.
+    pub transport: protocol::Transport,
     pub inbound: Sender<Inbound>,
     pub stop: Arc<AtomicBool>,
 }
 
 /// Binds a prefill worker's KV socket; returns it with the endpoint peers connect to.
-pub fn bind(ctx: &zmq::Context, endpoint: &Endpoint) -> anyhow::Result<(zmq::Socket, String)> {
-    let router = protocol::socket::bind(ctx, zmq::ROUTER, endpoint)?;
+pub fn bind(
+    ctx: &zmq::Context,
+    transport: &protocol::Transport,
+    endpoint: &Endpoint,
+) -> anyhow::Result<(zmq::Socket, String)> {
+    let router = transport.bind(ctx, zmq::ROUTER, endpoint)?;
     Ok((router, endpoint.connect_addr()))
 }
 
@@ -50,7 +57,11 @@ pub fn send(outbox: &zmq::Socket, send: KvSend) {
     };
     let peer = match &send.to {
         KvPeer::Identity(id) => [b"I".as_slice(), id].concat(),
-        KvPeer::Endpoint(ep) => [b"E".as_slice(), ep.as_bytes()].concat(),
+        // `E<endpoint>[NUL<key>]`: neither an endpoint nor a Z85 key holds a NUL.
+        KvPeer::Endpoint(ep) => match &ep.server_key {
+            Some(key) => [b"E", ep.endpoint.as_bytes(), b"\0", key.as_bytes()].concat(),
+            None => [b"E", ep.endpoint.as_bytes()].concat(),
+        },
     };
     let mut parts = vec![peer, header];
     parts.extend(send.payload);
@@ -116,7 +127,14 @@ impl LinkState {
             };
             match peer.split_first() {
                 Some((b'I', id)) => self.send_to_decode(id, rest),
-                Some((b'E', ep)) => self.send_to_prefill(&String::from_utf8_lossy(ep), rest),
+                Some((b'E', peer)) => {
+                    let peer = String::from_utf8_lossy(peer);
+                    let (ep, key) = match peer.split_once('\0') {
+                        Some((ep, key)) => (ep, Some(key)),
+                        None => (&*peer, None),
+                    };
+                    self.send_to_prefill(ep, key, rest)
+                }
                 _ => tracing::warn!("KV outbox frame without a peer; dropped"),
             }
         }
@@ -145,8 +163,8 @@ impl LinkState {
         }
     }
 
-    /// Decode → a prefill worker, connecting on first use.
-    fn send_to_prefill(&mut self, ep: &str, rest: &[Vec<u8>]) {
+    /// Decode → a prefill worker, connecting on first use (naming `key` as the server's).
+    fn send_to_prefill(&mut self, ep: &str, key: Option<&str>, rest: &[Vec<u8>]) {
         let idx = match self.by_endpoint.get(ep) {
             Some(&i) => i,
             None => {
@@ -154,11 +172,16 @@ impl LinkState {
                     Ok(e) => e,
                     Err(e) => return tracing::warn!(%e, ep, "bad prefill KV endpoint"),
                 };
-                let dealer = match protocol::socket::connect(
+                let server = match key.map(protocol::curve::PublicKey::from_z85).transpose() {
+                    Ok(server) => server,
+                    Err(e) => return tracing::warn!(%e, ep, "bad prefill KV key"),
+                };
+                let dealer = match self.link.transport.connect_to(
                     &self.link.ctx,
                     zmq::DEALER,
                     &endpoint,
                     Some(&self.link.identity),
+                    server,
                 ) {
                     Ok(d) => d,
                     Err(e) => return tracing::warn!(%e, ep, "connecting to prefill worker failed"),
@@ -182,7 +205,7 @@ impl LinkState {
                 Some(r) => (None, r),
                 None => {
                     let (ep, d) = &self.dealers[which];
-                    (Some(KvPeer::Endpoint(ep.clone())), d)
+                    (Some(KvPeer::Endpoint(ep.as_str().into())), d)
                 }
             };
             let mut parts = match sock.recv_multipart(zmq::DONTWAIT) {

@@ -65,7 +65,49 @@ pub enum KvPeer {
     /// A decode worker, by the identity of its connection to this prefill worker's socket.
     Identity(Vec<u8>),
     /// A prefill worker, by its KV endpoint.
-    Endpoint(String),
+    Endpoint(PrefillEndpoint),
+}
+
+/// A prefill worker's KV socket as a decode worker reaches it: the endpoint, and the CURVE
+/// public key (Z85) to name as the server's, from the pairing (`DisaggLeg.prefill_kv_key`).
+/// Two are the same peer when their endpoints are: the key only says how to connect.
+#[derive(Debug, Clone)]
+pub struct PrefillEndpoint {
+    pub endpoint: String,
+    pub server_key: Option<String>,
+}
+
+impl PrefillEndpoint {
+    /// Where the decode leg `leg` takes its KV from.
+    pub fn of(leg: &protocol::DisaggLeg) -> Self {
+        PrefillEndpoint {
+            endpoint: leg.prefill_kv_endpoint.clone(),
+            server_key: leg.prefill_kv_key.clone(),
+        }
+    }
+}
+
+impl PartialEq for PrefillEndpoint {
+    fn eq(&self, other: &Self) -> bool {
+        self.endpoint == other.endpoint
+    }
+}
+
+impl Eq for PrefillEndpoint {}
+
+impl std::hash::Hash for PrefillEndpoint {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.endpoint.hash(state);
+    }
+}
+
+impl From<&str> for PrefillEndpoint {
+    fn from(endpoint: &str) -> Self {
+        PrefillEndpoint {
+            endpoint: endpoint.to_string(),
+            server_key: None,
+        }
+    }
 }
 
 /// A KV message to send (header, and the raw payload of a `KvChunk`).

@@ -32,7 +32,7 @@ impl Scheduler {
         req.transfer = Some(Transfer {
             room: leg.room,
             prefill_rank: leg.prefill_rank,
-            from: KvPeer::Endpoint(leg.prefill_kv_endpoint),
+            from: KvPeer::Endpoint(crate::disagg::PrefillEndpoint::of(&leg)),
             since: Instant::now(),
             ready_sent: false,
             received: 0,

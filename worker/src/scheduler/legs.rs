@@ -114,7 +114,7 @@ impl Scheduler {
                 None
             }
             (DisaggMode::Decode, Some(leg)) => {
-                let to = KvPeer::Endpoint(leg.prefill_kv_endpoint);
+                let to = KvPeer::Endpoint(crate::disagg::PrefillEndpoint::of(&leg));
                 self.legs.abort_room(to, leg.room, status, reason);
                 self.note_refused(&req.rid);
                 Some(out)

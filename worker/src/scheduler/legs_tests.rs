@@ -71,6 +71,7 @@ impl Pair {
             prefill_rank: 0,
             decode_rank: 1,
             prefill_kv_endpoint: EP.into(),
+            prefill_kv_key: None,
         });
         let legs = if decode_first { [1, 0] } else { [0, 1] };
         for side in legs {
@@ -455,6 +456,7 @@ fn a_leg_refused_before_it_is_taken_in_is_answered_through_the_other_side() {
         prefill_rank: 0,
         decode_rank: 1,
         prefill_kv_endpoint: EP.into(),
+        prefill_kv_key: None,
     });
     let draining = TokenOut::error("p-refused", 503, "rank 0 is draining");
     assert!(

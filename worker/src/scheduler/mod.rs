@@ -282,7 +282,8 @@ impl Scheduler {
             (mode, leg, Err(e)) => {
                 if let (DisaggMode::Decode, Some(leg)) = (mode, leg) {
                     // The prefill worker would otherwise wait for this request's KvReady.
-                    let to = crate::disagg::KvPeer::Endpoint(leg.prefill_kv_endpoint);
+                    let to =
+                        crate::disagg::KvPeer::Endpoint(crate::disagg::PrefillEndpoint::of(&leg));
                     self.legs
                         .abort_room(to, leg.room, e.status(), e.to_string());
                 }
