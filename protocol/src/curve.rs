@@ -243,10 +243,10 @@ impl AllowList {
 
 /// Binds the ZAP handler of `ctx` unless one is already bound there (by an earlier CURVE
 /// socket of this process), and serves it on a thread of its own for as long as the process
-/// lives. Must run before a CURVE server socket binds: without a handler libzmq admits every
-/// key, so the handler never stops while a socket might still use it (its socket keeps the
-/// context alive, and the context's sockets keep asking it). One allow-list per context: the
-/// first CURVE bind's.
+/// lives (its socket keeps the context alive, and the context's sockets keep asking it). Every
+/// CURVE server socket also enforces ZAP ([`enforce_zap`]), so no handler means no entry
+/// rather than libzmq's default of every key. One allow-list per context: the first CURVE
+/// bind's.
 pub(crate) fn ensure_zap_handler(ctx: &zmq::Context, allow: Arc<AllowList>) -> Result<()> {
     let sock = ctx
         .socket(zmq::REP)
@@ -267,8 +267,43 @@ pub(crate) fn ensure_zap_handler(ctx: &zmq::Context, allow: Arc<AllowList>) -> R
     Ok(())
 }
 
-/// Answers ZAP requests until the context ends.
+/// libzmq's `ZMQ_ZAP_ENFORCE_DOMAIN` (zmq.h 4.3, listed among the draft options but handled in
+/// every build: options.cpp), which zmq-sys does not bind.
+const ZMQ_ZAP_ENFORCE_DOMAIN: i32 = 93;
+
+/// Makes `sock` refuse every CURVE client when no ZAP handler answers, instead of libzmq's
+/// default of admitting them all (curve_server.cpp): the allow-list cannot be bypassed by a
+/// handler that is missing.
+pub(crate) fn enforce_zap(sock: &mut zmq::Socket) -> Result<()> {
+    let on: i32 = 1;
+    // SAFETY: `sock` is a live socket owned by the caller; libzmq copies the 4-byte int option
+    // out of `on`, which outlives the call.
+    let rc = unsafe {
+        zmq_sys::zmq_setsockopt(
+            sock.as_mut_ptr(),
+            ZMQ_ZAP_ENFORCE_DOMAIN,
+            (&on as *const i32).cast(),
+            std::mem::size_of::<i32>(),
+        )
+    };
+    if rc != 0 {
+        return Err(ProtocolError::Security {
+            reason: "this libzmq cannot enforce ZAP (ZMQ_ZAP_ENFORCE_DOMAIN)".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Answers ZAP requests for the life of the process. Should its socket ever fail, every CURVE
+/// handshake would be refused from then on ([`enforce_zap`]): no peer could join or come back,
+/// so the process stops instead (its unit restarts it).
 fn serve_zap(sock: &zmq::Socket, allow: &AllowList) {
+    answer_zap(sock, allow);
+    tracing::error!("the CURVE ZAP handler's socket failed; stopping, as no peer could connect");
+    std::process::abort();
+}
+
+fn answer_zap(sock: &zmq::Socket, allow: &AllowList) {
     let mut last_logged: HashMap<PublicKey, Instant> = HashMap::new();
     while let Ok(request) = sock.recv_multipart(0) {
         let (reply, refused) = zap_reply(&request, allow);
@@ -499,6 +534,46 @@ mod tests {
         assert!(!allow.admits(&peer.public()));
         assert!(AllowList::new(Some(dir.join("missing")), vec![]).is_err());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Without a ZAP handler libzmq admits every CURVE client unless told to enforce ZAP.
+    #[test]
+    fn a_curve_server_without_a_zap_handler_admits_no_one_when_enforcing() {
+        let server = Keypair::generate().unwrap();
+        let client = Keypair::generate().unwrap();
+        for enforce in [false, true] {
+            // A fresh context each time: no handler is bound in it.
+            let ctx = zmq::Context::new();
+            let mut pull = ctx.socket(zmq::PULL).unwrap();
+            pull.set_curve_server(true).unwrap();
+            pull.set_curve_secretkey(server.secret_bytes()).unwrap();
+            pull.set_zap_domain(ZAP_DOMAIN).unwrap();
+            if enforce {
+                enforce_zap(&mut pull).unwrap();
+            }
+            pull.bind("tcp://127.0.0.1:*").unwrap();
+            let endpoint = pull.get_last_endpoint().unwrap().unwrap();
+            let push = ctx.socket(zmq::PUSH).unwrap();
+            push.set_curve_serverkey(server.public().as_bytes())
+                .unwrap();
+            push.set_curve_publickey(client.public().as_bytes())
+                .unwrap();
+            push.set_curve_secretkey(client.secret_bytes()).unwrap();
+            push.set_linger(0).unwrap();
+            push.connect(&endpoint).unwrap();
+            push.send("in?", zmq::DONTWAIT).unwrap();
+            pull.set_rcvtimeo(1_000).unwrap();
+            let got = pull.recv_bytes(0).ok();
+            if enforce {
+                assert_eq!(got, None, "enforcing: a client got in without a handler");
+            } else {
+                assert_eq!(
+                    got.as_deref(),
+                    Some(&b"in?"[..]),
+                    "libzmq's default changed"
+                );
+            }
+        }
     }
 
     #[test]

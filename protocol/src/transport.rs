@@ -180,9 +180,10 @@ impl Transport {
     ) -> Result<zmq::Socket> {
         self.check(endpoint)?;
         let what = format!("bind {endpoint}");
-        let sock = ctx.socket(kind).map_err(|e| ProtocolError::zmq(&what, e))?;
+        let mut sock = ctx.socket(kind).map_err(|e| ProtocolError::zmq(&what, e))?;
         if let (Some(curve), Endpoint::Tcp { .. }) = (&self.curve, endpoint) {
             curve::ensure_zap_handler(ctx, Arc::clone(&curve.allow))?;
+            curve::enforce_zap(&mut sock)?;
             let set = || -> zmq::Result<()> {
                 sock.set_zap_domain(curve::ZAP_DOMAIN)?;
                 sock.set_curve_server(true)?;
