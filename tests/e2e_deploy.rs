@@ -388,11 +388,7 @@ fn start_host_a(c: &mut Cluster) {
     c.start("controller", &["controller"], &[]);
     // The tokenizer unit's own readiness check, run for real where curl exists.
     if Command::new("curl").arg("--version").output().is_ok() {
-        let port = c
-            .env
-            .iter()
-            .find_map(|(k, v)| (k == "DPSERVE_PORT").then(|| v.clone()))
-            .expect("DPSERVE_PORT");
+        let port = c.env_var("DPSERVE_PORT");
         let started = Instant::now();
         let status = Command::new("/bin/sh")
             .arg("-c")
@@ -817,53 +813,34 @@ fn tcp_beyond_loopback_without_keys_or_with_a_bad_key_file_is_refused_at_start()
         .join("missing.key")
         .to_string_lossy()
         .into_owned();
-    let runtime = keys.path().to_string_lossy().into_owned();
-    /// Arguments, variables, and what the one error line must say.
-    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
-    let cases: Vec<Case> = vec![
+    let cases: [(&[&str], &str); 6] = [
         (
-            vec!["controller", "--worker-addr", "tcp://0.0.0.0:7"],
-            vec![],
+            &["controller", "--worker-addr", "tcp://0.0.0.0:7"],
             "--curve-secret-key",
         ),
         (
-            vec!["worker", "--rank", "0", "--worker-addr", "tcp://10.0.0.1:7"],
-            vec![],
+            &["worker", "--rank", "0", "--worker-addr", "tcp://10.0.0.1:7"],
             "--insecure-tcp",
         ),
         (
-            vec!["tokenizer", "--port", "0", "--tokenizer-addr", "tcp://*:7"],
-            vec![],
+            &["tokenizer", "--tokenizer-addr", "tcp://*:7"],
             "dpserve keygen",
         ),
         (
-            vec!["controller"],
-            vec![("DPSERVE_CURVE_SECRET_KEY", open.as_str())],
+            &["controller", "--curve-secret-key", &open],
             "readable by others",
         ),
         (
-            vec!["controller"],
-            vec![("DPSERVE_CURVE_SECRET_KEY", public.as_str())],
+            &["controller", "--curve-secret-key", &public],
             "no `secret-key",
         ),
         (
-            vec!["controller", "--curve-secret-key", &missing],
-            vec![],
+            &["controller", "--curve-secret-key", &missing],
             "missing.key",
         ),
     ];
-    for (args, env, says) in cases {
-        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        let out = common::actors::command(&args)
-            .env("XDG_RUNTIME_DIR", &runtime)
-            .envs(env)
-            .output()
-            .expect("run dpserve");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(78), "{args:?}: {stderr}");
-        let line: Vec<&str> = stderr.lines().filter(|l| l.contains("error")).collect();
-        assert_eq!(line.len(), 1, "{args:?}: one error line\n{stderr}");
-        assert!(line[0].contains(says), "{args:?}: {stderr}");
+    for (args, says) in cases {
+        common::assert_refused_at_start(&format!("{args:?}"), args, says);
     }
 }
 
