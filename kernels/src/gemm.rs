@@ -42,6 +42,7 @@ use rayon::prelude::*;
 
 use crate::linevec::{LineBuf, LineVec};
 use crate::path::{kernel_path, multiversion, KernelPath};
+use crate::store::{SharedBytes, Store, ViewError};
 use crate::wdtype::{Bf16, PackedElem, WeightDtype, F16};
 
 /// Lanes of the fixed-order reduction. Part of the numeric contract: changing it changes results.
@@ -130,9 +131,9 @@ pub struct PackedMatrix {
 /// The packed elements, in their storage type.
 #[derive(Clone)]
 enum Panels {
-    F32(LineBuf<f32>),
-    Bf16(LineBuf<Bf16>),
-    F16(LineBuf<F16>),
+    F32(Store<f32>),
+    Bf16(Store<Bf16>),
+    F16(Store<F16>),
 }
 
 impl std::fmt::Debug for PackedMatrix {
@@ -188,7 +189,7 @@ impl PackedMatrix {
     /// # Panics
     /// If `w.len() != n * k`.
     pub fn pack(w: &[f32], n: usize, k: usize) -> Self {
-        Self::with(n, k, Panels::F32(pack_panels(w, n, k, |v| v)))
+        Self::with(n, k, Panels::F32(Store::Owned(pack_panels(w, n, k, |v| v))))
     }
 
     /// Packs a row-major `[n, k]` matrix of 16-bit values (`bits`, as a checkpoint stores them)
@@ -198,11 +199,61 @@ impl PackedMatrix {
     /// If `bits.len() != n * k`, or `dtype` is f32 (use [`Self::pack`]).
     pub fn pack_16bit(bits: &[u16], n: usize, k: usize, dtype: WeightDtype) -> Self {
         let data = match dtype {
-            WeightDtype::Bf16 => Panels::Bf16(pack_panels(bits, n, k, Bf16)),
-            WeightDtype::F16 => Panels::F16(pack_panels(bits, n, k, F16)),
+            WeightDtype::Bf16 => Panels::Bf16(Store::Owned(pack_panels(bits, n, k, Bf16))),
+            WeightDtype::F16 => Panels::F16(Store::Owned(pack_panels(bits, n, k, F16))),
             WeightDtype::F32 => panic!("pack_16bit of f32: use PackedMatrix::pack"),
         };
         Self::with(n, k, data)
+    }
+
+    /// What the packed layout is, as one string: a file of packed panels is valid for a build
+    /// whose layout string is the same (the kernel paths share it).
+    pub const LAYOUT: &'static str =
+        "panels of 6 rows, chunks of 16 lanes, [panel][chunk][row][lane]";
+
+    /// Bytes the packed panels of an `[n, k]` matrix of `dtype` take ([`Self::panel_bytes`]'s
+    /// length).
+    pub fn panel_len(n: usize, k: usize, dtype: WeightDtype) -> usize {
+        n.div_ceil(NR) * k.div_ceil(LANES) * W_CHUNK * dtype.bytes()
+    }
+
+    /// An `[n, k]` matrix of `dtype` whose packed panels are the [`Self::panel_len`] bytes of
+    /// `bytes` from `offset` (as [`Self::panel_bytes`] wrote them), viewed, not copied: every
+    /// matrix and process mapping the same file reads the same pages. `offset` must start a
+    /// 64-byte cache line.
+    pub fn view(
+        bytes: SharedBytes,
+        offset: usize,
+        n: usize,
+        k: usize,
+        dtype: WeightDtype,
+    ) -> Result<Self, ViewError> {
+        let len = Self::panel_len(n, k, dtype) / dtype.bytes();
+        let data = match dtype {
+            WeightDtype::F32 => Panels::F32(Store::view(bytes, offset, len)?),
+            WeightDtype::Bf16 => Panels::Bf16(Store::view(bytes, offset, len)?),
+            WeightDtype::F16 => Panels::F16(Store::view(bytes, offset, len)?),
+        };
+        Ok(Self::with(n, k, data))
+    }
+
+    /// The packed panels as bytes (little-endian elements, padding included): what
+    /// [`Self::view`] reads back.
+    pub fn panel_bytes(&self) -> &[u8] {
+        match &self.data {
+            Panels::F32(d) => d.as_bytes(),
+            Panels::Bf16(d) => d.as_bytes(),
+            Panels::F16(d) => d.as_bytes(),
+        }
+    }
+
+    /// Whether the panels are viewed in shared bytes ([`Self::view`]) rather than owned.
+    pub fn is_shared(&self) -> bool {
+        match &self.data {
+            Panels::F32(d) => d.is_shared(),
+            Panels::Bf16(d) => d.is_shared(),
+            Panels::F16(d) => d.is_shared(),
+        }
     }
 
     fn with(n: usize, k: usize, data: Panels) -> Self {
@@ -233,13 +284,9 @@ impl PackedMatrix {
         }
     }
 
-    /// Bytes of the packed panels (padding included).
+    /// Bytes of the packed panels (padding included), owned or viewed.
     pub fn bytes(&self) -> usize {
-        match &self.data {
-            Panels::F32(d) => d.capacity_bytes(),
-            Panels::Bf16(d) => d.capacity_bytes(),
-            Panels::F16(d) => d.capacity_bytes(),
-        }
+        Self::panel_len(self.n, self.k, self.dtype())
     }
 
     /// Copies row `r` out, widened to f32 (e.g. an embedding lookup on a tied matrix).
@@ -1060,6 +1107,55 @@ mod tests {
         }
     }
 
+    /// Line-aligned bytes to view, as a memory-mapped file's are.
+    struct FileBytes(LineBuf<u8>);
+
+    impl AsRef<[u8]> for FileBytes {
+        fn as_ref(&self) -> &[u8] {
+            &self.0
+        }
+    }
+
+    #[test]
+    fn a_viewed_matrix_computes_what_the_owned_one_does() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+        let (m, k, n) = (5, 70, 13);
+        let x = rand_vec(&mut rng, m * k);
+        let w = rand_vec(&mut rng, n * k);
+        for dtype in WeightDtype::ALL {
+            let owned = match dtype {
+                WeightDtype::F32 => PackedMatrix::pack(&w, n, k),
+                d => PackedMatrix::pack_16bit(&to_bits16(&w, d), n, k, d),
+            };
+            // Two matrices in one file, the second at the next line after the first.
+            let first = owned.panel_bytes().len();
+            assert_eq!(first, PackedMatrix::panel_len(n, k, dtype));
+            let second = first.next_multiple_of(64);
+            let mut file = LineBuf::zeroed(second + first);
+            file[..first].copy_from_slice(owned.panel_bytes());
+            file[second..].copy_from_slice(owned.panel_bytes());
+            let bytes: SharedBytes = std::sync::Arc::new(FileBytes(file));
+            for offset in [0, second] {
+                let viewed = PackedMatrix::view(bytes.clone(), offset, n, k, dtype).unwrap();
+                assert!(viewed.is_shared() && !owned.is_shared());
+                assert_eq!(
+                    (viewed.rows(), viewed.cols(), viewed.dtype()),
+                    (n, k, dtype)
+                );
+                assert_eq!(viewed.bytes(), owned.bytes());
+                assert_eq!(viewed.unpack(), owned.unpack());
+                for imp in KernelPath::all_supported() {
+                    let (mut a, mut b) = (vec![0f32; m * n], vec![0f32; m * n]);
+                    linear_with(imp, &x, m, &owned, None, &mut a);
+                    linear_with(imp, &x, m, &viewed, None, &mut b);
+                    assert_eq!(a, b, "{imp} {dtype}");
+                }
+            }
+            assert!(PackedMatrix::view(bytes.clone(), second + 64, n, k, dtype).is_err());
+            assert!(PackedMatrix::view(bytes, 2, n, k, dtype).is_err());
+        }
+    }
+
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn reduce16_is_sixteen_hsum16() {
@@ -1095,6 +1191,46 @@ mod tests {
 mod bench {
     use super::*;
     use std::time::Instant;
+
+    /// Decode as a model does it: one row of `x` through a stack of matrices far larger than
+    /// the caches (SmolLM2-135M's 30 layers of q/k/v, o, gate/up, down), so `W` streams from
+    /// memory. `cargo test --release -p kernels decode_stream_speed -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn decode_stream_speed() {
+        let shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)];
+        for dtype in [WeightDtype::F32, WeightDtype::Bf16] {
+            let layers: Vec<PackedMatrix> = (0..30)
+                .flat_map(|_| shapes)
+                .map(|(n, k)| match dtype {
+                    WeightDtype::F32 => PackedMatrix::pack(&vec![0.25f32; n * k], n, k),
+                    d => PackedMatrix::pack_16bit(&vec![0x3e80; n * k], n, k, d),
+                })
+                .collect();
+            let bytes: usize = layers.iter().map(PackedMatrix::bytes).sum();
+            let x = vec![0.5f32; 3072];
+            let mut y = vec![0f32; 3072];
+            for path in KernelPath::all_supported() {
+                let mut times = Vec::new();
+                for _ in 0..7 {
+                    let t = Instant::now();
+                    for w in &layers {
+                        linear_with(path, &x[..w.cols()], 1, w, None, &mut y[..w.rows()]);
+                    }
+                    times.push(t.elapsed().as_secs_f64());
+                }
+                times.sort_by(f64::total_cmp);
+                let dt = times[3];
+                println!(
+                    "{path:>8} {dtype:>4}: {} calls, {:.1} MB: {:.2} ms, {:.1} GB/s of W (median of 7)",
+                    layers.len(),
+                    bytes as f64 / 1e6,
+                    dt * 1e3,
+                    bytes as f64 / dt / 1e9
+                );
+            }
+        }
+    }
 
     /// `cargo test --release -p kernels gemm_speed -- --ignored --nocapture`
     #[test]

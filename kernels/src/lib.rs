@@ -21,6 +21,7 @@ pub mod norm;
 pub mod path;
 pub mod peak;
 pub mod rope;
+pub mod store;
 pub mod wdtype;
 
 pub use activation::{add_inplace, argmax, gelu_tanh_mul, silu_mul, softmax_weights};
@@ -32,6 +33,7 @@ pub use path::{kernel_path, set_kernel_path, KernelPath, KernelPathError, KERNEL
 pub use rope::{
     apply_rope, rope_inv_freq, rope_tables, rope_tables_from_freqs_into, rope_tables_into,
 };
+pub use store::{SharedBytes, ViewError};
 pub use wdtype::{Bf16, PackedElem, WeightDtype, F16};
 
 /// Sum of products over 8 lanes with plain multiply and add, then a fixed tree. Used where the

@@ -179,7 +179,11 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn measure(args: &EngineArgs, path: KernelPath, threads: usize) -> anyhow::Result<EngineResult> {
     let (source, name) = match &args.model_path {
         Some(dir) => (
-            ModelSource::HfDir(dir.clone(), args.weight_dtype),
+            ModelSource::HfDir {
+                dir: dir.clone(),
+                dtype: args.weight_dtype,
+                weight_cache: None,
+            },
             dir.display().to_string(),
         ),
         None if args.weight_dtype != LoadDtype::Auto => anyhow::bail!(

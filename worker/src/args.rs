@@ -103,6 +103,12 @@ pub struct ModelArgs {
     /// the built-in model is f32). Computing is f32 whatever it is.
     #[arg(long, env = "DPSERVE_WEIGHT_DTYPE", value_enum, default_value_t = LoadDtype::default())]
     pub weight_dtype: LoadDtype,
+    /// A directory for this host's one copy of a checkpoint's packed weight matrices: the first
+    /// rank to load the checkpoint writes it there, every rank maps it read-only, so the ranks
+    /// of a host share one copy (and a restart skips the packing). Unset: each rank packs its
+    /// own. CPU ranks with --model-path only.
+    #[arg(long, env = "DPSERVE_WEIGHT_CACHE", value_name = "DIR")]
+    pub weight_cache: Option<PathBuf>,
 }
 
 impl Default for ModelArgs {
@@ -113,6 +119,7 @@ impl Default for ModelArgs {
             builtin_size: BuiltinSize::Base,
             weight_seed: 0,
             weight_dtype: LoadDtype::default(),
+            weight_cache: None,
         }
     }
 }
@@ -460,8 +467,13 @@ impl<T: Clone + Send + Sync + 'static> TypedValueParser for Listed<T> {
 /// Where the model comes from.
 #[derive(Debug, Clone)]
 pub enum ModelSource {
-    /// A Hugging Face directory, its matrices held in the type `--weight-dtype` resolves.
-    HfDir(PathBuf, LoadDtype),
+    /// A Hugging Face directory, its matrices held in the type `--weight-dtype` resolves,
+    /// viewed in this host's packed weight file in `weight_cache` when it is set.
+    HfDir {
+        dir: PathBuf,
+        dtype: LoadDtype,
+        weight_cache: Option<PathBuf>,
+    },
     Builtin {
         size: BuiltinSize,
         seed: u64,
@@ -516,7 +528,11 @@ impl ModelArgs {
                 size: self.builtin_size,
                 seed: self.weight_seed,
             },
-            (LoadFormat::Auto, Some(path)) => ModelSource::HfDir(path.clone(), self.weight_dtype),
+            (LoadFormat::Auto, Some(path)) => ModelSource::HfDir {
+                dir: path.clone(),
+                dtype: self.weight_dtype,
+                weight_cache: self.weight_cache.clone(),
+            },
         }
     }
 }
@@ -531,6 +547,9 @@ impl WorkerArgs {
         };
         let model = self.model.source();
         if let Some(refusal) = self.weight_dtype_refusal() {
+            anyhow::bail!(refusal);
+        }
+        if let Some(refusal) = self.weight_cache_refusal() {
             anyhow::bail!(refusal);
         }
         if let Some(refusal) = self.disaggregation_refusal() {
@@ -601,7 +620,7 @@ impl WorkerArgs {
         if d == LoadDtype::Auto {
             return None;
         }
-        if !matches!(self.model.source(), ModelSource::HfDir(..)) {
+        if !matches!(self.model.source(), ModelSource::HfDir { .. }) {
             return Some(format!(
                 "--weight-dtype {d} applies to a --model-path checkpoint; the built-in model is f32"
             ));
@@ -611,6 +630,26 @@ impl WorkerArgs {
             other => Some(format!(
                 "--weight-dtype {d} is for --device cpu; --device {other} keeps the checkpoint's \
                  own type"
+            )),
+        }
+    }
+
+    /// Why `--weight-cache` cannot apply here, if it cannot: it holds a CPU rank's packed copy
+    /// of a checkpoint's matrices.
+    fn weight_cache_refusal(&self) -> Option<String> {
+        self.model.weight_cache.as_ref()?;
+        if !matches!(self.model.source(), ModelSource::HfDir { .. }) {
+            return Some(
+                "--weight-cache applies to a --model-path checkpoint; the built-in model's \
+                 weights are generated in each rank"
+                    .into(),
+            );
+        }
+        match self.device.device {
+            Device::Cpu => None,
+            other => Some(format!(
+                "--weight-cache is for --device cpu; --device {other} keeps the weights in its \
+                 own memory"
             )),
         }
     }
@@ -636,7 +675,7 @@ impl WorkerArgs {
             }
             return Ok(None);
         }
-        if matches!(self.model.source(), ModelSource::HfDir(..)) {
+        if matches!(self.model.source(), ModelSource::HfDir { .. }) {
             anyhow::bail!(
                 "--device sim speaks the built-in tokenizer's vocabulary and loads no weights; \
                  drop --model-path"
@@ -710,6 +749,8 @@ impl ServeArgs {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use clap::Parser;
 
     use super::*;
@@ -781,12 +822,19 @@ mod tests {
             .unwrap();
         assert!(matches!(
             config.model,
-            ModelSource::HfDir(_, LoadDtype::Bf16)
+            ModelSource::HfDir {
+                dtype: LoadDtype::Bf16,
+                ..
+            }
         ));
         let config = parse(&["--model-path", m]).unwrap().resolve().unwrap();
         assert!(matches!(
             config.model,
-            ModelSource::HfDir(_, LoadDtype::Auto)
+            ModelSource::HfDir {
+                dtype: LoadDtype::Auto,
+                weight_cache: None,
+                ..
+            }
         ));
         for (flags, says) in [
             (&["--weight-dtype", "f16"][..], "the built-in model is f32"),
@@ -987,10 +1035,39 @@ mod tests {
     }
 
     #[test]
+    fn weight_cache_applies_to_a_checkpoint_on_the_cpu_only() {
+        let config = parse(&["--model-path", "/m", "--weight-cache", "/c"])
+            .unwrap()
+            .resolve()
+            .unwrap();
+        assert!(matches!(
+            config.model,
+            ModelSource::HfDir { weight_cache: Some(c), .. } if c == Path::new("/c")
+        ));
+        for (flags, says) in [
+            (&["--weight-cache", "/c"][..], "the built-in model"),
+            (
+                &[
+                    "--model-path",
+                    "/m",
+                    "--weight-cache",
+                    "/c",
+                    "--device",
+                    "cuda",
+                ],
+                "--weight-cache is for --device cpu",
+            ),
+        ] {
+            let err = parse(flags).unwrap().resolve().unwrap_err().to_string();
+            assert!(err.contains(says), "{flags:?}: {err}");
+        }
+    }
+
+    #[test]
     fn the_model_source_follows_load_format_and_path() {
         let dir = ["--model-path", "/m"];
         let source = |flags: &[&str]| parse(flags).unwrap().model.source();
-        assert!(matches!(source(&dir), ModelSource::HfDir(..)));
+        assert!(matches!(source(&dir), ModelSource::HfDir { .. }));
         assert!(matches!(
             source(&[&dir[..], &["--load-format", "dummy"]].concat()),
             ModelSource::Builtin { .. }

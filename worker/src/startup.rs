@@ -23,7 +23,11 @@ use crate::{disagg, gpu_identity, link, mem};
 /// [`WorkerError::UnsupportedModel`] (EX_CONFIG), one line naming what is unsupported.
 pub fn load_model(source: &ModelSource) -> anyhow::Result<LlamaModel> {
     match source {
-        ModelSource::HfDir(dir, dtype) => LlamaModel::load_hf_as(dir, *dtype).map_err(|e| {
+        ModelSource::HfDir {
+            dir,
+            dtype,
+            weight_cache,
+        } => LlamaModel::load_hf_shared(dir, *dtype, weight_cache.as_deref()).map_err(|e| {
             if e.is_unsupported() {
                 WorkerError::UnsupportedModel {
                     dir: dir.clone(),

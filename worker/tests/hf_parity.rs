@@ -243,12 +243,29 @@ fn check_weight_dtypes(fx: &Fixture, kept: &LlamaModel) {
     );
 }
 
+/// The checkpoint's matrices viewed in a packed weight file (`--weight-cache`), written by the
+/// first load and mapped by the second: the same logits as packed in memory, bit for bit.
+fn check_weight_cache(fx: &Fixture, own: &LlamaModel) {
+    let cache = tempfile::tempdir().unwrap();
+    for load in ["writes", "maps"] {
+        let shared = LlamaModel::load_hf_shared(&fx.dir, LoadDtype::Auto, Some(cache.path()))
+            .expect("load with a weight cache");
+        assert!(shared.weights_shared(), "{}: the load that {load}", fx.name);
+        assert!(
+            batch_logit_bits(fx, &shared) == batch_logit_bits(fx, own),
+            "{}: the load that {load} the packed weight file gives other logits",
+            fx.name
+        );
+    }
+}
+
 /// The whole check of every fixture on this process's kernel path; one line per fixture.
 fn check_all() {
     let path = kernels::kernel_path();
     for fx in fixtures() {
         let mut run = Run::new(&fx);
         check_weight_dtypes(&fx, &run.model);
+        check_weight_cache(&fx, &run.model);
         run.greedy();
         run.chunked(3);
         run.chunked(1);
@@ -375,4 +392,10 @@ fn moe_experts_load_from_the_fused_layout_too() {
     let fused = LlamaModel::load_hf(dir.path()).unwrap();
     let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
     assert_eq!(bits(prefill_logits(&fused)), bits(prefill_logits(&hub)));
+    // The fused tensors cut into experts in a packed weight file too.
+    let cache = tempfile::tempdir().unwrap();
+    let mapped =
+        LlamaModel::load_hf_shared(dir.path(), LoadDtype::Auto, Some(cache.path())).unwrap();
+    assert!(mapped.weights_shared());
+    assert_eq!(bits(prefill_logits(&mapped)), bits(prefill_logits(&hub)));
 }

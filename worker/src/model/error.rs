@@ -42,6 +42,9 @@ pub enum ModelError {
     Config { field: String, reason: String },
     #[error("bad input: {reason}")]
     BadInput { reason: String },
+    /// A file of `--weight-cache` that cannot be used as it is (it is written again).
+    #[error("packed weight file {path}: {reason}")]
+    PackedFile { path: PathBuf, reason: String },
     /// The GPU refused a step (a launch, a copy, cuBLAS): the CUDA backend's own words.
     #[error("GPU: {0}")]
     Gpu(String),
@@ -55,6 +58,12 @@ impl ModelError {
             self,
             ModelError::Unsupported { .. } | ModelError::UnusedTensor { .. }
         )
+    }
+
+    /// Whether this is a `--weight-cache` file that does not read back (the loader then
+    /// writes it again).
+    pub fn is_packed_file(&self) -> bool {
+        matches!(self, ModelError::PackedFile { .. })
     }
 }
 

@@ -17,6 +17,7 @@ use super::config::ModelConfig;
 use super::elems::{narrow, Elems, LoadDtype};
 use super::error::{ModelError, Result};
 use super::moe::{MoeOptions, MoeWeights, SharedExpert};
+use super::packed_file::{self, PackedFile, PackedWriter};
 use super::support::ModelFamily;
 use super::weights::{LayerWeights, Weights};
 
@@ -102,7 +103,7 @@ impl Shards {
         Ok(Shards { files })
     }
 
-    fn parse(&self, want: LoadDtype) -> Result<TensorIndex<'_>> {
+    fn parse<'s>(&'s self, want: LoadDtype, sink: &'s Sink<'s>) -> Result<TensorIndex<'s>> {
         let mut st = Vec::with_capacity(self.files.len());
         let mut by_name = HashMap::new();
         for (i, (path, map)) in self.files.iter().enumerate() {
@@ -120,6 +121,7 @@ impl Shards {
             by_name,
             used: RefCell::default(),
             want,
+            sink,
         })
     }
 }
@@ -132,6 +134,20 @@ struct TensorIndex<'a> {
     used: RefCell<HashSet<String>>,
     /// The type weight matrices are kept in.
     want: LoadDtype,
+    /// Where packed matrices go.
+    sink: &'a Sink<'a>,
+}
+
+/// What the loader does with each weight matrix.
+enum Sink<'f> {
+    /// Packs it in this process's memory.
+    Own,
+    /// Packs it into a packed weight file being written; the weights loaded are then dropped
+    /// (each matrix is an empty stand-in), so at most one matrix is in memory at a time.
+    Write(RefCell<PackedWriter>),
+    /// Views it in a mapped packed weight file; the checkpoint's matrices are not read (their
+    /// names, shapes and types are still checked).
+    Map(&'f PackedFile),
 }
 
 impl TensorIndex<'_> {
@@ -198,14 +214,19 @@ impl TensorIndex<'_> {
         Ok(t)
     }
 
-    /// A weight matrix fused from `parts` (row blocks `(name, shape)`, in order), in the type
-    /// `--weight-dtype` resolves for their stored types.
-    fn matrix(&self, parts: &[(String, Vec<usize>)]) -> Result<Elems> {
+    /// The type `--weight-dtype` resolves for the stored types of `parts`.
+    fn matrix_dtype(&self, parts: &[(String, Vec<usize>)]) -> WeightDtype {
         let stored: Vec<WeightDtype> = parts
             .iter()
             .map(|(n, _)| self.stored(n).unwrap_or(WeightDtype::F32))
             .collect();
-        let dtype = self.want.resolve(&stored);
+        self.want.resolve(&stored)
+    }
+
+    /// A weight matrix fused from `parts` (row blocks `(name, shape)`, in order), in the type
+    /// `--weight-dtype` resolves for their stored types, not packed.
+    fn elems_of(&self, parts: &[(String, Vec<usize>)]) -> Result<Elems> {
+        let dtype = self.matrix_dtype(parts);
         let mut m = Elems::empty(dtype);
         for (name, shape) in parts {
             m.extend(self.elems(name, shape, dtype)?);
@@ -213,9 +234,78 @@ impl TensorIndex<'_> {
         Ok(m)
     }
 
+    /// The `[n, k]` weight matrix fused from `parts`, packed (or viewed) as the sink says; its
+    /// name is that of its first part.
+    fn matrix(&self, parts: &[(String, Vec<usize>)], n: usize, k: usize) -> Result<PackedMatrix> {
+        let name = &parts[0].0;
+        match self.sink {
+            Sink::Map(file) => {
+                for (part, shape) in parts {
+                    self.view(part, shape)?;
+                }
+                file.view(name, n, k, self.matrix_dtype(parts))
+            }
+            _ => self.sink_packed(name, self.elems_of(parts)?.pack(n, k)),
+        }
+    }
+
     /// One matrix tensor (`matrix` of one part), packed as `[n, k]`.
     fn packed(&self, name: &str, n: usize, k: usize) -> Result<PackedMatrix> {
-        Ok(self.matrix(&[(name.to_string(), vec![n, k])])?.pack(n, k))
+        self.matrix(&[(name.to_string(), vec![n, k])], n, k)
+    }
+
+    /// The `[e, n, k]` tensor `name` as `e` matrices `[n, k]` (experts fused in one tensor);
+    /// matrix `x` is named `name[x]`.
+    fn stacked(&self, name: &str, e: usize, n: usize, k: usize) -> Result<Vec<PackedMatrix>> {
+        let parts = [(name.to_string(), vec![e, n, k])];
+        let one = |x: usize| format!("{name}[{x}]");
+        match self.sink {
+            Sink::Map(file) => {
+                self.view(name, &parts[0].1)?;
+                let dtype = self.matrix_dtype(&parts);
+                (0..e).map(|x| file.view(&one(x), n, k, dtype)).collect()
+            }
+            _ => {
+                let all = self.elems_of(&parts)?;
+                (0..e)
+                    .map(|x| {
+                        self.sink_packed(&one(x), all.pack_range(x * n * k..(x + 1) * n * k, n, k))
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// The untied output projection `lm_head.weight` (`[v, h]`), or `None` when it equals the
+    /// embedding table (an explicit copy costs memory for nothing: the two share).
+    fn untied_head(&self, v: usize, h: usize) -> Result<Option<PackedMatrix>> {
+        let head = [("lm_head.weight".to_string(), vec![v, h])];
+        if let Sink::Map(file) = self.sink {
+            // The file holds the head only when it was not a copy.
+            self.view(&head[0].0, &head[0].1)?;
+            return match file.contains(&head[0].0) {
+                true => Ok(Some(self.matrix(&head, v, h)?)),
+                false => Ok(None),
+            };
+        }
+        let w = self.elems_of(&head)?;
+        let embed = self.elems_of(&[("model.embed_tokens.weight".into(), vec![v, h])])?;
+        match w == embed {
+            true => Ok(None),
+            false => Ok(Some(self.sink_packed(&head[0].0, w.pack(v, h))?)),
+        }
+    }
+
+    /// `m` (matrix `name`) kept as the sink says: returned ([`Sink::Own`]), or written to the
+    /// packed weight file and replaced by an empty stand-in ([`Sink::Write`]).
+    fn sink_packed(&self, name: &str, m: PackedMatrix) -> Result<PackedMatrix> {
+        match self.sink {
+            Sink::Write(w) => {
+                w.borrow_mut().append(name, &m)?;
+                Ok(PackedMatrix::pack(&[], 0, 0))
+            }
+            _ => Ok(m),
+        }
     }
 
     /// Tensor `name` in `dtype`: its bits as stored when it is stored so, else converted
@@ -283,16 +373,9 @@ fn load_experts(
     };
     let router = ix.packed(&format!("{block}.gate.weight"), e, h)?;
     let experts = if ix.contains(&fused) {
-        let gu = ix.matrix(&[(fused, vec![e, 2 * i, h])])?;
-        let down = ix.matrix(&[(format!("{block}.experts.down_proj"), vec![e, h, i])])?;
-        (0..e)
-            .map(|x| {
-                (
-                    gu.pack_range(x * 2 * i * h..(x + 1) * 2 * i * h, 2 * i, h),
-                    down.pack_range(x * h * i..(x + 1) * h * i, h, i),
-                )
-            })
-            .collect()
+        let gu = ix.stacked(&fused, e, 2 * i, h)?;
+        let down = ix.stacked(&format!("{block}.experts.down_proj"), e, h, i)?;
+        gu.into_iter().zip(down).collect()
     } else {
         let [gate, up, down] = match cfg.family {
             ModelFamily::Mixtral => ["w1", "w3", "w2"],
@@ -301,20 +384,24 @@ fn load_experts(
         let mut experts = Vec::with_capacity(e);
         for x in 0..e {
             let t = |name: &str| format!("{block}.experts.{x}.{name}.weight");
-            let gu = ix.matrix(&[(t(gate), vec![i, h]), (t(up), vec![i, h])])?;
-            experts.push((gu.pack(2 * i, h), ix.packed(&t(down), h, i)?));
+            let gu = ix.matrix(&[(t(gate), vec![i, h]), (t(up), vec![i, h])], 2 * i, h)?;
+            experts.push((gu, ix.packed(&t(down), h, i)?));
         }
         experts
     };
     let shared = match o.shared_expert_intermediate_size {
         Some(si) => {
             let t = |name: &str| format!("{block}.{name}");
-            let gu = ix.matrix(&[
-                (t("shared_expert.gate_proj.weight"), vec![si, h]),
-                (t("shared_expert.up_proj.weight"), vec![si, h]),
-            ])?;
+            let gu = ix.matrix(
+                &[
+                    (t("shared_expert.gate_proj.weight"), vec![si, h]),
+                    (t("shared_expert.up_proj.weight"), vec![si, h]),
+                ],
+                2 * si,
+                h,
+            )?;
             Some(SharedExpert {
-                wgu: gu.pack(2 * si, h),
+                wgu: gu,
                 wdown: ix.packed(&t("shared_expert.down_proj.weight"), h, si)?,
                 gate: ix.packed(&t("shared_expert_gate.weight"), 1, h)?,
             })
@@ -329,10 +416,79 @@ fn load_experts(
 }
 
 /// Loads every weight of `cfg` from the safetensors files of `dir`, the matrices in the type
-/// `want` resolves.
-pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig, want: LoadDtype) -> Result<Weights> {
+/// `want` resolves: packed in this process's memory, or, with `cache` (`--weight-cache`),
+/// viewed in this host's packed weight file of the checkpoint, written first when there is none
+/// that reads back (see [`packed_file`]).
+pub(crate) fn load_weights(
+    dir: &Path,
+    cfg: &ModelConfig,
+    want: LoadDtype,
+    cache: Option<&Path>,
+) -> Result<Weights> {
     let shards = Shards::open(shard_files(dir)?)?;
-    let ix = shards.parse(want)?;
+    let Some(cache) = cache else {
+        return load_into(&shards, cfg, want, &Sink::Own);
+    };
+    let paths: Vec<PathBuf> = shards.files.iter().map(|(p, _)| p.clone()).collect();
+    let key = packed_file::Key::new(dir, &paths, want)?;
+    // Held until this rank has mapped the file: the ranks that wait map the one it wrote.
+    let _lock = packed_file::lock(cache, &key)?;
+    let existing = match PackedFile::open(cache, &key) {
+        Ok(file) => file,
+        Err(e) if e.is_packed_file() => {
+            tracing::warn!(error = %e, "writing the packed weight file again");
+            None
+        }
+        Err(e) => return Err(e),
+    };
+    if let Some(file) = existing {
+        match load_into(&shards, cfg, want, &Sink::Map(&file)) {
+            Err(e) if e.is_packed_file() => {
+                tracing::warn!(error = %e, "writing the packed weight file again")
+            }
+            loaded => {
+                tracing::info!(
+                    file = %file.path().display(),
+                    bytes = file.len(),
+                    "weight matrices mapped from this host's packed weight file"
+                );
+                return loaded;
+            }
+        }
+    }
+    let started = std::time::Instant::now();
+    let sink = Sink::Write(RefCell::new(PackedWriter::create(cache, &key)?));
+    load_into(&shards, cfg, want, &sink)?;
+    let Sink::Write(writer) = sink else {
+        unreachable!("the sink written to")
+    };
+    let path = writer.into_inner().finish()?;
+    tracing::info!(
+        file = %path.display(),
+        seconds = started.elapsed().as_secs_f64(),
+        "packed the weight matrices into this host's packed weight file (--weight-cache)"
+    );
+    let file = PackedFile::open(cache, &key)?.ok_or_else(|| ModelError::PackedFile {
+        path,
+        reason: "it was gone right after it was written".into(),
+    })?;
+    let weights = load_into(&shards, cfg, want, &Sink::Map(&file))?;
+    tracing::info!(
+        file = %file.path().display(),
+        bytes = file.len(),
+        "weight matrices mapped from this host's packed weight file"
+    );
+    Ok(weights)
+}
+
+/// [`load_weights`] with each matrix going to `sink`.
+fn load_into(
+    shards: &Shards,
+    cfg: &ModelConfig,
+    want: LoadDtype,
+    sink: &Sink<'_>,
+) -> Result<Weights> {
+    let ix = shards.parse(want, sink)?;
     let (h, inter, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
     let (q, kv) = (cfg.q_dim(), cfg.kv_dim());
     let gemma = cfg.gemma.is_some();
@@ -345,16 +501,20 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig, want: LoadDtype) -> Re
         }
         Ok(w)
     };
-    let embed = ix.matrix(&[("model.embed_tokens.weight".into(), vec![v, h])])?;
+    let embed = ix.packed("model.embed_tokens.weight", v, h)?;
     let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
     for l in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{l}");
         let a = format!("{p}.self_attn");
-        let wqkv = ix.matrix(&[
-            (format!("{a}.q_proj.weight"), vec![q, h]),
-            (format!("{a}.k_proj.weight"), vec![kv, h]),
-            (format!("{a}.v_proj.weight"), vec![kv, h]),
-        ])?;
+        let wqkv = ix.matrix(
+            &[
+                (format!("{a}.q_proj.weight"), vec![q, h]),
+                (format!("{a}.k_proj.weight"), vec![kv, h]),
+                (format!("{a}.v_proj.weight"), vec![kv, h]),
+            ],
+            q + 2 * kv,
+            h,
+        )?;
         let bqkv = if cfg.qkv_bias {
             let mut b = ix.get(&format!("{a}.q_proj.bias"), &[q])?;
             b.extend(ix.get(&format!("{a}.k_proj.bias"), &[kv])?);
@@ -383,11 +543,15 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig, want: LoadDtype) -> Re
         // A layer with experts has no dense MLP.
         let inter = if moe.is_some() { 0 } else { inter };
         let wgu = match inter {
-            0 => Elems::empty(WeightDtype::F32),
-            _ => ix.matrix(&[
-                (format!("{m}.gate_proj.weight"), vec![inter, h]),
-                (format!("{m}.up_proj.weight"), vec![inter, h]),
-            ])?,
+            0 => PackedMatrix::pack(&[], 0, h),
+            _ => ix.matrix(
+                &[
+                    (format!("{m}.gate_proj.weight"), vec![inter, h]),
+                    (format!("{m}.up_proj.weight"), vec![inter, h]),
+                ],
+                2 * inter,
+                h,
+            )?,
         };
         let (bgu, bdown) = match cfg.mlp_bias {
             true => {
@@ -414,13 +578,13 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig, want: LoadDtype) -> Re
         };
         layers.push(LayerWeights {
             attn_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
-            wqkv: wqkv.pack(q + 2 * kv, h),
+            wqkv,
             bqkv,
             qk_norm,
             wo: ix.packed(&format!("{a}.o_proj.weight"), h, q)?,
             bo,
             mlp_norm,
-            wgu: wgu.pack(2 * inter, h),
+            wgu,
             bgu,
             wdown: match inter {
                 0 => PackedMatrix::pack(&[], h, 0),
@@ -433,9 +597,7 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig, want: LoadDtype) -> Re
     }
     let norm = norm("model.norm.weight", h)?;
     let lm_head = if ix.contains("lm_head.weight") {
-        let w = ix.matrix(&[("lm_head.weight".into(), vec![v, h])])?;
-        // An explicit copy of the embeddings costs memory for nothing; share instead.
-        (w != embed).then(|| w.pack(v, h))
+        ix.untied_head(v, h)?
     } else if cfg.tie_word_embeddings {
         None
     } else {
@@ -451,7 +613,7 @@ pub(crate) fn load_weights(dir: &Path, cfg: &ModelConfig, want: LoadDtype) -> Re
         });
     }
     Ok(Weights {
-        embed: embed.pack(v, h),
+        embed,
         layers,
         norm,
         lm_head,

@@ -16,6 +16,7 @@ mod gemma;
 mod kv;
 mod loader;
 mod moe;
+mod packed_file;
 mod plan;
 mod rope;
 mod support;
@@ -74,9 +75,21 @@ impl LlamaModel {
 
     /// [`Self::load_hf`] with the weight matrices in the type `dtype` resolves.
     pub fn load_hf_as(dir: &Path, dtype: LoadDtype) -> Result<Self> {
+        Self::load_hf_shared(dir, dtype, None)
+    }
+
+    /// [`Self::load_hf_as`], the weight matrices viewed in this host's packed weight file of
+    /// the checkpoint in `cache` (`--weight-cache`; written first when there is none), so the
+    /// ranks of a host share one copy; `None`: packed in this process.
+    pub fn load_hf_shared(dir: &Path, dtype: LoadDtype, cache: Option<&Path>) -> Result<Self> {
         let config = ModelConfig::from_hf_dir(dir)?;
-        let weights = loader::load_weights(dir, &config, dtype)?;
+        let weights = loader::load_weights(dir, &config, dtype, cache)?;
         Ok(LlamaModel { config, weights })
+    }
+
+    /// Whether the weight matrices are viewed in a mapped packed weight file.
+    pub fn weights_shared(&self) -> bool {
+        self.weights.embed.is_shared()
     }
 
     /// Seeded random weights for `config` (deterministic for a seed).

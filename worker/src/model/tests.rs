@@ -945,14 +945,94 @@ fn a_tensor_the_config_does_not_use_is_refused_by_name() {
         "{err}"
     );
     // And the worker refuses to start with it, as a configuration error (EX_CONFIG).
-    let err = crate::load_model(&crate::ModelSource::HfDir(
-        dir.path().into(),
-        LoadDtype::Auto,
-    ))
+    let err = crate::load_model(&crate::ModelSource::HfDir {
+        dir: dir.path().into(),
+        dtype: LoadDtype::Auto,
+        weight_cache: None,
+    })
     .unwrap_err();
     let worker = err
         .downcast_ref::<crate::WorkerError>()
         .expect("a WorkerError");
     assert!(worker.is_config_error(), "{worker}");
     assert!(err.to_string().contains("o_proj.bias"), "{err}");
+}
+
+/// The packed weight files in `dir` (`--weight-cache`), with their inode numbers.
+fn packed_files(dir: &Path) -> Vec<(String, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut v: Vec<(String, u64)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".dpw"))
+        .map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            (name, e.metadata().unwrap().ino())
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_weight_cache_is_written_once_reused_and_written_again_when_it_does_not_read_back() {
+    let c = small_cfg();
+    let (model, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    write_model(
+        model.path(),
+        &c,
+        &hf_tensors(&c, &Weights::dummy(&c, 21), Dtype::BF16),
+    );
+    let own = run(&LlamaModel::load_hf(model.path()).unwrap());
+    let shared = |dtype: LoadDtype| {
+        let m = LlamaModel::load_hf_shared(model.path(), dtype, Some(cache.path())).unwrap();
+        assert!(m.weights_shared());
+        run(&m)
+    };
+    assert_eq!(shared(LoadDtype::Auto), own);
+    let first = packed_files(cache.path());
+    assert_eq!(first.len(), 1, "{first:?}");
+    // Loaded again: mapped, not written again (the same file).
+    assert_eq!(shared(LoadDtype::Auto), own);
+    assert_eq!(packed_files(cache.path()), first);
+    // Another --weight-dtype is another file (f32 widens exactly: the same logits).
+    assert_eq!(shared(LoadDtype::F32), own);
+    assert_eq!(packed_files(cache.path()).len(), 2);
+    // A damaged file (cut short) is written again, under its name.
+    let path = cache.path().join(&first[0].0);
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    assert_eq!(shared(LoadDtype::Auto), own);
+    let again = packed_files(cache.path());
+    assert_eq!(again.len(), 2);
+    assert!(again
+        .iter()
+        .any(|(n, ino)| *n == first[0].0 && *ino != first[0].1));
+    // Other weights in the checkpoint: a file of their own, and their logits.
+    write_model(
+        model.path(),
+        &c,
+        &hf_tensors(&c, &Weights::dummy(&c, 22), Dtype::BF16),
+    );
+    let other = run(&LlamaModel::load_hf(model.path()).unwrap());
+    assert_ne!(other, own);
+    assert_eq!(shared(LoadDtype::Auto), other);
+    assert_eq!(packed_files(cache.path()).len(), 3);
+}
+
+#[test]
+fn a_weight_cache_that_cannot_be_made_is_an_error_naming_it() {
+    let c = small_cfg();
+    let model = tempfile::tempdir().unwrap();
+    write_model(
+        model.path(),
+        &c,
+        &hf_tensors(&c, &Weights::dummy(&c, 21), Dtype::F32),
+    );
+    // A file where the directory should be.
+    let blocker = model.path().join("config.json");
+    let err =
+        LlamaModel::load_hf_shared(model.path(), LoadDtype::Auto, Some(&blocker)).unwrap_err();
+    assert!(err.to_string().contains("config.json"), "{err}");
 }

@@ -1,0 +1,489 @@
+//! One copy of a checkpoint's packed weights per host (`--weight-cache DIR`): the first rank to
+//! load a checkpoint writes every weight matrix, packed for the GEMM kernels in the type it is
+//! held in, into one file in DIR; every rank then maps that file read-only and its matrices view
+//! the mapped pages ([`PackedMatrix::view`]), so N ranks on a host share one copy in the page
+//! cache (clean, file-backed pages: counted once in the ranks' PSS, and reclaimable), and a
+//! restart skips the packing. Norms and biases stay in each process (they are small).
+//!
+//! The checkpoint's own bytes cannot be mapped instead: the kernels read panels of 6 rows
+//! interleaved in chunks of 16 and q/k/v and gate/up fused, not the `[out, in]` tensors as
+//! stored.
+//!
+//! Which file: the name is a hash of a key naming everything the packed bytes depend on (the
+//! file format, [`PackedMatrix::LAYOUT`], `--weight-dtype`, the model directory, config.json's
+//! bytes, and each shard's name, size, modification time and safetensors header); the key is
+//! also written into the file and compared in full when it is opened. A file is written beside
+//! its final name and renamed into place once complete and synced, so a reader sees a whole
+//! file or none; ranks take an exclusive lock on `NAME.lock` while they look, build and map, so
+//! one builds and the others wait and map its file. A file that does not read back (another
+//! version, truncated, another key) is written again. Files of earlier checkpoints are not
+//! removed: DIR is the operator's (its files can be deleted whenever no rank runs).
+//!
+//! Layout: `DPSWPK01`, the matrices (each at a 64-byte line), the table (JSON: key, layout,
+//! each matrix's name, shape, type and offset), its length (u64, little-endian) and
+//! `DPSWPK01` again.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kernels::{PackedMatrix, SharedBytes, WeightDtype};
+use memmap2::Mmap;
+use serde::{Deserialize, Serialize};
+
+use super::elems::LoadDtype;
+use super::error::{ModelError, Result};
+
+/// The first and last 8 bytes of a packed weight file.
+const MAGIC: &[u8; 8] = b"DPSWPK01";
+/// Where the first matrix starts (one cache line: the magic, then zeros).
+const DATA_START: u64 = 64;
+/// The line every matrix starts on.
+const LINE: u64 = 64;
+
+/// What a packed weight file's bytes depend on, as text, and the file name it hashes to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Key {
+    text: String,
+}
+
+impl Key {
+    /// The key of `dir`'s checkpoint (its config.json and `shards`) held as `want` resolves.
+    pub fn new(dir: &Path, shards: &[PathBuf], want: LoadDtype) -> Result<Key> {
+        let io = |path: &Path, e: std::io::Error| ModelError::Io {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        };
+        let dir_abs = dir.canonicalize().map_err(|e| io(dir, e))?;
+        let config = dir.join("config.json");
+        let config_bytes = std::fs::read(&config).map_err(|e| io(&config, e))?;
+        let mut text = format!(
+            "dpserve packed weights 1\nlayout: {}\nweight dtype: {}\ndir: {}\nconfig.json: {} bytes, fnv {:016x}\n",
+            PackedMatrix::LAYOUT,
+            want.name(),
+            dir_abs.display(),
+            config_bytes.len(),
+            fnv1a(&config_bytes),
+        );
+        for path in shards {
+            let meta = std::fs::metadata(path).map_err(|e| io(path, e))?;
+            let mtime = meta
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_nanos());
+            let header = safetensors_header(path).map_err(|e| io(path, e))?;
+            text.push_str(&format!(
+                "shard {}: {} bytes, modified {mtime} ns, header fnv {:016x}\n",
+                path.file_name().unwrap_or_default().to_string_lossy(),
+                meta.len(),
+                fnv1a(&header),
+            ));
+        }
+        Ok(Key { text })
+    }
+
+    /// The file's name in the cache directory.
+    pub fn file_name(&self) -> String {
+        format!("{:016x}.dpw", fnv1a(self.text.as_bytes()))
+    }
+}
+
+/// 64-bit FNV-1a: stable across builds and platforms (a name, not a checksum: the whole key is
+/// compared when a file is opened).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// A safetensors file's length prefix and JSON header (tensor names, types, shapes, offsets).
+fn safetensors_header(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut f = File::open(path)?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len)?;
+    // The format caps its header at 100 MB; a longer one is refused by the loader anyway.
+    let n = u64::from_le_bytes(len).min(100 << 20);
+    let mut header = len.to_vec();
+    f.take(n).read_to_end(&mut header)?;
+    Ok(header)
+}
+
+/// One matrix of the table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Entry {
+    name: String,
+    rows: usize,
+    cols: usize,
+    dtype: String,
+    offset: u64,
+}
+
+/// The table at a file's end.
+#[derive(Debug, Serialize, Deserialize)]
+struct Table {
+    key: String,
+    layout: String,
+    matrices: Vec<Entry>,
+}
+
+/// The exclusive lock on one key's file, held while a rank looks for it, builds it and maps it.
+pub(crate) struct Lock {
+    _file: File,
+}
+
+/// Waits for (and takes) the lock on `key`'s file in `dir`, creating `dir` if needed.
+pub(crate) fn lock(dir: &Path, key: &Key) -> Result<Lock> {
+    let io = |path: &Path, e: std::io::Error| ModelError::Io {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    };
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    let path = dir.join(format!("{}.lock", key.file_name()));
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| io(&path, e))?;
+    file.lock().map_err(|e| io(&path, e))?;
+    Ok(Lock { _file: file })
+}
+
+/// A mapped packed weight file.
+pub(crate) struct PackedFile {
+    path: PathBuf,
+    bytes: SharedBytes,
+    matrices: HashMap<String, Entry>,
+}
+
+/// Why a file in the cache cannot be used (it is then written again).
+fn unusable(path: &Path, reason: impl Into<String>) -> ModelError {
+    ModelError::PackedFile {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+impl PackedFile {
+    /// Maps `key`'s file in `dir`: `Ok(None)` when there is none; an error naming why when it
+    /// is there but does not read back as that key's (see [`ModelError::is_packed_file`]).
+    pub fn open(dir: &Path, key: &Key) -> Result<Option<PackedFile>> {
+        let path = dir.join(key.file_name());
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(unusable(&path, e.to_string())),
+        };
+        // SAFETY: files in the cache are written whole beside their name and renamed into place,
+        // never modified afterwards (read-only, 0444); the map is read-only. Deleting the file
+        // keeps the mapped pages; truncating it would be SIGBUS, not undefined behaviour here.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| unusable(&path, e.to_string()))?;
+        let table = read_table(&map).map_err(|why| unusable(&path, why))?;
+        if table.key != key.text {
+            return Err(unusable(
+                &path,
+                "it was written for another checkpoint (key differs)",
+            ));
+        }
+        if table.layout != PackedMatrix::LAYOUT {
+            return Err(unusable(&path, "it holds another panel layout"));
+        }
+        let matrices = table
+            .matrices
+            .into_iter()
+            .map(|e| (e.name.clone(), e))
+            .collect();
+        Ok(Some(PackedFile {
+            path,
+            bytes: Arc::new(map),
+            matrices,
+        }))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes of the file (what every rank that maps it shares).
+    pub fn len(&self) -> usize {
+        (*self.bytes).as_ref().len()
+    }
+
+    /// Whether the file holds a matrix `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.matrices.contains_key(name)
+    }
+
+    /// Matrix `name`, `[rows, cols]` of `dtype`, viewed in the mapped file.
+    pub fn view(
+        &self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        dtype: WeightDtype,
+    ) -> Result<PackedMatrix> {
+        let e = self
+            .matrices
+            .get(name)
+            .ok_or_else(|| unusable(&self.path, format!("it has no matrix `{name}`")))?;
+        if (e.rows, e.cols, e.dtype.as_str()) != (rows, cols, dtype.to_string().as_str()) {
+            return Err(unusable(
+                &self.path,
+                format!(
+                    "its `{name}` is [{}, {}] {}, the checkpoint's [{rows}, {cols}] {dtype}",
+                    e.rows, e.cols, e.dtype
+                ),
+            ));
+        }
+        PackedMatrix::view(self.bytes.clone(), e.offset as usize, rows, cols, dtype)
+            .map_err(|why| unusable(&self.path, format!("its `{name}`: {why}")))
+    }
+}
+
+/// The table of a mapped file, checked against the file's length.
+fn read_table(map: &[u8]) -> std::result::Result<Table, String> {
+    let n = map.len();
+    if n < DATA_START as usize + 16 || &map[..8] != MAGIC || &map[n - 8..] != MAGIC {
+        return Err("not a complete packed weight file of this version".into());
+    }
+    let len = u64::from_le_bytes(map[n - 16..n - 8].try_into().expect("8 bytes")) as usize;
+    let start = (n - 16)
+        .checked_sub(len)
+        .filter(|&s| s >= DATA_START as usize)
+        .ok_or("its table length runs past its start")?;
+    let table: Table =
+        serde_json::from_slice(&map[start..n - 16]).map_err(|e| format!("its table: {e}"))?;
+    for e in &table.matrices {
+        let dtype =
+            parse_dtype(&e.dtype).ok_or_else(|| format!("its `{}`: type {}", e.name, e.dtype))?;
+        let end = e.offset as usize + PackedMatrix::panel_len(e.rows, e.cols, dtype);
+        if end > start {
+            return Err(format!("its `{}` runs into its table", e.name));
+        }
+    }
+    Ok(table)
+}
+
+fn parse_dtype(s: &str) -> Option<WeightDtype> {
+    WeightDtype::ALL.into_iter().find(|d| d.to_string() == s)
+}
+
+/// A packed weight file being written (beside its final name until [`Self::finish`]).
+pub(crate) struct PackedWriter {
+    tmp: PathBuf,
+    path: PathBuf,
+    /// `None` once finished.
+    out: Option<BufWriter<File>>,
+    pos: u64,
+    key: Key,
+    matrices: Vec<Entry>,
+}
+
+impl PackedWriter {
+    /// Starts `key`'s file in `dir` (the caller holds its [`Lock`]).
+    pub fn create(dir: &Path, key: &Key) -> Result<PackedWriter> {
+        let path = dir.join(key.file_name());
+        let tmp = dir.join(format!(".{}.{}.tmp", key.file_name(), std::process::id()));
+        let io = |e: std::io::Error| ModelError::Io {
+            path: tmp.clone(),
+            reason: e.to_string(),
+        };
+        let mut out = BufWriter::with_capacity(1 << 20, File::create(&tmp).map_err(io)?);
+        let mut head = [0u8; DATA_START as usize];
+        head[..8].copy_from_slice(MAGIC);
+        out.write_all(&head).map_err(io)?;
+        Ok(PackedWriter {
+            tmp: tmp.clone(),
+            path,
+            out: Some(out),
+            pos: DATA_START,
+            key: key.clone(),
+            matrices: Vec::new(),
+        })
+    }
+
+    fn io(&self, e: std::io::Error) -> ModelError {
+        ModelError::Io {
+            path: self.tmp.clone(),
+            reason: e.to_string(),
+        }
+    }
+
+    fn out(&mut self) -> &mut BufWriter<File> {
+        self.out.as_mut().expect("a writer not yet finished")
+    }
+
+    /// Appends `m` as matrix `name`.
+    pub fn append(&mut self, name: &str, m: &PackedMatrix) -> Result<()> {
+        let pad = self.pos.next_multiple_of(LINE) - self.pos;
+        let zeros = [0u8; LINE as usize];
+        if let Err(e) = self.out().write_all(&zeros[..pad as usize]) {
+            return Err(self.io(e));
+        }
+        self.pos += pad;
+        self.matrices.push(Entry {
+            name: name.to_string(),
+            rows: m.rows(),
+            cols: m.cols(),
+            dtype: m.dtype().to_string(),
+            offset: self.pos,
+        });
+        let bytes = m.panel_bytes();
+        if let Err(e) = self.out().write_all(bytes) {
+            return Err(self.io(e));
+        }
+        self.pos += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Writes the table, syncs the file and renames it into place, read-only.
+    pub fn finish(mut self) -> Result<PathBuf> {
+        let table = Table {
+            key: self.key.text.clone(),
+            layout: PackedMatrix::LAYOUT.to_string(),
+            matrices: std::mem::take(&mut self.matrices),
+        };
+        let json = serde_json::to_vec(&table).expect("a table serialises");
+        let tail = [&json[..], &(json.len() as u64).to_le_bytes(), MAGIC].concat();
+        if let Err(e) = self.out().write_all(&tail) {
+            return Err(self.io(e));
+        }
+        let file = self
+            .out
+            .take()
+            .expect("a writer not yet finished")
+            .into_inner()
+            .map_err(|e| ModelError::Io {
+                path: self.tmp.clone(),
+                reason: e.error().to_string(),
+            })?;
+        let io = |e: std::io::Error| ModelError::Io {
+            path: self.tmp.clone(),
+            reason: e.to_string(),
+        };
+        file.sync_all().map_err(io)?;
+        let mut perms = file.metadata().map_err(io)?.permissions();
+        perms.set_readonly(true);
+        file.set_permissions(perms).map_err(io)?;
+        drop(file);
+        std::fs::rename(&self.tmp, &self.path).map_err(io)?;
+        Ok(self.path.clone())
+    }
+}
+
+impl Drop for PackedWriter {
+    /// A writer dropped before [`Self::finish`] (a load that failed) leaves no file behind.
+    fn drop(&mut self) {
+        if self.tmp.exists() && !self.path.exists() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(text: &str) -> Key {
+        Key { text: text.into() }
+    }
+
+    fn matrices() -> Vec<(String, PackedMatrix)> {
+        let w: Vec<f32> = (0..7 * 33).map(|i| (i as f32 * 0.37).sin()).collect();
+        let bits: Vec<u16> = w
+            .iter()
+            .map(|v| half::bf16::from_f32(*v).to_bits())
+            .collect();
+        vec![
+            ("a".into(), PackedMatrix::pack(&w, 7, 33)),
+            (
+                "b".into(),
+                PackedMatrix::pack_16bit(&bits, 33, 7, WeightDtype::Bf16),
+            ),
+            ("empty".into(), PackedMatrix::pack(&[], 5, 0)),
+        ]
+    }
+
+    #[test]
+    fn a_written_file_maps_back_to_the_same_matrices() {
+        let dir = tempfile::tempdir().unwrap();
+        let k = key("one checkpoint");
+        assert!(PackedFile::open(dir.path(), &k).unwrap().is_none());
+        let _lock = lock(dir.path(), &k).unwrap();
+        let mut w = PackedWriter::create(dir.path(), &k).unwrap();
+        for (name, m) in &matrices() {
+            w.append(name, m).unwrap();
+        }
+        let path = w.finish().unwrap();
+        assert!(std::fs::metadata(&path).unwrap().permissions().readonly());
+        let file = PackedFile::open(dir.path(), &k).unwrap().unwrap();
+        for (name, m) in &matrices() {
+            let v = file.view(name, m.rows(), m.cols(), m.dtype()).unwrap();
+            assert!(v.is_shared());
+            assert_eq!(v.unpack(), m.unpack(), "{name}");
+        }
+        assert!(file.contains("a") && !file.contains("c"));
+        // Asked for another shape or type, or for a matrix it lacks: refused, naming it.
+        for err in [
+            file.view("a", 7, 32, WeightDtype::F32).err().unwrap(),
+            file.view("b", 33, 7, WeightDtype::F16).err().unwrap(),
+            file.view("c", 1, 1, WeightDtype::F32).err().unwrap(),
+        ] {
+            assert!(err.is_packed_file(), "{err}");
+        }
+        // Only the file and its lock are left: no temporary beside them.
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, [k.file_name(), format!("{}.lock", k.file_name())]);
+    }
+
+    #[test]
+    fn a_file_of_another_key_or_cut_short_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let k = key("first");
+        let mut w = PackedWriter::create(dir.path(), &k).unwrap();
+        w.append("a", &matrices()[0].1).unwrap();
+        let path = w.finish().unwrap();
+        // The same name with another key inside (a hash collision, or a file copied over).
+        let other = key("second");
+        std::fs::rename(&path, dir.path().join(other.file_name())).unwrap();
+        let err = PackedFile::open(dir.path(), &other).err().unwrap();
+        assert!(err.to_string().contains("another checkpoint"), "{err}");
+        // Cut short: the trailing magic is gone.
+        let p = dir.path().join(other.file_name());
+        let bytes = std::fs::read(&p).unwrap();
+        let mut perms = std::fs::metadata(&p).unwrap().permissions();
+        #[allow(clippy::permissions_set_readonly_false)]
+        perms.set_readonly(false);
+        std::fs::set_permissions(&p, perms).unwrap();
+        std::fs::write(&p, &bytes[..bytes.len() - 3]).unwrap();
+        let err = PackedFile::open(dir.path(), &other).err().unwrap();
+        assert!(
+            err.is_packed_file() && err.to_string().contains("complete"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_writer_dropped_unfinished_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let k = key("k");
+        let mut w = PackedWriter::create(dir.path(), &k).unwrap();
+        w.append("a", &matrices()[0].1).unwrap();
+        drop(w);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn fnv1a_is_the_published_function() {
+        // Test vectors of the FNV reference (draft-eastlake-fnv): "" and "a".
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+}
