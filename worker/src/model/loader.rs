@@ -143,7 +143,8 @@ enum Sink<'f> {
     /// Packs it in this process's memory.
     Own,
     /// Packs it into a packed weight file being written; the weights loaded are then dropped
-    /// (each matrix is an empty stand-in), so at most one matrix is in memory at a time.
+    /// (each matrix is an empty stand-in), so one checkpoint tensor's matrices at most are in
+    /// memory at a time.
     Write(RefCell<PackedWriter>),
     /// Views it in a mapped packed weight file; the checkpoint's matrices are not read (their
     /// names, shapes and types are still checked).
