@@ -4,6 +4,8 @@
 mod bench;
 #[cfg(test)]
 mod cli_contract;
+#[cfg(test)]
+mod cli_reference;
 mod forwarded;
 mod keygen;
 mod trace;

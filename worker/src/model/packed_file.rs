@@ -259,8 +259,15 @@ fn read_table(map: &[u8]) -> std::result::Result<Table, String> {
     for e in &table.matrices {
         let dtype =
             parse_dtype(&e.dtype).ok_or_else(|| format!("its `{}`: type {}", e.name, e.dtype))?;
-        let end = e.offset as usize + PackedMatrix::panel_len(e.rows, e.cols, dtype);
-        if end > start {
+        // A shape with more elements than the file has bytes is damage (and would overflow).
+        if e.rows.checked_mul(e.cols).is_none_or(|elems| elems > n) {
+            return Err(format!("its `{}` is [{}, {}]", e.name, e.rows, e.cols));
+        }
+        let len = PackedMatrix::panel_len(e.rows, e.cols, dtype) as u64;
+        if e.offset
+            .checked_add(len)
+            .is_none_or(|end| end > start as u64)
+        {
             return Err(format!("its `{}` runs into its table", e.name));
         }
     }
@@ -468,6 +475,36 @@ mod tests {
             err.is_packed_file() && err.to_string().contains("complete"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_table_naming_more_than_the_file_holds_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let k = key("k");
+        let mut w = PackedWriter::create(dir.path(), &k).unwrap();
+        w.append("a", &matrices()[0].1).unwrap();
+        let path = w.finish().unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        let n = bytes.len();
+        let len = u64::from_le_bytes(bytes[n - 16..n - 8].try_into().unwrap()) as usize;
+        let start = n - 16 - len;
+        let table = String::from_utf8(bytes[start..n - 16].to_vec()).unwrap();
+        for (from, to) in [
+            ("\"rows\":7", format!("\"rows\":{}", u64::MAX)),
+            ("\"offset\":64", format!("\"offset\":{}", u64::MAX - 8)),
+            ("\"offset\":64", format!("\"offset\":{}", n)),
+        ] {
+            assert!(table.contains(from), "{table}");
+            let bad = table.replace(from, &to);
+            let mut file = bytes[..start].to_vec();
+            file.extend(bad.as_bytes());
+            file.extend((bad.len() as u64).to_le_bytes());
+            file.extend(MAGIC);
+            std::fs::remove_file(&path).unwrap();
+            std::fs::write(&path, &file).unwrap();
+            let err = PackedFile::open(dir.path(), &k).err().unwrap();
+            assert!(err.is_packed_file(), "{to}: {err}");
+        }
     }
 
     #[test]
