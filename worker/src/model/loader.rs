@@ -327,6 +327,17 @@ impl TensorIndex<'_> {
         Ok(Elems::Bits(narrow(&self.get(name, shape)?, dtype), dtype))
     }
 
+    /// Norm weights `name` (`[len]`) as the forward pass multiplies by them: Gemma's norms
+    /// multiply by `1 + w`, folded in here (in f32, as transformers adds), so the forward pass
+    /// has one RMSNorm.
+    fn norm(&self, name: &str, len: usize, gemma: bool) -> Result<Vec<f32>> {
+        let mut w = self.get(name, &[len])?;
+        if gemma {
+            w.iter_mut().for_each(|x| *x += 1.0);
+        }
+        Ok(w)
+    }
+
     /// The tensor as f32, checked against `shape`.
     fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let t = self.view(name, shape)?;
@@ -482,6 +493,104 @@ pub(crate) fn load_weights(
     Ok(weights)
 }
 
+/// Decoder layer `l`'s weights.
+fn load_layer(ix: &TensorIndex<'_>, cfg: &ModelConfig, l: usize) -> Result<LayerWeights> {
+    let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
+    let (q, kv) = (cfg.q_dim(), cfg.kv_dim());
+    let gemma = cfg.gemma.is_some();
+    let norm = |name: &str, len: usize| ix.norm(name, len, gemma);
+    let p = format!("model.layers.{l}");
+    let a = format!("{p}.self_attn");
+    let wqkv = ix.matrix(
+        &[
+            (format!("{a}.q_proj.weight"), vec![q, h]),
+            (format!("{a}.k_proj.weight"), vec![kv, h]),
+            (format!("{a}.v_proj.weight"), vec![kv, h]),
+        ],
+        q + 2 * kv,
+        h,
+    )?;
+    let bqkv = if cfg.qkv_bias {
+        let mut b = ix.get(&format!("{a}.q_proj.bias"), &[q])?;
+        b.extend(ix.get(&format!("{a}.k_proj.bias"), &[kv])?);
+        b.extend(ix.get(&format!("{a}.v_proj.bias"), &[kv])?);
+        Some(b)
+    } else {
+        None
+    };
+    let d = cfg.head_dim;
+    let qk_norm = match cfg.qk_norm {
+        true => Some((
+            norm(&format!("{a}.q_norm.weight"), d)?,
+            norm(&format!("{a}.k_norm.weight"), d)?,
+        )),
+        false => None,
+    };
+    let bo = match cfg.o_bias {
+        true => Some(ix.get(&format!("{a}.o_proj.bias"), &[h])?),
+        false => None,
+    };
+    let m = format!("{p}.mlp");
+    let moe = match cfg.moe.as_ref().filter(|o| o.moe_layers[l]) {
+        Some(o) => Some(load_experts(ix, cfg, o, &p)?),
+        None => None,
+    };
+    // A layer with experts has no dense MLP.
+    let inter = if moe.is_some() { 0 } else { inter };
+    let wgu = match inter {
+        0 => PackedMatrix::pack(&[], 0, h),
+        _ => ix.matrix(
+            &[
+                (format!("{m}.gate_proj.weight"), vec![inter, h]),
+                (format!("{m}.up_proj.weight"), vec![inter, h]),
+            ],
+            2 * inter,
+            h,
+        )?,
+    };
+    let (bgu, bdown) = match cfg.mlp_bias {
+        true => {
+            let mut b = ix.get(&format!("{m}.gate_proj.bias"), &[inter])?;
+            b.extend(ix.get(&format!("{m}.up_proj.bias"), &[inter])?);
+            (Some(b), Some(ix.get(&format!("{m}.down_proj.bias"), &[h])?))
+        }
+        false => (None, None),
+    };
+    // Llama's `post_attention_layernorm` is its MLP's input norm; Gemma's norms the
+    // attention output, and `pre_feedforward_layernorm` is the MLP's.
+    let (mlp_norm, post_norms) = match gemma {
+        true => (
+            norm(&format!("{p}.pre_feedforward_layernorm.weight"), h)?,
+            Some((
+                norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                norm(&format!("{p}.post_feedforward_layernorm.weight"), h)?,
+            )),
+        ),
+        false => (
+            norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
+            None,
+        ),
+    };
+    Ok(LayerWeights {
+        attn_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
+        wqkv,
+        bqkv,
+        qk_norm,
+        wo: ix.packed(&format!("{a}.o_proj.weight"), h, q)?,
+        bo,
+        mlp_norm,
+        wgu,
+        bgu,
+        wdown: match inter {
+            0 => PackedMatrix::pack(&[], h, 0),
+            _ => ix.packed(&format!("{m}.down_proj.weight"), h, inter)?,
+        },
+        bdown,
+        post_norms,
+        moe,
+    })
+}
+
 /// [`load_weights`] with each matrix going to `sink`.
 fn load_into(
     shards: &Shards,
@@ -490,113 +599,12 @@ fn load_into(
     sink: &Sink<'_>,
 ) -> Result<Weights> {
     let ix = shards.parse(want, sink)?;
-    let (h, inter, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
-    let (q, kv) = (cfg.q_dim(), cfg.kv_dim());
-    let gemma = cfg.gemma.is_some();
-    // Gemma's norms multiply by `1 + w`: folded in here (in f32, as transformers adds), so the
-    // forward pass has one RMSNorm.
-    let norm = |name: &str, len: usize| -> Result<Vec<f32>> {
-        let mut w = ix.get(name, &[len])?;
-        if gemma {
-            w.iter_mut().for_each(|x| *x += 1.0);
-        }
-        Ok(w)
-    };
+    let (h, v) = (cfg.hidden_size, cfg.vocab_size);
     let embed = ix.packed("model.embed_tokens.weight", v, h)?;
-    let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
-    for l in 0..cfg.num_hidden_layers {
-        let p = format!("model.layers.{l}");
-        let a = format!("{p}.self_attn");
-        let wqkv = ix.matrix(
-            &[
-                (format!("{a}.q_proj.weight"), vec![q, h]),
-                (format!("{a}.k_proj.weight"), vec![kv, h]),
-                (format!("{a}.v_proj.weight"), vec![kv, h]),
-            ],
-            q + 2 * kv,
-            h,
-        )?;
-        let bqkv = if cfg.qkv_bias {
-            let mut b = ix.get(&format!("{a}.q_proj.bias"), &[q])?;
-            b.extend(ix.get(&format!("{a}.k_proj.bias"), &[kv])?);
-            b.extend(ix.get(&format!("{a}.v_proj.bias"), &[kv])?);
-            Some(b)
-        } else {
-            None
-        };
-        let d = cfg.head_dim;
-        let qk_norm = match cfg.qk_norm {
-            true => Some((
-                norm(&format!("{a}.q_norm.weight"), d)?,
-                norm(&format!("{a}.k_norm.weight"), d)?,
-            )),
-            false => None,
-        };
-        let bo = match cfg.o_bias {
-            true => Some(ix.get(&format!("{a}.o_proj.bias"), &[h])?),
-            false => None,
-        };
-        let m = format!("{p}.mlp");
-        let moe = match cfg.moe.as_ref().filter(|o| o.moe_layers[l]) {
-            Some(o) => Some(load_experts(&ix, cfg, o, &p)?),
-            None => None,
-        };
-        // A layer with experts has no dense MLP.
-        let inter = if moe.is_some() { 0 } else { inter };
-        let wgu = match inter {
-            0 => PackedMatrix::pack(&[], 0, h),
-            _ => ix.matrix(
-                &[
-                    (format!("{m}.gate_proj.weight"), vec![inter, h]),
-                    (format!("{m}.up_proj.weight"), vec![inter, h]),
-                ],
-                2 * inter,
-                h,
-            )?,
-        };
-        let (bgu, bdown) = match cfg.mlp_bias {
-            true => {
-                let mut b = ix.get(&format!("{m}.gate_proj.bias"), &[inter])?;
-                b.extend(ix.get(&format!("{m}.up_proj.bias"), &[inter])?);
-                (Some(b), Some(ix.get(&format!("{m}.down_proj.bias"), &[h])?))
-            }
-            false => (None, None),
-        };
-        // Llama's `post_attention_layernorm` is its MLP's input norm; Gemma's norms the
-        // attention output, and `pre_feedforward_layernorm` is the MLP's.
-        let (mlp_norm, post_norms) = match gemma {
-            true => (
-                norm(&format!("{p}.pre_feedforward_layernorm.weight"), h)?,
-                Some((
-                    norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
-                    norm(&format!("{p}.post_feedforward_layernorm.weight"), h)?,
-                )),
-            ),
-            false => (
-                norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
-                None,
-            ),
-        };
-        layers.push(LayerWeights {
-            attn_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
-            wqkv,
-            bqkv,
-            qk_norm,
-            wo: ix.packed(&format!("{a}.o_proj.weight"), h, q)?,
-            bo,
-            mlp_norm,
-            wgu,
-            bgu,
-            wdown: match inter {
-                0 => PackedMatrix::pack(&[], h, 0),
-                _ => ix.packed(&format!("{m}.down_proj.weight"), h, inter)?,
-            },
-            bdown,
-            post_norms,
-            moe,
-        });
-    }
-    let norm = norm("model.norm.weight", h)?;
+    let layers = (0..cfg.num_hidden_layers)
+        .map(|l| load_layer(&ix, cfg, l))
+        .collect::<Result<Vec<_>>>()?;
+    let norm = ix.norm("model.norm.weight", h, cfg.gemma.is_some())?;
     let lm_head = if ix.contains("lm_head.weight") {
         ix.untied_head(v, h)?
     } else if cfg.tie_word_embeddings {
