@@ -493,6 +493,54 @@ pub(crate) fn load_weights(
     Ok(weights)
 }
 
+/// The vectors of an attention block that the config asks for.
+struct AttentionVectors {
+    /// The fused q/k/v bias.
+    bqkv: Option<Vec<f32>>,
+    /// Qwen3's per-head q and k norms.
+    qk_norm: Option<(Vec<f32>, Vec<f32>)>,
+    /// The output projection's bias.
+    bo: Option<Vec<f32>>,
+}
+
+/// Attention block `a`'s [`AttentionVectors`].
+fn attention_vectors(ix: &TensorIndex<'_>, cfg: &ModelConfig, a: &str) -> Result<AttentionVectors> {
+    let (h, q, kv, d) = (cfg.hidden_size, cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+    let bqkv = if cfg.qkv_bias {
+        let mut b = ix.get(&format!("{a}.q_proj.bias"), &[q])?;
+        b.extend(ix.get(&format!("{a}.k_proj.bias"), &[kv])?);
+        b.extend(ix.get(&format!("{a}.v_proj.bias"), &[kv])?);
+        Some(b)
+    } else {
+        None
+    };
+    let gemma = cfg.gemma.is_some();
+    let qk_norm = match cfg.qk_norm {
+        true => Some((
+            ix.norm(&format!("{a}.q_norm.weight"), d, gemma)?,
+            ix.norm(&format!("{a}.k_norm.weight"), d, gemma)?,
+        )),
+        false => None,
+    };
+    let bo = match cfg.o_bias {
+        true => Some(ix.get(&format!("{a}.o_proj.bias"), &[h])?),
+        false => None,
+    };
+    Ok(AttentionVectors { bqkv, qk_norm, bo })
+}
+
+/// MLP block `m`'s fused gate/up bias and its down bias.
+fn mlp_biases(
+    ix: &TensorIndex<'_>,
+    m: &str,
+    inter: usize,
+    h: usize,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let mut b = ix.get(&format!("{m}.gate_proj.bias"), &[inter])?;
+    b.extend(ix.get(&format!("{m}.up_proj.bias"), &[inter])?);
+    Ok((b, ix.get(&format!("{m}.down_proj.bias"), &[h])?))
+}
+
 /// Decoder layer `l`'s weights.
 fn load_layer(ix: &TensorIndex<'_>, cfg: &ModelConfig, l: usize) -> Result<LayerWeights> {
     let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
@@ -510,26 +558,7 @@ fn load_layer(ix: &TensorIndex<'_>, cfg: &ModelConfig, l: usize) -> Result<Layer
         q + 2 * kv,
         h,
     )?;
-    let bqkv = if cfg.qkv_bias {
-        let mut b = ix.get(&format!("{a}.q_proj.bias"), &[q])?;
-        b.extend(ix.get(&format!("{a}.k_proj.bias"), &[kv])?);
-        b.extend(ix.get(&format!("{a}.v_proj.bias"), &[kv])?);
-        Some(b)
-    } else {
-        None
-    };
-    let d = cfg.head_dim;
-    let qk_norm = match cfg.qk_norm {
-        true => Some((
-            norm(&format!("{a}.q_norm.weight"), d)?,
-            norm(&format!("{a}.k_norm.weight"), d)?,
-        )),
-        false => None,
-    };
-    let bo = match cfg.o_bias {
-        true => Some(ix.get(&format!("{a}.o_proj.bias"), &[h])?),
-        false => None,
-    };
+    let AttentionVectors { bqkv, qk_norm, bo } = attention_vectors(ix, cfg, &a)?;
     let m = format!("{p}.mlp");
     let moe = match cfg.moe.as_ref().filter(|o| o.moe_layers[l]) {
         Some(o) => Some(load_experts(ix, cfg, o, &p)?),
@@ -550,9 +579,8 @@ fn load_layer(ix: &TensorIndex<'_>, cfg: &ModelConfig, l: usize) -> Result<Layer
     };
     let (bgu, bdown) = match cfg.mlp_bias {
         true => {
-            let mut b = ix.get(&format!("{m}.gate_proj.bias"), &[inter])?;
-            b.extend(ix.get(&format!("{m}.up_proj.bias"), &[inter])?);
-            (Some(b), Some(ix.get(&format!("{m}.down_proj.bias"), &[h])?))
+            let (b, down) = mlp_biases(ix, &m, inter, h)?;
+            (Some(b), Some(down))
         }
         false => (None, None),
     };
