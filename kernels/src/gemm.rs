@@ -1152,6 +1152,13 @@ mod tests {
                 }
             }
             assert!(PackedMatrix::view(bytes.clone(), second + 64, n, k, dtype).is_err());
+            // The layout string names the constants it depends on, so changing them changes it
+            // (and files packed before are written again).
+            let layout = PackedMatrix::LAYOUT;
+            assert!(
+                layout.contains(&format!("{NR} rows"))
+                    && layout.contains(&format!("{LANES} lanes"))
+            );
             assert!(PackedMatrix::view(bytes, 2, n, k, dtype).is_err());
         }
     }

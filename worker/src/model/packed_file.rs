@@ -10,7 +10,7 @@
 //! stored.
 //!
 //! Which file: the name is a hash of a key naming everything the packed bytes depend on (the
-//! file format, [`PackedMatrix::LAYOUT`], `--weight-dtype`, the model directory, config.json's
+//! file format, the dpserve version (how it converts may change with it), [`PackedMatrix::LAYOUT`], `--weight-dtype`, the model directory, config.json's
 //! bytes, and each shard's name, size, modification time and safetensors header); the key is
 //! also written into the file and compared in full when it is opened. A file is written beside
 //! its final name and renamed into place once complete and synced, so a reader sees a whole
@@ -60,7 +60,8 @@ impl Key {
         let config = dir.join("config.json");
         let config_bytes = std::fs::read(&config).map_err(|e| io(&config, e))?;
         let mut text = format!(
-            "dpserve packed weights 1\nlayout: {}\nweight dtype: {}\ndir: {}\nconfig.json: {} bytes, fnv {:016x}\n",
+            "dpserve packed weights 1, dpserve {}\nlayout: {}\nweight dtype: {}\ndir: {}\nconfig.json: {} bytes, fnv {:016x}\n",
+            env!("CARGO_PKG_VERSION"),
             PackedMatrix::LAYOUT,
             want.name(),
             dir_abs.display(),
