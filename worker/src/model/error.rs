@@ -1,6 +1,6 @@
 //! Errors of the model: loading a Hugging Face directory and validating a forward batch.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Everything that can go wrong building or running the model. Load errors name the file and
 /// the field or tensor, so a bad model directory is a clear startup message.
@@ -51,6 +51,14 @@ pub enum ModelError {
 }
 
 impl ModelError {
+    /// [`ModelError::Io`] on `path`.
+    pub fn io(path: &Path, e: impl std::fmt::Display) -> Self {
+        ModelError::Io {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        }
+    }
+
     /// Whether the model is well formed but of a kind the code does not implement (a family,
     /// an option, a tensor): the worker refuses to start with it rather than run it wrong.
     pub fn is_unsupported(&self) -> bool {

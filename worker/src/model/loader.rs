@@ -26,10 +26,7 @@ use super::weights::{LayerWeights, Weights};
 fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join("model.safetensors.index.json");
     if index.exists() {
-        let text = std::fs::read_to_string(&index).map_err(|e| ModelError::Io {
-            path: index.clone(),
-            reason: e.to_string(),
-        })?;
+        let text = std::fs::read_to_string(&index).map_err(|e| ModelError::io(&index, e))?;
         let v: serde_json::Value =
             serde_json::from_str(&text).map_err(|e| ModelError::BadJson {
                 path: index.clone(),
@@ -61,10 +58,7 @@ fn shard_files(dir: &Path) -> Result<Vec<PathBuf>> {
         }
         return Ok(files);
     }
-    let rd = std::fs::read_dir(dir).map_err(|e| ModelError::Io {
-        path: dir.into(),
-        reason: e.to_string(),
-    })?;
+    let rd = std::fs::read_dir(dir).map_err(|e| ModelError::io(dir, e))?;
     let mut files: Vec<PathBuf> = rd
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
@@ -87,17 +81,11 @@ impl Shards {
     fn open(paths: Vec<PathBuf>) -> Result<Self> {
         let mut files = Vec::with_capacity(paths.len());
         for path in paths {
-            let f = File::open(&path).map_err(|e| ModelError::Io {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
+            let f = File::open(&path).map_err(|e| ModelError::io(&path, e))?;
             // SAFETY: the map is read-only and lives only while loading; model files are not
             // expected to be modified underneath a starting worker (the same assumption every
             // safetensors loader makes). A truncation would surface as SIGBUS, not as UB here.
-            let map = unsafe { Mmap::map(&f) }.map_err(|e| ModelError::Io {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
+            let map = unsafe { Mmap::map(&f) }.map_err(|e| ModelError::io(&path, e))?;
             files.push((path, map));
         }
         Ok(Shards { files })

@@ -52,10 +52,7 @@ pub(crate) struct Key {
 impl Key {
     /// The key of `dir`'s checkpoint (its config.json and `shards`) held as `want` resolves.
     pub fn new(dir: &Path, shards: &[PathBuf], want: LoadDtype) -> Result<Key> {
-        let io = |path: &Path, e: std::io::Error| ModelError::Io {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
-        };
+        let io = ModelError::io;
         let dir_abs = dir.canonicalize().map_err(|e| io(dir, e))?;
         let config = dir.join("config.json");
         let config_bytes = std::fs::read(&config).map_err(|e| io(&config, e))?;
@@ -137,10 +134,7 @@ pub(crate) struct Lock {
 
 /// Waits for (and takes) the lock on `key`'s file in `dir`, creating `dir` if needed.
 pub(crate) fn lock(dir: &Path, key: &Key) -> Result<Lock> {
-    let io = |path: &Path, e: std::io::Error| ModelError::Io {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
-    };
+    let io = ModelError::io;
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let path = dir.join(format!("{}.lock", key.file_name()));
     let file = File::options()
@@ -295,10 +289,7 @@ impl PackedWriter {
     pub fn create(dir: &Path, key: &Key) -> Result<PackedWriter> {
         let path = dir.join(key.file_name());
         let tmp = dir.join(format!(".{}.{}.tmp", key.file_name(), std::process::id()));
-        let io = |e: std::io::Error| ModelError::Io {
-            path: tmp.clone(),
-            reason: e.to_string(),
-        };
+        let io = |e| ModelError::io(&tmp, e);
         let mut out = BufWriter::with_capacity(1 << 20, File::create(&tmp).map_err(io)?);
         let mut head = [0u8; DATA_START as usize];
         head[..8].copy_from_slice(MAGIC);
@@ -313,25 +304,19 @@ impl PackedWriter {
         })
     }
 
-    fn io(&self, e: std::io::Error) -> ModelError {
-        ModelError::Io {
-            path: self.tmp.clone(),
-            reason: e.to_string(),
-        }
-    }
-
-    fn out(&mut self) -> &mut BufWriter<File> {
-        self.out.as_mut().expect("a writer not yet finished")
+    /// `bytes` appended to the file.
+    fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        let out = self.out.as_mut().expect("a writer not yet finished");
+        out.write_all(bytes)
+            .map_err(|e| ModelError::io(&self.tmp, e))?;
+        self.pos += bytes.len() as u64;
+        Ok(())
     }
 
     /// Appends `m` as matrix `name`.
     pub fn append(&mut self, name: &str, m: &PackedMatrix) -> Result<()> {
         let pad = self.pos.next_multiple_of(LINE) - self.pos;
-        let zeros = [0u8; LINE as usize];
-        if let Err(e) = self.out().write_all(&zeros[..pad as usize]) {
-            return Err(self.io(e));
-        }
-        self.pos += pad;
+        self.write(&[0u8; LINE as usize][..pad as usize])?;
         self.matrices.push(Entry {
             name: name.to_string(),
             rows: m.rows(),
@@ -339,12 +324,7 @@ impl PackedWriter {
             dtype: m.dtype().to_string(),
             offset: self.pos,
         });
-        let bytes = m.panel_bytes();
-        if let Err(e) = self.out().write_all(bytes) {
-            return Err(self.io(e));
-        }
-        self.pos += bytes.len() as u64;
-        Ok(())
+        self.write(m.panel_bytes())
     }
 
     /// Writes the table, syncs the file and renames it into place, read-only.
@@ -356,22 +336,14 @@ impl PackedWriter {
         };
         let json = serde_json::to_vec(&table).expect("a table serialises");
         let tail = [&json[..], &(json.len() as u64).to_le_bytes(), MAGIC].concat();
-        if let Err(e) = self.out().write_all(&tail) {
-            return Err(self.io(e));
-        }
+        self.write(&tail)?;
         let file = self
             .out
             .take()
             .expect("a writer not yet finished")
             .into_inner()
-            .map_err(|e| ModelError::Io {
-                path: self.tmp.clone(),
-                reason: e.error().to_string(),
-            })?;
-        let io = |e: std::io::Error| ModelError::Io {
-            path: self.tmp.clone(),
-            reason: e.to_string(),
-        };
+            .map_err(|e| ModelError::io(&self.tmp, e.error()))?;
+        let io = |e| ModelError::io(&self.tmp, e);
         file.sync_all().map_err(io)?;
         let mut perms = file.metadata().map_err(io)?.permissions();
         perms.set_readonly(true);
@@ -383,11 +355,11 @@ impl PackedWriter {
 }
 
 impl Drop for PackedWriter {
-    /// A writer dropped before [`Self::finish`] (a load that failed) leaves no file behind.
+    /// A writer dropped before [`Self::finish`] renamed its file (a load that failed, or a
+    /// failed finish) leaves no temporary behind, also when an older file has the final name.
+    /// After the rename there is no temporary, and removing it fails harmlessly.
     fn drop(&mut self) {
-        if self.tmp.exists() && !self.path.exists() {
-            let _ = std::fs::remove_file(&self.tmp);
-        }
+        let _ = std::fs::remove_file(&self.tmp);
     }
 }
 
@@ -466,10 +438,7 @@ mod tests {
         // Cut short: the trailing magic is gone.
         let p = dir.path().join(other.file_name());
         let bytes = std::fs::read(&p).unwrap();
-        let mut perms = std::fs::metadata(&p).unwrap().permissions();
-        #[allow(clippy::permissions_set_readonly_false)]
-        perms.set_readonly(false);
-        std::fs::set_permissions(&p, perms).unwrap();
+        std::fs::remove_file(&p).unwrap();
         std::fs::write(&p, &bytes[..bytes.len() - 3]).unwrap();
         let err = PackedFile::open(dir.path(), &other).err().unwrap();
         assert!(
@@ -516,6 +485,18 @@ mod tests {
         w.append("a", &matrices()[0].1).unwrap();
         drop(w);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        // Nor when an older file has the final name (one being written again).
+        let mut w = PackedWriter::create(dir.path(), &k).unwrap();
+        w.append("a", &matrices()[0].1).unwrap();
+        let old = w.finish().unwrap();
+        let mut w = PackedWriter::create(dir.path(), &k).unwrap();
+        w.append("a", &matrices()[0].1).unwrap();
+        drop(w);
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(left, [old]);
     }
 
     #[test]
