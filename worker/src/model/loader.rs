@@ -277,11 +277,22 @@ impl TensorIndex<'_> {
                 false => Ok(None),
             };
         }
-        let w = self.elems_of(&head)?;
-        let embed = self.elems_of(&[("model.embed_tokens.weight".into(), vec![v, h])])?;
-        match w == embed {
+        let embed = [("model.embed_tokens.weight".to_string(), vec![v, h])];
+        // Stored alike, the bytes tell (the embedding table was read and packed already; its
+        // values are not converted a second time). Stored in two types, the values do.
+        let (hv, ev) = (
+            self.view(&head[0].0, &head[0].1)?,
+            self.view(&embed[0].0, &embed[0].1)?,
+        );
+        let copy = match hv.dtype() == ev.dtype() {
+            true => hv.data() == ev.data(),
+            false => self.elems_of(&head)? == self.elems_of(&embed)?,
+        };
+        match copy {
             true => Ok(None),
-            false => Ok(Some(self.sink_packed(&head[0].0, w.pack(v, h))?)),
+            false => Ok(Some(
+                self.sink_packed(&head[0].0, self.elems_of(&head)?.pack(v, h))?,
+            )),
         }
     }
 

@@ -1034,3 +1034,33 @@ fn a_weight_cache_that_cannot_be_made_is_an_error_naming_it() {
         LlamaModel::load_hf_shared(model.path(), LoadDtype::Auto, Some(&blocker)).unwrap_err();
     assert!(err.to_string().contains("config.json"), "{err}");
 }
+
+#[test]
+fn an_lm_head_that_copies_the_embeddings_is_shared_and_one_that_differs_is_kept() {
+    let mut c = small_cfg();
+    c.tie_word_embeddings = false;
+    let w = Weights::dummy(&c, 31);
+    let mut t = hf_tensors(&c, &w, Dtype::BF16);
+    let dir = tempfile::tempdir().unwrap();
+    write_model(dir.path(), &c, &t);
+    let untied = LlamaModel::load_hf(dir.path()).unwrap();
+    assert!(untied.weights.lm_head.is_some());
+    // The same bytes under both names: one matrix, the same logits as a tied model.
+    let embed = t["model.embed_tokens.weight"].data.clone();
+    t.get_mut("lm_head.weight").unwrap().data = embed.clone();
+    write_model(dir.path(), &c, &t);
+    let copied = LlamaModel::load_hf(dir.path()).unwrap();
+    assert!(copied.weights.lm_head.is_none());
+    // Stored in another type with the same values (bf16 widened to f32): shared too.
+    let wide: Vec<f32> = embed
+        .chunks_exact(2)
+        .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+        .collect();
+    let head = t.get_mut("lm_head.weight").unwrap();
+    head.dtype = Dtype::F32;
+    head.data = encode(&wide, Dtype::F32);
+    write_model(dir.path(), &c, &t);
+    let m = LlamaModel::load_hf_as(dir.path(), LoadDtype::F32).unwrap();
+    assert!(m.weights.lm_head.is_none());
+    assert_eq!(run(&m), run(&copied));
+}
