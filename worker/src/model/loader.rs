@@ -440,8 +440,7 @@ pub(crate) fn load_weights(
     let Some(cache) = cache else {
         return load_into(&shards, cfg, want, &Sink::Own);
     };
-    let paths: Vec<PathBuf> = shards.files.iter().map(|(p, _)| p.clone()).collect();
-    let key = packed_file::Key::new(dir, &paths, want)?;
+    let key = packed_file::Key::new(dir, &shards.files, want)?;
     // Held until this rank has mapped the file: the ranks that wait map the one it wrote.
     let _lock = packed_file::lock(cache, &key)?;
     let existing = match PackedFile::open(cache, &key) {

@@ -25,12 +25,13 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufWriter, Read, Write};
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kernels::{PackedMatrix, SharedBytes, WeightDtype};
 use memmap2::Mmap;
+use protocol::hash::fnv1a64;
 use serde::{Deserialize, Serialize};
 
 use super::elems::LoadDtype;
@@ -50,8 +51,9 @@ pub(crate) struct Key {
 }
 
 impl Key {
-    /// The key of `dir`'s checkpoint (its config.json and `shards`) held as `want` resolves.
-    pub fn new(dir: &Path, shards: &[PathBuf], want: LoadDtype) -> Result<Key> {
+    /// The key of `dir`'s checkpoint (its config.json and `shards`, each file's path and its
+    /// mapped bytes) held as `want` resolves.
+    pub fn new(dir: &Path, shards: &[(PathBuf, Mmap)], want: LoadDtype) -> Result<Key> {
         let io = ModelError::io;
         let dir_abs = dir.canonicalize().map_err(|e| io(dir, e))?;
         let config = dir.join("config.json");
@@ -63,21 +65,20 @@ impl Key {
             want.name(),
             dir_abs.display(),
             config_bytes.len(),
-            fnv1a(&config_bytes),
+            fnv1a64(&config_bytes),
         );
-        for path in shards {
+        for (path, bytes) in shards {
             let meta = std::fs::metadata(path).map_err(|e| io(path, e))?;
             let mtime = meta
                 .modified()
                 .ok()
                 .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
                 .map_or(0, |d| d.as_nanos());
-            let header = safetensors_header(path).map_err(|e| io(path, e))?;
             text.push_str(&format!(
                 "shard {}: {} bytes, modified {mtime} ns, header fnv {:016x}\n",
                 path.file_name().unwrap_or_default().to_string_lossy(),
-                meta.len(),
-                fnv1a(&header),
+                bytes.len(),
+                fnv1a64(safetensors_header(bytes)),
             ));
         }
         Ok(Key { text })
@@ -85,28 +86,17 @@ impl Key {
 
     /// The file's name in the cache directory.
     pub fn file_name(&self) -> String {
-        format!("{:016x}.dpw", fnv1a(self.text.as_bytes()))
+        format!("{:016x}.dpw", fnv1a64(self.text.as_bytes()))
     }
 }
 
-/// 64-bit FNV-1a: stable across builds and platforms (a name, not a checksum: the whole key is
-/// compared when a file is opened).
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
-
-/// A safetensors file's length prefix and JSON header (tensor names, types, shapes, offsets).
-fn safetensors_header(path: &Path) -> std::io::Result<Vec<u8>> {
-    let mut f = File::open(path)?;
-    let mut len = [0u8; 8];
-    f.read_exact(&mut len)?;
-    // The format caps its header at 100 MB; a longer one is refused by the loader anyway.
-    let n = u64::from_le_bytes(len).min(100 << 20);
-    let mut header = len.to_vec();
-    f.take(n).read_to_end(&mut header)?;
-    Ok(header)
+/// A safetensors file's length prefix and JSON header (tensor names, types, shapes, offsets),
+/// as much of it as the file holds (a malformed file is refused by the loader anyway).
+fn safetensors_header(file: &[u8]) -> &[u8] {
+    let n = file.get(..8).map_or(0, |len| {
+        u64::from_le_bytes(len.try_into().expect("8 bytes"))
+    });
+    &file[..(8u64.saturating_add(n)).min(file.len() as u64) as usize]
 }
 
 /// One matrix of the table.
@@ -500,9 +490,13 @@ mod tests {
     }
 
     #[test]
-    fn fnv1a_is_the_published_function() {
-        // Test vectors of the FNV reference (draft-eastlake-fnv): "" and "a".
-        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    fn a_safetensors_header_is_its_length_prefix_and_json_however_the_file_ends() {
+        let mut file = 5u64.to_le_bytes().to_vec();
+        file.extend(b"{\"a\"}tensor bytes");
+        assert_eq!(safetensors_header(&file), &file[..13]);
+        assert_eq!(safetensors_header(&file[..10]), &file[..10]);
+        assert_eq!(safetensors_header(&file[..3]), &file[..3]);
+        let huge = u64::MAX.to_le_bytes();
+        assert_eq!(safetensors_header(&huge), &huge[..]);
     }
 }
