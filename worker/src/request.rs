@@ -44,10 +44,9 @@ pub struct Req {
     /// Per output token, when `top_logprobs_num` > 0.
     pub top_logprobs: Vec<Vec<(u32, f32)>>,
     pub arrived: Instant,
-    /// On a prefill worker: the decode worker this request's KV goes to.
+    /// On a prefill worker, once paired: the decode worker this request's KV goes to. (A
+    /// decode worker keeps its transfers beside their requests, in its own queues.)
     pub leg: Option<crate::disagg::PrefillLeg>,
-    /// On a decode worker: the prefill worker this request's prompt KV comes from.
-    pub transfer: Option<crate::disagg::Transfer>,
 }
 
 impl Req {
@@ -106,7 +105,6 @@ impl Req {
             top_logprobs: Vec::new(),
             arrived: Instant::now(),
             leg: None,
-            transfer: None,
         }
     }
 

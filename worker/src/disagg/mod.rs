@@ -126,11 +126,13 @@ pub struct KvInbound {
     pub payload: Option<Vec<u8>>,
 }
 
-/// A prefill worker's request computed for a decode worker.
+/// A prefill worker's request computed for a decode worker, from the moment it paired with
+/// that worker's `KvReady` (before that it waits in the scheduler's bootstrap, with no leg).
 #[derive(Debug, Clone)]
 pub struct PrefillLeg {
     pub room: u64,
     pub decode_rank: u32,
+    /// The decode worker whose `KvReady` it paired with.
     pub to: KvPeer,
     /// Positions whose KV went out.
     pub sent: usize,
@@ -145,10 +147,9 @@ pub struct Transfer {
     pub room: u64,
     pub prefill_rank: u32,
     pub from: KvPeer,
-    /// Since when it waits in its current state (queued, or `KvReady` sent).
+    /// Since when it waits in its current state (queued, or `KvReady` sent: which of the
+    /// scheduler's two queues holds it says which).
     pub since: Instant,
-    /// `KvReady` went out; the request holds a row and `prompt_len` slots.
-    pub ready_sent: bool,
     /// Positions whose KV arrived.
     pub received: usize,
     /// The next `KvChunk.seq` expected.

@@ -6,7 +6,7 @@
 //!
 //! - Always (O(1)): no free of a row that was not handed out was refused (a double free).
 //! - At a quiet point, no request in any queue (O(1) but for what it names): every KV slot is
-//!   free or evictable, every request row free, no rid muted or owed an answer.
+//!   free or evictable, every request row free, no rid owed an answer.
 //! - Per rid (O(requests); the actor runs it in debug builds): every rid owed an answer is in
 //!   exactly one queue, and every queued request answered here is owed one.
 
@@ -52,11 +52,6 @@ impl Scheduler {
                 self.mem.rows()
             ));
         }
-        for rid in &self.legs.muted {
-            found.push(format!(
-                "rid {rid}: muted (a prefill leg's final output) with no request in any queue"
-            ));
-        }
         for rid in held {
             found.push(format!(
                 "rid {rid}: owed an answer (held) but in no queue of the scheduler"
@@ -67,8 +62,9 @@ impl Scheduler {
     fn per_rid_violations(&self, held: &[String], found: &mut Vec<String>) {
         let mut queues: BTreeMap<&str, Vec<&'static str>> = BTreeMap::new();
         for (name, req) in self.queued() {
-            // A prefill leg is answered by its decode worker, so it is owed nothing here.
-            if req.leg.is_none() {
+            // A prefill leg (paired, or in its bootstrap) is answered by its decode worker, so
+            // it is owed nothing here.
+            if req.leg.is_none() && name != "bootstrap" {
                 queues.entry(req.rid.as_str()).or_default().push(name);
             }
         }
@@ -98,11 +94,7 @@ impl Scheduler {
         all.extend(self.waiting.iter().map(|r| ("waiting", r)));
         all.extend(self.prefilling.iter().map(|r| ("prefilling", r)));
         all.extend(self.running.iter().map(|r| ("running", r)));
-        all.extend(self.legs.prealloc.iter().map(|r| ("pre-allocation", r)));
-        all.extend(self.legs.transfers.values().map(|r| ("transfers", r)));
-        all.extend(self.legs.ready.iter().map(|r| ("ready", r)));
-        let bootstrap = self.legs.bootstrap.values().filter_map(|b| b.req.as_ref());
-        all.extend(bootstrap.map(|r| ("bootstrap", r)));
+        all.extend(self.legs.requests());
         all
     }
 }

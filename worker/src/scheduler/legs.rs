@@ -1,94 +1,256 @@
-//! What the scheduler keeps for disaggregated serving (see [`crate::disagg`]): the queues a
-//! request passes through while its KV moves, the KV messages to send, and the entry points the
-//! actor calls (`on_kv`, `peer_gone`, `expire`). The two roles' steps are in
-//! [`super::prefill_leg`] and [`super::decode_leg`].
+//! What the scheduler keeps for disaggregated serving (see [`crate::disagg`]): the worker's
+//! role, which owns the queues a request passes through while its KV moves (so no state of the
+//! other role can exist on a worker), the KV messages to send, and the entry points the actor
+//! calls (`on_kv`, `peer_gone`, `expire`). The two roles' steps are in [`super::prefill_leg`]
+//! and [`super::decode_leg`].
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
+use protocol::trace_event::Milestone;
 use protocol::{DisaggMode, DisaggStatus, GenerateReq, KvAbort, KvReady, Message, TokenOut};
 
-use super::prefill_leg::ended_here;
 use super::Scheduler;
-use crate::disagg::{DisaggConfig, KvInbound, KvPeer, KvSend};
+use crate::disagg::{DisaggConfig, KvInbound, KvPeer, KvSend, PrefillEndpoint, Transfer};
 use crate::request::Req;
 
-/// A prefill worker's request and its decode worker's `KvReady`, whichever came first.
-pub(super) struct Bootstrap {
-    pub req: Option<Req>,
-    /// The request was refused here (status, reason): answered to the decode worker.
-    pub refused: Option<(u16, String)>,
-    pub ready: Option<(KvPeer, KvReady)>,
-    /// The room was given up before it paired (the decode side aborted it, the request ended
-    /// here, or its bootstrap timed out), with the status and reason a late `KvReady` is
-    /// answered with at once; a late request is dropped. Kept one more bootstrap timeout.
-    pub aborted: Option<(u16, String)>,
-    pub since: Instant,
+/// What this worker does with a prompt.
+pub(super) enum Role {
+    /// Computes every request whole.
+    Unified,
+    /// Computes prompts and sends their KV to decode workers.
+    Prefill(PrefillSide),
+    /// Takes prompts' KV from prefill workers and decodes.
+    Decode(DecodeSide),
 }
 
-#[derive(Default)]
-pub(super) struct Legs {
-    pub config: Option<DisaggConfig>,
-    /// Prefill: rooms waiting for their request or their `KvReady`.
-    pub bootstrap: HashMap<u64, Bootstrap>,
-    /// Prefill: each decode rank's worker as its last `KvReady` came from, so a room whose
-    /// `KvReady` never came can still be given up to the worker that may hold it queued.
+/// A prefill worker's rooms. Once a room pairs, its request is scheduled as any prompt (in the
+/// scheduler's own queues) and carries its [`crate::disagg::PrefillLeg`].
+pub(super) struct PrefillSide {
+    pub config: DisaggConfig,
+    /// Rooms waiting for their request or their `KvReady`, or given up.
+    pub bootstrap: HashMap<u64, Room>,
+    /// Each decode rank's worker as its last `KvReady` came from, so a room whose `KvReady`
+    /// never came can still be given up to the worker that may hold it queued.
     pub decode_peers: HashMap<u32, KvPeer>,
-    /// Decode: requests waiting for a row and slots (the pre-allocation queue).
-    pub prealloc: VecDeque<Req>,
-    /// Decode: requests holding a row and slots while their KV arrives, by room.
-    pub transfers: HashMap<u64, Req>,
-    /// Decode: requests whose KV arrived, waiting for a running slot.
+}
+
+/// A prefill worker's room before it pairs.
+pub(super) enum Room {
+    /// Waiting for its request or its decode worker's `KvReady`, whichever has not come.
+    Pairing {
+        request: Option<Arrived>,
+        ready: Option<(KvPeer, KvReady)>,
+        since: Instant,
+    },
+    /// Given up before it paired (the decode side aborted it, the request ended here, or its
+    /// bootstrap timed out): a late `KvReady` is answered at once with this status and reason,
+    /// a late request is dropped. Kept one more bootstrap timeout.
+    GivenUp {
+        status: u16,
+        reason: String,
+        since: Instant,
+    },
+}
+
+/// A room's request as it arrived at a prefill worker.
+pub(super) enum Arrived {
+    /// To compute for `decode_rank`'s worker once its `KvReady` comes.
+    Request { req: Box<Req>, decode_rank: u32 },
+    /// Refused here (status, reason): the decode worker is answered with it.
+    Refused(u16, String),
+}
+
+impl Room {
+    pub fn since(&self) -> Instant {
+        match self {
+            Room::Pairing { since, .. } | Room::GivenUp { since, .. } => *since,
+        }
+    }
+
+    /// The request waiting in this room, if one is.
+    pub fn request(&self) -> Option<(&Req, u32)> {
+        match self {
+            Room::Pairing {
+                request: Some(Arrived::Request { req, decode_rank }),
+                ..
+            } => Some((req, *decode_rank)),
+            _ => None,
+        }
+    }
+}
+
+/// A decode worker's requests whose prompt KV comes from a prefill worker.
+pub(super) struct DecodeSide {
+    pub config: DisaggConfig,
+    /// Requests waiting for a row and slots (the pre-allocation queue).
+    pub prealloc: VecDeque<Arriving>,
+    /// Requests holding a row and slots while their KV arrives, by room.
+    pub transfers: HashMap<u64, Arriving>,
+    /// Requests whose KV arrived, waiting for a running slot.
     pub ready: VecDeque<Req>,
-    /// KV messages for the actor to send.
-    pub out: Vec<KvSend>,
-    /// Requests whose outputs must not reach the tokenizer (a prefill leg's: the decode worker
-    /// answers the client).
-    pub muted: HashSet<String>,
+}
+
+/// A decode worker's request and its transfer, until its prompt's KV is all here.
+pub(super) struct Arriving {
+    pub req: Req,
+    pub kv: Transfer,
+}
+
+/// KV messages for the actor to send.
+#[derive(Default)]
+pub(super) struct KvOutbox(pub Vec<KvSend>);
+
+impl KvOutbox {
+    pub fn send(&mut self, to: KvPeer, msg: Message, payload: Option<Vec<u8>>) {
+        self.0.push(KvSend { to, msg, payload });
+    }
+
+    /// Tells the other side of `room` this side gave it up.
+    pub fn abort_room(&mut self, to: KvPeer, room: u64, status: u16, reason: String) {
+        let abort = KvAbort {
+            room,
+            status,
+            reason,
+        };
+        self.send(to, Message::KvAbort(abort), None);
+    }
+}
+
+pub(super) struct Legs {
+    pub role: Role,
+    pub out: KvOutbox,
     /// The counters of `WorkerStatus.disagg` (its gauges are filled in as it is sent).
     pub stats: DisaggStatus,
 }
 
 impl Legs {
     pub fn new(config: Option<DisaggConfig>) -> Self {
+        let role = match config {
+            Some(config) if config.mode == DisaggMode::Prefill => Role::Prefill(PrefillSide {
+                config,
+                bootstrap: HashMap::new(),
+                decode_peers: HashMap::new(),
+            }),
+            Some(config) if config.mode == DisaggMode::Decode => Role::Decode(DecodeSide {
+                config,
+                prealloc: VecDeque::new(),
+                transfers: HashMap::new(),
+                ready: VecDeque::new(),
+            }),
+            _ => Role::Unified,
+        };
         Legs {
-            config,
-            ..Legs::default()
+            role,
+            out: KvOutbox::default(),
+            stats: DisaggStatus::default(),
         }
     }
 
     pub fn mode(&self) -> DisaggMode {
-        self.config.as_ref().map_or(DisaggMode::Null, |c| c.mode)
+        match self.role {
+            Role::Unified => DisaggMode::Null,
+            Role::Prefill(_) => DisaggMode::Prefill,
+            Role::Decode(_) => DisaggMode::Decode,
+        }
     }
 
     /// Requests held in the legs' queues (counted as waiting in the worker's status).
     pub fn queued(&self) -> usize {
-        self.bootstrap.values().filter(|b| b.req.is_some()).count()
-            + self.prealloc.len()
-            + self.transfers.len()
-            + self.ready.len()
-    }
-
-    pub fn send(&mut self, to: KvPeer, msg: Message, payload: Option<Vec<u8>>) {
-        self.out.push(KvSend { to, msg, payload });
-    }
-
-    /// Tells the other side of `room` this side gave it up. A prefill leg not yet paired has no
-    /// peer to tell (its decode worker hears `PeerGone` or times out).
-    pub fn abort_room(&mut self, to: KvPeer, room: u64, status: u16, reason: String) {
-        if to == KvPeer::Identity(Vec::new()) {
-            return;
+        match &self.role {
+            Role::Unified => 0,
+            Role::Prefill(p) => p.bootstrap.values().filter_map(Room::request).count(),
+            Role::Decode(d) => d.prealloc.len() + d.transfers.len() + d.ready.len(),
         }
-        self.send(
-            to,
-            Message::KvAbort(KvAbort {
-                room,
-                status,
-                reason,
-            }),
-            None,
-        );
     }
+
+    /// A decode worker's requests whose KV arrived, waiting for a running slot (none on
+    /// another role).
+    pub fn ready(&self) -> usize {
+        match &self.role {
+            Role::Decode(d) => d.ready.len(),
+            _ => 0,
+        }
+    }
+
+    /// Every request the legs' queues hold, with the queue's name.
+    pub fn requests(&self) -> Vec<(&'static str, &Req)> {
+        match &self.role {
+            Role::Unified => Vec::new(),
+            Role::Prefill(p) => p
+                .bootstrap
+                .values()
+                .filter_map(Room::request)
+                .map(|(req, _)| ("bootstrap", req))
+                .collect(),
+            Role::Decode(d) => {
+                let mut all: Vec<(&'static str, &Req)> = Vec::new();
+                all.extend(d.prealloc.iter().map(|a| ("pre-allocation", &a.req)));
+                all.extend(d.transfers.values().map(|a| ("transfers", &a.req)));
+                all.extend(d.ready.iter().map(|r| ("ready", r)));
+                all
+            }
+        }
+    }
+
+    /// Takes out every request the legs' queues hold that `pick` picks: the prefill side's
+    /// unpaired requests with their rooms, the decode side's transfers (with whether their
+    /// `KvReady` went out) and committed requests.
+    pub fn take(&mut self, pick: impl Fn(&Req) -> bool) -> Taken {
+        let mut taken = Taken::default();
+        match &mut self.role {
+            Role::Unified => {}
+            Role::Prefill(p) => {
+                let rooms: Vec<u64> = p
+                    .bootstrap
+                    .iter()
+                    .filter(|(_, r)| r.request().is_some_and(|(req, _)| pick(req)))
+                    .map(|(&room, _)| room)
+                    .collect();
+                for room in rooms {
+                    if let Some(Room::Pairing {
+                        request: Some(Arrived::Request { req, .. }),
+                        ..
+                    }) = p.bootstrap.remove(&room)
+                    {
+                        taken.unpaired.push((room, *req));
+                    }
+                }
+            }
+            Role::Decode(d) => {
+                let (gone, keep) = d.prealloc.drain(..).partition(|a| pick(&a.req));
+                d.prealloc = keep;
+                taken.arriving.extend(gone.into_iter().map(|a| (a, false)));
+                let rooms: Vec<u64> = d
+                    .transfers
+                    .iter()
+                    .filter(|(_, a)| pick(&a.req))
+                    .map(|(&room, _)| room)
+                    .collect();
+                for room in rooms {
+                    taken
+                        .arriving
+                        .extend(d.transfers.remove(&room).map(|a| (a, true)));
+                }
+                let (gone, keep) = d.ready.drain(..).partition(|r| pick(r));
+                d.ready = keep;
+                taken.ready = gone;
+            }
+        }
+        taken
+    }
+}
+
+/// Requests taken out of the legs' queues (see [`Legs::take`]).
+#[derive(Default)]
+pub(super) struct Taken {
+    /// A prefill worker's requests not paired yet, with their rooms.
+    pub unpaired: Vec<(u64, Req)>,
+    /// A decode worker's transfers, each with whether its `KvReady` went out (it holds a row
+    /// and the prompt's slots).
+    pub arriving: Vec<(Arriving, bool)>,
+    /// A decode worker's committed requests.
+    pub ready: VecDeque<Req>,
 }
 
 impl Scheduler {
@@ -107,15 +269,13 @@ impl Scheduler {
             .map_or((503, String::new()), |e| (e.status, e.message.clone()));
         match (self.legs.mode(), req.disagg.take()) {
             (DisaggMode::Prefill, Some(leg)) => {
-                let entry = self.bootstrap_entry(leg.room);
-                entry.refused = Some((status, reason));
                 self.finished_rids.push(req.rid);
-                self.try_pair(leg.room);
+                self.bootstrap_arrived(leg.room, Arrived::Refused(status, reason));
                 None
             }
             (DisaggMode::Decode, Some(leg)) => {
-                let to = KvPeer::Endpoint(crate::disagg::PrefillEndpoint::of(&leg));
-                self.legs.abort_room(to, leg.room, status, reason);
+                let to = KvPeer::Endpoint(PrefillEndpoint::of(&leg));
+                self.legs.out.abort_room(to, leg.room, status, reason);
                 self.note_refused(&req.rid);
                 Some(out)
             }
@@ -134,7 +294,7 @@ impl Scheduler {
 
     /// KV messages to send since the last call.
     pub fn take_kv_out(&mut self) -> Vec<KvSend> {
-        std::mem::take(&mut self.legs.out)
+        std::mem::take(&mut self.legs.out.0)
     }
 
     /// A KV message from a peer worker.
@@ -158,12 +318,12 @@ impl Scheduler {
             }
         };
         self.admit_prealloc();
-        self.unmuted(outs)
+        outs
     }
 
     /// A rank left the deployment: transfers with it cannot complete.
     pub fn peer_gone(&mut self, rank: u32, reason: &str) -> Vec<TokenOut> {
-        let outs = match self.legs.mode() {
+        match self.legs.mode() {
             DisaggMode::Prefill => {
                 self.drop_legs_to(rank);
                 Vec::new()
@@ -173,8 +333,7 @@ impl Scheduler {
                 format!("prefill rank {rank} left before its KV arrived: {reason}"),
             ),
             DisaggMode::Null => Vec::new(),
-        };
-        self.unmuted(outs)
+        }
     }
 
     /// Timeouts, and pre-allocation for what freed up: called every round, busy or not.
@@ -197,29 +356,23 @@ impl Scheduler {
             DisaggMode::Null => Vec::new(),
         };
         self.admit_prealloc();
-        self.unmuted(outs)
+        outs
     }
 
     /// For `WorkerStatus.disagg`.
     pub fn disagg_status(&self) -> Option<DisaggStatus> {
-        let mode = self.legs.mode();
-        if mode == DisaggMode::Null {
-            return None;
-        }
-        let (bootstrap, transfer) = match mode {
-            DisaggMode::Prefill => (
-                self.legs
-                    .bootstrap
-                    .values()
-                    .filter(|b| b.req.is_some())
-                    .count(),
+        let (mode, bootstrap, transfer) = match &self.legs.role {
+            Role::Unified => return None,
+            Role::Prefill(_) => (
+                DisaggMode::Prefill,
+                self.legs.queued(),
                 self.waiting
                     .iter()
                     .chain(&self.prefilling)
                     .filter(|r| r.leg.is_some())
                     .count(),
             ),
-            _ => (self.legs.prealloc.len(), self.legs.transfers.len()),
+            Role::Decode(d) => (DisaggMode::Decode, d.prealloc.len(), d.transfers.len()),
         };
         Some(DisaggStatus {
             mode,
@@ -244,61 +397,26 @@ impl Scheduler {
         *peak = (*peak).max(now);
     }
 
-    /// `outs` without those of muted requests (each rid is muted for one final output).
-    pub(super) fn unmuted(&mut self, mut outs: Vec<TokenOut>) -> Vec<TokenOut> {
-        if !self.legs.muted.is_empty() {
-            outs.retain(|o| !(o.finish_reason.is_some() && self.legs.muted.remove(&o.rid)));
+    /// Gives back what a decode worker's transfer holds, ended on this side before its KV all
+    /// arrived: slots that never got their KV go to the allocator (`ready_sent`: it holds a
+    /// row and the prompt's slots), and its prefill worker hears it, whether it still computes
+    /// the prompt or waits for the `KvReady`. The request itself is then ended as any other.
+    pub(super) fn drop_transfer(&mut self, a: &mut Arriving, ready_sent: bool) {
+        if ready_sent {
+            let held = a.req.prompt.len();
+            self.mem.release_partial(&mut a.req, held);
         }
-        outs
-    }
-
-    /// Gives back what `req` holds: a decode transfer's slots that never got their KV go to
-    /// the allocator; everything else as usual. A decode request's prefill worker hears it,
-    /// whether the request held slots (`KvReady` sent) or still waited for them.
-    pub(super) fn release_req(&mut self, req: &mut Req) {
-        match req.transfer.take() {
-            Some(t) => {
-                if t.ready_sent {
-                    let held = req.prompt.len();
-                    self.mem.release_partial(req, held);
-                } else {
-                    self.mem.release(req);
-                }
-                self.tracer.milestone(
-                    &req.rid,
-                    protocol::trace_event::Milestone::KvAborted {
-                        room: t.room,
-                        reason: "ended on the decode side before its KV arrived".into(),
-                    },
-                );
-                // Tell the prefill worker, which may still be computing it (or wait for its
-                // KvReady).
-                self.legs
-                    .abort_room(t.from, t.room, 499, "ended on the decode side".into());
-                self.legs.stats.transfers_failed += 1;
-            }
-            None => self.mem.release(req),
-        }
-        if let Some(leg) = req.leg.take() {
-            self.tracer.milestone(
-                &req.rid,
-                protocol::trace_event::Milestone::KvAborted {
-                    room: leg.room,
-                    reason: "ended on the prefill side".into(),
-                },
-            );
-            // A prefill leg that ends here without its KvDone (aborted, failed): the decode
-            // worker frees its side; the client hears from the decode worker, not from here.
-            self.legs.abort_room(
-                leg.to,
-                leg.room,
-                503,
-                "the prefill worker dropped the request".into(),
-            );
-            self.legs.stats.transfers_failed += 1;
-            self.legs.muted.insert(req.rid.clone());
-            // A KvReady still on its way is answered at once.
-            self.bootstrap_entry(leg.room).aborted = Some(ended_here());
-        }
+        self.tracer.milestone(
+            &a.req.rid,
+            Milestone::KvAborted {
+                room: a.kv.room,
+                reason: "ended on the decode side before its KV arrived".into(),
+            },
+        );
+        let to = a.kv.from.clone();
+        self.legs
+            .out
+            .abort_room(to, a.kv.room, 499, "ended on the decode side".into());
+        self.legs.stats.transfers_failed += 1;
     }
 }

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use protocol::{DisaggLeg, DisaggMode, FinishReason, KvLayout, Message, TokenOut};
 
+use super::legs::{DecodeSide, PrefillSide, Role, Room};
 use super::tests::{assert_pool_whole, config, drain, prompt, req, with_config};
 use super::{Scheduler, SchedulerConfig};
 use crate::disagg::{DisaggConfig, KvInbound, KvPeer, KvSend};
@@ -172,6 +173,22 @@ impl Pair {
     }
 }
 
+/// A prefill worker's own rooms.
+fn prefill(s: &Scheduler) -> &PrefillSide {
+    match &s.legs.role {
+        Role::Prefill(p) => p,
+        _ => panic!("a prefill worker"),
+    }
+}
+
+/// A decode worker's own queues.
+fn decode(s: &Scheduler) -> &DecodeSide {
+    match &s.legs.role {
+        Role::Decode(d) => d,
+        _ => panic!("a decode worker"),
+    }
+}
+
 fn inbound(s: KvSend, from: KvPeer) -> KvInbound {
     KvInbound {
         from,
@@ -287,7 +304,7 @@ fn an_abort_on_the_decode_side_ends_both_legs_and_frees_everything() {
     for _ in 0..3 {
         pair.round();
     }
-    assert!(pair.d.legs.transfers.contains_key(&1), "mid-transfer");
+    assert!(decode(&pair.d).transfers.contains_key(&1), "mid-transfer");
     let outs = pair.d.abort(Some("gone"));
     pair.collect(outs);
     // The client's abort reaches the prefill worker too (the controller sends it to every
@@ -299,6 +316,29 @@ fn an_abort_on_the_decode_side_ends_both_legs_and_frees_everything() {
         pair.done["stays"].1.finish_reason,
         Some(FinishReason::Length)
     );
+    pair.assert_whole();
+}
+
+#[test]
+fn a_prefill_worker_that_stops_answers_no_client_and_its_decode_worker_fails_the_request() {
+    let mut pair = Pair::new(config(4096, 8), config(4096, 8));
+    pair.submit("mid", prompt(5, 100), 8, 1, true);
+    for _ in 0..3 {
+        pair.round();
+    }
+    assert!(decode(&pair.d).transfers.contains_key(&1), "mid-transfer");
+    let outs = pair.p.fail_all(503, "the worker is stopping");
+    assert!(
+        outs.is_empty(),
+        "a prefill worker answers no client: {outs:?}"
+    );
+    pair.carry();
+    let err = pair.done["mid"].1.error.clone().expect("failed");
+    assert_eq!(
+        (err.status, err.message.as_str()),
+        (503, "the worker is stopping")
+    );
+    assert!(pair.p.ledger_violations(&[], true).is_empty());
     pair.assert_whole();
 }
 
@@ -341,7 +381,7 @@ fn a_transfer_that_stalls_times_out_and_frees_its_slots() {
     pair.lose = vec!["KvReady"]; // the prefill worker never hears of the decode side
     pair.submit("slow", prompt(3, 40), 4, 5, true);
     pair.round();
-    assert_eq!(pair.d.legs.transfers.len(), 1, "slots held, KV awaited");
+    assert_eq!(decode(&pair.d).transfers.len(), 1, "slots held, KV awaited");
     let outs = pair.d.expire_at(Instant::now() + TIMEOUT / 2);
     assert!(outs.is_empty(), "not before its timeout");
     let outs = pair.d.expire_at(past_the_timeout());
@@ -404,7 +444,10 @@ fn bad_frames_are_counted_and_never_applied() {
 #[test]
 fn a_decode_worker_with_another_layout_is_refused() {
     let mut pair = Pair::new(config(4096, 8), config(4096, 8));
-    pair.d.legs.config.as_mut().unwrap().layout.num_layers += 1;
+    let Role::Decode(d) = &mut pair.d.legs.role else {
+        panic!("a decode worker")
+    };
+    d.config.layout.num_layers += 1;
     pair.submit("r", prompt(4, 20), 4, 3, false);
     pair.run(1);
     let err = pair.done["r"].1.error.clone().expect("refused");
@@ -531,22 +574,21 @@ fn a_request_waiting_for_a_row_times_out_and_its_prefill_worker_is_told() {
     pair.submit("holder", prompt(1, 20), 4, 1, true);
     pair.submit("queued", prompt(2, 20), 4, 2, true);
     pair.carry();
-    assert_eq!(pair.d.legs.prealloc.len(), 1, "no row for \"queued\"");
+    assert_eq!(decode(&pair.d).prealloc.len(), 1, "no row for \"queued\"");
     assert!(pair.d.expire_at(Instant::now() + TIMEOUT / 2).is_empty());
     let outs = pair.d.expire_at(past_the_timeout());
     pair.collect(outs);
     let err = pair.done["queued"].1.error.clone().expect("timed out");
     assert_eq!(err.status, 503);
     assert!(err.message.contains("request row"), "{}", err.message);
-    assert!(pair.d.legs.prealloc.is_empty());
+    assert!(decode(&pair.d).prealloc.is_empty());
     // The prefill worker hears it and drops the leg it held for the room.
     pair.carry();
     assert!(
-        pair.p
-            .legs
+        prefill(&pair.p)
             .bootstrap
             .get(&2)
-            .is_none_or(|b| b.req.is_none()),
+            .is_none_or(|b| b.request().is_none()),
         "the prefill leg of room 2 is gone"
     );
     assert!(pair.p.take_finished_rids().contains(&"queued".to_string()));
@@ -570,7 +612,7 @@ fn a_prefill_bootstrap_timeout_fails_the_decode_request_at_once() {
         "{}",
         err.message
     );
-    assert!(pair.d.legs.prealloc.is_empty());
+    assert!(decode(&pair.d).prealloc.is_empty());
 }
 
 #[test]
@@ -601,14 +643,16 @@ fn a_kv_ready_for_a_room_whose_bootstrap_timed_out_is_refused_at_once() {
         "{}",
         err.message
     );
-    assert!(pair.d.legs.transfers.is_empty() && pair.d.legs.prealloc.is_empty());
+    assert!(decode(&pair.d).transfers.is_empty() && decode(&pair.d).prealloc.is_empty());
     assert!(
-        !pair
-            .p
-            .legs
-            .bootstrap
-            .values()
-            .any(|b| b.ready.is_some() || b.req.is_some()),
+        !prefill(&pair.p).bootstrap.values().any(|b| matches!(
+            b,
+            Room::Pairing { ready: Some(_), .. }
+                | Room::Pairing {
+                    request: Some(_),
+                    ..
+                }
+        )),
         "no fresh bootstrap entry opened for the late KvReady"
     );
     pair.assert_whole();

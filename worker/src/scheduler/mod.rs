@@ -94,6 +94,12 @@ pub struct SchedulerConfig {
     pub max_queued_requests: Option<usize>,
 }
 
+/// How [`Scheduler::end_where`] ends the requests it picks.
+enum Ending {
+    Abort,
+    Fail(u16, String),
+}
+
 /// Counters for `WorkerStatus`.
 #[derive(Debug, Default, Clone)]
 pub struct StepStats {
@@ -203,7 +209,7 @@ impl Scheduler {
         !(self.prefilling.is_empty()
             && self.waiting.is_empty()
             && self.running.is_empty()
-            && self.legs.ready.is_empty())
+            && self.legs.ready() == 0)
     }
 
     /// Whether any request is held, those waiting for their KV included (a drain waits for
@@ -285,6 +291,7 @@ impl Scheduler {
                     let to =
                         crate::disagg::KvPeer::Endpoint(crate::disagg::PrefillEndpoint::of(&leg));
                     self.legs
+                        .out
                         .abort_room(to, leg.room, e.status(), e.to_string());
                 }
                 Some(self.refused_out(&req.rid, e.status(), e.to_string()))
@@ -351,73 +358,76 @@ impl Scheduler {
     /// Abort one request (or all with `None`); each aborted request gets its final message.
     pub fn abort(&mut self, rid: Option<&str>) -> Vec<TokenOut> {
         let matches = |r: &Req| rid.is_none_or(|id| r.rid == id);
-        let mut aborted = Vec::new();
-        let rooms: Vec<u64> = self
-            .legs
-            .bootstrap
-            .iter()
-            .filter(|(_, b)| b.req.as_ref().is_some_and(matches))
-            .map(|(&room, _)| room)
-            .collect();
-        for room in rooms {
-            if let Some(req) = self.legs.bootstrap.remove(&room).and_then(|b| b.req) {
-                aborted.push(req);
+        match (self.end_where(matches, &Ending::Abort), rid) {
+            (Some(outs), _) => outs,
+            (None, Some(rid)) => {
+                // Not held here. If its dispatch never arrived, it is listed finished all the
+                // same, so a controller that still counts it in flight on this rank stops. If
+                // it ended here already, it was listed then: listed again, it could end the
+                // controller's count of a later request that reuses the rid on this rank.
+                if !self.recently_finished.contains(rid) {
+                    self.note_refused(rid);
+                }
+                Vec::new()
             }
+            (None, None) => Vec::new(),
         }
-        let rooms: Vec<u64> = self
-            .legs
-            .transfers
-            .iter()
-            .filter(|(_, r)| matches(r))
-            .map(|(&room, _)| room)
-            .collect();
-        for room in rooms {
-            aborted.extend(self.legs.transfers.remove(&room));
-        }
-        for queue in [
-            &mut self.waiting,
-            &mut self.prefilling,
-            &mut self.legs.prealloc,
-            &mut self.legs.ready,
-        ] {
-            let (gone, keep): (VecDeque<Req>, VecDeque<Req>) =
-                queue.drain(..).partition(|r| matches(r));
-            *queue = keep;
-            aborted.extend(gone);
-        }
-        let (gone, keep): (Vec<Req>, Vec<Req>) = self.running.drain(..).partition(|r| matches(r));
-        self.running = keep;
-        aborted.extend(gone);
-        if let (Some(rid), true) = (rid, aborted.is_empty()) {
-            // Not held here. If its dispatch never arrived, it is listed finished all the same,
-            // so a controller that still counts it in flight on this rank stops. If it ended
-            // here already, it was listed then: listed again, it could end the controller's
-            // count of a later request that reuses the rid on this rank.
-            if !self.recently_finished.contains(rid) {
-                self.note_refused(rid);
-            }
-        }
-        let outs = aborted
-            .into_iter()
-            .map(|req| self.finish(req, FinishReason::Abort, None))
-            .collect();
-        self.unmuted(outs)
     }
 
     /// Fail every request (worker shutting down).
     pub fn fail_all(&mut self, status: u16, message: &str) -> Vec<TokenOut> {
-        let mut all: Vec<Req> = self.waiting.drain(..).collect();
-        all.extend(self.prefilling.drain(..));
-        all.append(&mut self.running);
-        all.extend(self.legs.prealloc.drain(..));
-        all.extend(self.legs.ready.drain(..));
-        all.extend(self.legs.transfers.drain().map(|(_, r)| r));
-        all.extend(self.legs.bootstrap.drain().filter_map(|(_, b)| b.req));
-        let outs = all
-            .into_iter()
-            .map(|req| self.fail(req, status, message.to_string()))
-            .collect();
-        self.unmuted(outs)
+        let ending = Ending::Fail(status, message.to_string());
+        self.end_where(|_| true, &ending).unwrap_or_default()
+    }
+
+    /// Ends every request `pick` picks, in every queue, as `ending` says: the final output of
+    /// each this worker answers, in queue order; `None` when none was picked. A prefill
+    /// worker's legs end with no output (their decode workers are told and answer the
+    /// clients).
+    fn end_where(&mut self, pick: impl Fn(&Req) -> bool, ending: &Ending) -> Option<Vec<TokenOut>> {
+        let legs = self.legs.take(&pick);
+        let mut ended: Vec<Req> = Vec::new();
+        for queue in [&mut self.waiting, &mut self.prefilling] {
+            let (gone, keep): (VecDeque<Req>, VecDeque<Req>) =
+                queue.drain(..).partition(|r| pick(r));
+            *queue = keep;
+            ended.extend(gone);
+        }
+        ended.extend(legs.ready);
+        let (gone, keep): (Vec<Req>, Vec<Req>) = self.running.drain(..).partition(|r| pick(r));
+        self.running = keep;
+        ended.extend(gone);
+        if ended.is_empty() && legs.unpaired.is_empty() && legs.arriving.is_empty() {
+            return None;
+        }
+        for (room, req) in legs.unpaired {
+            self.end_unpaired(room, req);
+        }
+        let mut outs = Vec::new();
+        for (mut arriving, ready_sent) in legs.arriving {
+            self.drop_transfer(&mut arriving, ready_sent);
+            outs.push(self.end(arriving.req, ending));
+        }
+        for mut req in ended {
+            match (req.leg.take(), ending) {
+                (Some(leg), Ending::Abort) => {
+                    let reason = "the prefill worker dropped the request".into();
+                    self.end_leg(req, leg, 503, reason);
+                }
+                (Some(leg), Ending::Fail(status, message)) => {
+                    self.end_leg(req, leg, *status, message.clone());
+                }
+                (None, _) => outs.push(self.end(req, ending)),
+            }
+        }
+        Some(outs)
+    }
+
+    fn end(&mut self, req: Req, ending: &Ending) -> TokenOut {
+        match ending {
+            Ending::Abort => self.finish(req, FinishReason::Abort, None),
+            Ending::Fail(status, message) => self.fail(req, *status, message.clone()),
+        }
     }
 
     /// Report the radix cache's contents as KV events in blocks of `block_size` tokens (0:
@@ -458,7 +468,7 @@ impl Scheduler {
         };
         self.admit_ready();
         self.admit_prealloc();
-        self.unmuted(outs)
+        outs
     }
 
     /// The tokens a running request produced since its last message.
@@ -468,8 +478,11 @@ impl Scheduler {
         out
     }
 
+    /// Ends a request this worker answers (never a prefill leg: see
+    /// [`Self::fail_or_end_leg`]).
     fn finish(&mut self, mut req: Req, reason: FinishReason, matched: Option<u32>) -> TokenOut {
-        self.release_req(&mut req);
+        debug_assert!(req.leg.is_none(), "a prefill leg answers no client");
+        self.mem.release(&mut req);
         self.note_finished(&req.rid);
         self.token_out(&req, Some(reason), matched)
     }
@@ -494,19 +507,24 @@ impl Scheduler {
         }
     }
 
+    /// [`Self::finish`] with an error.
     fn fail(&mut self, mut req: Req, status: u16, message: String) -> TokenOut {
-        if let Some(leg) = req.leg.take() {
-            // The client hears it from the decode worker.
-            let to = leg.to.clone();
-            self.legs.abort_room(to, leg.room, status, message.clone());
-            self.legs.stats.transfers_failed += 1;
-            self.legs.muted.insert(req.rid.clone());
-            // A KvReady still on its way is answered at once.
-            self.bootstrap_entry(leg.room).aborted = Some(prefill_leg::ended_here());
-        }
-        self.release_req(&mut req);
+        debug_assert!(req.leg.is_none(), "a prefill leg answers no client");
+        self.mem.release(&mut req);
         self.note_finished(&req.rid);
         self.error_out(&req.rid, status, message)
+    }
+
+    /// Ends a request with an error: its client hears it from here, or for a prefill leg from
+    /// its decode worker (told here), and then nothing goes to the tokenizer.
+    fn fail_or_end_leg(&mut self, mut req: Req, status: u16, message: String) -> Option<TokenOut> {
+        match req.leg.take() {
+            Some(leg) => {
+                self.end_leg(req, leg, status, message);
+                None
+            }
+            None => Some(self.fail(req, status, message)),
+        }
     }
 
     /// The answer to a request refused before it was taken in. The controller counted it in

@@ -152,11 +152,14 @@ impl Scheduler {
     /// `None` when the forward pass failed): its embedding, or its first token (then it joins
     /// the running requests), or its failure.
     fn prompt_done(&mut self, mut req: Req, result: Option<Vec<f32>>) -> Option<TokenOut> {
-        let out = match (req.kind, result) {
-            (ReqKind::Generate, Some(logits)) if req.leg.is_some() => {
-                self.leg_prompt_done(req, logits);
-                return None;
+        if let Some(leg) = req.leg.take() {
+            match result {
+                Some(logits) => self.leg_prompt_done(req, leg, logits),
+                None => self.end_leg(req, leg, 500, "model forward failed".into()),
             }
+            return None;
+        }
+        let out = match (req.kind, result) {
             (ReqKind::Embed, Some(hidden)) => {
                 let mut out = self.finish(req, FinishReason::Stop, None);
                 out.embedding = Some(l2_normalize(hidden));
@@ -195,7 +198,10 @@ impl Scheduler {
             return Vec::new(); // the head request gets the freed room next step
         }
         match self.prefilling.pop_front() {
-            Some(req) => vec![self.fail(req, 503, "not enough KV cache for this request".into())],
+            Some(req) => {
+                let why = "not enough KV cache for this request".into();
+                self.fail_or_end_leg(req, 503, why).into_iter().collect()
+            }
             None => Vec::new(),
         }
     }

@@ -1,13 +1,14 @@
 //! A prefill worker's side of a transfer: pair each request with its decode worker's
 //! `KvReady`, schedule it as any prompt, send each computed chunk's KV, and end with the first
-//! token (`KvDone`) instead of an output to the client.
+//! token (`KvDone`). Nothing a leg does reaches the tokenizer: its decode worker answers the
+//! client, so a leg that ends here (aborted, failed) tells that worker and produces no output.
 
 use std::time::Instant;
 
 use protocol::trace_event::Milestone;
 use protocol::{DisaggLeg, FinishReason, GenerateReq, KvChunk, KvDone, KvReady, Message};
 
-use super::legs::Bootstrap;
+use super::legs::{Arrived, Role, Room};
 use super::Scheduler;
 use crate::disagg::{KvPeer, PrefillLeg};
 use crate::error::RequestError;
@@ -16,6 +17,16 @@ use crate::request::Req;
 /// What a `KvReady` for a room whose request ended here is answered with.
 pub(super) fn ended_here() -> (u16, String) {
     (503, "the request ended on the prefill side".into())
+}
+
+impl Room {
+    fn pairing() -> Self {
+        Room::Pairing {
+            request: None,
+            ready: None,
+            since: Instant::now(),
+        }
+    }
 }
 
 impl Scheduler {
@@ -27,158 +38,198 @@ impl Scheduler {
         leg: DisaggLeg,
         refused: Option<RequestError>,
     ) {
-        let room = leg.room;
-        let rid = req.rid.clone();
-        let entry = self.bootstrap_entry(room);
-        match refused {
+        let arrived = match refused {
             Some(e) => {
-                entry.refused = Some((e.status(), e.to_string()));
-                self.note_finished(&rid);
+                self.note_finished(&req.rid);
+                Arrived::Refused(e.status(), e.to_string())
             }
-            None => {
-                let mut req = Req::generate(req);
-                req.leg = Some(PrefillLeg {
-                    room,
-                    decode_rank: leg.decode_rank,
-                    to: KvPeer::Identity(Vec::new()), // set when its KvReady comes
-                    sent: 0,
-                    seq: 0,
-                    bytes: 0,
-                });
-                entry.req = Some(req);
+            None => Arrived::Request {
+                req: Box::new(Req::generate(req)),
+                decode_rank: leg.decode_rank,
+            },
+        };
+        self.bootstrap_arrived(leg.room, arrived);
+    }
+
+    /// A room's request (or its refusal) arrived: it pairs if the `KvReady` is here. A room
+    /// given up already drops a late request.
+    pub(super) fn bootstrap_arrived(&mut self, room: u64, arrived: Arrived) {
+        let Role::Prefill(p) = &mut self.legs.role else {
+            return;
+        };
+        match p.bootstrap.entry(room).or_insert_with(Room::pairing) {
+            Room::GivenUp { .. } => {
+                if let Arrived::Request { req, .. } = arrived {
+                    self.note_finished(&req.rid);
+                }
+            }
+            Room::Pairing { request, .. } => {
+                *request = Some(arrived);
+                self.try_pair(room);
             }
         }
-        self.try_pair(room);
     }
 
     /// A decode worker holds a row and slots for `r.room`.
     pub(super) fn kv_ready(&mut self, from: KvPeer, r: KvReady) {
+        let Role::Prefill(p) = &mut self.legs.role else {
+            return;
+        };
         let room = r.room;
-        self.legs.decode_peers.insert(r.decode_rank, from.clone());
-        self.bootstrap_entry(room).ready = Some((from, r));
-        self.try_pair(room);
-    }
-
-    pub(super) fn bootstrap_entry(&mut self, room: u64) -> &mut Bootstrap {
-        self.legs
-            .bootstrap
-            .entry(room)
-            .or_insert_with(|| Bootstrap {
-                req: None,
-                refused: None,
-                ready: None,
-                aborted: None,
-                since: Instant::now(),
-            })
+        p.decode_peers.insert(r.decode_rank, from.clone());
+        match p.bootstrap.entry(room).or_insert_with(Room::pairing) {
+            Room::GivenUp { status, reason, .. } => {
+                let (status, reason) = (*status, reason.clone());
+                self.legs.out.abort_room(from, room, status, reason);
+            }
+            Room::Pairing { ready, .. } => {
+                *ready = Some((from, r));
+                self.try_pair(room);
+            }
+        }
     }
 
     /// Once a room has both its request and its `KvReady`, the request joins the queue (or
     /// the decode worker hears why it cannot).
-    pub(super) fn try_pair(&mut self, room: u64) {
-        let Some(entry) = self.legs.bootstrap.get_mut(&room) else {
+    fn try_pair(&mut self, room: u64) {
+        let Role::Prefill(p) = &mut self.legs.role else {
             return;
         };
-        if let Some((status, why)) = entry.aborted.clone() {
-            // Kept until the bootstrap timeout so a request or a KvReady arriving late is
-            // answered at once.
-            let ready = entry.ready.take();
-            if let Some(req) = entry.req.take() {
-                self.note_finished(&req.rid);
-            }
-            if let Some((from, _)) = ready {
-                self.legs.abort_room(from, room, status, why);
-            }
+        let both = matches!(
+            p.bootstrap.get(&room),
+            Some(Room::Pairing {
+                request: Some(_),
+                ready: Some(_),
+                ..
+            })
+        );
+        if !both {
             return;
         }
-        if entry.ready.is_none() || (entry.req.is_none() && entry.refused.is_none()) {
+        let Some(Room::Pairing {
+            request: Some(request),
+            ready: Some((from, ready)),
+            ..
+        }) = p.bootstrap.remove(&room)
+        else {
             return;
-        }
-        let entry = self.legs.bootstrap.remove(&room).expect("present");
-        let (from, ready) = entry.ready.expect("checked");
-        let layout = &self.legs.config.as_ref().expect("a prefill worker").layout;
-        let problem = match (&entry.refused, &entry.req) {
-            (Some((status, why)), _) => Some((*status, why.clone())),
-            (None, Some(req)) => {
-                if let Some(why) = layout.mismatch(&ready.layout) {
-                    tracing::error!(room, decode_rank = ready.decode_rank, %why, "refusing KV transfer");
-                    Some((500, why))
-                } else if ready.prompt_len != req.prompt.len() as u64 {
-                    Some((
-                        500,
-                        format!(
-                            "prompt lengths differ: {} here, {} on the decode worker",
-                            req.prompt.len(),
-                            ready.prompt_len
-                        ),
-                    ))
-                } else {
-                    None
-                }
-            }
-            (None, None) => unreachable!("checked"),
         };
-        if let Some((status, reason)) = problem {
-            self.legs.abort_room(from, room, status, reason);
+        let (req, decode_rank) = match request {
+            Arrived::Refused(status, why) => {
+                self.legs.out.abort_room(from, room, status, why);
+                self.legs.stats.transfers_failed += 1;
+                return;
+            }
+            Arrived::Request { req, decode_rank } => (req, decode_rank),
+        };
+        let problem = if let Some(why) = p.config.layout.mismatch(&ready.layout) {
+            tracing::error!(room, decode_rank = ready.decode_rank, %why, "refusing KV transfer");
+            Some(why)
+        } else if ready.prompt_len != req.prompt.len() as u64 {
+            Some(format!(
+                "prompt lengths differ: {} here, {} on the decode worker",
+                req.prompt.len(),
+                ready.prompt_len
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = problem {
+            self.legs.out.abort_room(from, room, 500, why);
             self.legs.stats.transfers_failed += 1;
-            if let Some(req) = entry.req {
-                self.finished_rids.push(req.rid);
-            }
+            self.finished_rids.push(req.rid);
             return;
         }
-        let mut req = entry.req.expect("checked");
-        if let Some(leg) = req.leg.as_mut() {
-            leg.to = from;
-        }
+        let mut req = *req;
+        req.leg = Some(PrefillLeg {
+            room,
+            decode_rank,
+            to: from,
+            sent: 0,
+            seq: 0,
+            bytes: 0,
+        });
         self.waiting.push_back(req);
+    }
+
+    /// Marks `room` given up with `(status, reason)` for a late `KvReady`; a request or a
+    /// `KvReady` already waiting in it is dropped or answered now.
+    fn give_up(&mut self, room: u64, (status, reason): (u16, String)) {
+        let Role::Prefill(p) = &mut self.legs.role else {
+            return;
+        };
+        let since = match p.bootstrap.remove(&room) {
+            Some(Room::Pairing {
+                request,
+                ready,
+                since,
+            }) => {
+                if let Some((from, _)) = ready {
+                    self.legs.out.abort_room(from, room, status, reason.clone());
+                }
+                if let Some(Arrived::Request { req, .. }) = request {
+                    self.note_finished(&req.rid);
+                }
+                since
+            }
+            Some(Room::GivenUp { since, .. }) => since,
+            None => Instant::now(),
+        };
+        if let Role::Prefill(p) = &mut self.legs.role {
+            let given_up = Room::GivenUp {
+                status,
+                reason,
+                since,
+            };
+            p.bootstrap.insert(room, given_up);
+        }
     }
 
     /// Sends the KV computed since the last chunk went out (the cached prefix included, on
     /// the first), in frames of at most [`crate::disagg::KV_FRAME_BYTES`].
     pub(super) fn send_leg_kv(&mut self, req: &mut Req) {
-        let Some(sent) = req.leg.as_ref().map(|l| l.sent) else {
+        let Some(mut leg) = req.leg.take() else {
             return;
         };
-        if req.len <= sent {
-            return; // recomputing what went out before a retraction
-        }
-        let per_token = self
-            .legs
-            .config
-            .as_ref()
-            .map_or(1, |c| c.layout.bytes_per_token() as usize);
-        for (start, n) in crate::disagg::kv_frames(sent, req.len - sent, per_token) {
-            let payload = self.mem.read_kv(req, start, n);
-            let leg = req.leg.as_mut().expect("checked");
-            let chunk = KvChunk {
-                room: leg.room,
-                seq: leg.seq,
-                start: start as u64,
-                tokens: n as u64,
-                bytes: payload.len() as u64,
+        // Not when recomputing what went out before a retraction.
+        if req.len > leg.sent {
+            let per_token = match &self.legs.role {
+                Role::Prefill(p) => p.config.layout.bytes_per_token() as usize,
+                _ => 1,
             };
-            leg.seq += 1;
-            leg.bytes += payload.len() as u64;
-            self.tracer.milestone(
-                &req.rid,
-                Milestone::KvSent {
+            for (start, n) in crate::disagg::kv_frames(leg.sent, req.len - leg.sent, per_token) {
+                let payload = self.mem.read_kv(req, start, n);
+                let chunk = KvChunk {
                     room: leg.room,
-                    decode_rank: leg.decode_rank,
-                    start,
-                    tokens: n,
+                    seq: leg.seq,
+                    start: start as u64,
+                    tokens: n as u64,
                     bytes: payload.len() as u64,
-                },
-            );
-            self.legs
-                .send(leg.to.clone(), Message::KvChunk(chunk), Some(payload));
-        }
-        if let Some(leg) = req.leg.as_mut() {
+                };
+                leg.seq += 1;
+                leg.bytes += payload.len() as u64;
+                self.tracer.milestone(
+                    &req.rid,
+                    Milestone::KvSent {
+                        room: leg.room,
+                        decode_rank: leg.decode_rank,
+                        start,
+                        tokens: n,
+                        bytes: payload.len() as u64,
+                    },
+                );
+                self.legs
+                    .out
+                    .send(leg.to.clone(), Message::KvChunk(chunk), Some(payload));
+            }
             leg.sent = req.len;
         }
+        req.leg = Some(leg);
     }
 
     /// The prompt is computed and its KV sent: sample the first token, hand it to the decode
     /// worker, and release the request (its KV stays in this worker's prefix cache).
-    pub(super) fn leg_prompt_done(&mut self, mut req: Req, mut logits: Vec<f32>) {
+    pub(super) fn leg_prompt_done(&mut self, mut req: Req, leg: PrefillLeg, mut logits: Vec<f32>) {
         let (finish_reason, matched_stop) = if req.params.max_new_tokens == 0 {
             (Some(FinishReason::Length), None)
         } else {
@@ -187,7 +238,6 @@ impl Scheduler {
                 None => (None, None),
             }
         };
-        let leg = req.leg.take().expect("a prefill leg");
         let done = KvDone {
             room: leg.room,
             chunks: leg.seq,
@@ -203,12 +253,45 @@ impl Scheduler {
             finish_reason,
             matched_stop,
         };
-        self.legs.send(leg.to, Message::KvDone(done), None);
+        self.legs.out.send(leg.to, Message::KvDone(done), None);
         let stats = &mut self.legs.stats;
         stats.transfers += 1;
         stats.transfer_bytes += leg.bytes;
         self.mem.release(&mut req);
         self.finished_rids.push(req.rid);
+    }
+
+    /// A paired leg ends here before its `KvDone` (aborted, failed): its decode worker hears
+    /// `(status, reason)` and answers the client; a `KvReady` still on its way is answered at
+    /// once.
+    pub(super) fn end_leg(&mut self, mut req: Req, leg: PrefillLeg, status: u16, reason: String) {
+        self.tracer.milestone(
+            &req.rid,
+            Milestone::KvAborted {
+                room: leg.room,
+                reason: "ended on the prefill side".into(),
+            },
+        );
+        self.legs.out.abort_room(leg.to, leg.room, status, reason);
+        self.legs.stats.transfers_failed += 1;
+        self.give_up(leg.room, ended_here());
+        self.mem.release(&mut req);
+        self.note_finished(&req.rid);
+    }
+
+    /// A request ends here before its room paired (aborted, the worker stopping): no decode
+    /// worker to tell yet; its `KvReady`, when it comes, is answered at once.
+    pub(super) fn end_unpaired(&mut self, room: u64, req: Req) {
+        self.tracer.milestone(
+            &req.rid,
+            Milestone::KvAborted {
+                room,
+                reason: "ended on the prefill side".into(),
+            },
+        );
+        self.legs.stats.transfers_failed += 1;
+        self.give_up(room, ended_here());
+        self.note_finished(&req.rid);
     }
 
     /// The decode worker gave up on `a.room` (its client went away, it failed, it timed out).
@@ -222,37 +305,38 @@ impl Scheduler {
         if paired {
             return self.drop_legs_where(|leg| leg.room == room);
         }
-        // Not paired yet: the request may be here, or still on its way.
-        let entry = self.bootstrap_entry(room);
-        entry.aborted = Some((
-            a.status,
-            format!("the decode side gave the room up: {}", a.reason),
-        ));
-        entry.ready = None;
-        self.try_pair(room);
+        // Not paired yet: the request may be here, or still on its way. The decode side knows,
+        // so a `KvReady` of its already here is not answered.
+        if let Role::Prefill(p) = &mut self.legs.role {
+            if let Some(Room::Pairing { ready, .. }) = p.bootstrap.get_mut(&room) {
+                *ready = None;
+            }
+        }
+        let why = format!("the decode side gave the room up: {}", a.reason);
+        self.give_up(room, (a.status, why));
     }
 
     /// The decode rank `rank` left: nothing computed here for it can be delivered.
     pub(super) fn drop_legs_to(&mut self, rank: u32) {
-        let gone: Vec<u64> = self
-            .legs
+        let Role::Prefill(p) = &mut self.legs.role else {
+            return;
+        };
+        let gone: Vec<u64> = p
             .bootstrap
             .iter()
-            .filter(|(_, b)| {
-                b.req
-                    .as_ref()
-                    .and_then(|r| r.leg.as_ref())
-                    .map(|l| l.decode_rank)
-                    == Some(rank)
-            })
+            .filter(|(_, r)| r.request().is_some_and(|(_, to)| to == rank))
             .map(|(&room, _)| room)
             .collect();
         for room in gone {
-            if let Some(req) = self.legs.bootstrap.remove(&room).and_then(|b| b.req) {
+            if let Some(Room::Pairing {
+                request: Some(Arrived::Request { req, .. }),
+                ..
+            }) = p.bootstrap.remove(&room)
+            {
                 self.finished_rids.push(req.rid);
             }
         }
-        self.legs.decode_peers.remove(&rank);
+        p.decode_peers.remove(&rank);
         self.drop_legs_where(|leg| leg.decode_rank == rank);
     }
 
@@ -267,7 +351,7 @@ impl Scheduler {
         }
         for mut req in gone {
             if let Some(leg) = req.leg.take() {
-                self.bootstrap_entry(leg.room).aborted = Some(ended_here());
+                self.give_up(leg.room, ended_here());
                 // The peer knows (it aborted, or it is gone).
                 let reason = "the decode side ended the transfer".into();
                 self.tracer.milestone(
@@ -290,45 +374,43 @@ impl Scheduler {
     /// pre-allocation queue). The room is then kept as given up for one more timeout, so a
     /// `KvReady` crossing this one is refused at once instead of opening a fresh wait.
     pub(super) fn expire_bootstrap(&mut self, now: Instant) {
-        let timeout = self
-            .legs
-            .config
-            .as_ref()
-            .map(|c| c.bootstrap_timeout)
-            .unwrap_or_default();
-        let late: Vec<u64> = self
-            .legs
+        let Role::Prefill(p) = &mut self.legs.role else {
+            return;
+        };
+        let timeout = p.config.bootstrap_timeout;
+        let late: Vec<u64> = p
             .bootstrap
             .iter()
-            .filter(|(_, b)| now.saturating_duration_since(b.since) > timeout)
+            .filter(|(_, r)| now.saturating_duration_since(r.since()) > timeout)
             .map(|(&room, _)| room)
             .collect();
         for room in late {
-            let Some(entry) = self.legs.bootstrap.remove(&room) else {
+            let Role::Prefill(p) = &mut self.legs.role else {
+                return;
+            };
+            // A room given up already: its extra timeout is over.
+            let Some(Room::Pairing { request, ready, .. }) = p.bootstrap.remove(&room) else {
                 continue;
             };
-            if entry.aborted.is_some() {
-                continue; // given up already; its extra timeout is over
-            }
             self.legs.stats.transfers_failed += 1;
             let why = format!("KV bootstrap timed out after {:.1}s", timeout.as_secs_f64());
-            tracing::warn!(room, has_request = entry.req.is_some(), "{why}");
-            let decode_side = match (entry.ready, &entry.req) {
+            let waiting = match request {
+                Some(Arrived::Request { req, decode_rank }) => Some((req, decode_rank)),
+                _ => None,
+            };
+            tracing::warn!(room, has_request = waiting.is_some(), "{why}");
+            let decode_side = match (ready, &waiting) {
                 (Some((from, _)), _) => Some(from),
-                (None, Some(req)) => req
-                    .leg
-                    .as_ref()
-                    .and_then(|l| self.legs.decode_peers.get(&l.decode_rank))
-                    .cloned(),
+                (None, Some((_, rank))) => p.decode_peers.get(rank).cloned(),
                 (None, None) => None,
             };
             if let Some(to) = decode_side {
-                self.legs.abort_room(to, room, 503, why.clone());
+                self.legs.out.abort_room(to, room, 503, why.clone());
             }
-            if let Some(req) = entry.req {
+            if let Some((req, _)) = waiting {
                 self.finished_rids.push(req.rid);
             }
-            self.bootstrap_entry(room).aborted = Some((503, why));
+            self.give_up(room, (503, why));
         }
     }
 }
