@@ -213,15 +213,14 @@ pub fn run(mut args: UpArgs) -> anyhow::Result<()> {
         bail!(refusal);
     }
     // The tokenizer would refuse them; refused here, nothing starts. The first key is also the
-    // one the readiness probe below sends.
+    // one the readiness probe sends.
     let api_keys = args.http.api_keys()?;
     args.http.open_paths()?;
     args.http.tls()?;
     // HTTPS: the probe trusts the certificate the tokenizer is given, and only that one.
     let probe = Probe::new(args.http.ssl_certfile.as_deref())?;
     let gpus = place_on_gpus(&mut args)?;
-    let cluster = &args.cluster;
-    let roles = cluster.roles()?;
+    let roles = args.cluster.roles()?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handler")?;
@@ -250,10 +249,39 @@ pub fn run(mut args: UpArgs) -> anyhow::Result<()> {
     check_controller_args(&controller)?;
     deployment.spawn("tokenizer", tokenizer_args(&args, &addrs))?;
     deployment.spawn("controller", controller)?;
+    spawn_workers(&mut deployment, &args, &addrs, &dir, &roles, gpus)?;
+
+    let auth = api_keys
+        .first()
+        .map(|k| format!("Authorization: Bearer {k}\r\n"))
+        .unwrap_or_default();
+    wait_until_live(&mut deployment, &stop, &probe, &args, &auth, roles.len())?;
+    let url = format!("{}://{}:{}", probe.scheme(), args.http.host, args.http.port);
+    println!("dpserve is ready: {url} ({} ranks live)", roles.len());
+    println!("try: curl -s {url}/generate -d '{{\"text\": \"hello\", \"sampling_params\": {{\"max_new_tokens\": 16}}}}'");
+    std::io::stdout().flush().ok();
+
+    serve_until_stopped(&mut deployment, &stop)?;
+    tracing::info!("stopping");
+    // Workers drain what they hold first (within their --drain-timeout).
+    let drain = Duration::from_secs_f64(args.cluster.serve.drain_timeout.max(0.0));
+    deployment.stop(drain + STOP_GRACE);
+    Ok(())
+}
+
+/// One worker per role in `roles`, rank by rank (a prefill worker with its KV socket in `dir`).
+fn spawn_workers(
+    deployment: &mut Deployment,
+    args: &UpArgs,
+    addrs: &Addrs,
+    dir: &RuntimeDir,
+    roles: &[DisaggMode],
+    gpus: Option<GpuPlacement>,
+) -> anyhow::Result<()> {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     for (rank, mode) in roles.iter().enumerate() {
         let rank = rank as u32;
-        let mut argv = worker_args(&args, &addrs, rank, cpus, gpus);
+        let mut argv = worker_args(args, addrs, rank, cpus, gpus);
         if !mode.is_null() {
             push(&mut argv, "--disaggregation-mode", Some(mode));
         }
@@ -268,14 +296,22 @@ pub fn run(mut args: UpArgs) -> anyhow::Result<()> {
         };
         deployment.spawn(&name, argv)?;
     }
+    Ok(())
+}
 
-    // Wait until the tokenizer reports every rank live.
-    let deadline = Instant::now() + Duration::from_secs_f64(cluster.startup_timeout.max(1.0));
+/// Waits until the tokenizer reports `ranks` ranks live; a signal, an actor exiting or
+/// `--startup-timeout` stops the deployment and says why.
+fn wait_until_live(
+    deployment: &mut Deployment,
+    stop: &AtomicBool,
+    probe: &Probe,
+    args: &UpArgs,
+    auth: &str,
+    ranks: usize,
+) -> anyhow::Result<()> {
+    let timeout = args.cluster.startup_timeout;
+    let deadline = Instant::now() + Duration::from_secs_f64(timeout.max(1.0));
     let probe_addr = format!("127.0.0.1:{}", args.http.port);
-    let auth = api_keys
-        .first()
-        .map(|k| format!("Authorization: Bearer {k}\r\n"))
-        .unwrap_or_default();
     loop {
         if stop.load(Ordering::Relaxed) {
             deployment.stop(STOP_GRACE);
@@ -285,27 +321,20 @@ pub fn run(mut args: UpArgs) -> anyhow::Result<()> {
             deployment.stop(STOP_GRACE);
             bail!("{name} exited during start ({status}); see its log above");
         }
-        if let Some(live) = live_ranks(&probe, &probe_addr, &auth) {
-            if live >= roles.len() {
-                break;
-            }
+        if live_ranks(probe, &probe_addr, auth).is_some_and(|live| live >= ranks) {
+            return Ok(());
         }
         if Instant::now() >= deadline {
             deployment.stop(STOP_GRACE);
-            bail!(
-                "not every rank became live within {}s (--startup-timeout)",
-                cluster.startup_timeout
-            );
+            bail!("not every rank became live within {timeout}s (--startup-timeout)");
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    let url = format!("{}://{}:{}", probe.scheme(), args.http.host, args.http.port);
-    println!("dpserve is ready: {url} ({} ranks live)", roles.len());
-    println!("try: curl -s {url}/generate -d '{{\"text\": \"hello\", \"sampling_params\": {{\"max_new_tokens\": 16}}}}'");
-    std::io::stdout().flush().ok();
+}
 
-    // Serve until a signal; a worker that dies is logged (the controller stops routing to it),
-    // the tokenizer or controller dying ends the deployment.
+/// Serves until a signal. A worker that dies is logged (the controller stops routing to it);
+/// the tokenizer or controller dying ends the deployment.
+fn serve_until_stopped(deployment: &mut Deployment, stop: &AtomicBool) -> anyhow::Result<()> {
     while !stop.load(Ordering::Relaxed) {
         if let Some((name, status)) = deployment.exited() {
             if name.starts_with("worker") {
@@ -318,10 +347,6 @@ pub fn run(mut args: UpArgs) -> anyhow::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    tracing::info!("stopping");
-    // Workers drain what they hold first (within their --drain-timeout).
-    let drain = Duration::from_secs_f64(cluster.serve.drain_timeout.max(0.0));
-    deployment.stop(drain + STOP_GRACE);
     Ok(())
 }
 

@@ -73,12 +73,6 @@ pub(crate) fn hidden_last(
     }
     let t = st.ids.len();
     let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
-    let (qd, kvd, hd) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
-    let shape = AttnShape {
-        num_heads: cfg.num_attention_heads,
-        num_kv_heads: cfg.num_key_value_heads,
-        head_dim: hd,
-    };
     let mut bufs = BUFFERS.take().unwrap_or_default();
     let Buffers {
         x,
@@ -99,76 +93,36 @@ pub(crate) fn hidden_last(
         last,
     } = &mut *bufs;
     let x = sized(x, t * h);
-    for (row, &id) in x.chunks_exact_mut(h).zip(&st.ids) {
-        w.embed.copy_row(id as usize, row);
-    }
-    let gemma = cfg.gemma.as_ref();
-    if gemma.is_some() {
-        // sqrt(hidden) rounded to f32 first, as transformers' `embed_scale` buffer holds it.
-        let scale = (h as f64).sqrt() as f32;
-        x.iter_mut().for_each(|v| *v *= scale);
-    }
+    embed(cfg, w, &st.ids, x);
     w.rope.tables_into(&st.positions, cos, sin);
     if let Some(r) = &w.local_rope {
         r.tables_into(&st.positions, local_cos, local_sin);
     }
-    let score = match gemma {
-        Some(g) => ScoreScale {
-            scale: g.attention_scale,
-            softcap: g.attn_softcap,
-        },
-        None => ScoreScale::standard(hd),
-    };
+    let step = Step::new(cfg, st);
     // Gemma's local layers read the last `sliding_window` of each token's slots.
     let mut window: Vec<&[u32]> = Vec::new();
     let hn = sized(hn, t * h);
-    let q = sized(q, t * qd);
-    let k = sized(k, t * kvd);
-    let attn = sized(attn, t * qd);
+    let q = sized(q, t * cfg.q_dim());
+    let k = sized(k, t * cfg.kv_dim());
+    let attn = sized(attn, t * cfg.q_dim());
     let act = sized(act, t * inter);
     for (l, lw) in w.layers.iter().enumerate() {
-        let local = gemma.filter(|g| g.local_layers[l]);
-        let (cos, sin) = match (local, &w.local_rope) {
-            (Some(_), Some(_)) => (&*local_cos, &*local_sin),
-            _ => (&*cos, &*sin),
+        let local = cfg.gemma.as_ref().is_some_and(|g| g.local_layers[l]);
+        let rope = match (local, &w.local_rope) {
+            (true, Some(_)) => (&local_cos[..], &local_sin[..]),
+            _ => (&cos[..], &sin[..]),
         };
-        kernels::rmsnorm(x, &lw.attn_norm, cfg.rms_norm_eps, hn);
-        linear(hn, t, &lw.wqkv, lw.bqkv.as_deref(), qkv);
-        let (kc, vc) = (&mut kv.k[l], &mut kv.v[l]);
-        for (r, row) in qkv.chunks_exact(qd + 2 * kvd).enumerate() {
-            q[r * qd..(r + 1) * qd].copy_from_slice(&row[..qd]);
-            k[r * kvd..(r + 1) * kvd].copy_from_slice(&row[qd..qd + kvd]);
-            let s = st.write_slots[r] as usize * kvd;
-            vc[s..s + kvd].copy_from_slice(&row[qd + kvd..]);
-        }
-        if let Some((qn, kn)) = &lw.qk_norm {
-            // Each head is a row of `head_dim` for the norm.
-            for (x, wn) in [(&mut *q, qn), (&mut *k, kn)] {
-                let y = sized(qk_normed, x.len());
-                kernels::rmsnorm(x, wn, cfg.rms_norm_eps, y);
-                x.copy_from_slice(y);
-            }
-        }
-        kernels::apply_rope(q, cfg.num_attention_heads, hd, cos, sin);
-        kernels::apply_rope(k, cfg.num_key_value_heads, hd, cos, sin);
-        for (r, &slot) in st.write_slots.iter().enumerate() {
-            let s = slot as usize * kvd;
-            kc[s..s + kvd].copy_from_slice(&k[r * kvd..(r + 1) * kvd]);
-        }
-        let attend = match local {
-            Some(g) => {
-                window.clear();
-                window.extend(st.attend.iter().map(|s| g.window(l, s)));
-                &window
-            }
-            None => &st.attend,
+        let bufs = AttnBufs {
+            x: &mut *x,
+            hn: &mut *hn,
+            q: &mut *q,
+            k: &mut *k,
+            qk_normed: &mut *qk_normed,
+            attn: &mut *attn,
+            qkv: &mut *qkv,
+            o: &mut *o,
         };
-        match gemma {
-            Some(_) => kernels::attention_scored(q, attend, kc, vc, shape, score, attn),
-            None => kernels::attention(q, attend, kc, vc, shape, attn),
-        }
-        linear(attn, t, &lw.wo, lw.bo.as_deref(), o);
-        add_residual(x, o, lw.post_norms.as_ref().map(|n| &n.0), cfg, hn);
+        step.attention_block(l, lw, (&mut kv.k[l], &mut kv.v[l]), rope, bufs, &mut window);
         mlp_block(cfg, lw, x, t, [hn, act], [gu, down]);
     }
     last.clear();
@@ -179,6 +133,118 @@ pub(crate) fn hidden_last(
     kernels::rmsnorm(last, &w.norm, cfg.rms_norm_eps, &mut out);
     BUFFERS.set(Some(bufs));
     Ok(out)
+}
+
+/// The step's tokens' embeddings into `x` (`[t, hidden]`), scaled as Gemma scales them.
+fn embed(cfg: &ModelConfig, w: &Weights, ids: &[u32], x: &mut [f32]) {
+    let h = cfg.hidden_size;
+    for (row, &id) in x.chunks_exact_mut(h).zip(ids) {
+        w.embed.copy_row(id as usize, row);
+    }
+    if cfg.gemma.is_some() {
+        // sqrt(hidden) rounded to f32 first, as transformers' `embed_scale` buffer holds it.
+        let scale = (h as f64).sqrt() as f32;
+        x.iter_mut().for_each(|v| *v *= scale);
+    }
+}
+
+/// What every layer of one step reads: the model's shape and the step's plan.
+struct Step<'a> {
+    cfg: &'a ModelConfig,
+    st: &'a BatchPlan<'a>,
+    shape: AttnShape,
+    score: ScoreScale,
+}
+
+/// The attention half's buffers: the residual stream `x` and its scratch, `[t, …]` each.
+struct AttnBufs<'b> {
+    x: &'b mut [f32],
+    hn: &'b mut [f32],
+    q: &'b mut [f32],
+    k: &'b mut [f32],
+    qk_normed: &'b mut LineVec,
+    attn: &'b mut [f32],
+    qkv: &'b mut LineVec,
+    o: &'b mut LineVec,
+}
+
+impl<'a> Step<'a> {
+    fn new(cfg: &'a ModelConfig, st: &'a BatchPlan<'a>) -> Self {
+        let score = match &cfg.gemma {
+            Some(g) => ScoreScale {
+                scale: g.attention_scale,
+                softcap: g.attn_softcap,
+            },
+            None => ScoreScale::standard(cfg.head_dim),
+        };
+        let shape = AttnShape {
+            num_heads: cfg.num_attention_heads,
+            num_kv_heads: cfg.num_key_value_heads,
+            head_dim: cfg.head_dim,
+        };
+        Step {
+            cfg,
+            st,
+            shape,
+            score,
+        }
+    }
+
+    /// The attention half of layer `l`: `x += o(attention(rope(qkv(rmsnorm(x)))))` (with
+    /// Gemma's post-norm), the step's K/V written into the layer's cache `(k, v)` at its slots
+    /// first. `rope`: the layer's `(cos, sin)` tables; `window`: scratch for a local layer's
+    /// sliding window.
+    fn attention_block(
+        &self,
+        l: usize,
+        lw: &LayerWeights,
+        (kc, vc): (&mut LineVec, &mut LineVec),
+        (cos, sin): (&[f32], &[f32]),
+        b: AttnBufs<'_>,
+        window: &mut Vec<&'a [u32]>,
+    ) {
+        let (cfg, st) = (self.cfg, self.st);
+        let (t, qd, kvd, hd) = (st.ids.len(), cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+        kernels::rmsnorm(b.x, &lw.attn_norm, cfg.rms_norm_eps, b.hn);
+        linear(b.hn, t, &lw.wqkv, lw.bqkv.as_deref(), b.qkv);
+        for (r, row) in b.qkv.chunks_exact(qd + 2 * kvd).enumerate() {
+            b.q[r * qd..(r + 1) * qd].copy_from_slice(&row[..qd]);
+            b.k[r * kvd..(r + 1) * kvd].copy_from_slice(&row[qd..qd + kvd]);
+            let s = st.write_slots[r] as usize * kvd;
+            vc[s..s + kvd].copy_from_slice(&row[qd + kvd..]);
+        }
+        if let Some((qn, kn)) = &lw.qk_norm {
+            // Each head is a row of `head_dim` for the norm.
+            for (x, wn) in [(&mut *b.q, qn), (&mut *b.k, kn)] {
+                let y = sized(b.qk_normed, x.len());
+                kernels::rmsnorm(x, wn, cfg.rms_norm_eps, y);
+                x.copy_from_slice(y);
+            }
+        }
+        kernels::apply_rope(b.q, cfg.num_attention_heads, hd, cos, sin);
+        kernels::apply_rope(b.k, cfg.num_key_value_heads, hd, cos, sin);
+        for (r, &slot) in st.write_slots.iter().enumerate() {
+            let s = slot as usize * kvd;
+            kc[s..s + kvd].copy_from_slice(&b.k[r * kvd..(r + 1) * kvd]);
+        }
+        let gemma = cfg.gemma.as_ref();
+        let attend = match gemma.filter(|g| g.local_layers[l]) {
+            Some(g) => {
+                window.clear();
+                window.extend(st.attend.iter().map(|s| g.window(l, s)));
+                &window[..]
+            }
+            None => &st.attend[..],
+        };
+        match gemma {
+            Some(_) => {
+                kernels::attention_scored(b.q, attend, kc, vc, self.shape, self.score, b.attn)
+            }
+            None => kernels::attention(b.q, attend, kc, vc, self.shape, b.attn),
+        }
+        linear(b.attn, t, &lw.wo, lw.bo.as_deref(), b.o);
+        add_residual(b.x, b.o, lw.post_norms.as_ref().map(|n| &n.0), cfg, b.hn);
+    }
 }
 
 /// The MLP half of a layer: `x += mlp(rmsnorm(x))`, the MLP dense (SwiGLU, or Gemma's GeGLU

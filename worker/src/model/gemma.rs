@@ -90,26 +90,7 @@ pub(super) fn read(
     family: ModelFamily,
 ) -> Result<(GemmaOptions, f32, RopeScaling)> {
     let gemma3 = family == ModelFamily::Gemma3;
-    // transformers' Gemma configs read `hidden_activation` (the Hub's files also carry a
-    // `hidden_act`, which they ignore).
-    if let Some(v) = f.get("hidden_activation") {
-        if v.as_str() != Some("gelu_pytorch_tanh") {
-            return Err(unsupported(
-                f,
-                "hidden_activation",
-                v,
-                "Gemma is implemented with gelu_pytorch_tanh only",
-            ));
-        }
-    }
-    if let Some(v) = f.get("use_bidirectional_attention").filter(|v| !is_off(v)) {
-        return Err(unsupported(
-            f,
-            "use_bidirectional_attention",
-            v,
-            "only causal attention is implemented",
-        ));
-    }
+    refuse_unimplemented(f)?;
     let scalar = f.f32_opt("query_pre_attn_scalar")?.unwrap_or(256.0);
     if !(scalar > 0.0 && scalar.is_finite()) {
         return Err(unsupported(
@@ -130,49 +111,7 @@ pub(super) fn read(
         }
         w => w,
     };
-    let layers = f.usize_opt("num_hidden_layers")?.unwrap_or(0);
-    let local_layers = match f.get("layer_types") {
-        Some(Value::Array(types)) => {
-            if types.len() != layers {
-                return Err(unsupported(
-                    f,
-                    "layer_types",
-                    &Value::from(types.len()),
-                    format!("{} entries for num_hidden_layers {layers}", types.len()),
-                ));
-            }
-            let mut local = Vec::with_capacity(layers);
-            for t in types {
-                local.push(match t.as_str() {
-                    Some("sliding_attention") => true,
-                    Some("full_attention") => false,
-                    _ => {
-                        return Err(unsupported(
-                            f,
-                            "layer_types",
-                            t,
-                            "Gemma layers are sliding_attention or full_attention",
-                        ))
-                    }
-                });
-            }
-            local
-        }
-        Some(v) => return Err(unsupported(f, "layer_types", v, "expected a list")),
-        None if gemma3 => {
-            let pattern = f.usize_opt("sliding_window_pattern")?.unwrap_or(6);
-            if pattern == 0 {
-                return Err(unsupported(
-                    f,
-                    "sliding_window_pattern",
-                    &Value::from(0),
-                    "must be positive",
-                ));
-            }
-            GemmaOptions::default_layers(layers, pattern)
-        }
-        None => GemmaOptions::default_layers(layers, 2),
-    };
+    let local_layers = local_layers(f, gemma3)?;
     let (theta, scaling, local_rope_theta) = match gemma3 {
         true => gemma3_rope(f)?,
         false => {
@@ -198,6 +137,76 @@ pub(super) fn read(
         local_rope_theta,
     };
     Ok((options, theta, scaling))
+}
+
+/// The activation and attention kinds Gemma configs can ask for that are not implemented.
+fn refuse_unimplemented(f: &Fields<'_>) -> Result<()> {
+    // transformers' Gemma configs read `hidden_activation` (the Hub's files also carry a
+    // `hidden_act`, which they ignore).
+    if let Some(v) = f.get("hidden_activation") {
+        if v.as_str() != Some("gelu_pytorch_tanh") {
+            return Err(unsupported(
+                f,
+                "hidden_activation",
+                v,
+                "Gemma is implemented with gelu_pytorch_tanh only",
+            ));
+        }
+    }
+    if let Some(v) = f.get("use_bidirectional_attention").filter(|v| !is_off(v)) {
+        return Err(unsupported(
+            f,
+            "use_bidirectional_attention",
+            v,
+            "only causal attention is implemented",
+        ));
+    }
+    Ok(())
+}
+
+/// Which layers are local (sliding-window): `layer_types` where given, else Gemma 3's
+/// `sliding_window_pattern` (every sixth layer global by default) or Gemma 2's alternation.
+fn local_layers(f: &Fields<'_>, gemma3: bool) -> Result<Vec<bool>> {
+    let layers = f.usize_opt("num_hidden_layers")?.unwrap_or(0);
+    match f.get("layer_types") {
+        Some(Value::Array(types)) => {
+            if types.len() != layers {
+                return Err(unsupported(
+                    f,
+                    "layer_types",
+                    &Value::from(types.len()),
+                    format!("{} entries for num_hidden_layers {layers}", types.len()),
+                ));
+            }
+            types
+                .iter()
+                .map(|t| match t.as_str() {
+                    Some("sliding_attention") => Ok(true),
+                    Some("full_attention") => Ok(false),
+                    _ => Err(unsupported(
+                        f,
+                        "layer_types",
+                        t,
+                        "Gemma layers are sliding_attention or full_attention",
+                    )),
+                })
+                .collect()
+        }
+        Some(v) => Err(unsupported(f, "layer_types", v, "expected a list")),
+        None if gemma3 => {
+            let pattern = f.usize_opt("sliding_window_pattern")?.unwrap_or(6);
+            if pattern == 0 {
+                return Err(unsupported(
+                    f,
+                    "sliding_window_pattern",
+                    &Value::from(0),
+                    "must be positive",
+                ));
+            }
+            Ok(GemmaOptions::default_layers(layers, pattern))
+        }
+        None => Ok(GemmaOptions::default_layers(layers, 2)),
+    }
 }
 
 /// Gemma 3's two RoPEs: the global layers' (`rope_theta`, default 1e6, with `rope_scaling`)
