@@ -324,50 +324,8 @@ fn parse_openai(body: &[u8], headers: &HeaderInputs) -> Result<EmbedInput, ApiEr
 /// of such lists), `routing_key`, `routed_dp_rank` / `data_parallel_rank`, `rid`.
 fn parse_encode(body: &[u8], headers: &HeaderInputs) -> Result<EmbedInput, ApiError> {
     let obj = object(body)?;
-    let texts = match obj.get("text") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some((vec![Prompt::Text(s.clone())], false)),
-        Some(Value::Array(items)) => {
-            let texts = items
-                .iter()
-                .map(|i| i.as_str().map(|s| Prompt::Text(s.to_string())))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| {
-                    ApiError::invalid_param("text", "text: expected a string or a list of strings")
-                })?;
-            Some((texts, true))
-        }
-        Some(_) => {
-            return Err(ApiError::invalid_param(
-                "text",
-                "text: expected a string or a list of strings",
-            ))
-        }
-    };
-    let ids = match obj.get("input_ids") {
-        None | Some(Value::Null) => None,
-        Some(Value::Array(items)) if !items.is_empty() && !items[0].is_array() => {
-            match prompt_list(&obj, "input_ids")?.as_slice() {
-                [Prompt::Ids(ids)] => Some((vec![Prompt::Ids(ids.clone())], false)),
-                _ => {
-                    return Err(ApiError::invalid_param(
-                        "input_ids",
-                        "input_ids: expected token ids or a list of lists of token ids",
-                    ))
-                }
-            }
-        }
-        Some(Value::Array(_)) => {
-            let prompts = prompt_list(&obj, "input_ids")?;
-            Some((prompts, true))
-        }
-        Some(_) => {
-            return Err(ApiError::invalid_param(
-                "input_ids",
-                "input_ids: expected token ids or a list of lists of token ids",
-            ))
-        }
-    };
+    let texts = encode_texts(&obj)?;
+    let ids = encode_ids(&obj)?;
     let (prompts, batch) = match (texts, ids) {
         (Some(_), Some(_)) => {
             return Err(ApiError::bad_request(
@@ -412,6 +370,46 @@ fn parse_encode(body: &[u8], headers: &HeaderInputs) -> Result<EmbedInput, ApiEr
         model: None,
         encoding: Encoding::Float,
     })
+}
+
+/// `/encode`'s `text`: one prompt or a list (then `true`: answered as a list); `None` when
+/// absent.
+fn encode_texts(obj: &Map<String, Value>) -> Result<Option<(Vec<Prompt>, bool)>, ApiError> {
+    let wrong = || ApiError::invalid_param("text", "text: expected a string or a list of strings");
+    match obj.get("text") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some((vec![Prompt::Text(s.clone())], false))),
+        Some(Value::Array(items)) => {
+            let texts = items
+                .iter()
+                .map(|i| i.as_str().map(|s| Prompt::Text(s.to_string())))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(wrong)?;
+            Ok(Some((texts, true)))
+        }
+        Some(_) => Err(wrong()),
+    }
+}
+
+/// `/encode`'s `input_ids`: token ids (one prompt) or a list of lists (then `true`).
+fn encode_ids(obj: &Map<String, Value>) -> Result<Option<(Vec<Prompt>, bool)>, ApiError> {
+    let wrong = || {
+        ApiError::invalid_param(
+            "input_ids",
+            "input_ids: expected token ids or a list of lists of token ids",
+        )
+    };
+    match obj.get("input_ids") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Array(items)) if !items.is_empty() && !items[0].is_array() => {
+            match prompt_list(obj, "input_ids")?.as_slice() {
+                [Prompt::Ids(ids)] => Ok(Some((vec![Prompt::Ids(ids.clone())], false))),
+                _ => Err(wrong()),
+            }
+        }
+        Some(Value::Array(_)) => Ok(Some((prompt_list(obj, "input_ids")?, true))),
+        Some(_) => Err(wrong()),
+    }
 }
 
 /// Standard base64 (with padding) of the little-endian bytes of `v`: what OpenAI sends for

@@ -123,13 +123,8 @@ pub fn f32_field(
     }))
 }
 
-pub fn parse_generate(body: &[u8], headers: &HeaderInputs) -> Result<GenerateInput, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?;
-    let Value::Object(obj) = value else {
-        return Err(ApiError::bad_request("request body must be a JSON object"));
-    };
-
+/// `/generate`'s prompt: `text` or `input_ids`, one of them, one prompt.
+fn generate_prompt(obj: &Map<String, Value>) -> Result<Prompt, ApiError> {
     let text =
         match obj.get("text") {
             None | Some(Value::Null) => None,
@@ -145,7 +140,7 @@ pub fn parse_generate(body: &[u8], headers: &HeaderInputs) -> Result<GenerateInp
                 "batch requests (input_ids as a list of lists) are not supported; send one request per prompt",
             ))
         }
-        _ => field::<Vec<u32>>(&obj, "", "input_ids")?,
+        _ => field::<Vec<u32>>(obj, "", "input_ids")?,
     };
     let prompt = match (text, ids) {
         (Some(_), Some(_)) => {
@@ -166,6 +161,17 @@ pub fn parse_generate(body: &[u8], headers: &HeaderInputs) -> Result<GenerateInp
         (Some(t), None) => Prompt::Text(t),
         (None, Some(ids)) => Prompt::Ids(ids),
     };
+    Ok(prompt)
+}
+
+pub fn parse_generate(body: &[u8], headers: &HeaderInputs) -> Result<GenerateInput, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?;
+    let Value::Object(obj) = value else {
+        return Err(ApiError::bad_request("request body must be a JSON object"));
+    };
+
+    let prompt = generate_prompt(&obj)?;
 
     let (sampling, stop) = match obj.get("sampling_params") {
         None | Some(Value::Null) => (SamplingParams::default(), Vec::new()),
