@@ -339,6 +339,27 @@ fn a_prefill_worker_that_stops_answers_no_client_and_its_decode_worker_fails_the
         (503, "the worker is stopping")
     );
     assert!(pair.p.ledger_violations(&[], true).is_empty());
+    let failed = |s: &Scheduler| s.disagg_status().map(|d| d.transfers_failed);
+    assert_eq!((failed(&pair.p), failed(&pair.d)), (Some(1), Some(1)));
+    // A KvReady for the room crossing the abort is answered at once, not paired.
+    let ready = Message::KvReady(protocol::KvReady {
+        room: 1,
+        rid: "mid".into(),
+        decode_rank: 1,
+        layout: layout(),
+        prompt_len: 100,
+    });
+    let outs = pair.p.on_kv(KvInbound {
+        from: KvPeer::Identity(b"d1".to_vec()),
+        msg: ready,
+        payload: None,
+    });
+    assert!(outs.is_empty() && !pair.p.has_work());
+    let sent = pair.p.take_kv_out();
+    assert!(
+        matches!(sent.as_slice(), [KvSend { msg: Message::KvAbort(a), .. }] if a.room == 1),
+        "{sent:?}"
+    );
     pair.assert_whole();
 }
 

@@ -377,7 +377,14 @@ impl Scheduler {
     /// Fail every request (worker shutting down).
     pub fn fail_all(&mut self, status: u16, message: &str) -> Vec<TokenOut> {
         let ending = Ending::Fail(status, message.to_string());
-        self.end_where(|_| true, &ending).unwrap_or_default()
+        let outs = self.end_where(|_| true, &ending).unwrap_or_default();
+        // Rooms still pairing hold no request now: a decode worker whose `KvReady` waits in
+        // one hears `PeerGone` when this rank leaves.
+        if let legs::Role::Prefill(p) = &mut self.legs.role {
+            p.bootstrap
+                .retain(|_, room| matches!(room, legs::Room::GivenUp { .. }));
+        }
+        outs
     }
 
     /// Ends every request `pick` picks, in every queue, as `ending` says: the final output of
