@@ -173,6 +173,25 @@ impl Pair {
     }
 }
 
+/// A `KvReady` from the decode worker `d1` for `room`, handed to the prefill worker `p`
+/// outside a pair's rounds; what `p` sends back (it answers no client).
+fn late_kv_ready(p: &mut Scheduler, room: u64, rid: &str, prompt_len: u64) -> Vec<KvSend> {
+    let ready = Message::KvReady(protocol::KvReady {
+        room,
+        rid: rid.into(),
+        decode_rank: 1,
+        layout: layout(),
+        prompt_len,
+    });
+    let outs = p.on_kv(KvInbound {
+        from: KvPeer::Identity(b"d1".to_vec()),
+        msg: ready,
+        payload: None,
+    });
+    assert!(outs.is_empty(), "a prefill worker answers no client");
+    p.take_kv_out()
+}
+
 /// A prefill worker's own rooms.
 fn prefill(s: &Scheduler) -> &PrefillSide {
     match &s.legs.role {
@@ -342,20 +361,8 @@ fn a_prefill_worker_that_stops_answers_no_client_and_its_decode_worker_fails_the
     let failed = |s: &Scheduler| s.disagg_status().map(|d| d.transfers_failed);
     assert_eq!((failed(&pair.p), failed(&pair.d)), (Some(1), Some(1)));
     // A KvReady for the room crossing the abort is answered at once, not paired.
-    let ready = Message::KvReady(protocol::KvReady {
-        room: 1,
-        rid: "mid".into(),
-        decode_rank: 1,
-        layout: layout(),
-        prompt_len: 100,
-    });
-    let outs = pair.p.on_kv(KvInbound {
-        from: KvPeer::Identity(b"d1".to_vec()),
-        msg: ready,
-        payload: None,
-    });
-    assert!(outs.is_empty() && !pair.p.has_work());
-    let sent = pair.p.take_kv_out();
+    let sent = late_kv_ready(&mut pair.p, 1, "mid", 100);
+    assert!(!pair.p.has_work());
     assert!(
         matches!(sent.as_slice(), [KvSend { msg: Message::KvAbort(a), .. }] if a.room == 1),
         "{sent:?}"
@@ -558,20 +565,7 @@ fn a_kv_ready_for_a_leg_that_already_ended_is_answered_at_once() {
     // The client's abort reaches the prefill worker first.
     assert!(pair.p.abort(Some("late")).is_empty());
     pair.lose.clear();
-    let ready = Message::KvReady(protocol::KvReady {
-        room: 21,
-        rid: "late".into(),
-        decode_rank: 1,
-        layout: layout(),
-        prompt_len: 20,
-    });
-    let outs = pair.p.on_kv(KvInbound {
-        from: KvPeer::Identity(b"d1".to_vec()),
-        msg: ready,
-        payload: None,
-    });
-    assert!(outs.is_empty());
-    let sent = pair.p.take_kv_out();
+    let sent = late_kv_ready(&mut pair.p, 21, "late", 20);
     assert!(
         matches!(sent.as_slice(), [KvSend { msg: Message::KvAbort(a), .. }] if a.room == 21),
         "{sent:?}"
