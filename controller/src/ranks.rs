@@ -39,6 +39,31 @@ pub struct LiveRank {
     pub violations: Vec<String>,
 }
 
+impl LiveRank {
+    /// A rank as its `Hello` registers it.
+    fn joined(hello: &Hello) -> Self {
+        LiveRank {
+            capacity: hello.capacity.clone(),
+            model_id: hello.model_id.clone(),
+            pid: hello.pid,
+            last_seen: Instant::now(),
+            status: None,
+            budget: RankBudget::default(),
+            // What it reports holding (after a controller restart) is ours to fail should it
+            // die; its load arrives with its next status.
+            inflight: hello.held_rids.iter().map(|rid| (rid.clone(), 0)).collect(),
+            // Numbered on from what its worker was last sent, so its statuses' taken_seq, from
+            // before this registration or after, reads in this numbering.
+            last_seq: hello.taken_seq.unwrap_or(0),
+            mode: hello.disaggregation_mode,
+            kv_endpoint: hello.kv_endpoint.clone(),
+            kv_public_key: hello.kv_public_key.clone(),
+            gpu: hello.gpu.clone(),
+            violations: Vec::new(),
+        }
+    }
+}
+
 /// The worker process that holds a rank: the one whose `Hello` was accepted for it, known by
 /// its DEALER identity (unique per process) and pid. Kept while the rank is live or draining.
 #[derive(Debug, Clone, PartialEq)]
@@ -134,22 +159,7 @@ impl Ranks {
         identity: &[u8],
         holder_alive: bool,
     ) -> Result<Joined, HelloRefusal> {
-        if hello.protocol_version != protocol::PROTOCOL_VERSION {
-            return Err(HelloRefusal::ProtocolVersion {
-                expected: protocol::PROTOCOL_VERSION,
-                got: hello.protocol_version,
-            });
-        }
-        match &self.model_id {
-            Some(expected) if *expected != hello.model_id => {
-                return Err(HelloRefusal::ModelMismatch {
-                    expected: expected.clone(),
-                    got: hello.model_id.clone(),
-                })
-            }
-            Some(_) => {}
-            None => self.model_id = Some(hello.model_id.clone()),
-        }
+        self.same_protocol_and_model(hello)?;
         if let Some(holder) = self.holders.get(&hello.rank) {
             let same_process = holder.identity == identity && holder.pid == hello.pid;
             if same_process {
@@ -185,29 +195,30 @@ impl Ranks {
                 mode: hello.disaggregation_mode,
             },
         );
-        self.live.insert(
-            hello.rank,
-            LiveRank {
-                capacity: hello.capacity.clone(),
-                model_id: hello.model_id.clone(),
-                pid: hello.pid,
-                last_seen: Instant::now(),
-                status: None,
-                budget: RankBudget::default(),
-                // What it reports holding (after a controller restart) is ours to fail should
-                // it die; its load arrives with its next status.
-                inflight: hello.held_rids.iter().map(|rid| (rid.clone(), 0)).collect(),
-                // Numbered on from what its worker was last sent, so its statuses' taken_seq,
-                // from before this registration or after, reads in this numbering.
-                last_seq: hello.taken_seq.unwrap_or(0),
-                mode: hello.disaggregation_mode,
-                kv_endpoint: hello.kv_endpoint.clone(),
-                kv_public_key: hello.kv_public_key.clone(),
-                gpu: hello.gpu.clone(),
-                violations: Vec::new(),
-            },
-        );
+        self.live.insert(hello.rank, LiveRank::joined(hello));
         Ok(Joined::New { lost })
+    }
+
+    /// Refuses a worker of another protocol version or, once the first rank set it, of
+    /// another model.
+    fn same_protocol_and_model(&mut self, hello: &Hello) -> Result<(), HelloRefusal> {
+        if hello.protocol_version != protocol::PROTOCOL_VERSION {
+            return Err(HelloRefusal::ProtocolVersion {
+                expected: protocol::PROTOCOL_VERSION,
+                got: hello.protocol_version,
+            });
+        }
+        match &self.model_id {
+            Some(expected) if *expected != hello.model_id => Err(HelloRefusal::ModelMismatch {
+                expected: expected.clone(),
+                got: hello.model_id.clone(),
+            }),
+            Some(_) => Ok(()),
+            None => {
+                self.model_id = Some(hello.model_id.clone());
+                Ok(())
+            }
+        }
     }
 
     /// The process holding `rank` (live or draining), if any.

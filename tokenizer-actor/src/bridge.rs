@@ -68,6 +68,29 @@ pub struct Bridge {
     security: protocol::SecurityMode,
 }
 
+/// Binds PULL at `pull_ep` and connects PUSH to `push_ep`, here so a bad address fails
+/// startup; each socket then moves to its one owning thread.
+fn sockets(
+    transport: &protocol::Transport,
+    pull_ep: &Endpoint,
+    push_ep: &Endpoint,
+) -> Result<(zmq::Socket, zmq::Socket)> {
+    let ctx = zmq::Context::new();
+    let pull = transport.bind(&ctx, zmq::PULL, pull_ep)?;
+    pull.set_rcvtimeo(READER_POLL_MS)
+        .map_err(|e| protocol::ProtocolError::zmq("set rcvtimeo", e))?;
+    let push = transport.connect(&ctx, zmq::PUSH, push_ep, None)?;
+    // Queue only to a controller that is connected: with none, a send fails at once and the
+    // request gets a 503, instead of waiting in a queue for a controller that may never come
+    // back.
+    push.set_immediate(true)
+        .map_err(|e| protocol::ProtocolError::zmq("set immediate", e))?;
+    // A restarted controller is reconnected to within 200 ms, not the default backoff's 1 s.
+    push.set_reconnect_ivl_max(200)
+        .map_err(|e| protocol::ProtocolError::zmq("set reconnect_ivl_max", e))?;
+    Ok((pull, push))
+}
+
 impl Bridge {
     /// Bind PULL at `tokenizer_addr`, connect PUSH to `controller_addr` (secured as `security`
     /// says), start both threads
@@ -95,21 +118,7 @@ impl Bridge {
                     source,
                 })?;
         let transport = security.resolve(&[&pull_ep, &push_ep], "tokenizer")?;
-        let ctx = zmq::Context::new();
-        // Bind and connect here so a bad address fails startup, then move each socket to its
-        // one owning thread.
-        let pull = transport.bind(&ctx, zmq::PULL, &pull_ep)?;
-        pull.set_rcvtimeo(READER_POLL_MS)
-            .map_err(|e| protocol::ProtocolError::zmq("set rcvtimeo", e))?;
-        let push = transport.connect(&ctx, zmq::PUSH, &push_ep, None)?;
-        // Queue only to a controller that is connected: with none, a send fails at once and
-        // the request gets a 503, instead of waiting in a queue for a controller that may
-        // never come back.
-        push.set_immediate(true)
-            .map_err(|e| protocol::ProtocolError::zmq("set immediate", e))?;
-        // A restarted controller is reconnected to within 200 ms, not the default backoff's 1 s.
-        push.set_reconnect_ivl_max(200)
-            .map_err(|e| protocol::ProtocolError::zmq("set reconnect_ivl_max", e))?;
+        let (pull, push) = sockets(&transport, &pull_ep, &push_ep)?;
 
         let arbiter = Arbiter::new();
         let registry =

@@ -513,16 +513,7 @@ fn serve(
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
     let ctx = zmq::Context::new();
-    let tracer = match &config.trace_dir {
-        Some(dir) => protocol::msg_trace::MessageTracer::open_capped(
-            dir,
-            "worker",
-            Some(config.rank),
-            config.trace_max_bytes,
-        )
-        .with_context(|| format!("--trace-dir {}", dir.display()))?,
-        None => protocol::msg_trace::MessageTracer::disabled(),
-    };
+    let tracer = open_tracer(&config)?;
     sched.tracer = tracer.clone();
     let held_rids = link::HeldRids::default();
     let (inbound_tx, inbound) = mpsc::channel();
@@ -591,6 +582,20 @@ fn serve(
             Ok(())
         }
     }
+}
+
+/// The message tracer `--trace-dir` asks for (a disabled one without it).
+fn open_tracer(config: &WorkerConfig) -> anyhow::Result<protocol::msg_trace::MessageTracer> {
+    Ok(match &config.trace_dir {
+        Some(dir) => protocol::msg_trace::MessageTracer::open_capped(
+            dir,
+            "worker",
+            Some(config.rank),
+            config.trace_max_bytes,
+        )
+        .with_context(|| format!("--trace-dir {}", dir.display()))?,
+        None => protocol::msg_trace::MessageTracer::disabled(),
+    })
 }
 
 /// An inproc pipe from the actor to a link thread: the thread's PULL end (bound first, as

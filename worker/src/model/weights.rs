@@ -218,36 +218,7 @@ impl Weights {
                     bgu: cfg.mlp_bias.then(|| uni(2 * i, 0.02)),
                     bdown: cfg.mlp_bias.then(|| uni(h, 0.02)),
                     post_norms: cfg.gemma.is_some().then(|| (vec![1.0; h], vec![1.0; h])),
-                    moe: moe.map(|m| {
-                        let ei = m.expert_intermediate_size;
-                        let e = m.num_experts;
-                        MoeWeights {
-                            router: PackedMatrix::pack(&uni(e * h, 1.0 / (h as f32).sqrt()), e, h),
-                            experts: (0..e)
-                                .map(|_| {
-                                    let gu = uni(2 * ei * h, 1.0 / (h as f32).sqrt());
-                                    let down = uni(h * ei, resid / (ei as f32).sqrt());
-                                    (
-                                        PackedMatrix::pack(&gu, 2 * ei, h),
-                                        PackedMatrix::pack(&down, h, ei),
-                                    )
-                                })
-                                .collect(),
-                            shared: m.shared_expert_intermediate_size.map(|si| SharedExpert {
-                                wgu: PackedMatrix::pack(
-                                    &uni(2 * si * h, 1.0 / (h as f32).sqrt()),
-                                    2 * si,
-                                    h,
-                                ),
-                                wdown: PackedMatrix::pack(
-                                    &uni(h * si, resid / (si as f32).sqrt()),
-                                    h,
-                                    si,
-                                ),
-                                gate: PackedMatrix::pack(&uni(h, 1.0 / (h as f32).sqrt()), 1, h),
-                            }),
-                        }
-                    }),
+                    moe: moe.map(|m| dummy_moe(m, h, resid, &mut uni)),
                 }
             })
             .collect();
@@ -264,5 +235,36 @@ impl Weights {
             local_rope: cfg.local_rope(),
             dtype: CudaDtype::F32,
         }
+    }
+}
+
+/// [`Weights::dummy`]'s experts of one layer, drawn from `uni` in the order: router, each
+/// expert's gate/up then down, the shared expert.
+fn dummy_moe(
+    m: &super::moe::MoeOptions,
+    h: usize,
+    resid: f32,
+    uni: &mut impl FnMut(usize, f32) -> Vec<f32>,
+) -> MoeWeights {
+    let ei = m.expert_intermediate_size;
+    let e = m.num_experts;
+    let fan_in = |n: usize| 1.0 / (n as f32).sqrt();
+    MoeWeights {
+        router: PackedMatrix::pack(&uni(e * h, fan_in(h)), e, h),
+        experts: (0..e)
+            .map(|_| {
+                let gu = uni(2 * ei * h, fan_in(h));
+                let down = uni(h * ei, resid / (ei as f32).sqrt());
+                (
+                    PackedMatrix::pack(&gu, 2 * ei, h),
+                    PackedMatrix::pack(&down, h, ei),
+                )
+            })
+            .collect(),
+        shared: m.shared_expert_intermediate_size.map(|si| SharedExpert {
+            wgu: PackedMatrix::pack(&uni(2 * si * h, fan_in(h)), 2 * si, h),
+            wdown: PackedMatrix::pack(&uni(h * si, resid / (si as f32).sqrt()), h, si),
+            gate: PackedMatrix::pack(&uni(h, fan_in(h)), 1, h),
+        }),
     }
 }
