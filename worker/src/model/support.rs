@@ -449,8 +449,7 @@ pub(super) fn rope_from(
     Ok((theta, scaling))
 }
 
-/// A config's RoPE parameters object (`rope_scaling` or `rope_parameters`), read with errors
-/// that name the field.
+/// A config's `rope_scaling` (or `rope_parameters`), read with errors naming the field.
 struct RopeParams<'a> {
     f: &'a Fields<'a>,
     field: &'a str,

@@ -128,7 +128,7 @@ async fn serve(
     validate::check_child_rids(&id, indexed.then(|| total - 1))?;
     let mut jobs = Vec::with_capacity(total);
     for (p, (ids, echo)) in prompts.into_iter().enumerate() {
-        let sampling = prompt_sampling(&r, &ids, &limits, kind)?;
+        let sampling = params::prompt_sampling(&r, &ids, &limits, kind)?;
         for i in 0..r.n {
             let index = p * r.n + i;
             let mut sampling = sampling.clone();
@@ -172,28 +172,6 @@ async fn serve(
     } else {
         collect_response(shape, jobs, state).await
     }
-}
-
-/// The sampling of one prompt of `r`, checked against `limits`: without a `max_tokens`, up to
-/// the end of the context, as OpenAI. A 400 names the field as this endpoint spells it.
-fn prompt_sampling(
-    r: &OpenAiRequest,
-    ids: &[u32],
-    limits: &validate::Limits,
-    kind: Kind,
-) -> Result<protocol::SamplingParams, ApiError> {
-    let mut sampling = r.sampling.clone();
-    if r.max_tokens.is_none() {
-        sampling.max_new_tokens = limits.context_len.saturating_sub(ids.len()).max(1) as u32;
-    }
-    validate::check_limits(ids, &sampling, r.routed_dp_rank, limits).map_err(|e| {
-        match (e.param.as_deref(), kind) {
-            (Some("input_ids"), _) => e.with_param("prompt"),
-            (Some("max_tokens"), Kind::Chat) => e.with_param("max_completion_tokens"),
-            _ => e,
-        }
-    })?;
-    Ok(sampling)
 }
 
 /// A prompt's token ids, and its text when `echo` wants it back.

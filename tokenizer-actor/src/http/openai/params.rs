@@ -439,6 +439,28 @@ fn chat_messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError>
     Ok(out)
 }
 
+/// One prompt's sampling, checked against `limits` (no `max_tokens`: to the end of the
+/// context, as OpenAI); a 400 names the field as this endpoint spells it.
+pub(super) fn prompt_sampling(
+    r: &OpenAiRequest,
+    ids: &[u32],
+    limits: &validate::Limits,
+    kind: Kind,
+) -> Result<protocol::SamplingParams, ApiError> {
+    let mut sampling = r.sampling.clone();
+    if r.max_tokens.is_none() {
+        sampling.max_new_tokens = limits.context_len.saturating_sub(ids.len()).max(1) as u32;
+    }
+    validate::check_limits(ids, &sampling, r.routed_dp_rank, limits).map_err(|e| {
+        match (e.param.as_deref(), kind) {
+            (Some("input_ids"), _) => e.with_param("prompt"),
+            (Some("max_tokens"), Kind::Chat) => e.with_param("max_completion_tokens"),
+            _ => e,
+        }
+    })?;
+    Ok(sampling)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
