@@ -288,16 +288,8 @@ where
         if let Some(b) = &self.bo {
             k.add_bias(&mut s.o, b).map_err(e)?;
         }
-        match (&self.post_norms, &mut s.wide) {
-            (Some((pa, _)), Some(wide)) => {
-                k.widen(&s.o, wide).map_err(e)?;
-                k.rmsnorm_plus(wide, pa, off, c.rms_norm_eps, &mut s.hn)
-                    .map_err(e)?;
-                k.add_inplace(&mut s.x, &s.hn).map_err(e)?;
-            }
-            _ => k.add_inplace(&mut s.x, &s.o).map_err(e)?,
-        }
-        Ok(())
+        let post_norm = self.post_norms.as_ref().map(|(a, _)| a);
+        Self::add_residual(k, cx, &s.o, post_norm, &mut s.x, &mut s.wide, &mut s.hn)
     }
 
     /// `x += down(act(gate_up(rmsnorm(x))))`: SwiGLU, or Gemma's GeGLU with its post-norm.
@@ -320,14 +312,30 @@ where
         if let Some(b) = &self.bdown {
             k.add_bias(&mut s.down, b).map_err(e)?;
         }
-        match (&self.post_norms, &mut s.wide) {
-            (Some((_, pf)), Some(wide)) => {
-                k.widen(&s.down, wide).map_err(e)?;
-                k.rmsnorm_plus(wide, pf, off, c.rms_norm_eps, &mut s.hn)
+        let post_norm = self.post_norms.as_ref().map(|(_, m)| m);
+        Self::add_residual(k, cx, &s.down, post_norm, &mut s.x, &mut s.wide, &mut s.hn)
+    }
+
+    /// `x += out`, or with Gemma's post-norm `x += rmsnorm(out)` (`out` widened to f32 into
+    /// `wide` first, normed into `hn`).
+    fn add_residual(
+        k: &CudaKernels,
+        cx: &StepCx<'_>,
+        out: &CudaSlice<T>,
+        post_norm: Option<&CudaSlice<T>>,
+        x: &mut CudaSlice<f32>,
+        wide: &mut Option<CudaSlice<f32>>,
+        hn: &mut CudaSlice<T>,
+    ) -> Result<()> {
+        let e = gpu_err;
+        match (post_norm, wide) {
+            (Some(norm), Some(wide)) => {
+                k.widen(out, wide).map_err(e)?;
+                k.rmsnorm_plus(wide, norm, cx.norm_offset, cx.c.rms_norm_eps, hn)
                     .map_err(e)?;
-                k.add_inplace(&mut s.x, &s.hn).map_err(e)?;
+                k.add_inplace(x, hn).map_err(e)?;
             }
-            _ => k.add_inplace(&mut s.x, &s.down).map_err(e)?,
+            _ => k.add_inplace(x, out).map_err(e)?,
         }
         Ok(())
     }
