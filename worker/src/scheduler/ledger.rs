@@ -62,9 +62,8 @@ impl Scheduler {
     fn per_rid_violations(&self, held: &[String], found: &mut Vec<String>) {
         let mut queues: BTreeMap<&str, Vec<&'static str>> = BTreeMap::new();
         for (name, req) in self.queued() {
-            // A prefill leg (paired, or in its bootstrap) is answered by its decode worker, so
-            // it is owed nothing here.
-            if req.leg.is_none() && name != "bootstrap" {
+            // A prefill leg is answered by its decode worker, so it is owed nothing here.
+            if req.leg.is_none() {
                 queues.entry(req.rid.as_str()).or_default().push(name);
             }
         }

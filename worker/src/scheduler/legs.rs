@@ -35,6 +35,30 @@ pub(super) struct PrefillSide {
     pub decode_peers: HashMap<u32, KvPeer>,
 }
 
+impl PrefillSide {
+    /// Takes out the requests waiting in rooms that `pick` picks (by the request and its
+    /// decode rank), with their rooms.
+    pub fn take_unpaired(&mut self, pick: impl Fn(&Req, u32) -> bool) -> Vec<(u64, Req)> {
+        let rooms: Vec<u64> = self
+            .bootstrap
+            .iter()
+            .filter(|(_, r)| r.request().is_some_and(|(req, to)| pick(req, to)))
+            .map(|(&room, _)| room)
+            .collect();
+        let mut taken = Vec::with_capacity(rooms.len());
+        for room in rooms {
+            if let Some(Room::Pairing {
+                request: Some(Arrived::Request { req, .. }),
+                ..
+            }) = self.bootstrap.remove(&room)
+            {
+                taken.push((room, *req));
+            }
+        }
+        taken
+    }
+}
+
 /// A prefill worker's room before it pairs.
 pub(super) enum Room {
     /// Waiting for its request or its decode worker's `KvReady`, whichever has not come.
@@ -173,16 +197,11 @@ impl Legs {
         }
     }
 
-    /// Every request the legs' queues hold, with the queue's name.
+    /// Every request the legs' queues hold that this worker answers, with the queue's name (a
+    /// prefill worker's rooms hold legs, which their decode workers answer).
     pub fn requests(&self) -> Vec<(&'static str, &Req)> {
         match &self.role {
-            Role::Unified => Vec::new(),
-            Role::Prefill(p) => p
-                .bootstrap
-                .values()
-                .filter_map(Room::request)
-                .map(|(req, _)| ("bootstrap", req))
-                .collect(),
+            Role::Unified | Role::Prefill(_) => Vec::new(),
             Role::Decode(d) => {
                 let mut all: Vec<(&'static str, &Req)> = Vec::new();
                 all.extend(d.prealloc.iter().map(|a| ("pre-allocation", &a.req)));
@@ -200,23 +219,7 @@ impl Legs {
         let mut taken = Taken::default();
         match &mut self.role {
             Role::Unified => {}
-            Role::Prefill(p) => {
-                let rooms: Vec<u64> = p
-                    .bootstrap
-                    .iter()
-                    .filter(|(_, r)| r.request().is_some_and(|(req, _)| pick(req)))
-                    .map(|(&room, _)| room)
-                    .collect();
-                for room in rooms {
-                    if let Some(Room::Pairing {
-                        request: Some(Arrived::Request { req, .. }),
-                        ..
-                    }) = p.bootstrap.remove(&room)
-                    {
-                        taken.unpaired.push((room, *req));
-                    }
-                }
-            }
+            Role::Prefill(p) => taken.unpaired = p.take_unpaired(|req, _| pick(req)),
             Role::Decode(d) => {
                 let (gone, keep) = d.prealloc.drain(..).partition(|a| pick(&a.req));
                 d.prealloc = keep;

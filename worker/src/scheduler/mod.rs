@@ -94,7 +94,7 @@ pub struct SchedulerConfig {
     pub max_queued_requests: Option<usize>,
 }
 
-/// How [`Scheduler::end_where`] ends the requests it picks.
+/// How [`Scheduler::end`] ends a request.
 enum Ending {
     Abort,
     Fail(u16, String),
@@ -413,27 +413,29 @@ impl Scheduler {
         let mut outs = Vec::new();
         for (mut arriving, ready_sent) in legs.arriving {
             self.drop_transfer(&mut arriving, ready_sent);
-            outs.push(self.end(arriving.req, ending));
+            outs.extend(self.end(arriving.req, ending));
         }
-        for mut req in ended {
-            match (req.leg.take(), ending) {
-                (Some(leg), Ending::Abort) => {
-                    let reason = "the prefill worker dropped the request".into();
-                    self.end_leg(req, leg, 503, reason);
-                }
-                (Some(leg), Ending::Fail(status, message)) => {
-                    self.end_leg(req, leg, *status, message.clone());
-                }
-                (None, _) => outs.push(self.end(req, ending)),
-            }
+        for req in ended {
+            outs.extend(self.end(req, ending));
         }
         Some(outs)
     }
 
-    fn end(&mut self, req: Req, ending: &Ending) -> TokenOut {
-        match ending {
-            Ending::Abort => self.finish(req, FinishReason::Abort, None),
-            Ending::Fail(status, message) => self.fail(req, *status, message.clone()),
+    /// Ends `req` as `ending` says: its final output, or for a prefill leg none (its decode
+    /// worker is told, and answers the client).
+    fn end(&mut self, mut req: Req, ending: &Ending) -> Option<TokenOut> {
+        match (req.leg.take(), ending) {
+            (Some(leg), Ending::Abort) => {
+                let reason = "the prefill worker dropped the request".into();
+                self.end_leg(req, leg, 503, reason);
+                None
+            }
+            (Some(leg), Ending::Fail(status, message)) => {
+                self.end_leg(req, leg, *status, message.clone());
+                None
+            }
+            (None, Ending::Abort) => Some(self.finish(req, FinishReason::Abort, None)),
+            (None, Ending::Fail(status, message)) => Some(self.fail(req, *status, message.clone())),
         }
     }
 
@@ -485,8 +487,7 @@ impl Scheduler {
         out
     }
 
-    /// Ends a request this worker answers (never a prefill leg: see
-    /// [`Self::fail_or_end_leg`]).
+    /// Ends a request this worker answers (never a prefill leg: see [`Self::end`]).
     fn finish(&mut self, mut req: Req, reason: FinishReason, matched: Option<u32>) -> TokenOut {
         debug_assert!(req.leg.is_none(), "a prefill leg answers no client");
         self.mem.release(&mut req);
@@ -520,18 +521,6 @@ impl Scheduler {
         self.mem.release(&mut req);
         self.note_finished(&req.rid);
         self.error_out(&req.rid, status, message)
-    }
-
-    /// Ends a request with an error: its client hears it from here, or for a prefill leg from
-    /// its decode worker (told here), and then nothing goes to the tokenizer.
-    fn fail_or_end_leg(&mut self, mut req: Req, status: u16, message: String) -> Option<TokenOut> {
-        match req.leg.take() {
-            Some(leg) => {
-                self.end_leg(req, leg, status, message);
-                None
-            }
-            None => Some(self.fail(req, status, message)),
-        }
     }
 
     /// The answer to a request refused before it was taken in. The controller counted it in

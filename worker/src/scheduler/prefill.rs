@@ -200,7 +200,9 @@ impl Scheduler {
         match self.prefilling.pop_front() {
             Some(req) => {
                 let why = "not enough KV cache for this request".into();
-                self.fail_or_end_leg(req, 503, why).into_iter().collect()
+                self.end(req, &super::Ending::Fail(503, why))
+                    .into_iter()
+                    .collect()
             }
             None => Vec::new(),
         }

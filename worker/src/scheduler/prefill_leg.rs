@@ -321,20 +321,8 @@ impl Scheduler {
         let Role::Prefill(p) = &mut self.legs.role else {
             return;
         };
-        let gone: Vec<u64> = p
-            .bootstrap
-            .iter()
-            .filter(|(_, r)| r.request().is_some_and(|(_, to)| to == rank))
-            .map(|(&room, _)| room)
-            .collect();
-        for room in gone {
-            if let Some(Room::Pairing {
-                request: Some(Arrived::Request { req, .. }),
-                ..
-            }) = p.bootstrap.remove(&room)
-            {
-                self.finished_rids.push(req.rid);
-            }
+        for (_, req) in p.take_unpaired(|_, to| to == rank) {
+            self.finished_rids.push(req.rid);
         }
         p.decode_peers.remove(&rank);
         self.drop_legs_where(|leg| leg.decode_rank == rank);
