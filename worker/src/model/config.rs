@@ -133,6 +133,26 @@ impl ModelConfig {
         self.num_key_value_heads * self.head_dim
     }
 
+    /// The attention's heads, as the kernels take them.
+    pub fn attn_shape(&self) -> kernels::AttnShape {
+        kernels::AttnShape {
+            num_heads: self.num_attention_heads,
+            num_kv_heads: self.num_key_value_heads,
+            head_dim: self.head_dim,
+        }
+    }
+
+    /// How attention scores are scaled (and, Gemma 2, soft-capped).
+    pub fn score_scale(&self) -> kernels::ScoreScale {
+        match &self.gemma {
+            Some(g) => kernels::ScoreScale {
+                scale: g.attention_scale,
+                softcap: g.attn_softcap,
+            },
+            None => kernels::ScoreScale::standard(self.head_dim),
+        }
+    }
+
     /// What a peer must match to exchange KV with a worker of this model (disaggregation).
     pub fn kv_layout(&self) -> protocol::KvLayout {
         protocol::KvLayout {

@@ -170,23 +170,11 @@ struct AttnBufs<'b> {
 
 impl<'a> Step<'a> {
     fn new(cfg: &'a ModelConfig, st: &'a BatchPlan<'a>) -> Self {
-        let score = match &cfg.gemma {
-            Some(g) => ScoreScale {
-                scale: g.attention_scale,
-                softcap: g.attn_softcap,
-            },
-            None => ScoreScale::standard(cfg.head_dim),
-        };
-        let shape = AttnShape {
-            num_heads: cfg.num_attention_heads,
-            num_kv_heads: cfg.num_key_value_heads,
-            head_dim: cfg.head_dim,
-        };
         Step {
             cfg,
             st,
-            shape,
-            score,
+            shape: cfg.attn_shape(),
+            score: cfg.score_scale(),
         }
     }
 

@@ -201,24 +201,12 @@ struct StepCx<'a> {
 
 impl<'a> StepCx<'a> {
     fn new(c: &'a ModelConfig, t: usize, norm_offset: f32) -> Self {
-        let score = match &c.gemma {
-            Some(g) => ScoreScale {
-                scale: g.attention_scale,
-                softcap: g.attn_softcap,
-            },
-            None => ScoreScale::standard(c.head_dim),
-        };
-        let shape = AttnShape {
-            num_heads: c.num_attention_heads,
-            num_kv_heads: c.num_key_value_heads,
-            head_dim: c.head_dim,
-        };
         StepCx {
             c,
             t,
             norm_offset,
-            shape,
-            score,
+            shape: c.attn_shape(),
+            score: c.score_scale(),
         }
     }
 }
