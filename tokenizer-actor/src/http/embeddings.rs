@@ -9,13 +9,14 @@ use std::time::Instant;
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use protocol::{EmbedReq, FinishReason, Message, TokenOut};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
+use super::body::{self, EncodeIds, EncodeText, Prompt, Prompts};
 use super::error::ApiError;
 use super::generate::{header_inputs, random_rid, read_body};
 use super::inflight::register;
-use super::openai::prompt_list;
-use super::validate::{self, field, HeaderInputs, Limits, Prompt};
+use super::schema::requests::{EmbeddingRequest, EncodeRequest};
+use super::validate::{self, HeaderInputs, Limits};
 use crate::bridge::RequestGuard;
 use crate::state::AppState;
 
@@ -252,14 +253,6 @@ async fn embed_one(
     }
 }
 
-fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    match serde_json::from_slice(body) {
-        Ok(Value::Object(obj)) => Ok(obj),
-        Ok(_) => Err(ApiError::bad_request("request body must be a JSON object")),
-        Err(e) => Err(ApiError::bad_request(format!("malformed JSON body: {e}"))),
-    }
-}
-
 fn check_count(prompts: &[Prompt], param: &str) -> Result<(), ApiError> {
     if prompts.len() > MAX_EMBED_INPUTS {
         return Err(ApiError::invalid_param(
@@ -276,8 +269,13 @@ fn check_count(prompts: &[Prompt], param: &str) -> Result<(), ApiError> {
 /// `/v1/embeddings`: `input`, `model`, `encoding_format`; `dimensions` is refused (the size is
 /// the model's hidden size); `user` and unknown fields are ignored.
 fn parse_openai(body: &[u8], headers: &HeaderInputs) -> Result<EmbedInput, ApiError> {
-    let obj = object(body)?;
-    let prompts = prompt_list(&obj, "input")?;
+    let body: EmbeddingRequest = body::read(body)?;
+    let Prompts {
+        items: prompts,
+        batch,
+    } = body
+        .input
+        .ok_or_else(|| ApiError::invalid_param("input", "input: is required"))?;
     // OpenAI's embeddings refuse an empty string (completions take it as BOS alone).
     if prompts
         .iter()
@@ -286,16 +284,14 @@ fn parse_openai(body: &[u8], headers: &HeaderInputs) -> Result<EmbedInput, ApiEr
         return Err(ApiError::invalid_param("input", "input: must not be empty"));
     }
     check_count(&prompts, "input")?;
-    let batch = matches!(obj.get("input"), Some(Value::Array(items))
-        if !items.first().is_some_and(Value::is_number));
-    if obj.get("dimensions").is_some_and(|d| !d.is_null()) {
+    if body.dimensions.is_some() {
         return Err(ApiError::invalid_param(
             "dimensions",
             "dimensions: choosing the embedding size is not supported by this server \
              (embeddings have the model's hidden size)",
         ));
     }
-    let encoding = match field::<String>(&obj, "", "encoding_format")?.as_deref() {
+    let encoding = match body.encoding_format.as_deref() {
         None | Some("float") => Encoding::Float,
         Some("base64") => Encoding::Base64,
         Some(other) => {
@@ -305,9 +301,7 @@ fn parse_openai(body: &[u8], headers: &HeaderInputs) -> Result<EmbedInput, ApiEr
             ))
         }
     };
-    // Ignored, but of its documented type.
-    field::<String>(&obj, "", "user")?;
-    let (routing_key, routed_dp_rank) = validate::routing(&obj, headers)?;
+    let (routing_key, routed_dp_rank) = body.routing.resolve(headers)?;
     Ok(EmbedInput {
         prompts,
         batch,
@@ -315,7 +309,7 @@ fn parse_openai(body: &[u8], headers: &HeaderInputs) -> Result<EmbedInput, ApiEr
         routing_key,
         routed_dp_rank,
         rid: None,
-        model: field(&obj, "", "model")?,
+        model: body.model,
         encoding,
     })
 }
@@ -323,10 +317,14 @@ fn parse_openai(body: &[u8], headers: &HeaderInputs) -> Result<EmbedInput, ApiEr
 /// `/encode`: `text` (a string or a list of strings) or `input_ids` (a list of ids or a list
 /// of such lists), `routing_key`, `routed_dp_rank` / `data_parallel_rank`, `rid`.
 fn parse_encode(body: &[u8], headers: &HeaderInputs) -> Result<EmbedInput, ApiError> {
-    let obj = object(body)?;
-    let texts = encode_texts(&obj)?;
-    let ids = encode_ids(&obj)?;
-    let (prompts, batch) = match (texts, ids) {
+    let body: EncodeRequest = body::read(body)?;
+    let (
+        Prompts {
+            items: prompts,
+            batch,
+        },
+        param,
+    ) = match (body.text, body.input_ids) {
         (Some(_), Some(_)) => {
             return Err(ApiError::bad_request(
                 "give either text or input_ids, not both",
@@ -337,13 +335,8 @@ fn parse_encode(body: &[u8], headers: &HeaderInputs) -> Result<EmbedInput, ApiEr
                 "one of text or input_ids is required",
             ))
         }
-        (Some(t), None) => t,
-        (None, Some(i)) => i,
-    };
-    let param = if obj.get("text").is_some_and(|t| !t.is_null()) {
-        "text"
-    } else {
-        "input_ids"
+        (Some(EncodeText(t)), None) => (t, "text"),
+        (None, Some(EncodeIds(i))) => (i, "input_ids"),
     };
     if prompts.is_empty() {
         return Err(ApiError::invalid_param(param, format!("{param} is empty")));
@@ -358,58 +351,17 @@ fn parse_encode(body: &[u8], headers: &HeaderInputs) -> Result<EmbedInput, ApiEr
         ));
     }
     check_count(&prompts, param)?;
-    let (routing_key, routed_dp_rank) = validate::routing(&obj, headers)?;
-    let rid = validate::rid(&obj)?;
+    let (routing_key, routed_dp_rank) = body.routing.resolve(headers)?;
     Ok(EmbedInput {
         prompts,
         batch,
         param,
         routing_key,
         routed_dp_rank,
-        rid,
+        rid: validate::check_rid(body.rid)?,
         model: None,
         encoding: Encoding::Float,
     })
-}
-
-/// `/encode`'s `text`: one prompt or a list (then `true`: answered as a list); `None` when
-/// absent.
-fn encode_texts(obj: &Map<String, Value>) -> Result<Option<(Vec<Prompt>, bool)>, ApiError> {
-    let wrong = || ApiError::invalid_param("text", "text: expected a string or a list of strings");
-    match obj.get("text") {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some((vec![Prompt::Text(s.clone())], false))),
-        Some(Value::Array(items)) => {
-            let texts = items
-                .iter()
-                .map(|i| i.as_str().map(|s| Prompt::Text(s.to_string())))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(wrong)?;
-            Ok(Some((texts, true)))
-        }
-        Some(_) => Err(wrong()),
-    }
-}
-
-/// `/encode`'s `input_ids`: token ids (one prompt) or a list of lists (then `true`).
-fn encode_ids(obj: &Map<String, Value>) -> Result<Option<(Vec<Prompt>, bool)>, ApiError> {
-    let wrong = || {
-        ApiError::invalid_param(
-            "input_ids",
-            "input_ids: expected token ids or a list of lists of token ids",
-        )
-    };
-    match obj.get("input_ids") {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Array(items)) if !items.is_empty() && !items[0].is_array() => {
-            match prompt_list(obj, "input_ids")?.as_slice() {
-                [Prompt::Ids(ids)] => Ok(Some((vec![Prompt::Ids(ids.clone())], false))),
-                _ => Err(wrong()),
-            }
-        }
-        Some(Value::Array(_)) => Ok(Some((prompt_list(obj, "input_ids")?, true))),
-        Some(_) => Err(wrong()),
-    }
 }
 
 /// Standard base64 (with padding) of the little-endian bytes of `v`: what OpenAI sends for

@@ -18,10 +18,11 @@ use bytes::Bytes;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
+use super::body::Prompt;
 use super::error::ApiError;
 use super::inflight::{submit, Chunk, InFlight, Submission};
 use super::sse;
-use super::validate::{self, HeaderInputs, Prompt};
+use super::validate::{self, HeaderInputs};
 use crate::state::AppState;
 
 pub const ROUTING_KEY_HEADER: &str = "x-smg-routing-key";

@@ -13,6 +13,7 @@ use serde::Deserialize;
 use serde_json::json;
 use utoipa::IntoParams;
 
+use super::body;
 use super::error::ApiError;
 use super::generate::read_body;
 use super::schema::requests::AbortRequest;
@@ -20,7 +21,6 @@ use super::schema::responses::{
     AbortResponse, FlushCacheResponse, HealthResponse, HealthStatus, ListObject, ModelCard,
     ModelInfo, ModelList, ModelObject, ServerInfo,
 };
-use super::validate::field;
 use crate::state::{model_path_str, AppState};
 use crate::tokenizer::ModelFacts;
 
@@ -322,13 +322,8 @@ pub async fn abort_request(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let body = read_body(payload, state.args.http.max_request_bytes).await?;
-    let v = match serde_json::from_slice(&body) {
-        Ok(serde_json::Value::Object(v)) => v,
-        Ok(_) => return Err(ApiError::bad_request("request body must be a JSON object")),
-        Err(e) => return Err(ApiError::bad_request(format!("malformed JSON body: {e}"))),
-    };
-    let all = field::<bool>(&v, "", "abort_all")?.unwrap_or(false);
-    let rid = field::<String>(&v, "", "rid")?;
+    let AbortRequest { rid, abort_all } = body::read(&body)?;
+    let all = abort_all.unwrap_or(false);
     if rid.as_deref() == Some("") {
         return Err(ApiError::invalid_param("rid", "rid must not be empty"));
     }

@@ -1,9 +1,11 @@
 //! The HTTP server: routes and the actix-web setup. Handlers live one file per idea
-//! (`generate`, `openai`, `info`); request validation in `validate`; per-request state in
-//! `inflight`; SSE framing in `sse`; `--api-key` in `auth`; the OpenAPI document of it all in
-//! `openapi` (bodies as types in `schema`).
+//! (`generate`, `openai`, `embeddings`, `info`); a body is read into its type (`schema`) by
+//! `body` and checked by its handler's parser (`validate` for `/generate`); per-request state
+//! in `inflight`; SSE framing in `sse`; `--api-key` in `auth`; the OpenAPI document of it all
+//! in `openapi`.
 
 mod auth;
+mod body;
 mod embeddings;
 pub mod error;
 mod generate;

@@ -170,6 +170,19 @@ fn exactly_one_of(fields: &[&str], schemas: &Value) -> Value {
     json!(branches)
 }
 
+/// The properties a body declares itself: its own, or those of the object in its `allOf` (a
+/// body that flattens shared fields, such as `Routing`, is their `allOf`).
+fn own_properties(schema: &Value) -> &Value {
+    match schema["allOf"].as_array() {
+        Some(parts) => parts
+            .iter()
+            .map(|p| &p["properties"])
+            .find(|p| p.is_object())
+            .unwrap_or(&Value::Null),
+        None => &schema["properties"],
+    }
+}
+
 /// The document as served and committed.
 pub fn document() -> Value {
     let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the document serializes");
@@ -202,7 +215,7 @@ pub fn document() -> Value {
     }
     let schemas = &mut doc["components"]["schemas"];
     for name in ["GenerateRequest", "EncodeRequest"] {
-        let one_of = exactly_one_of(&["text", "input_ids"], &schemas[name]["properties"]);
+        let one_of = exactly_one_of(&["text", "input_ids"], own_properties(&schemas[name]));
         schemas[name]["oneOf"] = one_of;
     }
     schemas["AbortRequest"]["anyOf"] = json!([
@@ -277,26 +290,27 @@ mod tests {
     /// The limits written on the request types are the parsers' own.
     #[test]
     fn documented_limits_are_the_parsers_constants() {
+        use crate::http::body::MAX_STOP_STRINGS;
         use crate::http::embeddings::MAX_EMBED_INPUTS;
         use crate::http::openai::params::MAX_N;
-        use crate::http::validate::{MAX_STOP_STRINGS, MAX_TOP_LOGPROBS_NUM};
+        use crate::http::validate::MAX_TOP_LOGPROBS_NUM;
         let doc = document();
         let s = &doc["components"]["schemas"];
-        let sampling = &s["OpenAiSampling"]["properties"];
+        let sampling = own_properties(&s["OpenAiSampling"]);
         assert_eq!(sampling["n"]["maximum"], json!(MAX_N));
         assert_eq!(
             sampling["stop"]["oneOf"][2]["maxItems"],
             json!(MAX_STOP_STRINGS)
         );
-        let completions = &s["CompletionRequest"]["allOf"][1]["properties"];
+        let completions = own_properties(&s["CompletionRequest"]);
         assert_eq!(completions["best_of"]["maximum"], json!(MAX_N));
         assert_eq!(completions["prompt"]["oneOf"][1]["maxItems"], json!(MAX_N));
         assert_eq!(
-            s["GenerateRequest"]["properties"]["top_logprobs_num"]["maximum"],
+            own_properties(&s["GenerateRequest"])["top_logprobs_num"]["maximum"],
             json!(MAX_TOP_LOGPROBS_NUM)
         );
         assert_eq!(
-            s["EmbeddingRequest"]["properties"]["input"]["oneOf"][1]["maxItems"],
+            own_properties(&s["EmbeddingRequest"])["input"]["oneOf"][1]["maxItems"],
             json!(MAX_EMBED_INPUTS)
         );
     }

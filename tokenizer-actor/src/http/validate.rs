@@ -1,19 +1,13 @@
-//! Parsing and validation of a `/generate` body. Unknown fields are ignored (gateways send
-//! many); a known field with a wrong type or an out-of-range value is a 400 naming the field.
-//! Checks that need the token ids or the cluster view are in [`check_limits`].
+//! Checking a `/generate` body, read into its type by `body`: ranges and the rules between
+//! fields, each a 400 naming the field. Unknown fields are ignored (gateways send many). Checks
+//! that need the token ids or the cluster view are in [`check_limits`]; what every endpoint
+//! shares (rid, routing, sampling ranges) is here too.
 
 use protocol::SamplingParams;
-use serde::de::DeserializeOwned;
-use serde_json::{Map, Value};
 
+use super::body::{self, OneIds, OneText, Prompt};
 use super::error::ApiError;
-
-/// The prompt as the client gave it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Prompt {
-    Text(String),
-    Ids(Vec<u32>),
-}
+use super::schema::requests::{GenerateRequest, GenerateSamplingParams, Routing};
 
 /// A syntactically valid `/generate` request, before tokenization.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,140 +50,57 @@ pub struct Limits {
 /// Most alternatives per output token on `/generate` (`top_logprobs_num`); OpenAI's chat limit.
 pub use protocol::MAX_TOP_LOGPROBS_NUM;
 
-/// `obj[name]` as `T`; absent or null is `None`. A number written with a zero fraction
-/// (`7.0`) is the integer it equals, as JSON Schema's `integer` has it.
-pub fn field<T: DeserializeOwned>(
-    obj: &Map<String, Value>,
-    prefix: &str,
-    name: &str,
-) -> Result<Option<T>, ApiError> {
-    match obj.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => T::deserialize(integral(v.clone()))
-            .map(Some)
-            .map_err(|e| ApiError::invalid_param(name, format!("{prefix}{name}: {e}"))),
-    }
-}
-
-/// `v` with every float that equals an integer (and fits an `i64` or `u64`) written as one.
-fn integral(v: Value) -> Value {
-    match v {
-        Value::Number(n) if n.is_f64() => as_integer(&n).map_or(Value::Number(n), Value::Number),
-        Value::Array(items) => Value::Array(items.into_iter().map(integral).collect()),
-        other => other,
-    }
-}
-
-fn as_integer(n: &serde_json::Number) -> Option<serde_json::Number> {
-    let f = n.as_f64()?;
-    // 2^63 and 2^64 are exact in f64; the bounds keep the casts exact.
-    if f.fract() != 0.0 || !f.is_finite() {
-        None
-    } else if (-9.223_372_036_854_776e18..9.223_372_036_854_776e18).contains(&f) {
-        Some((f as i64).into())
-    } else if (0.0..1.844_674_407_370_955_2e19).contains(&f) {
-        Some((f as u64).into())
-    } else {
-        None
-    }
-}
-
-/// A token id (or any `u32`) from JSON, `7.0` included.
-pub fn as_u32(v: &Value) -> Option<u32> {
-    match v {
-        Value::Number(n) => n
-            .as_u64()
-            .or_else(|| as_integer(n).and_then(|i| i.as_u64()))
-            .and_then(|id| u32::try_from(id).ok()),
-        _ => None,
-    }
-}
-
-/// `obj[name]` as an `f32`: read as the JSON's `f64`, so a value too small for `f32` (say
-/// `5e-324`) keeps its sign and stays non-zero instead of rounding to 0 and failing a range
-/// like `(0, 2]` it is in. One too large becomes infinite, which the range checks refuse.
-pub fn f32_field(
-    obj: &Map<String, Value>,
-    prefix: &str,
-    name: &str,
-) -> Result<Option<f32>, ApiError> {
-    Ok(field::<f64>(obj, prefix, name)?.map(|v| {
-        let narrowed = v as f32;
-        if narrowed == 0.0 && v != 0.0 {
-            f32::from_bits(1).copysign(narrowed)
-        } else {
-            narrowed
-        }
-    }))
-}
-
 /// `/generate`'s prompt: `text` or `input_ids`, one of them, one prompt.
-fn generate_prompt(obj: &Map<String, Value>) -> Result<Prompt, ApiError> {
-    let text =
-        match obj.get("text") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(Value::Array(_)) => return Err(ApiError::bad_request(
-                "batch requests (text as a list) are not supported; send one request per prompt",
-            )),
-            Some(_) => return Err(ApiError::bad_request("text: expected a string")),
-        };
-    let ids = match obj.get("input_ids") {
-        Some(Value::Array(items)) if items.first().is_some_and(Value::is_array) => {
-            return Err(ApiError::bad_request(
-                "batch requests (input_ids as a list of lists) are not supported; send one request per prompt",
-            ))
-        }
-        _ => field::<Vec<u32>>(obj, "", "input_ids")?,
+fn generate_prompt(text: Option<OneText>, ids: Option<OneIds>) -> Result<Prompt, ApiError> {
+    let batch = |what: &str| {
+        Err(ApiError::bad_request(format!(
+            "batch requests ({what}) are not supported; send one request per prompt"
+        )))
     };
-    let prompt = match (text, ids) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::bad_request(
-                "give either text or input_ids, not both",
-            ))
-        }
-        (None, None) => {
-            return Err(ApiError::bad_request(
-                "one of text or input_ids is required",
-            ))
-        }
+    let text = match text {
+        Some(OneText::Batch) => return batch("text as a list"),
+        Some(OneText::One(t)) => Some(t),
+        None => None,
+    };
+    let ids = match ids {
+        Some(OneIds::Batch) => return batch("input_ids as a list of lists"),
+        Some(OneIds::One(ids)) => Some(ids),
+        None => None,
+    };
+    match (text, ids) {
+        (Some(_), Some(_)) => Err(ApiError::bad_request(
+            "give either text or input_ids, not both",
+        )),
+        (None, None) => Err(ApiError::bad_request(
+            "one of text or input_ids is required",
+        )),
         // An empty text is a prompt: a tokenizer that adds BOS makes it one token, as in SGLang
         // and vLLM; one that adds nothing is refused by `check_limits` (no tokens).
-        (None, Some(ids)) if ids.is_empty() => {
-            return Err(ApiError::bad_request("input_ids is empty"))
-        }
-        (Some(t), None) => Prompt::Text(t),
-        (None, Some(ids)) => Prompt::Ids(ids),
-    };
-    Ok(prompt)
+        (None, Some(ids)) if ids.is_empty() => Err(ApiError::bad_request("input_ids is empty")),
+        (Some(t), None) => Ok(Prompt::Text(t)),
+        (None, Some(ids)) => Ok(Prompt::Ids(ids)),
+    }
 }
 
 pub fn parse_generate(body: &[u8], headers: &HeaderInputs) -> Result<GenerateInput, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?;
-    let Value::Object(obj) = value else {
-        return Err(ApiError::bad_request("request body must be a JSON object"));
-    };
-
-    let prompt = generate_prompt(&obj)?;
-
-    let (sampling, stop) = match obj.get("sampling_params") {
-        None | Some(Value::Null) => (SamplingParams::default(), Vec::new()),
-        Some(Value::Object(sp)) => {
-            if field::<u32>(sp, "sampling_params.", "n")?.is_some_and(|n| n != 1) {
+    let body: GenerateRequest = body::read(body)?;
+    let prompt = generate_prompt(body.text, body.input_ids)?;
+    let (sampling, stop) = match body.sampling_params {
+        None => (SamplingParams::default(), Vec::new()),
+        Some(sp) => {
+            if sp.n.is_some_and(|n| n != 1) {
                 return Err(ApiError::invalid_param(
                     "n",
                     "sampling_params.n > 1 is not supported on /generate; use /v1/completions",
                 ));
             }
-            (parse_sampling(sp)?, stop_strings(sp, "sampling_params.")?)
+            let stop = sp.stop.clone().unwrap_or_default().0;
+            (generate_sampling(sp)?, stop)
         }
-        Some(_) => return Err(ApiError::bad_request("sampling_params: expected an object")),
     };
-
-    let (routing_key, routed_dp_rank) = routing(&obj, headers)?;
-    let rid = rid(&obj)?;
-    let top_logprobs_num = field::<u32>(&obj, "", "top_logprobs_num")?.unwrap_or(0);
+    let (routing_key, routed_dp_rank) = body.routing.resolve(headers)?;
+    let rid = check_rid(body.rid)?;
+    let top_logprobs_num = body.top_logprobs_num.unwrap_or(0);
     if top_logprobs_num > MAX_TOP_LOGPROBS_NUM {
         return Err(ApiError::invalid_param(
             "top_logprobs_num",
@@ -203,21 +114,20 @@ pub fn parse_generate(body: &[u8], headers: &HeaderInputs) -> Result<GenerateInp
         prompt,
         sampling,
         stop,
-        stream: field(&obj, "", "stream")?.unwrap_or(false),
+        stream: body.stream.unwrap_or(false),
         routing_key,
         routed_dp_rank,
-        bootstrap_room: field(&obj, "", "bootstrap_room")?,
-        return_logprob: field(&obj, "", "return_logprob")?.unwrap_or(false),
+        bootstrap_room: body.bootstrap_room,
+        return_logprob: body.return_logprob.unwrap_or(false),
         top_logprobs_num,
-        return_text_in_logprobs: field(&obj, "", "return_text_in_logprobs")?.unwrap_or(false),
+        return_text_in_logprobs: body.return_text_in_logprobs.unwrap_or(false),
         rid,
     })
 }
 
 /// A client-chosen request id (`rid`), if any: 1 to [`protocol::MAX_RID_LEN`] bytes, the one
 /// limit the controller and the workers check too.
-pub fn rid(obj: &Map<String, Value>) -> Result<Option<String>, ApiError> {
-    let rid = field::<String>(obj, "", "rid")?;
+pub fn check_rid(rid: Option<String>) -> Result<Option<String>, ApiError> {
     if let Some(why) = rid.as_deref().and_then(protocol::rid_problem) {
         return Err(ApiError::invalid_param("rid", why));
     }
@@ -259,49 +169,47 @@ pub fn check_child_rids(rid: &str, last_index: Option<usize>) -> Result<(), ApiE
     }
 }
 
-/// Routing key and explicit rank: headers win over the body (an empty routing key header does
-/// not); the rank may be given as `routed_dp_rank` or SGLang's `data_parallel_rank`.
-pub fn routing(
-    obj: &Map<String, Value>,
-    headers: &HeaderInputs,
-) -> Result<(Option<String>, Option<u32>), ApiError> {
-    // Every spelling is checked, even one that another wins over: a malformed field is a
-    // 400 wherever it is.
-    let routed = field::<u32>(obj, "", "routed_dp_rank")?;
-    let body_rank = routed.or(field::<u32>(obj, "", "data_parallel_rank")?);
-    let body_key = field::<String>(obj, "", "routing_key")?;
-    let header_rank = match &headers.dp_rank {
-        Some(h) => Some(h.trim().parse::<u32>().map_err(|_| {
-            ApiError::bad_request(format!(
-                "X-Data-Parallel-Rank header must be a non-negative integer, got {h:?}"
-            ))
-        })?),
-        None => None,
-    };
-    // An empty header is no key (a proxy that always sets it, empty when its client gave
-    // none): it must not hide the body's key and send the request to token hashing.
-    let header_key = headers.routing_key.clone().filter(|k| !k.trim().is_empty());
-    Ok((header_key.or(body_key), header_rank.or(body_rank)))
+impl Routing {
+    /// Routing key and explicit rank: headers win over the body (an empty routing key header
+    /// does not); the rank may be given as `routed_dp_rank` or SGLang's `data_parallel_rank`.
+    pub fn resolve(
+        self,
+        headers: &HeaderInputs,
+    ) -> Result<(Option<String>, Option<u32>), ApiError> {
+        let body_rank = self.routed_dp_rank.or(self.data_parallel_rank);
+        let header_rank = match &headers.dp_rank {
+            Some(h) => Some(h.trim().parse::<u32>().map_err(|_| {
+                ApiError::bad_request(format!(
+                    "X-Data-Parallel-Rank header must be a non-negative integer, got {h:?}"
+                ))
+            })?),
+            None => None,
+        };
+        // An empty header is no key (a proxy that always sets it, empty when its client gave
+        // none): it must not hide the body's key and send the request to token hashing.
+        let header_key = headers.routing_key.clone().filter(|k| !k.trim().is_empty());
+        Ok((header_key.or(self.routing_key), header_rank.or(body_rank)))
+    }
 }
 
-fn parse_sampling(sp: &Map<String, Value>) -> Result<SamplingParams, ApiError> {
-    const P: &str = "sampling_params.";
+/// `/generate`'s sampling parameters, with SGLang's defaults, in range.
+fn generate_sampling(sp: GenerateSamplingParams) -> Result<SamplingParams, ApiError> {
     let d = SamplingParams::default();
     let s = SamplingParams {
-        max_new_tokens: field(sp, P, "max_new_tokens")?.unwrap_or(d.max_new_tokens),
-        temperature: f32_field(sp, P, "temperature")?.unwrap_or(d.temperature),
-        top_p: f32_field(sp, P, "top_p")?.unwrap_or(d.top_p),
-        top_k: field(sp, P, "top_k")?.unwrap_or(d.top_k),
-        min_p: f32_field(sp, P, "min_p")?.unwrap_or(d.min_p),
-        seed: field(sp, P, "seed")?,
-        repetition_penalty: f32_field(sp, P, "repetition_penalty")?.unwrap_or(d.repetition_penalty),
-        frequency_penalty: f32_field(sp, P, "frequency_penalty")?.unwrap_or(d.frequency_penalty),
-        presence_penalty: f32_field(sp, P, "presence_penalty")?.unwrap_or(d.presence_penalty),
-        stop_token_ids: field(sp, P, "stop_token_ids")?.unwrap_or_default(),
-        ignore_eos: field(sp, P, "ignore_eos")?.unwrap_or(d.ignore_eos),
-        logit_bias: logit_bias(sp, P)?,
+        max_new_tokens: sp.max_new_tokens.unwrap_or(d.max_new_tokens),
+        temperature: sp.temperature.unwrap_or(d.temperature),
+        top_p: sp.top_p.unwrap_or(d.top_p),
+        top_k: sp.top_k.unwrap_or(d.top_k),
+        min_p: sp.min_p.unwrap_or(d.min_p),
+        seed: sp.seed,
+        repetition_penalty: sp.repetition_penalty.unwrap_or(d.repetition_penalty),
+        frequency_penalty: sp.frequency_penalty.unwrap_or(d.frequency_penalty),
+        presence_penalty: sp.presence_penalty.unwrap_or(d.presence_penalty),
+        stop_token_ids: sp.stop_token_ids.unwrap_or_default(),
+        ignore_eos: sp.ignore_eos.unwrap_or(d.ignore_eos),
+        logit_bias: sp.logit_bias.unwrap_or_default().0,
     };
-    check_sampling(&s, P)?;
+    check_sampling(&s, "sampling_params.")?;
     Ok(s)
 }
 
@@ -356,73 +264,6 @@ pub fn check_sampling(s: &SamplingParams, prefix: &str) -> Result<(), ApiError> 
         }
     }
     Ok(())
-}
-
-/// Most stop strings per request (OpenAI's limit).
-pub const MAX_STOP_STRINGS: usize = 4;
-
-/// `stop`: a string or a list of strings.
-pub fn stop_strings(obj: &Map<String, Value>, prefix: &str) -> Result<Vec<String>, ApiError> {
-    let bad = |msg: &str| {
-        Err(ApiError::invalid_param(
-            "stop",
-            format!("{prefix}stop: {msg}"),
-        ))
-    };
-    let stops = match obj.get("stop") {
-        None | Some(Value::Null) => return Ok(Vec::new()),
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(items)) => {
-            let mut out = Vec::with_capacity(items.len());
-            for item in items {
-                match item {
-                    Value::String(s) => out.push(s.clone()),
-                    _ => return bad("expected a string or a list of strings"),
-                }
-            }
-            out
-        }
-        Some(_) => return bad("expected a string or a list of strings"),
-    };
-    if stops.len() > MAX_STOP_STRINGS {
-        return bad(&format!(
-            "at most {MAX_STOP_STRINGS} stop strings, got {}",
-            stops.len()
-        ));
-    }
-    if stops.iter().any(String::is_empty) {
-        return bad("stop strings must not be empty");
-    }
-    Ok(stops)
-}
-
-/// `logit_bias`: `{"<token id>": bias}` with bias in [-100, 100] (OpenAI's range).
-pub fn logit_bias(obj: &Map<String, Value>, prefix: &str) -> Result<Vec<(u32, f32)>, ApiError> {
-    let bad = |msg: String| {
-        Err(ApiError::invalid_param(
-            "logit_bias",
-            format!("{prefix}logit_bias: {msg}"),
-        ))
-    };
-    let map = match obj.get("logit_bias") {
-        None | Some(Value::Null) => return Ok(Vec::new()),
-        Some(Value::Object(map)) => map,
-        Some(_) => return bad("expected an object of token id to bias".into()),
-    };
-    let mut out = Vec::with_capacity(map.len());
-    for (key, value) in map {
-        let Ok(id) = key.trim().parse::<u32>() else {
-            return bad(format!("key {key:?} is not a token id"));
-        };
-        let Some(bias) = value.as_f64() else {
-            return bad(format!("bias of {key} is not a number"));
-        };
-        if !(-100.0..=100.0).contains(&bias) {
-            return bad(format!("bias of {key} must be in [-100, 100], got {bias}"));
-        }
-        out.push((id, bias as f32));
-    }
-    Ok(out)
 }
 
 /// Checks that need the token ids and the cluster view.

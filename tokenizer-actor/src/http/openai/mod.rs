@@ -25,14 +25,15 @@ use futures::StreamExt;
 use protocol::FinishReason;
 use serde_json::{json, Value};
 
+use super::body::Prompt;
 use super::error::ApiError;
 use super::generate::{header_inputs, random_rid, read_body};
 use super::inflight::{submit, Chunk, InFlight, Matched, Submission, Usage};
 use super::sse;
-use super::validate::{self, Prompt};
+use super::validate;
 use crate::state::AppState;
+pub use params::Kind;
 use params::OpenAiRequest;
-pub use params::{prompt_list, Kind};
 
 /// Complete prompts (OpenAI).
 ///

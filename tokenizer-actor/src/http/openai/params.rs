@@ -1,5 +1,5 @@
-//! Parsing and validating the body of `/v1/completions` and `/v1/chat/completions` into what
-//! the rest of the server understands. Ranges follow OpenAI's API (temperature ≤ 2, penalties
+//! Checking the body of `/v1/completions` and `/v1/chat/completions`, read into its type by
+//! `body`, and turning it into what the rest of the server understands. Ranges follow OpenAI's API (temperature ≤ 2, penalties
 //! in [-2, 2], logit bias in [-100, 100], at most 4 stop strings, 1 ≤ n ≤ 128); every error
 //! names its `param`. SGLang/vLLM extensions (`top_k`, `min_p`, `repetition_penalty`,
 //! `stop_token_ids`, `ignore_eos`, `routing_key`, `data_parallel_rank`, `rid`,
@@ -8,11 +8,15 @@
 //! (tools, structured output, suffix, best_of > n), never faked.
 
 use protocol::SamplingParams;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::chat_template::ChatMessage;
+use crate::http::body::{self, Prompt};
 use crate::http::error::ApiError;
-use crate::http::validate::{self, field, HeaderInputs, Prompt};
+use crate::http::schema::requests::{
+    ChatCompletionRequest, ChatMessage as RequestMessage, CompletionRequest, OpenAiSampling,
+};
+use crate::http::validate::{self, HeaderInputs};
 
 /// Largest `n` (OpenAI's limit), and most choices per request including batched prompts.
 pub const MAX_N: usize = 128;
@@ -56,15 +60,6 @@ pub struct OpenAiRequest {
     pub return_cached_tokens_details: bool,
 }
 
-fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?;
-    match value {
-        Value::Object(obj) => Ok(obj),
-        _ => Err(ApiError::bad_request("request body must be a JSON object")),
-    }
-}
-
 fn refuse(param: &str, what: &str) -> ApiError {
     ApiError::invalid_param(
         param,
@@ -72,82 +67,159 @@ fn refuse(param: &str, what: &str) -> ApiError {
     )
 }
 
-/// The request body, checked; each check in the order its error is reported.
+/// The request body, read into its type and checked.
 pub fn parse(body: &[u8], headers: &HeaderInputs, kind: Kind) -> Result<OpenAiRequest, ApiError> {
-    let obj = object(body)?;
-    let (temperature, top_p, top_k) = temperature_top_p_top_k(&obj)?;
-    let n = choices(&obj)?;
-    let max_tokens = max_tokens(&obj, kind)?;
-    let (stream, include_usage) = streaming(&obj)?;
-    let (logprobs, top_logprobs) = logprobs(&obj, kind)?;
-    refuse_unsupported(&obj)?;
-    let sampling = sampling(&obj, (temperature, top_p, top_k), max_tokens)?;
-    let stop = validate::stop_strings(&obj, "")?;
-    let (routing_key, routed_dp_rank) = validate::routing(&obj, headers)?;
-    let rid = validate::rid(&obj)?;
+    match kind {
+        Kind::Completions => completions(body::read(body)?, headers),
+        Kind::Chat => chat(body::read(body)?, headers),
+    }
+}
 
-    let (prompts, messages) = match kind {
-        Kind::Completions => (prompt_list(&obj, "prompt")?, Vec::new()),
-        Kind::Chat => (Vec::new(), chat_messages(&obj)?),
+/// What the two endpoints spell differently, checked by each; the rest is [`shared`]'s.
+struct Own {
+    kind: Kind,
+    max_tokens: Option<u32>,
+    /// Whether log-probabilities are asked for, and how many alternatives per token.
+    logprobs: (bool, u32),
+    best_of: Option<i64>,
+    echo: Option<bool>,
+    suffix: Option<String>,
+}
+
+fn completions(body: CompletionRequest, headers: &HeaderInputs) -> Result<OpenAiRequest, ApiError> {
+    let logprobs = match body.logprobs {
+        None => (false, 0),
+        Some(k) if k > MAX_COMPLETION_LOGPROBS => {
+            return Err(ApiError::invalid_param(
+                "logprobs",
+                format!("logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}], got {k}"),
+            ))
+        }
+        Some(k) => (true, k),
     };
-    if prompts.len() * n > MAX_N {
+    let own = Own {
+        kind: Kind::Completions,
+        max_tokens: Some(
+            at_least_one("max_tokens", body.max_tokens)?.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS),
+        ),
+        logprobs,
+        best_of: body.best_of,
+        echo: body.echo,
+        suffix: body.suffix,
+    };
+    let mut r = shared(body.sampling, own, headers)?;
+    let prompts = body
+        .prompt
+        .ok_or_else(|| ApiError::invalid_param("prompt", "prompt: is required"))?
+        .items;
+    if prompts.len() * r.n > MAX_N {
         return Err(ApiError::invalid_param(
             "prompt",
             format!(
                 "at most {MAX_N} choices per request (prompts × n), got {}",
-                prompts.len() * n
+                prompts.len() * r.n
             ),
         ));
     }
-    let echo = field::<bool>(&obj, "", "echo")?.unwrap_or(false);
-    if echo && kind == Kind::Chat {
+    r.prompts = prompts;
+    Ok(r)
+}
+
+fn chat(body: ChatCompletionRequest, headers: &HeaderInputs) -> Result<OpenAiRequest, ApiError> {
+    // Both checked, though max_completion_tokens wins: a bad field is a 400 wherever it is.
+    let legacy = at_least_one("max_tokens", body.max_tokens)?;
+    let max_tokens = at_least_one("max_completion_tokens", body.max_completion_tokens)?.or(legacy);
+    let on = body.logprobs.unwrap_or(false);
+    let logprobs = match body.top_logprobs {
+        None | Some(0) => (on, 0),
+        Some(k) if k > MAX_CHAT_TOP_LOGPROBS => {
+            return Err(ApiError::invalid_param(
+                "top_logprobs",
+                format!("top_logprobs must be in [0, {MAX_CHAT_TOP_LOGPROBS}], got {k}"),
+            ))
+        }
+        Some(_) if !on => {
+            return Err(ApiError::invalid_param(
+                "top_logprobs",
+                "top_logprobs requires logprobs to be true",
+            ))
+        }
+        Some(k) => (true, k),
+    };
+    let own = Own {
+        kind: Kind::Chat,
+        max_tokens,
+        logprobs,
+        best_of: body.best_of,
+        echo: body.echo,
+        suffix: body.suffix,
+    };
+    let mut r = shared(body.sampling, own, headers)?;
+    r.messages = chat_messages(body.messages)?;
+    r.add_generation_prompt = body.add_generation_prompt.unwrap_or(true);
+    Ok(r)
+}
+
+/// The fields both endpoints take, checked; no prompt yet.
+fn shared(s: OpenAiSampling, own: Own, headers: &HeaderInputs) -> Result<OpenAiRequest, ApiError> {
+    let n = choices(s.n, own.best_of)?;
+    let include_usage = match &s.stream_options {
+        None => false,
+        Some(_) if s.stream != Some(true) => {
+            return Err(ApiError::invalid_param(
+                "stream_options",
+                "stream_options is only allowed when stream is true",
+            ))
+        }
+        Some(o) => o.include_usage.unwrap_or(false),
+    };
+    refuse_unsupported(&s, own.suffix.as_deref())?;
+    let sampling = sampling(&s, own.max_tokens)?;
+    let (routing_key, routed_dp_rank) = s.routing.resolve(headers)?;
+    let echo = own.echo.unwrap_or(false);
+    if echo && own.kind == Kind::Chat {
         return Err(refuse("echo", "echo on chat completions"));
     }
     Ok(OpenAiRequest {
-        model: field(&obj, "", "model")?,
+        model: s.model,
         n,
-        stream,
+        stream: s.stream.unwrap_or(false),
         include_usage,
         sampling,
-        max_tokens,
-        stop,
-        logprobs,
-        top_logprobs,
+        max_tokens: own.max_tokens,
+        stop: s.stop.unwrap_or_default().0,
+        logprobs: own.logprobs.0,
+        top_logprobs: own.logprobs.1,
         echo,
         routing_key,
         routed_dp_rank,
-        bootstrap_room: field(&obj, "", "bootstrap_room")?,
-        rid,
-        prompts,
-        messages,
-        add_generation_prompt: field(&obj, "", "add_generation_prompt")?.unwrap_or(true),
-        return_cached_tokens_details: field(&obj, "", "return_cached_tokens_details")?
-            .unwrap_or(false),
+        bootstrap_room: s.bootstrap_room,
+        rid: validate::check_rid(s.rid)?,
+        prompts: Vec::new(),
+        messages: Vec::new(),
+        add_generation_prompt: false,
+        return_cached_tokens_details: s.return_cached_tokens_details.unwrap_or(false),
     })
-}
-
-fn f32_or(obj: &Map<String, Value>, name: &str, default: f32) -> Result<f32, ApiError> {
-    Ok(validate::f32_field(obj, "", name)?.unwrap_or(default))
 }
 
 /// `temperature`, `top_p` and `top_k` in range, with vLLM's `top_k: 0` as off and `top_p: 0`
 /// as greedy.
-fn temperature_top_p_top_k(obj: &Map<String, Value>) -> Result<(f32, f32, i32), ApiError> {
-    let temperature = f32_or(obj, "temperature", 1.0)?;
+fn temperature_top_p_top_k(s: &OpenAiSampling) -> Result<(f32, f32, i32), ApiError> {
+    let temperature = s.temperature.unwrap_or(1.0);
     if !(0.0..=2.0).contains(&temperature) {
         return Err(ApiError::invalid_param(
             "temperature",
             format!("temperature must be in [0, 2], got {temperature}"),
         ));
     }
-    let mut top_p = f32_or(obj, "top_p", 1.0)?;
+    let mut top_p = s.top_p.unwrap_or(1.0);
     if !(0.0..=1.0).contains(&top_p) {
         return Err(ApiError::invalid_param(
             "top_p",
             format!("top_p must be in [0, 1], got {top_p}"),
         ));
     }
-    let mut top_k = field::<i32>(obj, "", "top_k")?.unwrap_or(-1);
+    let mut top_k = s.top_k.unwrap_or(-1);
     if top_k == 0 {
         top_k = -1; // vLLM's spelling of "off"
     }
@@ -160,15 +232,15 @@ fn temperature_top_p_top_k(obj: &Map<String, Value>) -> Result<(f32, f32, i32), 
 }
 
 /// `n` in [1, MAX_N], and `best_of`, which may only equal it.
-fn choices(obj: &Map<String, Value>) -> Result<usize, ApiError> {
-    let n = field::<i64>(obj, "", "n")?.unwrap_or(1);
+fn choices(n: Option<i64>, best_of: Option<i64>) -> Result<usize, ApiError> {
+    let n = n.unwrap_or(1);
     if !(1..=MAX_N as i64).contains(&n) {
         return Err(ApiError::invalid_param(
             "n",
             format!("n must be in [1, {MAX_N}], got {n}"),
         ));
     }
-    if let Some(best_of) = field::<i64>(obj, "", "best_of")? {
+    if let Some(best_of) = best_of {
         if best_of < n {
             return Err(ApiError::invalid_param("best_of", "best_of must be >= n"));
         }
@@ -179,131 +251,52 @@ fn choices(obj: &Map<String, Value>) -> Result<usize, ApiError> {
     Ok(n as usize)
 }
 
-/// The completion limit: completions default to OpenAI's 16; chat has none unless given.
-fn max_tokens(obj: &Map<String, Value>, kind: Kind) -> Result<Option<u32>, ApiError> {
-    Ok(match kind {
-        Kind::Completions => {
-            Some(max_tokens_field(obj, "max_tokens")?.unwrap_or(COMPLETIONS_DEFAULT_MAX_TOKENS))
-        }
-        // Both checked, though max_completion_tokens wins: a bad field is a 400 wherever it is.
-        Kind::Chat => {
-            let legacy = max_tokens_field(obj, "max_tokens")?;
-            max_tokens_field(obj, "max_completion_tokens")?.or(legacy)
-        }
-    })
-}
-
-/// `stream`, and `stream_options.include_usage` (only with `stream`).
-fn streaming(obj: &Map<String, Value>) -> Result<(bool, bool), ApiError> {
-    let stream = field::<bool>(obj, "", "stream")?.unwrap_or(false);
-    let include_usage = match obj.get("stream_options") {
-        None | Some(Value::Null) => false,
-        Some(Value::Object(o)) => {
-            if !stream {
-                return Err(ApiError::invalid_param(
-                    "stream_options",
-                    "stream_options is only allowed when stream is true",
-                ));
-            }
-            field::<bool>(o, "stream_options.", "include_usage")?.unwrap_or(false)
-        }
-        Some(_) => {
-            return Err(ApiError::invalid_param(
-                "stream_options",
-                "stream_options: expected an object",
-            ))
-        }
-    };
-    Ok((stream, include_usage))
-}
-
-/// Whether log-probabilities are asked for, and how many alternatives per token: completions'
-/// `logprobs: k`, chat's `logprobs` with `top_logprobs`.
-fn logprobs(obj: &Map<String, Value>, kind: Kind) -> Result<(bool, u32), ApiError> {
-    Ok(match kind {
-        Kind::Completions => match field::<u32>(obj, "", "logprobs")? {
-            None => (false, 0),
-            Some(k) if k > MAX_COMPLETION_LOGPROBS => {
-                return Err(ApiError::invalid_param(
-                    "logprobs",
-                    format!("logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}], got {k}"),
-                ))
-            }
-            Some(k) => (true, k),
-        },
-        Kind::Chat => {
-            let on = field::<bool>(obj, "", "logprobs")?.unwrap_or(false);
-            match field::<u32>(obj, "", "top_logprobs")? {
-                None | Some(0) => (on, 0),
-                Some(k) if k > MAX_CHAT_TOP_LOGPROBS => {
-                    return Err(ApiError::invalid_param(
-                        "top_logprobs",
-                        format!("top_logprobs must be in [0, {MAX_CHAT_TOP_LOGPROBS}], got {k}"),
-                    ))
-                }
-                Some(_) if !on => {
-                    return Err(ApiError::invalid_param(
-                        "top_logprobs",
-                        "top_logprobs requires logprobs to be true",
-                    ))
-                }
-                Some(k) => (true, k),
-            }
-        }
-    })
-}
-
 /// Features this server does not have: refused by name rather than ignored.
-fn refuse_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
-    let non_empty = |name: &str| {
-        obj.get(name)
+fn refuse_unsupported(s: &OpenAiSampling, suffix: Option<&str>) -> Result<(), ApiError> {
+    let non_empty = |v: &Option<Value>| {
+        v.as_ref()
             .and_then(Value::as_array)
             .is_some_and(|t| !t.is_empty())
     };
-    if non_empty("tools") || non_empty("functions") {
+    if non_empty(&s.tools) || non_empty(&s.functions) {
         return Err(refuse("tools", "tool calling"));
     }
-    if let Some(rf) = obj.get("response_format").filter(|v| !v.is_null()) {
+    if let Some(rf) = &s.response_format {
         if rf.get("type").and_then(Value::as_str) != Some("text") {
             return Err(refuse("response_format", "structured output"));
         }
     }
-    if field::<String>(obj, "", "suffix")?.is_some_and(|s| !s.is_empty()) {
+    if suffix.is_some_and(|s| !s.is_empty()) {
         return Err(refuse("suffix", "suffix"));
     }
-    // Ignored, but of its documented type.
-    field::<String>(obj, "", "user")?;
     Ok(())
 }
 
 /// The sampling parameters, with the SGLang/vLLM extensions, checked as `/generate`'s are.
-fn sampling(
-    obj: &Map<String, Value>,
-    (temperature, top_p, top_k): (f32, f32, i32),
-    max_tokens: Option<u32>,
-) -> Result<SamplingParams, ApiError> {
-    let seed = field::<i64>(obj, "", "seed")?.map(|s| s as u64);
+fn sampling(s: &OpenAiSampling, max_tokens: Option<u32>) -> Result<SamplingParams, ApiError> {
+    let (temperature, top_p, top_k) = temperature_top_p_top_k(s)?;
     let d = SamplingParams::default();
     let sampling = SamplingParams {
         max_new_tokens: max_tokens.unwrap_or(d.max_new_tokens),
         temperature,
         top_p,
         top_k,
-        min_p: f32_or(obj, "min_p", d.min_p)?,
-        seed,
-        repetition_penalty: f32_or(obj, "repetition_penalty", d.repetition_penalty)?,
-        frequency_penalty: f32_or(obj, "frequency_penalty", d.frequency_penalty)?,
-        presence_penalty: f32_or(obj, "presence_penalty", d.presence_penalty)?,
-        stop_token_ids: field(obj, "", "stop_token_ids")?.unwrap_or_default(),
-        ignore_eos: field(obj, "", "ignore_eos")?.unwrap_or(false),
-        logit_bias: validate::logit_bias(obj, "")?,
+        min_p: s.min_p.unwrap_or(d.min_p),
+        seed: s.seed.map(|s| s as u64),
+        repetition_penalty: s.repetition_penalty.unwrap_or(d.repetition_penalty),
+        frequency_penalty: s.frequency_penalty.unwrap_or(d.frequency_penalty),
+        presence_penalty: s.presence_penalty.unwrap_or(d.presence_penalty),
+        stop_token_ids: s.stop_token_ids.clone().unwrap_or_default(),
+        ignore_eos: s.ignore_eos.unwrap_or(false),
+        logit_bias: s.logit_bias.clone().unwrap_or_default().0,
     };
     validate::check_sampling(&sampling, "")?;
     Ok(sampling)
 }
 
-fn max_tokens_field(obj: &Map<String, Value>, name: &str) -> Result<Option<u32>, ApiError> {
-    match field::<i64>(obj, "", name)? {
+/// `name` (a completion limit), at least 1 when given; above `u32::MAX` it is `u32::MAX`.
+fn at_least_one(name: &str, value: Option<i64>) -> Result<Option<u32>, ApiError> {
+    match value {
         None => Ok(None),
         Some(m) if m < 1 => Err(ApiError::invalid_param(
             name,
@@ -313,130 +306,32 @@ fn max_tokens_field(obj: &Map<String, Value>, name: &str) -> Result<Option<u32>,
     }
 }
 
-/// `obj[name]` (completions' `prompt`, embeddings' `input`): a string, a list of strings, a
-/// list of token ids, or a list of such lists. Never empty, nor any list of ids in it.
-pub fn prompt_list(obj: &Map<String, Value>, name: &str) -> Result<Vec<Prompt>, ApiError> {
-    let err = |msg: &str| ApiError::invalid_param(name, format!("{name}: {msg}"));
-    const SHAPE: &str = "expected a string, a list of strings or token ids";
-    const IDS: &str = "token ids must be non-negative integers";
-    let prompts = match obj.get(name) {
-        None | Some(Value::Null) => return Err(err("is required")),
-        Some(Value::String(s)) => vec![Prompt::Text(s.clone())],
-        Some(Value::Array(items)) if items.is_empty() => return Err(err("is empty")),
-        Some(Value::Array(items)) => match &items[0] {
-            Value::String(_) => items
-                .iter()
-                .map(|i| i.as_str().map(|s| Prompt::Text(s.to_string())))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| err("a list must hold only strings or only token ids"))?,
-            Value::Number(_) => vec![Prompt::Ids(ids(items).ok_or_else(|| err(IDS))?)],
-            Value::Array(_) => items
-                .iter()
-                .map(|i| i.as_array().and_then(|a| ids(a)).map(Prompt::Ids))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| err(IDS))?,
-            _ => return Err(err(SHAPE)),
-        },
-        Some(_) => return Err(err(SHAPE)),
-    };
-    // An empty text is a prompt (BOS alone, as in SGLang and vLLM; `check_limits` refuses it
-    // if the tokenizer makes no tokens of it); an empty list of ids is not.
-    if prompts
-        .iter()
-        .any(|p| matches!(p, Prompt::Ids(i) if i.is_empty()))
-    {
-        return Err(err("must not be empty"));
+/// `messages`: not empty, each with a role.
+fn chat_messages(messages: Option<Vec<RequestMessage>>) -> Result<Vec<ChatMessage>, ApiError> {
+    let messages =
+        messages.ok_or_else(|| ApiError::invalid_param("messages", "messages is required"))?;
+    if messages.is_empty() {
+        return Err(ApiError::invalid_param(
+            "messages",
+            "messages must not be empty",
+        ));
     }
-    Ok(prompts)
-}
-
-fn ids(items: &[Value]) -> Option<Vec<u32>> {
-    items.iter().map(validate::as_u32).collect()
-}
-
-const ROLES: &[&str] = &[
-    "system",
-    "developer",
-    "user",
-    "assistant",
-    "tool",
-    "function",
-];
-
-/// `messages`: each `{role, content}` with content a string, null, or a list of text parts.
-fn chat_messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
-    let items = match obj.get("messages") {
-        Some(Value::Array(items)) if !items.is_empty() => items,
-        Some(Value::Array(_)) => {
-            return Err(ApiError::invalid_param(
-                "messages",
-                "messages must not be empty",
-            ))
-        }
-        None | Some(Value::Null) => {
-            return Err(ApiError::invalid_param("messages", "messages is required"))
-        }
-        Some(_) => {
-            return Err(ApiError::invalid_param(
-                "messages",
-                "messages: expected a list",
-            ))
-        }
-    };
-    let mut out = Vec::with_capacity(items.len());
-    for (i, m) in items.iter().enumerate() {
-        let bad =
-            |what: &str, msg: String| ApiError::invalid_param(format!("messages[{i}].{what}"), msg);
-        let Some(m) = m.as_object() else {
-            return Err(ApiError::invalid_param(
-                format!("messages[{i}]"),
-                format!("messages[{i}]: expected an object"),
-            ));
-        };
-        let role = match m.get("role").and_then(Value::as_str) {
-            Some(r) if ROLES.contains(&r) => r.to_string(),
-            Some(r) => {
-                return Err(bad(
-                    "role",
-                    format!("messages[{i}].role: unknown role {r:?}"),
-                ))
-            }
-            None => return Err(bad("role", format!("messages[{i}].role is required"))),
-        };
-        let content = match m.get("content") {
-            None | Some(Value::Null) => String::new(),
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(parts)) => {
-                let mut text = String::new();
-                for part in parts {
-                    match (
-                        part.get("type").and_then(Value::as_str),
-                        part.get("text").and_then(Value::as_str),
-                    ) {
-                        (Some("text"), Some(t)) => text.push_str(t),
-                        (kind, _) => {
-                            return Err(bad(
-                                "content",
-                                format!(
-                                    "messages[{i}].content: only text parts are supported, got {}",
-                                    kind.unwrap_or("a part without type")
-                                ),
-                            ))
-                        }
-                    }
-                }
-                text
-            }
-            Some(_) => {
-                return Err(bad(
-                    "content",
-                    format!("messages[{i}].content: expected a string or a list of parts"),
-                ))
-            }
-        };
-        out.push(ChatMessage { role, content });
-    }
-    Ok(out)
+    messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let role = m.role.ok_or_else(|| {
+                ApiError::invalid_param(
+                    format!("messages[{i}].role"),
+                    format!("messages[{i}].role is required"),
+                )
+            })?;
+            Ok(ChatMessage {
+                role: role.as_str().to_string(),
+                content: m.content.unwrap_or_default().0,
+            })
+        })
+        .collect()
 }
 
 /// One prompt's sampling, checked against `limits` (no `max_tokens`: to the end of the
@@ -613,6 +508,52 @@ mod tests {
         .unwrap_err();
         assert!(
             err.message.contains("requires logprobs to be true"),
+            "{}",
+            err.message
+        );
+    }
+
+    #[test]
+    fn a_field_of_the_wrong_shape_is_named_by_its_path() {
+        let chat = |messages: &str| {
+            let body = format!(r#"{{"messages": {messages}}}"#);
+            parse_as(Kind::Chat, &body).unwrap_err()
+        };
+        let cases = [
+            (
+                r#"[{"role": "wizard"}]"#,
+                r#"messages[0].role: unknown role "wizard""#,
+            ),
+            (r#"[{"role": 5}]"#, "messages[0].role: expected a string"),
+            (r#"[{"role": "user"}, {}]"#, "messages[1].role is required"),
+            (
+                r#"[{"role": "user", "content": 5}]"#,
+                "messages[0].content: expected a string or a list of parts",
+            ),
+        ];
+        for (messages, want) in cases {
+            assert_eq!(chat(messages).message, want, "{messages}");
+        }
+        // A field of a flattened part (the shared sampling fields, their routing fields).
+        let err = parse_as(
+            Kind::Completions,
+            r#"{"prompt": "a", "routed_dp_rank": "x"}"#,
+        )
+        .unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("routed_dp_rank"));
+        assert!(
+            err.message.starts_with("routed_dp_rank: invalid type"),
+            "{}",
+            err.message
+        );
+        let err = parse_as(
+            Kind::Completions,
+            r#"{"prompt": "a", "stop_token_ids": [1, -1]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("stop_token_ids"));
+        assert!(
+            err.message.starts_with("stop_token_ids[1]: "),
             "{}",
             err.message
         );

@@ -1,20 +1,20 @@
-//! Request bodies as the OpenAPI document describes them. The handlers parse bodies by hand
-//! (`validate`, `openai::params`, `embeddings`) so that every error names its field; these types
-//! are that parser's contract, and the limits written on them are the parser's own (a unit test
-//! in `super::super::openapi` checks them against its constants). Unknown fields are accepted
-//! and ignored, and a null is the same as an absent field, so every optional field is nullable.
-//!
-//! Never constructed: they exist to be described (`ToSchema`), hence `dead_code` is allowed.
-#![allow(dead_code)]
+//! Request bodies: each endpoint's one type, read by `super::super::body` (a field of the wrong
+//! type is a 400 naming it), checked by its handler's parser (`validate`, `openai::params`,
+//! `embeddings`: ranges and rules between fields) and described in the OpenAPI document
+//! (`ToSchema`; the limits written on the types are the parsers' own, which a unit test in
+//! `super::super::openapi` checks against their constants). Unknown fields are accepted and
+//! ignored, and a null is the same as an absent field, so every optional field is nullable.
 
-use std::collections::BTreeMap;
-
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use utoipa::openapi::schema::Schema;
 use utoipa::openapi::RefOr;
 use utoipa::ToSchema;
 
 use super::literal;
+use crate::http::body::{
+    flat, wide_f32, Content, EncodeIds, EncodeText, LogitBias, OneIds, OneText, Prompts, Stop,
+};
 
 /// A token id: a u32 (the vocabulary bound is the model's, checked per request: 400).
 fn token_id() -> serde_json::Value {
@@ -130,57 +130,72 @@ fn rid() -> RefOr<Schema> {
 }
 
 /// SGLang's `sampling_params` of `/generate`.
-#[derive(Serialize, ToSchema)]
+#[derive(Deserialize, ToSchema)]
+#[serde(expecting = "an object")]
 pub struct GenerateSamplingParams {
     /// Tokens to generate at most; prompt plus this must fit the context (else 400).
     #[schema(minimum = 0, maximum = 4294967295_u64)]
     pub max_new_tokens: Option<u32>,
     /// 0 is greedy; at most the largest `f32`.
     #[schema(minimum = 0, maximum = 3.4028234663852886e38)]
+    #[serde(default, deserialize_with = "wide_f32")]
     pub temperature: Option<f32>,
     #[schema(exclusive_minimum = 0, maximum = 1)]
+    #[serde(default, deserialize_with = "wide_f32")]
     pub top_p: Option<f32>,
     #[schema(schema_with = generate_top_k)]
     pub top_k: Option<i32>,
     #[schema(minimum = 0, maximum = 1)]
+    #[serde(default, deserialize_with = "wide_f32")]
     pub min_p: Option<f32>,
     #[schema(minimum = 0, maximum = 18446744073709551615_u64)]
     pub seed: Option<u64>,
     #[schema(exclusive_minimum = 0, maximum = 2)]
+    #[serde(default, deserialize_with = "wide_f32")]
     pub repetition_penalty: Option<f32>,
     #[schema(minimum = -2, maximum = 2)]
+    #[serde(default, deserialize_with = "wide_f32")]
     pub frequency_penalty: Option<f32>,
     #[schema(minimum = -2, maximum = 2)]
+    #[serde(default, deserialize_with = "wide_f32")]
     pub presence_penalty: Option<f32>,
     #[schema(schema_with = stop_token_ids_schema)]
     pub stop_token_ids: Option<Vec<u32>>,
     pub ignore_eos: Option<bool>,
     #[schema(schema_with = logit_bias_schema)]
-    pub logit_bias: Option<BTreeMap<String, f32>>,
+    pub logit_bias: Option<LogitBias>,
     #[schema(schema_with = stop_schema)]
-    pub stop: Option<Vec<String>>,
+    pub stop: Option<Stop>,
     /// Only 1: `n` > 1 is for `/v1/completions`.
     #[schema(minimum = 1, maximum = 1)]
     pub n: Option<u32>,
 }
 
-/// `POST /generate` (SGLang-native). Exactly one of `text` and `input_ids`.
-#[derive(Serialize, ToSchema)]
-pub struct GenerateRequest {
-    pub text: Option<String>,
-    #[schema(schema_with = token_ids_schema)]
-    pub input_ids: Option<Vec<u32>>,
-    #[schema(inline)]
-    pub sampling_params: Option<GenerateSamplingParams>,
-    /// Answer as server-sent events.
-    pub stream: Option<bool>,
+/// The routing fields of every body that runs on a rank; the routing headers win over them.
+#[derive(Deserialize, ToSchema)]
+pub struct Routing {
     pub routing_key: Option<String>,
     /// Pin a live rank (not live: 400); the `X-Data-Parallel-Rank` header wins.
     #[schema(minimum = 0, maximum = 4294967295_u64)]
     pub routed_dp_rank: Option<u32>,
-    /// SGLang's name for `routed_dp_rank`.
+    /// SGLang's name for `routed_dp_rank` (`routed_dp_rank` wins when both are given).
     #[schema(minimum = 0, maximum = 4294967295_u64)]
     pub data_parallel_rank: Option<u32>,
+}
+
+/// `POST /generate` (SGLang-native). Exactly one of `text` and `input_ids`.
+#[derive(Deserialize, ToSchema)]
+pub struct GenerateRequest {
+    #[schema(value_type = Option<String>)]
+    pub text: Option<OneText>,
+    #[schema(schema_with = token_ids_schema)]
+    pub input_ids: Option<OneIds>,
+    #[schema(inline)]
+    pub sampling_params: Option<GenerateSamplingParams>,
+    /// Answer as server-sent events.
+    pub stream: Option<bool>,
+    #[serde(flatten, deserialize_with = "flat")]
+    pub routing: Routing,
     #[schema(minimum = 0, maximum = 18446744073709551615_u64)]
     pub bootstrap_room: Option<u64>,
     pub return_logprob: Option<bool>,
@@ -192,66 +207,81 @@ pub struct GenerateRequest {
 }
 
 /// The sampling and routing fields both OpenAI endpoints take (with SGLang/vLLM extensions).
-#[derive(Serialize, ToSchema)]
+#[derive(Deserialize, ToSchema)]
 pub struct OpenAiSampling {
     pub model: Option<String>,
     #[schema(minimum = 0, maximum = 2)]
+    #[serde(default, deserialize_with = "wide_f32")]
     pub temperature: Option<f32>,
     /// 0 is greedy.
     #[schema(minimum = 0, maximum = 1)]
+    #[serde(default, deserialize_with = "wide_f32")]
     pub top_p: Option<f32>,
     /// -1 or 0: off.
     #[schema(minimum = -1, maximum = 2147483647)]
     pub top_k: Option<i32>,
     #[schema(minimum = 0, maximum = 1)]
+    #[serde(default, deserialize_with = "wide_f32")]
     pub min_p: Option<f32>,
     #[schema(exclusive_minimum = 0, maximum = 2)]
+    #[serde(default, deserialize_with = "wide_f32")]
     pub repetition_penalty: Option<f32>,
     #[schema(minimum = -2, maximum = 2)]
+    #[serde(default, deserialize_with = "wide_f32")]
     pub frequency_penalty: Option<f32>,
     #[schema(minimum = -2, maximum = 2)]
+    #[serde(default, deserialize_with = "wide_f32")]
     pub presence_penalty: Option<f32>,
     /// Choices per prompt; prompts × n at most 128.
-    #[schema(minimum = 1, maximum = 128)]
-    pub n: Option<u32>,
+    #[schema(minimum = 1, maximum = 128, value_type = Option<u32>)]
+    pub n: Option<i64>,
     #[schema(minimum = -9223372036854775808_i64, maximum = 9223372036854775807_i64)]
     pub seed: Option<i64>,
     #[schema(schema_with = stop_schema)]
-    pub stop: Option<Vec<String>>,
+    pub stop: Option<Stop>,
     #[schema(schema_with = stop_token_ids_schema)]
     pub stop_token_ids: Option<Vec<u32>>,
     pub ignore_eos: Option<bool>,
     #[schema(schema_with = logit_bias_schema)]
-    pub logit_bias: Option<BTreeMap<String, f32>>,
+    pub logit_bias: Option<LogitBias>,
     pub stream: Option<bool>,
     /// Only with `stream: true`.
     #[schema(inline)]
     pub stream_options: Option<StreamOptions>,
+    // Ignored, but of its documented type.
+    #[allow(dead_code)]
     pub user: Option<String>,
-    pub routing_key: Option<String>,
-    #[schema(minimum = 0, maximum = 4294967295_u64)]
-    pub routed_dp_rank: Option<u32>,
-    #[schema(minimum = 0, maximum = 4294967295_u64)]
-    pub data_parallel_rank: Option<u32>,
+    #[serde(flatten, deserialize_with = "flat")]
+    pub routing: Routing,
     #[schema(minimum = 0, maximum = 18446744073709551615_u64)]
     pub bootstrap_room: Option<u64>,
     #[schema(schema_with = rid)]
     pub rid: Option<String>,
     /// SGLang's: answer `sglext.cached_tokens_details` (when some prompt token was cached).
     pub return_cached_tokens_details: Option<bool>,
+    /// Features this server does not have, read to be refused by name (400) rather than
+    /// ignored: tool calling (a non-empty list), structured output (a type but `text`).
+    #[schema(ignore)]
+    pub tools: Option<Value>,
+    #[schema(ignore)]
+    pub functions: Option<Value>,
+    #[schema(ignore)]
+    pub response_format: Option<Value>,
 }
 
-#[derive(Serialize, ToSchema)]
+#[derive(Deserialize, ToSchema)]
+#[serde(expecting = "an object")]
 pub struct StreamOptions {
     /// Send a last chunk with `usage` (and `usage: null` on the others).
     pub include_usage: Option<bool>,
 }
 
 /// `POST /v1/completions`.
-#[derive(Serialize, ToSchema)]
+#[derive(Deserialize, ToSchema)]
 pub struct CompletionRequest {
-    #[schema(schema_with = completions_prompt)]
-    pub prompt: Vec<String>,
+    // Required; read as an `Option` so that a body without it is a 400 saying so.
+    #[schema(schema_with = completions_prompt, required = true)]
+    pub prompt: Option<Prompts>,
     /// Default 16; prompt plus this must fit the context (else 400).
     #[schema(minimum = 1, maximum = 9223372036854775807_i64)]
     pub max_tokens: Option<i64>,
@@ -265,19 +295,22 @@ pub struct CompletionRequest {
     /// Only empty (a suffix is not supported: 400).
     #[schema(max_length = 0)]
     pub suffix: Option<String>,
-    #[serde(flatten)]
+    #[serde(flatten, deserialize_with = "flat")]
     pub sampling: OpenAiSampling,
 }
 
 /// One chat message; `content` a string or a list of `{type: "text", text}` parts.
-#[derive(Serialize, ToSchema)]
+#[derive(Deserialize, ToSchema)]
+#[serde(expecting = "an object")]
 pub struct ChatMessage {
-    pub role: ChatRole,
+    // Required; read as an `Option` so that a message without one is a 400 saying so.
+    #[schema(value_type = ChatRole)]
+    pub role: Option<ChatRole>,
     #[schema(schema_with = chat_content)]
-    pub content: Option<String>,
+    pub content: Option<Content>,
 }
 
-#[derive(Serialize, ToSchema)]
+#[derive(Serialize, ToSchema, Clone, Copy, PartialEq, Eq, Debug)]
 #[serde(rename_all = "lowercase")]
 pub enum ChatRole {
     System,
@@ -286,6 +319,42 @@ pub enum ChatRole {
     Assistant,
     Tool,
     Function,
+}
+
+impl ChatRole {
+    const ALL: [ChatRole; 6] = [
+        ChatRole::System,
+        ChatRole::Developer,
+        ChatRole::User,
+        ChatRole::Assistant,
+        ChatRole::Tool,
+        ChatRole::Function,
+    ];
+
+    /// As the chat template (and the JSON) spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChatRole::System => "system",
+            ChatRole::Developer => "developer",
+            ChatRole::User => "user",
+            ChatRole::Assistant => "assistant",
+            ChatRole::Tool => "tool",
+            ChatRole::Function => "function",
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ChatRole {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let Value::String(role) = Value::deserialize(d)? else {
+            return Err(D::Error::custom("expected a string"));
+        };
+        ChatRole::ALL
+            .into_iter()
+            .find(|r| r.as_str() == role)
+            .ok_or_else(|| D::Error::custom(format!("unknown role {role:?}")))
+    }
 }
 
 fn chat_content() -> RefOr<Schema> {
@@ -303,10 +372,11 @@ fn chat_content() -> RefOr<Schema> {
 }
 
 /// `POST /v1/chat/completions`. Tools, functions and structured output are refused (400).
-#[derive(Serialize, ToSchema)]
+#[derive(Deserialize, ToSchema)]
 pub struct ChatCompletionRequest {
-    #[schema(min_items = 1)]
-    pub messages: Vec<ChatMessage>,
+    // Required (see `CompletionRequest::prompt`).
+    #[schema(min_items = 1, value_type = Vec<ChatMessage>)]
+    pub messages: Option<Vec<ChatMessage>>,
     /// Without it (or `max_tokens`): up to the end of the context.
     #[schema(minimum = 1, maximum = 9223372036854775807_i64)]
     pub max_completion_tokens: Option<i64>,
@@ -318,10 +388,19 @@ pub struct ChatCompletionRequest {
     pub top_logprobs: Option<u32>,
     /// Render the assistant's turn opening after the messages (default true).
     pub add_generation_prompt: Option<bool>,
-    #[serde(flatten)]
+    /// Completions' fields, read to be refused here by name (400) rather than ignored.
+    #[schema(ignore)]
+    pub echo: Option<bool>,
+    #[schema(ignore)]
+    pub best_of: Option<i64>,
+    #[schema(ignore)]
+    pub suffix: Option<String>,
+    #[serde(flatten, deserialize_with = "flat")]
     pub sampling: OpenAiSampling,
 }
 
+// Described only: `encoding_format` is read as a string.
+#[allow(dead_code)]
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum EncodingFormat {
@@ -330,39 +409,41 @@ pub enum EncodingFormat {
 }
 
 /// `POST /v1/embeddings`. `dimensions` is refused (400): embeddings have the model's size.
-#[derive(Serialize, ToSchema)]
+#[derive(Deserialize, ToSchema)]
 pub struct EmbeddingRequest {
     /// No input empty; at most 2048.
-    #[schema(schema_with = embeddings_input)]
-    pub input: Vec<String>,
+    // Required (see `CompletionRequest::prompt`).
+    #[schema(schema_with = embeddings_input, required = true)]
+    pub input: Option<Prompts>,
     pub model: Option<String>,
-    pub encoding_format: Option<EncodingFormat>,
+    // Read as a string, so that another value is a 400 naming the two there are.
+    #[schema(value_type = Option<EncodingFormat>)]
+    pub encoding_format: Option<String>,
+    // Ignored, but of its documented type.
+    #[allow(dead_code)]
     pub user: Option<String>,
-    pub routing_key: Option<String>,
-    #[schema(minimum = 0, maximum = 4294967295_u64)]
-    pub routed_dp_rank: Option<u32>,
-    #[schema(minimum = 0, maximum = 4294967295_u64)]
-    pub data_parallel_rank: Option<u32>,
+    #[serde(flatten, deserialize_with = "flat")]
+    pub routing: Routing,
+    /// Read to be refused by name (400) rather than ignored.
+    #[schema(ignore)]
+    pub dimensions: Option<Value>,
 }
 
 /// `POST /encode` (SGLang-native). Exactly one of `text` and `input_ids`; a list answers a list.
-#[derive(Serialize, ToSchema)]
+#[derive(Deserialize, ToSchema)]
 pub struct EncodeRequest {
     #[schema(schema_with = encode_text)]
-    pub text: Option<Vec<String>>,
+    pub text: Option<EncodeText>,
     #[schema(schema_with = encode_ids)]
-    pub input_ids: Option<Vec<Vec<u32>>>,
-    pub routing_key: Option<String>,
-    #[schema(minimum = 0, maximum = 4294967295_u64)]
-    pub routed_dp_rank: Option<u32>,
-    #[schema(minimum = 0, maximum = 4294967295_u64)]
-    pub data_parallel_rank: Option<u32>,
+    pub input_ids: Option<EncodeIds>,
+    #[serde(flatten, deserialize_with = "flat")]
+    pub routing: Routing,
     #[schema(schema_with = rid)]
     pub rid: Option<String>,
 }
 
 /// `POST /abort_request`: a `rid` (and its `-<i>` sub-requests), or `abort_all: true`.
-#[derive(Serialize, ToSchema)]
+#[derive(Deserialize, ToSchema)]
 pub struct AbortRequest {
     #[schema(min_length = 1)]
     pub rid: Option<String>,
