@@ -43,6 +43,31 @@ pub struct RouteInput<'a> {
     pub bootstrap_room: Option<u64>,
 }
 
+/// A generation as the balancers see it: every path that routes one (unified or disaggregated)
+/// builds it here.
+impl<'a> From<&'a protocol::GenerateReq> for RouteInput<'a> {
+    fn from(req: &'a protocol::GenerateReq) -> Self {
+        RouteInput {
+            rid: &req.rid,
+            input_ids: &req.input_ids,
+            routing_key: req.routing_key.as_deref(),
+            bootstrap_room: req.bootstrap_room,
+        }
+    }
+}
+
+/// An embedding as the balancers see it (no bootstrap room: it never runs disaggregated).
+impl<'a> From<&'a protocol::EmbedReq> for RouteInput<'a> {
+    fn from(req: &'a protocol::EmbedReq) -> Self {
+        RouteInput {
+            rid: &req.rid,
+            input_ids: &req.input_ids,
+            routing_key: req.routing_key.as_deref(),
+            bootstrap_room: None,
+        }
+    }
+}
+
 impl<'a> RouteInput<'a> {
     /// A request with only a prompt (no rid to speak of, key or room): the balancers' tests.
     #[cfg(test)]

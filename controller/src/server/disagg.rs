@@ -21,12 +21,7 @@ impl Controller {
                 return self.refuse(&req.rid, 503, format!("no live {role} rank"));
             }
         }
-        let input = RouteInput {
-            rid: &req.rid,
-            input_ids: &req.input_ids,
-            routing_key: req.routing_key.as_deref(),
-            bootstrap_room: Some(room),
-        };
+        let input = RouteInput::from(&req);
         let prefill = self.decide_among(&input, None, &prefill_ranks, Some(DisaggMode::Prefill));
         let decode = self.decide_among(
             &input,

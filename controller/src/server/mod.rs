@@ -257,28 +257,14 @@ impl Controller {
             Message::EmbedReq(req) if self.refused_rid(&req.rid) => {}
             Message::GenerateReq(req) if self.ranks.disaggregated() => self.route_pd(req),
             Message::GenerateReq(req) => {
-                let input = RouteInput {
-                    rid: &req.rid,
-                    input_ids: &req.input_ids,
-                    routing_key: req.routing_key.as_deref(),
-                    bootstrap_room: req.bootstrap_room,
-                };
-                let decision = self.decide(&input, req.routed_dp_rank);
                 let tokens = req.input_ids.len() as u64 + u64::from(req.sampling.max_new_tokens);
-                let prefill = self.expect_computed(&decision, &req.input_ids);
+                let (decision, prefill) = self.decide_one(&(&req).into(), req.routed_dp_rank);
                 let rid = req.rid.clone();
                 self.dispatch(&rid, decision, tokens, prefill, Message::GenerateReq(req));
             }
             Message::EmbedReq(req) => {
-                let input = RouteInput {
-                    rid: &req.rid,
-                    input_ids: &req.input_ids,
-                    routing_key: req.routing_key.as_deref(),
-                    bootstrap_room: None,
-                };
-                let decision = self.decide(&input, req.routed_dp_rank);
                 let tokens = req.input_ids.len() as u64;
-                let prefill = self.expect_computed(&decision, &req.input_ids);
+                let (decision, prefill) = self.decide_one(&(&req).into(), req.routed_dp_rank);
                 let rid = req.rid.clone();
                 self.dispatch(&rid, decision, tokens, prefill, Message::EmbedReq(req));
             }
@@ -313,6 +299,17 @@ impl Controller {
         tracing::warn!(rid_len = rid.len(), "request refused: {why}");
         self.send_to_tokenizer(&Message::TokenOut(TokenOut::error(rid, 400, why)));
         true
+    }
+
+    /// [`Self::decide`], and the prompt tokens the chosen rank is expected to compute.
+    fn decide_one(
+        &mut self,
+        input: &RouteInput<'_>,
+        explicit: Option<u32>,
+    ) -> (Result<RouteDecision, RouteError>, u64) {
+        let decision = self.decide(input, explicit);
+        let prefill = self.expect_computed(&decision, input.input_ids);
+        (decision, prefill)
     }
 
     /// Route one request on fresh loads, and record the decision (trace file and the
