@@ -86,8 +86,8 @@ fn main() -> std::process::ExitCode {
     }
     let result = match cli.command {
         Command::Up(args) => up::run(args),
-        Command::Tokenizer(args) => tokenizer_actor::run(args),
-        Command::Controller(args) => controller::run(args),
+        Command::Tokenizer(args) => tokenizer_actor::run(args).map_err(Into::into),
+        Command::Controller(args) => controller::run(args).map_err(Into::into),
         Command::Worker(args) => {
             // Given on the command line or in the environment, not clap's default.
             let mem_fraction_given = matches
@@ -114,14 +114,17 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// A start refused for a flag, file or model the operator must change (a worker's or the
-/// tokenizer's), which a restart cannot fix.
+/// A start refused for a flag, file or model the operator must change (a worker's, the
+/// controller's or the tokenizer's), which a restart cannot fix.
 fn is_config_error(err: &anyhow::Error) -> bool {
     err.downcast_ref::<worker::WorkerError>()
         .is_some_and(worker::WorkerError::is_config_error)
         || err
             .downcast_ref::<tokenizer_actor::TokenizerError>()
             .is_some_and(tokenizer_actor::TokenizerError::is_config_error)
+        || err
+            .downcast_ref::<controller::Error>()
+            .is_some_and(controller::Error::is_config_error)
         || err
             .downcast_ref::<protocol::ProtocolError>()
             .is_some_and(protocol::ProtocolError::is_config_error)

@@ -1,5 +1,6 @@
-//! The controller library's error type: bad configuration (a startup error) and trace-file I/O.
-//! Routing errors a client sees are [`crate::router::RouteError`], not these.
+//! The controller library's error type: bad configuration and sockets (startup errors), trace
+//! files, and the poll loop. Routing errors a client sees are [`crate::router::RouteError`],
+//! not these.
 
 use std::path::PathBuf;
 
@@ -24,11 +25,40 @@ pub enum Error {
     },
     #[error("--worker-timeout must be a positive number of seconds, got {got}")]
     WorkerTimeout { got: f64 },
-    #[error("cannot open trace file {path}: {source}")]
+    // The cause is in the message, so it is not also a `source` (`{:#}` would print it twice).
+    #[error("cannot open trace file {path}: {error}")]
     TraceFile {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
+    #[error("--trace-dir {path}: {error}")]
+    TraceDir {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("--{flag}: {error}")]
+    Endpoint {
+        flag: &'static str,
+        error: protocol::ProtocolError,
+    },
+    /// Sockets and their keys.
+    #[error(transparent)]
+    Protocol(#[from] protocol::ProtocolError),
+    #[error("installing signal handler: {0}")]
+    Signal(std::io::Error),
+    #[error("polling the sockets: {0}")]
+    Poll(zmq::Error),
+}
+
+impl Error {
+    /// A key file or address the operator must change before a restart can help (`dpserve`
+    /// exits 78, EX_CONFIG, as for a worker's refusal); a flag out of range exits 1.
+    pub fn is_config_error(&self) -> bool {
+        match self {
+            Error::Endpoint { error, .. } | Error::Protocol(error) => error.is_config_error(),
+            _ => false,
+        }
+    }
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

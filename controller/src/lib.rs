@@ -18,7 +18,6 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use protocol::endpoint::default_endpoint;
 use protocol::Endpoint;
 
@@ -188,10 +187,10 @@ impl Default for RoutingArgs {
 }
 
 impl ControllerArgs {
-    pub fn resolve(&self) -> anyhow::Result<ControllerConfig> {
-        let addr = |flag: &str, value: &Option<String>, name: &str| -> anyhow::Result<Endpoint> {
+    pub fn resolve(&self) -> Result<ControllerConfig> {
+        let addr = |flag: &'static str, value: &Option<String>, name: &str| -> Result<Endpoint> {
             match value {
-                Some(s) => s.parse().with_context(|| format!("--{flag}")),
+                Some(s) => s.parse().map_err(|error| Error::Endpoint { flag, error }),
                 None => Ok(default_endpoint(name)),
             }
         };
@@ -351,11 +350,11 @@ impl RoutingArgs {
 /// (sockets, budget, ranks) would add a mailbox hop to every routing decision and let one
 /// decision read a rank's load before the previous dispatch's speculative increment landed,
 /// which is how a burst ends up on one rank.
-pub fn run(args: ControllerArgs) -> anyhow::Result<()> {
+pub fn run(args: ControllerArgs) -> Result<()> {
     let config = args.resolve()?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handler")?;
+        signal_hook::flag::register(sig, Arc::clone(&stop)).map_err(Error::Signal)?;
     }
     let ctx = zmq::Context::new();
     let controller = Controller::bind(&ctx, config)?;
@@ -376,7 +375,7 @@ mod tests {
 
     fn parse(flags: &[&str]) -> anyhow::Result<ControllerConfig> {
         let cli = Cli::try_parse_from(std::iter::once("controller").chain(flags.iter().copied()))?;
-        cli.args.resolve()
+        Ok(cli.args.resolve()?)
     }
 
     #[test]

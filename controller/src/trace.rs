@@ -79,9 +79,9 @@ impl TraceWriter {
             .create(true)
             .append(true)
             .open(path)
-            .map_err(|source| Error::TraceFile {
+            .map_err(|error| Error::TraceFile {
                 path: path.to_path_buf(),
-                source,
+                error,
             })?;
         let (tx, rx) = mpsc::sync_channel(CHANNEL_CAPACITY);
         let out = BufWriter::with_capacity(1 << 16, file);
@@ -89,9 +89,9 @@ impl TraceWriter {
         let thread = std::thread::Builder::new()
             .name("route-trace".into())
             .spawn(move || write_loop(rx, out, &shown))
-            .map_err(|source| Error::TraceFile {
+            .map_err(|error| Error::TraceFile {
                 path: path.to_path_buf(),
-                source,
+                error,
             })?;
         Ok(TraceWriter {
             tx: Some(tx),

@@ -106,16 +106,16 @@ impl Bridge {
         let pull_ep: Endpoint =
             tokenizer_addr
                 .parse()
-                .map_err(|source| TokenizerError::Endpoint {
+                .map_err(|error| TokenizerError::Endpoint {
                     flag: "tokenizer-addr",
-                    source,
+                    error,
                 })?;
         let push_ep: Endpoint =
             controller_addr
                 .parse()
-                .map_err(|source| TokenizerError::Endpoint {
+                .map_err(|error| TokenizerError::Endpoint {
                     flag: "controller-addr",
-                    source,
+                    error,
                 })?;
         let transport = security.resolve(&[&pull_ep, &push_ep], "tokenizer")?;
         let (pull, push) = sockets(&transport, &pull_ep, &push_ep)?;
@@ -138,9 +138,9 @@ impl Bridge {
             submission_seq: std::sync::atomic::AtomicU64::new(0),
             cluster_updates: tokio::sync::watch::Sender::new(0),
         });
-        let io = |what: &str, source| TokenizerError::Io {
+        let io = |what: &str, error| TokenizerError::Io {
             what: what.to_string(),
-            source,
+            error,
         };
         let reader = {
             let shared = shared.clone();

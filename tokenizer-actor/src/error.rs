@@ -15,11 +15,12 @@ pub enum TokenizerError {
     Encode { reason: String },
     #[error("detokenization failed: {reason}")]
     Decode { reason: String },
-    #[error("bad endpoint flag --{flag}: {source}")]
+    // Here and in `Io` the cause is in the message, so it is not also a `source` (`{:#}`
+    // would print it twice).
+    #[error("bad endpoint flag --{flag}: {error}")]
     Endpoint {
         flag: &'static str,
-        #[source]
-        source: protocol::ProtocolError,
+        error: protocol::ProtocolError,
     },
     #[error("cannot use --api-key-file {path}: {reason}")]
     ApiKeyFile { path: PathBuf, reason: String },
@@ -35,12 +36,10 @@ pub enum TokenizerError {
     ChatTemplate { what: String, reason: String },
     #[error(transparent)]
     Protocol(#[from] protocol::ProtocolError),
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("tokenizer server thread {0}")]
+    Thread(&'static str),
+    #[error("{what}: {error}")]
+    Io { what: String, error: std::io::Error },
 }
 
 impl TokenizerError {

@@ -25,12 +25,12 @@ pub use error::{Result, TokenizerError};
 use state::AppState;
 
 /// Bind `--host:--port` and serve until SIGTERM or SIGINT.
-pub fn run(args: TokenizerArgs) -> anyhow::Result<()> {
+pub fn run(args: TokenizerArgs) -> Result<()> {
     let listener =
-        TcpListener::bind((args.http.host.as_str(), args.http.port)).map_err(|source| {
+        TcpListener::bind((args.http.host.as_str(), args.http.port)).map_err(|error| {
             TokenizerError::Io {
                 what: format!("bind HTTP {}:{}", args.http.host, args.http.port),
-                source,
+                error,
             }
         })?;
     serve(args, listener, true, None)
@@ -43,7 +43,7 @@ pub fn serve(
     listener: TcpListener,
     signals: bool,
     ready: Option<std::sync::mpsc::Sender<actix_web::dev::ServerHandle>>,
-) -> anyhow::Result<()> {
+) -> Result<()> {
     let addr = listener.local_addr().ok();
     let tls = args.http.tls()?;
     let system = actix_rt::System::new();
@@ -54,7 +54,10 @@ pub fn serve(
     let result = system.block_on(async move {
         // Signals are ours, not actix's: open requests must end with an answer first.
         let scheme = if tls.is_some() { "https" } else { "http" };
-        let server = http::server(state, listener, tls)?;
+        let server = http::server(state, listener, tls).map_err(|error| TokenizerError::Io {
+            what: "start the HTTP server".to_string(),
+            error,
+        })?;
         tracing::info!(?addr, scheme, "tokenizer HTTP server listening");
         if let Some(ready) = ready {
             let _ = ready.send(server.handle());
@@ -73,15 +76,15 @@ pub fn serve(
                 handle.stop(true).await;
             });
         }
-        server.await
+        server.await.map_err(|error| TokenizerError::Io {
+            what: "HTTP server".to_string(),
+            error,
+        })
     });
     // The System goes first: nothing is left that could wait on the actors.
     drop(system);
     bridge.shutdown();
-    Ok(result.map_err(|source| TokenizerError::Io {
-        what: "HTTP server".to_string(),
-        source,
-    })?)
+    result
 }
 
 /// The first SIGTERM or SIGINT, by name.
@@ -106,19 +109,26 @@ async fn stop_signal() -> &'static str {
 pub struct SpawnedServer {
     pub addr: std::net::SocketAddr,
     handle: actix_web::dev::ServerHandle,
-    thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
+    thread: Option<std::thread::JoinHandle<Result<()>>>,
 }
 
 impl SpawnedServer {
     /// Start on `127.0.0.1:0` (a free port); returns once the server accepts connections or
     /// with the startup error.
-    pub fn start(args: TokenizerArgs) -> anyhow::Result<SpawnedServer> {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
-        let addr = listener.local_addr()?;
+    pub fn start(args: TokenizerArgs) -> Result<SpawnedServer> {
+        let io = |what: &str| {
+            let what = what.to_string();
+            move |error| TokenizerError::Io { what, error }
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").map_err(io("bind 127.0.0.1:0"))?;
+        let addr = listener
+            .local_addr()
+            .map_err(io("read the bound address"))?;
         let (tx, rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("tok-http".into())
-            .spawn(move || serve(args, listener, false, Some(tx)))?;
+            .spawn(move || serve(args, listener, false, Some(tx)))
+            .map_err(io("spawn the HTTP thread"))?;
         match rx.recv() {
             Ok(handle) => Ok(SpawnedServer {
                 addr,
@@ -127,7 +137,7 @@ impl SpawnedServer {
             }),
             Err(_) => match thread.join() {
                 Ok(Err(err)) => Err(err),
-                _ => Err(anyhow::anyhow!("tokenizer server thread ended at startup")),
+                _ => Err(TokenizerError::Thread("ended at startup")),
             },
         }
     }
@@ -137,18 +147,18 @@ impl SpawnedServer {
     }
 
     /// Stop gracefully and wait for the thread.
-    pub fn stop(mut self) -> anyhow::Result<()> {
+    pub fn stop(mut self) -> Result<()> {
         self.stop_inner()
     }
 
-    fn stop_inner(&mut self) -> anyhow::Result<()> {
+    fn stop_inner(&mut self) -> Result<()> {
         let Some(thread) = self.thread.take() else {
             return Ok(());
         };
         futures::executor::block_on(self.handle.stop(false));
         thread
             .join()
-            .map_err(|_| anyhow::anyhow!("tokenizer server thread panicked"))?
+            .map_err(|_| TokenizerError::Thread("panicked"))?
     }
 }
 

@@ -49,9 +49,9 @@ impl AppState {
                 None,
                 args.trace_max_mb << 20,
             )
-            .map_err(|source| crate::TokenizerError::Io {
+            .map_err(|error| crate::TokenizerError::Io {
                 what: format!("--trace-dir {}", dir.display()),
-                source,
+                error,
             })?,
             None => protocol::msg_trace::MessageTracer::disabled(),
         };

@@ -18,7 +18,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use protocol::msg_trace::{MessageTracer, Milestone};
 use protocol::socket::{identity_rank, rank_identity};
 use protocol::{encode, ClusterStatus, Endpoint, FrameStats, Message, Shutdown, TokenOut};
@@ -93,7 +92,7 @@ pub struct Controller {
 }
 
 impl Controller {
-    pub fn bind(ctx: &zmq::Context, config: ControllerConfig) -> anyhow::Result<Self> {
+    pub fn bind(ctx: &zmq::Context, config: ControllerConfig) -> crate::Result<Self> {
         let net = &config.transport;
         let from_tokenizer = net.bind(ctx, zmq::PULL, &config.controller_addr)?;
         let workers = net.bind(ctx, zmq::ROUTER, &config.worker_addr)?;
@@ -102,7 +101,10 @@ impl Controller {
         let tracer = match &config.trace_dir {
             Some(dir) => {
                 MessageTracer::open_capped(dir, "controller", None, config.trace_max_bytes)
-                    .with_context(|| format!("--trace-dir {}", dir.display()))?
+                    .map_err(|error| crate::Error::TraceDir {
+                        path: dir.clone(),
+                        error,
+                    })?
             }
             None => MessageTracer::disabled(),
         };
@@ -153,7 +155,7 @@ impl Controller {
     }
 
     /// Serve until `stop` is set (SIGTERM/SIGINT). On the way out, tell the workers to stop.
-    pub fn run(mut self, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+    pub fn run(mut self, stop: Arc<AtomicBool>) -> crate::Result<()> {
         let mut last_tick = Instant::now();
         while !stop.load(Ordering::Relaxed) {
             let (tok_ready, workers_ready) = {
@@ -164,7 +166,7 @@ impl Controller {
                 match zmq::poll(&mut items, TICK.as_millis() as i64) {
                     Ok(_) => (items[0].is_readable(), items[1].is_readable()),
                     Err(zmq::Error::EINTR) => continue,
-                    Err(e) => return Err(e.into()),
+                    Err(e) => return Err(crate::Error::Poll(e)),
                 }
             };
             if workers_ready {

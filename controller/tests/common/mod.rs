@@ -18,7 +18,7 @@ pub struct Running {
     pub requests: zmq::Socket,
     pub worker_addr: Endpoint,
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<anyhow::Result<()>>>,
+    thread: Option<std::thread::JoinHandle<controller::Result<()>>>,
     _dir: tempfile::TempDir,
 }
 
