@@ -6,12 +6,14 @@ mod bench;
 mod cli_contract;
 #[cfg(test)]
 mod cli_reference;
+mod failure;
 mod forwarded;
 mod keygen;
 mod trace;
 mod up;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use failure::Failure;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -86,46 +88,22 @@ fn main() -> std::process::ExitCode {
     }
     let result = match cli.command {
         Command::Up(args) => up::run(args),
-        Command::Tokenizer(args) => tokenizer_actor::run(args).map_err(Into::into),
-        Command::Controller(args) => controller::run(args).map_err(Into::into),
+        Command::Tokenizer(args) => tokenizer_actor::run(args).map_err(Failure::from),
+        Command::Controller(args) => controller::run(args).map_err(Failure::from),
         Command::Worker(args) => {
             // Given on the command line or in the environment, not clap's default.
             let mem_fraction_given = matches
                 .subcommand_matches("worker")
                 .and_then(|m| m.value_source("mem_fraction"))
                 .is_some_and(|source| source != clap::parser::ValueSource::DefaultValue);
-            worker::run(args, mem_fraction_given)
+            worker::run(args, mem_fraction_given).map_err(Failure::from)
         }
-        Command::Bench(args) => bench::run(args),
-        Command::Trace(args) => trace::run(args),
-        Command::Keygen(args) => keygen::run(args),
+        Command::Bench(args) => bench::run(args).map_err(Failure::from),
+        Command::Trace(args) => trace::run(args).map_err(Failure::from),
+        Command::Keygen(args) => keygen::run(args).map_err(Failure::from),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("dpserve: error: {err:#}");
-            if is_config_error(&err) {
-                // EX_CONFIG: retrying cannot help, so systemd units can stop restarting on it.
-                std::process::ExitCode::from(worker::WorkerError::REFUSED_EXIT_CODE)
-            } else {
-                std::process::ExitCode::FAILURE
-            }
-        }
+        Err(failure) => failure.report(),
     }
-}
-
-/// A start refused for a flag, file or model the operator must change (a worker's, the
-/// controller's or the tokenizer's), which a restart cannot fix.
-fn is_config_error(err: &anyhow::Error) -> bool {
-    err.downcast_ref::<worker::WorkerError>()
-        .is_some_and(worker::WorkerError::is_config_error)
-        || err
-            .downcast_ref::<tokenizer_actor::TokenizerError>()
-            .is_some_and(tokenizer_actor::TokenizerError::is_config_error)
-        || err
-            .downcast_ref::<controller::Error>()
-            .is_some_and(controller::Error::is_config_error)
-        || err
-            .downcast_ref::<protocol::ProtocolError>()
-            .is_some_and(protocol::ProtocolError::is_config_error)
 }

@@ -21,13 +21,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::{anyhow, bail, Context};
 use controller::RoutingArgs;
 use protocol::{DisaggMode, RuntimeDir};
 use tokenizer_actor::tls::Probe;
 use tokenizer_actor::HttpArgs;
-use worker::{DeviceArgs, ModelArgs, ServeArgs};
+use worker::{DeviceArgs, ModelArgs, ServeArgs, WorkerError};
 
+use crate::failure::Failure;
 use crate::forwarded::Given;
 
 mod gpus;
@@ -199,9 +200,9 @@ fn terminate(pid: u32) {
         .status();
 }
 
-pub fn run(mut args: UpArgs) -> anyhow::Result<()> {
+pub fn run(mut args: UpArgs) -> Result<(), Failure> {
     if args.cluster.dp_size == 0 {
-        bail!("--dp-size must be at least 1");
+        return Err(anyhow!("--dp-size must be at least 1").into());
     }
     // The workers would refuse their roles; say why before starting anything.
     let disaggregated =
@@ -210,7 +211,7 @@ pub fn run(mut args: UpArgs) -> anyhow::Result<()> {
         .then(|| args.device.device.disagg_refusal())
         .flatten()
     {
-        bail!(refusal);
+        return Err(anyhow!(refusal).into());
     }
     // The tokenizer would refuse them; refused here, nothing starts. The first key is also the
     // one the readiness probe sends.
@@ -353,7 +354,7 @@ fn serve_until_stopped(deployment: &mut Deployment, stop: &AtomicBool) -> anyhow
 /// `--device cuda[:N]`: probe the GPUs (stopping here, with the probe's reason and EX_CONFIG,
 /// when they cannot be used), size `--dp-size` from them unless it was given, and say where
 /// each rank goes. `None` for a device that is not a GPU.
-fn place_on_gpus(args: &mut UpArgs) -> anyhow::Result<Option<GpuPlacement>> {
+fn place_on_gpus(args: &mut UpArgs) -> Result<Option<GpuPlacement>, WorkerError> {
     let Some((placement, gpu)) =
         GpuPlacement::for_device(args.device.device, kernels::cuda::probe)?
     else {
@@ -474,7 +475,7 @@ fn worker_args(
 
 /// Parse and check the controller's arguments exactly as the child will (same parser, same
 /// environment), so a bad value stops `up` before anything starts.
-fn check_controller_args(argv: &[OsString]) -> anyhow::Result<()> {
+fn check_controller_args(argv: &[OsString]) -> Result<(), Failure> {
     #[derive(clap::Parser)]
     struct ControllerCli {
         #[command(flatten)]
@@ -483,7 +484,9 @@ fn check_controller_args(argv: &[OsString]) -> anyhow::Result<()> {
     use clap::Parser;
     let cli = ControllerCli::try_parse_from(argv)
         .map_err(|e| anyhow::anyhow!("invalid controller settings: {}", e.render()))?;
-    cli.args.resolve().context("invalid controller settings")?;
+    cli.args
+        .resolve()
+        .map_err(|error| Failure::from(error).context("invalid controller settings"))?;
     Ok(())
 }
 

@@ -27,7 +27,7 @@ struct Side {
     outbox: zmq::Socket,
     inbound: mpsc::Receiver<Inbound>,
     stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<anyhow::Result<()>>,
+    thread: std::thread::JoinHandle<worker::error::Result<()>>,
 }
 
 fn side(

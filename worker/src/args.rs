@@ -6,13 +6,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::builder::{PossibleValue, TypedValueParser};
 use protocol::endpoint::default_endpoint;
 use protocol::Endpoint;
 
 use kernels::KernelPath;
 
+use crate::error::{self, WorkerError};
 use crate::kv::req_to_token::DecodePrealloc;
 use crate::mem::DEFAULT_MEM_FRACTION;
 use crate::model::{BuiltinSize, LoadDtype};
@@ -538,22 +538,21 @@ impl ModelArgs {
 }
 
 impl WorkerArgs {
-    pub fn resolve(&self) -> anyhow::Result<WorkerConfig> {
-        let addr = |flag: &str, value: &Option<String>, name: &str| -> anyhow::Result<Endpoint> {
-            match value {
-                Some(s) => s.parse().with_context(|| format!("--{flag}")),
-                None => Ok(default_endpoint(name)),
-            }
-        };
+    pub fn resolve(&self) -> error::Result<WorkerConfig> {
+        let addr =
+            |flag: &'static str, value: &Option<String>, name: &str| -> error::Result<Endpoint> {
+                match value {
+                    Some(s) => s
+                        .parse()
+                        .map_err(|error| WorkerError::Endpoint { flag, error }),
+                    None => Ok(default_endpoint(name)),
+                }
+            };
         let model = self.model.source();
-        if let Some(refusal) = self.weight_dtype_refusal() {
-            anyhow::bail!(refusal);
-        }
-        if let Some(refusal) = self.weight_cache_refusal() {
-            anyhow::bail!(refusal);
-        }
-        if let Some(refusal) = self.disaggregation_refusal() {
-            anyhow::bail!(refusal);
+        let refusal = self.weight_dtype_refusal();
+        let refusal = refusal.or_else(|| self.weight_cache_refusal());
+        if let Some(refusal) = refusal.or_else(|| self.disaggregation_refusal()) {
+            return Err(WorkerError::Flag(refusal));
         }
         let worker_addr = addr("worker-addr", &self.worker_addr, "worker")?;
         let sim = self.sim_settings(&worker_addr)?;
@@ -561,7 +560,7 @@ impl WorkerArgs {
         serve.check()?;
         let seconds = |v: f64| Duration::from_secs_f64(v);
         let num_threads = match serve.num_threads {
-            Some(0) => anyhow::bail!("--num-threads must be at least 1"),
+            Some(0) => return Err(flag("--num-threads must be at least 1")),
             Some(n) => n,
             None => std::thread::available_parallelism().map_or(1, |n| n.get()),
         };
@@ -664,22 +663,22 @@ impl WorkerArgs {
 
     /// The simulated GPU `--device sim` asks for (its profile file read and checked), or
     /// `None` for a real device.
-    fn sim_settings(&self, worker_addr: &Endpoint) -> anyhow::Result<Option<SimSettings>> {
+    fn sim_settings(&self, worker_addr: &Endpoint) -> error::Result<Option<SimSettings>> {
         let d = &self.device;
         if d.device != Device::Sim {
             if d.sim_config.is_some() {
-                anyhow::bail!("--sim-config applies only with --device sim");
+                return Err(flag("--sim-config applies only with --device sim"));
             }
             if d.sim_lock_step {
-                anyhow::bail!("--sim-lock-step applies only with --device sim");
+                return Err(flag("--sim-lock-step applies only with --device sim"));
             }
             return Ok(None);
         }
         if matches!(self.model.source(), ModelSource::HfDir { .. }) {
-            anyhow::bail!(
+            return Err(flag(
                 "--device sim speaks the built-in tokenizer's vocabulary and loads no weights; \
-                 drop --model-path"
-            );
+                 drop --model-path",
+            ));
         }
         let profile = SimProfile::load(&d.sim_profile, d.sim_config.as_deref())?;
         Ok(Some(SimSettings {
@@ -692,19 +691,24 @@ impl WorkerArgs {
     }
 }
 
+/// A flag's value refused at start.
+fn flag(why: impl Into<String>) -> WorkerError {
+    WorkerError::Flag(why.into())
+}
+
 impl ServeArgs {
     /// Every check of these flags that clap's parsers do not make.
-    pub fn check(&self) -> anyhow::Result<()> {
-        let positive = |flag: &str, v: usize| -> anyhow::Result<()> {
+    pub fn check(&self) -> error::Result<()> {
+        let positive = |name: &str, v: usize| -> error::Result<()> {
             if v == 0 {
-                anyhow::bail!("--{flag} must be at least 1");
+                return Err(flag(format!("--{name} must be at least 1")));
             }
             Ok(())
         };
         if let Some(tokens) = self.max_total_tokens {
             positive("max-total-tokens", tokens)?;
             if tokens > u32::MAX as usize {
-                anyhow::bail!("--max-total-tokens must fit in 32 bits");
+                return Err(flag("--max-total-tokens must fit in 32 bits"));
             }
         }
         positive("max-running-requests", self.max_running_requests)?;
@@ -714,22 +718,22 @@ impl ServeArgs {
             positive("max-queued-requests", n)?;
         }
         if self.kv_event_block_size > protocol::kv_events::MAX_KV_BLOCK_SIZE {
-            anyhow::bail!(
+            return Err(flag(format!(
                 "--kv-event-block-size must be at most {}, got {}",
                 protocol::kv_events::MAX_KV_BLOCK_SIZE,
                 self.kv_event_block_size
-            );
+            )));
         }
         // The parser checks the flag; this guards a WorkerArgs built in code.
         crate::mem::check_mem_fraction(self.mem_fraction)
-            .map_err(|e| anyhow::anyhow!("--mem-fraction: {e}"))?;
+            .map_err(|e| flag(format!("--mem-fraction: {e}")))?;
         if !(self.drain_timeout.is_finite() && self.drain_timeout >= 0.0) {
-            anyhow::bail!(
+            return Err(flag(format!(
                 "--drain-timeout must be a number of seconds >= 0, got {}",
                 self.drain_timeout
-            );
+            )));
         }
-        for (flag, v) in [
+        for (name, v) in [
             (
                 "disaggregation-bootstrap-timeout",
                 self.disaggregation_bootstrap_timeout,
@@ -740,7 +744,9 @@ impl ServeArgs {
             ),
         ] {
             if !(v.is_finite() && v > 0.0) {
-                anyhow::bail!("--{flag} must be a number of seconds > 0, got {v}");
+                return Err(flag(format!(
+                    "--{name} must be a number of seconds > 0, got {v}"
+                )));
             }
         }
         Ok(())

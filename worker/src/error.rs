@@ -4,7 +4,12 @@
 //! pool).
 //! Model-file and forward-pass errors are [`crate::model::ModelError`].
 
+use std::path::PathBuf;
+
 use thiserror::Error;
+
+use crate::model::ModelError;
+use crate::sim::SimError;
 
 /// What makes a worker stop or refuse an operation.
 #[derive(Debug, Error)]
@@ -24,10 +29,59 @@ pub enum WorkerError {
     /// implement ([`crate::model::ModelError::is_unsupported`]): a configuration error that
     /// restarting will not fix.
     #[error("loading model from {}: {reason}", dir.display())]
-    UnsupportedModel {
-        dir: std::path::PathBuf,
-        reason: String,
+    UnsupportedModel { dir: PathBuf, reason: String },
+    /// A flag's value, or two flags together, that this worker refuses at start.
+    #[error("{0}")]
+    Flag(String),
+    // A cause printed in the message is not also a `source` (`{:#}` would print it twice).
+    /// An address flag that does not parse.
+    #[error("--{flag}: {error}")]
+    Endpoint {
+        flag: &'static str,
+        error: protocol::ProtocolError,
     },
+    /// A socket that cannot be bound at the address a flag gives.
+    #[error("--{flag} {addr}: {error}")]
+    Bind {
+        flag: &'static str,
+        addr: String,
+        error: protocol::ProtocolError,
+    },
+    /// A model directory that cannot be read (a file missing or malformed).
+    #[error("loading model from {}: {error}", dir.display())]
+    Model { dir: PathBuf, error: ModelError },
+    /// The first step of a GPU rank could not be planned.
+    #[error(transparent)]
+    Step(ModelError),
+    /// A bad `--sim-profile`, `--sim-config` or a simulated pool that does not fit.
+    #[error(transparent)]
+    Sim(#[from] SimError),
+    /// A file a flag names that cannot be opened (`--sim-lock-step`, `--trace-dir`).
+    #[error("--{flag} {}: {error}", path.display())]
+    File {
+        flag: &'static str,
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    /// Keys, sockets and frames.
+    #[error(transparent)]
+    Protocol(#[from] protocol::ProtocolError),
+    /// A ZeroMQ call outside the protocol crate's helpers (inproc pipes, polling).
+    #[error("{what}: {error}")]
+    Socket {
+        what: &'static str,
+        error: zmq::Error,
+    },
+    /// The process could not set itself up (signal handlers, threads).
+    #[error("{what}: {error}")]
+    Os {
+        what: &'static str,
+        error: std::io::Error,
+    },
+    #[error("building the compute thread pool: {0}")]
+    ThreadPool(rayon::ThreadPoolBuildError),
+    #[error("{0} thread panicked")]
+    Panicked(&'static str),
 }
 
 impl WorkerError {
@@ -36,16 +90,23 @@ impl WorkerError {
     /// stop restarting on it.
     pub const REFUSED_EXIT_CODE: u8 = 78;
 
-    /// Whether restarting the worker cannot help (it exits [`Self::REFUSED_EXIT_CODE`]).
+    /// Whether restarting the worker cannot help (it exits [`Self::REFUSED_EXIT_CODE`]): a
+    /// refusal, a device or model it cannot serve, or an address or key file the operator
+    /// must change. A flag out of range exits 1, as for the other actors.
     pub fn is_config_error(&self) -> bool {
-        matches!(
-            self,
+        match self {
             WorkerError::Refused(_)
-                | WorkerError::DeviceUnavailable { .. }
-                | WorkerError::UnsupportedModel { .. }
-        )
+            | WorkerError::DeviceUnavailable { .. }
+            | WorkerError::UnsupportedModel { .. } => true,
+            WorkerError::Endpoint { error, .. }
+            | WorkerError::Bind { error, .. }
+            | WorkerError::Protocol(error) => error.is_config_error(),
+            _ => false,
+        }
     }
 }
+
+pub type Result<T> = std::result::Result<T, WorkerError>;
 
 /// Why a request is refused before it is queued.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use protocol::socket::worker_identity;
 use protocol::{encode, Endpoint, FrameStats, Heartbeat, Hello, Message};
 
+use crate::error::{Result, WorkerError};
+
 /// The inproc endpoint the scheduler pushes controller-bound frames to.
 pub const OUTBOX: &str = "inproc://worker-outbox";
 
@@ -77,7 +79,7 @@ pub struct Link {
 }
 
 /// Run the link until `stop` is set.
-pub fn run(link: Link) -> anyhow::Result<()> {
+pub fn run(link: Link) -> Result<()> {
     let dealer = link.transport.connect(
         &link.ctx,
         zmq::DEALER,
@@ -128,9 +130,14 @@ struct LinkState {
 }
 
 impl LinkState {
-    fn new(link: Link, dealer: zmq::Socket, monitor: zmq::Socket) -> anyhow::Result<Self> {
+    fn new(link: Link, dealer: zmq::Socket, monitor: zmq::Socket) -> Result<Self> {
         let hello_frame = encode(&Message::Hello(link.hello.clone()))?;
-        dealer.send(&hello_frame[..], 0)?;
+        dealer
+            .send(&hello_frame[..], 0)
+            .map_err(|error| WorkerError::Socket {
+                what: "sending the Hello",
+                error,
+            })?;
         let now = Instant::now();
         Ok(LinkState {
             link,
@@ -153,7 +160,7 @@ impl LinkState {
 
     /// Waits (at most until the next heartbeat is due) for frames from the controller or from
     /// the worker's outbox.
-    fn poll(&self) -> anyhow::Result<(bool, bool)> {
+    fn poll(&self) -> Result<(bool, bool)> {
         let mut items = [
             self.dealer.as_poll_item(zmq::POLLIN),
             self.link.outbox.as_poll_item(zmq::POLLIN),
@@ -188,7 +195,10 @@ impl LinkState {
                 Ok((items[0].is_readable(), items[1].is_readable()))
             }
             Err(zmq::Error::EINTR) => Ok((false, false)),
-            Err(e) => Err(e.into()),
+            Err(error) => Err(WorkerError::Socket {
+                what: "polling the controller link",
+                error,
+            }),
         }
     }
 
@@ -204,7 +214,7 @@ impl LinkState {
     }
 
     /// Takes every frame the controller sent; false when the worker is gone.
-    fn receive(&mut self) -> anyhow::Result<bool> {
+    fn receive(&mut self) -> Result<bool> {
         while let Ok(frame) = self.dealer.recv_bytes(zmq::DONTWAIT) {
             let Some(msg) = self.stats.decode_or_drop(&frame, "controller") else {
                 continue;
@@ -223,7 +233,7 @@ impl LinkState {
     }
 
     /// Registration messages are the link's own; everything else goes to the worker.
-    fn on_message(&mut self, msg: Message) -> anyhow::Result<Option<Inbound>> {
+    fn on_message(&mut self, msg: Message) -> Result<Option<Inbound>> {
         let rank = self.rank();
         Ok(match msg {
             Message::HelloAck(ack) if ack.accepted => {
@@ -264,7 +274,7 @@ impl LinkState {
     /// The controller does not know this rank (it restarted, or timed the rank out): register
     /// again, telling a restarted controller what this rank holds, to fail it should the rank
     /// die.
-    fn rejoin(&mut self) -> anyhow::Result<()> {
+    fn rejoin(&mut self) -> Result<()> {
         if self.acked {
             tracing::warn!(
                 rank = self.rank(),
@@ -288,7 +298,7 @@ impl LinkState {
 
     /// Until acknowledged, the `Hello` is sent again (and its absence warned about); a
     /// heartbeat goes out every interval.
-    fn keep_registered(&mut self) -> anyhow::Result<()> {
+    fn keep_registered(&mut self) -> Result<()> {
         if !self.acked && self.hello_sent.elapsed() >= HELLO_RETRY {
             self.dealer.send(&self.hello_frame[..], zmq::DONTWAIT).ok();
             self.hello_sent = Instant::now();

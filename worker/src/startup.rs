@@ -7,12 +7,11 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use protocol::{Capacity, Hello, Message};
 
 use crate::actor::{Outbox, WorkerActor};
 use crate::args::{self, ModelSource, WorkerArgs, WorkerConfig};
-use crate::error::WorkerError;
+use crate::error::{self, WorkerError};
 use crate::model::{self, LlamaModel, ModelConfig};
 use crate::model_runner::ModelRunner;
 use crate::scheduler::{Scheduler, SchedulerConfig};
@@ -21,7 +20,7 @@ use crate::{disagg, gpu_identity, link, mem};
 
 /// Load the model the config names. A model of a kind the code does not implement is a
 /// [`WorkerError::UnsupportedModel`] (EX_CONFIG), one line naming what is unsupported.
-pub fn load_model(source: &ModelSource) -> anyhow::Result<LlamaModel> {
+pub fn load_model(source: &ModelSource) -> error::Result<LlamaModel> {
     match source {
         ModelSource::HfDir {
             dir,
@@ -33,9 +32,11 @@ pub fn load_model(source: &ModelSource) -> anyhow::Result<LlamaModel> {
                     dir: dir.clone(),
                     reason: e.to_string(),
                 }
-                .into()
             } else {
-                anyhow::Error::new(e).context(format!("loading model from {}", dir.display()))
+                WorkerError::Model {
+                    dir: dir.clone(),
+                    error: e,
+                }
             }
         }),
         ModelSource::Builtin { size, seed } => {
@@ -101,7 +102,7 @@ fn size_kv_pool(
 }
 
 /// A simulated rank's KV pool: what the modelled GPU's memory holds beside its weights.
-fn size_sim_pool(rank: u32, sim: &SimModel) -> anyhow::Result<usize> {
+fn size_sim_pool(rank: u32, sim: &SimModel) -> error::Result<usize> {
     let size = sim.cost().pool_size()?;
     tracing::info!(
         rank,
@@ -142,13 +143,16 @@ fn log_simulated(
 }
 
 /// The simulated rank `--device sim` asks for, in lock-step if `--sim-lock-step` is set.
-fn sim_model(sim: &args::SimSettings) -> anyhow::Result<SimModel> {
+fn sim_model(sim: &args::SimSettings) -> error::Result<SimModel> {
     let model = SimModel::new(sim.profile.clone(), sim.seed);
     Ok(match &sim.lock_step {
-        Some(path) => model.with_lock_step(
-            crate::sim::LockStep::open(path)
-                .with_context(|| format!("--sim-lock-step: opening {}", path.display()))?,
-        ),
+        Some(path) => model.with_lock_step(crate::sim::LockStep::open(path).map_err(|error| {
+            WorkerError::File {
+                flag: "sim-lock-step",
+                path: path.clone(),
+                error,
+            }
+        })?),
         None => model,
     })
 }
@@ -170,11 +174,11 @@ fn load_cuda(
     config: &WorkerConfig,
     ordinal: u32,
     pool: &rayon::ThreadPool,
-) -> anyhow::Result<model::cuda::CudaLlama> {
+) -> error::Result<model::cuda::CudaLlama> {
     let gpu = kernels::cuda::probe(ordinal).map_err(|e| cuda_unavailable(ordinal, e))?;
     let host = pool.install(|| load_model(&config.model))?;
     if let Some(why) = host.config().cuda_refusal() {
-        return Err(cuda_unavailable(ordinal, why).into());
+        return Err(cuda_unavailable(ordinal, why));
     }
     // cudarc panics on a symbol its library lacks: at start, that is a refusal like any other.
     let model = kernels::cuda::quietly("uploading the model", || {
@@ -190,8 +194,11 @@ fn load_cuda(
     _config: &WorkerConfig,
     ordinal: u32,
     _pool: &rayon::ThreadPool,
-) -> anyhow::Result<LlamaModel> {
-    Err(cuda_unavailable(ordinal, kernels::cuda::CudaError::NotBuilt).into())
+) -> error::Result<LlamaModel> {
+    Err(cuda_unavailable(
+        ordinal,
+        kernels::cuda::CudaError::NotBuilt,
+    ))
 }
 
 /// The KV pool of a GPU rank: `--mem-fraction` of the GPU memory free before the model was
@@ -203,7 +210,7 @@ fn size_gpu_pool(
     config: &WorkerConfig,
     m: &model::cuda::CudaLlama,
     context_len: usize,
-) -> anyhow::Result<usize> {
+) -> error::Result<usize> {
     let ordinal = m.gpu().ordinal;
     let (free, total) = m.mem_info().map_err(|e| cuda_unavailable(ordinal, e))?;
     let uploaded = m.gpu().free_bytes.saturating_sub(free);
@@ -247,8 +254,7 @@ fn size_gpu_pool(
                 budget.weight_bytes >> 20,
                 (budget.kv_bytes_per_token * context_len as u64) >> 20,
             ),
-        )
-        .into());
+        ));
     }
     Ok(size.max_total_tokens)
 }
@@ -257,7 +263,7 @@ fn size_gpu_pool(
 /// free, so overwritten before anything reads it): every kernel and cuBLAS call a step makes
 /// has then run once, and one that cannot is a start-up refusal, not a failed request.
 #[cfg(feature = "cuda")]
-fn alloc_gpu_pool(m: &model::cuda::CudaLlama, slots: usize) -> anyhow::Result<()> {
+fn alloc_gpu_pool(m: &model::cuda::CudaLlama, slots: usize) -> error::Result<()> {
     let ordinal = m.gpu().ordinal;
     let bytes = m.kv_bytes_per_token() * slots as u64;
     m.alloc_kv(slots).map_err(|e| {
@@ -274,7 +280,7 @@ fn alloc_gpu_pool(m: &model::cuda::CudaLlama, slots: usize) -> anyhow::Result<()
         start_pos: 0,
         slots: &[0],
     }];
-    let plan = model::BatchPlan::new(m.config(), slots, &first)?;
+    let plan = model::BatchPlan::new(m.config(), slots, &first).map_err(WorkerError::Step)?;
     kernels::cuda::quietly("the first step", || m.forward(&plan))
         .map_err(|e| e.to_string())
         .and_then(|r| r.map_err(|e| e.to_string()))
@@ -286,12 +292,15 @@ fn alloc_gpu_pool(m: &model::cuda::CudaLlama, slots: usize) -> anyhow::Result<()
 /// `mem_fraction_given`: `--mem-fraction` (or its variable) was set, so a pool sized without
 /// `--max-total-tokens` takes what that share of memory allows rather than the default of a
 /// few thousand slots per running request.
-pub fn run(args: WorkerArgs, mem_fraction_given: bool) -> anyhow::Result<()> {
+pub fn run(args: WorkerArgs, mem_fraction_given: bool) -> error::Result<()> {
     let config = args.resolve()?;
     crate::clock::warn_if_stepped();
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
-        signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handler")?;
+        signal_hook::flag::register(sig, Arc::clone(&stop)).map_err(|error| WorkerError::Os {
+            what: "installing signal handler",
+            error,
+        })?;
     }
     // Fixed before any kernel runs; every step of this process then uses it.
     let kernel_path = kernels::set_kernel_path(config.kernel_path);
@@ -299,7 +308,7 @@ pub fn run(args: WorkerArgs, mem_fraction_given: bool) -> anyhow::Result<()> {
         .num_threads(config.num_threads)
         .thread_name(move |i| format!("compute-{i}"))
         .build()
-        .context("building the compute thread pool")?;
+        .map_err(WorkerError::ThreadPool)?;
     let (sched, hello) = load(&config, &pool, kernel_path, mem_fraction_given)?;
     serve(config, sched, hello, pool, kernel_path, stop)
 }
@@ -311,7 +320,7 @@ fn load(
     pool: &rayon::ThreadPool,
     kernel_path: kernels::KernelPath,
     mem_fraction_given: bool,
-) -> anyhow::Result<(Scheduler, Hello)> {
+) -> error::Result<(Scheduler, Hello)> {
     // Free memory is read before the weights load, so they come out of this worker's share.
     let free_memory = mem::read_available_memory();
     let started = Instant::now();
@@ -474,12 +483,16 @@ fn start_kv_link(
     hello: &mut Hello,
     inbound: mpsc::Sender<link::Inbound>,
     stop: Arc<AtomicBool>,
-) -> anyhow::Result<(zmq::Socket, std::thread::JoinHandle<anyhow::Result<()>>)> {
+) -> error::Result<(zmq::Socket, std::thread::JoinHandle<error::Result<()>>)> {
     let (outbox_rx, outbox) = inproc_pipe(ctx, disagg::link::KV_OUTBOX)?;
     let router = match config.disaggregation_mode {
         protocol::DisaggMode::Prefill => {
             let (router, endpoint) = disagg::link::bind(ctx, &config.transport, &config.kv_addr)
-                .with_context(|| format!("--disaggregation-kv-addr {}", config.kv_addr))?;
+                .map_err(|error| WorkerError::Bind {
+                    flag: "disaggregation-kv-addr",
+                    addr: config.kv_addr.to_string(),
+                    error,
+                })?;
             tracing::info!(rank = config.rank, kv_endpoint = %endpoint, "KV socket bound");
             hello.kv_endpoint = Some(endpoint);
             hello.kv_public_key = config.transport.public_key().map(|k| k.z85());
@@ -498,7 +511,11 @@ fn start_kv_link(
     };
     let thread = std::thread::Builder::new()
         .name("kv-link".into())
-        .spawn(move || disagg::link::run(kv))?;
+        .spawn(move || disagg::link::run(kv))
+        .map_err(|error| WorkerError::Os {
+            what: "starting the KV link thread",
+            error,
+        })?;
     Ok((outbox, thread))
 }
 
@@ -511,7 +528,7 @@ fn serve(
     pool: rayon::ThreadPool,
     kernel_path: kernels::KernelPath,
     stop: Arc<AtomicBool>,
-) -> anyhow::Result<()> {
+) -> error::Result<()> {
     let ctx = zmq::Context::new();
     let tracer = open_tracer(&config)?;
     sched.tracer = tracer.clone();
@@ -548,7 +565,11 @@ fn serve(
     };
     let link = std::thread::Builder::new()
         .name("controller-link".into())
-        .spawn(move || link::run(link))?;
+        .spawn(move || link::run(link))
+        .map_err(|error| WorkerError::Os {
+            what: "starting the controller link thread",
+            error,
+        })?;
     let out = Sockets {
         to_tokenizer,
         outbox,
@@ -576,7 +597,7 @@ fn serve(
         join("KV link", kv)?;
     }
     match actor.refused() {
-        Some(reason) => Err(WorkerError::Refused(reason.to_string()).into()),
+        Some(reason) => Err(WorkerError::Refused(reason.to_string())),
         None => {
             tracing::info!(rank = config.rank, "worker stopped");
             Ok(())
@@ -585,7 +606,7 @@ fn serve(
 }
 
 /// The message tracer `--trace-dir` asks for (a disabled one without it).
-fn open_tracer(config: &WorkerConfig) -> anyhow::Result<protocol::msg_trace::MessageTracer> {
+fn open_tracer(config: &WorkerConfig) -> error::Result<protocol::msg_trace::MessageTracer> {
     Ok(match &config.trace_dir {
         Some(dir) => protocol::msg_trace::MessageTracer::open_capped(
             dir,
@@ -593,19 +614,29 @@ fn open_tracer(config: &WorkerConfig) -> anyhow::Result<protocol::msg_trace::Mes
             Some(config.rank),
             config.trace_max_bytes,
         )
-        .with_context(|| format!("--trace-dir {}", dir.display()))?,
+        .map_err(|error| WorkerError::File {
+            flag: "trace-dir",
+            path: dir.clone(),
+            error,
+        })?,
         None => protocol::msg_trace::MessageTracer::disabled(),
     })
 }
 
 /// An inproc pipe from the actor to a link thread: the thread's PULL end (bound first, as
 /// inproc needs) and the actor's PUSH end.
-fn inproc_pipe(ctx: &zmq::Context, endpoint: &str) -> anyhow::Result<(zmq::Socket, zmq::Socket)> {
-    let rx = ctx.socket(zmq::PULL)?;
-    rx.bind(endpoint)?;
-    let tx = ctx.socket(zmq::PUSH)?;
-    tx.connect(endpoint)?;
-    Ok((rx, tx))
+fn inproc_pipe(ctx: &zmq::Context, endpoint: &str) -> error::Result<(zmq::Socket, zmq::Socket)> {
+    let pipe = || -> std::result::Result<_, zmq::Error> {
+        let rx = ctx.socket(zmq::PULL)?;
+        rx.bind(endpoint)?;
+        let tx = ctx.socket(zmq::PUSH)?;
+        tx.connect(endpoint)?;
+        Ok((rx, tx))
+    };
+    pipe().map_err(|error| WorkerError::Socket {
+        what: "opening an inproc pipe",
+        error,
+    })
 }
 
 /// The actor's loop: take everything that arrived, then one round; block briefly for the
@@ -628,11 +659,11 @@ fn run_actor<O: Outbox>(actor: &mut WorkerActor<O>, inbound: &mpsc::Receiver<lin
     }
 }
 
-fn join(what: &str, thread: std::thread::JoinHandle<anyhow::Result<()>>) -> anyhow::Result<()> {
-    match thread.join() {
-        Ok(result) => result,
-        Err(_) => anyhow::bail!("{what} thread panicked"),
-    }
+fn join(
+    what: &'static str,
+    thread: std::thread::JoinHandle<error::Result<()>>,
+) -> error::Result<()> {
+    thread.join().unwrap_or(Err(WorkerError::Panicked(what)))
 }
 
 /// The actor's [`Outbox`] in a running worker: outputs go to the tokenizer's PULL socket

@@ -44,7 +44,7 @@ pub fn bind(
     ctx: &zmq::Context,
     transport: &protocol::Transport,
     endpoint: &Endpoint,
-) -> anyhow::Result<(zmq::Socket, String)> {
+) -> Result<(zmq::Socket, String), protocol::ProtocolError> {
     let router = transport.bind(ctx, zmq::ROUTER, endpoint)?;
     Ok((router, endpoint.connect_addr()))
 }
@@ -71,7 +71,7 @@ pub fn send(outbox: &zmq::Socket, send: KvSend) {
 }
 
 /// Run the link until `stop` is set.
-pub fn run(link: KvLink) -> anyhow::Result<()> {
+pub fn run(link: KvLink) -> crate::error::Result<()> {
     let mut state = LinkState {
         dealers: Vec::new(),
         by_endpoint: HashMap::new(),
@@ -105,7 +105,7 @@ struct LinkState {
 
 impl LinkState {
     /// Which sockets are readable: the outbox first, then the ROUTER or the DEALERs.
-    fn poll(&self) -> anyhow::Result<Vec<bool>> {
+    fn poll(&self) -> crate::error::Result<Vec<bool>> {
         let mut items = vec![self.link.outbox.as_poll_item(zmq::POLLIN)];
         if let Some(router) = &self.link.router {
             items.push(router.as_poll_item(zmq::POLLIN));
@@ -116,7 +116,10 @@ impl LinkState {
         match zmq::poll(&mut items, POLL.as_millis() as i64) {
             Ok(_) => Ok(items.iter().map(|i| i.is_readable()).collect()),
             Err(zmq::Error::EINTR) => Ok(vec![false; items.len()]),
-            Err(e) => Err(e.into()),
+            Err(error) => Err(crate::error::WorkerError::Socket {
+                what: "polling the KV link",
+                error,
+            }),
         }
     }
 
