@@ -19,7 +19,7 @@
 
 use std::path::Path;
 
-/// Default `--mem-fraction`. See the flag's documentation in `args.rs` for why it is this low.
+/// Default `--mem-fraction`. See the flag's documentation in `args/serve.rs` for why it is this low.
 pub const DEFAULT_MEM_FRACTION: f64 = 0.5;
 
 /// KV slots when the free memory cannot be read (no `/proc/meminfo`): the pool size dpserve

@@ -6,18 +6,24 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::builder::{PossibleValue, TypedValueParser};
+use clap::builder::PossibleValue;
 use protocol::endpoint::default_endpoint;
 use protocol::Endpoint;
 
 use kernels::KernelPath;
 
 use crate::error::{self, WorkerError};
-use crate::kv::req_to_token::DecodePrealloc;
-use crate::mem::DEFAULT_MEM_FRACTION;
 use crate::model::{BuiltinSize, LoadDtype};
 use crate::scheduler::SchedulePolicy;
-use crate::sim::{SimProfile, DEFAULT_SIM_PROFILE};
+use crate::sim::SimProfile;
+
+mod device;
+mod serve;
+
+pub use device::{
+    device_parser, kernel_path_names, kernel_path_parser, Device, DeviceArgs, Listed, SimSettings,
+};
+pub use serve::ServeArgs;
 
 /// `--chunked-prefill-size` when not given (also the engine benchmark's chunk).
 pub const DEFAULT_CHUNKED_PREFILL_SIZE: usize = 2048;
@@ -177,290 +183,6 @@ impl clap::ValueEnum for SchedulePolicy {
             SchedulePolicy::Fcfs => "first come, first served",
         };
         Some(PossibleValue::new(self.to_string()).help(help))
-    }
-}
-
-/// Memory, batching and lifecycle of one worker (also `up`'s and `bench --launch`'s).
-#[derive(clap::Args, Debug, Clone, PartialEq)]
-pub struct ServeArgs {
-    /// KV pool size in tokens (slots). Unset: derived from --mem-fraction of the memory free at
-    /// start, less the model's weights, between one full context and max-running-requests (plus
-    /// pre-allocated rows) × 2048 (× context length when --mem-fraction is set). Set, it wins.
-    #[arg(long, env = "DPSERVE_MAX_TOTAL_TOKENS")]
-    pub max_total_tokens: Option<usize>,
-    /// Share of the memory free at start (MemAvailable, or the cgroup's headroom when tighter)
-    /// that this worker's model weights and KV pool may take, in (0, 1]; used when
-    /// --max-total-tokens is unset. Low by default because host memory is shared, unlike a
-    /// GPU's: the OS, the page cache that reads the weights, the other actors and the forward
-    /// pass's activations live in the other half, and KV pages are only touched as slots fill,
-    /// so an over-large pool fails late (an OOM kill while serving), not at start. Workers
-    /// sharing a host must split it: `up --dp-size N` gives each 1/N of its --mem-fraction.
-    #[arg(long, env = "DPSERVE_MEM_FRACTION", default_value_t = DEFAULT_MEM_FRACTION,
-          value_parser = crate::mem::parse_mem_fraction)]
-    pub mem_fraction: f64,
-    /// Most requests decoding at once.
-    #[arg(long, env = "DPSERVE_MAX_RUNNING_REQUESTS", default_value_t = DEFAULT_MAX_RUNNING_REQUESTS)]
-    pub max_running_requests: usize,
-    /// Most prompt tokens of one request computed in one step (longer prompts are chunked).
-    #[arg(long, env = "DPSERVE_CHUNKED_PREFILL_SIZE", default_value_t = DEFAULT_CHUNKED_PREFILL_SIZE)]
-    pub chunked_prefill_size: usize,
-    /// Most prompt tokens computed in one prefill step over all requests.
-    #[arg(long, env = "DPSERVE_MAX_PREFILL_TOKENS", default_value_t = DEFAULT_MAX_PREFILL_TOKENS)]
-    pub max_prefill_tokens: usize,
-    /// Decode workers (--disaggregation-mode decode) only: extra request-to-token rows beyond
-    /// --max-running-requests for requests that hold KV without running: `auto` = 2 ×
-    /// max-running-requests when that is at most 32, else 0; or a row count. Other roles
-    /// have none.
-    #[arg(long, env = "DPSERVE_DECODE_PREALLOC_SIZE", default_value_t = DecodePrealloc::Auto)]
-    pub decode_prealloc_size: DecodePrealloc,
-    /// Scheduling policy.
-    #[arg(long, env = "DPSERVE_SCHEDULE_POLICY", value_enum, default_value_t = SchedulePolicy::Lpm)]
-    pub schedule_policy: SchedulePolicy,
-    /// Do not keep or reuse prompt prefixes.
-    #[arg(long, env = "DPSERVE_DISABLE_RADIX_CACHE")]
-    pub disable_radix_cache: bool,
-    /// Tell the controller what the prefix cache stores and evicts, as chained hashes of
-    /// blocks of this many tokens (for `--load-balance-method cache_aware`); 0 = off. Every
-    /// worker of a deployment must use the same size.
-    #[arg(long, env = "DPSERVE_KV_EVENT_BLOCK_SIZE",
-          default_value_t = protocol::kv_events::DEFAULT_KV_BLOCK_SIZE)]
-    pub kv_event_block_size: usize,
-    /// Context length (default: the model's `max_position_embeddings`).
-    #[arg(long, env = "DPSERVE_CONTEXT_LENGTH")]
-    pub context_length: Option<usize>,
-    /// Compute threads of each worker (default: the CPUs the process may use; under `up`,
-    /// this host's CPUs divided by --dp-size).
-    #[arg(long, env = "DPSERVE_NUM_THREADS")]
-    pub num_threads: Option<usize>,
-    /// Heartbeat period in milliseconds (independent of model steps).
-    #[arg(long, env = "DPSERVE_HEARTBEAT_INTERVAL_MS", default_value_t = DEFAULT_HEARTBEAT_INTERVAL_MS)]
-    pub heartbeat_interval_ms: u64,
-    /// Seconds a worker told to stop (SIGTERM) keeps running what it holds before it exits;
-    /// 0 stops at once. New requests go elsewhere from the first moment.
-    #[arg(long, env = "DPSERVE_DRAIN_TIMEOUT", default_value_t = DEFAULT_DRAIN_TIMEOUT_S)]
-    pub drain_timeout: f64,
-    /// A prefill step computes only as many prompt tokens as fit in about this many
-    /// milliseconds (learnt from earlier steps), so status, aborts and SIGTERM are served
-    /// promptly on any CPU; 0 = no time bound (only the token limits).
-    #[arg(long, env = "DPSERVE_PREFILL_STEP_TARGET_MS", default_value_t = DEFAULT_PREFILL_STEP_TARGET_MS)]
-    pub prefill_step_target_ms: u64,
-    /// Requests a rank holds waiting (not yet running) at most; past it a new request is
-    /// refused at once (503 with `Retry-After`), so a burst cannot grow a worker's queue
-    /// without bound. Unset: no limit (the tokenizer's `--max-in-flight-requests` still bounds
-    /// the whole server).
-    #[arg(long, env = "DPSERVE_MAX_QUEUED_REQUESTS")]
-    pub max_queued_requests: Option<usize>,
-    /// Seconds a request waits for its decode worker to be ready for its KV: on a prefill
-    /// worker before it is dropped, on a decode worker (waiting for a request row and KV
-    /// slots) before it fails (503). Either side giving up tells the other.
-    #[arg(long, env = "DPSERVE_DISAGGREGATION_BOOTSTRAP_TIMEOUT", default_value_t = DEFAULT_DISAGG_TIMEOUT_S)]
-    pub disaggregation_bootstrap_timeout: f64,
-    /// Decode worker: seconds a request's KV may take to arrive once its slots are ready; past
-    /// it the request fails (503) and its row and slots are freed.
-    #[arg(long, env = "DPSERVE_DISAGGREGATION_WAITING_TIMEOUT", default_value_t = DEFAULT_DISAGG_TIMEOUT_S)]
-    pub disaggregation_waiting_timeout: f64,
-}
-
-impl Default for ServeArgs {
-    fn default() -> Self {
-        ServeArgs {
-            max_total_tokens: None,
-            mem_fraction: DEFAULT_MEM_FRACTION,
-            max_running_requests: DEFAULT_MAX_RUNNING_REQUESTS,
-            chunked_prefill_size: DEFAULT_CHUNKED_PREFILL_SIZE,
-            max_prefill_tokens: DEFAULT_MAX_PREFILL_TOKENS,
-            decode_prealloc_size: DecodePrealloc::Auto,
-            schedule_policy: SchedulePolicy::Lpm,
-            disable_radix_cache: false,
-            kv_event_block_size: protocol::kv_events::DEFAULT_KV_BLOCK_SIZE,
-            context_length: None,
-            num_threads: None,
-            heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
-            drain_timeout: DEFAULT_DRAIN_TIMEOUT_S,
-            prefill_step_target_ms: DEFAULT_PREFILL_STEP_TARGET_MS,
-            max_queued_requests: None,
-            disaggregation_bootstrap_timeout: DEFAULT_DISAGG_TIMEOUT_S,
-            disaggregation_waiting_timeout: DEFAULT_DISAGG_TIMEOUT_S,
-        }
-    }
-}
-
-/// What the worker computes on (also `up`'s; `bench --engine` has its own `--kernel-path`,
-/// which also takes `all`).
-#[derive(clap::Args, Debug, Clone, PartialEq)]
-pub struct DeviceArgs {
-    /// CPU kernel path: `auto` (the widest this CPU supports) or a named one. All give
-    /// bit-identical results; forcing one is for tests and benchmarks. A path this CPU cannot
-    /// run is refused at start.
-    #[arg(long, env = kernels::KERNEL_PATH_ENV, default_value = "auto",
-          value_parser = kernel_path_parser())]
-    pub kernel_path: KernelPath,
-    /// Compute device: `cpu` runs the model; `sim` simulates a GPU rank (real scheduler and
-    /// caches, a cost model's step times, pseudo-tokens; see docs/SIM.md); `cuda` or `cuda:N`
-    /// serves on NVIDIA GPU N (0 for `cuda`; not yet run on real hardware, see docs/CUDA.md); without a usable driver, GPU or CUDA 13 library the worker exits 78 with why.
-    #[arg(long, env = "DPSERVE_DEVICE", default_value = "cpu", value_parser = device_parser())]
-    pub device: Device,
-    /// `--device sim`: the simulated GPU and model, a built-in profile.
-    #[arg(long, env = "DPSERVE_SIM_PROFILE", default_value = DEFAULT_SIM_PROFILE,
-          value_parser = clap::builder::PossibleValuesParser::new(SimProfile::BUILTIN))]
-    pub sim_profile: String,
-    /// `--device sim`: a TOML file whose keys override the profile's (e.g. `gpu_mem_gb = 141`;
-    /// `base = "NAME"` picks another built-in profile to start from).
-    #[arg(long, env = "DPSERVE_SIM_CONFIG")]
-    pub sim_config: Option<PathBuf>,
-    /// `--device sim`: step in lock-step with the cluster's other simulated ranks on this host,
-    /// as data-parallel attention does (every rank's step ends with the round's slowest; see
-    /// docs/SIM.md). `--sim-lock-step` alone means `true`.
-    #[arg(long, env = "DPSERVE_SIM_LOCK_STEP", num_args = 0..=1, default_value_t = false,
-          default_missing_value = "true", action = clap::ArgAction::Set)]
-    pub sim_lock_step: bool,
-}
-
-impl Default for DeviceArgs {
-    fn default() -> Self {
-        DeviceArgs {
-            kernel_path: KernelPath::best(),
-            device: Device::Cpu,
-            sim_profile: DEFAULT_SIM_PROFILE.to_string(),
-            sim_config: None,
-            sim_lock_step: false,
-        }
-    }
-}
-
-/// `--device`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Device {
-    /// The CPU kernels.
-    Cpu,
-    /// A simulated GPU rank: the forward pass replaced by a roofline cost model that sleeps
-    /// for the modelled step time and emits pseudo-tokens.
-    Sim,
-    /// An NVIDIA GPU through the CUDA backend (`kernels::cuda`): `cuda:N` is GPU N as the
-    /// driver numbers them after `CUDA_VISIBLE_DEVICES`; plain `cuda` (`None`) is GPU 0 for a
-    /// worker.
-    Cuda(Option<u32>),
-}
-
-impl Device {
-    /// The names `--help` lists.
-    pub const NAMES: [&'static str; 4] = ["cpu", "sim", "cuda", "cuda:N"];
-
-    /// The GPU ordinal a worker on this device uses, for a CUDA device.
-    pub fn cuda_ordinal(self) -> Option<u32> {
-        match self {
-            Device::Cuda(n) => Some(n.unwrap_or(0)),
-            Device::Cpu | Device::Sim => None,
-        }
-    }
-
-    /// Why a worker on this device cannot take a disaggregated role (`--disaggregation-mode
-    /// prefill|decode`), if it cannot: `up` refuses such a deployment with the same words
-    /// before it starts anything.
-    pub fn disagg_refusal(self) -> Option<String> {
-        match self {
-            Device::Cpu => None,
-            Device::Sim => Some("--device sim does not simulate disaggregated roles yet".into()),
-            Device::Cuda(_) => Some(format!(
-                "--device {self} does not serve disaggregated roles yet (the KV transfer is \
-                 CPU-only); use --device cpu for prefill/decode disaggregation"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for Device {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Device::Cpu => f.write_str("cpu"),
-            Device::Sim => f.write_str("sim"),
-            Device::Cuda(None) => f.write_str("cuda"),
-            Device::Cuda(Some(n)) => write!(f, "cuda:{n}"),
-        }
-    }
-}
-
-impl std::str::FromStr for Device {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "cpu" => Ok(Device::Cpu),
-            "sim" => Ok(Device::Sim),
-            "cuda" => Ok(Device::Cuda(None)),
-            _ => {
-                let n = s.strip_prefix("cuda:").ok_or_else(|| {
-                    format!("`{s}` is not a device: one of cpu, sim, cuda, cuda:N")
-                })?;
-                // Digits only: `u32::from_str` also takes a leading `+`.
-                let ordinal = n
-                    .bytes()
-                    .all(|b| b.is_ascii_digit())
-                    .then(|| n.parse::<u32>().ok())
-                    .flatten();
-                ordinal.map(|n| Device::Cuda(Some(n))).ok_or_else(|| {
-                    format!("the GPU ordinal in `{s}` must be a number: cuda:0, cuda:1, ...")
-                })
-            }
-        }
-    }
-}
-
-/// `--device`'s parser: [`Device`]'s own `FromStr` (which says what is wrong with a GPU
-/// ordinal), with [`Device::NAMES`] listed in `--help`.
-pub fn device_parser() -> Listed<Device> {
-    Listed {
-        parse: |s| s.parse::<Device>(),
-        names: || Device::NAMES.to_vec(),
-    }
-}
-
-/// `--device sim`: what a simulated rank models, and the seed of its pseudo-tokens
-/// (`--weight-seed`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct SimSettings {
-    pub profile: SimProfile,
-    pub seed: u64,
-    /// `--sim-lock-step`: the state file the cluster's ranks share.
-    pub lock_step: Option<PathBuf>,
-}
-
-/// The names `--kernel-path` takes: `auto` and every path, supported here or not.
-pub fn kernel_path_names() -> impl Iterator<Item = &'static str> {
-    std::iter::once("auto").chain(KernelPath::ALL.iter().map(|p| p.name()))
-}
-
-/// `--kernel-path`'s parser: [`KernelPath`]'s own `FromStr` (so a path this CPU lacks is
-/// refused with the paths it has), with the names listed in `--help`.
-pub fn kernel_path_parser() -> Listed<KernelPath> {
-    Listed {
-        parse: |s| s.parse::<KernelPath>().map_err(|e| e.to_string()),
-        names: || kernel_path_names().collect(),
-    }
-}
-
-/// A value parser for a closed set whose parse says more than "not one of these" (a kernel
-/// path this CPU cannot run): `parse` decides, `names` are shown by `--help`.
-#[derive(Clone, Copy)]
-pub struct Listed<T> {
-    pub parse: fn(&str) -> Result<T, String>,
-    pub names: fn() -> Vec<&'static str>,
-}
-
-impl<T: Clone + Send + Sync + 'static> TypedValueParser for Listed<T> {
-    type Value = T;
-
-    fn parse_ref(
-        &self,
-        cmd: &clap::Command,
-        arg: Option<&clap::Arg>,
-        value: &std::ffi::OsStr,
-    ) -> Result<T, clap::Error> {
-        self.parse.parse_ref(cmd, arg, value)
-    }
-
-    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
-        Some(Box::new((self.names)().into_iter().map(PossibleValue::new)))
     }
 }
 
@@ -696,63 +418,6 @@ fn flag(why: impl Into<String>) -> WorkerError {
     WorkerError::Flag(why.into())
 }
 
-impl ServeArgs {
-    /// Every check of these flags that clap's parsers do not make.
-    pub fn check(&self) -> error::Result<()> {
-        let positive = |name: &str, v: usize| -> error::Result<()> {
-            if v == 0 {
-                return Err(flag(format!("--{name} must be at least 1")));
-            }
-            Ok(())
-        };
-        if let Some(tokens) = self.max_total_tokens {
-            positive("max-total-tokens", tokens)?;
-            if tokens > u32::MAX as usize {
-                return Err(flag("--max-total-tokens must fit in 32 bits"));
-            }
-        }
-        positive("max-running-requests", self.max_running_requests)?;
-        positive("chunked-prefill-size", self.chunked_prefill_size)?;
-        positive("max-prefill-tokens", self.max_prefill_tokens)?;
-        if let Some(n) = self.max_queued_requests {
-            positive("max-queued-requests", n)?;
-        }
-        if self.kv_event_block_size > protocol::kv_events::MAX_KV_BLOCK_SIZE {
-            return Err(flag(format!(
-                "--kv-event-block-size must be at most {}, got {}",
-                protocol::kv_events::MAX_KV_BLOCK_SIZE,
-                self.kv_event_block_size
-            )));
-        }
-        // The parser checks the flag; this guards a WorkerArgs built in code.
-        crate::mem::check_mem_fraction(self.mem_fraction)
-            .map_err(|e| flag(format!("--mem-fraction: {e}")))?;
-        if !(self.drain_timeout.is_finite() && self.drain_timeout >= 0.0) {
-            return Err(flag(format!(
-                "--drain-timeout must be a number of seconds >= 0, got {}",
-                self.drain_timeout
-            )));
-        }
-        for (name, v) in [
-            (
-                "disaggregation-bootstrap-timeout",
-                self.disaggregation_bootstrap_timeout,
-            ),
-            (
-                "disaggregation-waiting-timeout",
-                self.disaggregation_waiting_timeout,
-            ),
-        ] {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(flag(format!(
-                    "--{name} must be a number of seconds > 0, got {v}"
-                )));
-            }
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::path::Path;
@@ -760,6 +425,7 @@ mod tests {
     use clap::Parser;
 
     use super::*;
+    use crate::sim::DEFAULT_SIM_PROFILE;
 
     #[derive(Parser)]
     struct Cli {
