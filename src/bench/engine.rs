@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use kernels::KernelPath;
 use serde::{Deserialize, Serialize};
-use worker::model::{BuiltinSize, KvBuffers, LoadDtype, ModelConfig, SeqInput};
+use worker::model::{BuiltinSize, KvBuffers, LlamaModel, LoadDtype, ModelConfig, SeqInput};
 use worker::ModelSource;
 
 /// Prefix of the one stdout line a child (`--kernel-path` given by the parent) reports on.
@@ -177,7 +177,38 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn measure(args: &EngineArgs, path: KernelPath, threads: usize) -> anyhow::Result<EngineResult> {
-    let (source, name) = match &args.model_path {
+    let (source, name) = model_source(args)?;
+    let model = worker::load_model(&source)?;
+    let rss_loaded = status_mib("VmRSS");
+    let c = model.config().clone();
+    let mut rows = Vec::new();
+    for &len in &args.prompt_lens {
+        rows.push(prefill_row(&model, args, len)?);
+    }
+    for &batch in &args.batches {
+        rows.push(decode_row(&model, args, batch)?);
+    }
+    let (cpu, cpu_flags) = cpu_info();
+    Ok(EngineResult {
+        kernel_path: path.name().to_string(),
+        model: name,
+        params: c.num_params(),
+        weight_dtype: model.matrix_dtype().name().to_string(),
+        weight_mib: model.weight_bytes() as f64 / (1 << 20) as f64,
+        rss_loaded_mib: rss_loaded,
+        rss_peak_mib: status_mib("VmHWM"),
+        threads,
+        cpu,
+        cpu_flags,
+        fma_peak_gflops: kernels::peak::fma_gflops(path, Duration::from_millis(300)),
+        copy_gbps: kernels::peak::copy_gbps(256 << 20, 5),
+        rows,
+    })
+}
+
+/// The model to load and the name the result gives it.
+fn model_source(args: &EngineArgs) -> anyhow::Result<(ModelSource, String)> {
+    Ok(match &args.model_path {
         Some(dir) => (
             ModelSource::HfDir {
                 dir: dir.clone(),
@@ -197,122 +228,113 @@ fn measure(args: &EngineArgs, path: KernelPath, threads: usize) -> anyhow::Resul
             },
             format!("built-in {}", args.builtin_size),
         ),
-    };
-    let model = worker::load_model(&source)?;
-    let rss_loaded = status_mib("VmRSS");
-    let c = model.config().clone();
+    })
+}
+
+/// The benchmark's synthetic token at position `i`: spread over the vocabulary, never random.
+fn bench_token(vocab: usize, i: usize) -> u32 {
+    (i as u32 * 7919 + 13) % vocab as u32
+}
+
+/// `pp{len}`: one prompt of `len` tokens, prefilled in `--chunked-prefill-size` chunks; the
+/// median of `--reps` runs after a warm-up.
+fn prefill_row(model: &LlamaModel, args: &EngineArgs, len: usize) -> anyhow::Result<EngineRow> {
+    let c = model.config();
+    let max_ctx = c.max_position_embeddings;
+    anyhow::ensure!(
+        len > 0 && len <= max_ctx,
+        "prompt length {len} outside 1..={max_ctx}"
+    );
     // Bytes of one weight element as the matrices hold it (what a token streams per parameter).
     let elem = model.matrix_dtype().bytes() as f64;
-    let vocab = c.vocab_size as u32;
-    let token = |i: usize| (i as u32 * 7919 + 13) % vocab;
-    let mut rows = Vec::new();
-    let max_ctx = c.max_position_embeddings;
-
-    for &len in &args.prompt_lens {
-        anyhow::ensure!(
-            len > 0 && len <= max_ctx,
-            "prompt length {len} outside 1..={max_ctx}"
-        );
-        let ids: Vec<u32> = (0..len).map(token).collect();
-        let slots: Vec<u32> = (0..len as u32).collect();
-        let mut kv = KvBuffers::new(&c, len);
-        let mut once = || -> anyhow::Result<f64> {
-            let t = Instant::now();
-            for start in (0..len).step_by(args.chunk.max(1)) {
-                let end = (start + args.chunk).min(len);
-                model.forward(
-                    &mut kv,
-                    &[SeqInput {
-                        new_tokens: &ids[start..end],
-                        start_pos: start,
-                        slots: &slots[..end],
-                    }],
-                )?;
-            }
-            Ok(t.elapsed().as_secs_f64())
-        };
-        once()?; // warm-up: page faults, thread start
-        let times = (0..args.reps.max(1))
-            .map(|_| once())
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        let dt = median(times);
-        let chunks = len.div_ceil(args.chunk.max(1));
-        let flops = 2.0
-            * (matmul_params(&c, false) * len + c.hidden_size * c.vocab_size * chunks) as f64
-            + (0..len).map(|p| attn_flops(&c, p)).sum::<f64>();
-        rows.push(EngineRow {
-            test: format!("pp{len}"),
-            tokens_per_s: len as f64 / dt,
-            gflops: flops / dt / 1e9,
-            gbps: elem * matmul_params(&c, true) as f64 * chunks as f64 / dt / 1e9,
-        });
-    }
-
-    let steps = args.decode_steps.max(1);
-    for &batch in &args.batches {
-        anyhow::ensure!(batch > 0, "batch sizes must be positive");
-        anyhow::ensure!(
-            steps < max_ctx,
-            "--engine-decode-steps must be below the context"
-        );
-        let ctx = steps + 1;
-        let mut kv = KvBuffers::new(&c, batch * ctx);
-        let slots: Vec<Vec<u32>> = (0..batch)
-            .map(|b| ((b * ctx) as u32..((b + 1) * ctx) as u32).collect())
-            .collect();
-        let mut toks: Vec<Vec<u32>> = (0..batch).map(|b| vec![token(b)]).collect();
-        let mut step = |pos: usize, toks: &mut Vec<Vec<u32>>| -> anyhow::Result<()> {
-            let seqs: Vec<SeqInput> = (0..batch)
-                .map(|b| SeqInput {
-                    new_tokens: &toks[b][pos..=pos],
-                    start_pos: pos,
-                    slots: &slots[b][..=pos],
-                })
-                .collect();
-            let logits = model.forward(&mut kv, &seqs)?;
-            for (b, row) in logits.chunks_exact(c.vocab_size).enumerate() {
-                toks[b].push(kernels::argmax(row) as u32);
-            }
-            Ok(())
-        };
-        step(0, &mut toks)?; // the one-token prompts
+    let ids: Vec<u32> = (0..len).map(|i| bench_token(c.vocab_size, i)).collect();
+    let slots: Vec<u32> = (0..len as u32).collect();
+    let mut kv = KvBuffers::new(c, len);
+    let mut once = || -> anyhow::Result<f64> {
         let t = Instant::now();
-        for pos in 1..=steps {
-            step(pos, &mut toks)?;
+        for start in (0..len).step_by(args.chunk.max(1)) {
+            let end = (start + args.chunk).min(len);
+            model.forward(
+                &mut kv,
+                &[SeqInput {
+                    new_tokens: &ids[start..end],
+                    start_pos: start,
+                    slots: &slots[..end],
+                }],
+            )?;
         }
-        let dt = t.elapsed().as_secs_f64();
-        let flops = (1..=steps)
-            .map(|p| 2.0 * matmul_params(&c, true) as f64 + attn_flops(&c, p))
-            .sum::<f64>()
-            * batch as f64;
-        let kv_bytes: f64 = (1..=steps)
-            .map(|p| (c.num_hidden_layers * 2 * c.kv_dim() * 4 * (p + 1)) as f64)
-            .sum::<f64>()
-            * batch as f64;
-        let weight_bytes = elem * matmul_params(&c, true) as f64 * steps as f64;
-        rows.push(EngineRow {
-            test: format!("tg{steps} b{batch}"),
-            tokens_per_s: (batch * steps) as f64 / dt,
-            gflops: flops / dt / 1e9,
-            gbps: (weight_bytes + kv_bytes) / dt / 1e9,
-        });
-    }
+        Ok(t.elapsed().as_secs_f64())
+    };
+    once()?; // warm-up: page faults, thread start
+    let times = (0..args.reps.max(1))
+        .map(|_| once())
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let dt = median(times);
+    let chunks = len.div_ceil(args.chunk.max(1));
+    let flops = 2.0
+        * (matmul_params(c, false) * len + c.hidden_size * c.vocab_size * chunks) as f64
+        + (0..len).map(|p| attn_flops(c, p)).sum::<f64>();
+    Ok(EngineRow {
+        test: format!("pp{len}"),
+        tokens_per_s: len as f64 / dt,
+        gflops: flops / dt / 1e9,
+        gbps: elem * matmul_params(c, true) as f64 * chunks as f64 / dt / 1e9,
+    })
+}
 
-    let (cpu, cpu_flags) = cpu_info();
-    Ok(EngineResult {
-        kernel_path: path.name().to_string(),
-        model: name,
-        params: c.num_params(),
-        weight_dtype: model.matrix_dtype().name().to_string(),
-        weight_mib: model.weight_bytes() as f64 / (1 << 20) as f64,
-        rss_loaded_mib: rss_loaded,
-        rss_peak_mib: status_mib("VmHWM"),
-        threads,
-        cpu,
-        cpu_flags,
-        fma_peak_gflops: kernels::peak::fma_gflops(path, Duration::from_millis(300)),
-        copy_gbps: kernels::peak::copy_gbps(256 << 20, 5),
-        rows,
+/// `tg{steps} b{batch}`: `batch` one-token prompts decoded greedily for `--engine-decode-steps`
+/// steps, timed after the prompts' own step.
+fn decode_row(model: &LlamaModel, args: &EngineArgs, batch: usize) -> anyhow::Result<EngineRow> {
+    let c = model.config();
+    let steps = args.decode_steps.max(1);
+    anyhow::ensure!(batch > 0, "batch sizes must be positive");
+    anyhow::ensure!(
+        steps < c.max_position_embeddings,
+        "--engine-decode-steps must be below the context"
+    );
+    let elem = model.matrix_dtype().bytes() as f64;
+    let ctx = steps + 1;
+    let mut kv = KvBuffers::new(c, batch * ctx);
+    let slots: Vec<Vec<u32>> = (0..batch)
+        .map(|b| ((b * ctx) as u32..((b + 1) * ctx) as u32).collect())
+        .collect();
+    let mut toks: Vec<Vec<u32>> = (0..batch)
+        .map(|b| vec![bench_token(c.vocab_size, b)])
+        .collect();
+    let mut step = |pos: usize, toks: &mut Vec<Vec<u32>>| -> anyhow::Result<()> {
+        let seqs: Vec<SeqInput> = (0..batch)
+            .map(|b| SeqInput {
+                new_tokens: &toks[b][pos..=pos],
+                start_pos: pos,
+                slots: &slots[b][..=pos],
+            })
+            .collect();
+        let logits = model.forward(&mut kv, &seqs)?;
+        for (b, row) in logits.chunks_exact(c.vocab_size).enumerate() {
+            toks[b].push(kernels::argmax(row) as u32);
+        }
+        Ok(())
+    };
+    step(0, &mut toks)?; // the one-token prompts
+    let t = Instant::now();
+    for pos in 1..=steps {
+        step(pos, &mut toks)?;
+    }
+    let dt = t.elapsed().as_secs_f64();
+    let flops = (1..=steps)
+        .map(|p| 2.0 * matmul_params(c, true) as f64 + attn_flops(c, p))
+        .sum::<f64>()
+        * batch as f64;
+    let kv_bytes: f64 = (1..=steps)
+        .map(|p| (c.num_hidden_layers * 2 * c.kv_dim() * 4 * (p + 1)) as f64)
+        .sum::<f64>()
+        * batch as f64;
+    let weight_bytes = elem * matmul_params(c, true) as f64 * steps as f64;
+    Ok(EngineRow {
+        test: format!("tg{steps} b{batch}"),
+        tokens_per_s: (batch * steps) as f64 / dt,
+        gflops: flops / dt / 1e9,
+        gbps: (weight_bytes + kv_bytes) / dt / 1e9,
     })
 }
 

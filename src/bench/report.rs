@@ -61,6 +61,14 @@ fn rate_json(rate: f64) -> Value {
 /// One result as a JSON object with bench_serving's keys plus dpserve's.
 pub fn result_json(info: &RunInfo, m: &BenchMetrics) -> Value {
     let mut o = Map::new();
+    run_keys(&mut o, info);
+    metric_keys(&mut o, m);
+    rank_keys(&mut o, info, m);
+    Value::Object(o)
+}
+
+/// What was run: the workload, the server and the model, in bench_serving's key order.
+fn run_keys(o: &mut Map<String, Value>, info: &RunInfo) {
     o.insert("backend".into(), json!(info.backend));
     o.insert("dataset_name".into(), json!(info.gsp.dataset.name()));
     o.insert("request_rate".into(), rate_json(info.request_rate));
@@ -105,6 +113,10 @@ pub fn result_json(info: &RunInfo, m: &BenchMetrics) -> Value {
     o.insert("model_from".into(), json!(info.model_from));
     o.insert("vocab_size".into(), json!(info.vocab_size));
     o.insert("vocab_size_from".into(), json!(info.vocab_size_from));
+}
+
+/// What was measured: counts, throughputs, latency distributions, cache hits and goodput.
+fn metric_keys(o: &mut Map<String, Value>, m: &BenchMetrics) {
     o.insert("duration".into(), json!(m.duration));
     o.insert("completed".into(), json!(m.completed));
     o.insert("failed".into(), json!(m.failed));
@@ -115,10 +127,10 @@ pub fn result_json(info: &RunInfo, m: &BenchMetrics) -> Value {
     o.insert("output_throughput".into(), json!(m.output_throughput));
     o.insert("total_throughput".into(), json!(m.total_throughput));
     o.insert("concurrency".into(), json!(m.concurrency));
-    dist_keys(&mut o, "e2e_latency", &m.e2e);
-    dist_keys(&mut o, "ttft", &m.ttft);
-    dist_keys(&mut o, "tpot", &m.tpot);
-    dist_keys(&mut o, "itl", &m.itl);
+    dist_keys(o, "e2e_latency", &m.e2e);
+    dist_keys(o, "ttft", &m.ttft);
+    dist_keys(o, "tpot", &m.tpot);
+    dist_keys(o, "itl", &m.itl);
     o.insert("cache_hit_rate".into(), json!(m.cache_hit_rate));
     o.insert("slo_ttft_ms".into(), json!(m.slo.ttft_ms));
     o.insert("slo_itl_ms".into(), json!(m.slo.itl_ms));
@@ -146,6 +158,10 @@ pub fn result_json(info: &RunInfo, m: &BenchMetrics) -> Value {
         "prompt_load_max_over_mean".into(),
         json!(m.prompt_load_max_over_mean),
     );
+}
+
+/// Where requests went, per rank, then the notes, errors and the time of the run.
+fn rank_keys(o: &mut Map<String, Value>, info: &RunInfo, m: &BenchMetrics) {
     // Unknown (no rank reported) is null, never an empty map that reads as "no requests".
     let known = |map: Map<String, Value>| {
         if map.is_empty() {
@@ -182,7 +198,6 @@ pub fn result_json(info: &RunInfo, m: &BenchMetrics) -> Value {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
     o.insert("timestamp".into(), json!(now));
-    Value::Object(o)
 }
 
 /// A rate in percent, or "unknown" when the server did not report it (not 0%).
@@ -215,7 +230,51 @@ fn shares(m: &BenchMetrics) -> String {
 
 /// bench_serving's end-of-run table.
 pub fn result_table(info: &RunInfo, m: &BenchMetrics) -> String {
-    let mut rows: Vec<(String, String)> = vec![
+    let mut rows = summary_rows(info, m);
+    for (title, name, d) in [
+        ("End-to-End Latency", "E2E Latency", &m.e2e),
+        ("Time to First Token", "TTFT", &m.ttft),
+        ("Time per Output Token (excl. 1st token)", "TPOT", &m.tpot),
+        ("Inter-Token Latency", "ITL", &m.itl),
+    ] {
+        rows.push((format!("-- {title} --"), String::new()));
+        rows.push((format!("Mean {name} (ms)"), format!("{:.2}", d.mean)));
+        rows.push((format!("Median {name} (ms)"), format!("{:.2}", d.median)));
+        rows.push((format!("P90 {name} (ms)"), format!("{:.2}", d.p90)));
+        rows.push((format!("P99 {name} (ms)"), format!("{:.2}", d.p99)));
+    }
+    let width = 56;
+    let mut s = format!("{:=^width$}\n", " Serving Benchmark Result ");
+    if !info.sim_profiles.is_empty() {
+        s.push_str(&format!(
+            "{:^width$}\n",
+            format!("SIMULATED ranks ({})", info.sim_profiles.join(", "))
+        ));
+    }
+    for (k, v) in rows {
+        if v.is_empty() {
+            s.push_str(&format!(
+                "{:-^width$}\n",
+                format!(" {} ", k.trim_matches(|c| c == '-' || c == ' '))
+            ));
+        } else {
+            s.push_str(&format!("{k:<44}{v:>12}\n"));
+        }
+    }
+    s.push_str(&"=".repeat(width));
+    s.push('\n');
+    for note in &info.notes {
+        s.push_str(&format!("note: {note}\n"));
+    }
+    for e in &m.errors {
+        s.push_str(&format!("error: {e}\n"));
+    }
+    s
+}
+
+/// The table's rows above the latency sections, in bench_serving's order.
+fn summary_rows(info: &RunInfo, m: &BenchMetrics) -> Vec<(String, String)> {
+    vec![
         ("Backend".into(), info.backend.clone()),
         (
             "Load-balance method".into(),
@@ -287,46 +346,7 @@ pub fn result_table(info: &RunInfo, m: &BenchMetrics) -> String {
             "Goodput share of requests".into(),
             format!("{:.1}%", m.goodput_share * 100.0),
         ),
-    ];
-    for (title, name, d) in [
-        ("End-to-End Latency", "E2E Latency", &m.e2e),
-        ("Time to First Token", "TTFT", &m.ttft),
-        ("Time per Output Token (excl. 1st token)", "TPOT", &m.tpot),
-        ("Inter-Token Latency", "ITL", &m.itl),
-    ] {
-        rows.push((format!("-- {title} --"), String::new()));
-        rows.push((format!("Mean {name} (ms)"), format!("{:.2}", d.mean)));
-        rows.push((format!("Median {name} (ms)"), format!("{:.2}", d.median)));
-        rows.push((format!("P90 {name} (ms)"), format!("{:.2}", d.p90)));
-        rows.push((format!("P99 {name} (ms)"), format!("{:.2}", d.p99)));
-    }
-    let width = 56;
-    let mut s = format!("{:=^width$}\n", " Serving Benchmark Result ");
-    if !info.sim_profiles.is_empty() {
-        s.push_str(&format!(
-            "{:^width$}\n",
-            format!("SIMULATED ranks ({})", info.sim_profiles.join(", "))
-        ));
-    }
-    for (k, v) in rows {
-        if v.is_empty() {
-            s.push_str(&format!(
-                "{:-^width$}\n",
-                format!(" {} ", k.trim_matches(|c| c == '-' || c == ' '))
-            ));
-        } else {
-            s.push_str(&format!("{k:<44}{v:>12}\n"));
-        }
-    }
-    s.push_str(&"=".repeat(width));
-    s.push('\n');
-    for note in &info.notes {
-        s.push_str(&format!("note: {note}\n"));
-    }
-    for e in &m.errors {
-        s.push_str(&format!("error: {e}\n"));
-    }
-    s
+    ]
 }
 
 /// One method's outcome in a comparison: its metrics, or why it was skipped.

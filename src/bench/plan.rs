@@ -1,0 +1,390 @@
+//! The command line resolved into a run: explicit flags over the preset over the defaults,
+//! for the workload (`Plan`) and for the clusters `--launch` starts (`ServerFlags`).
+
+use super::client::Backend;
+use super::launch::ServerFlags;
+use super::metrics::Slo;
+use super::mooncake::TraceConfig;
+use super::preset::{Preset, PresetValues, DEFAULT_GSP};
+use super::workload::{Dataset, GspConfig};
+use super::BenchArgs;
+
+/// Everything a run needs, after the preset and the defaults are applied.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub backend: Backend,
+    pub model: Option<String>,
+    pub vocab_size: Option<u32>,
+    pub gsp: GspConfig,
+    pub trace: TraceConfig,
+    pub slo: Slo,
+    pub num_prompts: Option<usize>,
+    pub max_concurrency: Option<usize>,
+    pub request_rate: f64,
+    pub seed: u64,
+    pub warmup_requests: usize,
+    pub flush_cache: bool,
+    pub progress: bool,
+}
+
+impl BenchArgs {
+    /// The plan and the server flags, with explicit flags over the preset over the defaults.
+    pub fn resolve(&self) -> anyhow::Result<(Plan, ServerFlags)> {
+        self.check_rate_and_slo()?;
+        let preset = self.preset.map(Preset::values);
+        let preset = preset.as_ref();
+        let dataset = self
+            .dataset_name
+            .or(preset.map(|p| p.dataset))
+            .unwrap_or(Dataset::GeneratedSharedPrefix);
+        let trace =
+            self.trace_config(preset.map_or_else(TraceConfig::default, |p| p.trace.clone()));
+        anyhow::ensure!(
+            dataset == Dataset::Mooncake || self.dataset_path.is_none(),
+            "--dataset-path is for --dataset-name mooncake (this run's dataset is {})",
+            dataset.name()
+        );
+        let gsp = self.gsp_config(dataset, preset.map_or(DEFAULT_GSP, |p| p.gsp.clone()));
+        let server = self.server_flags(preset);
+        // A trace is replayed open loop: the preset's concurrency is for generated workloads.
+        let max_concurrency = self.max_concurrency.or(preset
+            .filter(|_| dataset != Dataset::Mooncake)
+            .map(|p| p.max_concurrency));
+        // A preset's window is the trace's; generated workloads keep their own size.
+        let num_prompts = self.num_prompts.or(preset
+            .filter(|_| dataset == Dataset::Mooncake)
+            .and_then(|p| p.num_prompts));
+        anyhow::ensure!(
+            max_concurrency != Some(0),
+            "--max-concurrency must be at least 1"
+        );
+        let plan = Plan {
+            backend: self.backend,
+            model: self.model.clone(),
+            vocab_size: self.vocab_size,
+            gsp,
+            trace,
+            slo: Slo {
+                ttft_ms: self.slo_ttft_ms,
+                itl_ms: self.slo_itl_ms,
+            },
+            num_prompts,
+            max_concurrency,
+            request_rate: self.request_rate,
+            seed: self.seed,
+            warmup_requests: self.warmup_requests,
+            flush_cache: self.flush_cache,
+            progress: !self.disable_progress_bar,
+        };
+        Ok((plan, server))
+    }
+
+    /// `--request-rate` and the SLO's bounds must be positive.
+    fn check_rate_and_slo(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.request_rate > 0.0,
+            "--request-rate must be positive (or inf), got {}",
+            self.request_rate
+        );
+        for (flag, ms) in [
+            ("--slo-ttft-ms", self.slo_ttft_ms),
+            ("--slo-itl-ms", self.slo_itl_ms),
+        ] {
+            anyhow::ensure!(
+                ms.is_finite() && ms > 0.0,
+                "{flag} must be a positive number of milliseconds, got {ms}"
+            );
+        }
+        Ok(())
+    }
+
+    /// The trace and its scaling: the `--dataset-path` and `--trace-*` flags over `base`.
+    fn trace_config(&self, base: TraceConfig) -> TraceConfig {
+        TraceConfig {
+            path: self.dataset_path.clone(),
+            block_tokens: self.trace_block_tokens.unwrap_or(base.block_tokens),
+            time_compression: self.trace_time_compression.unwrap_or(base.time_compression),
+            start_ms: self.trace_start_ms.unwrap_or(base.start_ms),
+            output_scale: self.trace_output_scale.unwrap_or(base.output_scale),
+        }
+    }
+
+    /// The generated workload of `dataset`: the `--gsp-*` flags over `base`.
+    fn gsp_config(&self, dataset: Dataset, base: GspConfig) -> GspConfig {
+        GspConfig {
+            dataset,
+            num_groups: self.gsp_num_groups.unwrap_or(base.num_groups),
+            prompts_per_group: self.gsp_prompts_per_group.unwrap_or(base.prompts_per_group),
+            system_prompt_len: self.gsp_system_prompt_len.unwrap_or(base.system_prompt_len),
+            question_len: self.gsp_question_len.unwrap_or(base.question_len),
+            output_len: self.gsp_output_len.unwrap_or(base.output_len),
+            range_ratio: self.gsp_range_ratio.unwrap_or(base.range_ratio),
+            send_routing_key: self.gsp_send_routing_key.unwrap_or(base.send_routing_key),
+            zipf: self.gsp_zipf.or(base.zipf),
+        }
+    }
+
+    /// The server flags with the preset's cluster sizes, `up` arguments and simulated profile
+    /// wherever the user's own flags leave them unset.
+    fn server_flags(&self, preset: Option<&PresetValues>) -> ServerFlags {
+        let mut server = self.server.clone();
+        let Some(p) = preset else {
+            return server;
+        };
+        // The user's own --device wins, and then none of the preset's simulation setup applies;
+        // the user's own --sim-* flags replace the preset's profile file.
+        let own_device = server
+            .up_args
+            .iter()
+            .any(|a| a == "--device" || a.starts_with("--device="));
+        let own_sim = server.up_args.iter().any(|a| a.starts_with("--sim-"));
+        default_cluster_sizes(&mut server, p);
+        add_up_args(&mut server, p.up_args, own_device);
+        if let Some(toml) = p.sim_config {
+            if !own_device && !own_sim {
+                server.sim_config = Some(toml.to_string());
+            }
+        }
+        server
+    }
+}
+
+/// The preset's DP size, built-in model (unless a `--model-path` is given) and KV pool, each
+/// where the user set none.
+fn default_cluster_sizes(server: &mut ServerFlags, p: &PresetValues) {
+    let cluster = &mut server.cluster.0;
+    cluster.default_to("dp_size", &p.dp_size.to_string(), |c| c.dp_size = p.dp_size);
+    if let (None, Some(size)) = (&cluster.model.model_path, p.builtin_size) {
+        cluster.default_to("builtin_size", &size.to_string(), |c| {
+            c.model.value.builtin_size = size
+        });
+    }
+    if let Some(tokens) = p.max_total_tokens {
+        cluster.default_to("max_total_tokens", &tokens.to_string(), |c| {
+            c.serve.value.max_total_tokens = Some(tokens)
+        });
+    }
+}
+
+/// The preset's `up` arguments the user's `--up-arg`s do not name (none of its `--sim-*` ones
+/// when the user chose the device).
+fn add_up_args(server: &mut ServerFlags, up_args: &[(&str, &str)], own_device: bool) {
+    for (flag, value) in up_args {
+        let given = |a: &String| a == flag || a.starts_with(&format!("{flag}="));
+        if own_device && flag.starts_with("--sim-") {
+            continue;
+        }
+        if !server.up_args.iter().any(given) {
+            server.up_args.extend([flag.to_string(), value.to_string()]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::preset::EVERY_METHOD;
+    use crate::bench::workload;
+    use clap::Parser;
+    use std::path::Path;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn parse(args: &[&str]) -> BenchArgs {
+        Cli::parse_from(std::iter::once("bench").chain(args.iter().copied())).bench
+    }
+
+    #[test]
+    fn defaults_are_bench_serving_s() {
+        let (plan, server) = parse(&[]).resolve().unwrap();
+        assert_eq!(plan.gsp, DEFAULT_GSP);
+        assert!(plan.request_rate.is_infinite());
+        assert_eq!(plan.max_concurrency, None);
+        assert!(
+            server.cluster.argv().is_empty(),
+            "nothing set, nothing passed on"
+        );
+        assert_eq!(server.cluster().dp_size, crate::up::DEFAULT_DP_SIZE);
+    }
+
+    #[test]
+    fn explicit_flags_win_over_the_preset() {
+        let (plan, server) = parse(&[
+            "--preset",
+            "cpu-small",
+            "--gsp-output-len",
+            "4",
+            "--dp-size",
+            "3",
+            "--request-rate",
+            "2.5",
+        ])
+        .resolve()
+        .unwrap();
+        let p = Preset::CpuSmall.values();
+        assert_eq!(plan.gsp.output_len, 4);
+        assert_eq!(plan.gsp.num_groups, p.gsp.num_groups);
+        assert_eq!(plan.max_concurrency, Some(p.max_concurrency));
+        assert_eq!(server.cluster().dp_size, 3);
+        assert_eq!(server.cluster().serve.max_total_tokens, p.max_total_tokens);
+        let argv: Vec<String> = server
+            .cluster
+            .argv()
+            .into_iter()
+            .map(|a| a.into_string().unwrap())
+            .collect();
+        let argv = argv.join(" ");
+        assert!(argv.contains("--dp-size 3"), "{argv}");
+        assert!(argv.contains(&format!(
+            "--max-total-tokens {}",
+            p.max_total_tokens.unwrap()
+        )));
+        assert!(argv.contains("--builtin-size base"), "{argv}");
+        assert_eq!(plan.request_rate, 2.5);
+    }
+
+    #[test]
+    fn sglang_8gpu_is_the_published_workload_on_eight_simulated_ranks() {
+        let (plan, server) = parse(&["--preset", "sglang-8gpu"]).resolve().unwrap();
+        let g = &plan.gsp;
+        assert_eq!(
+            (g.num_groups, g.prompts_per_group, g.system_prompt_len),
+            (16, 32, 4096)
+        );
+        assert_eq!((g.question_len, g.output_len), (128, 256));
+        assert!(!g.send_routing_key, "SGLang's run sent no routing key");
+        assert_eq!(plan.max_concurrency, Some(64));
+        assert_eq!(server.cluster().dp_size, 8);
+        assert_eq!(
+            server.up_args,
+            ["--device", "sim", "--sim-lock-step", "true"]
+        );
+        assert_eq!(
+            server.cluster().serve.max_total_tokens,
+            None,
+            "the simulated GPU sizes the pool"
+        );
+        // The user's own --device wins over the preset's.
+        let (_, server) = parse(&["--preset", "sglang-8gpu", "--up-arg=--device=cpu"])
+            .resolve()
+            .unwrap();
+        assert_eq!(server.up_args, ["--device=cpu"]);
+    }
+
+    #[test]
+    fn trace_presets_replay_open_loop_and_keep_their_ranks_for_other_workloads() {
+        let (plan, server) = parse(&["--preset", "mooncake-8gpu", "--dataset-path", "trace.jsonl"])
+            .resolve()
+            .unwrap();
+        assert_eq!(plan.gsp.dataset, Dataset::Mooncake);
+        assert_eq!(plan.num_prompts, Some(1000));
+        assert_eq!(plan.max_concurrency, None, "a trace is replayed open loop");
+        assert_eq!(plan.trace.block_tokens, 512);
+        assert_eq!(plan.trace.time_compression, 4.0);
+        assert_eq!(plan.trace.path.as_deref(), Some(Path::new("trace.jsonl")));
+        assert_eq!(server.cluster().dp_size, 8);
+        assert!(server
+            .sim_config
+            .as_deref()
+            .unwrap()
+            .contains("context_len = 131072"));
+        // The same ranks with a generated workload: its own size, the preset's concurrency.
+        let (plan, server) = parse(&["--preset", "mooncake-8gpu", "--dataset-name", "hot-prefix"])
+            .resolve()
+            .unwrap();
+        assert_eq!(plan.gsp.dataset, Dataset::HotPrefix);
+        assert_eq!((plan.num_prompts, plan.max_concurrency), (None, Some(64)));
+        assert_eq!(server.cluster().dp_size, 8);
+        // The user's own scaling and sim profile win.
+        let (plan, server) = parse(&[
+            "--preset",
+            "mooncake-16gpu",
+            "--trace-time-compression",
+            "2",
+            "--num-prompts",
+            "50",
+            "--up-arg=--sim-profile=cpu-calibrated",
+        ])
+        .resolve()
+        .unwrap();
+        assert_eq!(server.cluster().dp_size, 16);
+        assert_eq!(
+            (plan.trace.time_compression, plan.num_prompts),
+            (2.0, Some(50))
+        );
+        assert_eq!(server.sim_config, None);
+        // The user's own device: no simulated profile for it either.
+        let (_, server) = parse(&["--preset", "mooncake-8gpu", "--up-arg=--device=cpu"])
+            .resolve()
+            .unwrap();
+        assert_eq!(server.up_args, ["--device=cpu"]);
+        assert_eq!(server.sim_config, None);
+        let (plan, server) = parse(&["--preset", "mooncake-cpu"]).resolve().unwrap();
+        assert_eq!((plan.trace.block_tokens, plan.num_prompts), (2, Some(400)));
+        assert_eq!(plan.trace.time_compression, 4.0);
+        assert_eq!(server.cluster().dp_size, 2);
+        assert!(
+            server.sim_config.is_none() && server.up_args.is_empty(),
+            "CPU ranks"
+        );
+        for m in EVERY_METHOD.split(',') {
+            use clap::ValueEnum;
+            assert!(
+                controller::policy::Method::from_str(m, false).is_ok(),
+                "{m} is a load-balance method"
+            );
+        }
+    }
+
+    #[test]
+    fn slo_and_trace_flags_are_checked() {
+        let (plan, _) = parse(&["--slo-ttft-ms", "500", "--slo-itl-ms", "40"])
+            .resolve()
+            .unwrap();
+        assert_eq!((plan.slo.ttft_ms, plan.slo.itl_ms), (500.0, 40.0));
+        assert_eq!(parse(&[]).resolve().unwrap().0.slo, Slo::default());
+        assert!(parse(&["--slo-ttft-ms", "0"]).resolve().is_err());
+        assert!(parse(&["--slo-itl-ms", "nan"]).resolve().is_err());
+        let e = parse(&["--dataset-path", "x.jsonl"]).resolve().unwrap_err();
+        assert!(e.to_string().contains("--dataset-name mooncake"), "{e}");
+    }
+
+    #[test]
+    fn workload_flags_resolve_over_the_preset() {
+        let (plan, _) = parse(&["--preset", "cpu-small"]).resolve().unwrap();
+        assert!(plan.gsp.send_routing_key, "the preset sends keys");
+        let (plan, _) = parse(&["--preset", "cpu-small", "--gsp-send-routing-key", "false"])
+            .resolve()
+            .unwrap();
+        assert!(
+            !plan.gsp.send_routing_key,
+            "false turns the preset's keys off"
+        );
+        let (plan, _) = parse(&["--gsp-send-routing-key"]).resolve().unwrap();
+        assert!(plan.gsp.send_routing_key, "the bare flag is true");
+        let (plan, _) = parse(&["--dataset-name", "multi-turn", "--gsp-zipf", "1.1"])
+            .resolve()
+            .unwrap();
+        assert_eq!(plan.gsp.dataset, Dataset::MultiTurn);
+        assert_eq!(plan.gsp.zipf, Some(1.1));
+        assert!(
+            workload::generate(&plan.gsp, 512, None, 1).is_err(),
+            "Zipf popularity is for the shared-prefix workload"
+        );
+    }
+
+    #[test]
+    fn bad_flags_are_errors() {
+        assert!(Cli::try_parse_from(["bench", "--dataset-name", "sharegpt"]).is_err());
+        assert!(
+            parse(&["--gsp-zipf=-1"]).resolve().is_ok(),
+            "checked by generate"
+        );
+        assert!(parse(&["--max-concurrency", "0"]).resolve().is_err());
+        assert!(parse(&["--request-rate", "0"]).resolve().is_err());
+    }
+}
