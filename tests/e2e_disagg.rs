@@ -381,3 +381,51 @@ fn abort_request_mid_transfer_ends_both_legs_and_frees_both_pools() {
     // Both workers still serve.
     generate(&server, &greedy("hello", 2));
 }
+
+#[test]
+fn clients_sharing_a_bootstrap_room_each_get_their_own_answer() {
+    // Before transfer rooms were the controller's own, a client's `bootstrap_room` named the
+    // transfer: two clients giving the same one at once crossed answers (one timed out, the
+    // other got the first one's continuation), and an `n: 2` request with a room timed out and
+    // left slots held. Now the room only steers `follow_bootstrap_room`.
+    let server = pd(&[], &["--max-total-tokens", "16384"]);
+    let prompts: Vec<String> = (0..8)
+        .map(|i| format!("{i} {}", long_text(200 + 10 * i)))
+        .collect();
+    // Each prompt alone first: the answer each client must get.
+    let expected: Vec<Vec<u64>> = prompts
+        .iter()
+        .map(|p| generate(&server, &greedy(p, 8)).0)
+        .collect();
+    let shared = |p: &String| {
+        let mut body = greedy(p, 8);
+        body["bootstrap_room"] = json!(7);
+        body
+    };
+    for round in 0..2 {
+        let handles = concurrently(&server, prompts.iter().map(shared).collect());
+        for (i, (h, want)) in handles.into_iter().zip(&expected).enumerate() {
+            let Reply { status, body, .. } = h.join().unwrap();
+            assert_eq!(status, 200, "round {round}, client {i}: {body}");
+            assert_eq!(
+                &ids(&body),
+                want,
+                "round {round}, client {i}: its own answer"
+            );
+        }
+    }
+    // One request of two choices, both under the client's room.
+    let (status, resp) = server.post(
+        "/v1/completions",
+        &json!({"prompt": long_text(120), "max_tokens": 6, "n": 2, "temperature": 0.7,
+                "seed": 3, "bootstrap_room": 7}),
+    );
+    assert_eq!(status, 200, "{resp}");
+    assert_eq!(resp["choices"].as_array().map(Vec::len), Some(2), "{resp}");
+    assert_whole(&server, "decode");
+    assert_whole(&server, "prefill");
+    for s in statuses(&server) {
+        assert!(s.get("invariant_violations").is_none(), "ledger: {s}");
+        assert_eq!(s["disagg"]["transfers_failed"], 0, "{s}");
+    }
+}

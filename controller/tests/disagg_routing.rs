@@ -1,71 +1,13 @@
 //! A disaggregated deployment as the controller sees it, over real sockets with workers played
 //! by DEALER sockets: each request goes to one prefill rank and one decode rank with the same
-//! room and the prefill worker's KV endpoint, an explicit rank picks the decode side, a missing
+//! room (its own, whatever `bootstrap_room` the client gave) and the prefill worker's KV endpoint, an explicit rank picks the decode side, a missing
 //! role is a 503, and a rank that leaves is announced to the other role (`PeerGone`).
 
 mod common;
 
+use common::Worker;
 use controller::Method;
-use protocol::socket::worker_identity;
-use protocol::{Capacity, DisaggMode, GenerateReq, Hello, Message, Shutdown};
-
-struct Worker {
-    rank: u32,
-    sock: zmq::Socket,
-}
-
-impl Worker {
-    fn join(ctx: &zmq::Context, addr: &protocol::Endpoint, rank: u32, mode: DisaggMode) -> Self {
-        let sock = protocol::socket::connect(ctx, zmq::DEALER, addr, Some(&worker_identity(rank)))
-            .unwrap();
-        sock.set_rcvtimeo(5000).unwrap();
-        let hello = Hello {
-            rank,
-            capacity: Capacity {
-                max_total_tokens: 4096,
-                max_running_requests: 8,
-                context_len: 512,
-                vocab_size: 512,
-            },
-            model_id: "m".into(),
-            protocol_version: protocol::PROTOCOL_VERSION,
-            pid: 1000 + rank,
-            held_rids: Vec::new(),
-            disaggregation_mode: mode,
-            kv_endpoint: (mode == DisaggMode::Prefill).then(|| format!("ipc:///kv-{rank}.sock")),
-            kv_public_key: None,
-            kv_layout: None,
-            gpu: None,
-            taken_seq: None,
-        };
-        protocol::socket::send(&sock, &Message::Hello(hello)).unwrap();
-        let w = Worker { rank, sock };
-        match w.next() {
-            Message::HelloAck(ack) => assert!(ack.accepted, "{ack:?}"),
-            other => panic!("rank {rank}: {other:?}"),
-        }
-        w
-    }
-
-    /// The next message other than a `ClusterStatus`-style echo (there is none to a worker).
-    fn next(&self) -> Message {
-        let frame = self
-            .sock
-            .recv_bytes(0)
-            .expect("a message within the timeout");
-        protocol::decode(&frame).unwrap()
-    }
-
-    fn next_request(&self) -> GenerateReq {
-        loop {
-            match self.next() {
-                Message::GenerateReq(r) => return r,
-                Message::HelloAck(_) | Message::KvSnapshotReq(_) => continue,
-                other => panic!("rank {}: expected a request, got {other:?}", self.rank),
-            }
-        }
-    }
-}
+use protocol::{DisaggMode, GenerateReq, Message, Shutdown};
 
 fn request(rid: &str, routed_dp_rank: Option<u32>) -> Message {
     Message::GenerateReq(GenerateReq {
@@ -99,12 +41,34 @@ fn requests_are_paired_and_departures_announced() {
     let leg = leg_p.disagg.clone().expect("paired");
     assert_eq!(leg.prefill_rank, 0);
     assert_eq!(leg.prefill_kv_endpoint, "ipc:///kv-0.sock");
-    assert_eq!(leg_p.bootstrap_room, Some(leg.room));
+    assert_eq!(leg_p.bootstrap_room, None, "the client's field, untouched");
     assert!(leg.room <= i64::MAX as u64);
     let decode = if leg.decode_rank == 1 { &d1 } else { &d2 };
     let leg_d = decode.next_request();
     assert_eq!(leg_d.rid, "a");
     assert_eq!(leg_d.disagg, Some(leg.clone()));
+
+    // A client's bootstrap_room never names the transfer: two requests that give the same one
+    // (two clients, or the choices of one n > 1 request) each get a room of their own.
+    let mut rooms = Vec::new();
+    for rid in ["same-1", "same-2"] {
+        send(Message::GenerateReq(GenerateReq {
+            bootstrap_room: Some(42),
+            ..GenerateReq::new(rid, vec![1, 2, 3])
+        }));
+        let leg_p = p0.next_request();
+        assert_eq!(
+            leg_p.bootstrap_room,
+            Some(42),
+            "kept for follow_bootstrap_room"
+        );
+        let leg = leg_p.disagg.expect("paired");
+        assert_ne!(leg.room, 42);
+        let decode = if leg.decode_rank == 1 { &d1 } else { &d2 };
+        assert_eq!(decode.next_request().disagg.map(|l| l.room), Some(leg.room));
+        rooms.push(leg.room);
+    }
+    assert_ne!(rooms[0], rooms[1], "one transfer room per request");
 
     // An explicit rank applies to the decode side.
     send(request("b", Some(2)));

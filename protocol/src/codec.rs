@@ -1,7 +1,8 @@
 //! Framing: one ZeroMQ frame is one named-field MessagePack map of an [`Envelope`].
 //!
 //! Decoding never panics. A frame that is not an envelope, names an unknown message type or
-//! carries another protocol version is an error the caller counts ([`FrameStats`]) and drops.
+//! carries another protocol version, or whose fields break the wire's rules (a NaN duration, an
+//! empty rid: `messages/check.rs`), is an error the caller counts ([`FrameStats`]) and drops.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +22,10 @@ pub enum DecodeError {
     UnknownType { name: String },
     #[error("protocol version {got} (this peer speaks {PROTOCOL_VERSION})")]
     Version { got: u32 },
+    /// Decoded, but a field breaks the wire's rules (`messages/check.rs`): a NaN duration, an
+    /// empty rid.
+    #[error("invalid {name}: {reason}")]
+    Invalid { name: &'static str, reason: String },
 }
 
 /// Encode a message into one frame.
@@ -65,7 +70,13 @@ pub fn decode(frame: &[u8]) -> Result<Message, DecodeError> {
         });
     }
     match from_frame::<Envelope>(frame) {
-        Ok(env) if env.v == PROTOCOL_VERSION => Ok(env.msg),
+        Ok(env) if env.v == PROTOCOL_VERSION => match crate::messages::check(&env.msg) {
+            Ok(()) => Ok(env.msg),
+            Err(reason) => Err(DecodeError::Invalid {
+                name: env.msg.type_name(),
+                reason,
+            }),
+        },
         Ok(env) => Err(DecodeError::Version { got: env.v }),
         Err(err) => match from_frame::<RawEnvelope>(frame) {
             Ok(raw) if raw.v != PROTOCOL_VERSION => Err(DecodeError::Version { got: raw.v }),

@@ -108,7 +108,8 @@ impl KvLayout {
 /// The pairing of one request, set by the controller on both legs (`GenerateReq.disagg`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DisaggLeg {
-    /// Names the transfer on both sides (random u63 unless the client gave one).
+    /// Names the transfer on both sides: a random u63 the controller draws per request (never
+    /// the client's `bootstrap_room`, which two requests may share).
     pub room: u64,
     pub prefill_rank: u32,
     pub decode_rank: u32,

@@ -1,8 +1,9 @@
 //! Disaggregated deployments: each generation request is paired with a prefill rank (by
 //! `--load-balance-method`, where the prefix cache that matters lives) and a decode rank (by
-//! `--decode-load-balance-method`; an explicit rank applies to this side), under one transfer
-//! room, and sent to both. When a rank with a role leaves, its peers of the other role hear
-//! `PeerGone` so the transfers that depended on it end at once.
+//! `--decode-load-balance-method`; an explicit rank applies to this side), under a transfer
+//! room of its own (random, never the client's `bootstrap_room`), and sent to both. When a
+//! rank with a role leaves, its peers of the other role hear `PeerGone` so the transfers that
+//! depended on it end at once.
 
 use protocol::{DisaggLeg, DisaggMode, GenerateReq, Message, PeerGone, TokenOut};
 
@@ -12,8 +13,10 @@ use crate::policy::RouteInput;
 impl Controller {
     pub(super) fn route_pd(&mut self, mut req: GenerateReq) {
         self.ranks.refresh();
-        let room = req.bootstrap_room.unwrap_or_else(protocol::random_room);
-        req.bootstrap_room = Some(room);
+        // The transfer's name is the controller's own, fresh per request: a client's
+        // `bootstrap_room` only steers `follow_bootstrap_room`, since two requests that share
+        // one (two clients, or the choices of one `n > 1` request) must never share a transfer.
+        let room = protocol::random_room();
         let prefill_ranks = self.ranks.rank_set_where(|m| m == DisaggMode::Prefill);
         let decode_ranks = self.ranks.rank_set_where(|m| m == DisaggMode::Decode);
         for (set, role) in [(&prefill_ranks, "prefill"), (&decode_ranks, "decode")] {

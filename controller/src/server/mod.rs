@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use protocol::msg_trace::{MessageTracer, Milestone};
 use protocol::socket::{identity_rank, rank_identity};
-use protocol::{encode, ClusterStatus, Endpoint, FrameStats, Message, Shutdown, TokenOut};
+use protocol::{encode, ClusterStatus, Endpoint, FrameStats, Message, TokenOut};
 
 use crate::kv_index::KvIndex;
 use crate::policy::{CacheAwareConfig, LoadBalancer, Method, PeerConfigs, PrefixAffinityConfig};
@@ -337,14 +337,11 @@ impl Controller {
                 // the rank's holder is not going anywhere.
                 tracing::debug!(rank, reason = %shutdown.reason, "Shutdown from a worker that does not hold its rank; ignored");
             }
-            Message::Shutdown(Shutdown {
-                drain_timeout_s: Some(timeout_s),
-                reason,
-                ..
-            }) => {
-                let timeout = Duration::from_secs_f64(timeout_s.clamp(0.0, 86_400.0));
+            Message::Shutdown(shutdown) if shutdown.drain_timeout_s.is_some() => {
+                let timeout = shutdown.drain_timeout().unwrap_or_default();
+                let reason = &shutdown.reason;
                 if self.ranks.start_drain(rank, timeout) {
-                    tracing::info!(rank, %reason, drain_timeout_s = timeout_s, live = ?self.ranks.ids(), "rank draining; no new requests go to it");
+                    tracing::info!(rank, %reason, drain_timeout_s = timeout.as_secs_f64(), live = ?self.ranks.ids(), "rank draining; no new requests go to it");
                     self.cluster_changed = true;
                 }
             }

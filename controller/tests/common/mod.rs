@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use controller::{CacheAwareConfig, Controller, ControllerConfig, Method, PrefixAffinityConfig};
-use protocol::{Endpoint, Message, TokenOut};
+use protocol::socket::worker_identity;
+use protocol::{Capacity, DisaggMode, Endpoint, GenerateReq, Hello, Message, TokenOut};
 
 pub struct Running {
     pub ctx: zmq::Context,
@@ -99,5 +100,69 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A worker played by a DEALER socket: registered with a `Hello`, reading what it is sent.
+pub struct Worker {
+    pub rank: u32,
+    pub sock: zmq::Socket,
+}
+
+impl Worker {
+    pub fn join(
+        ctx: &zmq::Context,
+        addr: &protocol::Endpoint,
+        rank: u32,
+        mode: DisaggMode,
+    ) -> Self {
+        let sock = protocol::socket::connect(ctx, zmq::DEALER, addr, Some(&worker_identity(rank)))
+            .unwrap();
+        sock.set_rcvtimeo(5000).unwrap();
+        let hello = Hello {
+            rank,
+            capacity: Capacity {
+                max_total_tokens: 4096,
+                max_running_requests: 8,
+                context_len: 512,
+                vocab_size: 512,
+            },
+            model_id: "m".into(),
+            protocol_version: protocol::PROTOCOL_VERSION,
+            pid: 1000 + rank,
+            held_rids: Vec::new(),
+            disaggregation_mode: mode,
+            kv_endpoint: (mode == DisaggMode::Prefill).then(|| format!("ipc:///kv-{rank}.sock")),
+            kv_public_key: None,
+            kv_layout: None,
+            gpu: None,
+            taken_seq: None,
+        };
+        protocol::socket::send(&sock, &Message::Hello(hello)).unwrap();
+        let w = Worker { rank, sock };
+        match w.next() {
+            Message::HelloAck(ack) => assert!(ack.accepted, "{ack:?}"),
+            other => panic!("rank {rank}: {other:?}"),
+        }
+        w
+    }
+
+    /// The next message other than a `ClusterStatus`-style echo (there is none to a worker).
+    pub fn next(&self) -> Message {
+        let frame = self
+            .sock
+            .recv_bytes(0)
+            .expect("a message within the timeout");
+        protocol::decode(&frame).unwrap()
+    }
+
+    pub fn next_request(&self) -> GenerateReq {
+        loop {
+            match self.next() {
+                Message::GenerateReq(r) => return r,
+                Message::HelloAck(_) | Message::KvSnapshotReq(_) => continue,
+                other => panic!("rank {}: expected a request, got {other:?}", self.rank),
+            }
+        }
     }
 }

@@ -1,6 +1,8 @@
 //! The control plane's bodies: a worker's registration and heartbeats, the cluster view the
 //! controller publishes, reconcile after a restart, and shutdown.
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 
 use crate::disagg::{DisaggMode, KvLayout};
@@ -320,4 +322,21 @@ pub struct Shutdown {
     /// once but lets its in-flight requests finish.
     #[serde(default)]
     pub drain_timeout_s: Option<f64>,
+}
+
+impl Shutdown {
+    /// Longest drain a worker may announce (a day); longer ones are cut to it.
+    pub const MAX_DRAIN: Duration = Duration::from_secs(86_400);
+
+    /// `drain_timeout_s` as a duration in `0..=MAX_DRAIN` (`decode` refuses a NaN, infinite or
+    /// negative one; a message built in memory that holds one drains for 0 s).
+    pub fn drain_timeout(&self) -> Option<Duration> {
+        let s = self.drain_timeout_s?;
+        let s = if s.is_finite() {
+            s.clamp(0.0, Self::MAX_DRAIN.as_secs_f64())
+        } else {
+            0.0
+        };
+        Some(Duration::from_secs_f64(s))
+    }
 }

@@ -7,7 +7,10 @@ use crate::disagg::{DisaggLeg, KvAbort, KvChunk, KvDone, KvReady, PeerGone};
 use crate::kv_events::{KvEvents, KvSnapshotReq};
 use crate::PROTOCOL_VERSION;
 
+mod check;
 mod control;
+
+pub(crate) use check::check;
 
 pub use control::*;
 

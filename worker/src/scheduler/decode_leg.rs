@@ -28,10 +28,30 @@ fn growth(req: &Req) -> usize {
 
 impl Scheduler {
     /// A request whose prompt KV comes from `leg.prefill_rank`: into the pre-allocation queue.
-    pub(super) fn decode_leg_arrived(&mut self, req: GenerateReq, leg: DisaggLeg) {
+    /// A room another request here still holds is refused (the controller names each transfer
+    /// afresh, so only a faulty or hostile peer reuses one): KV is never written into, or
+    /// answered from, another request's room.
+    pub(super) fn decode_leg_arrived(
+        &mut self,
+        req: GenerateReq,
+        leg: DisaggLeg,
+    ) -> Option<TokenOut> {
         let Role::Decode(d) = &mut self.legs.role else {
-            return;
+            return None;
         };
+        let in_use = d.transfers.get(&leg.room).map(|a| &a.req.rid).or_else(|| {
+            let queued = d.prealloc.iter().find(|a| a.kv.room == leg.room);
+            queued.map(|a| &a.req.rid)
+        });
+        if let Some(held) = in_use {
+            tracing::warn!(room = leg.room, rid = %req.rid, %held, "a second request for a transfer room; refused");
+            let why = format!(
+                "transfer room {} is already in use by another request",
+                leg.room
+            );
+            self.legs.stats.transfers_failed += 1;
+            return Some(self.refused_out(&req.rid, 500, why));
+        }
         let kv = Transfer {
             room: leg.room,
             prefill_rank: leg.prefill_rank,
@@ -44,6 +64,7 @@ impl Scheduler {
         let req = Req::generate(req);
         d.prealloc.push_back(Arriving { req, kv });
         self.admit_prealloc();
+        None
     }
 
     /// Takes a row and the prompt's slots for queued requests, in order, while they fit with

@@ -672,3 +672,132 @@ fn a_kv_ready_for_a_room_whose_bootstrap_timed_out_is_refused_at_once() {
     );
     pair.assert_whole();
 }
+
+/// Request `rid`'s generation request as the controller sends it to both legs, in `room`.
+fn leg(rid: &str, ids: Vec<u32>, max_new: u32, room: u64) -> protocol::GenerateReq {
+    let mut r = req(rid, ids, max_new);
+    r.disagg = Some(DisaggLeg {
+        room,
+        prefill_rank: 0,
+        decode_rank: 1,
+        prefill_kv_endpoint: EP.into(),
+        prefill_kv_key: None,
+    });
+    r
+}
+
+#[test]
+fn two_requests_naming_one_room_never_share_a_transfer() {
+    // The controller names every transfer afresh; a faulty or hostile peer may not. The second
+    // request into a held room is refused on both sides, and the first finishes as alone.
+    for decode_first in [true, false] {
+        let expected = unified(&[("a".into(), prompt(5, 40), 6)], config(4096, 8));
+        let mut pair = Pair::new(config(4096, 8), config(4096, 8));
+        pair.submit("a", prompt(5, 40), 6, 7, decode_first);
+        pair.submit("b", prompt(6, 40), 6, 7, decode_first);
+        pair.run(2);
+        assert_eq!(pair.done["a"].0, expected["a"], "a's own tokens");
+        assert!(pair.done["a"].1.error.is_none());
+        let err = pair.done["b"].1.error.clone().expect("b refused");
+        assert_eq!(err.status, 500, "{}", err.message);
+        assert!(err.message.contains("already in use"), "{}", err.message);
+        assert!(pair.done["b"].0.is_empty(), "b got no tokens");
+        let mut ended = pair.p.take_finished_rids();
+        ended.sort();
+        assert_eq!(ended, ["a", "b"], "the prefill worker ends both legs");
+        pair.assert_whole();
+    }
+}
+
+#[test]
+fn a_room_paired_with_another_request_fails_rather_than_crossing_answers() {
+    // The prefill worker holds "b" in room 7, the decode worker "a": the KvReady names "a",
+    // so the pairing is refused and neither client gets the other's continuation.
+    let mut pair = Pair::new(config(4096, 8), config(4096, 8));
+    assert!(pair.p.submit(leg("b", prompt(6, 40), 6, 7)).is_none());
+    assert!(pair.d.submit(leg("a", prompt(5, 40), 6, 7)).is_none());
+    assert!(pair.p.submit(leg("a", prompt(5, 40), 6, 7)).is_none());
+    let refused = pair.d.submit(leg("b", prompt(6, 40), 6, 7));
+    pair.collect(refused.into_iter().collect());
+    pair.run(2);
+    for rid in ["a", "b"] {
+        let (ids, out) = &pair.done[rid];
+        assert!(ids.is_empty(), "{rid} got tokens: {ids:?}");
+        let err = out.error.clone().unwrap_or_else(|| panic!("{rid} failed"));
+        assert_eq!(err.status, 500, "{rid}: {}", err.message);
+    }
+    assert!(pair.done["a"]
+        .1
+        .error
+        .as_ref()
+        .unwrap()
+        .message
+        .contains("holds request"));
+    let mut ended = pair.p.take_finished_rids();
+    ended.sort();
+    assert_eq!(ended, ["a", "b"]);
+    assert_eq!(pair.p.disagg_status().unwrap().transfers_failed, 2);
+    pair.assert_whole();
+}
+
+fn ready_for(rid: &str, room: u64, rank: u32) -> Message {
+    Message::KvReady(protocol::KvReady {
+        room,
+        rid: rid.into(),
+        decode_rank: rank,
+        layout: layout(),
+        prompt_len: 10,
+    })
+}
+
+/// Hands `msg` from the decode worker `id` to the prefill worker `p`; what `p` sends back.
+fn deliver(p: &mut Scheduler, msg: Message, id: &[u8]) -> Vec<KvSend> {
+    let outs = p.on_kv(KvInbound {
+        from: KvPeer::Identity(id.to_vec()),
+        msg,
+        payload: None,
+    });
+    assert!(outs.is_empty(), "a prefill worker answers no client");
+    p.take_kv_out()
+}
+
+fn aborts(sent: &[KvSend], room: u64, to: &[u8]) -> bool {
+    matches!(sent, [s] if s.to == KvPeer::Identity(to.to_vec())
+        && matches!(&s.msg, Message::KvAbort(a) if a.room == room))
+}
+
+#[test]
+fn a_second_kv_ready_for_a_held_room_is_refused_without_touching_the_first() {
+    let mut p = role(DisaggMode::Prefill, config(4096, 8));
+    assert!(deliver(&mut p, ready_for("a", 3, 1), b"d1").is_empty());
+    // Another decode worker claims the room for another request: refused, to it alone.
+    assert!(aborts(
+        &deliver(&mut p, ready_for("x", 3, 2), b"d2"),
+        3,
+        b"d2"
+    ));
+    // "a" arrives and pairs with its own KvReady.
+    assert!(p.submit(leg("a", prompt(5, 10), 4, 3)).is_none());
+    assert!(p.has_work(), "a is queued for its prefill");
+    assert!(p.take_finished_rids().is_empty());
+}
+
+#[test]
+fn a_kv_ready_naming_another_request_ends_the_room_for_both() {
+    let mut p = role(DisaggMode::Prefill, config(4096, 8));
+    assert!(p.submit(leg("a", prompt(5, 10), 4, 3)).is_none());
+    let sent = deliver(&mut p, ready_for("x", 3, 2), b"d2");
+    assert!(aborts(&sent, 3, b"d2"));
+    let Message::KvAbort(a) = &sent[0].msg else {
+        unreachable!()
+    };
+    assert!(a.reason.contains("holds request"), "{}", a.reason);
+    // The room was given up with "a": its own KvReady, late, is answered at once.
+    assert!(aborts(
+        &deliver(&mut p, ready_for("a", 3, 1), b"d1"),
+        3,
+        b"d1"
+    ));
+    assert_eq!(p.take_finished_rids(), ["a"]);
+    assert!(!p.has_work() && p.legs.queued() == 0);
+}

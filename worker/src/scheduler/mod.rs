@@ -296,10 +296,7 @@ impl Scheduler {
                 }
                 Some(self.refused_out(&req.rid, e.status(), e.to_string()))
             }
-            (DisaggMode::Decode, Some(leg), Ok(())) => {
-                self.decode_leg_arrived(req, leg);
-                None
-            }
+            (DisaggMode::Decode, Some(leg), Ok(())) => self.decode_leg_arrived(req, leg),
             // Without a pairing (or on a unified worker) the request is computed here whole.
             (_, _, Ok(())) => {
                 self.waiting.push_back(Req::generate(req));

@@ -63,7 +63,28 @@ impl Scheduler {
                     self.note_finished(&req.rid);
                 }
             }
+            Room::Pairing {
+                request: Some(Arrived::Request { req: held, .. }),
+                ..
+            } => {
+                // The controller names each transfer afresh, so only a faulty or hostile peer
+                // sends a second request into a room: it never replaces the one waiting.
+                let held = held.rid.clone();
+                if let Arrived::Request { req, .. } = arrived {
+                    tracing::warn!(room, rid = %req.rid, %held, "a second request for a transfer room; dropped");
+                    self.legs.stats.transfers_failed += 1;
+                    self.note_finished(&req.rid);
+                }
+            }
             Room::Pairing { request, .. } => {
+                if request.is_some() {
+                    // A refusal waits here; a request after it is as late as one after a
+                    // given-up room.
+                    if let Arrived::Request { req, .. } = arrived {
+                        self.note_finished(&req.rid);
+                    }
+                    return;
+                }
                 *request = Some(arrived);
                 self.try_pair(room);
             }
@@ -81,6 +102,19 @@ impl Scheduler {
             Room::GivenUp { status, reason, .. } => {
                 let (status, reason) = (*status, reason.clone());
                 self.legs.out.abort_room(from, room, status, reason);
+            }
+            Room::Pairing {
+                ready: Some((_, held)),
+                ..
+            } => {
+                // One decode worker sends one KvReady per room; another one for the same room
+                // is refused without touching the transfer that holds it.
+                if held.rid != r.rid || held.decode_rank != r.decode_rank {
+                    let why = format!("transfer room {room} is already held by another request");
+                    tracing::warn!(room, rid = %r.rid, held = %held.rid, "a second KvReady for a transfer room; refused");
+                    self.legs.out.abort_room(from, room, 500, why);
+                    self.legs.stats.transfers_failed += 1;
+                }
             }
             Room::Pairing { ready, .. } => {
                 *ready = Some((from, r));
@@ -125,6 +159,13 @@ impl Scheduler {
         let problem = if let Some(why) = p.config.layout.mismatch(&ready.layout) {
             tracing::error!(room, decode_rank = ready.decode_rank, %why, "refusing KV transfer");
             Some(why)
+        } else if ready.rid != req.rid {
+            // Pairing is by request as well as by room: a room two requests name (a faulty or
+            // hostile peer) never carries one request's KV to another's client.
+            Some(format!(
+                "transfer room {room} holds request {:?} here, {:?} on the decode worker",
+                req.rid, ready.rid
+            ))
         } else if ready.prompt_len != req.prompt.len() as u64 {
             Some(format!(
                 "prompt lengths differ: {} here, {} on the decode worker",
@@ -135,9 +176,12 @@ impl Scheduler {
             None
         };
         if let Some(why) = problem {
-            self.legs.out.abort_room(from, room, 500, why);
+            self.legs.out.abort_room(from, room, 500, why.clone());
             self.legs.stats.transfers_failed += 1;
             self.finished_rids.push(req.rid);
+            // A KvReady still to come for the room (its own request's, when two named it)
+            // is refused at once rather than left to time out.
+            self.give_up(room, (500, why));
             return;
         }
         let mut req = *req;
