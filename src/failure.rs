@@ -5,6 +5,7 @@
 //! to the exit status, so `main` asks nothing of the error's inner type.
 
 use std::fmt;
+use std::io::Write;
 use std::process::ExitCode;
 
 /// EX_CONFIG (sysexits.h): retrying cannot help, so systemd units stop restarting on it
@@ -35,12 +36,32 @@ impl Failure {
         }
     }
 
-    /// Print the chain of causes on one line and give the exit status.
+    /// A refusal `up` passes on from the actor that refused (exit 78).
+    pub fn refusal(error: anyhow::Error) -> Failure {
+        Failure {
+            error,
+            refused: true,
+        }
+    }
+
+    /// Print the chain of causes on one line, in one write (so another process's log line
+    /// cannot land inside it), and give the exit status. Under `up` a refusal's line also goes
+    /// to the file `up` named ([`REFUSAL_FILE_ENV`]), for `up` to end its own output with.
     pub fn report(self) -> ExitCode {
-        eprintln!("dpserve: error: {self:#}");
+        let line = format!("dpserve: error: {self:#}\n");
+        std::io::stderr().write_all(line.as_bytes()).ok();
+        if self.refused {
+            if let Some(path) = std::env::var_os(REFUSAL_FILE_ENV) {
+                std::fs::write(path, format!("{self:#}")).ok();
+            }
+        }
         self.exit_code()
     }
 }
+
+/// Set by `up` for each child: where the child writes its refusal's one line (without the
+/// `dpserve: error:` lead) before it exits 78.
+pub const REFUSAL_FILE_ENV: &str = "DPSERVE_REFUSAL_FILE";
 
 /// `{:#}` prints the chain of causes on one line, as `report` does.
 impl fmt::Display for Failure {

@@ -28,7 +28,7 @@ use tokenizer_actor::tls::Probe;
 use tokenizer_actor::HttpArgs;
 use worker::{DeviceArgs, ModelArgs, ServeArgs, WorkerError};
 
-use crate::failure::Failure;
+use crate::failure::{Failure, REFUSAL_FILE_ENV};
 use crate::forwarded::Given;
 
 mod gpus;
@@ -121,34 +121,76 @@ impl ClusterArgs {
 struct Actor {
     name: String,
     child: Child,
+    /// Where it writes its refusal's line, if it refuses (`DPSERVE_REFUSAL_FILE`).
+    refusal_file: PathBuf,
 }
 
 /// The children of this deployment; dropping it stops them.
 struct Deployment {
     actors: Vec<Actor>,
     runtime_dir: Option<PathBuf>,
+    /// Where the children's refusal files go (the runtime directory).
+    refusals: PathBuf,
+}
+
+/// A child that exited: its name, its status, and its refusal's line if it refused.
+struct Exited {
+    name: String,
+    status: std::process::ExitStatus,
+    refusal: Option<String>,
+}
+
+impl Exited {
+    /// The failure `up` ends with: the child's own refusal (exit 78) when it refused.
+    fn failure(self, serving: bool) -> Failure {
+        let Exited {
+            name,
+            status,
+            refusal,
+        } = self;
+        match (refusal, serving) {
+            (Some(line), _) => Failure::refusal(anyhow!("{name} refused to start: {line}")),
+            (None, false) => {
+                anyhow!("{name} exited during start ({status}); see its log above").into()
+            }
+            (None, true) => anyhow!("{name} exited ({status}); stopping the deployment").into(),
+        }
+    }
 }
 
 impl Deployment {
     fn spawn(&mut self, name: &str, args: Vec<OsString>) -> anyhow::Result<()> {
         let exe = std::env::current_exe().context("locating the dpserve binary")?;
+        let refusal_file = self.refusals.join(format!("refusal-{}", self.actors.len()));
         let child = Command::new(&exe)
             .args(&args)
+            .env(REFUSAL_FILE_ENV, &refusal_file)
             .spawn()
             .with_context(|| format!("starting {name}"))?;
         tracing::info!(actor = name, pid = child.id(), "started");
         self.actors.push(Actor {
             name: name.to_string(),
             child,
+            refusal_file,
         });
         Ok(())
     }
 
-    /// The first child that has exited, with its status.
-    fn exited(&mut self) -> Option<(String, String)> {
+    /// The first child that has exited.
+    fn exited(&mut self) -> Option<Exited> {
         for actor in &mut self.actors {
             if let Ok(Some(status)) = actor.child.try_wait() {
-                return Some((actor.name.clone(), status.to_string()));
+                let refused = status.code() == Some(i32::from(WorkerError::REFUSED_EXIT_CODE));
+                let refusal = refused
+                    .then(|| std::fs::read_to_string(&actor.refusal_file).ok())
+                    .flatten()
+                    .map(|line| line.trim().to_string())
+                    .filter(|line| !line.is_empty());
+                return Some(Exited {
+                    name: actor.name.clone(),
+                    status,
+                    refusal,
+                });
             }
         }
         None
@@ -244,6 +286,7 @@ pub fn run(mut args: UpArgs) -> Result<(), Failure> {
     let mut deployment = Deployment {
         actors: Vec::new(),
         runtime_dir: owned.then(|| dir.path().to_path_buf()),
+        refusals: dir.path().to_path_buf(),
     };
 
     let controller = controller_args(&args, &addrs);
@@ -301,7 +344,8 @@ fn spawn_workers(
 }
 
 /// Waits until the tokenizer reports `ranks` ranks live; a signal, an actor exiting or
-/// `--startup-timeout` stops the deployment and says why.
+/// `--startup-timeout` stops the deployment and says why. An actor that refused its
+/// configuration (exit 78) makes `up` refuse with its line, last, and exit 78 too.
 fn wait_until_live(
     deployment: &mut Deployment,
     stop: &AtomicBool,
@@ -309,42 +353,48 @@ fn wait_until_live(
     args: &UpArgs,
     auth: &str,
     ranks: usize,
-) -> anyhow::Result<()> {
+) -> Result<(), Failure> {
     let timeout = args.cluster.startup_timeout;
     let deadline = Instant::now() + Duration::from_secs_f64(timeout.max(1.0));
     let probe_addr = format!("127.0.0.1:{}", args.http.port);
     loop {
         if stop.load(Ordering::Relaxed) {
             deployment.stop(STOP_GRACE);
-            bail!("interrupted during start");
+            return Err(anyhow!("interrupted during start").into());
         }
-        if let Some((name, status)) = deployment.exited() {
+        if let Some(exited) = deployment.exited() {
             deployment.stop(STOP_GRACE);
-            bail!("{name} exited during start ({status}); see its log above");
+            return Err(exited.failure(false));
         }
         if live_ranks(probe, &probe_addr, auth).is_some_and(|live| live >= ranks) {
             return Ok(());
         }
         if Instant::now() >= deadline {
             deployment.stop(STOP_GRACE);
-            bail!("not every rank became live within {timeout}s (--startup-timeout)");
+            let why = format!("not every rank became live within {timeout}s (--startup-timeout)");
+            return Err(anyhow!(why).into());
         }
         std::thread::sleep(Duration::from_millis(100));
     }
 }
 
-/// Serves until a signal. A worker that dies is logged (the controller stops routing to it);
-/// the tokenizer or controller dying ends the deployment.
-fn serve_until_stopped(deployment: &mut Deployment, stop: &AtomicBool) -> anyhow::Result<()> {
+/// Serves until a signal. A worker that exits is logged (the controller stops routing to it):
+/// at INFO when it drained and stopped cleanly (status 0), at ERROR otherwise; the tokenizer
+/// or controller exiting ends the deployment.
+fn serve_until_stopped(deployment: &mut Deployment, stop: &AtomicBool) -> Result<(), Failure> {
     while !stop.load(Ordering::Relaxed) {
-        if let Some((name, status)) = deployment.exited() {
-            if name.starts_with("worker") {
-                tracing::error!(actor = %name, %status, "worker exited; serving with the remaining ranks");
-                deployment.actors.retain(|a| a.name != name);
-            } else {
+        if let Some(exited) = deployment.exited() {
+            let (name, status) = (exited.name.clone(), exited.status);
+            if !name.starts_with("worker") {
                 deployment.stop(STOP_GRACE);
-                bail!("{name} exited ({status}); stopping the deployment");
+                return Err(exited.failure(true));
             }
+            if status.success() {
+                tracing::info!(actor = %name, "worker drained and exited; serving with the remaining ranks");
+            } else {
+                tracing::error!(actor = %name, %status, "worker exited; serving with the remaining ranks");
+            }
+            deployment.actors.retain(|a| a.name != name);
         }
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -238,6 +238,48 @@ fn up_fails_clearly_when_a_child_dies_during_start() {
 }
 
 #[test]
+fn up_refuses_with_its_worker_when_the_worker_refuses_the_model() {
+    // A real checkpoint whose config names an architecture no family implements: the worker
+    // refuses it (EX_CONFIG), and `up` refuses with it: exit 78, the refusal its last line.
+    let Some(stories) = common::stories_dir() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("gpt2ish");
+    std::fs::create_dir(&model).unwrap();
+    for entry in std::fs::read_dir(&stories).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, model.join(path.file_name().unwrap())).unwrap();
+    }
+    let config = std::fs::read_to_string(model.join("config.json")).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&config).unwrap();
+    config["architectures"] = json!(["GPT2LMHeadModel"]);
+    config["model_type"] = json!("gpt2");
+    std::fs::write(model.join("config.json"), config.to_string()).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpserve"))
+        .args([
+            "up",
+            "--dp-size",
+            "1",
+            "--port",
+            &common::free_port().to_string(),
+        ])
+        .arg("--model-path")
+        .arg(&model)
+        .arg("--runtime-dir")
+        .arg(dir.path().join("rt"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "stderr: {stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("dpserve: error: worker 0 refused to start: ") && last.contains("gpt2"),
+        "the refusal is up's last line, whole: {stderr}"
+    );
+}
+
+#[test]
 fn a_repeated_long_prompt_is_served_from_the_prefix_cache() {
     let server = tiny();
     let prompt: Vec<u32> = (0..600u32).map(|i| 3 + (i * 7919) % 8000).collect();
