@@ -98,9 +98,18 @@ pub fn run(link: KvLink) -> crate::error::Result<()> {
 struct LinkState {
     link: KvLink,
     /// Decode: one DEALER per prefill endpoint, in the order they were made.
-    dealers: Vec<(String, zmq::Socket)>,
+    dealers: Vec<Dealer>,
     by_endpoint: HashMap<String, usize>,
     stats: FrameStats,
+}
+
+/// A decode worker's connection to one prefill worker's KV socket.
+struct Dealer {
+    endpoint: String,
+    /// The server key it was made with (from the pairing): a prefill worker that comes back at
+    /// the same endpoint with another key gets a new connection naming the new key.
+    key: Option<String>,
+    socket: zmq::Socket,
 }
 
 impl LinkState {
@@ -110,8 +119,8 @@ impl LinkState {
         if let Some(router) = &self.link.router {
             items.push(router.as_poll_item(zmq::POLLIN));
         }
-        for (_, d) in &self.dealers {
-            items.push(d.as_poll_item(zmq::POLLIN));
+        for d in &self.dealers {
+            items.push(d.socket.as_poll_item(zmq::POLLIN));
         }
         match zmq::poll(&mut items, POLL.as_millis() as i64) {
             Ok(_) => Ok(items.iter().map(|i| i.is_readable()).collect()),
@@ -166,39 +175,75 @@ impl LinkState {
         }
     }
 
-    /// Decode → a prefill worker, connecting on first use (naming `key` as the server's).
+    /// Decode → a prefill worker, connecting on first use (naming `key` as the server's). The
+    /// connection is kept per endpoint *and* key: a key that differs from the one the endpoint's
+    /// connection was made with (the prefill worker restarted there with a rotated key) replaces
+    /// it, since only one process can hold the endpoint.
     fn send_to_prefill(&mut self, ep: &str, key: Option<&str>, rest: &[Vec<u8>]) {
-        let idx = match self.by_endpoint.get(ep) {
-            Some(&i) => i,
-            None => {
-                let endpoint: Endpoint = match ep.parse() {
-                    Ok(e) => e,
-                    Err(e) => return tracing::warn!(%e, ep, "bad prefill KV endpoint"),
+        let known = self.by_endpoint.get(ep).copied();
+        let idx = match known {
+            Some(i) if self.dealers[i].key.as_deref() == key => i,
+            _ => {
+                let Some(socket) = self.connect(ep, key) else {
+                    return;
                 };
-                let server = match key.map(protocol::curve::PublicKey::from_z85).transpose() {
-                    Ok(server) => server,
-                    Err(e) => return tracing::warn!(%e, ep, "bad prefill KV key"),
+                let dealer = Dealer {
+                    endpoint: ep.to_string(),
+                    key: key.map(str::to_string),
+                    socket,
                 };
-                let dealer = match self.link.transport.connect_to(
-                    &self.link.ctx,
-                    zmq::DEALER,
-                    &endpoint,
-                    Some(&self.link.identity),
-                    server,
-                ) {
-                    Ok(d) => d,
-                    Err(e) => return tracing::warn!(%e, ep, "connecting to prefill worker failed"),
-                };
-                self.dealers.push((ep.to_string(), dealer));
-                self.by_endpoint
-                    .insert(ep.to_string(), self.dealers.len() - 1);
-                self.dealers.len() - 1
+                match known {
+                    Some(i) => {
+                        tracing::info!(
+                            ep,
+                            "prefill worker's KV key changed; reconnecting with the new one"
+                        );
+                        let old = std::mem::replace(&mut self.dealers[i], dealer);
+                        // What waits for the old key's handshake is never going anywhere.
+                        old.socket.set_linger(0).ok();
+                        i
+                    }
+                    None => {
+                        self.dealers.push(dealer);
+                        self.by_endpoint
+                            .insert(ep.to_string(), self.dealers.len() - 1);
+                        self.dealers.len() - 1
+                    }
+                }
             }
         };
         let parts: Vec<&[u8]> = rest.iter().map(Vec::as_slice).collect();
-        if let Err(e) = self.dealers[idx].1.send_multipart(parts, 0) {
+        if let Err(e) = self.dealers[idx].socket.send_multipart(parts, 0) {
             tracing::warn!(%e, ep, "KV send to prefill worker failed");
         }
+    }
+
+    /// A DEALER to the prefill worker at `ep`, naming `key` as its server key.
+    fn connect(&self, ep: &str, key: Option<&str>) -> Option<zmq::Socket> {
+        let endpoint: Endpoint = match ep.parse() {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(%e, ep, "bad prefill KV endpoint");
+                return None;
+            }
+        };
+        let server = match key.map(protocol::curve::PublicKey::from_z85).transpose() {
+            Ok(server) => server,
+            Err(e) => {
+                tracing::warn!(%e, ep, "bad prefill KV key");
+                return None;
+            }
+        };
+        let link = &self.link;
+        let made = link.transport.connect_to(
+            &link.ctx,
+            zmq::DEALER,
+            &endpoint,
+            Some(&link.identity),
+            server,
+        );
+        made.map_err(|e| tracing::warn!(%e, ep, "connecting to prefill worker failed"))
+            .ok()
     }
 
     /// From the ROUTER (`which` = 0 on a prefill worker) or DEALER `which`.
@@ -207,8 +252,12 @@ impl LinkState {
             let (from, sock) = match &self.link.router {
                 Some(r) => (None, r),
                 None => {
-                    let (ep, d) = &self.dealers[which];
-                    (Some(KvPeer::Endpoint(ep.as_str().into())), d)
+                    let d = &self.dealers[which];
+                    let from = super::PrefillEndpoint {
+                        endpoint: d.endpoint.clone(),
+                        server_key: d.key.clone(),
+                    };
+                    (Some(KvPeer::Endpoint(from)), &d.socket)
                 }
             };
             let mut parts = match sock.recv_multipart(zmq::DONTWAIT) {
@@ -233,5 +282,84 @@ impl LinkState {
         let item = Inbound::Kv(KvInbound { from, msg, payload });
         // The actor is gone only when the worker stops.
         self.link.inbound.send(item).ok();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use protocol::curve::{AllowList, Keypair};
+    use protocol::Transport;
+
+    use super::*;
+
+    /// A prefill worker's KV ROUTER on `endpoint` in its own context (its own process), a CURVE
+    /// server with `pair` admitting `client`.
+    fn prefill(
+        pair: &Keypair,
+        client: &Keypair,
+        endpoint: &Endpoint,
+    ) -> (zmq::Context, zmq::Socket) {
+        let ctx = zmq::Context::new();
+        let allow = AllowList::new(None, vec![client.public()]).unwrap();
+        let transport = Transport::curve(pair.clone(), pair.public(), allow);
+        // The previous one's listener closes on its I/O thread, a moment after its close.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let router = loop {
+            match transport.bind(&ctx, zmq::ROUTER, endpoint) {
+                Ok(r) => break r,
+                Err(e) if std::time::Instant::now() > deadline => panic!("{e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        router.set_rcvtimeo(3_000).unwrap();
+        (ctx, router)
+    }
+
+    #[test]
+    fn a_prefill_worker_back_at_its_endpoint_with_a_rotated_key_is_reached_with_the_new_one() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let ep = format!("tcp://127.0.0.1:{port}");
+        let endpoint: Endpoint = ep.parse().unwrap();
+        let decode_pair = Keypair::generate().unwrap();
+        let ctx = zmq::Context::new();
+        let outbox = ctx.socket(zmq::PULL).unwrap();
+        let (inbound, _rx) = std::sync::mpsc::channel();
+        let mut state = LinkState {
+            link: KvLink {
+                ctx: ctx.clone(),
+                outbox,
+                router: None,
+                identity: b"d1".to_vec(),
+                transport: Transport::curve(
+                    decode_pair.clone(),
+                    decode_pair.public(),
+                    AllowList::new(None, vec![]).unwrap(),
+                ),
+                inbound,
+                stop: Arc::new(AtomicBool::new(false)),
+            },
+            dealers: Vec::new(),
+            by_endpoint: HashMap::new(),
+            stats: FrameStats::default(),
+        };
+        let (first, second) = (Keypair::generate().unwrap(), Keypair::generate().unwrap());
+        for (round, pair) in [&first, &second].into_iter().enumerate() {
+            let (pctx, router) = prefill(pair, &decode_pair, &endpoint);
+            let key = pair.public().z85();
+            let frame = format!("round {round}").into_bytes();
+            state.send_to_prefill(&ep, Some(&key), &[frame.clone()]);
+            let got = router.recv_multipart(0).unwrap_or_else(|e| {
+                panic!("round {round}: nothing reached the prefill worker ({e})")
+            });
+            assert_eq!(got, [b"d1".to_vec(), frame]);
+            // The prefill worker goes away; the next one binds the same endpoint.
+            router.set_linger(0).unwrap();
+            drop((router, pctx));
+        }
+        assert_eq!(state.dealers.len(), 1, "one connection per endpoint");
+        state.dealers.clear();
     }
 }
