@@ -350,7 +350,7 @@ mod tests {
             let (pctx, router) = prefill(pair, &decode_pair, &endpoint);
             let key = pair.public().z85();
             let frame = format!("round {round}").into_bytes();
-            state.send_to_prefill(&ep, Some(&key), &[frame.clone()]);
+            state.send_to_prefill(&ep, Some(&key), std::slice::from_ref(&frame));
             let got = router.recv_multipart(0).unwrap_or_else(|e| {
                 panic!("round {round}: nothing reached the prefill worker ({e})")
             });
