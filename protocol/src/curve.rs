@@ -7,7 +7,6 @@
 //! file holds both keys, a public file the public key alone, each in Z85 (40 characters).
 //! A public-key file may also be the bare 40-character key on one line.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,7 +20,8 @@ const ZAP_ENDPOINT: &str = "inproc://zeromq.zap.01";
 pub const ZAP_DOMAIN: &str = "dpserve";
 /// A key file larger than this is not a key file.
 const MAX_KEY_FILE: u64 = 64 * 1024;
-/// A refused key is logged at most this often (a refused peer reconnects every second).
+/// The refusal log's window: a refused key is logged at most once in it, and at most
+/// [`REFUSAL_LOGS_PER_WINDOW`] keys in all (a refused peer reconnects every second).
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// A CURVE public key (32 bytes); shown in Z85.
@@ -192,32 +192,88 @@ impl Keypair {
     }
 }
 
-/// The public keys a bound socket admits: every key file in a directory, read again at each
-/// handshake (so adding a file admits that peer at its next connection, and removing one turns
-/// away its next), plus keys always admitted (this process's own, its server key).
+/// The public keys a bound socket admits: every key file in a directory, plus keys always
+/// admitted (this process's own, its server key). The directory is read again when it changes
+/// (a file added or removed: its mtime moves, so that peer's next connection is admitted or
+/// turned away) and at least once a second (a file rewritten in place), never more often: a
+/// flood of handshakes from unknown keys costs one directory read a second, not one each.
 #[derive(Debug, Clone)]
 pub struct AllowList {
     dir: Option<PathBuf>,
     always: Vec<PublicKey>,
+    /// What the directory listed when last read.
+    cache: Arc<std::sync::Mutex<Option<Listed>>>,
+    /// Directory reads by [`AllowList::admits`] so far.
+    reads: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// One read of the allow-list directory.
+#[derive(Debug)]
+struct Listed {
+    keys: Vec<PublicKey>,
+    /// The directory's mtime then.
+    mtime: Option<std::time::SystemTime>,
+    at: std::time::SystemTime,
+    read: Instant,
+}
+
+/// The allow-list directory is read again at least this often.
+const ALLOW_REREAD_EVERY: Duration = Duration::from_secs(1);
+/// A directory changed less than this before it was read may change again within the same
+/// mtime tick (filesystem timestamps are coarse): such a read is not trusted for later checks.
+const MTIME_RACY: Duration = Duration::from_secs(2);
+
+impl Listed {
+    fn still_current(&self, mtime: Option<std::time::SystemTime>) -> bool {
+        let settled = self
+            .mtime
+            .and_then(|m| self.at.duration_since(m).ok())
+            .is_some_and(|age| age >= MTIME_RACY);
+        settled && mtime == self.mtime && self.read.elapsed() < ALLOW_REREAD_EVERY
+    }
 }
 
 impl AllowList {
-    /// `dir` must be a readable directory now; its files are read at each handshake.
+    /// `dir` must be a readable directory now; its files are read when a handshake needs them
+    /// (see the type's doc).
     pub fn new(dir: Option<PathBuf>, always: Vec<PublicKey>) -> Result<Self> {
         if let Some(dir) = &dir {
             std::fs::read_dir(dir).map_err(|e| ProtocolError::Security {
                 reason: format!("--curve-allow-dir {}: {e}", dir.display()),
             })?;
         }
-        Ok(AllowList { dir, always })
+        Ok(AllowList {
+            dir,
+            always,
+            cache: Arc::default(),
+            reads: Arc::default(),
+        })
     }
 
     /// Whether `key` may connect.
     pub fn admits(&self, key: &PublicKey) -> bool {
-        self.always.contains(key) || self.listed().contains(key)
+        if self.always.contains(key) {
+            return true;
+        }
+        let Some(dir) = &self.dir else {
+            return false;
+        };
+        let mtime = std::fs::metadata(dir).and_then(|m| m.modified()).ok();
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if !cache.as_ref().is_some_and(|c| c.still_current(mtime)) {
+            self.reads
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            *cache = Some(Listed {
+                keys: self.listed(),
+                mtime,
+                at: std::time::SystemTime::now(),
+                read: Instant::now(),
+            });
+        }
+        cache.as_ref().is_some_and(|c| c.keys.contains(key))
     }
 
-    /// The keys the directory lists now; files that hold no public key are skipped.
+    /// The keys the directory lists now (read now); files that hold no public key are skipped.
     pub fn listed(&self) -> Vec<PublicKey> {
         let Some(dir) = &self.dir else {
             return Vec::new();
@@ -304,27 +360,63 @@ fn serve_zap(sock: &zmq::Socket, allow: &AllowList) {
 }
 
 fn answer_zap(sock: &zmq::Socket, allow: &AllowList) {
-    let mut last_logged: HashMap<PublicKey, Instant> = HashMap::new();
+    let mut log = RefusalLog::default();
     while let Ok(request) = sock.recv_multipart(0) {
         let (reply, refused) = zap_reply(&request, allow);
         if let Some((key, address)) = refused {
-            let now = Instant::now();
-            let due = last_logged
-                .get(&key)
-                .is_none_or(|at| now.duration_since(*at) >= REFUSAL_LOG_EVERY);
-            if due {
-                last_logged.insert(key, now);
-                tracing::warn!(
-                    peer = %address,
-                    key = %key,
-                    allow_dir = ?allow.dir(),
-                    "refused a CURVE peer: its public key is not in the allow-list"
-                );
-            }
+            log.refused(key, &address, allow.dir(), Instant::now());
         }
         if sock.send_multipart(reply, 0).is_err() {
             return;
         }
+    }
+}
+
+/// Refused keys logged at most per [`REFUSAL_LOG_EVERY`] window, whatever the keys.
+const REFUSAL_LOGS_PER_WINDOW: usize = 8;
+
+/// The refusal log's limit, global rather than per key (a fresh key per handshake must not
+/// buy a line each): in each window the first [`REFUSAL_LOGS_PER_WINDOW`] distinct keys are
+/// logged, the rest counted and reported in one line when the next window opens. Its state
+/// is bounded by that cap.
+#[derive(Debug, Default)]
+struct RefusalLog {
+    window: Option<Instant>,
+    logged: Vec<PublicKey>,
+    suppressed: u64,
+}
+
+impl RefusalLog {
+    /// Notes a refusal at `now`; true when it was logged.
+    fn refused(&mut self, key: PublicKey, address: &str, dir: Option<&Path>, now: Instant) -> bool {
+        let expired = self
+            .window
+            .is_none_or(|start| now.duration_since(start) >= REFUSAL_LOG_EVERY);
+        if expired {
+            if self.suppressed > 0 {
+                tracing::warn!(
+                    refusals = self.suppressed,
+                    window_s = REFUSAL_LOG_EVERY.as_secs(),
+                    "CURVE refusals not logged in the last window (a key is logged once a window, {REFUSAL_LOGS_PER_WINDOW} keys at most)"
+                );
+            }
+            *self = RefusalLog {
+                window: Some(now),
+                ..RefusalLog::default()
+            };
+        }
+        if self.logged.contains(&key) || self.logged.len() >= REFUSAL_LOGS_PER_WINDOW {
+            self.suppressed += 1;
+            return false;
+        }
+        self.logged.push(key);
+        tracing::warn!(
+            peer = %address,
+            key = %key,
+            allow_dir = ?dir,
+            "refused a CURVE peer: its public key is not in the allow-list"
+        );
+        true
     }
 }
 
@@ -519,7 +611,7 @@ mod tests {
     }
 
     #[test]
-    fn the_allow_list_reads_its_directory_at_each_check() {
+    fn the_allow_list_follows_its_directory() {
         let dir = temp_dir("allow");
         let own = Keypair::generate().unwrap().public();
         let peer = Keypair::generate().unwrap();
@@ -534,6 +626,53 @@ mod tests {
         assert!(!allow.admits(&peer.public()));
         assert!(AllowList::new(Some(dir.join("missing")), vec![]).is_err());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_flood_of_unknown_keys_reads_the_allow_list_at_most_once_a_second() {
+        let dir = temp_dir("flood");
+        let peer = Keypair::generate().unwrap();
+        std::fs::write(dir.join("peer.pub"), format!("{}\n", peer.public())).unwrap();
+        // A directory that last changed a while ago (a fresh one is re-read until it settles).
+        let past = std::time::SystemTime::now() - Duration::from_secs(60);
+        std::fs::File::open(&dir)
+            .unwrap()
+            .set_modified(past)
+            .unwrap();
+        let allow = AllowList::new(Some(dir.clone()), vec![]).unwrap();
+        let started = Instant::now();
+        for _ in 0..20_000 {
+            assert!(!allow.admits(&Keypair::generate().unwrap().public()));
+        }
+        assert!(allow.admits(&peer.public()));
+        let reads = allow.reads.load(std::sync::atomic::Ordering::Relaxed);
+        let most = 1 + started.elapsed().as_secs() + 1;
+        assert!(reads <= most, "{reads} reads in {:?}", started.elapsed());
+        // A key file added is admitted at once: the directory's mtime moved.
+        let late = Keypair::generate().unwrap();
+        std::fs::write(dir.join("late.pub"), format!("{}\n", late.public())).unwrap();
+        assert!(allow.admits(&late.public()));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn refusals_are_logged_a_few_keys_a_window_whatever_the_keys() {
+        let mut log = RefusalLog::default();
+        let t0 = Instant::now();
+        let repeated = Keypair::generate().unwrap().public();
+        assert!(log.refused(repeated, "a", None, t0));
+        assert!(!log.refused(repeated, "a", None, t0), "a key once a window");
+        // 20 000 handshakes, a fresh key each (what bypassed a per-key limit).
+        let logged = (0..20_000)
+            .filter(|_| log.refused(Keypair::generate().unwrap().public(), "b", None, t0))
+            .count();
+        assert_eq!(logged, REFUSAL_LOGS_PER_WINDOW - 1);
+        assert_eq!(log.logged.len(), REFUSAL_LOGS_PER_WINDOW, "bounded state");
+        assert_eq!(log.suppressed, 20_000 - logged as u64 + 1);
+        // The next window logs again (after one line counting what was not).
+        let later = t0 + REFUSAL_LOG_EVERY;
+        assert!(log.refused(repeated, "a", None, later));
+        assert_eq!((log.logged.len(), log.suppressed), (1, 0));
     }
 
     /// Without a ZAP handler libzmq admits every CURVE client unless told to enforce ZAP.

@@ -23,9 +23,9 @@ pub struct SecurityArgs {
     #[arg(long, env = "DPSERVE_CURVE_SERVER_KEY", requires = "curve_secret_key")]
     pub curve_server_key: Option<PathBuf>,
     /// Directory of public-key files (`dpserve keygen`'s `.pub`) whose holders may connect to
-    /// this process's TCP endpoints, read again at every handshake: adding a file admits a new
-    /// worker host without a restart. This process's own key and its server key are always
-    /// admitted.
+    /// this process's TCP endpoints, read again when it changes (at most once a second under a
+    /// flood of handshakes): adding a file admits a new worker host at its next connection,
+    /// without a restart. This process's own key and its server key are always admitted.
     #[arg(long, env = "DPSERVE_CURVE_ALLOW_DIR", requires = "curve_secret_key")]
     pub curve_allow_dir: Option<PathBuf>,
     /// Allow TCP endpoints beyond loopback without CURVE keys: plain ZeroMQ, which anyone who
