@@ -61,6 +61,14 @@ impl fmt::Display for Endpoint {
 }
 
 impl Endpoint {
+    /// The directory an ipc endpoint's socket file is in.
+    pub fn ipc_dir(&self) -> Option<&Path> {
+        match self {
+            Endpoint::Ipc(path) => path.parent().filter(|d| !d.as_os_str().is_empty()),
+            Endpoint::Tcp { .. } => None,
+        }
+    }
+
     /// The address a connecting peer uses. A `tcp://*:port` or `tcp://0.0.0.0:port` bind is
     /// reached at loopback from this host.
     pub fn connect_addr(&self) -> String {
@@ -80,9 +88,11 @@ pub struct RuntimeDir {
 }
 
 impl RuntimeDir {
-    /// Create (or reuse) `path` with mode 0700.
+    /// Create (or reuse) `path` with mode 0700. A directory that exists must be this user's
+    /// own (another user who made it first, at a predictable path such as the default, could
+    /// replace its sockets) and a real directory, not a link to one.
     pub fn create(path: impl AsRef<Path>) -> Result<Self, ProtocolError> {
-        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
         let path = path.as_ref().to_path_buf();
         let err = |source| ProtocolError::RuntimeDir {
             path: path.display().to_string(),
@@ -93,6 +103,22 @@ impl RuntimeDir {
             .mode(0o700)
             .create(&path)
             .map_err(err)?;
+        let meta = std::fs::symlink_metadata(&path).map_err(err)?;
+        let unsafe_dir = |why: String| ProtocolError::UnsafeDir {
+            path: path.display().to_string(),
+            why,
+        };
+        if !meta.is_dir() {
+            return Err(unsafe_dir("it is a link, not a directory".into()));
+        }
+        let me = current_uid();
+        if meta.uid() != me {
+            let why = format!(
+                "it belongs to uid {}, not to this user (uid {me})",
+                meta.uid()
+            );
+            return Err(unsafe_dir(why));
+        }
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700)).map_err(err)?;
         Ok(RuntimeDir { path })
     }
@@ -101,13 +127,7 @@ impl RuntimeDir {
     pub fn default_path(name: &str) -> PathBuf {
         match std::env::var_os("XDG_RUNTIME_DIR") {
             Some(dir) if !dir.is_empty() => PathBuf::from(dir).join(format!("dpserve-{name}")),
-            _ => {
-                // The owner of /proc/self is our uid; this avoids an unsafe libc call here.
-                let uid = std::fs::metadata("/proc/self")
-                    .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
-                    .unwrap_or(0);
-                PathBuf::from(format!("/tmp/dpserve-{uid}-{name}"))
-            }
+            _ => PathBuf::from(format!("/tmp/dpserve-{}-{name}", current_uid())),
         }
     }
 
@@ -119,6 +139,37 @@ impl RuntimeDir {
     pub fn endpoint(&self, name: &str) -> Endpoint {
         Endpoint::Ipc(self.path.join(name))
     }
+}
+
+/// This process's uid: the owner of `/proc/self` (no unsafe libc call).
+pub(crate) fn current_uid() -> u32 {
+    std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
+        .unwrap_or(0)
+}
+
+/// Refuses an existing directory of ipc sockets that another user could replace a socket in:
+/// owned by another user (root aside), or writable by others without the sticky bit.
+pub(crate) fn check_socket_dir(dir: &Path) -> Result<(), ProtocolError> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(dir) else {
+        return Ok(()); // missing: created (bind) or not yet there (connect retries)
+    };
+    let (owner, mode, me) = (meta.uid(), meta.mode(), current_uid());
+    let why = if owner != me && owner != 0 {
+        format!("it belongs to uid {owner}, not to this user (uid {me}) or root")
+    } else if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+        format!(
+            "others may write in it (mode {:o}) and it is not sticky",
+            mode & 0o7777
+        )
+    } else {
+        return Ok(());
+    };
+    Err(ProtocolError::UnsafeDir {
+        path: dir.display().to_string(),
+        why,
+    })
 }
 
 /// The default endpoint of socket `name` (`controller`, `worker`, `tokenizer`): an ipc path in
@@ -166,6 +217,59 @@ mod tests {
     fn wildcard_binds_connect_on_loopback() {
         let ep: Endpoint = "tcp://*:7000".parse().unwrap();
         assert_eq!(ep.connect_addr(), "tcp://127.0.0.1:7000");
+    }
+
+    #[test]
+    fn a_socket_directory_another_user_could_write_in_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let base = std::env::temp_dir().join(format!("dpserve-unsafe-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(&base).unwrap();
+        let ctx = zmq::Context::new();
+        let ep = |dir: &Path| Endpoint::Ipc(dir.join("c.sock"));
+        let refused = |dir: &Path| {
+            let bind = crate::socket::bind(&ctx, zmq::PULL, &ep(dir)).map(|_| ());
+            let connect = crate::socket::connect(&ctx, zmq::PUSH, &ep(dir), None).map(|_| ());
+            match (bind, connect) {
+                (Err(b), Err(c)) => {
+                    assert!(b.is_config_error(), "{b}");
+                    assert_eq!(b.to_string(), c.to_string());
+                    b.to_string()
+                }
+                other => panic!("{}: not refused: {other:?}", dir.display()),
+            }
+        };
+        // Writable by others, not sticky: refused; sticky (as /tmp): used.
+        let open = base.join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = refused(&open);
+        assert!(err.contains("others may write in it (mode 777)"), "{err}");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        crate::socket::bind(&ctx, zmq::PULL, &ep(&open)).unwrap();
+        // Another user's directory (made first at a path this user would use): refused by
+        // bind, connect and RuntimeDir alike. Needs root to make one.
+        if current_uid() != 0 {
+            eprintln!("skipping the other-owner case: only root can give a directory away");
+        } else {
+            let theirs = base.join("theirs");
+            std::fs::create_dir(&theirs).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            let err = refused(&theirs);
+            assert!(err.contains("belongs to uid 65534"), "{err}");
+            let err = RuntimeDir::create(&theirs).unwrap_err();
+            assert!(
+                err.is_config_error() && err.to_string().contains("uid 65534"),
+                "{err}"
+            );
+        }
+        // A link to a directory is not a runtime directory.
+        let real = base.join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::os::unix::fs::symlink(&real, base.join("link")).unwrap();
+        let err = RuntimeDir::create(base.join("link")).unwrap_err();
+        assert!(err.to_string().contains("a link, not a directory"), "{err}");
+        std::fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]

@@ -36,6 +36,12 @@ pub enum ProtocolError {
         #[source]
         source: std::io::Error,
     },
+    /// A directory of ipc sockets another user could replace a socket in.
+    #[error(
+        "ipc socket directory {path} is not safe to use: {why}; another user could replace \
+         its sockets (remove it, or choose another --runtime-dir or endpoint)"
+    )]
+    UnsafeDir { path: String, why: String },
 }
 
 pub type Result<T> = std::result::Result<T, ProtocolError>;
@@ -48,6 +54,7 @@ impl ProtocolError {
             ProtocolError::CurveKey { .. }
                 | ProtocolError::Security { .. }
                 | ProtocolError::InsecureTcp { .. }
+                | ProtocolError::UnsafeDir { .. }
         )
     }
 

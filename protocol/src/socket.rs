@@ -43,10 +43,11 @@ pub(crate) fn bind_configured(
             .map_err(|e| ProtocolError::zmq(what, e))?;
     }
     if let Endpoint::Ipc(path) = endpoint {
-        if let Some(dir) = path.parent() {
-            if !dir.as_os_str().is_empty() && !dir.exists() {
+        if let Some(dir) = endpoint.ipc_dir() {
+            if !dir.exists() {
                 crate::RuntimeDir::create(dir)?;
             }
+            crate::endpoint::check_socket_dir(dir)?;
         }
         // A socket file that still accepts connections belongs to a live process: taking the
         // path over would leave that process serving nobody, and the path dead once we exit.
@@ -90,6 +91,9 @@ pub(crate) fn connect_configured(
         .map_err(|e| ProtocolError::zmq(what, e))?;
     sock.set_reconnect_ivl_max(1_000)
         .map_err(|e| ProtocolError::zmq(what, e))?;
+    if let Some(dir) = endpoint.ipc_dir() {
+        crate::endpoint::check_socket_dir(dir)?;
+    }
     sock.connect(&endpoint.connect_addr())
         .map_err(|e| ProtocolError::zmq(what, e))?;
     Ok(sock)
