@@ -41,6 +41,9 @@ fn pki(dir: &Path) -> Pki {
     std::fs::write(&files.ca, ca.pem()).unwrap();
     std::fs::write(&files.cert, leaf.pem()).unwrap();
     std::fs::write(&files.key, leaf_key.serialize_pem()).unwrap();
+    // A private key readable by others is refused: 0600, as an operator keeps it.
+    let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+    std::fs::set_permissions(&files.key, private).unwrap();
     files
 }
 

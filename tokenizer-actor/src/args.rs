@@ -114,7 +114,8 @@ pub struct HttpArgs {
     pub ssl_certfile: Option<PathBuf>,
 
     /// The PEM private key (unencrypted) of `--ssl-certfile`; read once at start: a file that
-    /// cannot be read or does not match the certificate stops the start (exit status 78).
+    /// cannot be read, does not match the certificate, or others may read (more than 0600, or
+    /// 0640 owned by root) stops the start (exit status 78).
     #[arg(long, env = "DPSERVE_SSL_KEYFILE")]
     pub ssl_keyfile: Option<PathBuf>,
 

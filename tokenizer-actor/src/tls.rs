@@ -54,6 +54,9 @@ pub fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>> {
 fn read_private_key(path: &Path) -> Result<PrivateKeyDer<'static>> {
     let flag = "ssl-keyfile";
     let text = std::fs::read(path).map_err(|e| refused(flag, path, e))?;
+    if let Some(why) = exposed(path) {
+        return Err(refused(flag, path, why));
+    }
     PrivateKeyDer::from_pem_slice(&text).map_err(|e| {
         let encrypted = String::from_utf8_lossy(&text).contains("ENCRYPTED");
         refused(
@@ -66,6 +69,33 @@ fn read_private_key(path: &Path) -> Result<PrivateKeyDer<'static>> {
             } else {
                 format!("holds no PEM private key (PKCS#8, PKCS#1 or SEC1): {e}")
             },
+        )
+    })
+}
+
+/// Why the private key at `path` is exposed to other users, by PostgreSQL's rule for its own
+/// `ssl_key_file` (be-secure-common.c): owned by this user, no group or other bits (0600 or
+/// less); owned by root, group read at most (0640, for a group such as Debian's ssl-cert);
+/// owned by anyone else, refused.
+fn exposed(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    let (owner, mode) = (meta.uid(), meta.mode() & 0o777);
+    let me = std::fs::metadata("/proc/self").map(|m| m.uid()).ok()?;
+    if owner != me && owner != 0 {
+        return Some(format!(
+            "the private key belongs to uid {owner}, neither this user (uid {me}) nor root"
+        ));
+    }
+    let allowed = if owner == me && me != 0 { 0o700 } else { 0o740 };
+    (mode & !allowed != 0).then(|| {
+        format!(
+            "the private key is readable or writable by others (mode {mode:04o}); chmod {} it",
+            if owner == me && me != 0 {
+                "600"
+            } else {
+                "600 (or 640, root-owned)"
+            }
         )
     })
 }
@@ -247,7 +277,27 @@ mod tests {
         let key = dir.join(format!("{name}.key"));
         std::fs::write(&cert, made.cert.pem()).unwrap();
         std::fs::write(&key, made.key_pair.serialize_pem()).unwrap();
+        chmod(&key, 0o600);
         (cert, key)
+    }
+
+    fn chmod(path: &Path, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn a_private_key_others_can_read_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = pair(dir.path(), "a");
+        for mode in [0o644, 0o604, 0o660] {
+            chmod(&key, mode);
+            let msg = refusal(server_config(&cert, &key));
+            assert!(msg.starts_with("cannot use --ssl-keyfile "), "{msg}");
+            assert!(msg.contains(&format!("(mode {mode:04o})")), "{msg}");
+        }
+        chmod(&key, 0o400);
+        server_config(&cert, &key).unwrap();
     }
 
     fn refusal(result: Result<ServerConfig>) -> String {
@@ -300,6 +350,7 @@ mod tests {
              -----END ENCRYPTED PRIVATE KEY-----\n",
         )
         .unwrap();
+        chmod(&key, 0o600);
         let msg = refusal(server_config(&cert, &key));
         assert!(msg.contains("encrypted, which is not supported"), "{msg}");
     }

@@ -14,6 +14,9 @@ fn pair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
     let key = dir.join(format!("{name}.key"));
     std::fs::write(&cert, made.cert.pem()).unwrap();
     std::fs::write(&key, made.key_pair.serialize_pem()).unwrap();
+    // A private key readable by others is refused: 0600, as an operator keeps it.
+    let private = std::os::unix::fs::PermissionsExt::from_mode(0o600);
+    std::fs::set_permissions(&key, private).unwrap();
     (cert, key)
 }
 
