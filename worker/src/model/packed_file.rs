@@ -16,7 +16,8 @@
 //! its final name and renamed into place once complete and synced, so a reader sees a whole
 //! file or none; ranks take an exclusive lock on `NAME.lock` while they look, build and map, so
 //! one builds and the others wait and map its file. A file that does not read back (another
-//! version, truncated, another key) is written again. Files of earlier checkpoints are not
+//! version, truncated, another key, bytes that do not match the checksum written with it, or a
+//! file another user could have written) is written again. Files of earlier checkpoints are not
 //! removed: DIR is the operator's (its files can be deleted whenever no rank runs).
 //!
 //! Layout: `DPSWPK01`, the matrices (each at a 64-byte line), the table (JSON: key, layout,
@@ -26,6 +27,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -115,6 +117,10 @@ struct Table {
     key: String,
     layout: String,
     matrices: Vec<Entry>,
+    /// xxh3-64 of every byte before the table, as 16 hex digits: checked at each map, so a
+    /// file changed in place (same size, other bytes) is written again, never served.
+    #[serde(default)]
+    checksum: String,
 }
 
 /// The exclusive lock on one key's file, held while a rank looks for it, builds it and maps it.
@@ -157,16 +163,39 @@ impl PackedFile {
     /// is there but does not read back as that key's (see [`ModelError::is_packed_file`]).
     pub fn open(dir: &Path, key: &Key) -> Result<Option<PackedFile>> {
         let path = dir.join(key.file_name());
-        let file = match File::open(&path) {
+        let file = match File::options()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+        {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(unusable(&path, e.to_string())),
         };
-        // SAFETY: files in the cache are written whole beside their name and renamed into place,
-        // never modified afterwards (read-only, 0444); the map is read-only. Deleting the file
-        // keeps the mapped pages; truncating it would be SIGBUS, not undefined behaviour here.
+        let meta = file
+            .metadata()
+            .map_err(|e| unusable(&path, e.to_string()))?;
+        if let Some(why) = untrusted(&meta) {
+            return Err(unusable(&path, why));
+        }
+        // SAFETY: the file is this user's, writable by no one else, written whole beside its
+        // name and renamed into place, never modified afterwards (0444), and its bytes are
+        // checked below; the map is read-only. Deleting the file keeps the mapped pages; only
+        // this user (or root) truncating it under a running rank could still fault (SIGBUS).
         let map = unsafe { Mmap::map(&file) }.map_err(|e| unusable(&path, e.to_string()))?;
-        let table = read_table(&map).map_err(|why| unusable(&path, why))?;
+        let (table, data) = read_table(&map).map_err(|why| unusable(&path, why))?;
+        let sum = format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&map[..data]));
+        if table.checksum != sum {
+            let why = if table.checksum.is_empty() {
+                "it has no checksum (written by an earlier dpserve)".to_string()
+            } else {
+                format!(
+                    "its bytes changed since it was written (checksum {sum}, written {})",
+                    table.checksum
+                )
+            };
+            return Err(unusable(&path, why));
+        }
         if table.key != key.text {
             return Err(unusable(
                 &path,
@@ -228,8 +257,31 @@ impl PackedFile {
     }
 }
 
-/// The table of a mapped file, checked against the file's length.
-fn read_table(map: &[u8]) -> std::result::Result<Table, String> {
+/// Why a file in the cache is not to be trusted: not a regular file, another user's, or
+/// writable by group or others (this user's files there are 0444).
+fn untrusted(meta: &std::fs::Metadata) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let me = std::fs::metadata("/proc/self").map(|m| m.uid()).ok()?;
+    if !meta.is_file() {
+        Some("it is not a regular file".into())
+    } else if meta.uid() != me {
+        Some(format!(
+            "it belongs to uid {}, not to this user (uid {me})",
+            meta.uid()
+        ))
+    } else if meta.mode() & 0o022 != 0 {
+        Some(format!(
+            "others may write it (mode {:04o})",
+            meta.mode() & 0o7777
+        ))
+    } else {
+        None
+    }
+}
+
+/// The table of a mapped file, checked against the file's length, and where it starts (the
+/// end of the bytes its checksum covers).
+fn read_table(map: &[u8]) -> std::result::Result<(Table, usize), String> {
     let n = map.len();
     if n < DATA_START as usize + 16 || &map[..8] != MAGIC || &map[n - 8..] != MAGIC {
         return Err("not a complete packed weight file of this version".into());
@@ -256,7 +308,7 @@ fn read_table(map: &[u8]) -> std::result::Result<Table, String> {
             return Err(format!("its `{}` runs into its table", e.name));
         }
     }
-    Ok(table)
+    Ok((table, start))
 }
 
 fn parse_dtype(s: &str) -> Option<WeightDtype> {
@@ -270,6 +322,8 @@ pub(crate) struct PackedWriter {
     /// `None` once finished.
     out: Option<BufWriter<File>>,
     pos: u64,
+    /// The checksum of everything written so far (boxed: its state is a few hundred bytes).
+    sum: Box<xxhash_rust::xxh3::Xxh3>,
     key: Key,
     matrices: Vec<Entry>,
 }
@@ -278,20 +332,40 @@ impl PackedWriter {
     /// Starts `key`'s file in `dir` (the caller holds its [`Lock`]).
     pub fn create(dir: &Path, key: &Key) -> Result<PackedWriter> {
         let path = dir.join(key.file_name());
-        let tmp = dir.join(format!(".{}.{}.tmp", key.file_name(), std::process::id()));
-        let io = |e| ModelError::io(&tmp, e);
-        let mut out = BufWriter::with_capacity(1 << 20, File::create(&tmp).map_err(io)?);
-        let mut head = [0u8; DATA_START as usize];
-        head[..8].copy_from_slice(MAGIC);
-        out.write_all(&head).map_err(io)?;
-        Ok(PackedWriter {
-            tmp: tmp.clone(),
+        // Created new (O_EXCL: an existing name, a link included, is never followed or
+        // reused) under a name no one can guess ahead, readable by this user only until done.
+        let (tmp, file) = loop {
+            let nonce: u64 = rand::random();
+            let tmp = dir.join(format!(
+                ".{}.{}.{nonce:016x}.tmp",
+                key.file_name(),
+                std::process::id()
+            ));
+            let made = File::options()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&tmp);
+            match made {
+                Ok(file) => break (tmp, file),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(ModelError::io(&tmp, e)),
+            }
+        };
+        let mut w = PackedWriter {
+            tmp,
             path,
-            out: Some(out),
-            pos: DATA_START,
+            out: Some(BufWriter::with_capacity(1 << 20, file)),
+            pos: 0,
+            sum: Box::default(),
             key: key.clone(),
             matrices: Vec::new(),
-        })
+        };
+        let mut head = [0u8; DATA_START as usize];
+        head[..8].copy_from_slice(MAGIC);
+        w.write(&head)?;
+        Ok(w)
     }
 
     /// `bytes` appended to the file.
@@ -299,6 +373,7 @@ impl PackedWriter {
         let out = self.out.as_mut().expect("a writer not yet finished");
         out.write_all(bytes)
             .map_err(|e| ModelError::io(&self.tmp, e))?;
+        self.sum.update(bytes);
         self.pos += bytes.len() as u64;
         Ok(())
     }
@@ -323,6 +398,7 @@ impl PackedWriter {
             key: self.key.text.clone(),
             layout: PackedMatrix::LAYOUT.to_string(),
             matrices: std::mem::take(&mut self.matrices),
+            checksum: format!("{:016x}", self.sum.digest()),
         };
         let json = serde_json::to_vec(&table).expect("a table serialises");
         let tail = [&json[..], &(json.len() as u64).to_le_bytes(), MAGIC].concat();
@@ -435,6 +511,65 @@ mod tests {
             err.is_packed_file() && err.to_string().contains("complete"),
             "{err}"
         );
+    }
+
+    fn chmod(path: &Path, mode: u32) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn a_file_changed_in_place_writable_by_others_or_a_link_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let k = key("k");
+        let mut w = PackedWriter::create(dir.path(), &k).unwrap();
+        w.append("a", &matrices()[0].1).unwrap();
+        let path = w.finish().unwrap();
+        let refused = |want: &str| {
+            let err = PackedFile::open(dir.path(), &k).err().expect("refused");
+            assert!(
+                err.is_packed_file() && err.to_string().contains(want),
+                "{err}"
+            );
+        };
+        // One matrix byte overwritten, same size (what a bad disk or a careless copy does).
+        let good = std::fs::read(&path).unwrap();
+        let mut bad = good.clone();
+        bad[DATA_START as usize + 5] ^= 0x40;
+        chmod(&path, 0o644);
+        std::fs::write(&path, &bad).unwrap();
+        chmod(&path, 0o444);
+        refused("its bytes changed since it was written");
+        // Writable by others.
+        std::fs::write(&path, &good).unwrap_or_else(|_| {
+            chmod(&path, 0o644);
+            std::fs::write(&path, &good).unwrap();
+        });
+        chmod(&path, 0o666);
+        refused("others may write it (mode 0666)");
+        chmod(&path, 0o444);
+        assert!(PackedFile::open(dir.path(), &k).unwrap().is_some());
+        // A link at the file's name (to a file that would pass) is not followed.
+        let real = dir.path().join("elsewhere");
+        std::fs::rename(&path, &real).unwrap();
+        std::os::unix::fs::symlink(&real, &path).unwrap();
+        let err = PackedFile::open(dir.path(), &k).err().expect("refused");
+        assert!(err.is_packed_file(), "{err}");
+    }
+
+    #[test]
+    fn a_temporary_is_made_new_under_a_name_no_one_can_guess() {
+        let dir = tempfile::tempdir().unwrap();
+        let k = key("k");
+        let (a, b) = (
+            PackedWriter::create(dir.path(), &k).unwrap(),
+            PackedWriter::create(dir.path(), &k).unwrap(),
+        );
+        assert_ne!(a.tmp, b.tmp);
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&a.tmp).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600);
     }
 
     #[test]

@@ -1008,6 +1008,16 @@ fn a_weight_cache_is_written_once_reused_and_written_again_when_it_does_not_read
     // Whole again (an inode number is no proof: the damaged copy's may be reused).
     assert_eq!(packed_files(cache.path()).len(), 2);
     assert_eq!(std::fs::read(&path).unwrap(), bytes);
+    // Matrix bytes overwritten in place, same size: the checksum refuses the file, which is
+    // written again (mapped as it was, the logits would change).
+    let mut tampered = bytes.clone();
+    for b in &mut tampered[128..192] {
+        *b ^= 0x5a;
+    }
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(&path, &tampered).unwrap();
+    assert_eq!(shared(LoadDtype::Auto), own);
+    assert_eq!(std::fs::read(&path).unwrap(), bytes);
     // Other weights in the checkpoint: a file of their own, and their logits.
     write_model(
         model.path(),
