@@ -8,8 +8,29 @@ use crate::{encode, Endpoint, Message, ProtocolError, Result, Transport};
 const HWM: i32 = 100_000;
 /// How long unsent messages are kept when a socket closes.
 const LINGER_MS: i32 = 1_000;
+/// The largest frame a dpserve socket takes in (`ZMQ_MAXMSGSIZE`); a peer that sends a larger
+/// one is disconnected by libzmq before it is read, so no frame can make an actor allocate
+/// gigabytes. The largest legitimate control frame is far below it: a `GenerateReq` of a
+/// whole context (128 Ki tokens are ~0.7 MB), a `KvEvents` snapshot of a multi-million-token
+/// pool (tens of MB). The KV link's frames carry prompts' KV and are sized by their layout
+/// ([`set_max_frame`] before connecting).
+pub const MAX_FRAME_BYTES: i64 = 256 << 20;
+
+/// Sets the largest frame `sock` takes in (before it binds or connects: libzmq copies the
+/// option into each connection as it is made).
+pub fn set_max_frame(sock: &zmq::Socket, bytes: i64, what: &str) -> Result<()> {
+    sock.set_maxmsgsize(bytes)
+        .map_err(|e| ProtocolError::zmq(what, e))
+}
 
 fn configure(sock: &zmq::Socket, what: &str) -> Result<()> {
+    if sock
+        .get_maxmsgsize()
+        .map_err(|e| ProtocolError::zmq(what, e))?
+        < 0
+    {
+        set_max_frame(sock, MAX_FRAME_BYTES, what)?;
+    }
     sock.set_sndhwm(HWM)
         .map_err(|e| ProtocolError::zmq(what, e))?;
     sock.set_rcvhwm(HWM)
@@ -170,5 +191,46 @@ mod tests {
         assert_eq!(first.recv_bytes(0).unwrap(), b"still here");
         drop((first, push));
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_frame_over_the_limit_disconnects_its_sender_and_the_socket_keeps_serving() {
+        let dir = tempfile_dir("maxmsg");
+        let ep = Endpoint::Ipc(dir.join("m.sock"));
+        let ctx = zmq::Context::new();
+        // Every socket gets the limit.
+        let default = bind(&ctx, zmq::PULL, &Endpoint::Ipc(dir.join("d.sock"))).unwrap();
+        assert_eq!(default.get_maxmsgsize().unwrap(), MAX_FRAME_BYTES);
+        // The same limit, small enough to cross in a test.
+        let pull = ctx.socket(zmq::PULL).unwrap();
+        set_max_frame(&pull, 1024, "test").unwrap();
+        let pull = bind_configured(pull, zmq::PULL, &ep, "test").unwrap();
+        assert_eq!(
+            pull.get_maxmsgsize().unwrap(),
+            1024,
+            "an explicit limit is kept"
+        );
+        pull.set_rcvtimeo(500).unwrap();
+        let big = connect(&ctx, zmq::PUSH, &ep, None).unwrap();
+        big.send(vec![7u8; 4096], 0).unwrap();
+        assert!(
+            pull.recv_bytes(0).is_err(),
+            "a frame over the limit was taken in"
+        );
+        let small = connect(&ctx, zmq::PUSH, &ep, None).unwrap();
+        small.send("fits", 0).unwrap();
+        pull.set_rcvtimeo(5_000).unwrap();
+        assert_eq!(pull.recv_bytes(0).unwrap(), b"fits");
+        for s in [&big, &small] {
+            s.set_linger(0).unwrap();
+        }
+        drop((big, small, pull, default));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn tempfile_dir(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("dpserve-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
     }
 }

@@ -203,11 +203,12 @@ impl Transport {
         endpoint: &Endpoint,
         identity: Option<&[u8]>,
     ) -> Result<zmq::Socket> {
-        self.connect_to(ctx, kind, endpoint, identity, None)
+        self.connect_to(ctx, kind, endpoint, identity, None, None)
     }
 
     /// [`Transport::connect`] to a server whose public key is `server` rather than the
-    /// configured server key (a peer worker's KV link).
+    /// configured server key (a peer worker's KV link), taking in frames of up to `max_frame`
+    /// bytes rather than [`crate::socket::MAX_FRAME_BYTES`].
     pub fn connect_to(
         &self,
         ctx: &zmq::Context,
@@ -215,10 +216,14 @@ impl Transport {
         endpoint: &Endpoint,
         identity: Option<&[u8]>,
         server: Option<PublicKey>,
+        max_frame: Option<i64>,
     ) -> Result<zmq::Socket> {
         self.check(endpoint)?;
         let what = format!("connect {endpoint}");
         let sock = ctx.socket(kind).map_err(|e| ProtocolError::zmq(&what, e))?;
+        if let Some(bytes) = max_frame {
+            crate::socket::set_max_frame(&sock, bytes, &what)?;
+        }
         if let (Some(curve), Endpoint::Tcp { .. }) = (&self.curve, endpoint) {
             let server = server.unwrap_or(curve.server);
             let set = || -> zmq::Result<()> {

@@ -51,6 +51,7 @@ fn side(
         transport,
         inbound: tx,
         stop: Arc::clone(&stop),
+        max_frame: protocol::socket::MAX_FRAME_BYTES,
     };
     let thread = std::thread::spawn(move || link::run(kv));
     Side {

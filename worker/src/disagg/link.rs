@@ -35,6 +35,9 @@ pub struct KvLink {
     /// CURVE or not: the prefill worker's ROUTER is bound with it, a decode worker's DEALERs
     /// connect with it, naming each prefill worker's own key.
     pub transport: protocol::Transport,
+    /// The largest frame a decode worker's DEALERs take in: a chunk of a whole context's KV
+    /// (see [`max_kv_frame`]).
+    pub max_frame: i64,
     pub inbound: Sender<Inbound>,
     pub stop: Arc<AtomicBool>,
 }
@@ -47,6 +50,16 @@ pub fn bind(
 ) -> Result<(zmq::Socket, String), protocol::ProtocolError> {
     let router = transport.bind(ctx, zmq::ROUTER, endpoint)?;
     Ok((router, endpoint.connect_addr()))
+}
+
+/// The largest frame of a KV link: one chunk of KV cannot cover more positions than a whole
+/// context (`context_len` tokens of `bytes_per_token`), plus room for its header. Never below
+/// [`protocol::socket::MAX_FRAME_BYTES`].
+pub fn max_kv_frame(bytes_per_token: u64, context_len: usize) -> i64 {
+    let kv = bytes_per_token.saturating_mul(context_len as u64);
+    i64::try_from(kv.saturating_add(1 << 20))
+        .unwrap_or(i64::MAX)
+        .max(protocol::socket::MAX_FRAME_BYTES)
 }
 
 /// How the actor hands a message to the link: `[peer, header, payload?]`.
@@ -241,6 +254,7 @@ impl LinkState {
             &endpoint,
             Some(&link.identity),
             server,
+            Some(link.max_frame),
         );
         made.map_err(|e| tracing::warn!(%e, ep, "connecting to prefill worker failed"))
             .ok()
@@ -316,6 +330,19 @@ mod tests {
     }
 
     #[test]
+    fn a_kv_frame_may_carry_a_whole_context_and_never_less_than_a_control_frame() {
+        let floor = protocol::socket::MAX_FRAME_BYTES;
+        assert_eq!(max_kv_frame(16 << 10, 4096), floor);
+        // 80 layers × 8 KV heads × 128 × 2 × 4 bytes, 32 Ki positions: ~20 GiB.
+        let big = 80 * 8 * 128 * 2 * 4;
+        assert_eq!(
+            max_kv_frame(big, 32 << 10),
+            (big as i64) * (32 << 10) + (1 << 20)
+        );
+        assert_eq!(max_kv_frame(u64::MAX, usize::MAX), i64::MAX);
+    }
+
+    #[test]
     fn a_prefill_worker_back_at_its_endpoint_with_a_rotated_key_is_reached_with_the_new_one() {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -340,6 +367,7 @@ mod tests {
                 ),
                 inbound,
                 stop: Arc::new(AtomicBool::new(false)),
+                max_frame: protocol::socket::MAX_FRAME_BYTES,
             },
             dealers: Vec::new(),
             by_endpoint: HashMap::new(),

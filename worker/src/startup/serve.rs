@@ -47,6 +47,12 @@ fn start_kv_link(
         transport: config.transport.clone(),
         inbound,
         stop,
+        max_frame: hello
+            .kv_layout
+            .as_ref()
+            .map_or(protocol::socket::MAX_FRAME_BYTES, |l| {
+                disagg::link::max_kv_frame(l.bytes_per_token(), hello.capacity.context_len as usize)
+            }),
     };
     let thread = std::thread::Builder::new()
         .name("kv-link".into())
