@@ -345,6 +345,16 @@ fn reader_loop(sock: zmq::Socket, shared: &Shared, peer: &str, tracer: &MessageT
         }
         match msg {
             Some(Message::TokenOut(out)) => shared.registry.do_send(registry::Deliver(out)),
+            Some(Message::ClusterStatus(status))
+                if status.taken_submission_seq
+                    > Some(shared.submission_seq.load(Ordering::Relaxed)) =>
+            {
+                // No controller of this tokenizer took requests it never sent: not its view.
+                tracing::warn!(
+                    taken = status.taken_submission_seq,
+                    "a cluster status claiming requests this tokenizer never sent; dropped"
+                );
+            }
             Some(Message::ClusterStatus(status)) => {
                 let restarted = controller_id.is_some() && status.controller_id != controller_id;
                 controller_id = status.controller_id;

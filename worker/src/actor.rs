@@ -184,6 +184,9 @@ impl<O: Outbox> WorkerActor<O> {
                 let answered_here = req.disagg.is_none()
                     || self.sched.disagg_mode() != protocol::DisaggMode::Prefill;
                 if answered_here {
+                    if self.duplicate(&req.rid) {
+                        return;
+                    }
                     self.held.insert(&req.rid);
                 }
                 let out = self.sched.submit(req);
@@ -198,6 +201,9 @@ impl<O: Outbox> WorkerActor<O> {
                 if let Some(out) = self.refusal(&req.rid) {
                     let out = self.sched.refuse_embed(out);
                     return self.emit(out);
+                }
+                if self.duplicate(&req.rid) {
+                    return;
                 }
                 self.held.insert(&req.rid);
                 if let Some(out) = self.sched.submit_embed(req.rid, req.input_ids) {
@@ -227,6 +233,21 @@ impl<O: Outbox> WorkerActor<O> {
 
     /// The answer to a request this worker does not take: a rid over the limit, or any new
     /// request while draining.
+    /// A request whose rid one held here already has: dropped, unanswered. The tokenizer never
+    /// sends one (it refuses a rid in flight, and this worker holds a rid until its final
+    /// output is sent), so only a faulty or hostile peer does; an answer to it would reach the
+    /// first request's client, and running it would hold two requests under one rid.
+    fn duplicate(&self, rid: &str) -> bool {
+        let held = self.held.contains(rid);
+        if held {
+            tracing::warn!(
+                rid,
+                "a second request with the rid of one held here; dropped"
+            );
+        }
+        held
+    }
+
     fn refusal(&self, rid: &str) -> Option<TokenOut> {
         if let Some(why) = protocol::rid_problem(rid) {
             // The controller refuses those already, so only a peer that skips it meets this.

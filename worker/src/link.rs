@@ -37,6 +37,10 @@ impl HeldRids {
         self.lock().remove(rid);
     }
 
+    pub fn contains(&self, rid: &str) -> bool {
+        self.lock().contains(rid)
+    }
+
     pub fn snapshot(&self) -> Vec<String> {
         self.lock().iter().cloned().collect()
     }
