@@ -162,6 +162,8 @@ impl Deployment {
     fn spawn(&mut self, name: &str, args: Vec<OsString>) -> anyhow::Result<()> {
         let exe = std::env::current_exe().context("locating the dpserve binary")?;
         let refusal_file = self.refusals.join(format!("refusal-{}", self.actors.len()));
+        // One left by an earlier run in a --runtime-dir is not this child's.
+        let _ = std::fs::remove_file(&refusal_file);
         let child = Command::new(&exe)
             .args(&args)
             .env(REFUSAL_FILE_ENV, &refusal_file)
