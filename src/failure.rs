@@ -110,7 +110,9 @@ mod tests {
 
     #[test]
     fn a_refusal_keeps_its_exit_status_through_context_and_others_do_not() {
-        let refused = Failure::from(worker::WorkerError::Refused("another model".into()));
+        let refused = Failure::from(worker::WorkerError::Refused(
+            "refused by the controller: another model".into(),
+        ));
         assert!(refused.refused);
         let refused = refused.context("joining the controller");
         assert!(refused.refused);

@@ -40,6 +40,38 @@ fn read(path: &Path) -> String {
 // Units and configuration
 // ---------------------------------------------------------------------------------------------
 
+/// deploy/README.md's "Files here" names every file under deploy/ (but itself).
+#[test]
+fn every_file_in_deploy_is_named_in_its_readme() {
+    let readme = read(&repo().join("deploy/README.md"));
+    let listed = readme
+        .split("Files here:")
+        .nth(1)
+        .and_then(|rest| rest.split("```").nth(1))
+        .expect("a \"Files here:\" block in deploy/README.md");
+    let mut dirs = vec![repo().join("deploy")];
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let name = path
+                .strip_prefix(repo())
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            if name != "deploy/README.md" {
+                let named = listed
+                    .lines()
+                    .any(|l| l.split_whitespace().next() == Some(&name));
+                assert!(named, "{name} is not in deploy/README.md's \"Files here\"");
+            }
+        }
+    }
+}
+
 #[test]
 fn systemd_units_verify() {
     if Command::new("systemd-analyze")
@@ -711,6 +743,18 @@ fn curve_admits_listed_keys_only_and_rogue_peers_reach_nothing() {
     let log = c.log("rogue 1");
     assert!(
         log.contains(&format!("refused this process's CURVE key {rogue}")),
+        "{log}"
+    );
+    // The refusal names the actor whose socket refused, beside that actor's own address (it
+    // said "refused by the controller" for the tokenizer's socket too).
+    let named = |actor: &str, var: &str| {
+        let addr = c.env_var(var);
+        log.contains(&format!(
+            "refused by the {actor}: {addr} refused this process's"
+        ))
+    };
+    assert!(
+        named("controller", "DPSERVE_WORKER_ADDR") || named("tokenizer", "DPSERVE_TOKENIZER_ADDR"),
         "{log}"
     );
     // A worker without CURVE: its handshake fails before any key is asked for.

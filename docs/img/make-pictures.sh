@@ -2,7 +2,7 @@
 # Regenerates docs/img/request.svg and docs/img/routing.svg (and their Chrome trace JSON) from a
 # short run on the built-in model: two ranks under `dpserve up`, a third rank that joins, takes
 # traffic and leaves, a generated-shared-prefix workload with routing keys, and one traced
-# request. About a minute on a 2-core machine. Run from the repository root after
+# request. About 4 seconds on a 2-core machine. Run from the repository root after
 # `cargo build --release` (or set DPSERVE to another binary, PORT to another port).
 set -euo pipefail
 BIN=${DPSERVE:-target/release/dpserve}

@@ -108,7 +108,7 @@ impl<O: Outbox> WorkerActor<O> {
         self.sched.has_work()
     }
 
-    /// The controller's reason, if it refused this worker.
+    /// Why a peer refused this worker (`refused by the controller: …`), if one did.
     pub fn refused(&self) -> Option<&str> {
         self.refused.as_deref()
     }
@@ -363,7 +363,8 @@ impl<O: Outbox> WorkerActor<O> {
     fn farewell_reason(&self) -> String {
         let rank = self.rank;
         match (&self.refused, self.drain_deadline) {
-            (Some(reason), _) => format!("worker {rank} was refused by the controller: {reason}"),
+            // The reason names who refused (`refused by the controller: …`, `… the tokenizer: …`).
+            (Some(reason), _) => format!("worker {rank} was {reason}"),
             // Only what is still held when the drain ends ran out of time.
             (None, Some(_)) if self.sched.holds_requests() => format!(
                 "data parallel rank {rank} stopped: its drain timeout ({:.1}s) ran out",
@@ -553,9 +554,14 @@ mod tests {
     fn leaving_fails_what_is_held_and_a_refusal_ends_the_loop() {
         let mut a = actor(Duration::ZERO);
         a.on_inbound(generate("r", 8));
-        a.on_inbound(Inbound::Refused("model mismatch".into()));
+        a.on_inbound(Inbound::Refused(
+            "refused by the controller: model mismatch".into(),
+        ));
         assert!(!a.keep_running());
-        assert_eq!(a.refused(), Some("model mismatch"));
+        assert_eq!(
+            a.refused(),
+            Some("refused by the controller: model mismatch")
+        );
         let why = a.leave();
         assert!(
             why.contains("refused by the controller: model mismatch"),

@@ -14,9 +14,11 @@ use crate::sim::SimError;
 /// What makes a worker stop or refuse an operation.
 #[derive(Debug, Error)]
 pub enum WorkerError {
-    /// The controller refused this worker (wrong model or protocol version): a configuration
-    /// error that restarting will not fix.
-    #[error("refused by the controller: {0}")]
+    /// A peer refused this worker: the controller (wrong model or protocol version, rank held)
+    /// or a CURVE socket of the controller or the tokenizer (a key it does not list). The text
+    /// names which (`refused by the tokenizer: …`). A configuration error that restarting will
+    /// not fix.
+    #[error("{0}")]
     Refused(String),
     /// `flush_cache` while requests hold parts of the cache (they must finish first).
     #[error("cannot flush the cache while {running} requests are running or queued")]

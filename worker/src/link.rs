@@ -193,7 +193,8 @@ impl LinkState {
                         .flatten();
                     if let Some(reason) = failure {
                         tracing::error!(rank = self.rank(), %reason, "cannot reach {peer}");
-                        let _ = self.link.inbound.send(Inbound::Refused(reason));
+                        let why = format!("refused by {peer}: {reason}");
+                        let _ = self.link.inbound.send(Inbound::Refused(why));
                     }
                 }
                 Ok((items[0].is_readable(), items[1].is_readable()))
@@ -247,10 +248,10 @@ impl LinkState {
                 self.acked = true;
                 None
             }
-            Message::HelloAck(ack) => Some(Inbound::Refused(
-                ack.reason
-                    .unwrap_or_else(|| "refused without a reason".to_string()),
-            )),
+            Message::HelloAck(ack) => Some(Inbound::Refused(format!(
+                "refused by the controller: {}",
+                ack.reason.as_deref().unwrap_or("no reason given")
+            ))),
             Message::Rejoin(_) if self.link.draining.load(Ordering::Relaxed) => {
                 // Leaving anyway: what it holds still reaches the tokenizer directly.
                 tracing::info!(
