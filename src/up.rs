@@ -149,7 +149,10 @@ impl Exited {
             refusal,
         } = self;
         match (refusal, serving) {
-            (Some(line), _) => Failure::refusal(anyhow!("{name} refused to start: {line}")),
+            (Some(line), false) => Failure::refusal(anyhow!("{name} refused to start: {line}")),
+            (Some(line), true) => {
+                Failure::refusal(anyhow!("{name} refused: {line}; stopping the deployment"))
+            }
             (None, false) => {
                 anyhow!("{name} exited during start ({status}); see its log above").into()
             }
