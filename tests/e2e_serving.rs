@@ -214,21 +214,27 @@ fn garbage_frames_are_dropped_and_serving_continues() {
     assert_eq!(status, 200, "{resp}");
 }
 
+/// `dpserve up` of one rank of the model at `model`, its runtime directory under `dir`.
+fn up_one_rank(model: &std::path::Path, dir: &std::path::Path) -> std::process::Command {
+    let mut up = std::process::Command::new(env!("CARGO_BIN_EXE_dpserve"));
+    up.args([
+        "up",
+        "--dp-size",
+        "1",
+        "--port",
+        &common::free_port().to_string(),
+    ])
+    .arg("--model-path")
+    .arg(model)
+    .arg("--runtime-dir")
+    .arg(dir.join("rt"));
+    up
+}
+
 #[test]
 fn up_fails_clearly_when_a_child_dies_during_start() {
     let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpserve"))
-        .args([
-            "up",
-            "--dp-size",
-            "1",
-            "--port",
-            &common::free_port().to_string(),
-        ])
-        .arg("--model-path")
-        .arg(dir.path().join("no-such-model"))
-        .arg("--runtime-dir")
-        .arg(dir.path().join("rt"))
+    let out = up_one_rank(&dir.path().join("no-such-model"), dir.path())
         .env("DPSERVE_LOG", "error")
         .output()
         .unwrap();
@@ -256,20 +262,7 @@ fn up_refuses_with_its_worker_when_the_worker_refuses_the_model() {
     config["architectures"] = json!(["GPT2LMHeadModel"]);
     config["model_type"] = json!("gpt2");
     std::fs::write(model.join("config.json"), config.to_string()).unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpserve"))
-        .args([
-            "up",
-            "--dp-size",
-            "1",
-            "--port",
-            &common::free_port().to_string(),
-        ])
-        .arg("--model-path")
-        .arg(&model)
-        .arg("--runtime-dir")
-        .arg(dir.path().join("rt"))
-        .output()
-        .unwrap();
+    let out = up_one_rank(&model, dir.path()).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(78), "stderr: {stderr}");
     let last = stderr.lines().last().unwrap_or_default();

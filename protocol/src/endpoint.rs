@@ -111,7 +111,7 @@ impl RuntimeDir {
         if !meta.is_dir() {
             return Err(unsafe_dir("it is a link, not a directory".into()));
         }
-        let me = current_uid();
+        let me = current_uid().unwrap_or(0);
         if meta.uid() != me {
             let why = format!(
                 "it belongs to uid {}, not to this user (uid {me})",
@@ -127,7 +127,10 @@ impl RuntimeDir {
     pub fn default_path(name: &str) -> PathBuf {
         match std::env::var_os("XDG_RUNTIME_DIR") {
             Some(dir) if !dir.is_empty() => PathBuf::from(dir).join(format!("dpserve-{name}")),
-            _ => PathBuf::from(format!("/tmp/dpserve-{}-{name}", current_uid())),
+            _ => PathBuf::from(format!(
+                "/tmp/dpserve-{}-{name}",
+                current_uid().unwrap_or(0)
+            )),
         }
     }
 
@@ -141,11 +144,12 @@ impl RuntimeDir {
     }
 }
 
-/// This process's uid: the owner of `/proc/self` (no unsafe libc call).
-pub(crate) fn current_uid() -> u32 {
+/// This process's uid: the owner of `/proc/self` (no unsafe libc call); `None` where `/proc`
+/// cannot be read. The one place the actors and the weight cache ask who they run as.
+pub fn current_uid() -> Option<u32> {
     std::fs::metadata("/proc/self")
         .map(|m| std::os::unix::fs::MetadataExt::uid(&m))
-        .unwrap_or(0)
+        .ok()
 }
 
 /// Refuses an existing directory of ipc sockets that another user could replace a socket in:
@@ -155,7 +159,7 @@ pub(crate) fn check_socket_dir(dir: &Path) -> Result<(), ProtocolError> {
     let Ok(meta) = std::fs::metadata(dir) else {
         return Ok(()); // missing: created (bind) or not yet there (connect retries)
     };
-    let (owner, mode, me) = (meta.uid(), meta.mode(), current_uid());
+    let (owner, mode, me) = (meta.uid(), meta.mode(), current_uid().unwrap_or(0));
     let why = if owner != me && owner != 0 {
         format!("it belongs to uid {owner}, not to this user (uid {me}) or root")
     } else if mode & 0o022 != 0 && mode & 0o1000 == 0 {
@@ -249,7 +253,7 @@ mod tests {
         crate::socket::bind(&ctx, zmq::PULL, &ep(&open)).unwrap();
         // Another user's directory (made first at a path this user would use): refused by
         // bind, connect and RuntimeDir alike. Needs root to make one.
-        if current_uid() != 0 {
+        if current_uid().unwrap_or(0) != 0 {
             eprintln!("skipping the other-owner case: only root can give a directory away");
         } else {
             let theirs = base.join("theirs");

@@ -22,7 +22,7 @@ pub use codec::{decode, encode, encode_envelope, DecodeError, FrameStats};
 pub use disagg::{
     random_room, DisaggLeg, DisaggMode, KvAbort, KvChunk, KvDone, KvLayout, KvReady, PeerGone,
 };
-pub use endpoint::{Endpoint, RuntimeDir};
+pub use endpoint::{current_uid, Endpoint, RuntimeDir};
 pub use error::{ProtocolError, Result};
 pub use kv_events::{KvEvents, KvSnapshotReq};
 pub use messages::*;

@@ -81,7 +81,7 @@ fn exposed(path: &Path) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(path).ok()?;
     let (owner, mode) = (meta.uid(), meta.mode() & 0o777);
-    let me = std::fs::metadata("/proc/self").map(|m| m.uid()).ok()?;
+    let me = protocol::current_uid()?;
     if owner != me && owner != 0 {
         return Some(format!(
             "the private key belongs to uid {owner}, neither this user (uid {me}) nor root"

@@ -261,7 +261,7 @@ impl PackedFile {
 /// writable by group or others (this user's files there are 0444).
 fn untrusted(meta: &std::fs::Metadata) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
-    let me = std::fs::metadata("/proc/self").map(|m| m.uid()).ok()?;
+    let me = protocol::current_uid()?;
     if !meta.is_file() {
         Some("it is not a regular file".into())
     } else if meta.uid() != me {

@@ -66,14 +66,7 @@ impl Pair {
 
     /// Both legs of a request, decode first or prefill first.
     fn submit(&mut self, rid: &str, ids: Vec<u32>, max_new: u32, room: u64, decode_first: bool) {
-        let mut r = req(rid, ids, max_new);
-        r.disagg = Some(DisaggLeg {
-            room,
-            prefill_rank: 0,
-            decode_rank: 1,
-            prefill_kv_endpoint: EP.into(),
-            prefill_kv_key: None,
-        });
+        let r = leg(rid, ids, max_new, room);
         let legs = if decode_first { [1, 0] } else { [0, 1] };
         for side in legs {
             let out = match side {
