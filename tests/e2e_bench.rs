@@ -734,3 +734,165 @@ fn a_signalled_bench_stops_its_cluster() {
         "{addr} still serves after the benchmark was stopped"
     );
 }
+
+/// A Qwen-Bailian-format trace of sessions whose turns all carry their parent's timestamp (gaps
+/// of 0): replayed through `--launch` on tiny CPU ranks, no turn is sent before its parent's
+/// answer has ended, siblings go out together, and every turn completes with its length.
+#[test]
+fn bench_replays_bailian_sessions_each_turn_after_its_parent() {
+    let out = out_dir("dpsbl");
+    let path = out.path().join("sessions.jsonl");
+    // Per session s: a root, its child, and two siblings under the child; all at the root's
+    // time. Prompts grow by a block each turn and share the session's earlier blocks.
+    let mut lines = Vec::new();
+    for s in 0..3u64 {
+        let ts = s as f64 * 0.1;
+        let base = s * 100;
+        let turns: [(u64, i64, Vec<u64>); 4] = [
+            (base + 1, -1, vec![base, base + 1]),
+            (base + 2, (base + 1) as i64, vec![base, base + 1, base + 2]),
+            (
+                base + 3,
+                (base + 2) as i64,
+                vec![base, base + 1, base + 2, base + 3],
+            ),
+            (
+                base + 4,
+                (base + 2) as i64,
+                vec![base, base + 1, base + 2, base + 4],
+            ),
+        ];
+        for (id, parent, ids) in turns {
+            lines.push((
+                ts,
+                serde_json::json!({"chat_id": id, "parent_chat_id": parent, "timestamp": ts,
+                    "input_length": ids.len() * 16, "output_length": 12, "type": "text",
+                    "turn": 1, "hash_ids": ids}),
+            ));
+        }
+    }
+    lines.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let text: String = lines.iter().map(|(_, l)| format!("{l}\n")).collect();
+    std::fs::write(&path, text).unwrap();
+    let compare = bench_launch(
+        out.path(),
+        &[
+            "--compare",
+            "cache_aware",
+            "--dataset-name",
+            "bailian",
+            "--dataset-path",
+            path.to_str().unwrap(),
+            "--trace-block-tokens",
+            "4",
+            "--kv-event-block-size",
+            "4",
+            "--output-details",
+        ],
+    );
+    let w = &compare["workload"];
+    assert_eq!(w["dataset_name"], "bailian");
+    assert_eq!(w["trace"]["native_block_tokens"], 16);
+    let m = &compare["methods"][0];
+    assert_eq!(m["status"], "ok", "{m}");
+    let r = &m["result"];
+    assert_eq!(r["completed"], 12, "{r}");
+    assert_eq!(r["total_output_tokens"], 12 * 12, "{r}");
+    let d = &r["details"];
+    let f = |key: &str, i: usize| d[key][i].as_f64().unwrap();
+    // The file is in time order, ties in file order: session s's turns are at 4s..4s+3 in
+    // the order root, child, sibling, sibling (the sort above is stable).
+    for s in 0..3 {
+        let (root, child, a, b) = (4 * s, 4 * s + 1, 4 * s + 2, 4 * s + 3);
+        assert_eq!(d["input_lens"][root], 8, "2 blocks of 4 tokens: {d}");
+        assert!(
+            f("sent_s", child) >= f("ended_s", root),
+            "session {s}: the child was sent before its parent ended: {d}"
+        );
+        for sib in [a, b] {
+            assert!(
+                f("sent_s", sib) >= f("ended_s", child),
+                "session {s}: a sub-turn was sent before its parent ended: {d}"
+            );
+        }
+        assert!(
+            (f("sent_s", a) - f("sent_s", b)).abs() < 0.05,
+            "session {s}: siblings go together: {d}"
+        );
+    }
+    // Each turn's prompt extends its parent's: the later turns find it cached.
+    assert!(r["cache_hit_rate"].as_f64().unwrap() > 0.3, "{r}");
+}
+
+/// `--sweep` on tiny CPU ranks: every method at every rate on a fresh cluster, sweep.json with
+/// each point's runs and each method's capacity; with an SLO every request meets, the capacity
+/// is the top rate flagged a lower bound; with one none meets it is 0, and a method stops at
+/// its first rate that misses (unless `--sweep-all-rates`); the table and the chart are
+/// written.
+#[test]
+fn bench_sweep_finds_each_methods_capacity() {
+    for (ttft_ms, want_capacity, lower_bound) in [("600000", 8.0, true), ("0.001", 0.0, false)] {
+        let all_rates = if lower_bound {
+            "--sweep-all-rates"
+        } else {
+            "--seed=1"
+        };
+        let out = out_dir("dpsw");
+        let status = bench_launch_command(
+            out.path(),
+            &[
+                "--compare",
+                "round_robin,prefix_affinity",
+                "--gsp-num-groups",
+                "2",
+                "--gsp-prompts-per-group",
+                "3",
+                "--gsp-system-prompt-len",
+                "32",
+                "--gsp-question-len",
+                "8",
+                "--gsp-output-len",
+                "4",
+                "--sweep",
+                "8,4",
+                "--sweep-repeats",
+                "2",
+                all_rates,
+                "--slo-ttft-ms",
+                ttft_ms,
+                "--slo-itl-ms",
+                "600000",
+            ],
+        )
+        .status()
+        .expect("run dpserve bench");
+        assert!(status.success(), "dpserve bench --sweep failed: {status}");
+        let sweep: Value =
+            serde_json::from_str(&std::fs::read_to_string(out.path().join("sweep.json")).unwrap())
+                .unwrap();
+        assert_eq!(sweep["slo"]["attainment"], 0.9);
+        assert_eq!(sweep["rate_unit"], "request_rate");
+        let methods = sweep["methods"].as_array().unwrap();
+        assert_eq!(methods.len(), 2);
+        for m in methods {
+            let points = m["points"].as_array().unwrap();
+            let rates: Vec<f64> = points.iter().map(|p| p["rate"].as_f64().unwrap()).collect();
+            assert_eq!(rates, [4.0, 8.0], "ascending: {m}");
+            for (p, runs) in points.iter().zip([2, if lower_bound { 2 } else { 0 }]) {
+                assert_eq!(p["attainment"].as_array().unwrap().len(), runs, "{p}");
+                assert_eq!(p["offered_rps"], p["rate"]);
+            }
+            assert_eq!(m["capacity_rps"].as_f64().unwrap(), want_capacity, "{m}");
+            assert_eq!(m["capacity_lower_bound"], lower_bound, "{m}");
+        }
+        assert_eq!(methods[0]["peer"], true, "round_robin is SGLang's");
+        assert_eq!(methods[1]["peer"], false, "prefix_affinity is dpserve's");
+        let md = std::fs::read_to_string(out.path().join("sweep.md")).unwrap();
+        assert!(
+            md.contains("capacity req/s") && md.contains("Every run"),
+            "{md}"
+        );
+        let svg = std::fs::read_to_string(out.path().join("sweep.svg")).unwrap();
+        assert!(svg.contains("data-series=\"prefix_affinity\""));
+    }
+}

@@ -96,7 +96,7 @@ pub fn run_compare(
 }
 
 /// The methods `--compare` names (or the preset's, or the default), each deployment checked.
-fn compare_methods(args: &BenchArgs) -> anyhow::Result<Vec<String>> {
+pub(super) fn compare_methods(args: &BenchArgs) -> anyhow::Result<Vec<String>> {
     let compare = args.compare.as_deref().unwrap_or(match args.preset {
         Some(p) => p.values().compare,
         None => DEFAULT_COMPARE,
@@ -120,7 +120,7 @@ fn compare_methods(args: &BenchArgs) -> anyhow::Result<Vec<String>> {
 
 /// The server flags with the preset's `--sim-config` TOML written into `out_dir` and passed
 /// by path.
-fn with_sim_config(server: &ServerFlags, out_dir: &Path) -> anyhow::Result<ServerFlags> {
+pub(super) fn with_sim_config(server: &ServerFlags, out_dir: &Path) -> anyhow::Result<ServerFlags> {
     let mut server = server.clone();
     if let Some(toml) = server.sim_config.take() {
         let path = out_dir.join("sim-profile.toml");
@@ -281,42 +281,9 @@ fn compare_summary(
     lines: &[Value],
     routing: &[(String, routes::RouteSummary)],
 ) -> Value {
-    let cluster = server.cluster();
     json!({
-        "workload": {
-            "dataset_name": plan.gsp.dataset.name(),
-            "dataset_path": (plan.gsp.dataset == Dataset::Mooncake)
-                .then(|| plan.trace.path.as_ref().map(|p| p.display().to_string())),
-            "trace": (plan.gsp.dataset == Dataset::Mooncake).then(|| json!({
-                "block_tokens": plan.trace.block_tokens,
-                "time_compression": plan.trace.time_compression,
-                "start_ms": plan.trace.start_ms,
-                "output_scale": plan.trace.output_scale,
-            })),
-            "slo_ttft_ms": plan.slo.ttft_ms,
-            "slo_itl_ms": plan.slo.itl_ms,
-            "gsp_zipf": plan.gsp.zipf,
-            "gsp_num_groups": plan.gsp.num_groups,
-            "gsp_prompts_per_group": plan.gsp.prompts_per_group,
-            "gsp_system_prompt_len": plan.gsp.system_prompt_len,
-            "gsp_question_len": plan.gsp.question_len,
-            "gsp_output_len": plan.gsp.output_len,
-            "gsp_range_ratio": plan.gsp.range_ratio,
-            "gsp_send_routing_key": plan.gsp.send_routing_key,
-            "num_prompts": plan.num_prompts,
-            "max_concurrency": plan.max_concurrency,
-            "request_rate": if plan.request_rate.is_finite() { json!(plan.request_rate) } else { json!("inf") },
-            "seed": plan.seed,
-            "backend": plan.backend.name(),
-        },
-        "server": {
-            "dp_size": cluster.dp_size,
-            "builtin_size": cluster.model.builtin_size.to_string(),
-            "model_path": cluster.model.model_path.as_ref().map(|p| p.display().to_string()),
-            "max_total_tokens": cluster.serve.max_total_tokens,
-            "max_running_requests": cluster.serve.max_running_requests,
-            "up_args": server.up_args,
-        },
+        "workload": workload_json(plan),
+        "server": server_json(server),
         "preset": args.preset.map(|p| format!("{p:?}")),
         "simulated": !simulated.is_empty(),
         "methods": results.iter().map(|r| match &r.result {
@@ -328,10 +295,54 @@ fn compare_summary(
     })
 }
 
+/// The workload of a run, as compare.json and sweep.json state it.
+pub(super) fn workload_json(plan: &Plan) -> Value {
+    json!({
+        "dataset_name": plan.gsp.dataset.name(),
+        "dataset_path": plan.gsp.dataset.is_trace()
+            .then(|| plan.trace.path.as_ref().map(|p| p.display().to_string())),
+        "trace": plan.gsp.dataset.is_trace().then(|| json!({
+            "block_tokens": plan.trace.block_tokens,
+            "native_block_tokens": plan.trace.native_block_tokens,
+            "time_compression": plan.trace.time_compression,
+            "start_ms": plan.trace.start_ms,
+            "output_scale": plan.trace.output_scale,
+        })),
+        "slo_ttft_ms": plan.slo.ttft_ms,
+        "slo_itl_ms": plan.slo.itl_ms,
+        "gsp_zipf": plan.gsp.zipf,
+        "gsp_num_groups": plan.gsp.num_groups,
+        "gsp_prompts_per_group": plan.gsp.prompts_per_group,
+        "gsp_system_prompt_len": plan.gsp.system_prompt_len,
+        "gsp_question_len": plan.gsp.question_len,
+        "gsp_output_len": plan.gsp.output_len,
+        "gsp_range_ratio": plan.gsp.range_ratio,
+        "gsp_send_routing_key": plan.gsp.send_routing_key,
+        "num_prompts": plan.num_prompts,
+        "max_concurrency": plan.max_concurrency,
+        "request_rate": if plan.request_rate.is_finite() { json!(plan.request_rate) } else { json!("inf") },
+        "seed": plan.seed,
+        "backend": plan.backend.name(),
+    })
+}
+
+/// The cluster every method ran on, as compare.json and sweep.json state it.
+pub(super) fn server_json(server: &ServerFlags) -> Value {
+    let cluster = server.cluster();
+    json!({
+        "dp_size": cluster.dp_size,
+        "builtin_size": cluster.model.builtin_size.to_string(),
+        "model_path": cluster.model.model_path.as_ref().map(|p| p.display().to_string()),
+        "max_total_tokens": cluster.serve.max_total_tokens,
+        "max_running_requests": cluster.serve.max_running_requests,
+        "up_args": server.up_args,
+    })
+}
+
 /// One line saying what was compared.
 /// What ran where, in words; results from simulated ranks (their `sim_profiles`) open with a
 /// line saying so.
-fn describe(plan: &Plan, server: &ServerFlags, simulated: &[&str]) -> String {
+pub(super) fn describe(plan: &Plan, server: &ServerFlags, simulated: &[&str]) -> String {
     let g = &plan.gsp;
     let cluster = server.cluster();
     let model = match (simulated, &cluster.model.model_path) {
@@ -347,7 +358,7 @@ fn describe(plan: &Plan, server: &ServerFlags, simulated: &[&str]) -> String {
         ),
     };
     let workload = match g.dataset {
-        Dataset::Mooncake => format!(
+        Dataset::Mooncake | Dataset::Bailian => format!(
             "trace {} ({}), {} requests at its timestamps",
             plan.trace
                 .path
@@ -371,7 +382,7 @@ fn describe(plan: &Plan, server: &ServerFlags, simulated: &[&str]) -> String {
         ),
     };
     let rate = match g.dataset {
-        Dataset::Mooncake => "the trace's".to_string(),
+        Dataset::Mooncake | Dataset::Bailian => "the trace's".to_string(),
         _ => plan.request_rate.to_string(),
     };
     format!(
@@ -419,35 +430,39 @@ fn shape(g: &GspConfig) -> String {
             g.num_groups * g.prompts_per_group
         ),
         Dataset::Mooncake => "Mooncake trace".to_string(),
+        Dataset::Bailian => "Bailian trace".to_string(),
     }
 }
 
 fn chart_title(plan: &Plan, server: &ServerFlags, simulated: &[&str]) -> String {
-    let g = &plan.gsp;
-    if g.dataset == Dataset::Mooncake {
-        return format!(
-            "dpserve bench: Mooncake trace ({} tok/block, {}x time), dp {}{}",
-            plan.trace.block_tokens,
-            plan.trace.time_compression,
-            server.cluster().dp_size,
-            if simulated.is_empty() {
-                ""
-            } else {
-                ", SIMULATED ranks"
-            },
-        );
-    }
     format!(
-        "dpserve bench: {} (sys {}, q {}, out {}), dp {}{}",
-        shape(g),
-        g.system_prompt_len,
-        g.question_len,
-        g.output_len,
-        server.cluster().dp_size,
+        "dpserve bench: {}{}",
+        workload_title(plan, server),
         if simulated.is_empty() {
             ""
         } else {
             ", SIMULATED ranks"
         },
+    )
+}
+
+/// The workload and cluster in a chart title's few words.
+pub(super) fn workload_title(plan: &Plan, server: &ServerFlags) -> String {
+    let g = &plan.gsp;
+    let dp = server.cluster().dp_size;
+    if g.dataset.is_trace() {
+        return format!(
+            "{} ({} tok/block, {}x time), dp {dp}",
+            shape(g),
+            plan.trace.block_tokens,
+            plan.trace.time_compression,
+        );
+    }
+    format!(
+        "{} (sys {}, q {}, out {}), dp {dp}",
+        shape(g),
+        g.system_prompt_len,
+        g.question_len,
+        g.output_len,
     )
 }

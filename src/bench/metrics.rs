@@ -38,6 +38,37 @@ pub struct RequestOutcome {
     pub server_prompt_tokens: Option<u64>,
     pub cached_tokens: Option<u64>,
     pub dp_rank: Option<u32>,
+    /// When it was sent and when its answer ended (or it failed), in seconds after the run's
+    /// start.
+    pub sent_s: f64,
+    pub ended_s: f64,
+}
+
+/// Per request, in the workload's order (`--output-details`, bench_serving's flag): what was
+/// sent and received, and when.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Details {
+    pub input_lens: Vec<usize>,
+    pub output_lens: Vec<usize>,
+    pub ttfts_ms: Vec<f64>,
+    pub sent_s: Vec<f64>,
+    pub ended_s: Vec<f64>,
+    pub dp_ranks: Vec<Option<u32>>,
+    pub errors: Vec<Option<String>>,
+}
+
+impl Details {
+    pub fn of(outcomes: &[RequestOutcome]) -> Details {
+        Details {
+            input_lens: outcomes.iter().map(|o| o.prompt_len).collect(),
+            output_lens: outcomes.iter().map(|o| o.output_len).collect(),
+            ttfts_ms: outcomes.iter().map(|o| o.ttft_s * 1000.0).collect(),
+            sent_s: outcomes.iter().map(|o| o.sent_s).collect(),
+            ended_s: outcomes.iter().map(|o| o.ended_s).collect(),
+            dp_ranks: outcomes.iter().map(|o| o.dp_rank).collect(),
+            errors: outcomes.iter().map(|o| o.error.clone()).collect(),
+        }
+    }
 }
 
 /// Mean, median, std and percentiles of one latency metric, in milliseconds.
@@ -172,6 +203,8 @@ pub struct BenchMetrics {
     pub ceilings: Option<super::ceiling::Ceilings>,
     /// The first few distinct errors, for the report.
     pub errors: Vec<String>,
+    /// Every request's own numbers (with `--output-details`).
+    pub details: Option<Details>,
 }
 
 impl BenchMetrics {
@@ -247,6 +280,7 @@ impl BenchMetrics {
             refused,
             ceilings: None,
             errors,
+            details: None,
         }
     }
 

@@ -7,11 +7,13 @@
 //! JSON, Markdown, SVG).
 //!
 //! Module map: `preset` names workloads and cluster sizes, `plan` resolves the flags over
-//! them, `runner` drives one run against a server, `compare` one per launched cluster;
-//! `workload` builds requests (`mooncake` from a trace), `client` sends and times one,
+//! them, `runner` drives one run against a server, `compare` one per launched cluster,
+//! `sweep` every method at several rates for its capacity at SLO; `workload` builds requests
+//! (`mooncake` from a trace), `client` sends and times one,
 //! `metrics` aggregates, `ceiling` bounds the hit rate, `report` formats, `launch` starts and
 //! stops clusters, `chart` draws the comparison.
 
+pub mod bailian;
 pub mod ceiling;
 pub mod chart;
 pub mod client;
@@ -26,6 +28,7 @@ pub mod probe;
 pub mod report;
 pub mod routes;
 pub mod runner;
+pub mod sweep;
 pub mod workload;
 
 use std::io::Write;
@@ -64,26 +67,29 @@ pub struct BenchArgs {
     pub vocab_size: Option<u32>,
     /// Workload: bench_serving's shared system prompts; conversations whose prompt grows each
     /// turn (`--gsp-num-groups` conversations of `--gsp-prompts-per-group` turns, each turn
-    /// sent when the previous one finished); a Mooncake trace (`--dataset-path`, `--trace-*`);
-    /// or a router's failure case: one hot system prompt, bursts of identical prompts, no reuse
+    /// sent when the previous one finished); a Mooncake trace or a Qwen-Bailian trace of
+    /// sessions, each turn after its parent (`--dataset-path`, `--trace-*`); or a router's
+    /// failure case: one hot system prompt, bursts of identical prompts, no reuse
     /// (shaped by the `--gsp-*` flags). [default: generated-shared-prefix, or the preset's]
     #[arg(long, value_enum)]
     pub dataset_name: Option<Dataset>,
     /// The trace file of `--dataset-name mooncake` (one JSON object a line: timestamp ms,
-    /// input_length, output_length, hash_ids of 512-token blocks).
+    /// input_length, output_length, hash_ids of 512-token blocks) or `bailian` (chat_id,
+    /// parent_chat_id, timestamp s, input_length, output_length, hash_ids of 16-token blocks).
     #[arg(long, env = "DPSERVE_BENCH_DATASET_PATH")]
     pub dataset_path: Option<PathBuf>,
-    /// [mooncake] Tokens each of the trace's 512-token blocks becomes (prompt lengths scale
-    /// with it) [default: 512, or the preset's].
+    /// [trace] Tokens each of the trace's blocks becomes (prompt lengths scale with it)
+    /// [default: the trace's own, 512 (Mooncake) or 16 (Bailian); a preset's, stated for
+    /// 512-token blocks, scales a Bailian trace's by the same share].
     #[arg(long)]
     pub trace_block_tokens: Option<usize>,
-    /// [mooncake] Divide the trace's timestamps by this [default: 1, or the preset's].
+    /// [trace] Divide the trace's timestamps by this [default: 1, or the preset's].
     #[arg(long)]
     pub trace_time_compression: Option<f64>,
-    /// [mooncake] Start the window at this timestamp (ms); earlier requests are skipped.
+    /// [trace] Start the window at this timestamp (ms); earlier requests are skipped.
     #[arg(long)]
     pub trace_start_ms: Option<u64>,
-    /// [mooncake] Multiply output lengths by this (at least 1 token) [default: 1, or the
+    /// [trace] Multiply output lengths by this (at least 1 token) [default: 1, or the
     /// preset's].
     #[arg(long)]
     pub trace_output_scale: Option<f64>,
@@ -144,6 +150,10 @@ pub struct BenchArgs {
     /// Append each result as one JSON line to this file.
     #[arg(long)]
     pub output_file: Option<PathBuf>,
+    /// Put every request's numbers in the result (`details`: prompt and output lengths, TTFT,
+    /// when it was sent and ended, its rank, its error), as bench_serving's flag does.
+    #[arg(long)]
+    pub output_details: bool,
     /// No progress bar.
     #[arg(long)]
     pub disable_progress_bar: bool,
@@ -159,6 +169,22 @@ pub struct BenchArgs {
     /// [--launch] Directory for compare.json, compare.md, compare.svg and the cluster logs.
     #[arg(long, default_value = "bench-results")]
     pub output_dir: PathBuf,
+    /// [--launch] Capacity at SLO: run every --compare method at each of these rates (a
+    /// trace: its time compression; a generated workload: --request-rate), a fresh cluster
+    /// per run, and report each method's highest rate with --slo-attainment of its requests
+    /// within the SLO (sweep.json, sweep.md, sweep.svg). With no value: the preset's rates.
+    #[arg(long, value_delimiter = ',', num_args = 0.., value_name = "RATES")]
+    pub sweep: Option<Vec<f64>>,
+    /// [--sweep] Runs per method and rate (the median counts).
+    #[arg(long, default_value_t = 3)]
+    pub sweep_repeats: usize,
+    /// [--sweep] Run every rate for every method; by default a method stops after its first
+    /// rate whose median attainment misses the target (higher rates would too, but for noise).
+    #[arg(long)]
+    pub sweep_all_rates: bool,
+    /// [--sweep] The share of requests a rate must serve within the SLO.
+    #[arg(long, default_value_t = 0.9)]
+    pub slo_attainment: f64,
     /// Benchmark the CPU engine alone (no server): prefill and decode tok/s of the model given
     /// by --model-path / --builtin-size, beside this machine's fma-peak and memory-copy ceilings.
     #[arg(long)]
@@ -224,6 +250,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    if let Some(spec) = &plan.sweep {
+        return sweep::run_sweep(&args, spec, &plan, &server, &rt);
+    }
     if args.launch {
         return run_compare(&args, &plan, &server, &rt);
     }

@@ -40,8 +40,11 @@ pub const TRACE_BLOCK_TOKENS: usize = 512;
 #[derive(Debug, Clone, PartialEq)]
 pub struct TraceConfig {
     pub path: Option<PathBuf>,
-    /// Tokens each hash id stands for (the trace's own: 512).
+    /// Tokens each hash id stands for (the trace's own: `native_block_tokens`).
     pub block_tokens: usize,
+    /// Tokens a hash id stands for in the trace's own format (Mooncake 512, Bailian 16): its
+    /// `input_length`s count these.
+    pub native_block_tokens: usize,
     /// Timestamps are divided by this (2.0 replays an hour in half an hour).
     pub time_compression: f64,
     /// Requests before this timestamp are skipped; the window's clock starts here.
@@ -55,6 +58,7 @@ impl Default for TraceConfig {
         TraceConfig {
             path: None,
             block_tokens: TRACE_BLOCK_TOKENS,
+            native_block_tokens: TRACE_BLOCK_TOKENS,
             time_compression: 1.0,
             start_ms: 0,
             output_scale: 1.0,
@@ -66,13 +70,16 @@ impl TraceConfig {
     /// The scaling in words, for every result.
     pub fn describe(&self) -> String {
         format!(
-            "{} tokens per block (trace: {TRACE_BLOCK_TOKENS}), time compressed {}x, from {} ms, \
-             output lengths x{}",
-            self.block_tokens, self.time_compression, self.start_ms, self.output_scale
+            "{} tokens per block (trace: {}), time compressed {}x, from {} ms, output lengths x{}",
+            self.block_tokens,
+            self.native_block_tokens,
+            self.time_compression,
+            self.start_ms,
+            self.output_scale
         )
     }
 
-    fn check(&self) -> anyhow::Result<()> {
+    pub(super) fn check(&self) -> anyhow::Result<()> {
         anyhow::ensure!(
             self.block_tokens > 0,
             "--trace-block-tokens must be at least 1"
@@ -152,11 +159,27 @@ pub fn read(path: &Path, start_ms: u64, limit: Option<usize>) -> anyhow::Result<
     Ok(out)
 }
 
-/// The scaled prompt length of an entry: ⌈input_length · block_tokens / 512⌉.
-pub fn scaled_len(input_length: usize, block_tokens: usize) -> usize {
-    (input_length * block_tokens)
-        .div_ceil(TRACE_BLOCK_TOKENS)
-        .max(1)
+/// Requests/s a window of entries offers at time compression 1: its requests after the first
+/// over the time from the first to the last (a window of one request, or of one instant, is
+/// refused: it has no rate).
+pub fn window_rate(entries: &[TraceEntry], path: &Path) -> anyhow::Result<f64> {
+    let span_ms = match (entries.first(), entries.last()) {
+        (Some(first), Some(last)) => last.timestamp - first.timestamp,
+        _ => 0,
+    };
+    anyhow::ensure!(
+        span_ms > 0,
+        "{}: the window ({} requests) spans no time, so it has no rate to sweep",
+        path.display(),
+        entries.len()
+    );
+    Ok((entries.len() - 1) as f64 / (span_ms as f64 / 1000.0))
+}
+
+/// The scaled prompt length of an entry: ⌈input_length · block_tokens / native⌉ (native: the
+/// trace's own block, 512 for Mooncake).
+pub fn scaled_len(input_length: usize, block_tokens: usize, native: usize) -> usize {
+    (input_length * block_tokens).div_ceil(native.max(1)).max(1)
 }
 
 /// Builds the trace window's requests; `num_prompts` keeps the first that many.
@@ -191,7 +214,7 @@ pub fn requests(
         .iter()
         .enumerate()
         .map(|(index, e)| {
-            let len = scaled_len(e.input_length, cfg.block_tokens);
+            let len = scaled_len(e.input_length, cfg.block_tokens, cfg.native_block_tokens);
             let mut input_ids = Vec::with_capacity(len);
             for &id in &e.hash_ids {
                 if input_ids.len() >= len {
@@ -209,6 +232,7 @@ pub fn requests(
                 output_len: ((e.output_length as f64 * cfg.output_scale).round() as usize).max(1),
                 routing_key: None,
                 after: None,
+                after_gap_s: 0.0,
                 at: Some(at_ms / 1000.0),
             }
         })
@@ -216,7 +240,7 @@ pub fn requests(
 }
 
 /// One fixed block of token ids per hash id, made on first use.
-struct Blocks {
+pub(super) struct Blocks {
     block_tokens: usize,
     vocab_size: u32,
     seed: u64,
@@ -283,7 +307,7 @@ mod tests {
         let a = requests(&entries, &cfg, 1000, 1);
         assert_eq!(a.len(), 3);
         assert_eq!(a[0].prompt_len(), 32);
-        assert_eq!(a[1].prompt_len(), scaled_len(600, 16));
+        assert_eq!(a[1].prompt_len(), scaled_len(600, 16, TRACE_BLOCK_TOKENS));
         assert_eq!(a[1].prompt_len(), 19);
         assert_eq!(a[2].prompt_len(), 4);
         assert_eq!(a[0].input_ids[..16], a[1].input_ids[..16], "block 0 shared");
@@ -317,6 +341,7 @@ mod tests {
             start_ms: 2000,
             output_scale: 0.1,
             path: None,
+            native_block_tokens: TRACE_BLOCK_TOKENS,
         };
         let entries = [entry(2000, 512, 500, &[3]), entry(6000, 512, 4, &[3])];
         let r = requests(&entries, &cfg, 100, 1);

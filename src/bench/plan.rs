@@ -1,11 +1,13 @@
 //! The command line resolved into a run: explicit flags over the preset over the defaults,
 //! for the workload (`Plan`) and for the clusters `--launch` starts (`ServerFlags`).
 
+use super::bailian::BAILIAN_BLOCK_TOKENS;
 use super::client::Backend;
 use super::launch::ServerFlags;
 use super::metrics::Slo;
-use super::mooncake::TraceConfig;
+use super::mooncake::{TraceConfig, TRACE_BLOCK_TOKENS};
 use super::preset::{Preset, PresetValues, DEFAULT_GSP};
+use super::sweep::SweepSpec;
 use super::workload::{Dataset, GspConfig};
 use super::BenchArgs;
 
@@ -25,6 +27,10 @@ pub struct Plan {
     pub warmup_requests: usize,
     pub flush_cache: bool,
     pub progress: bool,
+    /// `--sweep`: the rates, repeats and target of a capacity sweep.
+    pub sweep: Option<SweepSpec>,
+    /// `--output-details`: every request's numbers in the result.
+    pub output_details: bool,
 }
 
 impl BenchArgs {
@@ -37,23 +43,33 @@ impl BenchArgs {
             .dataset_name
             .or(preset.map(|p| p.dataset))
             .unwrap_or(Dataset::GeneratedSharedPrefix);
-        let trace =
-            self.trace_config(preset.map_or_else(TraceConfig::default, |p| p.trace.clone()));
+        let trace = self.trace_config(
+            dataset,
+            preset.map_or_else(TraceConfig::default, |p| p.trace.clone()),
+        );
         anyhow::ensure!(
-            dataset == Dataset::Mooncake || self.dataset_path.is_none(),
-            "--dataset-path is for --dataset-name mooncake (this run's dataset is {})",
+            dataset.is_trace() || self.dataset_path.is_none(),
+            "--dataset-path is for --dataset-name mooncake or bailian (this run's dataset is {})",
             dataset.name()
         );
         let gsp = self.gsp_config(dataset, preset.map_or(DEFAULT_GSP, |p| p.gsp.clone()));
         let server = self.server_flags(preset);
-        // A trace is replayed open loop: the preset's concurrency is for generated workloads.
+        let sweep = self.sweep_spec(preset)?;
+        // A trace is replayed open loop, and a sweep sets the rate: the preset's concurrency
+        // is for one run of a generated workload.
         let max_concurrency = self.max_concurrency.or(preset
-            .filter(|_| dataset != Dataset::Mooncake)
+            .filter(|_| !dataset.is_trace() && sweep.is_none())
             .map(|p| p.max_concurrency));
-        // A preset's window is the trace's; generated workloads keep their own size.
-        let num_prompts = self.num_prompts.or(preset
-            .filter(|_| dataset == Dataset::Mooncake)
-            .and_then(|p| p.num_prompts));
+        // A preset's window is the trace's (a shorter one for a sweep's many runs); generated
+        // workloads keep their own size.
+        let num_prompts = self
+            .num_prompts
+            .or(preset
+                .filter(|_| dataset.is_trace())
+                .and_then(|p| match (&sweep, &p.sweep) {
+                    (Some(_), Some(s)) => Some(s.num_prompts),
+                    _ => p.num_prompts,
+                }));
         anyhow::ensure!(
             max_concurrency != Some(0),
             "--max-concurrency must be at least 1"
@@ -75,8 +91,26 @@ impl BenchArgs {
             warmup_requests: self.warmup_requests,
             flush_cache: self.flush_cache,
             progress: !self.disable_progress_bar,
+            sweep,
+            output_details: self.output_details,
         };
         Ok((plan, server))
+    }
+
+    /// `--sweep`'s spec (`None` without it): the rates given, or the preset's.
+    fn sweep_spec(&self, preset: Option<&PresetValues>) -> anyhow::Result<Option<SweepSpec>> {
+        let Some(rates) = &self.sweep else {
+            return Ok(None);
+        };
+        anyhow::ensure!(
+            self.launch,
+            "--sweep starts a fresh cluster per run: add --launch"
+        );
+        let preset_rates = preset.and_then(|p| p.sweep.as_ref()).map(|s| s.rates);
+        let mut spec =
+            SweepSpec::new(rates, preset_rates, self.sweep_repeats, self.slo_attainment)?;
+        spec.all_rates = self.sweep_all_rates;
+        Ok(Some(spec))
     }
 
     /// `--request-rate` and the SLO's bounds must be positive.
@@ -98,11 +132,21 @@ impl BenchArgs {
         Ok(())
     }
 
-    /// The trace and its scaling: the `--dataset-path` and `--trace-*` flags over `base`.
-    fn trace_config(&self, base: TraceConfig) -> TraceConfig {
+    /// The trace and its scaling: the `--dataset-path` and `--trace-*` flags over `base` (a
+    /// preset's scaling, stated for Mooncake's 512-token blocks: a Bailian trace's 16-token
+    /// blocks are scaled by the same share, at least one token each).
+    fn trace_config(&self, dataset: Dataset, base: TraceConfig) -> TraceConfig {
+        let native = match dataset {
+            Dataset::Bailian => BAILIAN_BLOCK_TOKENS,
+            _ => TRACE_BLOCK_TOKENS,
+        };
+        let base_block = (base.block_tokens * native)
+            .div_ceil(base.native_block_tokens.max(1))
+            .max(1);
         TraceConfig {
             path: self.dataset_path.clone(),
-            block_tokens: self.trace_block_tokens.unwrap_or(base.block_tokens),
+            block_tokens: self.trace_block_tokens.unwrap_or(base_block),
+            native_block_tokens: native,
             time_compression: self.trace_time_compression.unwrap_or(base.time_compression),
             start_ms: self.trace_start_ms.unwrap_or(base.start_ms),
             output_scale: self.trace_output_scale.unwrap_or(base.output_scale),
@@ -386,5 +430,70 @@ mod tests {
         );
         assert!(parse(&["--max-concurrency", "0"]).resolve().is_err());
         assert!(parse(&["--request-rate", "0"]).resolve().is_err());
+    }
+
+    #[test]
+    fn a_sweep_takes_the_presets_rates_and_window_and_no_concurrency_cap() {
+        let e = parse(&["--sweep", "1,2"]).resolve().unwrap_err();
+        assert!(format!("{e:#}").contains("add --launch"), "{e:#}");
+        let e = parse(&["--launch", "--sweep"]).resolve().unwrap_err();
+        assert!(format!("{e:#}").contains("names no rate"), "{e:#}");
+        let (plan, _) = parse(&["--launch", "--preset", "mooncake-8gpu", "--sweep"])
+            .resolve()
+            .unwrap();
+        let spec = plan.sweep.unwrap();
+        assert_eq!(spec.rates, [1.0, 1.5, 2.0, 2.5]);
+        assert_eq!(
+            (spec.repeats, spec.attainment, spec.all_rates),
+            (3, 0.9, false)
+        );
+        assert_eq!(plan.num_prompts, Some(400), "the sweep's window");
+        let (plan, _) = parse(&["--launch", "--preset", "mooncake-8gpu"])
+            .resolve()
+            .unwrap();
+        assert_eq!(plan.num_prompts, Some(1000), "one run's window");
+        // Given rates win; a generated workload's sweep sets the rate, not a concurrency cap.
+        let (plan, _) = parse(&[
+            "--launch",
+            "--preset",
+            "cpu-small",
+            "--sweep",
+            "4,2",
+            "--sweep-repeats",
+            "1",
+            "--slo-attainment",
+            "0.95",
+        ])
+        .resolve()
+        .unwrap();
+        let spec = plan.sweep.unwrap();
+        assert_eq!(
+            (spec.rates, spec.repeats, spec.attainment),
+            (vec![2.0, 4.0], 1, 0.95)
+        );
+        assert_eq!(plan.max_concurrency, None);
+    }
+
+    #[test]
+    fn a_bailian_trace_scales_its_16_token_blocks_like_the_presets_512() {
+        let trace = |args: &[&str]| parse(args).resolve().unwrap().0.trace;
+        let t = trace(&["--dataset-name", "bailian"]);
+        assert_eq!((t.block_tokens, t.native_block_tokens), (16, 16));
+        let t = trace(&["--preset", "mooncake-8gpu", "--dataset-name", "bailian"]);
+        assert_eq!((t.block_tokens, t.native_block_tokens), (16, 16));
+        // mooncake-cpu's 2 tokens per 512-token block: 1/256, at least 1 token per block.
+        let t = trace(&["--preset", "mooncake-cpu", "--dataset-name", "bailian"]);
+        assert_eq!((t.block_tokens, t.native_block_tokens), (1, 16));
+        let t = trace(&["--dataset-name", "bailian", "--trace-block-tokens", "4"]);
+        assert_eq!(t.block_tokens, 4);
+        let (plan, _) = parse(&["--preset", "mooncake-16gpu", "--dataset-name", "bailian"])
+            .resolve()
+            .unwrap();
+        assert_eq!(
+            plan.num_prompts,
+            Some(1000),
+            "the trace presets take a Bailian trace"
+        );
+        assert_eq!(plan.max_concurrency, None, "open loop");
     }
 }

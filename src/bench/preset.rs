@@ -49,13 +49,15 @@ pub enum Preset {
     Sglang8Gpu,
     /// The Mooncake conversation trace (`--dataset-path`) on 8 **simulated** H100 ranks of
     /// Qwen3.5-122B-A10B-FP8 with a 128k context: its first 1000 requests, 512-token blocks,
-    /// time compressed 4x, open loop; every method, dpserve's and the peers'. With another
+    /// time compressed 4x, open loop; every method, dpserve's and the peers'. A Bailian
+    /// trace (`--dataset-name bailian`) is replayed the same way; with `--sweep` (no rates),
+    /// the first 400 requests at time compressions 1, 1.5, 2 and 2.5. With another
     /// `--dataset-name`, that workload (64 × 8 requests, system 4096 + question 128, output
     /// 256, concurrency 64) on the same ranks.
     #[value(name = "mooncake-8gpu")]
     Mooncake8Gpu,
     /// As `mooncake-8gpu` on 16 simulated ranks, time compressed 8x (twice the ranks, twice
-    /// the rate: the same load per rank).
+    /// the rate: the same load per rank); `--sweep`: 2, 3, 4 and 5.
     #[value(name = "mooncake-16gpu")]
     Mooncake16Gpu,
     /// The Mooncake conversation trace on 2 CPU ranks of the built-in `base` model: 400
@@ -63,7 +65,7 @@ pub enum Preset {
     /// minutes), 2 tokens per block (prompts ≈ 47 tokens on average), outputs x0.02, time
     /// compressed 4x (≈ 12 requests/s, a load two CPU ranks serve: at 8x, ≈ 24/s, they sat
     /// at their limit and no two runs ordered the methods alike); finishes in under ten
-    /// minutes for every method.
+    /// minutes for every method. `--sweep`: time compressions 2, 4, 6 and 8.
     MooncakeCpu,
 }
 
@@ -88,6 +90,16 @@ pub struct PresetValues {
     pub compare: &'static str,
     /// A `--sim-config` TOML the preset gives every rank (written into `--output-dir`).
     pub sim_config: Option<&'static str>,
+    /// What `--sweep` with no rates runs (the trace presets).
+    pub sweep: Option<SweepPreset>,
+}
+
+/// A preset's capacity sweep: its rates (time compressions of the trace) and its window, shorter
+/// than one run's so that every method's sweep fits in a sitting.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SweepPreset {
+    pub rates: &'static [f64],
+    pub num_prompts: usize,
 }
 
 /// The generated workload of the trace presets beside the trace: SGLang's 8-GPU shape with 64
@@ -104,8 +116,9 @@ const TRACE_PRESET_GSP: GspConfig = GspConfig {
     zipf: None,
 };
 
-/// A trace preset on `dp_size` simulated ranks, time compressed `compression` times.
-fn sim_trace_preset(dp_size: u32, compression: f64) -> PresetValues {
+/// A trace preset on `dp_size` simulated ranks, time compressed `compression` times; its sweep
+/// runs the trace's first 400 requests at `sweep_rates`.
+fn sim_trace_preset(dp_size: u32, compression: f64, sweep_rates: &'static [f64]) -> PresetValues {
     PresetValues {
         dataset: Dataset::Mooncake,
         gsp: TRACE_PRESET_GSP,
@@ -121,6 +134,10 @@ fn sim_trace_preset(dp_size: u32, compression: f64) -> PresetValues {
         up_args: &[("--device", "sim")],
         compare: EVERY_METHOD,
         sim_config: Some(SIM_LONG_CONTEXT),
+        sweep: Some(SweepPreset {
+            rates: sweep_rates,
+            num_prompts: 400,
+        }),
     }
 }
 
@@ -129,8 +146,8 @@ impl Preset {
         match self {
             Preset::CpuSmall => cpu_small(),
             Preset::Sglang8Gpu => sglang_8gpu(),
-            Preset::Mooncake8Gpu => sim_trace_preset(8, 4.0),
-            Preset::Mooncake16Gpu => sim_trace_preset(16, 8.0),
+            Preset::Mooncake8Gpu => sim_trace_preset(8, 4.0, &[1.0, 1.5, 2.0, 2.5]),
+            Preset::Mooncake16Gpu => sim_trace_preset(16, 8.0, &[2.0, 3.0, 4.0, 5.0]),
             Preset::MooncakeCpu => mooncake_cpu(),
         }
     }
@@ -165,6 +182,7 @@ fn cpu_small() -> PresetValues {
         up_args: &[],
         compare: DEFAULT_COMPARE,
         sim_config: None,
+        sweep: None,
     }
 }
 
@@ -197,6 +215,7 @@ fn sglang_8gpu() -> PresetValues {
         // DP attention: every rank's step ends with the slowest (docs/SIM.md).
         up_args: &[("--device", "sim"), ("--sim-lock-step", "true")],
         compare: "round_robin,total_tokens,prefix_affinity,cache_aware",
+        sweep: None,
     }
 }
 
@@ -221,6 +240,10 @@ fn mooncake_cpu() -> PresetValues {
         up_args: &[],
         compare: EVERY_METHOD,
         sim_config: None,
+        sweep: Some(SweepPreset {
+            rates: &[2.0, 4.0, 6.0, 8.0],
+            num_prompts: 400,
+        }),
     }
 }
 

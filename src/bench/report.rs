@@ -117,6 +117,9 @@ fn run_keys(o: &mut Map<String, Value>, info: &RunInfo) {
 
 /// What was measured: counts, throughputs, latency distributions, cache hits and goodput.
 fn metric_keys(o: &mut Map<String, Value>, m: &BenchMetrics) {
+    if let Some(d) = &m.details {
+        o.insert("details".into(), json!(d));
+    }
     o.insert("duration".into(), json!(m.duration));
     o.insert("completed".into(), json!(m.completed));
     o.insert("failed".into(), json!(m.failed));
@@ -475,6 +478,53 @@ pub fn compare_markdown(results: &[MethodResult]) -> String {
             .collect::<String>()
     ));
     for row in compare_rows(results) {
+        out.push_str(&format!("| {} |\n", row.join(" | ")));
+    }
+    out
+}
+
+/// `rows` under `headers` as an aligned terminal table (the first column left-aligned, the
+/// others right-aligned).
+pub fn aligned_table(headers: &[String], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &[String]| -> String {
+        let mut s = String::new();
+        for (i, (cell, &w)) in cells.iter().zip(&widths).enumerate() {
+            let pad = w.saturating_sub(cell.chars().count());
+            if i == 0 {
+                s.push_str(cell);
+                s.push_str(&" ".repeat(pad));
+            } else {
+                s.push_str("  ");
+                s.push_str(&" ".repeat(pad));
+                s.push_str(cell);
+            }
+        }
+        s.trim_end().to_string() + "\n"
+    };
+    let mut out = line(headers);
+    out.push_str(&"-".repeat(widths.iter().sum::<usize>() + 2 * widths.len().saturating_sub(1)));
+    out.push('\n');
+    for row in rows {
+        out.push_str(&line(row));
+    }
+    out
+}
+
+/// `rows` under `headers` as a Markdown table (numbers right-aligned: every column but the
+/// first).
+pub fn markdown_table(headers: &[String], rows: &[Vec<String>]) -> String {
+    let mut out = format!("| {} |\n|", headers.join(" | "));
+    for i in 0..headers.len() {
+        out.push_str(if i == 0 { " --- |" } else { " ---: |" });
+    }
+    out.push('\n');
+    for row in rows {
         out.push_str(&format!("| {} |\n", row.join(" | ")));
     }
     out

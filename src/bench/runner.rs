@@ -9,12 +9,12 @@ use serde_json::{json, Map, Value};
 
 use super::ceiling;
 use super::client::{Backend, BenchClient};
-use super::metrics::{BenchMetrics, RequestOutcome};
-use super::mooncake;
+use super::metrics::{BenchMetrics, Details, RequestOutcome};
 use super::plan::Plan;
 use super::probe::{self, ServerFacts};
 use super::report::RunInfo;
 use super::workload::{self, BenchRequest, Dataset};
+use super::{bailian, mooncake};
 
 /// Output tokens of a warm-up request at most: warm-up only needs the path exercised.
 const WARMUP_MAX_OUTPUT: usize = 16;
@@ -48,9 +48,9 @@ pub async fn run_once(base_url: &str, plan: &Plan) -> anyhow::Result<(RunInfo, B
     if let Some(dp) = after["dp_size"].as_u64() {
         m = m.with_ranks(dp as u32);
     }
-    let granularity = match plan.gsp.dataset {
-        Dataset::Mooncake => plan.trace.block_tokens,
-        _ => 1,
+    let granularity = match plan.gsp.dataset.is_trace() {
+        true => plan.trace.block_tokens,
+        false => 1,
     };
     m.ceilings = Some(ceiling::compute(
         prompts.iter().map(Vec::as_slice),
@@ -97,10 +97,9 @@ async fn measure(
     let (outcomes, duration) =
         send_all(client, requests, arrivals, plan.max_concurrency, pb.clone()).await;
     pb.finish_and_clear();
-    (
-        prompts,
-        BenchMetrics::compute(&outcomes, duration, plan.slo),
-    )
+    let mut m = BenchMetrics::compute(&outcomes, duration, plan.slo);
+    m.details = plan.output_details.then(|| Details::of(&outcomes));
+    (prompts, m)
 }
 
 /// What the run was: the plan, the server's facts and its answer after the run (`Null` when
@@ -129,7 +128,7 @@ fn run_info(
     RunInfo {
         backend: plan.backend.name().to_string(),
         gsp: plan.gsp.clone(),
-        trace: (plan.gsp.dataset == Dataset::Mooncake).then(|| plan.trace.clone()),
+        trace: plan.gsp.dataset.is_trace().then(|| plan.trace.clone()),
         num_prompts,
         request_rate: plan.request_rate,
         max_concurrency: plan.max_concurrency,
@@ -152,6 +151,9 @@ fn workload_of(plan: &Plan, vocab_size: u32) -> anyhow::Result<Vec<BenchRequest>
         Dataset::Mooncake => {
             mooncake::generate(&plan.trace, vocab_size, plan.num_prompts, plan.seed)?
         }
+        Dataset::Bailian => {
+            bailian::generate(&plan.trace, vocab_size, plan.num_prompts, plan.seed)?
+        }
         _ => workload::generate(&plan.gsp, vocab_size, plan.num_prompts, plan.seed)?,
     };
     anyhow::ensure!(
@@ -173,7 +175,7 @@ async fn warm_up(
         return Ok(());
     }
     let (len, output) = match plan.gsp.dataset {
-        Dataset::Mooncake => (requests[0].prompt_len(), requests[0].output_len),
+        Dataset::Mooncake | Dataset::Bailian => (requests[0].prompt_len(), requests[0].output_len),
         _ => (
             plan.gsp.system_prompt_len + plan.gsp.question_len,
             plan.gsp.output_len,
@@ -232,8 +234,8 @@ fn total_kv_capacity(info: &Value) -> Option<u64> {
 }
 
 /// Sends every request at its arrival time (seconds after start) and, when it names one, once
-/// the request it comes `after` has finished (success or not), at most `max_concurrency` at
-/// once; returns the outcomes in request order and the wall time of the whole run.
+/// the request it comes `after` has finished (success or not) and its `after_gap_s` more has
+/// passed, at most `max_concurrency` at once; returns the outcomes in request order and the wall time of the whole run.
 async fn send_all(
     client: &BenchClient,
     requests: Vec<BenchRequest>,
@@ -267,12 +269,16 @@ async fn send_all(
             if let Some(before) = &mut before {
                 // An error means the earlier request's task is gone: go on regardless.
                 before.wait_for(|finished| *finished).await.ok();
+                tokio::time::sleep(Duration::from_secs_f64(req.after_gap_s.max(0.0))).await;
             }
             let _permit = match &semaphore {
                 Some(s) => Some(s.clone().acquire_owned().await),
                 None => None,
             };
-            let outcome = client.send(&req).await;
+            let sent_s = start.elapsed().as_secs_f64();
+            let mut outcome = client.send(&req).await;
+            outcome.sent_s = sent_s;
+            outcome.ended_s = start.elapsed().as_secs_f64();
             done.send_replace(true);
             pb.inc(1);
             (pos, outcome)

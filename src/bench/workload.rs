@@ -33,6 +33,9 @@ pub enum Dataset {
     MultiTurn,
     /// A Mooncake-format production trace replayed at its timestamps (`--dataset-path`).
     Mooncake,
+    /// A Qwen-Bailian-format trace of sessions (`--dataset-path`): each turn after its parent
+    /// turn has finished, siblings together.
+    Bailian,
     /// One system prompt for every request (`--gsp-num-groups` × `--gsp-prompts-per-group`
     /// requests, each with its own question): the hot prefix that piles onto one rank.
     HotPrefix,
@@ -44,11 +47,17 @@ pub enum Dataset {
 }
 
 impl Dataset {
+    /// Whether the dataset is a trace file replayed at its timestamps (`--dataset-path`).
+    pub fn is_trace(self) -> bool {
+        matches!(self, Dataset::Mooncake | Dataset::Bailian)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Dataset::GeneratedSharedPrefix => "generated-shared-prefix",
             Dataset::MultiTurn => "multi-turn",
             Dataset::Mooncake => "mooncake",
+            Dataset::Bailian => "bailian",
             Dataset::HotPrefix => "hot-prefix",
             Dataset::SiblingBurst => "sibling-burst",
             Dataset::NoReuse => "no-reuse",
@@ -86,6 +95,9 @@ pub struct BenchRequest {
     pub routing_key: Option<String>,
     /// Index of the request that must finish before this one is sent (the previous turn).
     pub after: Option<usize>,
+    /// Seconds to wait after `after` finished (a trace's gap between turns: the user's or the
+    /// tool's time); 0 without `after`.
+    pub after_gap_s: f64,
     /// Send time in seconds after the start, when the workload fixes it (a trace's timestamp,
     /// a burst's arrival); `None`: the `--request-rate` arrival process decides.
     pub at: Option<f64>,
@@ -147,7 +159,9 @@ pub fn generate(
         }
         Dataset::SiblingBurst => sibling_burst(cfg, &system_prompts, vocab_size, &mut rng),
         Dataset::NoReuse => no_reuse(cfg, vocab_size, &mut rng),
-        Dataset::Mooncake => anyhow::bail!("the mooncake dataset is read by bench::mooncake"),
+        Dataset::Mooncake | Dataset::Bailian => {
+            anyhow::bail!("a trace is read by bench::mooncake or bench::bailian")
+        }
     };
     if let Some(n) = num_prompts {
         requests.truncate(n);
@@ -204,6 +218,7 @@ fn question(
         output_len: sample_len(rng, cfg.output_len, cfg.range_ratio),
         routing_key: cfg.send_routing_key.then(|| group_key(group)),
         after: None,
+        after_gap_s: 0.0,
         at: None,
     }
 }
@@ -331,6 +346,7 @@ pub fn warmup_request(vocab_size: u32, len: usize, output_len: usize, seed: u64)
         output_len: output_len.max(1),
         routing_key: None,
         after: None,
+        after_gap_s: 0.0,
         at: None,
     }
 }

@@ -3,7 +3,7 @@
 //! it; the drawing goes through [`crate::svg`] like every other picture, so there is one way to
 //! write SVG in the tree.
 
-use crate::svg::{nice_step, Anchor, Svg};
+use crate::svg::{nice_step, tick_label, Anchor, Svg};
 
 /// A series: one bar in every group, with its legend entry.
 #[derive(Debug, Clone, PartialEq)]
@@ -154,12 +154,6 @@ fn draw_y_axis(svg: &mut Svg, left: f64, right: f64, top_value: f64, y: &dyn Fn(
         v += step;
     }
     svg.line(left, TOP, left, y(0.0), "stroke=\"#333\"");
-}
-
-/// As many decimals as the step needs: `250`, `0.5`, `0.02`.
-fn tick_label(v: f64, step: f64) -> String {
-    let decimals = (-step.log10().floor()).max(0.0) as usize;
-    format!("{v:.decimals$}")
 }
 
 /// The series' colours and names, in the panel's top right corner.

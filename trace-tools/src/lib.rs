@@ -9,14 +9,15 @@
 //!   timeline.
 //! - Pictures: [`journey`] turns a timeline into lanes, arrows and marks that [`picture`] draws
 //!   as SVG; [`traffic`] counts and draws routing over a run; [`chrome`] writes either as Chrome
-//!   trace-event JSON; [`bars`] draws bar panels (the bench's comparison chart). All SVG goes
-//!   through [`svg`].
+//!   trace-event JSON; [`bars`] draws bar panels (the bench's comparison chart), [`lines`] a
+//!   line panel (the bench's capacity sweep). All SVG goes through [`svg`].
 
 pub mod bars;
 pub mod chrome;
 #[cfg(test)]
 mod fixtures;
 pub mod journey;
+pub mod lines;
 pub mod picture;
 pub mod report;
 mod scores;

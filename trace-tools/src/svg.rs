@@ -107,11 +107,18 @@ impl Svg {
     }
 
     pub fn polygon(&mut self, points: &[(f64, f64)], style: &str) {
-        let pts: Vec<String> = points
-            .iter()
-            .map(|(x, y)| format!("{x:.1},{y:.1}"))
-            .collect();
-        self.raw(&format!("<polygon points=\"{}\" {style}/>", pts.join(" ")));
+        self.raw(&format!(
+            "<polygon points=\"{}\" {style}/>",
+            points_attr(points)
+        ));
+    }
+
+    /// An open path through `points` (no fill unless `style` gives one).
+    pub fn polyline(&mut self, points: &[(f64, f64)], style: &str) {
+        self.raw(&format!(
+            "<polyline points=\"{}\" fill=\"none\" {style}/>",
+            points_attr(points)
+        ));
     }
 
     /// The whole document.
@@ -131,6 +138,15 @@ impl Svg {
     }
 }
 
+/// `x,y x,y …` with one decimal.
+fn points_attr(points: &[(f64, f64)]) -> String {
+    let pts: Vec<String> = points
+        .iter()
+        .map(|(x, y)| format!("{x:.1},{y:.1}"))
+        .collect();
+    pts.join(" ")
+}
+
 /// The round axis step (1, 2 or 5 times a power of ten) at or above `raw`, at least 0.001.
 pub fn nice_step(raw: f64) -> f64 {
     let raw = raw.max(1e-3);
@@ -140,6 +156,12 @@ pub fn nice_step(raw: f64) -> f64 {
         .map(|m| m * p)
         .find(|s| *s >= raw)
         .unwrap_or(10.0 * p)
+}
+
+/// As many decimals as the step needs: `250`, `0.5`, `0.02`.
+pub fn tick_label(v: f64, step: f64) -> String {
+    let decimals = (-step.log10().floor()).max(0.0) as usize;
+    format!("{v:.decimals$}")
 }
 
 /// A categorical palette (Tableau 10): rank r and branch b keep their colour across pictures.

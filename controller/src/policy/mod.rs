@@ -387,6 +387,12 @@ impl Method {
         }
     }
 
+    /// Whether the method is a peer's rule (SGLang's own four, vLLM's, SMG's, Dynamo's,
+    /// llm-d's) rather than dpserve's own: what `dpserve bench --sweep` rates dpserve's against.
+    pub fn is_peer(self) -> bool {
+        !matches!(self, Method::PrefixAffinity | Method::CacheAware)
+    }
+
     /// Whether the method reads the KV index (the controller then matches each prompt).
     pub fn uses_kv_index(self) -> bool {
         matches!(

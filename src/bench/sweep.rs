@@ -1,0 +1,822 @@
+//! `--sweep`: capacity at SLO, the number an operator buys GPUs by (DistServe, OSDI '24: the
+//! highest request rate at which a set share of requests meets the TTFT and ITL targets).
+//!
+//! Every `--compare` method runs at every rate of `--sweep`, `--sweep-repeats` times, each run
+//! on a fresh cluster (repeat k uses seed `--seed` + k; runs go repeat by repeat, rate by rate,
+//! method by method, so a slow minute of the machine falls on every method alike). A rate is
+//! the trace's time compression for a replayed trace and `--request-rate` for a generated
+//! workload; each point also states the offered rate in requests/s.
+//!
+//! ```text
+//! attainment(run)  = requests within --slo-ttft-ms and --slo-itl-ms / requests sent
+//!                    (a refused, failed or shed request is a miss: no method wins by shedding)
+//! point            = the median attainment of a rate's repeats
+//! capacity         = h + (a_h − target) / (a_h − a_n) · (n − h), where h is the highest rate
+//!                    whose point meets --slo-attainment and n the next rate (which misses);
+//!                    0 if no rate meets it; the top rate, flagged a lower bound, if it does
+//! capacity_rps     = the same interpolation over the points' offered requests/s
+//! ```
+//!
+//! Writes `sweep.json`, `sweep.md` and `sweep.svg` (attainment against offered rate, a line per
+//! method) into `--output-dir`, and prints the table: methods × rates, capacity last, with its
+//! ratio to the best peer method's (SGLang's, vLLM's, SMG's, Dynamo's and llm-d's rules).
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::ValueEnum;
+use serde_json::{json, Value};
+
+use super::launch::{self, ServerFlags};
+use super::metrics::{percentile, BenchMetrics};
+use super::plan::Plan;
+use super::report::{aligned_table, markdown_table};
+use super::runner::run_once;
+use super::workload::Dataset;
+use super::{append_jsonl, compare, BenchArgs};
+use super::{bailian, mooncake};
+
+/// What `--sweep` asks for, checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SweepSpec {
+    /// Ascending, distinct, positive.
+    pub rates: Vec<f64>,
+    pub repeats: usize,
+    /// The share of requests within the SLO a rate must reach, in (0, 1].
+    pub attainment: f64,
+    /// Run every rate; otherwise a method stops after its first rate that misses the target.
+    pub all_rates: bool,
+}
+
+impl SweepSpec {
+    /// `--sweep` (empty: the preset's rates), `--sweep-repeats`, `--slo-attainment`.
+    pub fn new(
+        rates: &[f64],
+        preset_rates: Option<&[f64]>,
+        repeats: usize,
+        attainment: f64,
+    ) -> anyhow::Result<SweepSpec> {
+        let given = if rates.is_empty() {
+            preset_rates.filter(|r| !r.is_empty()).context(
+                "--sweep names no rate (e.g. --sweep 1,1.5,2; only a preset brings its own)",
+            )?
+        } else {
+            rates
+        };
+        for &r in given {
+            anyhow::ensure!(
+                r.is_finite() && r > 0.0,
+                "--sweep: every rate must be a positive number, got {r}"
+            );
+        }
+        let mut rates = given.to_vec();
+        rates.sort_by(f64::total_cmp);
+        rates.dedup();
+        anyhow::ensure!(repeats >= 1, "--sweep-repeats must be at least 1");
+        anyhow::ensure!(
+            attainment > 0.0 && attainment <= 1.0,
+            "--slo-attainment must be a share in (0, 1], got {attainment}"
+        );
+        Ok(SweepSpec {
+            rates,
+            repeats,
+            attainment,
+            all_rates: false,
+        })
+    }
+}
+
+/// What a rate means for this workload, and requests/s offered at rate 1.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RateUnit {
+    /// A trace's time compression; `base_rps` is the window's own rate.
+    TimeCompression { base_rps: f64 },
+    /// Poisson arrivals at this many requests/s.
+    RequestRate,
+}
+
+impl RateUnit {
+    fn of(plan: &Plan) -> anyhow::Result<RateUnit> {
+        if !plan.gsp.dataset.is_trace() {
+            return Ok(RateUnit::RequestRate);
+        }
+        let t = &plan.trace;
+        let path = t
+            .path
+            .as_deref()
+            .context("a trace needs --dataset-path FILE")?;
+        let window = match plan.gsp.dataset {
+            Dataset::Bailian => bailian::read(path, t.start_ms, plan.num_prompts)?.entries,
+            _ => mooncake::read(path, t.start_ms, plan.num_prompts)?,
+        };
+        Ok(RateUnit::TimeCompression {
+            base_rps: mooncake::window_rate(&window, path)?,
+        })
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            RateUnit::TimeCompression { .. } => "time_compression",
+            RateUnit::RequestRate => "request_rate",
+        }
+    }
+
+    /// Requests/s offered at `rate`.
+    fn offered_rps(self, rate: f64) -> f64 {
+        match self {
+            RateUnit::TimeCompression { base_rps } => base_rps * rate,
+            RateUnit::RequestRate => rate,
+        }
+    }
+
+    /// The plan of one run at `rate`.
+    fn apply(self, plan: &Plan, rate: f64, repeat: usize) -> Plan {
+        let mut plan = plan.clone();
+        match self {
+            RateUnit::TimeCompression { .. } => plan.trace.time_compression = rate,
+            RateUnit::RequestRate => plan.request_rate = rate,
+        }
+        plan.seed = plan.seed.wrapping_add(repeat as u64);
+        plan.progress = false;
+        plan
+    }
+
+    /// A rate as the table heads it: `2x` (a compression) or `4 req/s`.
+    fn label(self, rate: f64) -> String {
+        match self {
+            RateUnit::TimeCompression { .. } => format!("{rate}x"),
+            RateUnit::RequestRate => format!("{rate} req/s"),
+        }
+    }
+}
+
+/// One run of one method at one rate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunPoint {
+    pub attainment: f64,
+    pub goodput_rps: f64,
+    pub p50_ttft_ms: f64,
+    pub p90_ttft_ms: f64,
+    pub p99_ttft_ms: f64,
+    pub p50_itl_ms: f64,
+    pub p99_itl_ms: f64,
+    pub cache_hit: Option<f64>,
+    pub pooled_lru_ceiling: Option<f64>,
+    pub refused: usize,
+    pub failed: usize,
+    /// Why the run gave no metrics (its cluster did not start, nothing completed): attainment 0.
+    pub skipped: Option<String>,
+}
+
+impl RunPoint {
+    fn of(m: &BenchMetrics) -> RunPoint {
+        RunPoint {
+            attainment: m.goodput_share,
+            goodput_rps: m.goodput,
+            p50_ttft_ms: m.ttft.median,
+            p90_ttft_ms: m.ttft.p90,
+            p99_ttft_ms: m.ttft.p99,
+            p50_itl_ms: m.itl.median,
+            p99_itl_ms: m.itl.p99,
+            cache_hit: m.cache_hit_rate,
+            pooled_lru_ceiling: m.ceilings.and_then(|c| c.pooled_lru),
+            refused: m.refused,
+            failed: m.failed,
+            skipped: None,
+        }
+    }
+
+    /// A run that measured nothing counts as missing every request.
+    fn skipped(reason: String) -> RunPoint {
+        RunPoint {
+            attainment: 0.0,
+            goodput_rps: 0.0,
+            p50_ttft_ms: f64::NAN,
+            p90_ttft_ms: f64::NAN,
+            p99_ttft_ms: f64::NAN,
+            p50_itl_ms: f64::NAN,
+            p99_itl_ms: f64::NAN,
+            cache_hit: None,
+            pooled_lru_ceiling: None,
+            refused: 0,
+            failed: 0,
+            skipped: Some(reason),
+        }
+    }
+}
+
+/// A method at one rate: every repeat.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Point {
+    pub rate: f64,
+    pub offered_rps: f64,
+    pub runs: Vec<RunPoint>,
+}
+
+impl Point {
+    /// The median of the repeats' attainment.
+    pub fn attainment(&self) -> f64 {
+        median(self.runs.iter().map(|r| r.attainment))
+    }
+}
+
+/// The median of finite values (NaN when there is none).
+fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = values.filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    percentile(&v, 50.0)
+}
+
+/// A method's capacity at SLO.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Capacity {
+    /// In the sweep's unit (a time compression, or requests/s).
+    pub rate: f64,
+    /// In requests/s offered.
+    pub rps: f64,
+    /// Every rate met the target: the capacity is at least this.
+    pub lower_bound: bool,
+}
+
+/// The capacity of `points` (ascending rates) at `target` attainment (see the module's
+/// formula).
+pub fn capacity(points: &[Point], target: f64) -> Capacity {
+    let met = points.iter().rposition(|p| p.attainment() >= target);
+    let Some(h) = met else {
+        return Capacity {
+            rate: 0.0,
+            rps: 0.0,
+            lower_bound: false,
+        };
+    };
+    let Some(n) = points.get(h + 1) else {
+        return Capacity {
+            rate: points[h].rate,
+            rps: points[h].offered_rps,
+            lower_bound: true,
+        };
+    };
+    let (a_h, a_n) = (points[h].attainment(), n.attainment());
+    // a_n < target <= a_h, so the share lies in [0, 1).
+    let share = (a_h - target) / (a_h - a_n);
+    let lerp = |lo: f64, hi: f64| lo + share * (hi - lo);
+    Capacity {
+        rate: lerp(points[h].rate, n.rate),
+        rps: lerp(points[h].offered_rps, n.offered_rps),
+        lower_bound: false,
+    }
+}
+
+/// One method's sweep.
+#[derive(Debug, Clone)]
+pub struct MethodSweep {
+    pub method: String,
+    pub points: Vec<Point>,
+}
+
+impl MethodSweep {
+    /// Whether the method is done before rate `r`: an earlier rate's median missed the target
+    /// (so `r` and above would too, but for noise; `--sweep-all-rates` runs them anyway).
+    fn stopped(&self, r: usize, spec: &SweepSpec) -> bool {
+        self.points[..r]
+            .iter()
+            .any(|p| !p.runs.is_empty() && p.attainment() < spec.attainment)
+    }
+}
+
+/// `--launch --sweep`: every method at every rate, repeated; the capacities and their table,
+/// `sweep.json`, `sweep.md` and `sweep.svg`.
+pub fn run_sweep(
+    args: &BenchArgs,
+    spec: &SweepSpec,
+    plan: &Plan,
+    server: &ServerFlags,
+    rt: &tokio::runtime::Runtime,
+) -> anyhow::Result<()> {
+    let methods = compare::compare_methods(args)?;
+    let unit = RateUnit::of(plan)?;
+    let out_dir = &args.output_dir;
+    std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let runtime_root = std::env::temp_dir().join(format!("dpserve-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&runtime_root)
+        .with_context(|| format!("creating {}", runtime_root.display()))?;
+    let server = &compare::with_sim_config(server, out_dir)?;
+    let mut sweeps: Vec<MethodSweep> = methods
+        .iter()
+        .map(|m| MethodSweep {
+            method: m.clone(),
+            points: spec
+                .rates
+                .iter()
+                .map(|&rate| Point {
+                    rate,
+                    offered_rps: unit.offered_rps(rate),
+                    runs: Vec::new(),
+                })
+                .collect(),
+        })
+        .collect();
+    let mut simulated = std::collections::BTreeSet::new();
+    // Rate by rate; at each, every repeat of every method still running, so a slow minute of
+    // the machine falls on every method alike.
+    for (r, &rate) in spec.rates.iter().enumerate() {
+        for repeat in 0..spec.repeats {
+            let plan = unit.apply(plan, rate, repeat);
+            for sweep in sweeps
+                .iter_mut()
+                .filter(|s| spec.all_rates || !s.stopped(r, spec))
+            {
+                let method = &sweep.method;
+                let (run, profiles) = run_point(method, args, &plan, server, &runtime_root, rt)?;
+                simulated.extend(profiles);
+                eprintln!(
+                    "== {method} at {} (repeat {}/{}): {}",
+                    unit.label(rate),
+                    repeat + 1,
+                    spec.repeats,
+                    describe_run(&run)
+                );
+                sweep.points[r].runs.push(run);
+            }
+        }
+    }
+    std::fs::remove_dir_all(&runtime_root).ok();
+    let simulated: Vec<&str> = simulated.iter().map(String::as_str).collect();
+    write_results(args, spec, unit, plan, server, &simulated, &sweeps)
+}
+
+/// One run on a fresh cluster: its point, or a skipped one saying why.
+fn run_point(
+    method: &str,
+    args: &BenchArgs,
+    plan: &Plan,
+    server: &ServerFlags,
+    runtime_root: &Path,
+    rt: &tokio::runtime::Runtime,
+) -> anyhow::Result<(RunPoint, Vec<String>)> {
+    let mut cluster = match launch::start(method, server, runtime_root, &args.output_dir) {
+        Ok(cluster) => cluster,
+        Err(reason) => return Ok((RunPoint::skipped(reason), Vec::new())),
+    };
+    let run = rt.block_on(run_once(&cluster.base_url, plan));
+    cluster.stop(Duration::from_secs(15));
+    let (mut info, m) = match run {
+        Ok(run) => run,
+        Err(e) => return Ok((RunPoint::skipped(format!("{e:#}")), Vec::new())),
+    };
+    info.load_balance_method = Some(method.to_string());
+    let profiles = info.sim_profiles.clone();
+    if let Some(path) = &args.output_file {
+        append_jsonl(path, &super::report::result_json(&info, &m))?;
+    }
+    if m.completed == 0 {
+        let reason = format!(
+            "no request completed: {}",
+            m.errors.first().map_or("", String::as_str)
+        );
+        return Ok((RunPoint::skipped(reason), profiles));
+    }
+    Ok((RunPoint::of(&m), profiles))
+}
+
+fn describe_run(run: &RunPoint) -> String {
+    match &run.skipped {
+        Some(reason) => format!("skipped (a miss for every request): {reason}"),
+        None => format!(
+            "attainment {:.1} %, goodput {:.2} req/s, p90 TTFT {:.0} ms, p50 ITL {:.1} ms, \
+             cache hit {}, refused {}",
+            run.attainment * 100.0,
+            run.goodput_rps,
+            run.p90_ttft_ms,
+            run.p50_itl_ms,
+            run.cache_hit
+                .map_or("unknown".into(), |h| format!("{:.1} %", h * 100.0)),
+            run.refused
+        ),
+    }
+}
+
+/// Whether a method is one of the peers' rules (SGLang's own three, vLLM's, SMG's, Dynamo's,
+/// llm-d's) rather than dpserve's; a deployment suffix (`@1p1d`) is ignored.
+pub fn is_peer(method: &str) -> bool {
+    let name = method.split('@').next().unwrap_or(method);
+    controller::policy::Method::from_str(name, false).is_ok_and(|m| m.is_peer())
+}
+
+/// Each method's capacity and its ratio to the best peer's (`None` when no peer was swept or
+/// the best peer's is 0).
+pub fn capacities(sweeps: &[MethodSweep], target: f64) -> Vec<(Capacity, Option<f64>)> {
+    let caps: Vec<Capacity> = sweeps.iter().map(|s| capacity(&s.points, target)).collect();
+    let best_peer = sweeps
+        .iter()
+        .zip(&caps)
+        .filter(|(s, _)| is_peer(&s.method))
+        .map(|(_, c)| c.rps)
+        .fold(None, |best: Option<f64>, c| {
+            Some(best.map_or(c, |b| b.max(c)))
+        });
+    caps.iter()
+        .map(|c| (*c, best_peer.filter(|b| *b > 0.0).map(|b| c.rps / b)))
+        .collect()
+}
+
+/// The table's rows: a method, its median attainment per rate, its capacity and the ratio.
+fn rows(sweeps: &[MethodSweep], target: f64) -> Vec<Vec<String>> {
+    sweeps
+        .iter()
+        .zip(capacities(sweeps, target))
+        .map(|(s, (cap, vs_peer))| {
+            let mut row = vec![s.method.clone()];
+            row.extend(s.points.iter().map(|p| match p.runs.is_empty() {
+                // Not run: an earlier rate missed the target.
+                true => "—".to_string(),
+                false => format!("{:.1}%", p.attainment() * 100.0),
+            }));
+            row.push(match (cap.rps, cap.lower_bound) {
+                (rps, true) => format!(">= {rps:.2}"),
+                (0.0, false) => format!("< {:.2}", s.points[0].offered_rps),
+                (rps, false) => format!("{rps:.2}"),
+            });
+            row.push(vs_peer.map_or("—".into(), |x| format!("{x:.2}x")));
+            row
+        })
+        .collect()
+}
+
+fn headers(unit: RateUnit, spec: &SweepSpec) -> Vec<String> {
+    let mut h = vec!["method".to_string()];
+    h.extend(
+        spec.rates
+            .iter()
+            .map(|&r| format!("{} ({:.2} req/s)", unit.label(r), unit.offered_rps(r))),
+    );
+    h.push("capacity req/s".into());
+    h.push("vs best peer".into());
+    h
+}
+
+/// The table, `sweep.json`, `sweep.md` and `sweep.svg`.
+fn write_results(
+    args: &BenchArgs,
+    spec: &SweepSpec,
+    unit: RateUnit,
+    plan: &Plan,
+    server: &ServerFlags,
+    simulated: &[&str],
+    sweeps: &[MethodSweep],
+) -> anyhow::Result<()> {
+    let out_dir = &args.output_dir;
+    let described = compare::describe(plan, server, simulated);
+    let caption = format!(
+        "capacity at SLO: the highest offered rate with at least {:.0} % of requests within TTFT \
+         {} ms and ITL {} ms (median of {} repeats per point; cells: median attainment)",
+        spec.attainment * 100.0,
+        plan.slo.ttft_ms,
+        plan.slo.itl_ms,
+        spec.repeats
+    );
+    let (heads, rows) = (headers(unit, spec), rows(sweeps, spec.attainment));
+    println!();
+    println!("{described}");
+    println!("{caption}");
+    print!("{}", aligned_table(&heads, &rows));
+
+    let json_path = out_dir.join("sweep.json");
+    let mut summary = sweep_json(args, spec, unit, plan, server, sweeps);
+    summary["simulated"] = json!(simulated);
+    std::fs::write(&json_path, serde_json::to_string_pretty(&summary)? + "\n")
+        .with_context(|| format!("writing {}", json_path.display()))?;
+    let md_path = out_dir.join("sweep.md");
+    let md = format!(
+        "{described}\n\n{caption}\n\n{}\n{}",
+        markdown_table(&heads, &rows),
+        every_run_markdown(unit, sweeps)
+    );
+    std::fs::write(&md_path, md).with_context(|| format!("writing {}", md_path.display()))?;
+    let svg_path = out_dir.join("sweep.svg");
+    let title = format!(
+        "dpserve bench --sweep: {}{}",
+        compare::workload_title(plan, server),
+        if simulated.is_empty() {
+            ""
+        } else {
+            ", SIMULATED ranks"
+        }
+    );
+    std::fs::write(&svg_path, attainment_svg(&title, spec, sweeps))
+        .with_context(|| format!("writing {}", svg_path.display()))?;
+    println!(
+        "wrote {}, {}, {}",
+        json_path.display(),
+        md_path.display(),
+        svg_path.display()
+    );
+    anyhow::ensure!(
+        sweeps
+            .iter()
+            .flat_map(|s| &s.points)
+            .flat_map(|p| &p.runs)
+            .any(|r| r.skipped.is_none()),
+        "no run measured anything"
+    );
+    Ok(())
+}
+
+/// `sweep.json`: the SLO, the workload and server, and per method its capacity and points.
+fn sweep_json(
+    args: &BenchArgs,
+    spec: &SweepSpec,
+    unit: RateUnit,
+    plan: &Plan,
+    server: &ServerFlags,
+    sweeps: &[MethodSweep],
+) -> Value {
+    let caps = capacities(sweeps, spec.attainment);
+    let nums = |runs: &[RunPoint], f: fn(&RunPoint) -> f64| -> Vec<Value> {
+        runs.iter()
+            .map(|r| {
+                let v = f(r);
+                if v.is_finite() {
+                    json!(v)
+                } else {
+                    Value::Null
+                }
+            })
+            .collect()
+    };
+    json!({
+        "slo": {
+            "ttft_ms": plan.slo.ttft_ms,
+            "itl_ms": plan.slo.itl_ms,
+            "attainment": spec.attainment,
+        },
+        "rate_unit": unit.name(),
+        "repeats": spec.repeats,
+        "workload": compare::workload_json(plan),
+        "server": compare::server_json(server),
+        "preset": args.preset.map(|p| format!("{p:?}")),
+        "methods": sweeps.iter().zip(caps).map(|(s, (cap, vs_peer))| json!({
+            "method": s.method,
+            "peer": is_peer(&s.method),
+            "capacity_rps": cap.rps,
+            "capacity_rate": cap.rate,
+            "capacity_lower_bound": cap.lower_bound,
+            "capacity_vs_best_peer": vs_peer,
+            "points": s.points.iter().map(|p| json!({
+                "rate": p.rate,
+                "offered_rps": p.offered_rps,
+                "median_attainment": p.attainment(),
+                "attainment": nums(&p.runs, |r| r.attainment),
+                "goodput_rps": nums(&p.runs, |r| r.goodput_rps),
+                "p50_ttft_ms": nums(&p.runs, |r| r.p50_ttft_ms),
+                "p90_ttft_ms": nums(&p.runs, |r| r.p90_ttft_ms),
+                "p99_ttft_ms": nums(&p.runs, |r| r.p99_ttft_ms),
+                "p50_itl_ms": nums(&p.runs, |r| r.p50_itl_ms),
+                "p99_itl_ms": nums(&p.runs, |r| r.p99_itl_ms),
+                "cache_hit": nums(&p.runs, |r| r.cache_hit.unwrap_or(f64::NAN)),
+                "pooled_lru_ceiling": nums(&p.runs, |r| r.pooled_lru_ceiling.unwrap_or(f64::NAN)),
+                "refused": p.runs.iter().map(|r| r.refused).collect::<Vec<_>>(),
+                "failed": p.runs.iter().map(|r| r.failed).collect::<Vec<_>>(),
+                "skipped": p.runs.iter().map(|r| r.skipped.clone()).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Every run, one row each, for sweep.md.
+fn every_run_markdown(unit: RateUnit, sweeps: &[MethodSweep]) -> String {
+    let heads: Vec<String> = [
+        "method",
+        "rate",
+        "repeat",
+        "attainment",
+        "goodput req/s",
+        "p50 TTFT ms",
+        "p90 TTFT ms",
+        "p99 TTFT ms",
+        "p50 ITL ms",
+        "p99 ITL ms",
+        "cache hit",
+        "pooled LRU ceiling",
+        "refused",
+    ]
+    .map(String::from)
+    .to_vec();
+    let pct = |x: Option<f64>| x.map_or("unknown".into(), |x| format!("{:.1}%", x * 100.0));
+    let mut rows = Vec::new();
+    for s in sweeps {
+        for p in &s.points {
+            for (k, r) in p.runs.iter().enumerate() {
+                let mut row = vec![s.method.clone(), unit.label(p.rate), (k + 1).to_string()];
+                if let Some(reason) = &r.skipped {
+                    row.push(format!("skipped: {reason}"));
+                    row.resize(heads.len(), String::new());
+                } else {
+                    row.extend([
+                        format!("{:.1}%", r.attainment * 100.0),
+                        format!("{:.2}", r.goodput_rps),
+                        format!("{:.0}", r.p50_ttft_ms),
+                        format!("{:.0}", r.p90_ttft_ms),
+                        format!("{:.0}", r.p99_ttft_ms),
+                        format!("{:.1}", r.p50_itl_ms),
+                        format!("{:.1}", r.p99_itl_ms),
+                        pct(r.cache_hit),
+                        pct(r.pooled_lru_ceiling),
+                        r.refused.to_string(),
+                    ]);
+                }
+                rows.push(row);
+            }
+        }
+    }
+    format!("Every run:\n\n{}", markdown_table(&heads, &rows))
+}
+
+/// Attainment (median of the repeats) against offered requests/s, a line per method, with the
+/// target drawn across.
+fn attainment_svg(title: &str, spec: &SweepSpec, sweeps: &[MethodSweep]) -> String {
+    use trace_tools::lines::{lines_svg, Line, LinePanel};
+    use trace_tools::svg::PALETTE;
+    let panel = LinePanel {
+        caption: "SLO attainment (share of requests within TTFT and ITL), higher is better".into(),
+        x_unit: "offered rate (requests/s)".into(),
+        y_unit: "attainment".into(),
+        y_max: Some(1.0),
+        target: Some((
+            spec.attainment,
+            format!("target {:.0} %", spec.attainment * 100.0),
+        )),
+        lines: sweeps
+            .iter()
+            .enumerate()
+            .map(|(i, s)| Line {
+                name: s.method.clone(),
+                color: PALETTE[i % PALETTE.len()].into(),
+                points: s
+                    .points
+                    .iter()
+                    .map(|p| (p.offered_rps, p.attainment()))
+                    .collect(),
+            })
+            .collect(),
+    };
+    lines_svg(title, &panel)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(rate: f64, attainments: &[f64]) -> Point {
+        Point {
+            rate,
+            offered_rps: 2.0 * rate,
+            runs: attainments
+                .iter()
+                .map(|&a| RunPoint {
+                    attainment: a,
+                    ..RunPoint::skipped(String::new())
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn capacity_interpolates_between_the_last_rate_that_meets_the_target_and_the_next() {
+        // Medians: 0.99, 0.95, 0.85, 0.6.
+        let points = [
+            point(1.0, &[0.99, 0.98, 1.0]),
+            point(2.0, &[0.95, 0.90, 0.97]),
+            point(3.0, &[0.85, 0.80, 0.91]),
+            point(4.0, &[0.6, 0.6, 0.6]),
+        ];
+        let c = capacity(&points, 0.9);
+        // 2 + (0.95 − 0.9) / (0.95 − 0.85) · 1 = 2.5; offered: twice that.
+        assert!((c.rate - 2.5).abs() < 1e-12, "{c:?}");
+        assert!((c.rps - 5.0).abs() < 1e-12, "{c:?}");
+        assert!(!c.lower_bound);
+        // Exactly at the target: that rate.
+        let c = capacity(&points, 0.95);
+        assert!((c.rate - 2.0).abs() < 1e-12, "{c:?}");
+    }
+
+    #[test]
+    fn capacity_is_zero_when_no_rate_meets_and_a_lower_bound_when_all_do() {
+        let none = [point(1.0, &[0.5]), point(2.0, &[0.4])];
+        assert_eq!(
+            capacity(&none, 0.9),
+            Capacity {
+                rate: 0.0,
+                rps: 0.0,
+                lower_bound: false
+            }
+        );
+        let all = [point(1.0, &[0.99]), point(2.0, &[0.95])];
+        assert_eq!(
+            capacity(&all, 0.9),
+            Capacity {
+                rate: 2.0,
+                rps: 4.0,
+                lower_bound: true
+            }
+        );
+        // A noisy dip below the target and back: the highest rate that meets it counts.
+        let dip = [
+            point(1.0, &[0.95]),
+            point(2.0, &[0.85]),
+            point(3.0, &[0.92]),
+        ];
+        assert!(capacity(&dip, 0.9).lower_bound);
+    }
+
+    #[test]
+    fn a_skipped_run_is_a_miss_not_a_gap() {
+        // Two of three repeats measured 1.0; the third's cluster did not start: median 1.0.
+        // Two skipped of three: median 0.
+        assert_eq!(point(1.0, &[1.0, 1.0, 0.0]).attainment(), 1.0);
+        let p = Point {
+            rate: 1.0,
+            offered_rps: 1.0,
+            runs: vec![
+                RunPoint::skipped("x".into()),
+                RunPoint::skipped("y".into()),
+                RunPoint {
+                    attainment: 1.0,
+                    ..RunPoint::skipped(String::new())
+                },
+            ],
+        };
+        assert_eq!(p.attainment(), 0.0);
+    }
+
+    #[test]
+    fn the_ratio_is_to_the_best_peer_and_dpserve_methods_are_not_peers() {
+        assert!(is_peer("smg_cache_aware") && is_peer("llmd_prefix@1p1d"));
+        assert!(is_peer("round_robin") && is_peer("vllm_dp") && is_peer("dynamo_kv"));
+        assert!(!is_peer("prefix_affinity") && !is_peer("cache_aware") && !is_peer("nope"));
+        let sweep = |method: &str, a: &[f64]| MethodSweep {
+            method: method.into(),
+            points: a
+                .iter()
+                .enumerate()
+                .map(|(i, &x)| point(i as f64 + 1.0, &[x]))
+                .collect(),
+        };
+        let sweeps = [
+            sweep("prefix_affinity", &[1.0, 0.95, 0.5]),
+            sweep("smg_cache_aware", &[1.0, 0.5, 0.5]),
+            sweep("llmd_prefix", &[0.95, 0.4, 0.4]),
+        ];
+        let caps = capacities(&sweeps, 0.9);
+        // prefix_affinity: 2 + 0.05/0.45 = 2.111 → 4.222 req/s; smg: 1 + 0.1/0.5 = 1.2 → 2.4;
+        // llm-d: 1 + 0.05/0.55 → 2.18. Best peer: smg.
+        let ratio = caps[0].1.unwrap();
+        assert!((ratio - (2.0 + 0.05 / 0.45) / 1.2).abs() < 1e-9, "{ratio}");
+        assert!((caps[1].1.unwrap() - 1.0).abs() < 1e-12);
+        let table = aligned_table(
+            &headers(RateUnit::RequestRate, &spec()),
+            &rows(&sweeps, 0.9),
+        );
+        assert!(table.contains("1.76x"), "{table}");
+    }
+
+    fn spec() -> SweepSpec {
+        SweepSpec::new(&[3.0, 1.0, 2.0, 2.0], None, 3, 0.9).unwrap()
+    }
+
+    #[test]
+    fn the_spec_is_sorted_and_checked() {
+        assert_eq!(spec().rates, [1.0, 2.0, 3.0]);
+        assert_eq!(
+            SweepSpec::new(&[], Some(&[2.0, 1.0]), 1, 0.9)
+                .unwrap()
+                .rates,
+            [1.0, 2.0]
+        );
+        for (rates, repeats, target) in [
+            (&[][..], 3, 0.9),
+            (&[0.0][..], 3, 0.9),
+            (&[f64::INFINITY][..], 3, 0.9),
+            (&[1.0][..], 0, 0.9),
+            (&[1.0][..], 3, 0.0),
+            (&[1.0][..], 3, 1.5),
+        ] {
+            assert!(SweepSpec::new(rates, None, repeats, target).is_err());
+        }
+    }
+
+    #[test]
+    fn the_chart_draws_a_line_per_method_and_the_target() {
+        let sweeps = [MethodSweep {
+            method: "prefix_affinity".into(),
+            points: vec![point(1.0, &[0.99]), point(2.0, &[0.5])],
+        }];
+        let svg = attainment_svg("t", &spec(), &sweeps);
+        assert!(svg.contains("data-series=\"prefix_affinity\""));
+        assert!(svg.contains("target 90 %"));
+    }
+}

@@ -1,0 +1,241 @@
+//! One panel of lines: a series per category (a load-balance method, say) through its points,
+//! on x and y axes with round ticks, with an optional horizontal target line. `dpserve bench
+//! --sweep` draws SLO attainment against the offered rate with it; the drawing goes through
+//! [`crate::svg`] like every other picture.
+
+use crate::svg::{nice_step, tick_label, Anchor, Svg};
+
+/// A series: its name (in the legend), colour and points `(x, y)` in x order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Line {
+    pub name: String,
+    /// An SVG colour (`#4e79a7`; [`crate::svg::PALETTE`] has ten).
+    pub color: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// The panel: what it shows, its axes, its lines, and a target drawn across it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinePanel {
+    pub caption: String,
+    pub x_unit: String,
+    pub y_unit: String,
+    /// The y axis's top (`None`: the largest value plus a margin). The axes start at 0.
+    pub y_max: Option<f64>,
+    /// A dashed horizontal line at this value, with its label.
+    pub target: Option<(f64, String)>,
+    pub lines: Vec<Line>,
+}
+
+const WIDTH: f64 = 760.0;
+const HEIGHT: f64 = 500.0;
+const TOP: f64 = 80.0;
+const BOTTOM: f64 = 56.0;
+const LEFT: f64 = 70.0;
+/// Room for the legend right of the plot.
+const RIGHT: f64 = 190.0;
+
+/// A drawable value: finite and not negative.
+fn drawable(&(x, y): &(f64, f64)) -> bool {
+    x.is_finite() && y.is_finite() && x >= 0.0 && y >= 0.0
+}
+
+/// The document: `title` over the panel.
+pub fn lines_svg(title: &str, panel: &LinePanel) -> String {
+    let mut svg = Svg::new(WIDTH, HEIGHT);
+    svg.text(
+        16.0,
+        28.0,
+        20.0,
+        Anchor::Start,
+        "font-weight=\"bold\"",
+        title,
+    );
+    let (left, right, base) = (LEFT, WIDTH - RIGHT, HEIGHT - BOTTOM);
+    let points = || {
+        panel
+            .lines
+            .iter()
+            .flat_map(|l| l.points.iter().filter(|p| drawable(p)))
+    };
+    let x_top = points().map(|p| p.0).fold(0.0, f64::max).max(1e-3) * 1.05;
+    let y_top = panel.y_max.unwrap_or_else(|| {
+        let target = panel.target.as_ref().map_or(0.0, |t| t.0);
+        points().map(|p| p.1).fold(target, f64::max).max(1e-3) * 1.1
+    });
+    let x = |v: f64| left + v / x_top * (right - left);
+    let y = |v: f64| base - v.min(y_top) / y_top * (base - TOP);
+    svg.text(
+        WIDTH / 2.0 - RIGHT / 2.0,
+        TOP - 24.0,
+        16.0,
+        Anchor::Middle,
+        "",
+        &panel.caption,
+    );
+    axes(&mut svg, (left, right, base), (x_top, y_top), &x, &y);
+    svg.text(
+        left - 56.0,
+        TOP - 8.0,
+        11.0,
+        Anchor::Start,
+        "fill=\"#444\"",
+        &panel.y_unit,
+    );
+    svg.text(
+        (left + right) / 2.0,
+        HEIGHT - 12.0,
+        12.0,
+        Anchor::Middle,
+        "fill=\"#444\"",
+        &panel.x_unit,
+    );
+    if let Some((value, label)) = &panel.target {
+        svg.group("target", &[("value", &value.to_string())]);
+        svg.line(
+            left,
+            y(*value),
+            right,
+            y(*value),
+            "stroke=\"#c00\" stroke-dasharray=\"6 4\"",
+        );
+        svg.text(
+            right - 4.0,
+            y(*value) - 6.0,
+            11.0,
+            Anchor::End,
+            "fill=\"#c00\"",
+            label,
+        );
+        svg.end();
+    }
+    for line in &panel.lines {
+        let pts: Vec<(f64, f64)> = line
+            .points
+            .iter()
+            .filter(|p| drawable(p))
+            .map(|&(px, py)| (x(px), y(py)))
+            .collect();
+        svg.group("line", &[("series", &line.name)]);
+        let stroke = format!("stroke=\"{}\" stroke-width=\"2\"", line.color);
+        svg.polyline(&pts, &stroke);
+        for (&(px, py), &(vx, vy)) in pts.iter().zip(line.points.iter().filter(|p| drawable(p))) {
+            svg.circle(px, py, 3.5, &format!("fill=\"{}\"", line.color));
+            svg.title(&format!("{}: {vx} → {vy:.3}", line.name));
+        }
+        svg.end();
+    }
+    legend(&mut svg, &panel.lines, right + 16.0);
+    svg.finish()
+}
+
+/// Gridlines and tick values on both axes, from 0.
+fn axes(
+    svg: &mut Svg,
+    (left, right, base): (f64, f64, f64),
+    (x_top, y_top): (f64, f64),
+    x: &dyn Fn(f64) -> f64,
+    y: &dyn Fn(f64) -> f64,
+) {
+    let step = nice_step(y_top / 6.0);
+    for v in ticks(y_top, step) {
+        svg.line(left, y(v), right, y(v), "stroke=\"#e4e4e4\"");
+        svg.text(
+            left - 6.0,
+            y(v) + 4.0,
+            10.0,
+            Anchor::End,
+            "fill=\"#555\"",
+            &tick_label(v, step),
+        );
+    }
+    let step = nice_step(x_top / 8.0);
+    for v in ticks(x_top, step) {
+        svg.line(x(v), base, x(v), base + 4.0, "stroke=\"#333\"");
+        svg.text(
+            x(v),
+            base + 18.0,
+            10.0,
+            Anchor::Middle,
+            "fill=\"#555\"",
+            &tick_label(v, step),
+        );
+    }
+    svg.line(left, TOP, left, base, "stroke=\"#333\"");
+    svg.line(left, base, right, base, "stroke=\"#333\"");
+}
+
+/// 0, step, 2·step, … up to `top`.
+fn ticks(top: f64, step: f64) -> impl Iterator<Item = f64> {
+    (0..)
+        .map(move |i| i as f64 * step)
+        .take_while(move |v| *v <= top + 1e-9)
+}
+
+/// Each line's colour and name, beside the plot.
+fn legend(svg: &mut Svg, lines: &[Line], x: f64) {
+    for (i, l) in lines.iter().enumerate() {
+        let ly = TOP + 12.0 + 18.0 * i as f64;
+        svg.line(
+            x,
+            ly - 4.0,
+            x + 18.0,
+            ly - 4.0,
+            &format!("stroke=\"{}\" stroke-width=\"2\"", l.color),
+        );
+        svg.text(x + 24.0, ly, 11.0, Anchor::Start, "", &l.name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::svg::PALETTE;
+
+    fn panel() -> LinePanel {
+        LinePanel {
+            caption: "SLO attainment <higher is better>".into(),
+            x_unit: "offered rate (req/s)".into(),
+            y_unit: "share".into(),
+            y_max: Some(1.0),
+            target: Some((0.9, "90 % target".into())),
+            lines: vec![
+                Line {
+                    name: "a".into(),
+                    color: PALETTE[0].into(),
+                    points: vec![(1.0, 0.99), (2.0, 0.95), (3.0, 0.7)],
+                },
+                Line {
+                    name: "b".into(),
+                    color: PALETTE[1].into(),
+                    points: vec![(1.0, 0.97), (2.0, f64::NAN), (3.0, 0.5)],
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn every_line_has_a_mark_per_drawable_point_and_higher_values_draw_higher() {
+        let doc = lines_svg("sweep", &panel());
+        assert!(doc.starts_with("<svg"));
+        assert!(doc.contains("SLO attainment &lt;higher is better&gt;"));
+        assert!(doc.contains("class=\"target\" data-value=\"0.9\""));
+        let series = |name: &str| {
+            let start = doc.find(&format!("data-series=\"{name}\"")).unwrap();
+            let end = start + doc[start..].find("</g>").unwrap();
+            doc[start..end].to_string()
+        };
+        let (a, b) = (series("a"), series("b"));
+        assert_eq!(a.matches("<circle").count(), 3);
+        assert_eq!(b.matches("<circle").count(), 2, "the NaN point is left out");
+        // The y of a's points: SVG's y grows downwards, so 0.99 is above 0.7.
+        let ys: Vec<f64> = a
+            .match_indices("cy=\"")
+            .map(|(i, _)| {
+                let v = &a[i + 4..];
+                v[..v.find('"').unwrap()].parse().unwrap()
+            })
+            .collect();
+        assert!(ys[0] < ys[1] && ys[1] < ys[2], "{ys:?}");
+    }
+}
