@@ -334,7 +334,20 @@ fn the_trace_of_a_request_shows_both_legs_and_the_transfer() {
     );
     let mut body = greedy(&long_text(30), 4);
     body["rid"] = json!("pd-traced");
-    generate(&server, &body);
+    body["return_routing"] = json!(true);
+    let (_, meta) = generate(&server, &body);
+    // The client's copy of both decisions: the prefill leg's, with the decode leg's inside.
+    let routing = &meta["routing"];
+    assert_eq!(
+        (&routing["leg"], &routing["rank"]),
+        (&json!("prefill"), &json!(0)),
+        "{meta}"
+    );
+    assert_eq!(
+        (&routing["decode"]["leg"], &routing["decode"]["rank"]),
+        (&json!("decode"), &json!(1)),
+        "{meta}"
+    );
     let svg = traces.path().join("pd.svg");
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_dpserve"))
         .args(["trace", &dir, "--rid", "pd-traced", "--svg"])

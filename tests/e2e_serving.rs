@@ -409,3 +409,120 @@ fn generate_streams_everything_so_far_unless_incremental_streaming_output() {
         }
     }
 }
+
+/// `return_routing` (body) or `x-dpserve-return-routing: 1` (header) answers the controller's
+/// decision: `meta_info.routing` on `/generate` (streamed too), `routing` on each OpenAI choice
+/// (each its own request, each its own decision); without it nothing is added; embeddings and
+/// a bad header value are refused.
+#[test]
+fn return_routing_answers_the_decision_that_placed_the_request() {
+    let server = Server::up(&[
+        "--builtin-size",
+        "tiny",
+        "--dp-size",
+        "2",
+        "--max-total-tokens",
+        "4096",
+        "--load-balance-method",
+        "cache_aware",
+    ]);
+    let params = json!({"max_new_tokens": 4, "temperature": 0});
+    let check = |routing: &Value, rank: &Value| {
+        assert_eq!(routing["method"], "cache_aware", "{routing}");
+        assert_eq!(&routing["rank"], rank, "{routing}");
+        assert!(routing["branch"].is_string(), "{routing}");
+        assert_eq!(
+            routing["loads"].as_array().map(Vec::len),
+            Some(2),
+            "{routing}"
+        );
+        let costs = routing["costs"].as_array().expect("cache_aware's costs");
+        assert_eq!(costs.len(), 2, "{routing}");
+        assert!(
+            costs.iter().all(|c| c["matched_tokens"].is_u64()),
+            "{routing}"
+        );
+        assert!(routing["margin"].is_f64(), "{routing}");
+    };
+    let (status, resp) = server.post(
+        "/generate",
+        &json!({"text": "tell me where you went", "sampling_params": params,
+                "return_routing": true}),
+    );
+    assert_eq!(status, 200, "{resp}");
+    check(&resp["meta_info"]["routing"], &resp["meta_info"]["dp_rank"]);
+
+    let resp: Value = Server::client()
+        .post(server.url("/generate"))
+        .header("x-dpserve-return-routing", "1")
+        .json(&json!({"text": "and by header", "sampling_params": params}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    check(&resp["meta_info"]["routing"], &resp["meta_info"]["dp_rank"]);
+
+    let (_, plain) = server.post(
+        "/generate",
+        &json!({"text": "no routing asked", "sampling_params": params}),
+    );
+    assert!(plain["meta_info"].get("routing").is_none(), "{plain}");
+
+    let chunks = server.stream(
+        "/generate",
+        &json!({"text": "streamed", "sampling_params": params, "stream": true,
+                "return_routing": true}),
+    );
+    let last = chunks.last().unwrap();
+    check(&last["meta_info"]["routing"], &last["meta_info"]["dp_rank"]);
+
+    let (status, chat) = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "n": 2,
+                "temperature": 0, "return_routing": true}),
+    );
+    assert_eq!(status, 200, "{chat}");
+    for choice in chat["choices"].as_array().unwrap() {
+        let routing = &choice["routing"];
+        assert!(routing["rank"].is_u64(), "{chat}");
+        check(routing, &routing["rank"]);
+        assert!(routing["rid"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("-{}", choice["index"])));
+    }
+    let chunks = server.stream(
+        "/v1/completions",
+        &json!({"prompt": "once upon", "max_tokens": 4, "stream": true, "return_routing": true}),
+    );
+    let finals: Vec<&Value> = chunks
+        .iter()
+        .filter(|c| c["choices"][0]["finish_reason"].is_string())
+        .collect();
+    assert_eq!(finals.len(), 1);
+    check(
+        &finals[0]["choices"][0]["routing"],
+        &finals[0]["choices"][0]["routing"]["rank"],
+    );
+    assert!(
+        chunks
+            .iter()
+            .filter(|c| c["choices"][0].get("routing").is_some())
+            .count()
+            == 1,
+        "once, on the final chunk"
+    );
+
+    let (status, err) = server.post(
+        "/v1/embeddings",
+        &json!({"input": "x", "return_routing": true}),
+    );
+    assert_eq!(status, 400, "{err}");
+    let resp = Server::client()
+        .post(server.url("/generate"))
+        .header("x-dpserve-return-routing", "yes")
+        .json(&json!({"text": "bad header"}))
+        .send()
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+}

@@ -29,6 +29,27 @@ pub const CHANNEL_CAPACITY: usize = 65_536;
 /// The writer flushes at least this often while records arrive without a pause.
 pub const FLUSH_INTERVAL: Duration = Duration::from_millis(200);
 
+/// How far the chosen rank was ahead of the best other one by the method's per-rank measure
+/// (lower is better; negative: a guard overruled the measure); `None` without one or without
+/// another rank.
+fn margin(d: &RouteDecision) -> Option<f64> {
+    let measures: Vec<(u32, f64)> = if !d.costs.is_empty() {
+        d.costs.iter().map(|c| (c.rank, c.cost)).collect()
+    } else {
+        d.scores
+            .iter()
+            .map(|s| Some((s.rank(), s.lower_is_better()?)))
+            .collect::<Option<_>>()?
+    };
+    let chosen = measures.iter().find(|(r, _)| *r == d.rank)?.1;
+    let best_other = measures
+        .iter()
+        .filter(|(r, _)| *r != d.rank)
+        .map(|(_, m)| *m)
+        .min_by(f64::total_cmp)?;
+    Some(best_other - chosen)
+}
+
 /// The record of `rid`'s routing decision by `method` over `ranks` (or of its refusal).
 pub fn route_record(
     rid: &str,
@@ -52,6 +73,7 @@ pub fn route_record(
             rec.fallback = d.fallback.map(|m| m.to_string());
             rec.costs.clone_from(&d.costs);
             rec.scores.clone_from(&d.scores);
+            rec.margin = margin(d);
         }
         Err(e) => {
             if matches!(e, RouteError::UnknownRank { .. }) {
@@ -204,6 +226,57 @@ mod tests {
             line.contains(r#""branch":"spill""#) && line.contains(r#""key_source":"routing_key""#)
         );
         assert_eq!(serde_json::from_str::<RouteRecord>(&line).unwrap(), rec);
+    }
+
+    #[test]
+    fn the_margin_is_the_runner_up_s_measure_less_the_chosen_s() {
+        use protocol::trace_event::{RankCost, RankScore};
+        let ranks = RankSet::idle(&[0, 1, 2]);
+        let cost = |rank, cost| RankCost {
+            rank,
+            matched_tokens: 0,
+            prefill_tokens: 0,
+            load_cost: 0.0,
+            cost,
+            backlog_tokens: None,
+            prefill_rate: None,
+        };
+        // cache_aware: costs, the chosen (2) cheapest by 0.25 s.
+        let d = RouteDecision {
+            costs: vec![cost(2, 0.5), cost(0, 0.75), cost(1, 2.0)],
+            ..decision()
+        };
+        let rec = route_record("r", 0.0, Method::CacheAware, &ranks, &Ok(d));
+        assert_eq!(rec.margin, Some(0.25));
+        // llm-d: the highest score wins; rank 2 was overruled by a better rank 0: negative.
+        let score = |rank, score| RankScore::LlmdPrefix {
+            rank,
+            prefix: 0.0,
+            queue: 0.0,
+            kv_cache: 0.0,
+            score,
+        };
+        let d = RouteDecision {
+            scores: vec![score(0, 0.9), score(1, 0.1), score(2, 0.5)],
+            ..decision()
+        };
+        let rec = route_record("r", 0.0, Method::LlmdPrefix, &ranks, &Ok(d));
+        assert!(
+            (rec.margin.unwrap() + 0.4).abs() < 1e-12,
+            "{:?}",
+            rec.margin
+        );
+        // No measure (prefix_affinity), or one rank: none.
+        let rec = route_record("r", 0.0, Method::PrefixAffinity, &ranks, &Ok(decision()));
+        assert_eq!(rec.margin, None);
+        let d = RouteDecision {
+            costs: vec![cost(2, 0.5)],
+            ..decision()
+        };
+        assert_eq!(
+            route_record("r", 0.0, Method::CacheAware, &ranks, &Ok(d)).margin,
+            None
+        );
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! controller writes it (`controller::trace`); `dpserve trace` and `dpserve bench` read it back
 //! (the `trace-tools` crate). It lives here, beside the message trace's [`crate::trace_event`]
 //! whose routing vocabulary it uses, because both sides need it and neither is the other's
-//! dependency. Not on the wire.
+//! dependency. On the wire only for a client that asks (`return_routing`): the controller puts
+//! its decision's record in the request (`GenerateReq.routing`), the worker hands it back in
+//! the request's first `TokenOut`, and the tokenizer answers it in `meta_info.routing`.
 
 use serde::{Deserialize, Serialize};
 
@@ -49,6 +51,13 @@ pub struct RouteRecord {
     /// The peers' methods: each live rank's terms of the method's rule, in rank order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scores: Vec<RankScore>,
+    /// How far the chosen rank was ahead of the best other one by the method's own measure
+    /// (`cache_aware`: the runner-up's cost − the chosen's, seconds; `vllm_dp`: score;
+    /// `dynamo_kv`: logit; `llmd_prefix`: the chosen's score − the runner-up's): positive when
+    /// the chosen rank was the method's best, negative when a guard overruled it; absent for
+    /// methods without a per-rank measure, or with one live rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub margin: Option<f64>,
 }
 
 impl RouteRecord {
@@ -70,6 +79,7 @@ impl RouteRecord {
             leg: None,
             costs: Vec::new(),
             scores: Vec::new(),
+            margin: None,
         }
     }
 }

@@ -380,6 +380,17 @@ pub enum RankScore {
 }
 
 impl RankScore {
+    /// The rule's measure of the rank, oriented so that lower is better (llm-d's score, where
+    /// higher wins, negated); `None` for SMG's, which has no single measure.
+    pub fn lower_is_better(&self) -> Option<f64> {
+        match *self {
+            RankScore::VllmDp { score, .. } => Some(score as f64),
+            RankScore::DynamoKv { logit, .. } => Some(logit),
+            RankScore::LlmdPrefix { score, .. } => Some(-score),
+            RankScore::SmgCacheAware { .. } => None,
+        }
+    }
+
     pub fn rank(&self) -> u32 {
         match *self {
             RankScore::VllmDp { rank, .. }

@@ -909,6 +909,8 @@ fn minimal_frames_from_other_languages_decode_with_defaults() {
         dispatch_seq: 0,
         disagg: None,
         submission_seq: None,
+        return_routing: false,
+        routing: Vec::new(),
     };
     assert_eq!(req, expected);
 

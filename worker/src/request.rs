@@ -47,6 +47,9 @@ pub struct Req {
     /// On a prefill worker, once paired: the decode worker this request's KV goes to. (A
     /// decode worker keeps its transfers beside their requests, in its own queues.)
     pub leg: Option<crate::disagg::PrefillLeg>,
+    /// The controller's routing records, when the client asked for them: handed back, once,
+    /// in the request's first `TokenOut`.
+    pub routing: Vec<protocol::route_record::RouteRecord>,
 }
 
 impl Req {
@@ -65,6 +68,7 @@ impl Req {
             // Clamped: any peer on the wire could otherwise ask for the whole vocabulary.
             r.top_logprobs_num = req.top_logprobs_num.min(protocol::MAX_TOP_LOGPROBS_NUM);
         }
+        r.routing = req.routing;
         r
     }
 
@@ -105,6 +109,7 @@ impl Req {
             top_logprobs: Vec::new(),
             arrived: Instant::now(),
             leg: None,
+            routing: Vec::new(),
         }
     }
 

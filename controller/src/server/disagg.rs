@@ -25,12 +25,20 @@ impl Controller {
             }
         }
         let input = RouteInput::from(&req);
-        let prefill = self.decide_among(&input, None, &prefill_ranks, Some(DisaggMode::Prefill));
-        let decode = self.decide_among(
+        let for_client = req.return_routing;
+        let (prefill, prefill_record) = self.decide_among(
+            &input,
+            None,
+            &prefill_ranks,
+            Some(DisaggMode::Prefill),
+            for_client,
+        );
+        let (decode, decode_record) = self.decide_among(
             &input,
             req.routed_dp_rank,
             &decode_ranks,
             Some(DisaggMode::Decode),
+            for_client,
         );
         let computed = self.expect_computed(&prefill, &req.input_ids);
         let (prefill, decode) = match (prefill, decode) {
@@ -49,6 +57,9 @@ impl Controller {
             let why = format!("prefill rank {} announced no KV endpoint", prefill.rank);
             return self.refuse(&req.rid, 503, why);
         };
+        // The decode worker answers the client: it carries both legs' decisions.
+        req.routing
+            .extend(prefill_record.into_iter().chain(decode_record));
         req.disagg = Some(DisaggLeg {
             room,
             prefill_rank: prefill.rank,

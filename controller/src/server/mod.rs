@@ -255,15 +255,18 @@ impl Controller {
             Message::GenerateReq(req) if self.refused_rid(&req.rid) => {}
             Message::EmbedReq(req) if self.refused_rid(&req.rid) => {}
             Message::GenerateReq(req) if self.ranks.disaggregated() => self.route_pd(req),
-            Message::GenerateReq(req) => {
+            Message::GenerateReq(mut req) => {
                 let tokens = req.input_ids.len() as u64 + u64::from(req.sampling.max_new_tokens);
-                let (decision, prefill) = self.decide_one(&(&req).into(), req.routed_dp_rank);
+                let (decision, prefill, record) =
+                    self.decide_one(&(&req).into(), req.routed_dp_rank, req.return_routing);
+                req.routing.extend(record);
                 let rid = req.rid.clone();
                 self.dispatch(&rid, decision, tokens, prefill, Message::GenerateReq(req));
             }
             Message::EmbedReq(req) => {
                 let tokens = req.input_ids.len() as u64;
-                let (decision, prefill) = self.decide_one(&(&req).into(), req.routed_dp_rank);
+                let (decision, prefill, _) =
+                    self.decide_one(&(&req).into(), req.routed_dp_rank, false);
                 let rid = req.rid.clone();
                 self.dispatch(&rid, decision, tokens, prefill, Message::EmbedReq(req));
             }

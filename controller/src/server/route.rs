@@ -9,7 +9,7 @@ use protocol::{Message, TokenOut};
 use super::{kv_events, Controller};
 use crate::policy::{Method, RouteDecision, RouteInput};
 use crate::router::{route, RouteError};
-use crate::trace::route_record;
+use crate::trace::{route_record, RouteRecord};
 
 impl Controller {
     /// [`Self::decide`], and the prompt tokens the chosen rank is expected to compute.
@@ -17,25 +17,27 @@ impl Controller {
         &mut self,
         input: &RouteInput<'_>,
         explicit: Option<u32>,
-    ) -> (Result<RouteDecision, RouteError>, u64) {
-        let decision = self.decide(input, explicit);
+        for_client: bool,
+    ) -> (Result<RouteDecision, RouteError>, u64, Option<RouteRecord>) {
+        let (decision, record) = self.decide(input, explicit, for_client);
         let prefill = self.expect_computed(&decision, input.input_ids);
-        (decision, prefill)
+        (decision, prefill, record)
     }
 
     /// Route one request on fresh loads, and record the decision (trace file and the
-    /// `dpserve::route` tracing target).
+    /// `dpserve::route` tracing target); its record too when `for_client` asked for it.
     pub(super) fn decide(
         &mut self,
         input: &RouteInput<'_>,
         explicit: Option<u32>,
-    ) -> Result<RouteDecision, RouteError> {
+        for_client: bool,
+    ) -> (Result<RouteDecision, RouteError>, Option<RouteRecord>) {
         self.ranks.refresh();
         // Beside disaggregated ranks, only unified and prefill ones compute a whole request.
         let ranks = self
             .ranks
             .rank_set_where(|m| m != protocol::DisaggMode::Decode);
-        self.decide_among(input, explicit, &ranks, None)
+        self.decide_among(input, explicit, &ranks, None, for_client)
     }
 
     /// [`Self::decide`] among `ranks`; for one `leg` of a disaggregated request (the decode
@@ -46,7 +48,8 @@ impl Controller {
         explicit: Option<u32>,
         ranks: &crate::policy::RankSet,
         leg: Option<protocol::DisaggMode>,
-    ) -> Result<RouteDecision, RouteError> {
+        for_client: bool,
+    ) -> (Result<RouteDecision, RouteError>, Option<RouteRecord>) {
         let (balancer, method) = if leg == Some(protocol::DisaggMode::Decode) {
             (self.decode_balancer.as_mut(), self.config.decode_method)
         } else {
@@ -98,12 +101,24 @@ impl Controller {
                 "routed"
             );
         }
+        // Built only when tracing to a file or for a client that asked: otherwise a decision
+        // allocates nothing extra.
+        let mut for_client = for_client.then(|| {
+            let mut rec = route_record(input.rid, protocol::unix_time(), method, ranks, &decision);
+            rec.leg.clone_from(&leg_name);
+            rec
+        });
         if let Some(trace) = &self.trace {
-            // Built only when tracing to a file: without it a decision allocates nothing extra.
-            let rec = route_record(input.rid, protocol::unix_time(), method, ranks, &decision);
+            let rec = match &for_client {
+                Some(rec) => rec.clone(),
+                None => route_record(input.rid, protocol::unix_time(), method, ranks, &decision),
+            };
             trace.record(rec);
         }
-        decision
+        if decision.is_err() {
+            for_client = None;
+        }
+        (decision, for_client)
     }
 
     /// The prompt tokens the chosen rank will compute for `ids` (what it does not hold by the

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::disagg::{DisaggLeg, KvAbort, KvChunk, KvDone, KvReady, PeerGone};
 use crate::kv_events::{KvEvents, KvSnapshotReq};
+use crate::route_record::RouteRecord;
 use crate::PROTOCOL_VERSION;
 
 mod check;
@@ -223,6 +224,19 @@ pub struct GenerateReq {
     /// tokenizers that predate it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submission_seq: Option<u64>,
+    /// The client asked for the routing decision (`return_routing`). Absent when false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub return_routing: bool,
+    /// Set by the controller when `return_routing`: its decision's record for each leg it
+    /// placed (one; a disaggregated request's prefill leg, then its decode leg). Absent when
+    /// empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routing: Vec<RouteRecord>,
+}
+
+/// `skip_serializing_if` for flags that are absent from the wire while false.
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl GenerateReq {
@@ -243,6 +257,8 @@ impl GenerateReq {
             dispatch_seq: 0,
             disagg: None,
             submission_seq: None,
+            return_routing: false,
+            routing: Vec::new(),
         }
     }
 }
@@ -345,6 +361,10 @@ pub struct TokenOut {
     pub embedding: Option<Vec<f32>>,
     #[serde(default)]
     pub error: Option<ReqError>,
+    /// On a request's first `TokenOut` from its worker, when the client asked: the routing
+    /// records the controller put in its `GenerateReq.routing`. Absent otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routing: Vec<RouteRecord>,
 }
 
 impl TokenOut {
@@ -366,6 +386,7 @@ impl TokenOut {
                 status,
                 message: message.into(),
             }),
+            routing: Vec::new(),
         }
     }
 }

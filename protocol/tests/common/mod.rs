@@ -46,6 +46,8 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                 dispatch_seq: 7,
                 disagg: None,
                 submission_seq: None,
+                return_routing: false,
+                routing: Vec::new(),
             }),
         ),
         (
@@ -70,6 +72,8 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                     prefill_kv_key: None,
                 }),
                 submission_seq: None,
+                return_routing: false,
+                routing: Vec::new(),
             }),
         ),
         (
@@ -110,6 +114,7 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                 ]),
                 embedding: None,
                 error: None,
+                routing: Vec::new(),
             }),
         ),
         (

@@ -301,6 +301,7 @@ fn parse_openai(body: &[u8], headers: &HeaderInputs) -> Result<EmbedInput, ApiEr
             ))
         }
     };
+    body.routing.refuse_return_routing(headers)?;
     let (routing_key, routed_dp_rank) = body.routing.resolve(headers)?;
     Ok(EmbedInput {
         prompts,
@@ -351,6 +352,7 @@ fn parse_encode(body: &[u8], headers: &HeaderInputs) -> Result<EmbedInput, ApiEr
         ));
     }
     check_count(&prompts, param)?;
+    body.routing.refuse_return_routing(headers)?;
     let (routing_key, routed_dp_rank) = body.routing.resolve(headers)?;
     Ok(EmbedInput {
         prompts,
@@ -437,6 +439,7 @@ mod tests {
         let headers = HeaderInputs {
             routing_key: Some("k".into()),
             dp_rank: Some("0".into()),
+            ..Default::default()
         };
         let r = parse_openai(br#"{"input": "x", "routing_key": "b"}"#, &headers).unwrap();
         assert_eq!(

@@ -85,6 +85,7 @@ pub async fn generate(
             0
         },
         received_at,
+        return_routing: input.return_routing,
     };
     let mut inflight = submit(&state, sub, started).await?;
     let lp = LogprobShape {
@@ -174,6 +175,7 @@ pub fn header_inputs(req: &HttpRequest) -> Result<HeaderInputs, ApiError> {
     Ok(HeaderInputs {
         routing_key: get(ROUTING_KEY_HEADER)?,
         dp_rank: get(DP_RANK_HEADER)?,
+        return_routing: get(validate::RETURN_ROUTING_HEADER)?,
     })
 }
 

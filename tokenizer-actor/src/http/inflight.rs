@@ -35,6 +35,8 @@ pub struct Submission {
     pub top_logprobs_num: u32,
     /// Unix seconds when the HTTP request arrived.
     pub received_at: f64,
+    /// Answer the routing decision (`meta_info.routing`, an OpenAI choice's `routing`).
+    pub return_routing: bool,
 }
 
 /// Register the rid, send the request to the controller and return its [`InFlight`].
@@ -106,7 +108,22 @@ fn to_wire(sub: Submission, state: &AppState) -> GenerateReq {
         dispatch_seq: 0,      // the controller numbers it
         disagg: None,         // the controller pairs it in a disaggregated deployment
         submission_seq: None, // the bridge numbers it as it sends it
+        return_routing: sub.return_routing,
+        routing: Vec::new(), // the controller's decision, when asked for
     }
+}
+
+/// The routing records as the client reads them: the decision's record (the routing trace's
+/// line: method, rank, branch, every live rank's load and the method's per-rank terms, the
+/// margin to the runner-up); a disaggregated request's is its prefill leg's, with its decode
+/// leg's under `decode`.
+fn routing_json(records: Vec<protocol::route_record::RouteRecord>) -> Value {
+    let mut records = records.into_iter().map(|r| json!(r));
+    let mut first = records.next().unwrap_or(Value::Null);
+    if let Some(decode) = records.next() {
+        first["decode"] = decode;
+    }
+    first
 }
 
 /// Token counts of a request, as OpenAI `usage` needs them.
@@ -158,6 +175,9 @@ pub struct Chunk {
     pub usage: Usage,
     /// The SGLang-native `meta_info` of `/generate`.
     pub meta_info: Value,
+    /// The routing decision, when the client asked and it has arrived (the first output
+    /// brings it).
+    pub routing: Option<Value>,
 }
 
 pub struct InFlight {
@@ -176,6 +196,8 @@ pub struct InFlight {
     /// A stop string ended the request here, before the worker did.
     stopped_here: bool,
     done: bool,
+    /// The routing decision, once an output brought it ([`routing_json`]).
+    routing: Option<Value>,
 }
 
 impl InFlight {
@@ -201,6 +223,7 @@ impl InFlight {
             last_token_at: None,
             stopped_here: false,
             done: false,
+            routing: None,
         }
     }
 
@@ -294,6 +317,7 @@ impl InFlight {
             matched: if finished { matched } else { None },
             usage: self.usage(),
             meta_info: self.meta_info(),
+            routing: self.routing.clone(),
         })
     }
 
@@ -322,8 +346,12 @@ impl InFlight {
         });
     }
 
-    /// Keep the latest counters; a peer that leaves a counter at 0 gets ours.
-    fn remember(&mut self, out: TokenOut) {
+    /// Keep the latest counters (a peer that leaves a counter at 0 gets ours) and the routing
+    /// decision when this output brings it.
+    fn remember(&mut self, mut out: TokenOut) {
+        if !out.routing.is_empty() {
+            self.routing = Some(routing_json(std::mem::take(&mut out.routing)));
+        }
         let dp_rank = out.dp_rank.or(self.last.as_ref().and_then(|l| l.dp_rank));
         self.last = Some(TokenOut { dp_rank, ..out });
     }
@@ -383,6 +411,9 @@ impl InFlight {
         });
         if let Some(details) = usage.cached_tokens_details() {
             meta["cached_tokens_details"] = details;
+        }
+        if let Some(routing) = &self.routing {
+            meta["routing"] = routing.clone();
         }
         meta
     }

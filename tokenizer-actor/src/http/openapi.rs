@@ -122,6 +122,10 @@ fn routing_headers() -> Value {
         {"name": "x-smg-routing-key", "in": "header", "required": false,
          "description": "Routing key (a non-empty one wins over the body's routing_key)",
          "schema": {"type": "string", "pattern": "^[\\t\\x20-\\x7e]*$"}},
+        {"name": "x-dpserve-return-routing", "in": "header", "required": false,
+         "description": "1 or true: answer the routing decision (wins over the body's \
+                         return_routing; embeddings refuse it)",
+         "schema": {"type": "string", "enum": ["1", "0", "true", "false"]}},
     ])
 }
 

@@ -26,7 +26,12 @@ pub struct GenerateInput {
     /// Put each token's text in the logprob entries instead of null.
     pub return_text_in_logprobs: bool,
     pub rid: Option<String>,
+    /// Answer the routing decision in `meta_info.routing`.
+    pub return_routing: bool,
 }
+
+/// The header that asks for the routing decision in the answer.
+pub const RETURN_ROUTING_HEADER: &str = "x-dpserve-return-routing";
 
 /// Routing information carried in headers; headers win over the body.
 #[derive(Debug, Clone, Default)]
@@ -35,6 +40,8 @@ pub struct HeaderInputs {
     pub routing_key: Option<String>,
     /// `X-Data-Parallel-Rank`, unparsed.
     pub dp_rank: Option<String>,
+    /// `x-dpserve-return-routing`, unparsed.
+    pub return_routing: Option<String>,
 }
 
 /// What a prompt is checked against: the model's facts narrowed by the live ranks' capacity.
@@ -98,6 +105,7 @@ pub fn parse_generate(body: &[u8], headers: &HeaderInputs) -> Result<GenerateInp
             (generate_sampling(sp)?, stop)
         }
     };
+    let return_routing = body.routing.return_routing(headers)?;
     let (routing_key, routed_dp_rank) = body.routing.resolve(headers)?;
     let rid = check_rid(body.rid)?;
     let top_logprobs_num = body.top_logprobs_num.unwrap_or(0);
@@ -122,6 +130,7 @@ pub fn parse_generate(body: &[u8], headers: &HeaderInputs) -> Result<GenerateInp
         top_logprobs_num,
         return_text_in_logprobs: body.return_text_in_logprobs.unwrap_or(false),
         rid,
+        return_routing,
     })
 }
 
@@ -170,6 +179,30 @@ pub fn check_child_rids(rid: &str, last_index: Option<usize>) -> Result<(), ApiE
 }
 
 impl Routing {
+    /// Whether the client asked for the routing decision: the `x-dpserve-return-routing`
+    /// header (`1`/`true` or `0`/`false`) over the body's `return_routing`.
+    pub fn return_routing(&self, headers: &HeaderInputs) -> Result<bool, ApiError> {
+        match headers.return_routing.as_deref().map(str::trim) {
+            None => Ok(self.return_routing.unwrap_or(false)),
+            Some("1" | "true") => Ok(true),
+            Some("0" | "false") => Ok(false),
+            Some(other) => Err(ApiError::bad_request(format!(
+                "{RETURN_ROUTING_HEADER} header must be 1, 0, true or false, got {other:?}"
+            ))),
+        }
+    }
+
+    /// A body that cannot answer the routing decision (embeddings) refuses a request for it.
+    pub fn refuse_return_routing(&self, headers: &HeaderInputs) -> Result<(), ApiError> {
+        if self.return_routing(headers)? {
+            return Err(ApiError::invalid_param(
+                "return_routing",
+                "return_routing is not supported on embeddings",
+            ));
+        }
+        Ok(())
+    }
+
     /// Routing key and explicit rank: headers win over the body (an empty routing key header
     /// does not); the rank may be given as `routed_dp_rank` or SGLang's `data_parallel_rank`.
     pub fn resolve(
@@ -511,10 +544,37 @@ mod tests {
     }
 
     #[test]
+    fn return_routing_comes_from_the_body_or_the_header_which_wins() {
+        let with = |header: Option<&str>, body: &str| {
+            let headers = HeaderInputs {
+                return_routing: header.map(str::to_string),
+                ..Default::default()
+            };
+            parse_generate(body.as_bytes(), &headers).map(|i| i.return_routing)
+        };
+        assert_eq!(with(None, r#"{"text": "a"}"#), Ok(false));
+        assert_eq!(
+            with(None, r#"{"text": "a", "return_routing": true}"#),
+            Ok(true)
+        );
+        assert_eq!(with(Some("1"), r#"{"text": "a"}"#), Ok(true));
+        assert_eq!(with(Some("true"), r#"{"text": "a"}"#), Ok(true));
+        assert_eq!(
+            with(Some("0"), r#"{"text": "a", "return_routing": true}"#),
+            Ok(false)
+        );
+        let err = with(Some("yes"), r#"{"text": "a"}"#).unwrap_err();
+        assert!(err.message.contains("x-dpserve-return-routing"), "{err:?}");
+        let err = with(None, r#"{"text": "a", "return_routing": 1}"#).unwrap_err();
+        assert!(err.message.contains("return_routing"), "{err:?}");
+    }
+
+    #[test]
     fn headers_win_over_body() {
         let headers = HeaderInputs {
             routing_key: Some("h".into()),
             dp_rank: Some("3".into()),
+            ..Default::default()
         };
         let body = r#"{"input_ids": [1, 2], "routing_key": "b", "routed_dp_rank": 1}"#;
         let input = parse_generate(body.as_bytes(), &headers).unwrap();

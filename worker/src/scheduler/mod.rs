@@ -479,7 +479,7 @@ impl Scheduler {
 
     /// The tokens a running request produced since its last message.
     fn progress(&self, req: &mut Req) -> TokenOut {
-        let out = self.token_out(req, None, None);
+        let out = self.token_out(&mut *req, None, None);
         req.sent = req.output.len();
         out
     }
@@ -489,11 +489,17 @@ impl Scheduler {
         debug_assert!(req.leg.is_none(), "a prefill leg answers no client");
         self.mem.release(&mut req);
         self.note_finished(&req.rid);
-        self.token_out(&req, Some(reason), matched)
+        self.token_out(&mut req, Some(reason), matched)
     }
 
-    /// The output message for what `req` produced since its last one.
-    fn token_out(&self, req: &Req, reason: Option<FinishReason>, matched: Option<u32>) -> TokenOut {
+    /// The output message for what `req` produced since its last one (the first carries the
+    /// routing records the client asked for).
+    fn token_out(
+        &self,
+        req: &mut Req,
+        reason: Option<FinishReason>,
+        matched: Option<u32>,
+    ) -> TokenOut {
         TokenOut {
             rid: req.rid.clone(),
             output_ids: req.output[req.sent..].to_vec(),
@@ -509,6 +515,7 @@ impl Scheduler {
             top_logprobs: (req.top_logprobs_num > 0).then(|| req.top_logprobs[req.sent..].to_vec()),
             embedding: None,
             error: None,
+            routing: std::mem::take(&mut req.routing),
         }
     }
 

@@ -146,6 +146,7 @@ async fn serve(
                 return_logprob: r.logprobs,
                 top_logprobs_num: if r.logprobs { r.top_logprobs } else { 0 },
                 received_at,
+                return_routing: r.return_routing,
             };
             let inflight = submit(&state, sub, started).await?;
             jobs.push(Job {
@@ -343,6 +344,7 @@ struct Collected {
     finish_reason: Option<FinishReason>,
     matched: Option<Matched>,
     usage: Usage,
+    routing: Option<Value>,
 }
 
 async fn collect_job(mut job: Job) -> Result<Collected, ApiError> {
@@ -356,6 +358,7 @@ async fn collect_job(mut job: Job) -> Result<Collected, ApiError> {
         finish_reason: None,
         matched: None,
         usage: Usage::default(),
+        routing: None,
     };
     while let Some(step) = job.inflight.next().await {
         let chunk = step?;
@@ -373,6 +376,7 @@ async fn collect_job(mut job: Job) -> Result<Collected, ApiError> {
             c.finish_reason = chunk.finish_reason;
             c.matched = chunk.matched;
             c.usage = chunk.usage;
+            c.routing = chunk.routing;
             return Ok(c);
         }
     }
@@ -399,7 +403,7 @@ async fn collect_response(
             };
             let logprobs = shape.logprobs(&state, of, 0);
             let matched = c.matched.as_ref().map(Matched::to_json);
-            match shape.kind {
+            let mut choice = match shape.kind {
                 Kind::Completions => json!({
                     "index": c.index, "text": c.text, "logprobs": logprobs,
                     "finish_reason": finish_str(c.finish_reason), "matched_stop": matched,
@@ -410,7 +414,11 @@ async fn collect_response(
                     "logprobs": logprobs,
                     "finish_reason": finish_str(c.finish_reason), "matched_stop": matched,
                 }),
+            };
+            if let Some(routing) = &c.routing {
+                choice["routing"] = routing.clone();
             }
+            choice
         })
         .collect();
     let mut body = shape.envelope(false, choices);
@@ -493,7 +501,7 @@ impl StreamState {
         self.sent_len[index] += text.len();
         let finish = finish_str(chunk.finish_reason);
         let matched = chunk.matched.as_ref().map(Matched::to_json);
-        let choice = match self.shape.kind {
+        let mut choice = match self.shape.kind {
             Kind::Completions => json!({
                 "index": index, "text": text, "logprobs": logprobs,
                 "finish_reason": finish, "matched_stop": matched,
@@ -508,6 +516,10 @@ impl StreamState {
                        "finish_reason": finish, "matched_stop": matched})
             }
         };
+        // A choice's decision goes out once, on its final chunk.
+        if let (true, Some(routing)) = (chunk.finished, &chunk.routing) {
+            choice["routing"] = routing.clone();
+        }
         let mut body = self.shape.envelope(true, vec![choice]);
         if self.include_usage {
             body["usage"] = Value::Null;

@@ -51,6 +51,8 @@ pub struct OpenAiRequest {
     pub echo: bool,
     pub routing_key: Option<String>,
     pub routed_dp_rank: Option<u32>,
+    /// Answer each choice's routing decision (`routing` on the choice).
+    pub return_routing: bool,
     pub bootstrap_room: Option<u64>,
     pub rid: Option<String>,
     pub prompts: Vec<Prompt>,
@@ -175,6 +177,7 @@ fn shared(s: OpenAiSampling, own: Own, headers: &HeaderInputs) -> Result<OpenAiR
     };
     refuse_unsupported(&s, own.suffix.as_deref())?;
     let sampling = sampling(&s, own.max_tokens)?;
+    let return_routing = s.routing.return_routing(headers)?;
     let (routing_key, routed_dp_rank) = s.routing.resolve(headers)?;
     let echo = own.echo.unwrap_or(false);
     if echo && own.kind == Kind::Chat {
@@ -193,6 +196,7 @@ fn shared(s: OpenAiSampling, own: Own, headers: &HeaderInputs) -> Result<OpenAiR
         echo,
         routing_key,
         routed_dp_rank,
+        return_routing,
         bootstrap_room: s.bootstrap_room,
         rid: validate::check_rid(s.rid)?,
         prompts: Vec::new(),

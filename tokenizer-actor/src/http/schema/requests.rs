@@ -181,6 +181,9 @@ pub struct Routing {
     /// SGLang's name for `routed_dp_rank` (`routed_dp_rank` wins when both are given).
     #[schema(minimum = 0, maximum = 4294967295_u64)]
     pub data_parallel_rank: Option<u32>,
+    /// Answer the routing decision: `meta_info.routing` on `/generate`, `routing` on each
+    /// OpenAI choice (the `x-dpserve-return-routing` header wins). Not on embeddings.
+    pub return_routing: Option<bool>,
 }
 
 /// `POST /generate` (SGLang-native). Exactly one of `text` and `input_ids`.

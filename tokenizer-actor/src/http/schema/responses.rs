@@ -208,6 +208,47 @@ pub struct SglExt {
     pub cached_tokens_details: Option<CachedTokensDetails>,
 }
 
+/// The controller's decision for one request, answered with `return_routing`: the routing
+/// trace's record (docs/TRACING.md). A disaggregated request's is its prefill leg's, with its
+/// decode leg's under `decode`.
+#[derive(Serialize, ToSchema)]
+pub struct RoutingDecision {
+    pub rid: String,
+    /// Unix seconds.
+    pub time: f64,
+    /// The `--load-balance-method` (or `--decode-load-balance-method`) that chose.
+    pub method: String,
+    /// Where the key came from: `routing_key`, `token_prefix`, `explicit`, `none`.
+    pub key_source: String,
+    pub key_digest: Option<String>,
+    /// Live ranks in HRW order (the affinity methods).
+    pub hrw_order: Vec<u32>,
+    /// Every live rank's load at decision time: `{rank, active_requests, active_tokens}`.
+    #[schema(value_type = Vec<Object>)]
+    pub loads: Vec<serde_json::Value>,
+    /// The overload guard's threshold on active requests.
+    pub threshold: Option<f64>,
+    pub rank: Option<u32>,
+    /// The method's branch: `affinity`, `spill`, `cached`, `cold`, `max_score`, ...
+    pub branch: Option<String>,
+    pub fallback: Option<String>,
+    /// `prefill` or `decode` in a disaggregated deployment.
+    pub leg: Option<String>,
+    /// `cache_aware`: per live rank its cached prefix (`matched_tokens`), the tokens it would
+    /// compute, its backlog, prefill rate and predicted `cost` in seconds, cheapest first.
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub costs: Option<Vec<serde_json::Value>>,
+    /// The peers' methods: per live rank the terms of the method's rule (`rule` names it).
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub scores: Option<Vec<serde_json::Value>>,
+    /// The chosen rank's lead over the best other one by the method's own measure (negative:
+    /// a guard overruled it); absent without a per-rank measure.
+    pub margin: Option<f64>,
+    /// A disaggregated request's decode leg.
+    #[schema(value_type = Option<Object>)]
+    pub decode: Option<serde_json::Value>,
+}
+
 /// `meta_info` of a `/generate` answer or stream chunk.
 #[derive(Serialize, ToSchema)]
 pub struct GenerateMetaInfo {
@@ -228,6 +269,8 @@ pub struct GenerateMetaInfo {
     /// With `return_logprob` and `top_logprobs_num` > 0.
     #[schema(schema_with = top_logprob_triples)]
     pub output_top_logprobs: Option<Vec<serde_json::Value>>,
+    /// With `return_routing`, once the first output brought it.
+    pub routing: Option<RoutingDecision>,
 }
 
 /// `POST /generate`: the whole answer, or (streaming) one chunk: as SGLang, everything so far
@@ -283,6 +326,9 @@ pub struct CompletionChoice {
     pub finish_reason: Option<String>,
     #[schema(schema_with = matched_stop)]
     pub matched_stop: Option<serde_json::Value>,
+    /// With `return_routing`: this choice's decision (each choice is its own request); in a
+    /// stream, on the choice's final chunk.
+    pub routing: Option<RoutingDecision>,
 }
 
 /// `POST /v1/completions`: the answer, or (streaming) one chunk; the last chunk of a stream with
@@ -342,6 +388,9 @@ pub struct ChatChoice {
     pub finish_reason: Option<String>,
     #[schema(schema_with = matched_stop)]
     pub matched_stop: Option<serde_json::Value>,
+    /// With `return_routing`: this choice's decision (each choice is its own request); in a
+    /// stream, on the choice's final chunk.
+    pub routing: Option<RoutingDecision>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -381,6 +430,9 @@ pub struct ChatChunkChoice {
     pub finish_reason: Option<String>,
     #[schema(schema_with = matched_stop)]
     pub matched_stop: Option<serde_json::Value>,
+    /// With `return_routing`: this choice's decision (each choice is its own request); in a
+    /// stream, on the choice's final chunk.
+    pub routing: Option<RoutingDecision>,
 }
 
 #[derive(Serialize, ToSchema)]
