@@ -470,7 +470,16 @@ fn write_results(
     sweeps: &[MethodSweep],
 ) -> anyhow::Result<()> {
     let out_dir = &args.output_dir;
-    let described = compare::describe(plan, server, simulated);
+    // The plan's own compression is not what ran: each rate is one.
+    let swept = |s: String| {
+        let compression = plan.trace.time_compression;
+        s.replace(
+            &format!("time compressed {compression}x"),
+            "time compressed at each rate below",
+        )
+        .replace(&format!("{compression}x time"), "swept time")
+    };
+    let described = swept(compare::describe(plan, server, simulated));
     let caption = format!(
         "capacity at SLO: the highest offered rate with at least {:.0} % of requests within TTFT \
          {} ms and ITL {} ms (median of {} repeats per point; cells: median attainment)",
@@ -500,7 +509,7 @@ fn write_results(
     let svg_path = out_dir.join("sweep.svg");
     let title = format!(
         "dpserve bench --sweep: {}{}",
-        compare::workload_title(plan, server),
+        swept(compare::workload_title(plan, server)),
         if simulated.is_empty() {
             ""
         } else {
