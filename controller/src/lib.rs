@@ -100,6 +100,18 @@ pub struct RoutingArgs {
     #[arg(long, env = "DPSERVE_CACHE_AWARE_MAX_LOAD_SKEW",
           default_value_t = CacheAwareConfig::default().max_load_skew)]
     pub cache_aware_max_load_skew: f64,
+    /// cache_aware: late binding. While every rank's predicted wait (its queued prompt tokens
+    /// over its measured prefill speed) exceeds this many milliseconds, hold requests in the
+    /// controller and dispatch each, shortest prompt first, as soon as some rank's wait drops
+    /// below it, choosing the rank with the cache and loads of that moment; 0: off.
+    #[arg(long, env = "DPSERVE_CACHE_AWARE_HOLD_MS",
+          default_value_t = CacheAwareConfig::default().hold_wait.as_millis() as u64)]
+    pub cache_aware_hold_ms: u64,
+    /// cache_aware: a held request is dispatched after this many milliseconds whatever the
+    /// waits (>= 1).
+    #[arg(long, env = "DPSERVE_CACHE_AWARE_MAX_HOLD_MS",
+          default_value_t = CacheAwareConfig::default().max_hold.as_millis() as u64)]
+    pub cache_aware_max_hold_ms: u64,
     /// smg_cache_aware: the best match in the routing-history tree wins when it covers more
     /// than this share (0..=1) of the prompt; otherwise the least loaded rank.
     #[arg(long, env = "DPSERVE_SMG_CACHE_THRESHOLD",
@@ -169,6 +181,8 @@ impl Default for RoutingArgs {
             prefix_affinity_max_load_skew: affinity.max_load_skew,
             cache_aware_compute_weight: cache.compute_weight,
             cache_aware_max_load_skew: cache.max_load_skew,
+            cache_aware_hold_ms: cache.hold_wait.as_millis() as u64,
+            cache_aware_max_hold_ms: cache.max_hold.as_millis() as u64,
             smg_cache_threshold: peers.smg.cache_threshold,
             smg_balance_abs_threshold: peers.smg.balance_abs_threshold,
             smg_balance_rel_threshold: peers.smg.balance_rel_threshold,
@@ -304,9 +318,14 @@ impl RoutingArgs {
         if !(weight.is_finite() && weight >= 0.0) {
             return Err(Error::CacheAwareComputeWeight { got: weight });
         }
+        if self.cache_aware_max_hold_ms == 0 {
+            return Err(Error::CacheAwareMaxHold);
+        }
         Ok(CacheAwareConfig {
             compute_weight: weight,
             max_load_skew: skew,
+            hold_wait: std::time::Duration::from_millis(self.cache_aware_hold_ms),
+            max_hold: std::time::Duration::from_millis(self.cache_aware_max_hold_ms),
         })
     }
 

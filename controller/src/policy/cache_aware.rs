@@ -57,6 +57,12 @@ pub struct CacheAwareConfig {
     pub compute_weight: f64,
     /// Overload threshold as a multiple of the mean active requests (≥ 1.0).
     pub max_load_skew: f64,
+    /// Late binding: while every rank's predicted wait ([`earliest_start_s`]) is longer than
+    /// this, the controller holds requests and dispatches each when a rank is about to free,
+    /// choosing with the cache and loads of then (zero: off, every request routed at once).
+    pub hold_wait: std::time::Duration,
+    /// Late binding: a held request is dispatched after this long whatever the waits.
+    pub max_hold: std::time::Duration,
 }
 
 impl Default for CacheAwareConfig {
@@ -67,6 +73,8 @@ impl Default for CacheAwareConfig {
             // whose line grows, and at 1.5 SGLang's shared-prefix run (4 groups, 2 ranks,
             // concurrency 8) spilled groups onto both ranks (82 % cache hits; 88 % at 2).
             max_load_skew: 2.0,
+            hold_wait: std::time::Duration::ZERO,
+            max_hold: std::time::Duration::from_millis(1000),
         }
     }
 }
@@ -127,6 +135,19 @@ fn rates(ranks: &RankSet) -> Vec<Option<f64>> {
     }
     let mean = known.iter().sum::<f64>() / known.len() as f64;
     measured.into_iter().map(|r| r.or(Some(mean))).collect()
+}
+
+/// The soonest any of `ranks` could start a new prompt, in seconds: its queued prompt tokens
+/// over its prefill speed, the least over the ranks (`None` while no rank's speed is measured,
+/// or with no rank).
+pub fn earliest_start_s(ranks: &RankSet) -> Option<f64> {
+    let rates = rates(ranks);
+    (0..ranks.len())
+        .filter_map(|i| {
+            let rate = rates[i]?;
+            Some(ranks.queue(i).prefill_backlog_tokens.unwrap_or(0) as f64 / rate)
+        })
+        .min_by(f64::total_cmp)
 }
 
 impl CacheAware {

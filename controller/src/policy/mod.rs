@@ -17,7 +17,7 @@ mod smg_cache_aware;
 mod vllm_dp;
 
 pub use bootstrap_room::FollowBootstrapRoom;
-pub use cache_aware::{CacheAware, CacheAwareConfig};
+pub use cache_aware::{earliest_start_s, CacheAware, CacheAwareConfig};
 pub use clock::{Clock, ManualClock, MonotonicClock};
 pub use dynamo_kv::{DynamoKv, DynamoKvConfig};
 pub use hrw::{Blake2Hrw, HrwHasher};

@@ -9,6 +9,7 @@
 //! every frame in or out (and each decision) is a message-trace line.
 
 mod disagg;
+mod hold;
 mod kv_events;
 mod membership;
 mod reconcile;
@@ -86,6 +87,8 @@ pub struct Controller {
     last_probe: Instant,
     /// The last `submission_seq` taken in from the tokenizer (`ClusterStatus.taken_submission_seq`).
     taken_submission_seq: Option<u64>,
+    /// Requests held for late binding (see `hold`).
+    held: Vec<hold::Held>,
 }
 
 impl Controller {
@@ -147,6 +150,7 @@ impl Controller {
             reconciles: Vec::new(),
             last_probe: Instant::now(),
             taken_submission_seq: None,
+            held: Vec::new(),
             config,
         })
     }
@@ -168,6 +172,7 @@ impl Controller {
             };
             if workers_ready {
                 self.drain_workers();
+                self.release_held();
             }
             if tok_ready {
                 self.drain_tokenizer();
@@ -182,6 +187,7 @@ impl Controller {
                 self.ranks.refresh();
                 self.summarise_rejoins();
                 self.answer_reconciles();
+                self.release_held();
             }
             if self.cluster_changed
                 || self.last_cluster_status.elapsed() >= self.config.cluster_status_interval
@@ -190,6 +196,7 @@ impl Controller {
             }
         }
         tracing::info!("controller stopping");
+        self.fail_held();
         Ok(())
     }
 
@@ -255,13 +262,10 @@ impl Controller {
             Message::GenerateReq(req) if self.refused_rid(&req.rid) => {}
             Message::EmbedReq(req) if self.refused_rid(&req.rid) => {}
             Message::GenerateReq(req) if self.ranks.disaggregated() => self.route_pd(req),
-            Message::GenerateReq(mut req) => {
-                let tokens = req.input_ids.len() as u64 + u64::from(req.sampling.max_new_tokens);
-                let (decision, prefill, record) =
-                    self.decide_one(&(&req).into(), req.routed_dp_rank, req.return_routing);
-                req.routing.extend(record);
-                let rid = req.rid.clone();
-                self.dispatch(&rid, decision, tokens, prefill, Message::GenerateReq(req));
+            Message::GenerateReq(req) => {
+                if let Some(req) = self.hold_or_pass(req) {
+                    self.route_unified(req);
+                }
             }
             Message::EmbedReq(req) => {
                 let tokens = req.input_ids.len() as u64;
@@ -271,6 +275,7 @@ impl Controller {
                 self.dispatch(&rid, decision, tokens, prefill, Message::EmbedReq(req));
             }
             Message::Abort(abort) => {
+                self.abort_held(abort.rid.as_deref());
                 // The request may be on any rank (or still in flight to one): tell them all,
                 // the draining ones too (a client gone need not wait for the drain deadline).
                 // A rank that does not hold the rid lists it finished, so the in-flight map
@@ -375,7 +380,7 @@ impl Controller {
             controller_id: Some(self.id),
             regret: self.route_counts.regret(),
             taken_submission_seq: self.taken_submission_seq,
-            num_inflight: Some(self.ranks.num_inflight()),
+            num_inflight: Some(self.ranks.num_inflight() + self.held.len() as u64),
         };
         self.send_to_tokenizer(&Message::ClusterStatus(status));
         self.last_cluster_status = Instant::now();

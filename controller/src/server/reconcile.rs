@@ -69,7 +69,7 @@ impl Controller {
             let lost: Vec<String> = reconcile
                 .rids
                 .into_iter()
-                .filter(|rid| !self.ranks.holds(rid))
+                .filter(|rid| !self.ranks.holds(rid) && !self.holds(rid))
                 .collect();
             tracing::info!(
                 listed,

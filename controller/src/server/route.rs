@@ -12,6 +12,17 @@ use crate::router::{route, RouteError};
 use crate::trace::{route_record, RouteRecord};
 
 impl Controller {
+    /// Routes a generation request of a unified deployment now and sends it to its rank (or
+    /// answers the client why not).
+    pub(super) fn route_unified(&mut self, mut req: protocol::GenerateReq) {
+        let tokens = req.input_ids.len() as u64 + u64::from(req.sampling.max_new_tokens);
+        let (decision, prefill, record) =
+            self.decide_one(&(&req).into(), req.routed_dp_rank, req.return_routing);
+        req.routing.extend(record);
+        let rid = req.rid.clone();
+        self.dispatch(&rid, decision, tokens, prefill, Message::GenerateReq(req));
+    }
+
     /// [`Self::decide`], and the prompt tokens the chosen rank is expected to compute.
     pub(super) fn decide_one(
         &mut self,

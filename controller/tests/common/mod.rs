@@ -25,6 +25,11 @@ pub struct Running {
 
 /// A controller routing whole requests (and prefill legs) by `method`.
 pub fn start(method: Method) -> Running {
+    start_with(method, CacheAwareConfig::default())
+}
+
+/// [`start`] with `cache_aware`'s settings.
+pub fn start_with(method: Method, cache_aware: CacheAwareConfig) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let ep = |name: &str| Endpoint::Ipc(dir.path().join(name));
     let config = ControllerConfig {
@@ -35,7 +40,7 @@ pub fn start(method: Method) -> Running {
         method,
         decode_method: Method::TotalTokens,
         prefix_affinity: PrefixAffinityConfig::default(),
-        cache_aware: CacheAwareConfig::default(),
+        cache_aware,
         peers: Default::default(),
         trace_file: None,
         trace_dir: None,
@@ -160,7 +165,9 @@ impl Worker {
         loop {
             match self.next() {
                 Message::GenerateReq(r) => return r,
-                Message::HelloAck(_) | Message::KvSnapshotReq(_) => continue,
+                Message::HelloAck(_) | Message::KvSnapshotReq(_) | Message::Heartbeat(_) => {
+                    continue
+                }
                 other => panic!("rank {}: expected a request, got {other:?}", self.rank),
             }
         }

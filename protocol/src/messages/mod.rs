@@ -368,6 +368,15 @@ pub struct TokenOut {
 }
 
 impl TokenOut {
+    /// The final message of a request aborted before it reached a rank.
+    pub fn aborted(rid: impl Into<String>) -> Self {
+        TokenOut {
+            finish_reason: Some(FinishReason::Abort),
+            error: None,
+            ..TokenOut::error(rid, 0, "")
+        }
+    }
+
     /// A final message that fails the request with `status` and `message`.
     pub fn error(rid: impl Into<String>, status: u16, message: impl Into<String>) -> Self {
         TokenOut {
