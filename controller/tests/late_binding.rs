@@ -30,7 +30,9 @@ fn status(seq: u64, computed: u64, busy: f64, backlog: u64) -> Message {
 }
 
 fn request(rid: &str, len: usize) -> Message {
-    Message::GenerateReq(GenerateReq::new(rid, vec![7; len]))
+    let mut req = GenerateReq::new(rid, vec![7; len]);
+    req.return_routing = true;
+    Message::GenerateReq(req)
 }
 
 #[test]
@@ -86,9 +88,13 @@ fn a_request_waits_in_the_controller_while_every_rank_is_busy() {
         }
     }
 
-    // The rank drained its queue: the held requests go out, the shorter first.
+    // The rank drained its queue: the held requests go out, the shorter first, each saying
+    // how long it was held when its client asked for the decision.
     send_status(status(3, 60_000, 6.0, 0));
-    assert_eq!(w.next_request().rid, "short");
+    let short = w.next_request();
+    assert_eq!(short.rid, "short");
+    let held_ms = short.routing[0].held_ms.expect("held_ms in the record");
+    assert!(held_ms >= 500.0, "{held_ms}");
     assert_eq!(w.next_request().rid, "long");
     c.stop();
 }

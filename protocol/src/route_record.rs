@@ -58,6 +58,10 @@ pub struct RouteRecord {
     /// methods without a per-rank measure, or with one live rank.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub margin: Option<f64>,
+    /// Late binding: how long the controller held the request before this decision, in
+    /// milliseconds (absent when it was routed as it arrived).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_ms: Option<f64>,
 }
 
 impl RouteRecord {
@@ -80,6 +84,7 @@ impl RouteRecord {
             costs: Vec::new(),
             scores: Vec::new(),
             margin: None,
+            held_ms: None,
         }
     }
 }

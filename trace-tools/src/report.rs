@@ -224,6 +224,23 @@ pub fn explain(r: &RouteRecord) -> String {
             r.rank.map_or("-".into(), |x| x.to_string())
         );
     }
+    if let Some(m) = r.margin {
+        let _ = writeln!(
+            out,
+            "  margin: {m:.4} over the best other rank by the method's own measure{}",
+            if m < 0.0 {
+                " (the guard overruled it)"
+            } else {
+                ""
+            }
+        );
+    }
+    if let Some(ms) = r.held_ms {
+        let _ = writeln!(
+            out,
+            "  held {ms:.0} ms by the controller (late binding) before this decision"
+        );
+    }
     if !r.loads.is_empty() {
         loads_table(r, &mut out);
     }
@@ -513,6 +530,19 @@ mod tests {
         fb.fallback = Some(Method::TotalTokens);
         let fallback = route_record("f", 0.0, Method::PrefixAffinity, &ranks, &Ok(fb));
         assert!(explain(&fallback).contains("no key, so the fallback method total_tokens chose"));
+        let mut held = fallback.clone();
+        held.held_ms = Some(340.0);
+        held.margin = Some(-0.25);
+        let why = explain(&held);
+        assert!(
+            why.contains("held 340 ms by the controller (late binding)"),
+            "{why}"
+        );
+        assert!(
+            why.contains("margin: -0.2500") && why.contains("overruled"),
+            "{why}"
+        );
+        assert!(!explain(&fallback).contains("held"));
     }
 
     #[test]

@@ -80,7 +80,9 @@ impl Controller {
                 None => return,
             };
             let held = self.held.swap_remove(next);
+            self.releasing = Some(held.since.elapsed());
             self.route_unified(held.req);
+            self.releasing = None;
         }
     }
 

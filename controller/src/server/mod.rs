@@ -89,6 +89,8 @@ pub struct Controller {
     taken_submission_seq: Option<u64>,
     /// Requests held for late binding (see `hold`).
     held: Vec<hold::Held>,
+    /// While a held request is routed: how long it was held (its record says so).
+    releasing: Option<Duration>,
 }
 
 impl Controller {
@@ -151,6 +153,7 @@ impl Controller {
             last_probe: Instant::now(),
             taken_submission_seq: None,
             held: Vec::new(),
+            releasing: None,
             config,
         })
     }

@@ -114,17 +114,16 @@ impl Controller {
         }
         // Built only when tracing to a file or for a client that asked: otherwise a decision
         // allocates nothing extra.
-        let mut for_client = for_client.then(|| {
+        let held_ms = self.releasing.map(|d| d.as_secs_f64() * 1000.0);
+        let record = || {
             let mut rec = route_record(input.rid, protocol::unix_time(), method, ranks, &decision);
             rec.leg.clone_from(&leg_name);
+            rec.held_ms = held_ms;
             rec
-        });
+        };
+        let mut for_client = for_client.then(record);
         if let Some(trace) = &self.trace {
-            let rec = match &for_client {
-                Some(rec) => rec.clone(),
-                None => route_record(input.rid, protocol::unix_time(), method, ranks, &decision),
-            };
-            trace.record(rec);
+            trace.record(for_client.clone().unwrap_or_else(record));
         }
         if decision.is_err() {
             for_client = None;
