@@ -346,9 +346,11 @@ fn cache_sentence(r: &RouteRecord, rank: u32) -> String {
         load_of(r, rank),
     );
     let digest = r.key_digest.as_deref().unwrap_or("-");
-    // The near-tie rule may put a rank running fewer requests before a cheaper one.
+    // The near-tie rule may put the rank holding more of the prompt, or one running fewer
+    // requests, before a cheaper one.
     let tie = if r.costs.iter().any(|o| o.cost < c.cost) {
-        " (costs within 10 % are a tie, and it runs the fewest requests among them)"
+        " (costs within 10 % are a tie: among them the rank holding most of the prompt goes \
+         first, then the one running the fewest requests)"
     } else {
         ""
     };
@@ -589,12 +591,12 @@ mod tests {
                 && hit.contains("the next cheapest, rank 0, holds 0"),
             "{hit}"
         );
-        // Rank 1 (serving 1, holding 80) costs 2 × 20 = 40 tokens, rank 0 (idle, holding 57)
-        // 43: within 10 %, so the rank running fewer requests goes first, and says so.
-        let tie = explain_with(&mut m, set(vec![57, 80], 1));
+        // Rank 1 (serving 1, holding 78) costs 2 × 22 = 44 tokens, rank 0 (idle, holding 57)
+        // 43: within 10 %, so the rank holding more of the prompt goes first, and says so.
+        let tie = explain_with(&mut m, set(vec![57, 78], 1));
         assert!(
-            tie.contains("went to rank 0, one of the cheapest (costs within 10 % are a tie")
-                && tie.contains("the next cheapest, rank 1, holds 80 (cost 40.000)"),
+            tie.contains("went to rank 1, one of the cheapest (costs within 10 % are a tie")
+                && tie.contains("the next cheapest, rank 0, holds 57 (cost 43.000)"),
             "{tie}"
         );
         // Serving 9 requests, rank 1 holding 96 of the 100 tokens is still the cheapest (10 × 4

@@ -16,7 +16,8 @@
 //!               └ wait for the line ┘    └ its own prefill, and the stall that prefill puts on
 //!                                          each request already there (w: --cache-aware-compute-weight) ┘
 //! order       = live ranks by cost, lowest first; costs within 10 % of the lowest are ties,
-//!               broken by fewer active requests, then HRW order on the first block's hash
+//!               broken by more of the prompt held (a conversation's turn stays with its
+//!               context), then fewer active requests, then HRW order on the first block's hash
 //! T           = max_load_skew × max(mean active requests over live ranks, 1.0)
 //! rank        = first r in order with active_requests(r) ≤ T  (branch cached | cold; spill if
 //!               not the first) | order[0] if none qualifies
@@ -190,14 +191,19 @@ impl CacheAware {
             })
             .collect();
         costs.sort_by(|a, b| a.cost.total_cmp(&b.cost));
-        // Costs within COST_TIE of the lowest are one cost: among them the rank running fewer
-        // requests goes first, then HRW order (both sorts are stable).
+        // Costs within COST_TIE of the lowest are one cost: among them the rank holding more of
+        // the prompt goes first (a conversation's turns stay where their context is instead of
+        // moving on a tie, which costs the next turn its cache), then the rank running fewer
+        // requests, then HRW order (the sorts are stable).
         if let Some(best) = costs.first().map(|c| c.cost) {
             let near = costs
                 .iter()
                 .take_while(|c| c.cost <= best * (1.0 + COST_TIE))
                 .count();
-            costs[..near].sort_by_key(|c| ranks.get(c.rank).map_or(0, |l| l.active_requests));
+            costs[..near].sort_by_key(|c| {
+                let active = ranks.get(c.rank).map_or(0, |l| l.active_requests);
+                (std::cmp::Reverse(c.matched_tokens), active)
+            });
         }
         costs
     }
@@ -331,14 +337,16 @@ mod tests {
         // Rank 1 holds 64 of 100 tokens: it saves 2 × 64 = 128 tokens of cost.
         let set = timed(&[(0, 0, Some(100.0)), (1, 120, Some(100.0))], &[0, 64]);
         assert_eq!(m.select(&req(&PROMPT), &set).rank, 1);
-        let set = timed(&[(0, 0, Some(100.0)), (1, 140, Some(100.0))], &[0, 64]);
+        // 1.6 + 0.72 = 2.32 s against 2 s: beyond the 10 % tie (within it, at a line of 140,
+        // the holder keeps the request).
+        let set = timed(&[(0, 0, Some(100.0)), (1, 160, Some(100.0))], &[0, 64]);
         assert_eq!(m.select(&req(&PROMPT), &set).rank, 0);
         // Weight 0: the time to first token alone; the idle rank wins at once.
         let mut ttft = CacheAware::new(CacheAwareConfig {
             compute_weight: 0.0,
             ..Default::default()
         });
-        let set = timed(&[(0, 0, Some(100.0)), (1, 70, Some(100.0))], &[0, 64]);
+        let set = timed(&[(0, 0, Some(100.0)), (1, 80, Some(100.0))], &[0, 64]);
         assert_eq!(ttft.select(&req(&PROMPT), &set).rank, 0);
         assert_eq!(m.select(&req(&PROMPT), &set).rank, 1);
     }
@@ -465,6 +473,42 @@ mod tests {
         assert_eq!(d.costs[0].rank, 1, "the trace lists the choice first");
         // 0.222 s against 0.3 s.
         assert_eq!(m.select(&req(&PROMPT), &lines(1800.0)).rank, 0);
+    }
+
+    /// A conversation's next turn whose cost on the rank holding its context is within the
+    /// tie of a less busy rank's stays with its context (turns moving on ties cost the next
+    /// turn its cache: vllm#52463, sglang#37543); without a tie the cheaper rank wins.
+    #[test]
+    fn near_ties_stick_to_the_rank_holding_the_previous_turn() {
+        let mut m = CacheAware::new(CacheAwareConfig::default());
+        // Rank 0 holds 60 of the 100 tokens and runs 2 requests; rank 1 holds nothing and runs
+        // none. Costs, rates r0 and 1000: rank 0 (1 + 2) × 40 / r0, rank 1 100 / 1000 = 0.1 s.
+        let lines = |rate0: f64| {
+            RankSet::with_loads(&[(0, 2, 0), (1, 0, 0)])
+                .with_queues(
+                    [(0, rate0, 2), (1, 1000.0, 0)]
+                        .iter()
+                        .map(|&(rank, rate, running)| RankQueue {
+                            rank,
+                            running_requests: running,
+                            waiting_requests: 0,
+                            max_total_tokens: 1 << 20,
+                            prefill_backlog_tokens: Some(0),
+                            prefill_rate: Some(rate),
+                        })
+                        .collect(),
+                )
+                .with_cached_prefix(CachedPrefix {
+                    matched_tokens: vec![60, 0],
+                    first_block: 42,
+                    block_size: 20,
+                })
+        };
+        // 120 / 1150 = 0.104 s: within 10 % of 0.1 s, so the holder keeps the turn.
+        let d = m.select(&req(&PROMPT), &lines(1150.0));
+        assert_eq!((d.rank, d.branch), (0, Branch::Cached), "{:?}", d.costs);
+        // 120 / 1000 = 0.12 s: 20 % dearer, so the idle rank takes it.
+        assert_eq!(m.select(&req(&PROMPT), &lines(1000.0)).rank, 1);
     }
 
     #[test]
