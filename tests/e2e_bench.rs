@@ -880,6 +880,7 @@ fn bench_sweep_finds_each_methods_capacity() {
             assert_eq!(rates, [4.0, 8.0], "ascending: {m}");
             for (p, runs) in points.iter().zip([2, if lower_bound { 2 } else { 0 }]) {
                 assert_eq!(p["attainment"].as_array().unwrap().len(), runs, "{p}");
+                assert_eq!(p["achieved_rps"].as_array().unwrap().len(), runs, "{p}");
                 assert_eq!(p["offered_rps"], p["rate"]);
             }
             assert_eq!(m["capacity_rps"].as_f64().unwrap(), want_capacity, "{m}");
