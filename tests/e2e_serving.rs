@@ -412,8 +412,8 @@ fn generate_streams_everything_so_far_unless_incremental_streaming_output() {
 
 /// `return_routing` (body) or `x-dpserve-return-routing: 1` (header) answers the controller's
 /// decision: `meta_info.routing` on `/generate` (streamed too), `routing` on each OpenAI choice
-/// (each its own request, each its own decision); without it nothing is added; embeddings and
-/// a bad header value are refused.
+/// (each its own request, each its own decision); without it nothing is added; the header on
+/// embeddings and a bad header value are refused.
 #[test]
 fn return_routing_answers_the_decision_that_placed_the_request() {
     let server = Server::up(&[
@@ -513,11 +513,13 @@ fn return_routing_answers_the_decision_that_placed_the_request() {
         "once, on the final chunk"
     );
 
-    let (status, err) = server.post(
-        "/v1/embeddings",
-        &json!({"input": "x", "return_routing": true}),
-    );
-    assert_eq!(status, 400, "{err}");
+    let resp = Server::client()
+        .post(server.url("/v1/embeddings"))
+        .header("x-dpserve-return-routing", "1")
+        .json(&json!({"input": "x"}))
+        .send()
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400, "embeddings refuse the header");
     let resp = Server::client()
         .post(server.url("/generate"))
         .header("x-dpserve-return-routing", "yes")

@@ -301,7 +301,7 @@ fn parse_openai(body: &[u8], headers: &HeaderInputs) -> Result<EmbedInput, ApiEr
             ))
         }
     };
-    body.routing.refuse_return_routing(headers)?;
+    validate::refuse_return_routing(headers)?;
     let (routing_key, routed_dp_rank) = body.routing.resolve(headers)?;
     Ok(EmbedInput {
         prompts,
@@ -352,7 +352,7 @@ fn parse_encode(body: &[u8], headers: &HeaderInputs) -> Result<EmbedInput, ApiEr
         ));
     }
     check_count(&prompts, param)?;
-    body.routing.refuse_return_routing(headers)?;
+    validate::refuse_return_routing(headers)?;
     let (routing_key, routed_dp_rank) = body.routing.resolve(headers)?;
     Ok(EmbedInput {
         prompts,

@@ -113,20 +113,26 @@ fn error_response(status: u16) -> Value {
     resp
 }
 
-/// The routing headers of the endpoints that route a request (they win over the body).
-fn routing_headers() -> Value {
-    json!([
+/// The routing headers of the endpoints that route a request (they win over the body); the
+/// generation endpoints also take the one that asks for the decision.
+fn routing_headers(path: &str) -> Value {
+    let mut headers = json!([
         {"name": "X-Data-Parallel-Rank", "in": "header", "required": false,
          "description": "Pin a live rank (wins over the body's routed_dp_rank; not live: 400)",
          "schema": {"type": "string", "pattern": "^[ \\t]*[0-9]{1,9}[ \\t]*$"}},
         {"name": "x-smg-routing-key", "in": "header", "required": false,
          "description": "Routing key (a non-empty one wins over the body's routing_key)",
          "schema": {"type": "string", "pattern": "^[\\t\\x20-\\x7e]*$"}},
-        {"name": "x-dpserve-return-routing", "in": "header", "required": false,
-         "description": "1 or true: answer the routing decision (wins over the body's \
-                         return_routing; embeddings refuse it)",
-         "schema": {"type": "string", "enum": ["1", "0", "true", "false"]}},
-    ])
+    ]);
+    if ["/generate", "/v1/completions", "/v1/chat/completions"].contains(&path) {
+        headers.as_array_mut().expect("a list").push(json!(
+            {"name": "x-dpserve-return-routing", "in": "header", "required": false,
+             "description": "1 or true: answer the routing decision (wins over the body's \
+                             return_routing)",
+             "schema": {"type": "string", "enum": ["1", "0", "true", "false"]}}
+        ));
+    }
+    headers
 }
 
 /// Each event of a stream: `data:` is a JSON chunk (`chunk`, a component), an error body
@@ -196,7 +202,7 @@ pub fn document() -> Value {
     for (path, item) in paths.iter_mut() {
         for (_, op) in item.as_object_mut().expect("path item").iter_mut() {
             if shared_errors(path).contains(&413) && path != "/abort_request" {
-                op["parameters"] = routing_headers();
+                op["parameters"] = routing_headers(path);
             }
             if let Some(chunk) = stream_chunk(path) {
                 op["responses"]["200"]["content"]["text/event-stream"]["schema"] = sse_event(chunk);

@@ -105,7 +105,7 @@ pub fn parse_generate(body: &[u8], headers: &HeaderInputs) -> Result<GenerateInp
             (generate_sampling(sp)?, stop)
         }
     };
-    let return_routing = body.routing.return_routing(headers)?;
+    let return_routing = return_routing(body.return_routing, headers)?;
     let (routing_key, routed_dp_rank) = body.routing.resolve(headers)?;
     let rid = check_rid(body.rid)?;
     let top_logprobs_num = body.top_logprobs_num.unwrap_or(0);
@@ -178,31 +178,31 @@ pub fn check_child_rids(rid: &str, last_index: Option<usize>) -> Result<(), ApiE
     }
 }
 
+/// Whether the client asked for the routing decision: the `x-dpserve-return-routing` header
+/// (`1`/`true` or `0`/`false`) over the body's `return_routing`.
+pub fn return_routing(body: Option<bool>, headers: &HeaderInputs) -> Result<bool, ApiError> {
+    match headers.return_routing.as_deref().map(str::trim) {
+        None => Ok(body.unwrap_or(false)),
+        Some("1" | "true") => Ok(true),
+        Some("0" | "false") => Ok(false),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "{RETURN_ROUTING_HEADER} header must be 1, 0, true or false, got {other:?}"
+        ))),
+    }
+}
+
+/// An endpoint that cannot answer the routing decision (embeddings) refuses the header that
+/// asks for it (its bodies have no such field).
+pub fn refuse_return_routing(headers: &HeaderInputs) -> Result<(), ApiError> {
+    if return_routing(None, headers)? {
+        return Err(ApiError::bad_request(format!(
+            "{RETURN_ROUTING_HEADER} is not supported on embeddings"
+        )));
+    }
+    Ok(())
+}
+
 impl Routing {
-    /// Whether the client asked for the routing decision: the `x-dpserve-return-routing`
-    /// header (`1`/`true` or `0`/`false`) over the body's `return_routing`.
-    pub fn return_routing(&self, headers: &HeaderInputs) -> Result<bool, ApiError> {
-        match headers.return_routing.as_deref().map(str::trim) {
-            None => Ok(self.return_routing.unwrap_or(false)),
-            Some("1" | "true") => Ok(true),
-            Some("0" | "false") => Ok(false),
-            Some(other) => Err(ApiError::bad_request(format!(
-                "{RETURN_ROUTING_HEADER} header must be 1, 0, true or false, got {other:?}"
-            ))),
-        }
-    }
-
-    /// A body that cannot answer the routing decision (embeddings) refuses a request for it.
-    pub fn refuse_return_routing(&self, headers: &HeaderInputs) -> Result<(), ApiError> {
-        if self.return_routing(headers)? {
-            return Err(ApiError::invalid_param(
-                "return_routing",
-                "return_routing is not supported on embeddings",
-            ));
-        }
-        Ok(())
-    }
-
     /// Routing key and explicit rank: headers win over the body (an empty routing key header
     /// does not); the rank may be given as `routed_dp_rank` or SGLang's `data_parallel_rank`.
     pub fn resolve(

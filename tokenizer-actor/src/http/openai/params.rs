@@ -177,7 +177,7 @@ fn shared(s: OpenAiSampling, own: Own, headers: &HeaderInputs) -> Result<OpenAiR
     };
     refuse_unsupported(&s, own.suffix.as_deref())?;
     let sampling = sampling(&s, own.max_tokens)?;
-    let return_routing = s.routing.return_routing(headers)?;
+    let return_routing = validate::return_routing(s.return_routing, headers)?;
     let (routing_key, routed_dp_rank) = s.routing.resolve(headers)?;
     let echo = own.echo.unwrap_or(false);
     if echo && own.kind == Kind::Chat {

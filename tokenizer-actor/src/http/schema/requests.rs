@@ -181,9 +181,6 @@ pub struct Routing {
     /// SGLang's name for `routed_dp_rank` (`routed_dp_rank` wins when both are given).
     #[schema(minimum = 0, maximum = 4294967295_u64)]
     pub data_parallel_rank: Option<u32>,
-    /// Answer the routing decision: `meta_info.routing` on `/generate`, `routing` on each
-    /// OpenAI choice (the `x-dpserve-return-routing` header wins). Not on embeddings.
-    pub return_routing: Option<bool>,
 }
 
 /// `POST /generate` (SGLang-native). Exactly one of `text` and `input_ids`.
@@ -199,6 +196,9 @@ pub struct GenerateRequest {
     pub stream: Option<bool>,
     #[serde(flatten, deserialize_with = "flat")]
     pub routing: Routing,
+    /// Answer the routing decision in `meta_info.routing` (the `x-dpserve-return-routing`
+    /// header wins).
+    pub return_routing: Option<bool>,
     #[schema(minimum = 0, maximum = 18446744073709551615_u64)]
     pub bootstrap_room: Option<u64>,
     pub return_logprob: Option<bool>,
@@ -256,6 +256,9 @@ pub struct OpenAiSampling {
     pub user: Option<String>,
     #[serde(flatten, deserialize_with = "flat")]
     pub routing: Routing,
+    /// Answer each choice's routing decision in its `routing` (the `x-dpserve-return-routing`
+    /// header wins).
+    pub return_routing: Option<bool>,
     #[schema(minimum = 0, maximum = 18446744073709551615_u64)]
     pub bootstrap_room: Option<u64>,
     #[schema(schema_with = rid)]
