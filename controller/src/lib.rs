@@ -398,9 +398,15 @@ mod tests {
     }
 
     #[test]
-    fn defaults_are_prefix_affinity_with_the_documented_settings() {
+    fn defaults_are_cache_aware_with_the_documented_settings() {
         let c = parse(&[]).unwrap();
-        assert_eq!(c.method, Method::PrefixAffinity);
+        assert_eq!(c.method, Method::CacheAware);
+        assert_eq!(c.cache_aware, CacheAwareConfig::default());
+        assert_eq!(
+            (c.cache_aware.compute_weight, c.cache_aware.max_load_skew),
+            (1.0, 2.0)
+        );
+        assert!(c.cache_aware.hold_wait.is_zero(), "late binding is opt-in");
         assert_eq!(c.prefix_affinity, PrefixAffinityConfig::default());
         assert_eq!(c.prefix_affinity.hash_tokens, 4096);
         assert_eq!(c.prefix_affinity.fallback, FallbackMethod::TotalTokens);

@@ -351,11 +351,13 @@ pub enum Method {
     /// bootstrap_room % live ranks (stable rank ids).
     FollowBootstrapRoom,
     /// Rendezvous hashing on the routing key or the prompt's first tokens, with an overload
-    /// guard: requests sharing a prefix meet the cache that holds it (the default).
-    #[default]
+    /// guard: requests sharing a prefix (or a routing key) meet the cache that holds it.
     PrefixAffinity,
-    /// The rank whose prefix cache holds most of the prompt (from the workers' KV events),
-    /// traded against its load, with prefix_affinity's overload guard; no key needed.
+    /// The rank where the request adds the least delay, counting the prefix each rank's cache
+    /// holds (the workers' KV events), its queued prompts, its measured prefill speed and the
+    /// requests it serves, with an overload guard; no key needed (the default: the highest
+    /// capacity at SLO of dpserve's methods and the peers' on the production traces measured).
+    #[default]
     CacheAware,
     /// vLLM's data-parallel balancer: the lowest 4 × waiting + running (first rank on ties).
     VllmDp,
@@ -518,8 +520,8 @@ mod tests {
     }
 
     #[test]
-    fn defaults_are_prefix_affinity_and_total_tokens() {
-        assert_eq!(Method::default(), Method::PrefixAffinity);
+    fn defaults_are_cache_aware_and_total_tokens() {
+        assert_eq!(Method::default(), Method::CacheAware);
         assert_eq!(FallbackMethod::default(), FallbackMethod::TotalTokens);
     }
 }
