@@ -110,14 +110,7 @@ fn every_curl_example_in_the_docs_answers_what_the_doc_says() {
         );
     }
 
-    let server = Server::up(&[
-        "--builtin-size",
-        "tiny",
-        "--dp-size",
-        "2",
-        "--max-total-tokens",
-        "4096",
-    ]);
+    let server = Server::tiny(&[]);
     let host = server.url("").trim_start_matches("http://").to_string();
     let mut failed = Vec::new();
     for e in &all {

@@ -416,16 +416,7 @@ fn generate_streams_everything_so_far_unless_incremental_streaming_output() {
 /// embeddings and a bad header value are refused.
 #[test]
 fn return_routing_answers_the_decision_that_placed_the_request() {
-    let server = Server::up(&[
-        "--builtin-size",
-        "tiny",
-        "--dp-size",
-        "2",
-        "--max-total-tokens",
-        "4096",
-        "--load-balance-method",
-        "cache_aware",
-    ]);
+    let server = Server::tiny(&["--load-balance-method", "cache_aware"]);
     let params = json!({"max_new_tokens": 4, "temperature": 0});
     let check = |routing: &Value, rank: &Value| {
         assert_eq!(routing["method"], "cache_aware", "{routing}");

@@ -34,7 +34,7 @@ use anyhow::Context;
 use serde::Deserialize;
 
 use super::mooncake::{self, TraceConfig, TraceEntry};
-use super::workload::{BenchRequest, FIRST_PLAIN_TOKEN};
+use super::workload::BenchRequest;
 
 /// Tokens per hash block in the released Bailian traces.
 pub const BAILIAN_BLOCK_TOKENS: usize = 16;
@@ -145,12 +145,8 @@ pub fn generate(
     num_prompts: Option<usize>,
     seed: u64,
 ) -> anyhow::Result<Vec<BenchRequest>> {
-    cfg.check()?;
-    anyhow::ensure!(
-        vocab_size > FIRST_PLAIN_TOKEN,
-        "vocab_size {vocab_size} leaves no ids above the specials"
-    );
-    let path = cfg.path.as_deref().context(
+    let path = cfg.checked_path(
+        vocab_size,
         "--dataset-name bailian needs --dataset-path FILE (a Qwen-Bailian-format trace, e.g. \
          one written by scripts/make-agentic-trace.py)",
     )?;

@@ -79,7 +79,22 @@ impl TraceConfig {
         )
     }
 
-    pub(super) fn check(&self) -> anyhow::Result<()> {
+    /// The trace file, once the scaling and the vocabulary prompts are drawn from are checked;
+    /// `missing` says what to give when no file is.
+    pub(super) fn checked_path(
+        &self,
+        vocab_size: u32,
+        missing: &'static str,
+    ) -> anyhow::Result<&Path> {
+        self.check()?;
+        anyhow::ensure!(
+            vocab_size > FIRST_PLAIN_TOKEN,
+            "vocab_size {vocab_size} leaves no ids above the specials"
+        );
+        self.path.as_deref().context(missing)
+    }
+
+    fn check(&self) -> anyhow::Result<()> {
         anyhow::ensure!(
             self.block_tokens > 0,
             "--trace-block-tokens must be at least 1"
@@ -189,12 +204,8 @@ pub fn generate(
     num_prompts: Option<usize>,
     seed: u64,
 ) -> anyhow::Result<Vec<BenchRequest>> {
-    cfg.check()?;
-    anyhow::ensure!(
-        vocab_size > FIRST_PLAIN_TOKEN,
-        "vocab_size {vocab_size} leaves no ids above the specials"
-    );
-    let path = cfg.path.as_deref().context(
+    let path = cfg.checked_path(
+        vocab_size,
         "--dataset-name mooncake needs --dataset-path FILE (a Mooncake trace, e.g. \
          ../shared/workloads/mooncake/conversation_trace.jsonl)",
     )?;

@@ -62,6 +62,20 @@ impl Server {
         Self::up_with_env(args, &[])
     }
 
+    /// Two ranks of the tiny built-in model with 4096-token pools, and `extra` flags.
+    pub fn tiny(extra: &[&str]) -> Server {
+        let mut args = vec![
+            "--builtin-size",
+            "tiny",
+            "--dp-size",
+            "2",
+            "--max-total-tokens",
+            "4096",
+        ];
+        args.extend_from_slice(extra);
+        Self::up(&args)
+    }
+
     /// `dpserve up` with `args` and extra environment variables, ready to serve.
     pub fn up_with_env(args: &[&str], env: &[(&str, &str)]) -> Server {
         let port = free_port();
