@@ -771,6 +771,20 @@ fn bench_replays_bailian_sessions_each_turn_after_its_parent() {
             ));
         }
     }
+    // A fourth session whose second turn comes 2 s of trace after its first (0.5 s at the
+    // compression below): sent that long after the first one ended, not after its timestamp.
+    lines.push((
+        0.3,
+        serde_json::json!({"chat_id": 901, "parent_chat_id": -1, "timestamp": 0.3,
+            "input_length": 16, "output_length": 12, "type": "text", "turn": 1,
+            "hash_ids": [900]}),
+    ));
+    lines.push((
+        2.3,
+        serde_json::json!({"chat_id": 902, "parent_chat_id": 901, "timestamp": 2.3,
+            "input_length": 32, "output_length": 12, "type": "text", "turn": 2,
+            "hash_ids": [900, 901]}),
+    ));
     lines.sort_by(|a, b| a.0.total_cmp(&b.0));
     let text: String = lines.iter().map(|(_, l)| format!("{l}\n")).collect();
     std::fs::write(&path, text).unwrap();
@@ -785,6 +799,8 @@ fn bench_replays_bailian_sessions_each_turn_after_its_parent() {
             path.to_str().unwrap(),
             "--trace-block-tokens",
             "4",
+            "--trace-time-compression",
+            "4",
             "--kv-event-block-size",
             "4",
             "--output-details",
@@ -796,12 +812,19 @@ fn bench_replays_bailian_sessions_each_turn_after_its_parent() {
     let m = &compare["methods"][0];
     assert_eq!(m["status"], "ok", "{m}");
     let r = &m["result"];
-    assert_eq!(r["completed"], 12, "{r}");
-    assert_eq!(r["total_output_tokens"], 12 * 12, "{r}");
+    assert_eq!(r["completed"], 14, "{r}");
+    assert_eq!(r["total_output_tokens"], 14 * 12, "{r}");
     let d = &r["details"];
     let f = |key: &str, i: usize| d[key][i].as_f64().unwrap();
     // The file is in time order, ties in file order: session s's turns are at 4s..4s+3 in
-    // the order root, child, sibling, sibling (the sort above is stable).
+    // the order root, child, sibling, sibling (the sort above is stable); the fourth session's
+    // two turns are next (at 0.3 s) and last (at 2.3 s).
+    let (first, second) = (12, 13);
+    let wait = f("sent_s", second) - f("ended_s", first);
+    assert!(
+        (0.45..0.9).contains(&wait),
+        "the second turn went {wait:.3} s after the first ended, not the trace's 0.5 s: {d}"
+    );
     for s in 0..3 {
         let (root, child, a, b) = (4 * s, 4 * s + 1, 4 * s + 2, 4 * s + 3);
         assert_eq!(d["input_lens"][root], 8, "2 blocks of 4 tokens: {d}");

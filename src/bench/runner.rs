@@ -244,11 +244,11 @@ async fn send_all(
     pb: ProgressBar,
 ) -> (Vec<RequestOutcome>, f64) {
     let semaphore = max_concurrency.map(|c| Arc::new(tokio::sync::Semaphore::new(c)));
-    // finished[i] turns true when request i has its outcome; a request waits for its `after`'s
+    // finished[i] holds when request i had its outcome; a request waits for its `after`'s
     // before it takes a concurrency slot (a slot held while waiting could starve the request
     // waited for).
     let (finished_tx, finished_rx): (Vec<_>, Vec<_>) = (0..requests.len())
-        .map(|_| tokio::sync::watch::channel(false))
+        .map(|_| tokio::sync::watch::channel(None::<tokio::time::Instant>))
         .unzip();
     let start = tokio::time::Instant::now();
     let wall = Instant::now();
@@ -265,12 +265,19 @@ async fn send_all(
         let pb = pb.clone();
         let mut before = req.after.and_then(|j| finished_rx.get(j)).cloned();
         tasks.spawn(async move {
-            tokio::time::sleep_until(start + Duration::from_secs_f64(at)).await;
+            // At its arrival time, and no sooner than `after_gap_s` after the request it comes
+            // after has ended: max(start + at, that end + gap).
+            let mut send_at = start + Duration::from_secs_f64(at);
             if let Some(before) = &mut before {
                 // An error means the earlier request's task is gone: go on regardless.
-                before.wait_for(|finished| *finished).await.ok();
-                tokio::time::sleep(Duration::from_secs_f64(req.after_gap_s.max(0.0))).await;
+                let ended = match before.wait_for(Option::is_some).await {
+                    Ok(ended) => *ended,
+                    Err(_) => None,
+                };
+                let gap = Duration::from_secs_f64(req.after_gap_s.max(0.0));
+                send_at = send_at.max(ended.unwrap_or_else(tokio::time::Instant::now) + gap);
             }
+            tokio::time::sleep_until(send_at).await;
             let _permit = match &semaphore {
                 Some(s) => Some(s.clone().acquire_owned().await),
                 None => None,
@@ -279,7 +286,7 @@ async fn send_all(
             let mut outcome = client.send(&req).await;
             outcome.sent_s = sent_s;
             outcome.ended_s = start.elapsed().as_secs_f64();
-            done.send_replace(true);
+            done.send_replace(Some(tokio::time::Instant::now()));
             pb.inc(1);
             (pos, outcome)
         });
