@@ -454,11 +454,12 @@ fn rows(sweeps: &[MethodSweep], target: f64) -> Vec<Vec<String>> {
 
 fn headers(unit: RateUnit, spec: &SweepSpec) -> Vec<String> {
     let mut h = vec!["method".to_string()];
-    h.extend(
-        spec.rates
-            .iter()
-            .map(|&r| format!("{} ({:.2} req/s)", unit.label(r), unit.offered_rps(r))),
-    );
+    h.extend(spec.rates.iter().map(|&r| match unit {
+        RateUnit::TimeCompression { .. } => {
+            format!("{} ({:.2} req/s)", unit.label(r), unit.offered_rps(r))
+        }
+        RateUnit::RequestRate => unit.label(r),
+    }));
     h.push("capacity req/s".into());
     h.push("vs best peer".into());
     h
@@ -669,6 +670,16 @@ fn attainment_svg(title: &str, spec: &SweepSpec, sweeps: &[MethodSweep]) -> Stri
         x_unit: "offered rate (requests/s)".into(),
         y_unit: "attainment".into(),
         y_max: Some(1.0),
+        // From a tenth under the lowest point (or the target), in steps of 0.1.
+        y_min: Some({
+            let lowest = sweeps
+                .iter()
+                .flat_map(|s| &s.points)
+                .map(Point::attainment)
+                .filter(|a| a.is_finite())
+                .fold(spec.attainment, f64::min);
+            ((lowest - 0.1) * 10.0).floor().max(0.0) / 10.0
+        }),
         target: Some((
             spec.attainment,
             format!("target {:.0} %", spec.attainment * 100.0),

@@ -20,8 +20,10 @@ pub struct LinePanel {
     pub caption: String,
     pub x_unit: String,
     pub y_unit: String,
-    /// The y axis's top (`None`: the largest value plus a margin). The axes start at 0.
+    /// The y axis's top (`None`: the largest value plus a margin).
     pub y_max: Option<f64>,
+    /// The y axis's bottom (`None`: 0). The x axis spans the points' x values, with a margin.
+    pub y_min: Option<f64>,
     /// A dashed horizontal line at this value, with its label.
     pub target: Option<(f64, String)>,
     pub lines: Vec<Line>,
@@ -46,7 +48,7 @@ pub fn lines_svg(title: &str, panel: &LinePanel) -> String {
     svg.text(
         16.0,
         28.0,
-        20.0,
+        15.0,
         Anchor::Start,
         "font-weight=\"bold\"",
         title,
@@ -58,13 +60,21 @@ pub fn lines_svg(title: &str, panel: &LinePanel) -> String {
             .iter()
             .flat_map(|l| l.points.iter().filter(|p| drawable(p)))
     };
-    let x_top = points().map(|p| p.0).fold(0.0, f64::max).max(1e-3) * 1.05;
+    // x: the points' span, widened by 5 % each side (a single x gets ±1).
+    let (lo, hi) = points().fold((f64::INFINITY, 0.0_f64), |(lo, hi), p| {
+        (lo.min(p.0), hi.max(p.0))
+    });
+    let lo = if lo.is_finite() { lo } else { 0.0 };
+    let pad = if hi > lo { (hi - lo) * 0.05 } else { 1.0 };
+    let (x_lo, x_hi) = ((lo - pad).max(0.0), hi + pad);
+    let y_lo = panel.y_min.unwrap_or(0.0);
     let y_top = panel.y_max.unwrap_or_else(|| {
         let target = panel.target.as_ref().map_or(0.0, |t| t.0);
         points().map(|p| p.1).fold(target, f64::max).max(1e-3) * 1.1
     });
-    let x = |v: f64| left + v / x_top * (right - left);
-    let y = |v: f64| base - v.min(y_top) / y_top * (base - TOP);
+    let y_top = y_top.max(y_lo + 1e-3);
+    let x = |v: f64| left + (v - x_lo) / (x_hi - x_lo) * (right - left);
+    let y = |v: f64| base - (v.clamp(y_lo, y_top) - y_lo) / (y_top - y_lo) * (base - TOP);
     svg.text(
         WIDTH / 2.0 - RIGHT / 2.0,
         TOP - 24.0,
@@ -73,7 +83,14 @@ pub fn lines_svg(title: &str, panel: &LinePanel) -> String {
         "",
         &panel.caption,
     );
-    axes(&mut svg, (left, right, base), (x_top, y_top), &x, &y);
+    axes(
+        &mut svg,
+        (left, right, base),
+        (x_lo, x_hi),
+        (y_lo, y_top),
+        &x,
+        &y,
+    );
     svg.text(
         left - 56.0,
         TOP - 8.0,
@@ -133,12 +150,13 @@ pub fn lines_svg(title: &str, panel: &LinePanel) -> String {
 fn axes(
     svg: &mut Svg,
     (left, right, base): (f64, f64, f64),
-    (x_top, y_top): (f64, f64),
+    (x_lo, x_hi): (f64, f64),
+    (y_lo, y_top): (f64, f64),
     x: &dyn Fn(f64) -> f64,
     y: &dyn Fn(f64) -> f64,
 ) {
-    let step = nice_step(y_top / 6.0);
-    for v in ticks(y_top, step) {
+    let step = nice_step((y_top - y_lo) / 6.0);
+    for v in ticks(y_lo, y_top, step) {
         svg.line(left, y(v), right, y(v), "stroke=\"#e4e4e4\"");
         svg.text(
             left - 6.0,
@@ -149,8 +167,8 @@ fn axes(
             &tick_label(v, step),
         );
     }
-    let step = nice_step(x_top / 8.0);
-    for v in ticks(x_top, step) {
+    let step = nice_step((x_hi - x_lo) / 8.0);
+    for v in ticks(x_lo, x_hi, step) {
         svg.line(x(v), base, x(v), base + 4.0, "stroke=\"#333\"");
         svg.text(
             x(v),
@@ -165,11 +183,12 @@ fn axes(
     svg.line(left, base, right, base, "stroke=\"#333\"");
 }
 
-/// 0, step, 2·step, … up to `top`.
-fn ticks(top: f64, step: f64) -> impl Iterator<Item = f64> {
+/// The multiples of `step` from `lo` (rounded up to one) to `hi`.
+fn ticks(lo: f64, hi: f64, step: f64) -> impl Iterator<Item = f64> {
+    let first = (lo / step - 1e-9).ceil();
     (0..)
-        .map(move |i| i as f64 * step)
-        .take_while(move |v| *v <= top + 1e-9)
+        .map(move |i| (first + i as f64) * step)
+        .take_while(move |v| *v <= hi + 1e-9)
 }
 
 /// Each line's colour and name, beside the plot.
@@ -198,6 +217,7 @@ mod tests {
             x_unit: "offered rate (req/s)".into(),
             y_unit: "share".into(),
             y_max: Some(1.0),
+            y_min: Some(0.4),
             target: Some((0.9, "90 % target".into())),
             lines: vec![
                 Line {
@@ -237,5 +257,16 @@ mod tests {
             })
             .collect();
         assert!(ys[0] < ys[1] && ys[1] < ys[2], "{ys:?}");
+        // The axes span the data: the first x (1.0) sits near the left edge, not a third of
+        // the way in as on an axis from 0; the y ticks start at the floor.
+        let cx: f64 = {
+            let i = a.find("cx=\"").unwrap() + 4;
+            a[i..i + a[i..].find('"').unwrap()].parse().unwrap()
+        };
+        assert!(cx < LEFT + 0.1 * (WIDTH - RIGHT - LEFT), "{cx}");
+        assert!(
+            doc.contains(">0.4<") && !doc.contains(">0.2<"),
+            "y ticks from 0.4"
+        );
     }
 }
