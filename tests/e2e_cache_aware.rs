@@ -30,13 +30,7 @@ fn prompts_sharing_a_short_prefix_follow_the_rank_that_cached_it() {
     let runtime = tempfile::tempdir().unwrap();
     let trace = runtime.path().join("route.jsonl");
     let trace_arg = trace.to_str().unwrap();
-    let server = Server::up(&[
-        "--builtin-size",
-        "tiny",
-        "--dp-size",
-        "2",
-        "--max-total-tokens",
-        "4096",
+    let server = Server::tiny(&[
         "--load-balance-method",
         "cache_aware",
         "--trace-file",

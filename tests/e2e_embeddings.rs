@@ -8,14 +8,7 @@ use common::Server;
 use serde_json::{json, Value};
 
 fn tiny() -> Server {
-    Server::up(&[
-        "--builtin-size",
-        "tiny",
-        "--dp-size",
-        "2",
-        "--max-total-tokens",
-        "4096",
-    ])
+    Server::tiny(&[])
 }
 
 fn floats(v: &Value) -> Vec<f32> {

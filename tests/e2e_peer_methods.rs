@@ -29,13 +29,7 @@ fn prompt(t: u32) -> Vec<u32> {
 }
 
 fn up(method: &str, trace: &std::path::Path) -> Server {
-    Server::up(&[
-        "--builtin-size",
-        "tiny",
-        "--dp-size",
-        "2",
-        "--max-total-tokens",
-        "4096",
+    Server::tiny(&[
         "--load-balance-method",
         method,
         "--trace-file",

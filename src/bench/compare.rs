@@ -232,13 +232,9 @@ fn record_run(
     if let Some(path) = &args.output_file {
         append_jsonl(path, &result)?;
     }
-    let outcome = if m.completed == 0 {
-        Err(format!(
-            "no request completed: {}",
-            m.errors.first().map_or("", String::as_str)
-        ))
-    } else {
-        Ok(m)
+    let outcome = match m.none_completed() {
+        Some(reason) => Err(reason),
+        None => Ok(m),
     };
     Ok((outcome, result))
 }

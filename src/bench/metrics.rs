@@ -208,6 +208,16 @@ pub struct BenchMetrics {
 }
 
 impl BenchMetrics {
+    /// Why the run measured nothing ("no request completed: <first error>"), if it did not.
+    pub fn none_completed(&self) -> Option<String> {
+        (self.completed == 0).then(|| {
+            format!(
+                "no request completed: {}",
+                self.errors.first().map_or("", String::as_str)
+            )
+        })
+    }
+
     pub fn compute(outcomes: &[RequestOutcome], duration_s: f64, slo: Slo) -> BenchMetrics {
         let ok: Vec<&RequestOutcome> = outcomes.iter().filter(|o| o.success).collect();
         let duration = duration_s.max(f64::MIN_POSITIVE);

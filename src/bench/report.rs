@@ -204,7 +204,7 @@ fn rank_keys(o: &mut Map<String, Value>, info: &RunInfo, m: &BenchMetrics) {
 }
 
 /// A rate in percent, or "unknown" when the server did not report it (not 0%).
-fn pct(x: Option<f64>) -> String {
+pub(super) fn pct(x: Option<f64>) -> String {
     x.map_or_else(|| "unknown".to_string(), |r| format!("{:.1}%", r * 100.0))
 }
 

@@ -378,14 +378,10 @@ fn run_point(
     if let Some(path) = &args.output_file {
         append_jsonl(path, &super::report::result_json(&info, &m))?;
     }
-    if m.completed == 0 {
-        let reason = format!(
-            "no request completed: {}",
-            m.errors.first().map_or("", String::as_str)
-        );
-        return Ok((RunPoint::skipped(reason), profiles));
+    match m.none_completed() {
+        Some(reason) => Ok((RunPoint::skipped(reason), profiles)),
+        None => Ok((RunPoint::of(&m), profiles)),
     }
-    Ok((RunPoint::of(&m), profiles))
 }
 
 fn describe_run(run: &RunPoint) -> String {
@@ -520,18 +516,10 @@ pub(super) mod tests {
         assert!(is_peer("smg_cache_aware") && is_peer("llmd_prefix@1p1d"));
         assert!(is_peer("round_robin") && is_peer("vllm_dp") && is_peer("dynamo_kv"));
         assert!(!is_peer("prefix_affinity") && !is_peer("cache_aware") && !is_peer("nope"));
-        let sweep = |method: &str, a: &[f64]| MethodSweep {
-            method: method.into(),
-            points: a
-                .iter()
-                .enumerate()
-                .map(|(i, &x)| point(i as f64 + 1.0, &[x]))
-                .collect(),
-        };
         let sweeps = [
-            sweep("prefix_affinity", &[1.0, 0.95, 0.5]),
-            sweep("smg_cache_aware", &[1.0, 0.5, 0.5]),
-            sweep("llmd_prefix", &[0.95, 0.4, 0.4]),
+            sweep_of("prefix_affinity", &[1.0, 0.95, 0.5]),
+            sweep_of("smg_cache_aware", &[1.0, 0.5, 0.5]),
+            sweep_of("llmd_prefix", &[0.95, 0.4, 0.4]),
         ];
         let caps = capacities(&sweeps, 0.9);
         // prefix_affinity: 2 + 0.05/0.45 = 2.111 → 4.222 req/s; smg: 1 + 0.1/0.5 = 1.2 → 2.4;
@@ -539,6 +527,18 @@ pub(super) mod tests {
         let ratio = caps[0].1.unwrap();
         assert!((ratio - (2.0 + 0.05 / 0.45) / 1.2).abs() < 1e-9, "{ratio}");
         assert!((caps[1].1.unwrap() - 1.0).abs() < 1e-12);
+    }
+
+    /// `method` at rates 1, 2, 3, … with one run each of these attainments.
+    pub(crate) fn sweep_of(method: &str, attainments: &[f64]) -> MethodSweep {
+        MethodSweep {
+            method: method.into(),
+            points: attainments
+                .iter()
+                .enumerate()
+                .map(|(i, &a)| point(i as f64 + 1.0, &[a]))
+                .collect(),
+        }
     }
 
     pub(crate) fn spec() -> SweepSpec {

@@ -9,7 +9,7 @@ use super::{capacities, is_peer, MethodSweep, Point, RateUnit, RunPoint, SweepSp
 use crate::bench::compare;
 use crate::bench::launch::ServerFlags;
 use crate::bench::plan::Plan;
-use crate::bench::report::{aligned_table, markdown_table};
+use crate::bench::report::{aligned_table, markdown_table, pct};
 use crate::bench::workload::Dataset;
 use crate::bench::BenchArgs;
 
@@ -213,7 +213,6 @@ fn every_run_markdown(unit: RateUnit, sweeps: &[MethodSweep]) -> String {
     ]
     .map(String::from)
     .to_vec();
-    let pct = |x: Option<f64>| x.map_or("unknown".into(), |x| format!("{:.1}%", x * 100.0));
     let mut rows = Vec::new();
     for s in sweeps {
         for p in &s.points {
@@ -288,21 +287,13 @@ fn attainment_svg(title: &str, spec: &SweepSpec, sweeps: &[MethodSweep]) -> Stri
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::sweep::tests::{point, spec};
+    use crate::bench::sweep::tests::{point, spec, sweep_of};
 
     #[test]
     fn the_table_says_the_capacity_and_the_ratio_to_the_best_peer() {
-        let sweep = |method: &str, a: &[f64]| MethodSweep {
-            method: method.into(),
-            points: a
-                .iter()
-                .enumerate()
-                .map(|(i, &x)| point(i as f64 + 1.0, &[x]))
-                .collect(),
-        };
         let sweeps = [
-            sweep("prefix_affinity", &[1.0, 0.95, 0.5]),
-            sweep("smg_cache_aware", &[1.0, 0.5, 0.5]),
+            sweep_of("prefix_affinity", &[1.0, 0.95, 0.5]),
+            sweep_of("smg_cache_aware", &[1.0, 0.5, 0.5]),
         ];
         let table = aligned_table(
             &headers(RateUnit::RequestRate, &spec()),
