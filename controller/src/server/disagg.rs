@@ -71,8 +71,10 @@ impl Controller {
         let rid = req.rid.clone();
         let prompt = req.input_ids.len() as u64;
         let seq = self.ranks.next_dispatch_seq(prefill.rank);
+        // The prefill worker answers no client: the decisions travel with the decode leg only.
         let leg = GenerateReq {
             dispatch_seq: seq,
+            routing: Vec::new(),
             ..req.clone()
         };
         if !self.send_to_worker(prefill.rank, &Message::GenerateReq(leg)) {
