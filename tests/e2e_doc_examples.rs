@@ -1,6 +1,9 @@
 //! Every `curl` example a newcomer copies from README.md, docs/HTTP.md and deploy/README.md is
 //! run against a live `dpserve up` (the built-in model, 2 ranks), and answers the status the
-//! doc says: 200, or the `# → STATUS` at the end of its line. docs/HTTP.md has one for every
+//! doc says: 200, or the `# → STATUS` at the end of its line. A block fenced ```` ```sh
+//! stories260k ```` runs against the real stories260k model instead (skipped where
+//! `../shared` is absent): what the built-in model cannot do (structured output) is shown
+//! with it. docs/HTTP.md has one for every
 //! path of the OpenAPI document (checked here too), so a renamed endpoint or a changed answer
 //! fails this test instead of a reader.
 
@@ -17,6 +20,9 @@ struct Example {
     at: String,
     command: String,
     status: u16,
+    /// Against stories260k (its block is fenced ```` ```sh stories260k ````), not the
+    /// built-in model.
+    stories: bool,
 }
 
 /// The `curl … localhost:30000 …` commands of the ```sh blocks of `doc` (continued lines
@@ -26,11 +32,13 @@ fn examples(doc: &str) -> Vec<Example> {
         .unwrap_or_else(|e| panic!("{doc}: {e}"));
     let mut out = Vec::new();
     let mut in_sh = false;
+    let mut stories = false;
     let mut pending: Option<(usize, String)> = None;
     for (i, line) in text.lines().enumerate() {
         let trimmed = line.trim();
         if trimmed.starts_with("```") {
-            in_sh = trimmed == "```sh";
+            in_sh = trimmed == "```sh" || trimmed == "```sh stories260k";
+            stories = trimmed == "```sh stories260k";
             continue;
         }
         if !in_sh {
@@ -54,6 +62,7 @@ fn examples(doc: &str) -> Vec<Example> {
                 at: format!("{doc}:{start}"),
                 command: command.trim().to_string(),
                 status,
+                stories,
             });
         }
     }
@@ -110,10 +119,26 @@ fn every_curl_example_in_the_docs_answers_what_the_doc_says() {
         );
     }
 
-    let server = Server::tiny(&[]);
+    let (stories, builtin): (Vec<&Example>, Vec<&Example>) = all.iter().partition(|e| e.stories);
+    let mut failed = run(&Server::tiny(&[]), &builtin);
+    match common::stories_dir() {
+        Some(dir) => {
+            let server = Server::up(&["--model-path", dir.to_str().unwrap(), "--dp-size", "2"]);
+            failed.extend(run(&server, &stories));
+        }
+        None => eprintln!(
+            "skipped {} examples of stories260k: ../shared is absent",
+            stories.len()
+        ),
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// Runs `examples` against `server`; what answered another status than its doc says.
+fn run(server: &Server, examples: &[&Example]) -> Vec<String> {
     let host = server.url("").trim_start_matches("http://").to_string();
     let mut failed = Vec::new();
-    for e in &all {
+    for e in examples {
         let command = e.command.replace("localhost:30000", &host);
         let out = Command::new("sh")
             .arg("-c")
@@ -133,7 +158,7 @@ fn every_curl_example_in_the_docs_answers_what_the_doc_says() {
             ));
         }
     }
-    assert!(failed.is_empty(), "{}", failed.join("\n"));
+    failed
 }
 
 #[test]
@@ -155,6 +180,16 @@ fn the_example_reader_joins_lines_and_reads_statuses() {
     assert!(
         http.iter().any(|e| e.status == 400),
         "the refused examples: {http:?}"
+    );
+    // Structured output is shown on stories260k, in its own blocks.
+    let stories: Vec<&Example> = http.iter().filter(|e| e.stories).collect();
+    assert!(
+        stories.len() >= 5
+            && stories.iter().all(|e| e.command.contains("json_schema")
+                || e.command.contains("regex")
+                || e.command.contains("ebnf")
+                || e.command.contains("response_format")),
+        "{stories:?}"
     );
     // A continued command is one example.
     assert!(http

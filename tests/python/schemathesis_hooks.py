@@ -4,7 +4,9 @@
 check with one refinement: a 400 for a schema-valid request passes only when the server says
 the request broke a limit that no static schema can state, because it depends on
 
-  * the model (the vocabulary size, the context length, how many tokens a text makes),
+  * the model (the vocabulary size, the context length, how many tokens a text makes, whether
+    its tokenizer has byte pieces for structured output: the built-in model's has none),
+  * what a string means (a regex, a grammar or a schema given as text that does not compile),
   * the cluster (which ranks are live, which rids are in flight), or
   * another field (best_of equal to n, prompts x n at most 128, a rid with its -<i> suffix).
 
@@ -28,6 +30,12 @@ LIMIT_MESSAGES = (
     "best_of must be >= n",
     "choices per request (prompts",        # prompts x n > 128
     "with the suffix -",                   # rid + "-<i>" longer than the rid limit
+    "structured output is not available with this model",  # the built-in model: no byte pieces
+    "does not compile",                    # a json_schema, regex, ebnf or response_format schema
+    "GBNF rules",                          # an ebnf in GBNF rather than Lark
+    "no token of this model's vocabulary can start",
+    "give at most one of sampling_params.json_schema",  # json_schema, regex, ebnf: one
+    "ignore_eos cannot be combined with a structured output constraint",
 )
 
 

@@ -31,6 +31,8 @@ pub struct AppState {
     pub api_keys: Vec<String>,
     /// Paths served without a key (`--open-endpoints`).
     pub open_paths: Vec<&'static str>,
+    /// Structured output: the model's vocabulary, read on the first constrained request.
+    pub grammars: Arc<grammar::LazyGrammars>,
 }
 
 impl AppState {
@@ -76,7 +78,16 @@ impl AppState {
             open_without_key = ?open_paths,
             "tokenizer loaded"
         );
+        let grammars = Arc::new(match &facts.model_path {
+            Some(dir) => grammar::LazyGrammars::tokenizer_json(
+                dir.join("tokenizer.json"),
+                facts.vocab_size,
+                facts.eos_token_ids.clone(),
+            ),
+            None => grammar::LazyGrammars::none(grammar::BUILTIN_HAS_NO_BYTES),
+        });
         Ok(AppState {
+            grammars,
             tokenizer,
             facts,
             bridge,

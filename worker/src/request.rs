@@ -50,6 +50,9 @@ pub struct Req {
     /// The controller's routing records, when the client asked for them: handed back, once,
     /// in the request's first `TokenOut`.
     pub routing: Vec<protocol::route_record::RouteRecord>,
+    /// The request's constraint (`params.constraint`) as far as its output: compiled on the
+    /// first token this worker samples for it, and kept through retraction.
+    pub guide: Option<grammar::Guide>,
 }
 
 impl Req {
@@ -110,6 +113,7 @@ impl Req {
             arrived: Instant::now(),
             leg: None,
             routing: Vec::new(),
+            guide: None,
         }
     }
 

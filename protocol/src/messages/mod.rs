@@ -153,6 +153,24 @@ pub struct SamplingParams {
     /// (Python's `strict_map_key`) decode it. Empty means none.
     #[serde(default)]
     pub logit_bias: Vec<(u32, f32)>,
+    /// What the generated text must match (structured output), enforced by the worker on every
+    /// token. Absent when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<Constraint>,
+}
+
+/// A constraint on the generated text: every sampled token keeps the text a prefix of some
+/// string the constraint accepts, and the request ends (`Stop`) when the constraint can go no
+/// further. Compiled by llguidance (docs/HTTP.md "Structured output").
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "text", rename_all = "snake_case")]
+pub enum Constraint {
+    /// A JSON Schema, as JSON text (`{"type": "object"}` for any object).
+    JsonSchema(String),
+    /// A regular expression the whole output matches.
+    Regex(String),
+    /// A grammar in llguidance's Lark dialect (`start: ...`).
+    Lark(String),
 }
 
 impl Default for SamplingParams {
@@ -170,6 +188,7 @@ impl Default for SamplingParams {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             logit_bias: Vec::new(),
+            constraint: None,
         }
     }
 }

@@ -35,6 +35,7 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                     stop_token_ids: vec![2],
                     ignore_eos: false,
                     logit_bias: vec![(3186, -2.5)],
+                    constraint: None,
                 },
                 stream: true,
                 routing_key: Some("user-42".into()),
@@ -74,6 +75,22 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                 submission_seq: None,
                 return_routing: false,
                 routing: Vec::new(),
+            }),
+        ),
+        (
+            "GenerateReq-constraint",
+            Message::GenerateReq(GenerateReq {
+                sampling: SamplingParams {
+                    max_new_tokens: 32,
+                    temperature: 0.0,
+                    constraint: Some(protocol::Constraint::JsonSchema(
+                        r#"{"type":"boolean"}"#.into(),
+                    )),
+                    ..SamplingParams::default()
+                },
+                received_at: T0,
+                dispatch_seq: 3,
+                ..GenerateReq::new("r4", vec![1, 15043])
             }),
         ),
         (

@@ -45,6 +45,9 @@ pub async fn submit(
     sub: Submission,
     started: Instant,
 ) -> Result<InFlight, ApiError> {
+    if let Some(c) = &sub.sampling.constraint {
+        check_constraint(state, c, sub.sampling.ignore_eos).await?;
+    }
     let rid = sub.rid.clone();
     let rx = register(state, &rid, started).await?;
     // Log lines about this request while it is handed on carry its rid.
@@ -57,6 +60,27 @@ pub async fn submit(
         return Err(ApiError::unavailable("tokenizer is shutting down"));
     }
     Ok(inflight)
+}
+
+/// A constraint is compiled here before the request is routed, so one that does not compile,
+/// or that this model's vocabulary cannot spell, is a 400 naming the problem (the first one
+/// also reads the vocabulary: off the HTTP threads).
+async fn check_constraint(
+    state: &Arc<AppState>,
+    c: &protocol::Constraint,
+    ignore_eos: bool,
+) -> Result<(), ApiError> {
+    if ignore_eos {
+        return Err(ApiError::bad_request(
+            "ignore_eos cannot be combined with a structured output constraint (the constraint decides where the text ends)",
+        ));
+    }
+    let (grammars, c) = (state.grammars.clone(), c.clone());
+    match actix_web::web::block(move || grammars.compile(&c).map(drop)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(ApiError::bad_request(e.to_string())),
+        Err(e) => Err(ApiError::internal(format!("compiling the constraint: {e}"))),
+    }
 }
 
 /// Route the outputs of `rid` to the returned channel; the caller's [`RequestGuard`]

@@ -3,7 +3,7 @@
 //! that need the token ids or the cluster view are in [`check_limits`]; what every endpoint
 //! shares (rid, routing, sampling ranges) is here too.
 
-use protocol::SamplingParams;
+use protocol::{Constraint, SamplingParams};
 
 use super::body::{self, OneIds, OneText, Prompt};
 use super::error::ApiError;
@@ -241,9 +241,63 @@ fn generate_sampling(sp: GenerateSamplingParams) -> Result<SamplingParams, ApiEr
         stop_token_ids: sp.stop_token_ids.unwrap_or_default(),
         ignore_eos: sp.ignore_eos.unwrap_or(d.ignore_eos),
         logit_bias: sp.logit_bias.unwrap_or_default().0,
+        constraint: generate_constraint(sp.json_schema, sp.regex, sp.ebnf)?,
     };
     check_sampling(&s, "sampling_params.")?;
     Ok(s)
+}
+
+/// SGLang's structured output fields, at most one of them.
+fn generate_constraint(
+    json_schema: Option<serde_json::Value>,
+    regex: Option<String>,
+    ebnf: Option<String>,
+) -> Result<Option<Constraint>, ApiError> {
+    let given = [json_schema.is_some(), regex.is_some(), ebnf.is_some()];
+    if given.iter().filter(|&&g| g).count() > 1 {
+        return Err(ApiError::bad_request(
+            "give at most one of sampling_params.json_schema, regex and ebnf",
+        ));
+    }
+    if let Some(schema) = json_schema {
+        return json_schema_constraint(schema, "sampling_params.json_schema").map(Some);
+    }
+    if let Some(g) = &ebnf {
+        lark_grammar(g, "sampling_params.ebnf")?;
+    }
+    Ok(regex.map(Constraint::Regex).or(ebnf.map(Constraint::Lark)))
+}
+
+/// A JSON Schema given as JSON text or as the document itself.
+pub fn json_schema_constraint(
+    schema: serde_json::Value,
+    field: &str,
+) -> Result<Constraint, ApiError> {
+    match schema {
+        serde_json::Value::String(text) => Ok(Constraint::JsonSchema(text)),
+        v @ (serde_json::Value::Object(_) | serde_json::Value::Bool(_)) => {
+            Ok(Constraint::JsonSchema(v.to_string()))
+        }
+        other => Err(ApiError::invalid_param(
+            field,
+            format!("{field} must be a JSON Schema (an object, or its JSON text), got {other}"),
+        )),
+    }
+}
+
+/// A grammar is llguidance's Lark; GBNF (`root ::= ...`, what llama.cpp and xgrammar take) is
+/// refused by name rather than failing as a Lark syntax error.
+fn lark_grammar(g: &str, field: &str) -> Result<(), ApiError> {
+    if g.contains("::=") {
+        return Err(ApiError::invalid_param(
+            field,
+            format!(
+                "{field}: GBNF rules (`name ::= ...`) are not supported; write the grammar in \
+                 llguidance's Lark dialect (`start: \"yes\" | \"no\"`, docs/HTTP.md)"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Range checks shared by every endpoint; `prefix` is how the client spelled the parent.
@@ -402,6 +456,42 @@ mod tests {
         assert!(err.message.contains("no tokens"), "{}", err.message);
         // BOS alone is a prompt.
         check_limits(&[1], &sampling, None, &limits).unwrap();
+    }
+
+    #[test]
+    fn sglang_s_structured_output_fields_are_one_constraint() {
+        let constraint = |sp: &str| {
+            let body = format!(r#"{{"text": "a", "sampling_params": {sp}}}"#);
+            parse(&body).map(|i| i.sampling.constraint)
+        };
+        assert_eq!(
+            constraint(r#"{"json_schema": "{\"type\": \"string\"}"}"#).unwrap(),
+            Some(Constraint::JsonSchema(r#"{"type": "string"}"#.into()))
+        );
+        assert_eq!(
+            constraint(r#"{"json_schema": {"type": "string"}}"#).unwrap(),
+            Some(Constraint::JsonSchema(r#"{"type":"string"}"#.into()))
+        );
+        assert_eq!(
+            constraint(r#"{"regex": "[ab]+"}"#).unwrap(),
+            Some(Constraint::Regex("[ab]+".into()))
+        );
+        assert_eq!(
+            constraint(r#"{"ebnf": "start: \"a\""}"#).unwrap(),
+            Some(Constraint::Lark(r#"start: "a""#.into()))
+        );
+        assert_eq!(constraint("{}").unwrap(), None);
+        let err = constraint(r#"{"regex": "a", "ebnf": "start: \"a\""}"#).unwrap_err();
+        assert!(err.message.contains("at most one"), "{}", err.message);
+        let err = constraint(r#"{"ebnf": "root ::= \"a\""}"#).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("sampling_params.ebnf"));
+        assert!(
+            err.message.contains("GBNF") && err.message.contains("Lark"),
+            "{}",
+            err.message
+        );
+        let err = constraint(r#"{"json_schema": 3}"#).unwrap_err();
+        assert_eq!(err.param.as_deref(), Some("sampling_params.json_schema"));
     }
 
     #[test]

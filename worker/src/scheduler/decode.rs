@@ -91,11 +91,12 @@ impl Scheduler {
             req.len += 1;
             let mut row = logits[n * vocab..(n + 1) * vocab].to_vec();
             match self.sample_and_check(&mut req, &mut row) {
-                Some((reason, matched)) => outs.push(self.finish(req, reason, matched)),
-                None => {
+                Ok(Some((reason, matched))) => outs.push(self.finish(req, reason, matched)),
+                Ok(None) => {
                     outs.push(self.progress(&mut req));
                     still.push(req);
                 }
+                Err(e) => outs.push(self.fail(req, 400, e)),
             }
         }
         self.running = still;
@@ -109,12 +110,14 @@ impl Scheduler {
         self.waiting.push_front(req);
     }
 
-    /// Sample the next token into `req` and say whether it ends the request.
+    /// Sample the next token into `req` and say whether it ends the request; an error when its
+    /// constraint cannot be served or continued (the request fails with it, a 400).
     pub(super) fn sample_and_check(
         &mut self,
         req: &mut Req,
         logits: &mut [f32],
-    ) -> Option<(FinishReason, Option<u32>)> {
+    ) -> Result<Option<(FinishReason, Option<u32>)>, String> {
+        self.constrain(req, logits).map_err(|e| e.to_string())?;
         let picked = sample(
             logits,
             &req.params,
@@ -134,16 +137,40 @@ impl Scheduler {
         self.stats.generated_tokens += 1;
         let eos = &self.model.config().eos_token_ids;
         if !req.params.ignore_eos && eos.contains(&token) {
-            return Some((FinishReason::Stop, Some(token)));
+            return Ok(Some((FinishReason::Stop, Some(token))));
         }
         if req.params.stop_token_ids.contains(&token) {
-            return Some((FinishReason::Stop, Some(token)));
+            return Ok(Some((FinishReason::Stop, Some(token))));
+        }
+        if let Some(guide) = &mut req.guide {
+            // The text is complete and nothing can follow: the constraint ends it, as an EOS.
+            if guide.advance(token).map_err(|e| e.to_string())? {
+                return Ok(Some((FinishReason::Stop, None)));
+            }
         }
         if req.output.len() >= req.params.max_new_tokens as usize
             || req.total_len() >= self.config.context_len
         {
-            return Some((FinishReason::Length, None));
+            return Ok(Some((FinishReason::Length, None)));
         }
-        None
+        Ok(None)
+    }
+
+    /// Masks `logits` to the tokens `req`'s constraint allows next. The first time this worker
+    /// samples for the request it compiles the constraint and follows the tokens generated
+    /// before (a disaggregated request's first token, sampled by its prefill worker).
+    fn constrain(&self, req: &mut Req, logits: &mut [f32]) -> Result<(), grammar::GrammarError> {
+        let Some(constraint) = &req.params.constraint else {
+            return Ok(());
+        };
+        let guide = match &mut req.guide {
+            Some(guide) => guide,
+            None => {
+                let mut guide = self.grammars.compile(constraint)?;
+                guide.advance_all(&req.output)?;
+                req.guide.insert(guide)
+            }
+        };
+        guide.mask(logits)
     }
 }

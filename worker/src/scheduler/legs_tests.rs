@@ -794,3 +794,39 @@ fn a_kv_ready_naming_another_request_ends_the_room_for_both() {
     assert_eq!(p.take_finished_rids(), ["a"]);
     assert!(!p.has_work() && p.legs.queued() == 0);
 }
+
+#[test]
+fn a_constraint_holds_across_the_transfer_the_decode_worker_follows_the_first_token() {
+    use super::constraint_tests::{byte_grammars, constrained, text};
+    use protocol::Constraint;
+    let mut pair = Pair::new(config(4096, 16), config(4096, 16));
+    pair.p.set_grammars(byte_grammars());
+    pair.d.set_grammars(byte_grammars());
+    // The regex's first byte is forced to 'x' or 'y': the prefill worker samples it, the decode
+    // worker must follow it before its own first mask.
+    let c = Constraint::Regex(r"[xy]-[0-9]{2,4}!".into());
+    for seed in 0..6u64 {
+        let mut r = constrained(&format!("r{seed}"), c.clone(), seed, 40);
+        r.disagg = leg("", Vec::new(), 0, 2000 + seed).disagg;
+        let (p, d) = (pair.p.submit(r.clone()), pair.d.submit(r));
+        pair.collect(p.into_iter().chain(d).collect());
+    }
+    pair.run(6);
+    for seed in 0..6u64 {
+        let (ids, last) = &pair.done[&format!("r{seed}")];
+        assert_eq!(
+            last.finish_reason,
+            Some(FinishReason::Stop),
+            "r{seed}: {last:?}"
+        );
+        let t = text(ids);
+        let digits = t
+            .strip_prefix(['x', 'y'])
+            .and_then(|t| t.strip_prefix('-'))
+            .and_then(|t| t.strip_suffix('!'))
+            .unwrap_or_else(|| panic!("{t:?}"));
+        assert!((2..=4).contains(&digits.len()), "{t:?}");
+        assert!(digits.bytes().all(|b| b.is_ascii_digit()), "{t:?}");
+    }
+    pair.assert_whole();
+}

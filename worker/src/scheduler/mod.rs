@@ -29,7 +29,10 @@ mod prefill_leg;
 use std::collections::{HashSet, VecDeque};
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
+
+use grammar::LazyGrammars;
 
 use protocol::{DisaggMode, FinishReason, GenerateReq, TokenOut};
 
@@ -133,6 +136,8 @@ pub struct Scheduler {
     pub tracer: protocol::msg_trace::MessageTracer,
     /// Disaggregated serving: requests whose KV moves between workers.
     legs: legs::Legs,
+    /// Structured output: the model's vocabulary for the requests' constraints.
+    grammars: Arc<LazyGrammars>,
 }
 
 /// The last [`RecentRids::CAPACITY`] distinct rids, oldest forgotten first. A late Abort
@@ -192,7 +197,13 @@ impl Scheduler {
             recently_finished: RecentRids::default(),
             stats: StepStats::default(),
             tracer: protocol::msg_trace::MessageTracer::disabled(),
+            grammars: Arc::new(LazyGrammars::none(grammar::BUILTIN_HAS_NO_BYTES)),
         }
+    }
+
+    /// Where constraints are compiled (by default nowhere, as for the built-in model).
+    pub fn set_grammars(&mut self, grammars: Arc<LazyGrammars>) {
+        self.grammars = grammars;
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -556,6 +567,8 @@ impl Scheduler {
     }
 }
 
+#[cfg(test)]
+mod constraint_tests;
 #[cfg(test)]
 mod legs_tests;
 #[cfg(test)]

@@ -170,12 +170,13 @@ impl Scheduler {
                     return Some(self.finish(req, FinishReason::Length, None));
                 }
                 match self.sample_and_check(&mut req, &mut logits) {
-                    Some((reason, matched)) => self.finish(req, reason, matched),
-                    None => {
+                    Ok(Some((reason, matched))) => self.finish(req, reason, matched),
+                    Ok(None) => {
                         let out = self.progress(&mut req);
                         self.running.push(req);
                         out
                     }
+                    Err(e) => self.fail(req, 400, e),
                 }
             }
             _ => self.fail(req, 500, "model forward failed".into()),

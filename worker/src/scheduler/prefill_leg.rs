@@ -278,8 +278,9 @@ impl Scheduler {
             (Some(FinishReason::Length), None)
         } else {
             match self.sample_and_check(&mut req, &mut logits) {
-                Some((reason, matched)) => (Some(reason), matched),
-                None => (None, None),
+                Ok(Some((reason, matched))) => (Some(reason), matched),
+                Ok(None) => (None, None),
+                Err(e) => return self.end_leg(req, leg, 400, e),
             }
         };
         let done = KvDone {

@@ -205,9 +205,25 @@ fn load(
     };
     log_loaded(config, &model, pool_size, kernel_path, started);
     let hello = hello(config, &model, pool_size);
+    let simulated = matches!(model, ModelRunner::Sim(_));
     let mut sched = Scheduler::new(scheduler_config(config, &mc, pool_size), model);
+    sched.set_grammars(Arc::new(grammars(config, &mc, simulated)));
     sched.enable_kv_events(config.kv_event_block_size);
     Ok((sched, hello))
+}
+
+/// The vocabulary requests' constraints are compiled against: the model directory's
+/// `tokenizer.json` (read on the first constrained request), sized to the model's logit rows.
+fn grammars(config: &WorkerConfig, mc: &ModelConfig, simulated: bool) -> grammar::LazyGrammars {
+    match &config.model {
+        _ if simulated => grammar::LazyGrammars::none("a simulated rank computes no logits"),
+        ModelSource::HfDir { dir, .. } => grammar::LazyGrammars::tokenizer_json(
+            dir.join("tokenizer.json"),
+            mc.vocab_size,
+            mc.eos_token_ids.clone(),
+        ),
+        ModelSource::Builtin { .. } => grammar::LazyGrammars::none(grammar::BUILTIN_HAS_NO_BYTES),
+    }
 }
 
 /// The context and KV pool a worker was sized to.

@@ -265,15 +265,41 @@ fn refuse_unsupported(s: &OpenAiSampling, suffix: Option<&str>) -> Result<(), Ap
     if non_empty(&s.tools) || non_empty(&s.functions) {
         return Err(refuse("tools", "tool calling"));
     }
-    if let Some(rf) = &s.response_format {
-        if rf.get("type").and_then(Value::as_str) != Some("text") {
-            return Err(refuse("response_format", "structured output"));
-        }
-    }
     if suffix.is_some_and(|s| !s.is_empty()) {
         return Err(refuse("suffix", "suffix"));
     }
     Ok(())
+}
+
+/// OpenAI's `response_format` as a constraint: none for `text`, any JSON object for
+/// `json_object`, the given schema's documents for `json_schema` (with or without `strict`: the
+/// output is enforced either way).
+fn response_format(rf: Option<&Value>) -> Result<Option<protocol::Constraint>, ApiError> {
+    let Some(rf) = rf.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let bad = |msg: &str| Err(ApiError::invalid_param("response_format", msg));
+    match rf.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(protocol::Constraint::JsonSchema(
+            r#"{"type": "object"}"#.into(),
+        ))),
+        Some("json_schema") => {
+            let Some(js) = rf.get("json_schema").filter(|v| v.is_object()) else {
+                return bad("response_format.json_schema is required (an object with name and schema) when type is json_schema");
+            };
+            if !js.get("name").is_some_and(Value::is_string) {
+                return bad("response_format.json_schema.name is required (a string)");
+            }
+            // OpenAI's default schema, when none is given, is any JSON value.
+            let schema = js.get("schema").cloned().unwrap_or(Value::Bool(true));
+            validate::json_schema_constraint(schema, "response_format.json_schema.schema").map(Some)
+        }
+        Some(other) => bad(&format!(
+            "response_format.type {other:?} is not supported (text, json_object or json_schema)"
+        )),
+        None => bad("response_format.type is required (text, json_object or json_schema)"),
+    }
 }
 
 /// The sampling parameters, with the SGLang/vLLM extensions, checked as `/generate`'s are.
@@ -293,6 +319,7 @@ fn sampling(s: &OpenAiSampling, max_tokens: Option<u32>) -> Result<SamplingParam
         stop_token_ids: s.stop_token_ids.clone().unwrap_or_default(),
         ignore_eos: s.ignore_eos.unwrap_or(false),
         logit_bias: s.logit_bias.clone().unwrap_or_default().0,
+        constraint: response_format(s.response_format.as_ref())?,
     };
     validate::check_sampling(&sampling, "")?;
     Ok(sampling)
@@ -486,8 +513,23 @@ mod tests {
             ),
             (
                 Kind::Chat,
-                r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}"#,
+                r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "structural_tag"}}"#,
                 "response_format",
+            ),
+            (
+                Kind::Chat,
+                r#"{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}}"#,
+                "response_format",
+            ),
+            (
+                Kind::Completions,
+                r#"{"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}"#,
+                "response_format",
+            ),
+            (
+                Kind::Completions,
+                r#"{"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": 3}}}"#,
+                "response_format.json_schema.schema",
             ),
             (
                 Kind::Chat,
@@ -561,6 +603,40 @@ mod tests {
             "{}",
             err.message
         );
+    }
+
+    #[test]
+    fn response_format_becomes_the_request_s_constraint() {
+        use protocol::Constraint;
+        let constraint = |rf: &str| {
+            let body = format!(
+                r#"{{"messages": [{{"role": "user", "content": "x"}}], "response_format": {rf}}}"#
+            );
+            parse_as(Kind::Chat, &body).unwrap().sampling.constraint
+        };
+        assert_eq!(constraint(r#"{"type": "text"}"#), None);
+        assert_eq!(constraint("null"), None);
+        assert_eq!(
+            constraint(r#"{"type": "json_object"}"#),
+            Some(Constraint::JsonSchema(r#"{"type": "object"}"#.into()))
+        );
+        assert_eq!(
+            constraint(
+                r#"{"type": "json_schema", "json_schema": {"name": "p", "strict": true, "schema": {"type": "integer"}}}"#
+            ),
+            Some(Constraint::JsonSchema(r#"{"type":"integer"}"#.into()))
+        );
+        // No schema: OpenAI's default, any JSON value.
+        assert_eq!(
+            constraint(r#"{"type": "json_schema", "json_schema": {"name": "p"}}"#),
+            Some(Constraint::JsonSchema("true".into()))
+        );
+        let r = parse_as(
+            Kind::Completions,
+            r#"{"prompt": "x", "response_format": {"type": "json_object"}}"#,
+        )
+        .unwrap();
+        assert!(r.sampling.constraint.is_some(), "completions too");
     }
 
     #[test]

@@ -169,6 +169,23 @@ pub struct GenerateSamplingParams {
     /// Only 1: `n` > 1 is for `/v1/completions`.
     #[schema(minimum = 1, maximum = 1)]
     pub n: Option<u32>,
+    /// Structured output: the text is a JSON document this JSON Schema accepts (the schema as a
+    /// string, as SGLang takes it, or as an object). One of `json_schema`, `regex`, `ebnf`.
+    #[schema(schema_with = json_schema_param)]
+    pub json_schema: Option<Value>,
+    /// Structured output: the whole text matches this regular expression.
+    pub regex: Option<String>,
+    /// Structured output: the text matches this grammar, in llguidance's Lark dialect
+    /// (`start: ...`); GBNF's `::=` rules are refused.
+    pub ebnf: Option<String>,
+}
+
+/// `sampling_params.json_schema`: a JSON Schema, as a string or an object.
+pub fn json_schema_param() -> RefOr<Schema> {
+    literal(serde_json::json!({
+        "description": "A JSON Schema the output must match, as JSON text (SGLang) or an object.",
+        "oneOf": [{"type": "null"}, {"type": "string"}, {"type": "object"}, {"type": "boolean"}],
+    }))
 }
 
 /// The routing fields of every body that runs on a rank; the routing headers win over them.
@@ -266,13 +283,35 @@ pub struct OpenAiSampling {
     /// SGLang's: answer `sglext.cached_tokens_details` (when some prompt token was cached).
     pub return_cached_tokens_details: Option<bool>,
     /// Features this server does not have, read to be refused by name (400) rather than
-    /// ignored: tool calling (a non-empty list), structured output (a type but `text`).
+    /// ignored: tool calling (a non-empty list).
     #[schema(ignore)]
     pub tools: Option<Value>,
     #[schema(ignore)]
     pub functions: Option<Value>,
-    #[schema(ignore)]
+    /// Structured output: `{"type": "text"}` (none), `{"type": "json_object"}` (any JSON
+    /// object) or `{"type": "json_schema", "json_schema": {"name": …, "schema": {…},
+    /// "strict": …}}`; the output is enforced token by token either way.
+    #[schema(schema_with = response_format_schema)]
     pub response_format: Option<Value>,
+}
+
+/// OpenAI's `response_format`.
+pub fn response_format_schema() -> RefOr<Schema> {
+    literal(serde_json::json!({
+        "description": "The form of the output: text, any JSON object, or a JSON Schema's documents.",
+        "oneOf": [
+            {"type": "null"},
+            {"type": "object", "required": ["type"],
+             "properties": {"type": {"enum": ["text", "json_object"]}}},
+            {"type": "object", "required": ["type", "json_schema"],
+             "properties": {"type": {"enum": ["json_schema"]},
+                            "json_schema": {"type": "object", "required": ["name"],
+                                            "properties": {"name": {"type": "string"},
+                                                           "description": {"type": "string"},
+                                                           "schema": {"type": "object"},
+                                                           "strict": {"type": ["boolean", "null"]}}}}},
+        ],
+    }))
 }
 
 #[derive(Deserialize, ToSchema)]
