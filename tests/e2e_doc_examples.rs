@@ -181,14 +181,15 @@ fn the_example_reader_joins_lines_and_reads_statuses() {
         http.iter().any(|e| e.status == 400),
         "the refused examples: {http:?}"
     );
-    // Structured output is shown on stories260k, in its own blocks.
+    // Structured output and tool calls are shown on stories260k, in its own blocks.
     let stories: Vec<&Example> = http.iter().filter(|e| e.stories).collect();
     assert!(
         stories.len() >= 5
             && stories.iter().all(|e| e.command.contains("json_schema")
                 || e.command.contains("regex")
                 || e.command.contains("ebnf")
-                || e.command.contains("response_format")),
+                || e.command.contains("response_format")
+                || e.command.contains("tools")),
         "{stories:?}"
     );
     // A continued command is one example.

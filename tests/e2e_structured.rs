@@ -214,3 +214,166 @@ fn the_built_in_model_refuses_constraints_by_name() {
     );
     assert_eq!(status, 200);
 }
+
+fn weather_tools() -> Value {
+    json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                                        "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                       "required": ["city", "days"]}}},
+            {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}])
+}
+
+/// `call` is a call of one of [`weather_tools`] with arguments its schema accepts.
+fn assert_call(call: &Value) {
+    assert!(
+        call["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("call_")),
+        "{call}"
+    );
+    assert_eq!(call["type"], "function", "{call}");
+    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("{call}: {e}"));
+    match call["function"]["name"].as_str() {
+        Some("get_weather") => {
+            assert!(
+                args["city"]
+                    .as_str()
+                    .is_some_and(|c| c.chars().count() <= 12),
+                "{call}"
+            );
+            assert!(
+                args["days"].as_u64().is_some_and(|d| (1..=7).contains(&d)),
+                "{call}"
+            );
+        }
+        Some("now") => assert_eq!(args, json!({}), "{call}"),
+        other => panic!("{other:?}: {call}"),
+    }
+}
+
+#[test]
+fn a_forced_tool_choice_returns_calls_whose_arguments_validate_streamed_or_not() {
+    let Some(server) = stories() else { return };
+    let ask = |choice: Value, extra: Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "Weather in Paris?"}],
+                              "max_tokens": 120, "temperature": 1.0, "seed": 5,
+                              "tools": weather_tools(), "tool_choice": choice});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body
+    };
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    for seed in 0..4 {
+        let (status, resp) = server.post(
+            "/v1/chat/completions",
+            &ask(named.clone(), json!({"seed": seed})),
+        );
+        assert_eq!(status, 200, "{resp}");
+        let choice = &resp["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "{choice}");
+        assert_eq!(choice["message"]["content"], Value::Null, "{choice}");
+        let calls = choice["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0]["function"]["name"], "get_weather");
+        assert_call(&calls[0]);
+    }
+    let (status, resp) = server.post(
+        "/v1/chat/completions",
+        &ask(
+            json!("required"),
+            json!({"parallel_tool_calls": false, "n": 3}),
+        ),
+    );
+    assert_eq!(status, 200, "{resp}");
+    for choice in resp["choices"].as_array().unwrap() {
+        assert_eq!(choice["finish_reason"], "tool_calls", "{choice}");
+        let calls = choice["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "parallel_tool_calls false: {choice}");
+        assert_call(&calls[0]);
+    }
+    // Streamed: the call comes in the OpenAI delta form, on the choice's last chunk.
+    let chunks = server.stream(
+        "/v1/chat/completions",
+        &ask(
+            json!("required"),
+            json!({"stream": true, "parallel_tool_calls": false, "max_tokens": 300}),
+        ),
+    );
+    let mut calls = Vec::new();
+    let mut finish = None;
+    for chunk in &chunks {
+        let c = &chunk["choices"][0];
+        if let Some(list) = c["delta"]["tool_calls"].as_array() {
+            calls.extend(list.iter().cloned());
+        }
+        if !c["finish_reason"].is_null() {
+            finish = Some(c["finish_reason"].clone());
+        }
+    }
+    assert_eq!(finish, Some(json!("tool_calls")));
+    assert!(!calls.is_empty());
+    for (i, call) in calls.iter().enumerate() {
+        assert_eq!(call["index"], i);
+        assert_call(call);
+    }
+}
+
+#[test]
+fn tools_reach_the_template_and_what_cannot_be_served_is_a_400() {
+    let Some(server) = stories() else { return };
+    // A history with a call and its answer is a prompt like any other.
+    let (status, resp) = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "now", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "noon"}],
+            "tools": weather_tools(), "tool_choice": "none", "max_tokens": 4}),
+    );
+    assert_eq!(status, 200, "{resp}");
+    assert!(
+        resp["choices"][0]["message"].get("tool_calls").is_none(),
+        "{resp}"
+    );
+    let cases = [
+        // stories260k's template (the plain fallback) writes no tool-call format.
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "tools": weather_tools()}),
+            "tool-call format",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "tools": weather_tools(),
+            "tool_choice": "required", "response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "tools": weather_tools(),
+            "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+            "not among the tools",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "tools": weather_tools()}),
+            "completions",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "bogus"}}}],
+            "tool_choice": "required"}),
+            "does not compile",
+        ),
+    ];
+    for (path, body, want) in cases {
+        let (status, resp) = server.post(path, &body);
+        assert_eq!(status, 400, "{body}: {resp}");
+        let msg = resp["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains(want), "{body}: {msg}");
+    }
+}

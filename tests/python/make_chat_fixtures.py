@@ -52,6 +52,46 @@ CONVERSATIONS = [
     ],
 ]
 
+# With `tools=` (OpenAI's shape, as the request gives them): a question, and a history with an
+# assistant's call (arguments as JSON text, as OpenAI clients send them: turned into the object
+# they spell before templating, as vLLM and dpserve do; its null content an empty string) and
+# the tool's answer. A template that
+# refuses a case (Gemma 3 has no tool role) records none.
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}},
+    {"type": "function", "function": {"name": "now", "description": "The time.",
+                                      "parameters": {"type": "object", "properties": {}}}},
+]
+TOOL_CONVERSATIONS = [
+    [{"role": "user", "content": "What is the weather in Paris?"}],
+    [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "name": "get_weather",
+         "content": "{\"temp_c\": 21}"},
+    ],
+]
+
+
+def for_template(messages):
+    out = []
+    for m in messages:
+        m = json.loads(json.dumps(m))
+        if m.get("content") is None:
+            m["content"] = ""  # Qwen3's template reads it as a string
+        for call in m.get("tool_calls") or []:
+            args = call["function"]["arguments"]
+            if isinstance(args, str):
+                call["function"]["arguments"] = json.loads(args)
+        out.append(m)
+    return out
+
+
 TEXTS = [
     "Hello world",
     "  leading spaces and\ttabs\nnew lines",
@@ -97,6 +137,25 @@ def main():
                         "ids": ids,
                     }
                 )
+        for messages in TOOL_CONVERSATIONS:
+            try:
+                text = tok.apply_chat_template(
+                    for_template(messages), tools=TOOLS, add_generation_prompt=True,
+                    tokenize=False,
+                )
+            except Exception as e:  # the template refuses it
+                print(f"{family}: no tools case ({type(e).__name__}: {e})")
+                continue
+            ids = tok(text, add_special_tokens=False).input_ids
+            chat.append(
+                {
+                    "messages": messages,
+                    "tools": TOOLS,
+                    "add_generation_prompt": True,
+                    "text": text,
+                    "ids": ids,
+                }
+            )
         encode = []
         for text in TEXTS:
             ids = tok(text).input_ids

@@ -36,6 +36,12 @@ LIMIT_MESSAGES = (
     "no token of this model's vocabulary can start",
     "give at most one of sampling_params.json_schema",  # json_schema, regex, ebnf: one
     "ignore_eos cannot be combined with a structured output constraint",
+    "needs the model's tool-call format",  # tool_choice auto on a template that writes none
+    "cannot be combined with response_format",  # a forced tool_choice and response_format
+    "tool calling on completions",         # tools are a chat field
+    "which is not among the tools",        # a named tool_choice must name one of the tools
+    "needs tools",                         # a tool_choice without tools
+    "is given twice",                      # two tools of one name
 )
 
 

@@ -123,6 +123,12 @@ pub struct HttpArgs {
     /// `chat_template` field (default: the model's `tokenizer_config.json`).
     #[arg(long, env = "DPSERVE_CHAT_TEMPLATE")]
     pub chat_template: Option<PathBuf>,
+    /// How the model writes a tool call, read back with `tool_choice: "auto"` (SGLang's names:
+    /// `hermes` = `qwen25` = `qwen3`, `llama3`, `mistral`); default: the format the chat
+    /// template writes (`<tool_call>`, `<|python_tag|>`/`ipython`, `[TOOL_CALLS]`).
+    #[arg(long, env = "DPSERVE_TOOL_CALL_PARSER",
+          value_parser = ["hermes", "qwen25", "qwen3", "llama3", "mistral"])]
+    pub tool_call_parser: Option<String>,
     /// Most generation and embedding requests in flight at once (admitted and not yet
     /// answered); past it a new one is refused at once with 429 and `Retry-After`, counted in
     /// `dpserve:requests_refused_total`, so a burst cannot grow the server's memory.
@@ -225,6 +231,7 @@ impl Default for HttpArgs {
             ssl_certfile: None,
             ssl_keyfile: None,
             chat_template: None,
+            tool_call_parser: None,
             max_in_flight_requests: Defaults::MAX_IN_FLIGHT_REQUESTS,
             incremental_streaming_output: false,
         }

@@ -48,11 +48,51 @@ impl TemplateSource {
     }
 }
 
-/// One chat message after its content parts were joined into text.
+/// One chat message after its content parts were joined into text (a null content is empty:
+/// Qwen3's template reads it as a string); `tool_calls` (the arguments as objects),
+/// `tool_call_id` and `name` only where the message has them.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl ChatMessage {
+    /// An assistant message's `tool_calls` as chat templates read them (as vLLM hands them to
+    /// transformers): each `function.arguments` given as JSON text becomes the object it spells.
+    pub fn tool_calls_for_template(tool_calls: &serde_json::Value) -> serde_json::Value {
+        let mut calls = tool_calls.clone();
+        if let serde_json::Value::Array(list) = &mut calls {
+            for call in list {
+                if let Some(args) = call.pointer_mut("/function/arguments") {
+                    let parsed = args
+                        .as_str()
+                        .and_then(|s| serde_json::from_str::<serde_json::Value>(s).ok());
+                    if let Some(parsed) = parsed {
+                        *args = parsed;
+                    }
+                }
+            }
+        }
+        calls
+    }
+
+    /// A message of text alone.
+    pub fn text(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
+        }
+    }
 }
 
 pub struct ChatTemplate {
@@ -98,6 +138,7 @@ impl ChatTemplate {
                 Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
             },
         );
+        env.add_filter("tojson", tojson);
         env.add_template_owned(TEMPLATE_NAME, text)
             .map_err(|e| format!("template does not parse: {e}"))?;
         Ok(ChatTemplate {
@@ -108,12 +149,22 @@ impl ChatTemplate {
         })
     }
 
-    /// The prompt text of `messages`. An error is the template's complaint (e.g. roles that do
-    /// not alternate), meant for the client.
+    /// The template's own text (which tool-call format it writes, if any).
+    pub fn text(&self) -> String {
+        self.env
+            .get_template(TEMPLATE_NAME)
+            .map(|t| t.source().to_string())
+            .unwrap_or_default()
+    }
+
+    /// The prompt text of `messages`, with the request's `tools` (as transformers passes them;
+    /// none without). An error is the template's complaint (e.g. roles that do not alternate),
+    /// meant for the client.
     pub fn render(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
     ) -> std::result::Result<String, String> {
         let tmpl = self
             .env
@@ -121,6 +172,7 @@ impl ChatTemplate {
             .map_err(|e| e.to_string())?;
         tmpl.render(minijinja::context! {
             messages => messages,
+            tools => tools,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token,
             eos_token => self.eos_token,
@@ -130,6 +182,67 @@ impl ChatTemplate {
             ErrorKind::InvalidOperation => e.detail().unwrap_or("template error").to_string(),
             _ => format!("chat template failed: {e}"),
         })
+    }
+}
+
+/// `tojson` as transformers defines it for chat templates (`json.dumps(x, ensure_ascii=False,
+/// indent=indent)`): `", "` and `": "` between items (`","` and newlines with `indent`), no
+/// HTML escaping, where minijinja's own writes compact, HTML-safe JSON. Tool schemas reach the
+/// prompt through it (Qwen3 writes each tool with `tools | tojson`-like calls).
+fn tojson(
+    value: minijinja::Value,
+    kwargs: minijinja::value::Kwargs,
+) -> std::result::Result<minijinja::Value, minijinja::Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    // transformers takes these too; the defaults are what it writes.
+    let _: Option<minijinja::Value> = kwargs.get("separators")?;
+    let _: Option<bool> = kwargs.get("sort_keys")?;
+    kwargs.assert_all_used()?;
+    let v = serde_json::to_value(&value)
+        .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    let mut out = String::new();
+    python_json(&v, indent, 0, &mut out);
+    Ok(minijinja::Value::from_safe_string(out))
+}
+
+/// `v` as Python's `json.dumps(v, ensure_ascii=False, indent=indent)` writes it.
+fn python_json(v: &serde_json::Value, indent: Option<usize>, level: usize, out: &mut String) {
+    use serde_json::Value;
+    let newline = |out: &mut String, level: usize| {
+        if let Some(n) = indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(n * level));
+        }
+    };
+    let item_sep = if indent.is_some() { "," } else { ", " };
+    match v {
+        Value::Array(items) if !items.is_empty() => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, level + 1);
+                python_json(item, indent, level + 1, out);
+            }
+            newline(out, level);
+            out.push(']');
+        }
+        Value::Object(map) if !map.is_empty() => {
+            out.push('{');
+            for (i, (k, item)) in map.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(item_sep);
+                }
+                newline(out, level + 1);
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push_str(": ");
+                python_json(item, indent, level + 1, out);
+            }
+            newline(out, level);
+            out.push('}');
+        }
+        other => out.push_str(&other.to_string()),
     }
 }
 
@@ -199,10 +312,7 @@ mod tests {
     fn msgs(pairs: &[(&str, &str)]) -> Vec<ChatMessage> {
         pairs
             .iter()
-            .map(|(r, c)| ChatMessage {
-                role: r.to_string(),
-                content: c.to_string(),
-            })
+            .map(|(r, c)| ChatMessage::text(*r, *c))
             .collect()
     }
 
@@ -222,12 +332,15 @@ mod tests {
         assert_eq!(t.source, TemplateSource::Builtin);
         let m = msgs(&[("system", "be brief"), ("user", "hi")]);
         assert_eq!(
-            t.render(&m, true).unwrap(),
+            t.render(&m, true, None).unwrap(),
             "<s>system: be brief\nuser: hi\nassistant:"
         );
         let t = ChatTemplate::load(None, &hf_facts(None)).unwrap();
         assert_eq!(t.source, TemplateSource::PlainFallback);
-        assert_eq!(t.render(&m, false).unwrap(), "system: be brief\nuser: hi\n");
+        assert_eq!(
+            t.render(&m, false, None).unwrap(),
+            "system: be brief\nuser: hi\n"
+        );
     }
 
     #[test]
@@ -244,10 +357,13 @@ mod tests {
             .render(
                 &msgs(&[("user", " hi "), ("assistant", "yo"), ("user", "ok")]),
                 true,
+                None,
             )
             .unwrap();
         assert_eq!(out, "<s>[INST] hi [/INST] yo </s>[INST] ok [/INST]");
-        let err = t.render(&msgs(&[("assistant", "x")]), true).unwrap_err();
+        let err = t
+            .render(&msgs(&[("assistant", "x")]), true, None)
+            .unwrap_err();
         assert_eq!(
             err,
             "Conversation roles must alternate user/assistant/user/assistant/..."
@@ -264,7 +380,10 @@ mod tests {
         )
         .unwrap();
         let t = ChatTemplate::load(Some(&jinja), &hf_facts(Some("ignored"))).unwrap();
-        assert_eq!(t.render(&msgs(&[("user", "a")]), true).unwrap(), "<user>a");
+        assert_eq!(
+            t.render(&msgs(&[("user", "a")]), true, None).unwrap(),
+            "<user>a"
+        );
         let json = dir.path().join("tokenizer_config.json");
         std::fs::write(
             &json,
@@ -272,7 +391,7 @@ mod tests {
         )
         .unwrap();
         let t = ChatTemplate::load(Some(&json), &hf_facts(None)).unwrap();
-        assert_eq!(t.render(&msgs(&[("user", "a")]), true).unwrap(), "D1");
+        assert_eq!(t.render(&msgs(&[("user", "a")]), true, None).unwrap(), "D1");
         let broken = dir.path().join("bad.jinja");
         std::fs::write(&broken, "{% for %}").unwrap();
         let err = ChatTemplate::load(Some(&broken), &hf_facts(None))

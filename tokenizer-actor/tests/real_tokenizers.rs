@@ -89,7 +89,12 @@ fn check(family: &str) {
             .iter()
             .map(|m| ChatMessage {
                 role: m["role"].as_str().unwrap().into(),
-                content: m["content"].as_str().unwrap().into(),
+                content: m["content"].as_str().unwrap_or_default().into(),
+                tool_calls: m
+                    .get("tool_calls")
+                    .map(ChatMessage::tool_calls_for_template),
+                tool_call_id: m["tool_call_id"].as_str().map(String::from),
+                name: m["name"].as_str().map(String::from),
             })
             .collect();
         let generation = case["add_generation_prompt"].as_bool().unwrap();
@@ -97,7 +102,8 @@ fn check(family: &str) {
             "{} messages, add_generation_prompt {generation}",
             messages.len()
         );
-        let text = template.render(&messages, generation).unwrap();
+        let tools = case.get("tools");
+        let text = template.render(&messages, generation, tools).unwrap();
         if text != case["text"].as_str().unwrap() {
             wrong.push(format!(
                 "{what}: text\n  ours:         {text:?}\n  transformers: {:?}",

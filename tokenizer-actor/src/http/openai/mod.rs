@@ -15,6 +15,7 @@
 //! read: it takes `choices[0]` of every chunk.
 
 pub(crate) mod params;
+pub(crate) mod tools;
 
 use std::time::Instant;
 
@@ -99,6 +100,29 @@ struct Shape {
     top_logprobs: u32,
     /// SGLang's `return_cached_tokens_details`.
     cached_tokens_details: bool,
+    /// Chat with tools whose calls are read back: the tools, and the model's call format.
+    tools: Option<(tools::Tools, Option<tools::Format>)>,
+}
+
+impl Shape {
+    /// One finished choice's message fields and finish reason: its content, or its calls
+    /// (`finish_reason` `tool_calls`) when the request has tools and the text is calls.
+    fn answer(
+        &self,
+        text: &str,
+        reason: Option<FinishReason>,
+        stream: bool,
+    ) -> (Value, Option<Value>, Option<&'static str>) {
+        let Some((tools, format)) = &self.tools else {
+            return (json!(text), None, finish_str(reason));
+        };
+        let reply = tools.read(text, reason == Some(FinishReason::Stop), *format);
+        if reply.calls.is_empty() {
+            return (json!(text), None, finish_str(reason));
+        }
+        let calls = tools::calls_json(&reply.calls, stream);
+        (json!(reply.content), Some(calls), Some("tool_calls"))
+    }
 }
 
 async fn serve(
@@ -114,6 +138,21 @@ async fn serve(
     let r = params::parse(&body, &header_inputs(&req)?, kind)?;
 
     let prompts = tokenize(&state, &r, kind)?;
+    let tool_format = match &state.args.http.tool_call_parser {
+        // clap took only the names `Format::parse` reads.
+        Some(name) => tools::Format::parse(name).ok(),
+        None => tools::Format::of_template(&state.chat_template.text()),
+    };
+    let tools = r.tools.clone().filter(tools::Tools::reads_calls);
+    if let Some(t) = &tools {
+        if t.choice == tools::ToolChoice::Auto && tool_format.is_none() {
+            return Err(ApiError::invalid_param(
+                "tool_choice",
+                "tool_choice auto needs the model's tool-call format, and this model's chat \
+                 template writes none: use tool_choice required or a named function",
+            ));
+        }
+    }
     let limits = state.limits().await;
     let prefix = match kind {
         Kind::Completions => "cmpl-",
@@ -168,6 +207,7 @@ async fn serve(
         logprobs: r.logprobs,
         top_logprobs: r.top_logprobs,
         cached_tokens_details: r.return_cached_tokens_details,
+        tools: tools.map(|t| (t, tool_format)),
     };
     if r.stream {
         stream_response(shape, jobs, r.include_usage, state).await
@@ -212,7 +252,11 @@ fn tokenize(
         Kind::Chat => {
             let text = state
                 .chat_template
-                .render(&r.messages, r.add_generation_prompt)
+                .render(
+                    &r.messages,
+                    r.add_generation_prompt,
+                    r.tools.as_ref().map(|t| &t.spec),
+                )
                 .map_err(|e| ApiError::invalid_param("messages", e))?;
             let ids =
                 crate::chat_template::prompt_ids(state.tokenizer.as_ref(), &state.facts, &text)
@@ -408,12 +452,17 @@ async fn collect_response(
                     "index": c.index, "text": c.text, "logprobs": logprobs,
                     "finish_reason": finish_str(c.finish_reason), "matched_stop": matched,
                 }),
-                Kind::Chat => json!({
-                    "index": c.index,
-                    "message": {"role": "assistant", "content": c.text},
-                    "logprobs": logprobs,
-                    "finish_reason": finish_str(c.finish_reason), "matched_stop": matched,
-                }),
+                Kind::Chat => {
+                    let (content, calls, finish) = shape.answer(&c.text, c.finish_reason, false);
+                    let mut message = json!({"role": "assistant", "content": content});
+                    if let Some(calls) = calls {
+                        message["tool_calls"] = calls;
+                    }
+                    json!({
+                        "index": c.index, "message": message, "logprobs": logprobs,
+                        "finish_reason": finish, "matched_stop": matched,
+                    })
+                }
             };
             if let Some(routing) = &c.routing {
                 choice["routing"] = routing.clone();
@@ -458,6 +507,8 @@ struct StreamState {
     started: Vec<bool>,
     /// Text bytes sent per choice (completions' `text_offset`).
     sent_len: Vec<usize>,
+    /// Chat with tools: each choice's text, held until it ends and is read for calls.
+    held: Vec<String>,
     /// Choices whose final chunk has not come yet.
     unfinished: usize,
     usage: Usage,
@@ -479,10 +530,18 @@ impl StreamState {
             add_usage(&mut self.usage, &chunk.usage, first_of_prompt);
             self.unfinished = self.unfinished.saturating_sub(1);
         }
-        let text = match echo {
+        let mut text = match echo {
             Some(e) => e + &chunk.text,
             None => chunk.text.clone(),
         };
+        if self.shape.tools.is_some() {
+            // The answer may be calls: nothing goes out before it ends.
+            self.held[index].push_str(&text);
+            if !chunk.finished {
+                return Vec::new();
+            }
+            text = std::mem::take(&mut self.held[index]);
+        }
         let first = !self.started[index];
         // Tokens whose text is held back (a partial character, a possible stop string) still
         // carry their log-probabilities, which the stream must not lose.
@@ -507,11 +566,17 @@ impl StreamState {
                 "finish_reason": finish, "matched_stop": matched,
             }),
             Kind::Chat => {
-                let delta = if first {
-                    json!({"role": "assistant", "content": text})
-                } else {
-                    json!({"content": text})
+                let (content, calls, finish) = match chunk.finished {
+                    true => self.shape.answer(&text, chunk.finish_reason, true),
+                    false => (json!(text), None, finish),
                 };
+                let mut delta = match first {
+                    true => json!({"role": "assistant", "content": content}),
+                    false => json!({"content": content}),
+                };
+                if let Some(calls) = calls {
+                    delta["tool_calls"] = calls;
+                }
                 json!({"index": index, "delta": delta, "logprobs": logprobs,
                        "finish_reason": finish, "matched_stop": matched})
             }
@@ -568,6 +633,7 @@ async fn stream_response(
         include_usage,
         started: vec![false; choices],
         sent_len: vec![0; choices],
+        held: vec![String::new(); choices],
         unfinished: choices,
         usage: Usage::default(),
         ended: false,

@@ -5,7 +5,8 @@
 //! `stop_token_ids`, `ignore_eos`, `routing_key`, `data_parallel_rank`, `rid`,
 //! `return_cached_tokens_details`) are accepted;
 //! unknown fields are ignored. Features this server does not have are refused by name
-//! (tools, structured output, suffix, best_of > n), never faked.
+//! (`functions`, tools on completions, suffix, best_of > n), never faked. Structured output
+//! (`response_format`) and a forced tool choice become the request's constraint.
 
 use protocol::SamplingParams;
 use serde_json::Value;
@@ -60,6 +61,8 @@ pub struct OpenAiRequest {
     pub add_generation_prompt: bool,
     /// SGLang's `return_cached_tokens_details`: answer `sglext.cached_tokens_details`.
     pub return_cached_tokens_details: bool,
+    /// Chat: the request's tools (see `tools`).
+    pub tools: Option<super::tools::Tools>,
 }
 
 fn refuse(param: &str, what: &str) -> ApiError {
@@ -176,7 +179,29 @@ fn shared(s: OpenAiSampling, own: Own, headers: &HeaderInputs) -> Result<OpenAiR
         Some(o) => o.include_usage.unwrap_or(false),
     };
     refuse_unsupported(&s, own.suffix.as_deref())?;
-    let sampling = sampling(&s, own.max_tokens)?;
+    let mut sampling = sampling(&s, own.max_tokens)?;
+    let tools = super::tools::parse(
+        s.tools.as_ref(),
+        s.tool_choice.as_ref(),
+        s.parallel_tool_calls,
+    )?;
+    if let Some(tools) = &tools {
+        if own.kind == Kind::Completions {
+            return Err(refuse(
+                "tools",
+                "tool calling on completions (use chat completions)",
+            ));
+        }
+        if let Some(c) = tools.constraint() {
+            if sampling.constraint.is_some() {
+                return Err(ApiError::invalid_param(
+                    "tool_choice",
+                    "a required or named tool_choice cannot be combined with response_format",
+                ));
+            }
+            sampling.constraint = Some(c);
+        }
+    }
     let return_routing = validate::return_routing(s.return_routing, headers)?;
     let (routing_key, routed_dp_rank) = s.routing.resolve(headers)?;
     let echo = own.echo.unwrap_or(false);
@@ -203,6 +228,7 @@ fn shared(s: OpenAiSampling, own: Own, headers: &HeaderInputs) -> Result<OpenAiR
         messages: Vec::new(),
         add_generation_prompt: false,
         return_cached_tokens_details: s.return_cached_tokens_details.unwrap_or(false),
+        tools,
     })
 }
 
@@ -262,8 +288,8 @@ fn refuse_unsupported(s: &OpenAiSampling, suffix: Option<&str>) -> Result<(), Ap
             .and_then(Value::as_array)
             .is_some_and(|t| !t.is_empty())
     };
-    if non_empty(&s.tools) || non_empty(&s.functions) {
-        return Err(refuse("tools", "tool calling"));
+    if non_empty(&s.functions) {
+        return Err(refuse("functions", "the deprecated functions (use tools)"));
     }
     if suffix.is_some_and(|s| !s.is_empty()) {
         return Err(refuse("suffix", "suffix"));
@@ -357,9 +383,33 @@ fn chat_messages(messages: Option<Vec<RequestMessage>>) -> Result<Vec<ChatMessag
                     format!("messages[{i}].role is required"),
                 )
             })?;
+            let tool_calls = m.tool_calls.filter(|v| !v.is_null());
+            let is_call = |c: &Value| {
+                c.pointer("/function/name").is_some_and(Value::is_string)
+                    && c.pointer("/function/arguments").is_none_or(|a| a.is_string() || a.is_object())
+                    && c.get("type").is_none_or(|t| t == "function")
+                    && c.get("id").is_none_or(Value::is_string)
+            };
+            let calls_ok = tool_calls
+                .as_ref()
+                .is_none_or(|c| c.as_array().is_some_and(|l| l.iter().all(is_call)));
+            if !calls_ok {
+                return Err(ApiError::invalid_param(
+                    format!("messages[{i}].tool_calls"),
+                    format!(
+                        "messages[{i}].tool_calls must be a list of calls \
+                         ({{\"id\", \"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}})"
+                    ),
+                ));
+            }
             Ok(ChatMessage {
                 role: role.as_str().to_string(),
                 content: m.content.unwrap_or_default().0,
+                tool_calls: tool_calls
+                    .as_ref()
+                    .map(ChatMessage::tool_calls_for_template),
+                tool_call_id: m.tool_call_id,
+                name: m.name,
             })
         })
         .collect()

@@ -282,10 +282,18 @@ pub struct OpenAiSampling {
     pub rid: Option<String>,
     /// SGLang's: answer `sglext.cached_tokens_details` (when some prompt token was cached).
     pub return_cached_tokens_details: Option<bool>,
-    /// Features this server does not have, read to be refused by name (400) rather than
-    /// ignored: tool calling (a non-empty list).
-    #[schema(ignore)]
+    /// Chat: functions the model may call (`{"type": "function", "function": {"name",
+    /// "description", "parameters"}}`), shown to the chat template; a call comes back in the
+    /// message's `tool_calls` (docs/HTTP.md, "Tool calling"). Not on completions (400).
+    #[schema(schema_with = tools_schema)]
     pub tools: Option<Value>,
+    /// `none`, `auto` (the default with tools), `required`, or `{"type": "function",
+    /// "function": {"name": …}}`: the last two constrain the output to calls.
+    #[schema(schema_with = tool_choice_schema)]
+    pub tool_choice: Option<Value>,
+    /// With `tool_choice: "required"`: more than one call allowed (default true).
+    pub parallel_tool_calls: Option<bool>,
+    /// The deprecated `functions` are refused (400): use `tools`.
     #[schema(ignore)]
     pub functions: Option<Value>,
     /// Structured output: `{"type": "text"}` (none), `{"type": "json_object"}` (any JSON
@@ -293,6 +301,47 @@ pub struct OpenAiSampling {
     /// "strict": …}}`; the output is enforced token by token either way.
     #[schema(schema_with = response_format_schema)]
     pub response_format: Option<Value>,
+}
+
+/// OpenAI's `tools`.
+pub fn tools_schema() -> RefOr<Schema> {
+    literal(serde_json::json!({
+        "description": "Functions the model may call.",
+        "type": ["array", "null"],
+        "items": {"type": "object", "required": ["type", "function"],
+                  "properties": {"type": {"enum": ["function"]},
+                                 "function": {"type": "object", "required": ["name"],
+                                              "properties": {"name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+                                                             "description": {"type": "string"},
+                                                             "parameters": {"type": "object"},
+                                                             "strict": {"type": ["boolean", "null"]}}}}},
+    }))
+}
+
+/// An assistant message's `tool_calls`.
+pub fn tool_calls_schema() -> RefOr<Schema> {
+    literal(serde_json::json!({
+        "type": ["array", "null"],
+        "items": {"type": "object", "required": ["function"],
+                  "properties": {"id": {"type": "string"}, "type": {"enum": ["function"]},
+                                 "function": {"type": "object", "required": ["name"],
+                                              "properties": {"name": {"type": "string"},
+                                                             "arguments": {"type": ["string", "object"]}}}}},
+    }))
+}
+
+/// OpenAI's `tool_choice`.
+pub fn tool_choice_schema() -> RefOr<Schema> {
+    literal(serde_json::json!({
+        "oneOf": [
+            {"type": "null"},
+            {"enum": ["none", "auto", "required"]},
+            {"type": "object", "required": ["type", "function"],
+             "properties": {"type": {"enum": ["function"]},
+                            "function": {"type": "object", "required": ["name"],
+                                         "properties": {"name": {"type": "string"}}}}},
+        ],
+    }))
 }
 
 /// OpenAI's `response_format`.
@@ -353,6 +402,14 @@ pub struct ChatMessage {
     pub role: Option<ChatRole>,
     #[schema(schema_with = chat_content)]
     pub content: Option<Content>,
+    /// An assistant's calls (`[{"id", "type": "function", "function": {"name", "arguments"}}]`,
+    /// arguments as JSON text or an object): shown to the chat template.
+    #[schema(schema_with = tool_calls_schema)]
+    pub tool_calls: Option<Value>,
+    /// A tool message: the call it answers.
+    pub tool_call_id: Option<String>,
+    /// A tool message: the function's name.
+    pub name: Option<String>,
 }
 
 #[derive(Serialize, ToSchema, Clone, Copy, PartialEq, Eq, Debug)]
