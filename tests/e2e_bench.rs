@@ -3,6 +3,8 @@
 //! it writes (counts, keys, per-rank shares), the routing picture of each method, and that an
 //! unknown method is skipped with its reason instead of failing the comparison.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -234,6 +236,60 @@ fn bench_engine_compares_every_kernel_path() {
         .expect("run dpserve bench --engine");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not a kernel path"));
+}
+
+/// `--engine-json-schema`: each batch decoded again under a JSON Schema (stories260k's
+/// vocabulary); the built-in model, which has no byte vocabulary, is refused by name.
+#[test]
+fn bench_engine_prices_a_json_schema_per_token() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let schema = dir.path().join("schema.json");
+    std::fs::write(
+        &schema,
+        r#"{"type": "object", "properties": {"ok": {"type": "boolean"}}}"#,
+    )
+    .unwrap();
+    let engine = |model: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_dpserve"))
+            .args([
+                "bench",
+                "--engine",
+                "--engine-prompt-lens",
+                "8",
+                "--engine-batches",
+                "2",
+            ])
+            .args([
+                "--engine-decode-steps",
+                "12",
+                "--num-threads",
+                "2",
+                "--engine-json-schema",
+            ])
+            .arg(&schema)
+            .args(model)
+            .output()
+            .expect("run dpserve bench --engine")
+    };
+    let out = engine(&["--builtin-size", "tiny"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--engine-json-schema needs --model-path")
+    );
+    let Some(stories) = common::stories_dir() else {
+        return;
+    };
+    let out = engine(&["--model-path", stories.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("| tg12 b2 |") && stdout.contains("| tg12 b2 json_schema |"),
+        "{stdout}"
+    );
 }
 
 /// `dpserve bench --backend openai` against an OpenAI-compatible server that is not dpserve:

@@ -291,6 +291,27 @@ impl From<Grammars> for LazyGrammars {
     }
 }
 
+/// The tokens a constraint allows at one step (a bit per token id).
+pub struct Mask(llguidance::toktrie::SimpleVob);
+
+impl Mask {
+    /// Sets the logit of every token not allowed to -inf.
+    pub fn apply(&self, logits: &mut [f32]) {
+        let words = self.0.as_slice();
+        for (w, chunk) in logits.chunks_mut(32).enumerate() {
+            let bits = words.get(w).copied().unwrap_or(0);
+            if bits == u32::MAX {
+                continue;
+            }
+            for (b, l) in chunk.iter_mut().enumerate() {
+                if bits >> b & 1 == 0 {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+    }
+}
+
 /// One request's constraint as its text grows.
 #[derive(Clone)]
 pub struct Guide {
@@ -310,23 +331,17 @@ impl Guide {
     /// Sets the logit of every token the constraint does not allow next to -inf: the
     /// end-of-sequence ids stay only where the text so far is complete.
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), GrammarError> {
-        let mask = self
-            .matcher
-            .compute_mask()
-            .map_err(|e| GrammarError::Stuck(e.to_string()))?;
-        let words = mask.as_slice();
-        for (w, chunk) in logits.chunks_mut(32).enumerate() {
-            let bits = words.get(w).copied().unwrap_or(0);
-            if bits == u32::MAX {
-                continue;
-            }
-            for (b, l) in chunk.iter_mut().enumerate() {
-                if bits >> b & 1 == 0 {
-                    *l = f32::NEG_INFINITY;
-                }
-            }
-        }
+        self.next_mask()?.apply(logits);
         Ok(())
+    }
+
+    /// The tokens the constraint allows next, to apply once the step's logits are there (a
+    /// worker computes it while the forward pass runs: it depends only on the tokens so far).
+    pub fn next_mask(&mut self) -> Result<Mask, GrammarError> {
+        self.matcher
+            .compute_mask()
+            .map(Mask)
+            .map_err(|e| GrammarError::Stuck(e.to_string()))
     }
 
     /// Follows `token` (one the last [`Guide::mask`] allowed); true when the constraint is

@@ -35,6 +35,8 @@ pub struct EngineArgs {
     pub decode_steps: usize,
     pub chunk: usize,
     pub reps: usize,
+    /// `--engine-json-schema`: decode rows again under this constraint.
+    pub json_schema: Option<PathBuf>,
     pub output_file: Option<PathBuf>,
 }
 
@@ -133,6 +135,9 @@ fn run_all(args: &EngineArgs) -> anyhow::Result<()> {
         if let Some(f) = &args.output_file {
             cmd.arg("--output-file").arg(f);
         }
+        if let Some(f) = &args.json_schema {
+            cmd.arg("--engine-json-schema").arg(f);
+        }
         let mut child = cmd.spawn().context("starting the benchmark child")?;
         let stdout = child.stdout.take().context("child stdout")?;
         let mut result = None;
@@ -185,8 +190,12 @@ fn measure(args: &EngineArgs, path: KernelPath, threads: usize) -> anyhow::Resul
     for &len in &args.prompt_lens {
         rows.push(prefill_row(&model, args, len)?);
     }
+    let guided = constraint(args, &c)?;
     for &batch in &args.batches {
-        rows.push(decode_row(&model, args, batch)?);
+        rows.push(decode_row(&model, args, batch, None)?);
+        if let Some(g) = &guided {
+            rows.push(decode_row(&model, args, batch, Some(g))?);
+        }
     }
     let (cpu, cpu_flags) = cpu_info();
     Ok(EngineResult {
@@ -282,9 +291,42 @@ fn prefill_row(model: &LlamaModel, args: &EngineArgs, len: usize) -> anyhow::Res
     })
 }
 
+/// `--engine-json-schema`'s constraint compiled against the model directory's vocabulary.
+fn constraint(
+    args: &EngineArgs,
+    c: &ModelConfig,
+) -> anyhow::Result<Option<(grammar::Grammars, grammar::Constraint)>> {
+    let Some(file) = &args.json_schema else {
+        return Ok(None);
+    };
+    let Some(dir) = &args.model_path else {
+        anyhow::bail!(
+            "--engine-json-schema needs --model-path (the built-in model has no byte vocabulary)"
+        );
+    };
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("--engine-json-schema {}", file.display()))?;
+    let g = grammar::Grammars::from_tokenizer_json(
+        &dir.join("tokenizer.json"),
+        c.vocab_size,
+        &c.eos_token_ids,
+    )?;
+    let constraint = grammar::Constraint::JsonSchema(text);
+    g.compile(&constraint)?;
+    Ok(Some((g, constraint)))
+}
+
 /// `tg{steps} b{batch}`: `batch` one-token prompts decoded greedily for `--engine-decode-steps`
-/// steps, timed after the prompts' own step.
-fn decode_row(model: &LlamaModel, args: &EngineArgs, batch: usize) -> anyhow::Result<EngineRow> {
+/// steps, timed after the prompts' own step. With `guided`, every sequence's logits are masked
+/// by its constraint each step (in the timed loop, the masks computed during the forward pass
+/// as a worker does), and a sequence whose constraint ends starts it again: the row is
+/// `tg{steps} b{batch} json_schema`.
+fn decode_row(
+    model: &LlamaModel,
+    args: &EngineArgs,
+    batch: usize,
+    guided: Option<&(grammar::Grammars, grammar::Constraint)>,
+) -> anyhow::Result<EngineRow> {
     let c = model.config();
     let steps = args.decode_steps.max(1);
     anyhow::ensure!(batch > 0, "batch sizes must be positive");
@@ -301,6 +343,14 @@ fn decode_row(model: &LlamaModel, args: &EngineArgs, batch: usize) -> anyhow::Re
     let mut toks: Vec<Vec<u32>> = (0..batch)
         .map(|b| vec![bench_token(c.vocab_size, b)])
         .collect();
+    let fresh = || -> anyhow::Result<Option<grammar::Guide>> {
+        Ok(match guided {
+            Some((g, constraint)) => Some(g.compile(constraint)?),
+            None => None,
+        })
+    };
+    let mut guides: Vec<Option<grammar::Guide>> =
+        (0..batch).map(|_| fresh()).collect::<anyhow::Result<_>>()?;
     let mut step = |pos: usize, toks: &mut Vec<Vec<u32>>| -> anyhow::Result<()> {
         let seqs: Vec<SeqInput> = (0..batch)
             .map(|b| SeqInput {
@@ -309,9 +359,35 @@ fn decode_row(model: &LlamaModel, args: &EngineArgs, batch: usize) -> anyhow::Re
                 slots: &slots[b][..=pos],
             })
             .collect();
-        let logits = model.forward(&mut kv, &seqs)?;
-        for (b, row) in logits.chunks_exact(c.vocab_size).enumerate() {
-            toks[b].push(kernels::argmax(row) as u32);
+        // As a worker does: the masks are computed on a thread while the forward pass runs.
+        let guides_now = &mut guides;
+        let (logits, masks) = std::thread::scope(|s| {
+            let masks = s.spawn(|| {
+                guides_now
+                    .iter_mut()
+                    .map(|g| g.as_mut().map(grammar::Guide::next_mask).transpose())
+                    .collect::<Result<Vec<_>, _>>()
+            });
+            let logits = model.forward(&mut kv, &seqs);
+            (
+                logits,
+                masks
+                    .join()
+                    .unwrap_or_else(|p| std::panic::resume_unwind(p)),
+            )
+        });
+        let (mut logits, masks) = (logits?, masks?);
+        for (b, row) in logits.chunks_exact_mut(c.vocab_size).enumerate() {
+            if let Some(mask) = &masks[b] {
+                mask.apply(row);
+            }
+            let token = kernels::argmax(row) as u32;
+            if let Some(guide) = &mut guides[b] {
+                if guide.advance(token)? {
+                    guides[b] = fresh()?;
+                }
+            }
+            toks[b].push(token);
         }
         Ok(())
     };
@@ -331,7 +407,10 @@ fn decode_row(model: &LlamaModel, args: &EngineArgs, batch: usize) -> anyhow::Re
         * batch as f64;
     let weight_bytes = elem * matmul_params(c, true) as f64 * steps as f64;
     Ok(EngineRow {
-        test: format!("tg{steps} b{batch}"),
+        test: match guided {
+            Some(_) => format!("tg{steps} b{batch} json_schema"),
+            None => format!("tg{steps} b{batch}"),
+        },
         tokens_per_s: (batch * steps) as f64 / dt,
         gflops: flops / dt / 1e9,
         gbps: (weight_bytes + kv_bytes) / dt / 1e9,

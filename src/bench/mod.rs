@@ -206,6 +206,11 @@ pub struct BenchArgs {
     /// [--engine] Timed repetitions of each prefill (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub engine_reps: usize,
+    /// [--engine] Also decode each batch under this JSON Schema (a file), every sequence's
+    /// logits masked by its constraint each step (structured output's cost per token; needs a
+    /// model directory's tokenizer.json).
+    #[arg(long)]
+    pub engine_json_schema: Option<PathBuf>,
     #[command(flatten)]
     pub server: ServerFlags,
 }
@@ -236,6 +241,7 @@ impl BenchArgs {
             decode_steps: self.engine_decode_steps,
             chunk,
             reps: self.engine_reps,
+            json_schema: self.engine_json_schema.clone(),
             output_file: self.output_file.clone(),
         })
     }

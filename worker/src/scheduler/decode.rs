@@ -7,6 +7,7 @@ use super::Scheduler;
 use crate::model::SeqInput;
 use crate::request::Req;
 use crate::sampling::sample;
+use grammar::{GrammarError, Guide, LazyGrammars, Mask};
 
 impl Scheduler {
     pub(super) fn decode_step(&mut self) -> Vec<TokenOut> {
@@ -37,8 +38,18 @@ impl Scheduler {
                 slots: rows.slots(req, req.len + 1),
             })
             .collect();
-        match self.model.forward(kv, &seqs) {
-            Ok(logits) => self.sample_running(&logits),
+        // The constrained requests' masks depend only on their tokens so far: computed on a
+        // thread of their own while the forward pass runs.
+        let (grammars, running, model) = (&self.grammars, &mut self.running, &self.model);
+        let constrained = running.iter().any(|r| r.params.constraint.is_some());
+        let (result, masks) = std::thread::scope(|s| {
+            let masks = constrained.then(|| s.spawn(|| next_masks(grammars, running)));
+            let result = model.forward(kv, &seqs);
+            let masks = masks.map(|m| m.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+            (result, masks)
+        });
+        match result {
+            Ok(logits) => self.sample_running(&logits, masks),
             Err(e) => {
                 tracing::error!(%e, "decode forward failed");
                 let running = std::mem::take(&mut self.running);
@@ -82,15 +93,22 @@ impl Scheduler {
         self.mem.free_slots() >= self.running.len()
     }
 
-    /// Every running request takes its next token from its row of `logits`.
-    fn sample_running(&mut self, logits: &[f32]) -> Vec<TokenOut> {
+    /// Every running request takes its next token from its row of `logits` (masked by its
+    /// constraint's mask of this step, in `masks`, when it has one).
+    fn sample_running(
+        &mut self,
+        logits: &[f32],
+        masks: Option<Vec<Option<Masked>>>,
+    ) -> Vec<TokenOut> {
         let vocab = self.model.config().vocab_size;
         let mut outs = Vec::with_capacity(self.running.len());
         let mut still = Vec::with_capacity(self.running.len());
+        let mut masks = masks.unwrap_or_default().into_iter();
         for (n, mut req) in std::mem::take(&mut self.running).into_iter().enumerate() {
             req.len += 1;
             let mut row = logits[n * vocab..(n + 1) * vocab].to_vec();
-            match self.sample_and_check(&mut req, &mut row) {
+            let mask = masks.next().flatten();
+            match self.sample_and_check(&mut req, &mut row, mask) {
                 Ok(Some((reason, matched))) => outs.push(self.finish(req, reason, matched)),
                 Ok(None) => {
                     outs.push(self.progress(&mut req));
@@ -111,13 +129,23 @@ impl Scheduler {
     }
 
     /// Sample the next token into `req` and say whether it ends the request; an error when its
-    /// constraint cannot be served or continued (the request fails with it, a 400).
+    /// constraint cannot be served or continued (the request fails with it, a 400). `mask`:
+    /// its constraint's mask for this step, computed already (else it is computed here).
     pub(super) fn sample_and_check(
         &mut self,
         req: &mut Req,
         logits: &mut [f32],
+        mask: Option<Masked>,
     ) -> Result<Option<(FinishReason, Option<u32>)>, String> {
-        self.constrain(req, logits).map_err(|e| e.to_string())?;
+        let mask = match mask {
+            Some(mask) => Some(mask),
+            None => guide(&self.grammars, req)
+                .and_then(|g| g.map(Guide::next_mask).transpose())
+                .transpose(),
+        };
+        if let Some(mask) = mask {
+            mask.map_err(|e| e.to_string())?.apply(logits);
+        }
         let picked = sample(
             logits,
             &req.params,
@@ -155,22 +183,37 @@ impl Scheduler {
         }
         Ok(None)
     }
+}
 
-    /// Masks `logits` to the tokens `req`'s constraint allows next. The first time this worker
-    /// samples for the request it compiles the constraint and follows the tokens generated
-    /// before (a disaggregated request's first token, sampled by its prefill worker).
-    fn constrain(&self, req: &mut Req, logits: &mut [f32]) -> Result<(), grammar::GrammarError> {
-        let Some(constraint) = &req.params.constraint else {
-            return Ok(());
-        };
-        let guide = match &mut req.guide {
-            Some(guide) => guide,
-            None => {
-                let mut guide = self.grammars.compile(constraint)?;
-                guide.advance_all(&req.output)?;
-                req.guide.insert(guide)
-            }
-        };
-        guide.mask(logits)
+/// A constrained request's mask for one step, or why there is none.
+type Masked = Result<Mask, GrammarError>;
+
+/// `req`'s guide, if it has a constraint. The first time this worker samples for the request
+/// it compiles the constraint and follows the tokens generated before (a disaggregated
+/// request's first token, sampled by its prefill worker).
+fn guide<'r>(
+    grammars: &LazyGrammars,
+    req: &'r mut Req,
+) -> Result<Option<&'r mut Guide>, GrammarError> {
+    let Some(constraint) = &req.params.constraint else {
+        return Ok(None);
+    };
+    if req.guide.is_none() {
+        let mut guide = grammars.compile(constraint)?;
+        guide.advance_all(&req.output)?;
+        req.guide = Some(guide);
     }
+    Ok(req.guide.as_mut())
+}
+
+/// Every running request's mask for the next step (`None` for the unconstrained).
+fn next_masks(grammars: &LazyGrammars, running: &mut [Req]) -> Vec<Option<Masked>> {
+    running
+        .iter_mut()
+        .map(|req| {
+            guide(grammars, req)
+                .and_then(|g| g.map(Guide::next_mask).transpose())
+                .transpose()
+        })
+        .collect()
 }

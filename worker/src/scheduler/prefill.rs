@@ -169,7 +169,7 @@ impl Scheduler {
                 if req.params.max_new_tokens == 0 {
                     return Some(self.finish(req, FinishReason::Length, None));
                 }
-                match self.sample_and_check(&mut req, &mut logits) {
+                match self.sample_and_check(&mut req, &mut logits, None) {
                     Ok(Some((reason, matched))) => self.finish(req, reason, matched),
                     Ok(None) => {
                         let out = self.progress(&mut req);

@@ -277,7 +277,7 @@ impl Scheduler {
         let (finish_reason, matched_stop) = if req.params.max_new_tokens == 0 {
             (Some(FinishReason::Length), None)
         } else {
-            match self.sample_and_check(&mut req, &mut logits) {
+            match self.sample_and_check(&mut req, &mut logits, None) {
                 Ok(Some((reason, matched))) => (Some(reason), matched),
                 Ok(None) => (None, None),
                 Err(e) => return self.end_leg(req, leg, 400, e),
