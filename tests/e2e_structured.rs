@@ -163,7 +163,10 @@ fn what_does_not_compile_is_a_400_naming_it_and_the_server_serves_on() {
             json!({"ebnf": "start: nowhere"}),
             "the grammar does not compile",
         ),
-        (json!({"ebnf": "root ::= \"a\""}), "GBNF"),
+        (
+            json!({"ebnf": "root ::= <think>"}),
+            "GBNF: token references",
+        ),
         (json!({"regex": "a", "json_schema": "{}"}), "at most one"),
         (json!({"regex": "a", "ignore_eos": true}), "ignore_eos"),
     ];

@@ -14,6 +14,8 @@
 //! `whitespace_flexible: false`) unless the schema sets its own `x-guidance` options: a weak
 //! model then cannot spend its tokens on blank lines.
 
+pub mod gbnf;
+
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};

@@ -32,7 +32,6 @@ LIMIT_MESSAGES = (
     "with the suffix -",                   # rid + "-<i>" longer than the rid limit
     "structured output is not available with this model",  # the built-in model: no byte pieces
     "does not compile",                    # a json_schema, regex, ebnf or response_format schema
-    "GBNF rules",                          # an ebnf in GBNF rather than Lark
     "no token of this model's vocabulary can start",
     "give at most one of sampling_params.json_schema",  # json_schema, regex, ebnf: one
     "ignore_eos cannot be combined with a structured output constraint",

@@ -262,9 +262,10 @@ fn generate_constraint(
     if let Some(schema) = json_schema {
         return json_schema_constraint(schema, "sampling_params.json_schema").map(Some);
     }
-    if let Some(g) = &ebnf {
-        lark_grammar(g, "sampling_params.ebnf")?;
-    }
+    let ebnf = match ebnf {
+        Some(g) => Some(lark_grammar(g, "sampling_params.ebnf")?),
+        None => None,
+    };
     Ok(regex.map(Constraint::Regex).or(ebnf.map(Constraint::Lark)))
 }
 
@@ -285,19 +286,13 @@ pub fn json_schema_constraint(
     }
 }
 
-/// A grammar is llguidance's Lark; GBNF (`root ::= ...`, what llama.cpp and xgrammar take) is
-/// refused by name rather than failing as a Lark syntax error.
-fn lark_grammar(g: &str, field: &str) -> Result<(), ApiError> {
-    if g.contains("::=") {
-        return Err(ApiError::invalid_param(
-            field,
-            format!(
-                "{field}: GBNF rules (`name ::= ...`) are not supported; write the grammar in \
-                 llguidance's Lark dialect (`start: \"yes\" | \"no\"`, docs/HTTP.md)"
-            ),
-        ));
+/// A grammar in GBNF (`root ::= …`: llama.cpp's format, which SGLang's `ebnf` takes),
+/// rewritten as llguidance's Lark; one without `::=` rules is Lark already (`start: …`).
+fn lark_grammar(g: String, field: &str) -> Result<String, ApiError> {
+    if !g.contains("::=") {
+        return Ok(g);
     }
-    Ok(())
+    grammar::gbnf::to_lark(&g).map_err(|e| ApiError::invalid_param(field, format!("{field}: {e}")))
 }
 
 /// Range checks shared by every endpoint; `prefix` is how the client spelled the parent.
@@ -483,10 +478,17 @@ mod tests {
         assert_eq!(constraint("{}").unwrap(), None);
         let err = constraint(r#"{"regex": "a", "ebnf": "start: \"a\""}"#).unwrap_err();
         assert!(err.message.contains("at most one"), "{}", err.message);
-        let err = constraint(r#"{"ebnf": "root ::= \"a\""}"#).unwrap_err();
+        // GBNF (what SGLang's ebnf takes) becomes Lark; what it cannot say is named.
+        let Some(Constraint::Lark(lark)) =
+            constraint(r#"{"ebnf": "root ::= \"a\" [0-9]"}"#).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(lark, "%llguidance {}\nstart: \"a\" /[0-9]/\n");
+        let err = constraint(r#"{"ebnf": "root ::= <think>"}"#).unwrap_err();
         assert_eq!(err.param.as_deref(), Some("sampling_params.ebnf"));
         assert!(
-            err.message.contains("GBNF") && err.message.contains("Lark"),
+            err.message.contains("GBNF: token references"),
             "{}",
             err.message
         );
