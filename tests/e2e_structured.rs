@@ -380,3 +380,34 @@ fn tools_reach_the_template_and_what_cannot_be_served_is_a_400() {
         assert!(msg.contains(want), "{body}: {msg}");
     }
 }
+
+#[test]
+fn with_a_tool_call_parser_auto_answers_stream_as_content_until_a_call_starts() {
+    let Some(dir) = stories_dir() else { return };
+    let server = Server::up(&[
+        "--model-path",
+        dir.to_str().unwrap(),
+        "--dp-size",
+        "2",
+        "--tool-call-parser",
+        "hermes",
+    ]);
+    let body = json!({"messages": [{"role": "user", "content": "Tell me a story."}],
+                      "tools": weather_tools(), "max_tokens": 24, "temperature": 0});
+    let (status, resp) = server.post("/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{resp}");
+    let choice = &resp["choices"][0];
+    // stories260k writes a story, not <tool_call>: content.
+    assert!(choice["message"].get("tool_calls").is_none(), "{choice}");
+    let content = choice["message"]["content"].as_str().unwrap();
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let chunks = server.stream("/v1/chat/completions", &streamed);
+    let pieces: Vec<&str> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .filter(|t| !t.is_empty())
+        .collect();
+    assert!(pieces.len() > 1, "content streams as it comes: {pieces:?}");
+    assert_eq!(pieces.concat(), content);
+}

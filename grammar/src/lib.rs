@@ -12,9 +12,11 @@
 //!
 //! JSON schemas are compiled without free whitespace (`{"a":1}`, as llguidance's
 //! `whitespace_flexible: false`) unless the schema sets its own `x-guidance` options: a weak
-//! model then cannot spend its tokens on blank lines.
+//! model then cannot spend its tokens on blank lines; and after `schema.rs` (closed objects,
+//! unknown formats dropped, disjoint `oneOf`s as `anyOf`).
 
 pub mod gbnf;
+mod schema;
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -67,7 +69,7 @@ fn top_level(c: &Constraint) -> Result<TopLevelGrammar, GrammarError> {
                     kind: kind(c),
                     why: format!("not JSON: {e}"),
                 })?;
-            close_objects(&mut schema, false);
+            schema::prepare(&mut schema);
             if let serde_json::Value::Object(o) = &mut schema {
                 o.entry("x-guidance")
                     .or_insert_with(|| serde_json::json!({"whitespace_flexible": false}));
@@ -77,49 +79,6 @@ fn top_level(c: &Constraint) -> Result<TopLevelGrammar, GrammarError> {
         Constraint::Regex(re) => TopLevelGrammar::from_regex(re),
         Constraint::Lark(g) => TopLevelGrammar::from_lark(g.clone()),
     })
-}
-
-/// Gives every object schema that names its `properties` and says nothing of others
-/// `"additionalProperties": false`, as xgrammar's strict mode (SGLang's default backend) and
-/// OpenAI's strict schemas do: a model then writes the properties asked for instead of
-/// inventing keys until its tokens run out. Every document it admits still matches the schema
-/// as given. Members of an `allOf` are left open (closing them would refuse each other's
-/// properties), as is a schema with `patternProperties` or `unevaluatedProperties`.
-fn close_objects(schema: &mut serde_json::Value, in_all_of: bool) {
-    use serde_json::Value;
-    match schema {
-        Value::Object(o) => {
-            let open = [
-                "additionalProperties",
-                "patternProperties",
-                "unevaluatedProperties",
-            ];
-            if !in_all_of
-                && o.contains_key("properties")
-                && !open.iter().any(|k| o.contains_key(*k))
-            {
-                o.insert("additionalProperties".into(), Value::Bool(false));
-            }
-            for (key, sub) in o.iter_mut() {
-                match (key.as_str(), sub) {
-                    // Maps of names to schemas.
-                    (
-                        "properties" | "$defs" | "definitions" | "patternProperties"
-                        | "dependentSchemas",
-                        Value::Object(by_name),
-                    ) => by_name.values_mut().for_each(|s| close_objects(s, false)),
-                    ("allOf", Value::Array(items)) => {
-                        items.iter_mut().for_each(|s| close_objects(s, true))
-                    }
-                    // Values that are not schemas are left alone.
-                    ("enum" | "const" | "default" | "examples" | "required" | "x-guidance", _) => {}
-                    (_, sub) => close_objects(sub, false),
-                }
-            }
-        }
-        Value::Array(items) => items.iter_mut().for_each(|s| close_objects(s, false)),
-        _ => {}
-    }
 }
 
 /// A model's vocabulary as llguidance sees it, and the constraints compiled against it.

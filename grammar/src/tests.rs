@@ -166,35 +166,7 @@ fn a_lark_grammar_and_the_end_of_sequence_only_where_the_text_is_complete() {
 }
 
 #[test]
-fn objects_that_name_their_properties_admit_no_others_unless_they_say_so() {
-    let mut schema = serde_json::json!({
-        "type": "object",
-        "properties": {
-            "a": {"type": "object", "properties": {"x": {"type": "integer"}}},
-            "b": {"type": "object", "properties": {"y": {}}, "additionalProperties": true},
-            "c": {"allOf": [{"properties": {"p": {}}}, {"properties": {"q": {}}}]},
-            "properties": {"type": "object", "properties": {"z": {}}}
-        },
-        "$defs": {"d": {"properties": {"w": {}}}},
-        "enum": [{"properties": {}}]
-    });
-    close_objects(&mut schema, false);
-    assert_eq!(schema["additionalProperties"], false);
-    assert_eq!(schema["properties"]["a"]["additionalProperties"], false);
-    assert_eq!(schema["properties"]["b"]["additionalProperties"], true);
-    assert!(schema["properties"]["c"]["allOf"][0]
-        .get("additionalProperties")
-        .is_none());
-    assert_eq!(
-        schema["properties"]["properties"]["additionalProperties"],
-        false
-    );
-    assert_eq!(schema["$defs"]["d"]["additionalProperties"], false);
-    assert!(
-        schema["enum"][0].get("additionalProperties").is_none(),
-        "a value, not a schema"
-    );
-    // Walked: the text ends when the named properties are written.
+fn a_walk_of_an_object_ends_when_its_named_properties_are_written() {
     let g = grammars(byte_vocab().len());
     let c = Constraint::JsonSchema(
         r#"{"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}"#

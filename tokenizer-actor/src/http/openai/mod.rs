@@ -107,21 +107,29 @@ struct Shape {
 impl Shape {
     /// One finished choice's message fields and finish reason: its content, or its calls
     /// (`finish_reason` `tool_calls`) when the request has tools and the text is calls.
+    /// In a stream, `sent` bytes of `text` went out already as content: only the rest is
+    /// content here, and none when the text ends in calls after it.
     fn answer(
         &self,
         text: &str,
         reason: Option<FinishReason>,
         stream: bool,
+        sent: usize,
     ) -> (Value, Option<Value>, Option<&'static str>) {
+        let rest = || json!(text.get(sent..).unwrap_or_default());
         let Some((tools, format)) = &self.tools else {
-            return (json!(text), None, finish_str(reason));
+            return (rest(), None, finish_str(reason));
         };
         let reply = tools.read(text, reason == Some(FinishReason::Stop), *format);
         if reply.calls.is_empty() {
-            return (json!(text), None, finish_str(reason));
+            return (rest(), None, finish_str(reason));
         }
         let calls = tools::calls_json(&reply.calls, stream);
-        (json!(reply.content), Some(calls), Some("tool_calls"))
+        let content = match sent {
+            0 => json!(reply.content),
+            _ => Value::Null,
+        };
+        (content, Some(calls), Some("tool_calls"))
     }
 }
 
@@ -453,7 +461,7 @@ async fn collect_response(
                     "finish_reason": finish_str(c.finish_reason), "matched_stop": matched,
                 }),
                 Kind::Chat => {
-                    let (content, calls, finish) = shape.answer(&c.text, c.finish_reason, false);
+                    let (content, calls, finish) = shape.answer(&c.text, c.finish_reason, false, 0);
                     let mut message = json!({"role": "assistant", "content": content});
                     if let Some(calls) = calls {
                         message["tool_calls"] = calls;
@@ -507,8 +515,10 @@ struct StreamState {
     started: Vec<bool>,
     /// Text bytes sent per choice (completions' `text_offset`).
     sent_len: Vec<usize>,
-    /// Chat with tools: each choice's text, held until it ends and is read for calls.
+    /// Chat with tools: each choice's whole text (read for calls when it ends), and how much of
+    /// it went out as content already.
     held: Vec<String>,
+    held_sent: Vec<usize>,
     /// Choices whose final chunk has not come yet.
     unfinished: usize,
     usage: Usage,
@@ -534,13 +544,19 @@ impl StreamState {
             Some(e) => e + &chunk.text,
             None => chunk.text.clone(),
         };
-        if self.shape.tools.is_some() {
-            // The answer may be calls: nothing goes out before it ends.
-            self.held[index].push_str(&text);
-            if !chunk.finished {
-                return Vec::new();
+        // With tools, what may be a call waits for the end; the rest streams as content.
+        let mut whole = None;
+        if let Some((tools, format)) = &self.shape.tools {
+            let held = &mut self.held[index];
+            held.push_str(&text);
+            let sent = self.held_sent[index];
+            if chunk.finished {
+                whole = Some(std::mem::take(held));
+            } else {
+                let upto = tools.streamable(held, *format).max(sent);
+                text = held[sent..upto].to_string();
+                self.held_sent[index] = upto;
             }
-            text = std::mem::take(&mut self.held[index]);
         }
         let first = !self.started[index];
         // Tokens whose text is held back (a partial character, a possible stop string) still
@@ -566,9 +582,12 @@ impl StreamState {
                 "finish_reason": finish, "matched_stop": matched,
             }),
             Kind::Chat => {
-                let (content, calls, finish) = match chunk.finished {
-                    true => self.shape.answer(&text, chunk.finish_reason, true),
-                    false => (json!(text), None, finish),
+                let (content, calls, finish) = match &whole {
+                    Some(whole) => {
+                        let sent = self.held_sent[index];
+                        self.shape.answer(whole, chunk.finish_reason, true, sent)
+                    }
+                    None => (json!(text), None, finish),
                 };
                 let mut delta = match first {
                     true => json!({"role": "assistant", "content": content}),
@@ -634,6 +653,7 @@ async fn stream_response(
         started: vec![false; choices],
         sent_len: vec![0; choices],
         held: vec![String::new(); choices],
+        held_sent: vec![0; choices],
         unfinished: choices,
         usage: Usage::default(),
         ended: false,

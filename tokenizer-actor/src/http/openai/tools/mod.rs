@@ -264,6 +264,40 @@ impl Tools {
         Some(Constraint::JsonSchema(schema.to_string()))
     }
 
+    /// How much of a stream's text so far may go out as content now: none of a forced call;
+    /// with `auto`, all of it until a call may be starting (Hermes: up to a `<tool_call>` or
+    /// what could be its beginning; Llama 3.1 and Mistral: an answer that opens with `{` or `[`
+    /// is held whole).
+    pub fn streamable(&self, text: &str, format: Option<Format>) -> usize {
+        match (&self.choice, format) {
+            (ToolChoice::None, _) | (ToolChoice::Auto, None) => text.len(),
+            (ToolChoice::Named(_) | ToolChoice::Required, _) => 0,
+            (ToolChoice::Auto, Some(Format::Hermes)) => {
+                const OPEN: &str = "<tool_call>";
+                if let Some(at) = text.find(OPEN) {
+                    return at;
+                }
+                // A tail that could grow into the marker waits for the next chunk.
+                (0..=text.len())
+                    .filter(|&i| text.is_char_boundary(i))
+                    .find(|&i| OPEN.starts_with(&text[i..]))
+                    .unwrap_or(text.len())
+            }
+            (ToolChoice::Auto, Some(Format::Llama3 | Format::Mistral)) => {
+                let opener = if format == Some(Format::Llama3) {
+                    '{'
+                } else {
+                    '['
+                };
+                match text.trim_start().chars().next() {
+                    None => 0,
+                    Some(c) if c == opener => 0,
+                    Some(_) => text.len(),
+                }
+            }
+        }
+    }
+
     /// Whether answers are read back for calls (not with `tool_choice: "none"`).
     pub fn reads_calls(&self) -> bool {
         self.choice != ToolChoice::None

@@ -206,3 +206,29 @@ fn history_arguments_given_as_text_reach_the_template_as_objects() {
     assert_eq!(out[0]["index"], 0);
     assert_eq!(out[0]["function"]["arguments"], "{}");
 }
+
+#[test]
+fn a_stream_sends_content_until_a_call_may_be_starting() {
+    let auto = tools(json!("auto"));
+    let h = Some(Format::Hermes);
+    assert_eq!(auto.streamable("It is sunny.", h), 12);
+    assert_eq!(
+        auto.streamable("Let me look.\n<tool", h),
+        13,
+        "a tail that may grow into <tool_call>"
+    );
+    assert_eq!(auto.streamable("Let me look.\n<tool_call>\n{\"na", h), 13);
+    assert_eq!(
+        auto.streamable("a < b", h),
+        5,
+        "a '<' that cannot begin it no longer waits"
+    );
+    assert_eq!(auto.streamable("é<", h), 2);
+    let l = Some(Format::Llama3);
+    assert_eq!(auto.streamable("  ", l), 0, "nothing to tell yet");
+    assert_eq!(auto.streamable(" {\"name\"", l), 0);
+    assert_eq!(auto.streamable("Sure, {x}", l), 9);
+    assert_eq!(auto.streamable("[{", Some(Format::Mistral)), 0);
+    assert_eq!(tools(json!("required")).streamable("[{\"name\"", h), 0);
+    assert_eq!(tools(json!("none")).streamable("<tool_call>", h), 11);
+}
