@@ -127,6 +127,33 @@ fn smollm2_greedy_equals_llama_cpp_on_the_same_weights_and_chat_answers() {
     let answer = resp["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(answer.contains("Paris"), "{answer:?}");
 
+    // A tool call from a real model: the function named, its arguments constrained to the
+    // function's schema, and JSON an instruct model fills in sensibly.
+    let weather = json!({"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                       "required": ["city"]}}});
+    let (status, resp) = server.post(
+        "/v1/chat/completions",
+        &json!({
+            "model": "smollm2",
+            "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+            "tools": [weather], "tool_choice": "required", "parallel_tool_calls": false,
+            "max_tokens": 40, "temperature": 0,
+        }),
+    );
+    assert_eq!(status, 200, "{resp}");
+    let choice = &resp["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{choice}");
+    let call = &choice["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather", "{choice}");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    let city = args["city"].as_str().unwrap_or_else(|| panic!("{choice}"));
+    eprintln!("SmolLM2 called get_weather({city:?})");
+    assert!(
+        city.contains("Paris") && city.chars().count() <= 20,
+        "{choice}"
+    );
+
     // One packed weight file, mapped by both workers: its pages are in each one's RSS (every
     // matrix was read to answer), and counted once across their PSS.
     let files: Vec<_> = std::fs::read_dir(&cache)
