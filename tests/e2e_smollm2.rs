@@ -154,6 +154,42 @@ fn smollm2_greedy_equals_llama_cpp_on_the_same_weights_and_chat_answers() {
         "{choice}"
     );
 
+    // The same through the official openai client (tests/python/requirements.txt), where it is
+    // installed: the call as its types read it.
+    const CLIENT: &str = r#"
+import json, sys, openai
+c = openai.OpenAI(base_url=sys.argv[1], api_key="unused", max_retries=0)
+tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}
+r = c.chat.completions.create(model="smollm2", temperature=0, max_tokens=40, tools=[tool],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}])
+call = r.choices[0].message.tool_calls[0]
+assert r.choices[0].finish_reason == "tool_calls", r
+print(call.function.name, json.loads(call.function.arguments)["city"])
+"#;
+    let has_client = Command::new("python3")
+        .args(["-c", "import openai"])
+        .output();
+    if matches!(&has_client, Ok(o) if o.status.success()) {
+        let out = Command::new("python3")
+            .args(["-c", CLIENT, &server.url("/v1")])
+            .output()
+            .expect("python3");
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            said.starts_with("get_weather ") && said.contains("Paris"),
+            "{said}"
+        );
+    } else {
+        eprintln!("skipping the openai client's tool call: the openai package is not installed");
+    }
+
     // One packed weight file, mapped by both workers: its pages are in each one's RSS (every
     // matrix was read to answer), and counted once across their PSS.
     let files: Vec<_> = std::fs::read_dir(&cache)
