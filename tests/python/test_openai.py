@@ -67,35 +67,40 @@ def http_post(path, body, headers=None):
         return e.code, json.loads(e.read())
 
 
-def setUpModule():
+def start_server(server, model_args):
+    """`dpserve up` (2 ranks, `model_args`) on a free port, healthy, into `server`."""
     if not os.path.exists(BIN):
         raise RuntimeError(f"{BIN} not found: run `cargo build` or set DPSERVE_BIN")
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="dpserve-py-", suffix=".log", delete=False)
     env = dict(os.environ, DPSERVE_LOG=os.environ.get("DPSERVE_LOG", "warn"))
-    argv = [BIN, "up", "--builtin-size", "tiny", "--dp-size", "2", "--port", str(port)]
+    argv = [BIN, "up", *model_args, "--dp-size", "2", "--port", str(port)]
     if TLS:
         argv += ["--ssl-certfile", CERTFILE, "--ssl-keyfile", KEYFILE]
     proc = subprocess.Popen(
         argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
     )
     scheme = "https" if TLS else "http"
-    SERVER.update(proc=proc, log=log.name, url=f"{scheme}://127.0.0.1:{port}")
+    server.update(proc=proc, log=log.name, url=f"{scheme}://127.0.0.1:{port}")
     deadline = time.time() + STARTUP_TIMEOUT_S
     while time.time() < deadline:
         if proc.poll() is not None:
-            stop_server()
-            raise RuntimeError(f"dpserve up exited with {proc.returncode}; log: {tail_log()}")
+            stop_server(server)
+            raise RuntimeError(f"dpserve up exited with {proc.returncode}; log: {tail_log(server)}")
         try:
-            status, body = http_get("/health")
-            if status == 200 and len(json.loads(body)["live_ranks"]) == 2:
-                break
+            with urllib.request.urlopen(server["url"] + "/health", timeout=10, context=TLS) as r:
+                if r.status == 200 and len(json.loads(r.read())["live_ranks"]) == 2:
+                    break
         except OSError:
             pass
         time.sleep(0.5)
     else:
-        stop_server()
-        raise RuntimeError(f"dpserve never became healthy; log: {tail_log()}")
+        stop_server(server)
+        raise RuntimeError(f"dpserve never became healthy; log: {tail_log(server)}")
+
+
+def setUpModule():
+    start_server(SERVER, ["--builtin-size", "tiny"])
     http_client = openai.DefaultHttpxClient(verify=TLS) if TLS else None
     SERVER["client"] = openai.OpenAI(
         base_url=SERVER["url"] + "/v1", api_key="unused", max_retries=0, timeout=120,
@@ -103,16 +108,16 @@ def setUpModule():
     )
 
 
-def tail_log():
+def tail_log(server=SERVER):
     try:
-        with open(SERVER["log"]) as f:
+        with open(server["log"]) as f:
             return f.read()[-4000:]
     except OSError:
         return "(no log)"
 
 
-def stop_server():
-    proc = SERVER.get("proc")
+def stop_server(server=SERVER):
+    proc = server.get("proc")
     if proc is None:
         return
     if proc.poll() is None:
@@ -127,7 +132,7 @@ def stop_server():
     except ProcessLookupError:
         pass
     proc.wait()
-    SERVER.pop("proc")
+    server.pop("proc")
 
 
 def tearDownModule():

@@ -10,12 +10,7 @@ Skips where ../shared is absent.
 
 import json
 import os
-import signal
-import subprocess
-import tempfile
-import time
 import unittest
-import urllib.request
 
 import jsonschema
 import openai
@@ -63,45 +58,13 @@ MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 def setUpModule():
     if not os.path.exists(os.path.join(STORIES, "model.safetensors")):
         raise unittest.SkipTest(f"{STORIES} is absent (../shared beside the checkout)")
-    port = base.free_port()
-    log = tempfile.NamedTemporaryFile(prefix="dpserve-py-structured-", suffix=".log", delete=False)
-    argv = [base.BIN, "up", "--model-path", STORIES, "--dp-size", "2", "--port", str(port)]
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env=dict(os.environ, DPSERVE_LOG="warn"))
-    SERVER.update(proc=proc, url=f"http://127.0.0.1:{port}")
-    deadline = time.time() + base.STARTUP_TIMEOUT_S
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"dpserve up exited with {proc.returncode}; log: {log.name}")
-        try:
-            with urllib.request.urlopen(SERVER["url"] + "/health", timeout=10) as r:
-                if len(json.loads(r.read())["live_ranks"]) == 2:
-                    break
-        except OSError:
-            pass
-        time.sleep(0.5)
-    else:
-        tearDownModule()
-        raise RuntimeError(f"dpserve never became healthy; log: {log.name}")
+    base.start_server(SERVER, ["--model-path", STORIES])
     SERVER["client"] = openai.OpenAI(base_url=SERVER["url"] + "/v1", api_key="unused",
                                      max_retries=0, timeout=120)
 
 
 def tearDownModule():
-    proc = SERVER.pop("proc", None)
-    if proc is None:
-        return
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+    base.stop_server(SERVER)
 
 
 def client():
