@@ -186,44 +186,98 @@ impl ChatTemplate {
 }
 
 /// `tojson` as transformers defines it for chat templates (`json.dumps(x, ensure_ascii=False,
-/// indent=indent)`): `", "` and `": "` between items (`","` and newlines with `indent`), no
-/// HTML escaping, where minijinja's own writes compact, HTML-safe JSON. Tool schemas reach the
-/// prompt through it (Qwen3 writes each tool with `tools | tojson`-like calls).
+/// indent=indent, separators=separators, sort_keys=sort_keys)`): by default `", "` and `": "`
+/// between items (`","` and newlines with `indent`), no HTML escaping, where minijinja's own
+/// writes compact, HTML-safe JSON. Tool schemas reach the prompt through it (Qwen3 writes each
+/// tool with `tool | tojson`).
 fn tojson(
     value: minijinja::Value,
     kwargs: minijinja::value::Kwargs,
 ) -> std::result::Result<minijinja::Value, minijinja::Error> {
     let indent: Option<usize> = kwargs.get("indent")?;
-    // transformers takes these too; the defaults are what it writes.
-    let _: Option<minijinja::Value> = kwargs.get("separators")?;
-    let _: Option<bool> = kwargs.get("sort_keys")?;
+    let separators = match kwargs.get::<Option<minijinja::Value>>("separators")? {
+        None => None,
+        Some(v) => {
+            let pair: Vec<String> = v
+                .try_iter()?
+                .map(|s| s.as_str().map(str::to_string))
+                .collect::<Option<_>>()
+                .filter(|p: &Vec<String>| p.len() == 2)
+                .ok_or_else(|| {
+                    minijinja::Error::new(
+                        ErrorKind::InvalidOperation,
+                        "tojson: separators must be two strings",
+                    )
+                })?;
+            Some((pair[0].clone(), pair[1].clone()))
+        }
+    };
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
     kwargs.assert_all_used()?;
-    let v = serde_json::to_value(&value)
+    let mut v = serde_json::to_value(&value)
         .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
+    if sort_keys == Some(true) {
+        sort(&mut v);
+    }
+    let (item, key) = separators.unwrap_or_else(|| {
+        let item = if indent.is_some() { "," } else { ", " };
+        (item.to_string(), ": ".to_string())
+    });
     let mut out = String::new();
-    python_json(&v, indent, 0, &mut out);
+    python_json(
+        &v,
+        &Dumps {
+            indent,
+            item: &item,
+            key: &key,
+        },
+        0,
+        &mut out,
+    );
     Ok(minijinja::Value::from_safe_string(out))
 }
 
-/// `v` as Python's `json.dumps(v, ensure_ascii=False, indent=indent)` writes it.
-fn python_json(v: &serde_json::Value, indent: Option<usize>, level: usize, out: &mut String) {
+/// Object keys in sorted order, all the way down (`sort_keys=True`).
+fn sort(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(map) => {
+            let mut entries: Vec<_> = std::mem::take(map).into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            for (k, mut item) in entries {
+                sort(&mut item);
+                map.insert(k, item);
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(sort),
+        _ => {}
+    }
+}
+
+/// How `json.dumps` was asked to write.
+struct Dumps<'a> {
+    indent: Option<usize>,
+    item: &'a str,
+    key: &'a str,
+}
+
+/// `v` as Python's `json.dumps(v, ensure_ascii=False, …)` writes it.
+fn python_json(v: &serde_json::Value, how: &Dumps<'_>, level: usize, out: &mut String) {
     use serde_json::Value;
     let newline = |out: &mut String, level: usize| {
-        if let Some(n) = indent {
+        if let Some(n) = how.indent {
             out.push('\n');
             out.push_str(&" ".repeat(n * level));
         }
     };
-    let item_sep = if indent.is_some() { "," } else { ", " };
     match v {
         Value::Array(items) if !items.is_empty() => {
             out.push('[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
-                    out.push_str(item_sep);
+                    out.push_str(how.item);
                 }
                 newline(out, level + 1);
-                python_json(item, indent, level + 1, out);
+                python_json(item, how, level + 1, out);
             }
             newline(out, level);
             out.push(']');
@@ -232,12 +286,12 @@ fn python_json(v: &serde_json::Value, indent: Option<usize>, level: usize, out: 
             out.push('{');
             for (i, (k, item)) in map.iter().enumerate() {
                 if i > 0 {
-                    out.push_str(item_sep);
+                    out.push_str(how.item);
                 }
                 newline(out, level + 1);
                 out.push_str(&Value::String(k.clone()).to_string());
-                out.push_str(": ");
-                python_json(item, indent, level + 1, out);
+                out.push_str(how.key);
+                python_json(item, how, level + 1, out);
             }
             newline(out, level);
             out.push('}');
@@ -324,6 +378,38 @@ mod tests {
             eos_token: Some("</s>".into()),
             ..BuiltinTokenizer::facts()
         }
+    }
+
+    #[test]
+    fn tojson_writes_what_python_s_json_dumps_writes() {
+        // The expected strings are Python 3.11's json.dumps(v, ensure_ascii=False, …).
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path().join("t.jinja");
+        std::fs::write(
+            &t,
+            "{{ messages[0].tool_calls | tojson }}|{{ messages[0].tool_calls | tojson(indent=2) }}|\
+             {{ messages[0].tool_calls | tojson(separators=(',', ':'), sort_keys=true) }}",
+        )
+        .unwrap();
+        let t = ChatTemplate::load(Some(&t), &hf_facts(None)).unwrap();
+        let mut m = ChatMessage::text("user", "x");
+        m.tool_calls = Some(serde_json::json!(
+            {"b": [1, 2.5, {"z": null, "a": "é<>&"}], "a": {}, "c": [], "d": true}
+        ));
+        let out = t.render(&[m], false, None).unwrap();
+        let parts: Vec<&str> = out.split('|').collect();
+        assert_eq!(
+            parts[0],
+            r#"{"b": [1, 2.5, {"z": null, "a": "é<>&"}], "a": {}, "c": [], "d": true}"#
+        );
+        assert_eq!(
+            parts[1],
+            "{\n  \"b\": [\n    1,\n    2.5,\n    {\n      \"z\": null,\n      \"a\": \"é<>&\"\n    }\n  ],\n  \"a\": {},\n  \"c\": [],\n  \"d\": true\n}"
+        );
+        assert_eq!(
+            parts[2],
+            r#"{"a":{},"b":[1,2.5,{"a":"é<>&","z":null}],"c":[],"d":true}"#
+        );
     }
 
     #[test]
