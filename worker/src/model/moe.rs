@@ -67,11 +67,25 @@ pub(super) fn read(f: &Fields<'_>, family: ModelFamily) -> Result<MoeOptions> {
             n => Ok(n),
         }
     };
-    let (experts_field, default_experts) = match family {
-        ModelFamily::Mixtral => ("num_local_experts", 8),
-        _ => ("num_experts", 128),
+    // transformers spells the count both ways (Qwen3MoeConfig maps `num_local_experts` onto
+    // `num_experts`, and a checkpoint it saves names only `num_local_experts`): either is
+    // read, the family's own name first; two that differ are refused.
+    let (own, alias, default_experts) = match family {
+        ModelFamily::Mixtral => ("num_local_experts", "num_experts", 8),
+        _ => ("num_experts", "num_local_experts", 128),
     };
-    let num_experts = positive(experts_field, default_experts)?;
+    let num_experts = match (f.usize_opt(own)?, f.usize_opt(alias)?) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(unsupported(
+                f,
+                alias,
+                &Value::from(b),
+                format!("differs from `{own}` = {a}"),
+            ))
+        }
+        (None, Some(_)) => positive(alias, default_experts)?,
+        _ => positive(own, default_experts)?,
+    };
     let top_k = positive(
         "num_experts_per_tok",
         if family == ModelFamily::Mixtral { 2 } else { 8 },

@@ -734,6 +734,24 @@ fn moe_families_read_their_experts() {
     .unwrap();
     let m = c.moe.clone().unwrap();
     assert_eq!((m.num_experts, m.top_k, m.norm_topk_prob), (16, 4, false));
+    // What transformers' save_pretrained writes for Qwen3-MoE: `num_local_experts` alone (it
+    // failed to load with 128 experts before).
+    let saved = parse_config(&config_with(
+        json!({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+        "num_hidden_layers": 4, "num_local_experts": 4, "num_experts_per_tok": 2}),
+    ))
+    .unwrap();
+    assert_eq!(saved.moe.as_ref().unwrap().num_experts, 4);
+    let both = parse_config(&config_with(
+        json!({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+        "num_hidden_layers": 4, "num_experts": 4, "num_local_experts": 8, "num_experts_per_tok": 2}),
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        both.contains("`num_local_experts` = 8") && both.contains("differs from `num_experts` = 4"),
+        "{both}"
+    );
     // Layers 1 and 3 by the step, less layer 3.
     assert_eq!(m.moe_layers, [false, true, false, false]);
     assert!(c.qk_norm && !c.qkv_bias);
