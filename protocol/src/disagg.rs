@@ -10,7 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::messages::FinishReason;
+use crate::messages::finish::FinishReason;
 
 /// `--disaggregation-mode`: what a worker computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]

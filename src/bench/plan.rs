@@ -7,7 +7,7 @@ use super::launch::ServerFlags;
 use super::metrics::Slo;
 use super::mooncake::{TraceConfig, TRACE_BLOCK_TOKENS};
 use super::preset::{Preset, PresetValues, DEFAULT_GSP};
-use super::sweep::SweepSpec;
+use super::sweep::spec::SweepSpec;
 use super::workload::{Dataset, GspConfig};
 use super::BenchArgs;
 

@@ -19,8 +19,8 @@ use protocol::msg_trace::{MessageTracer, Milestone};
 use protocol::{Endpoint, FrameStats, Message, TokenOut};
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use crate::cluster_view::CONTROLLER_UNREACHABLE;
 use crate::cluster_view::{self, ClusterSnapshot, ClusterView};
-use crate::http::validate::CONTROLLER_UNREACHABLE;
 use crate::registry::{self, Registry};
 use crate::{Result, TokenizerError};
 

@@ -8,9 +8,16 @@ use std::time::{Duration, Instant};
 use actix::{Actor, Addr, AsyncContext, Context, Handler, Message, MessageResult};
 use protocol::ClusterStatus;
 
-use crate::http::validate::CONTROLLER_UNREACHABLE;
 use crate::registry::{FailUnansweredSince, Registry};
-use crate::state::CLUSTER_STATUS_STALE_AFTER;
+
+/// A cluster status older than this means the controller is unreachable: `/health` turns 503
+/// and requests are answered 503 with `Retry-After` at once rather than sent into a socket
+/// nobody reads. The controller sends one about every 500 ms, so this is three missed.
+pub const CLUSTER_STATUS_STALE_AFTER: Duration = Duration::from_millis(1500);
+
+/// Why a request is refused while no fresh cluster status arrives.
+pub const CONTROLLER_UNREACHABLE: &str =
+    "the controller is unreachable (no cluster status from it recently); retry shortly";
 
 /// How often the view checks whether the controller went quiet.
 const STALE_CHECK_EVERY: Duration = Duration::from_millis(100);

@@ -3,7 +3,6 @@
 //! (`http::inflight`), never here.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use protocol::builtin::MODEL_ID;
 
@@ -13,11 +12,6 @@ use crate::http::validate::Limits;
 use crate::metrics::Metrics;
 use crate::tokenizer::{LoadedTokenizer, ModelFacts, TextTokenizer};
 use crate::{Result, TokenizerArgs};
-
-/// A cluster status older than this means the controller is unreachable: `/health` turns 503
-/// and requests are answered 503 with `Retry-After` at once rather than sent into a socket
-/// nobody reads. The controller sends one about every 500 ms, so this is three missed.
-pub const CLUSTER_STATUS_STALE_AFTER: Duration = Duration::from_millis(1500);
 
 pub struct AppState {
     pub tokenizer: Box<dyn TextTokenizer>,

@@ -10,10 +10,12 @@ use crate::PROTOCOL_VERSION;
 
 mod check;
 mod control;
+pub(crate) mod finish;
 
 pub(crate) use check::check;
 
 pub use control::*;
+pub use finish::FinishReason;
 
 /// One frame: `{v: 1, msg: {<Type>: {...}}}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -311,31 +313,6 @@ pub struct Abort {
 /// Drop every unlocked entry of the prefix caches.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct FlushCache {}
-
-/// Why a request stopped generating.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FinishReason {
-    /// EOS or a stop token id (`matched_stop` says which).
-    Stop,
-    /// `max_new_tokens` or the context length was reached.
-    Length,
-    /// Aborted by the client or the operator.
-    Abort,
-    /// Failed; `error` says why.
-    Error,
-}
-
-impl FinishReason {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-            FinishReason::Abort => "abort",
-            FinishReason::Error => "error",
-        }
-    }
-}
 
 /// A request-level error carried back to the HTTP layer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -28,6 +28,9 @@ use anyhow::Context;
 use clap::ValueEnum;
 
 mod report;
+pub(crate) mod spec;
+
+pub use spec::SweepSpec;
 
 use super::launch::{self, ServerFlags};
 use super::metrics::{percentile, BenchMetrics};
@@ -36,56 +39,6 @@ use super::runner::run_once;
 use super::workload::Dataset;
 use super::{append_jsonl, compare, BenchArgs};
 use super::{bailian, mooncake};
-
-/// What `--sweep` asks for, checked.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SweepSpec {
-    /// Ascending, distinct, positive.
-    pub rates: Vec<f64>,
-    pub repeats: usize,
-    /// The share of requests within the SLO a rate must reach, in (0, 1].
-    pub attainment: f64,
-    /// Run every rate; otherwise a method stops after its first rate that misses the target.
-    pub all_rates: bool,
-}
-
-impl SweepSpec {
-    /// `--sweep` (empty: the preset's rates), `--sweep-repeats`, `--slo-attainment`.
-    pub fn new(
-        rates: &[f64],
-        preset_rates: Option<&[f64]>,
-        repeats: usize,
-        attainment: f64,
-    ) -> anyhow::Result<SweepSpec> {
-        let given = if rates.is_empty() {
-            preset_rates.filter(|r| !r.is_empty()).context(
-                "--sweep names no rate (e.g. --sweep 1,1.5,2; only a preset brings its own)",
-            )?
-        } else {
-            rates
-        };
-        for &r in given {
-            anyhow::ensure!(
-                r.is_finite() && r > 0.0,
-                "--sweep: every rate must be a positive number, got {r}"
-            );
-        }
-        let mut rates = given.to_vec();
-        rates.sort_by(f64::total_cmp);
-        rates.dedup();
-        anyhow::ensure!(repeats >= 1, "--sweep-repeats must be at least 1");
-        anyhow::ensure!(
-            attainment > 0.0 && attainment <= 1.0,
-            "--slo-attainment must be a share in (0, 1], got {attainment}"
-        );
-        Ok(SweepSpec {
-            rates,
-            repeats,
-            attainment,
-            all_rates: false,
-        })
-    }
-}
 
 /// What a rate means for this workload, and requests/s offered at rate 1.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -423,9 +423,7 @@ pub fn check_rank(routed_dp_rank: Option<u32>, limits: &Limits) -> Result<(), Ap
     Ok(())
 }
 
-/// Why a request is refused while no fresh cluster status arrives.
-pub const CONTROLLER_UNREACHABLE: &str =
-    "the controller is unreachable (no cluster status from it recently); retry shortly";
+pub use crate::cluster_view::CONTROLLER_UNREACHABLE;
 
 #[cfg(test)]
 mod tests {

@@ -7,7 +7,6 @@ use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use super::{LoadedTokenizer, ModelFacts, TextTokenizer};
-use crate::chat_template;
 use crate::{Result, TokenizerError};
 
 /// Used only when neither config names a context length; small enough to be safe for the
@@ -120,7 +119,7 @@ pub fn load(dir: &Path) -> Result<LoadedTokenizer> {
     let special = |name: &str| {
         tok_config
             .as_ref()
-            .and_then(|c| chat_template::special_token(c, name))
+            .and_then(|c| super::config::special_token(c, name))
     };
 
     let bos_token_id = special("bos_token").and_then(|t| inner.token_to_id(&t));
@@ -131,7 +130,7 @@ pub fn load(dir: &Path) -> Result<LoadedTokenizer> {
             vocab_size,
             context_len,
             eos_token_ids,
-            chat_template: tok_config.as_ref().and_then(chat_template::template_of),
+            chat_template: tok_config.as_ref().and_then(super::config::template_of),
             bos_token: special("bos_token"),
             bos_token_id,
             eos_token: special("eos_token"),

@@ -3,6 +3,7 @@
 //! detokenization of a stream lives in `detokenize`, not here.
 
 mod builtin;
+pub mod config;
 mod hf;
 
 use std::path::PathBuf;
