@@ -8,6 +8,7 @@ use std::str::FromStr;
 use serde_json::Value;
 
 use super::error::{ModelError, Result};
+use super::fields::Fields;
 use super::gemma::GemmaOptions;
 use super::moe::MoeOptions;
 use super::rope::{Rope, RopeScaling};
@@ -353,70 +354,4 @@ fn read_json(path: &Path) -> Result<Value> {
         path: path.into(),
         reason: e.to_string(),
     })
-}
-
-/// Typed access to one JSON object, every failure naming file and field.
-pub(super) struct Fields<'a> {
-    pub file: &'a Path,
-    v: &'a Value,
-}
-
-impl Fields<'_> {
-    /// The field's value; `None` when absent or null.
-    pub fn get(&self, field: &str) -> Option<&Value> {
-        self.v.get(field).filter(|v| !v.is_null())
-    }
-    /// The field's value, null included (where null means something other than absent).
-    pub fn raw(&self, field: &str) -> Option<&Value> {
-        self.v.get(field)
-    }
-    fn missing(&self, field: &str) -> ModelError {
-        ModelError::MissingField {
-            file: self.file.into(),
-            field: field.into(),
-        }
-    }
-    fn usize_req(&self, field: &str) -> Result<usize> {
-        self.usize_opt(field)?.ok_or_else(|| self.missing(field))
-    }
-    pub fn usize_opt(&self, field: &str) -> Result<Option<usize>> {
-        match self.get(field) {
-            None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .and_then(|n| usize::try_from(n).ok())
-                .map(Some)
-                .ok_or_else(|| self.missing(field)),
-        }
-    }
-    pub fn f32_opt(&self, field: &str) -> Result<Option<f32>> {
-        match self.get(field) {
-            None => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .map(|x| Some(x as f32))
-                .ok_or_else(|| self.missing(field)),
-        }
-    }
-    pub fn bool_opt(&self, field: &str) -> Result<Option<bool>> {
-        match self.get(field) {
-            None => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.missing(field)),
-        }
-    }
-    /// A token id given as an integer or a list of integers.
-    fn ids_opt(&self, field: &str) -> Result<Option<Vec<u32>>> {
-        let to_id = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
-        match self.get(field) {
-            None => Ok(None),
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|x| to_id(x).ok_or_else(|| self.missing(field)))
-                .collect::<Result<Vec<_>>>()
-                .map(Some),
-            Some(v) => to_id(v)
-                .map(|x| Some(vec![x]))
-                .ok_or_else(|| self.missing(field)),
-        }
-    }
 }

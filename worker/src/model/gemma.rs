@@ -10,10 +10,11 @@
 
 use serde_json::Value;
 
-use super::config::Fields;
 use super::error::Result;
+use super::family::ModelFamily;
+use super::fields::{is_off, unsupported, Fields};
 use super::rope::RopeScaling;
-use super::support::{is_off, rope_from, unsupported, ModelFamily};
+use super::rope_config::rope_from;
 
 /// Fields refused for the other families that Gemma reads itself.
 pub(super) const OWN_FIELDS: &[&str] = &[

@@ -11,6 +11,8 @@ mod config;
 pub mod cuda;
 mod elems;
 mod error;
+mod family;
+mod fields;
 mod forward;
 mod gemma;
 mod kv;
@@ -19,6 +21,7 @@ mod moe;
 mod packed_file;
 mod plan;
 mod rope;
+mod rope_config;
 mod support;
 mod weights;
 
@@ -30,13 +33,13 @@ use std::path::Path;
 pub use config::{BuiltinSize, ModelConfig};
 pub use elems::LoadDtype;
 pub use error::{ModelError, Result};
+pub use family::ModelFamily;
 pub use gemma::GemmaOptions;
 pub use kernels::cuda::CudaDtype;
 pub use kv::KvBuffers;
 pub use moe::MoeOptions;
 pub use plan::BatchPlan;
 pub use rope::RopeScaling;
-pub use support::ModelFamily;
 
 use weights::Weights;
 

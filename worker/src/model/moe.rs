@@ -14,9 +14,9 @@
 use kernels::{LineVec, PackedMatrix};
 use serde_json::Value;
 
-use super::config::Fields;
 use super::error::Result;
-use super::support::{unsupported, ModelFamily};
+use super::family::ModelFamily;
+use super::fields::{unsupported, Fields};
 
 /// Fields refused for the other families that the MoE families read themselves.
 pub(super) const OWN_FIELDS: &[&str] = &["num_experts", "num_local_experts"];
