@@ -45,6 +45,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use super::pick::{pick_best, Best};
 use super::{Branch, LoadBalancer, RankScore, RankSet, RouteDecision, RouteInput};
 use protocol::hash::SplitMix64;
 
@@ -182,9 +183,7 @@ impl LoadBalancer for DynamoKv {
             }
             (row, Branch::Sampled)
         } else {
-            let lo = logits.iter().copied().fold(f64::INFINITY, f64::min);
-            let tied: Vec<usize> = (0..logits.len()).filter(|&i| logits[i] == lo).collect();
-            let row = tied[self.rng.below(tied.len())];
+            let row = pick_best(&logits, Best::Lowest, &mut self.rng);
             (row, Branch::LowestCost)
         };
         let matched = cached

@@ -32,6 +32,7 @@
 //!
 //! Cost per decision: O(n) for n live ranks; the index lookups are the controller's.
 
+use super::pick::{pick_best, Best};
 use super::{Branch, LoadBalancer, RankScore, RankSet, RouteDecision, RouteInput};
 use protocol::hash::SplitMix64;
 
@@ -122,14 +123,8 @@ impl LoadBalancer for LlmdPrefix {
             RankScore::LlmdPrefix { score, .. } => score,
             _ => f64::NEG_INFINITY,
         };
-        let best = scores
-            .iter()
-            .map(score_of)
-            .fold(f64::NEG_INFINITY, f64::max);
-        let tied: Vec<usize> = (0..scores.len())
-            .filter(|&i| score_of(&scores[i]) == best)
-            .collect();
-        let row = tied[self.rng.below(tied.len())];
+        let values: Vec<f64> = scores.iter().map(score_of).collect();
+        let row = pick_best(&values, Best::Highest, &mut self.rng);
         RouteDecision::scored(loads[row].rank, Branch::MaxScore, scores)
     }
 }

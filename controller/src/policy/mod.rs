@@ -11,6 +11,7 @@ pub mod hrw;
 mod least_loaded;
 mod llmd_prefix;
 mod page_tree;
+mod pick;
 mod prefix_affinity;
 mod round_robin;
 mod smg_cache_aware;
