@@ -37,6 +37,8 @@ pub struct LiveRank {
     pub gpu: Option<GpuInfo>,
     /// What the ledger check found broken since it registered (see [`crate::ledger`]).
     pub violations: Vec<String>,
+    /// It enforces structured-output constraints (`Hello.constraints`).
+    pub constraints: bool,
 }
 
 impl LiveRank {
@@ -58,6 +60,7 @@ impl LiveRank {
             mode: hello.disaggregation_mode,
             kv_endpoint: hello.kv_endpoint.clone(),
             kv_public_key: hello.kv_public_key.clone(),
+            constraints: hello.constraints,
             gpu: hello.gpu.clone(),
             violations: Vec::new(),
         }
@@ -246,6 +249,18 @@ impl Ranks {
 
     pub fn is_live(&self, rank: u32) -> bool {
         self.live.contains_key(&rank)
+    }
+
+    /// Why `rank` may not be sent a request with a structured-output constraint (a worker
+    /// that predates `Hello.constraints` would ignore it); `None` when it may.
+    pub fn refuses_constraints(&self, rank: u32) -> Option<String> {
+        match self.live.get(&rank) {
+            Some(r) if !r.constraints => Some(format!(
+                "data parallel rank {rank} runs a worker that does not enforce structured output \
+                 (it predates Hello.constraints); upgrade it"
+            )),
+            _ => None,
+        }
     }
 
     pub fn ids(&self) -> Vec<u32> {
@@ -512,6 +527,7 @@ mod tests {
             kv_layout: None,
             gpu: None,
             taken_seq: None,
+            constraints: false,
         }
     }
 

@@ -182,7 +182,7 @@ const GOLDEN: &[(&str, &str)] = &[
     (
         "Hello",
         "
-        82 a1 76 01 a3 6d 73 67 81 a5 48 65 6c 6c 6f 87
+        82 a1 76 01 a3 6d 73 67 81 a5 48 65 6c 6c 6f 88
         a4 72 61 6e 6b 00 a8 63 61 70 61 63 69 74 79 84
         b0 6d 61 78 5f 74 6f 74 61 6c 5f 74 6f 6b 65 6e
         73 ce 00 01 00 00 b4 6d 61 78 5f 72 75 6e 6e 69
@@ -193,7 +193,8 @@ const GOLDEN: &[(&str, &str)] = &[
         69 6e b0 70 72 6f 74 6f 63 6f 6c 5f 76 65 72 73
         69 6f 6e 01 a3 70 69 64 cd 10 92 a9 68 65 6c 64
         5f 72 69 64 73 91 a2 72 31 a9 74 61 6b 65 6e 5f
-        73 65 71 39
+        73 65 71 39 ab 63 6f 6e 73 74 72 61 69 6e 74 73
+        c3
         ",
     ),
     (
@@ -672,6 +673,8 @@ const FIELD_RULES: &[FieldRules] = &[
             ("kv_layout", "null"),
             ("gpu", "null"),
             ("taken_seq", "null"),
+            // False: absent from the wire.
+            ("constraints", "null"),
         ],
     },
     FieldRules {

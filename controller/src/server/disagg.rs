@@ -69,6 +69,15 @@ impl Controller {
         });
         // The prefill leg first: a decode leg alone would wait for nothing.
         let rid = req.rid.clone();
+        // Both workers enforce the constraint: the prefill one samples the first token.
+        let refused = req.sampling.constraint.as_ref().and_then(|_| {
+            self.ranks
+                .refuses_constraints(prefill.rank)
+                .or_else(|| self.ranks.refuses_constraints(decode.rank))
+        });
+        if let Some(why) = refused {
+            return self.refuse(&rid, 503, why);
+        }
         let prompt = req.input_ids.len() as u64;
         let seq = self.ranks.next_dispatch_seq(prefill.rank);
         // The prefill worker answers no client: the decisions travel with the decode leg only.

@@ -169,6 +169,18 @@ impl Controller {
                 return false;
             }
         };
+        if let Message::GenerateReq(r) = &msg {
+            let refused = r
+                .sampling
+                .constraint
+                .as_ref()
+                .and_then(|_| self.ranks.refuses_constraints(decision.rank));
+            if let Some(why) = refused {
+                tracing::warn!(rid, %why, "request not sent");
+                self.send_to_tokenizer(&Message::TokenOut(TokenOut::error(rid, 503, why)));
+                return false;
+            }
+        }
         // Numbered per rank, so the rank's statuses can say exactly which dispatches they count.
         let seq = self.ranks.next_dispatch_seq(decision.rank);
         let mut msg = msg;

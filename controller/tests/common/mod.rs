@@ -121,6 +121,17 @@ impl Worker {
         rank: u32,
         mode: DisaggMode,
     ) -> Self {
+        Self::join_with(ctx, addr, rank, mode, false)
+    }
+
+    /// As [`Worker::join`], saying whether it enforces structured-output constraints.
+    pub fn join_with(
+        ctx: &zmq::Context,
+        addr: &protocol::Endpoint,
+        rank: u32,
+        mode: DisaggMode,
+        constraints: bool,
+    ) -> Self {
         let sock = protocol::socket::connect(ctx, zmq::DEALER, addr, Some(&worker_identity(rank)))
             .unwrap();
         sock.set_rcvtimeo(5000).unwrap();
@@ -142,6 +153,7 @@ impl Worker {
             kv_layout: None,
             gpu: None,
             taken_seq: None,
+            constraints,
         };
         protocol::socket::send(&sock, &Message::Hello(hello)).unwrap();
         let w = Worker { rank, sock };

@@ -58,6 +58,16 @@ pub struct Hello {
     /// status sent before the worker reads its first new request would seem to count them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub taken_seq: Option<u64>,
+    /// This worker enforces `SamplingParams.constraint` (structured output). Absent (false)
+    /// from workers that predate it, which would ignore a constraint: the controller sends them
+    /// no constrained request.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub constraints: bool,
+}
+
+/// `skip_serializing_if` for flags absent from the wire while false.
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// A worker's GPU as its driver reports it, announced in `Hello` and shown per rank by

@@ -153,6 +153,7 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                 kv_layout: None,
                 gpu: None,
                 taken_seq: Some(57),
+                constraints: true,
             }),
         ),
         (
@@ -170,6 +171,7 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                 kv_layout: Some(layout()),
                 gpu: None,
                 taken_seq: None,
+                constraints: false,
             }),
         ),
         (
@@ -187,6 +189,7 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                 kv_layout: None,
                 gpu: Some(gpu()),
                 taken_seq: None,
+                constraints: false,
             }),
         ),
         (

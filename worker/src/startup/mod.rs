@@ -311,6 +311,8 @@ fn hello(config: &WorkerConfig, model: &ModelRunner, pool: PoolSize) -> Hello {
         // The GPU a CUDA rank runs on, as its probe found it; none on the CPU or a simulated rank.
         gpu: model.gpu().map(gpu_identity::gpu_identity),
         taken_seq: None, // nothing sent to this process yet; a rejoin's Hello says
+        // Every request's constraint is enforced here (scheduler::decode's sample_and_check).
+        constraints: true,
     }
 }
 
