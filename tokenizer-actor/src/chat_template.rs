@@ -98,6 +98,9 @@ impl ChatMessage {
 pub struct ChatTemplate {
     env: Environment<'static>,
     pub source: TemplateSource,
+    /// The tool-call format the template writes, found once at load (`--tool-call-parser`
+    /// overrides it: [`AppState`](crate::state::AppState)).
+    pub tool_format: Option<ToolCallFormat>,
     bos_token: String,
     eos_token: String,
 }
@@ -139,22 +142,16 @@ impl ChatTemplate {
             },
         );
         env.add_filter("tojson", tojson);
+        let tool_format = ToolCallFormat::of_template(&text);
         env.add_template_owned(TEMPLATE_NAME, text)
             .map_err(|e| format!("template does not parse: {e}"))?;
         Ok(ChatTemplate {
             env,
             source,
+            tool_format,
             bos_token: facts.bos_token.clone().unwrap_or_default(),
             eos_token: facts.eos_token.clone().unwrap_or_default(),
         })
-    }
-
-    /// The template's own text (which tool-call format it writes, if any).
-    pub fn text(&self) -> String {
-        self.env
-            .get_template(TEMPLATE_NAME)
-            .map(|t| t.source().to_string())
-            .unwrap_or_default()
     }
 
     /// The prompt text of `messages`, with the request's `tools` (as transformers passes them;
@@ -297,6 +294,45 @@ fn python_json(v: &serde_json::Value, how: &Dumps<'_>, level: usize, out: &mut S
             out.push('}');
         }
         other => out.push_str(&other.to_string()),
+    }
+}
+
+/// How a model writes a tool call when it chooses to (`--tool-call-parser`, or what its chat
+/// template writes): read back from `tool_choice: "auto"` answers (`http/openai/tools`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolCallFormat {
+    /// `<tool_call>{"name": …, "arguments": {…}}</tool_call>`, one block per call.
+    Hermes,
+    /// `{"name": …, "parameters": {…}}` (after `<|python_tag|>`), several separated by `;`.
+    Llama3,
+    /// `[TOOL_CALLS] [{"name": …, "arguments": {…}}, …]`.
+    Mistral,
+}
+
+impl ToolCallFormat {
+    /// SGLang's `--tool-call-parser` names (with `qwen25` and `qwen3` for Hermes).
+    pub fn parse(name: &str) -> std::result::Result<ToolCallFormat, String> {
+        match name {
+            "hermes" | "qwen25" | "qwen3" => Ok(ToolCallFormat::Hermes),
+            "llama3" => Ok(ToolCallFormat::Llama3),
+            "mistral" => Ok(ToolCallFormat::Mistral),
+            other => Err(format!(
+                "unknown tool-call parser {other:?} (hermes, qwen25, qwen3, llama3, mistral)"
+            )),
+        }
+    }
+
+    /// The format a chat template writes calls in, when it names one.
+    pub fn of_template(template: &str) -> Option<ToolCallFormat> {
+        if template.contains("<tool_call>") {
+            Some(ToolCallFormat::Hermes)
+        } else if template.contains("[TOOL_CALLS]") {
+            Some(ToolCallFormat::Mistral)
+        } else if template.contains("<|python_tag|>") || template.contains("ipython") {
+            Some(ToolCallFormat::Llama3)
+        } else {
+            None
+        }
     }
 }
 

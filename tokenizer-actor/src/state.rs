@@ -7,7 +7,7 @@ use std::sync::Arc;
 use protocol::builtin::MODEL_ID;
 
 use crate::bridge::Bridge;
-use crate::chat_template::ChatTemplate;
+use crate::chat_template::{ChatTemplate, ToolCallFormat};
 use crate::http::validate::Limits;
 use crate::metrics::Metrics;
 use crate::tokenizer::{LoadedTokenizer, ModelFacts, TextTokenizer};
@@ -37,7 +37,15 @@ impl AppState {
         let open_paths = args.http.open_paths()?;
         let LoadedTokenizer { tokenizer, facts } =
             LoadedTokenizer::load(args.model_path.as_deref())?;
-        let chat_template = ChatTemplate::load(args.http.chat_template.as_deref(), &facts)?;
+        let mut chat_template = ChatTemplate::load(args.http.chat_template.as_deref(), &facts)?;
+        if let Some(name) = &args.http.tool_call_parser {
+            chat_template.tool_format = Some(ToolCallFormat::parse(name).map_err(|reason| {
+                crate::TokenizerError::Flag {
+                    flag: "--tool-call-parser",
+                    reason,
+                }
+            })?);
+        }
         let tracer = match &args.trace_dir {
             Some(dir) => protocol::msg_trace::MessageTracer::open_capped(
                 dir,

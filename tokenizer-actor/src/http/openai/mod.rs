@@ -146,11 +146,7 @@ async fn serve(
     let r = params::parse(&body, &header_inputs(&req)?, kind)?;
 
     let prompts = tokenize(&state, &r, kind)?;
-    let tool_format = match &state.args.http.tool_call_parser {
-        // clap took only the names `Format::parse` reads.
-        Some(name) => tools::Format::parse(name).ok(),
-        None => tools::Format::of_template(&state.chat_template.text()),
-    };
+    let tool_format = state.chat_template.tool_format;
     let tools = r.tools.clone().filter(tools::Tools::reads_calls);
     if let Some(t) = &tools {
         if t.choice == tools::ToolChoice::Auto && tool_format.is_none() {

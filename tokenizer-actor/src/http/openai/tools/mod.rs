@@ -16,6 +16,7 @@
 use protocol::Constraint;
 use serde_json::{json, Value};
 
+pub use crate::chat_template::ToolCallFormat as Format;
 use crate::http::error::ApiError;
 
 /// A function the model may call.
@@ -43,45 +44,6 @@ pub struct Tools {
     pub spec: Value,
     pub choice: ToolChoice,
     pub parallel: bool,
-}
-
-/// How a model writes a call when it chooses to (`--tool-call-parser`, or read from its chat
-/// template).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    /// `<tool_call>{"name": …, "arguments": {…}}</tool_call>`, one block per call.
-    Hermes,
-    /// `{"name": …, "parameters": {…}}` (after `<|python_tag|>`), several separated by `;`.
-    Llama3,
-    /// `[TOOL_CALLS] [{"name": …, "arguments": {…}}, …]`.
-    Mistral,
-}
-
-impl Format {
-    /// SGLang's `--tool-call-parser` names (with `qwen25` and `qwen3` for Hermes).
-    pub fn parse(name: &str) -> Result<Format, String> {
-        match name {
-            "hermes" | "qwen25" | "qwen3" => Ok(Format::Hermes),
-            "llama3" => Ok(Format::Llama3),
-            "mistral" => Ok(Format::Mistral),
-            other => Err(format!(
-                "unknown tool-call parser {other:?} (hermes, qwen25, qwen3, llama3, mistral)"
-            )),
-        }
-    }
-
-    /// The format a chat template writes calls in, when it names one.
-    pub fn of_template(template: &str) -> Option<Format> {
-        if template.contains("<tool_call>") {
-            Some(Format::Hermes)
-        } else if template.contains("[TOOL_CALLS]") {
-            Some(Format::Mistral)
-        } else if template.contains("<|python_tag|>") || template.contains("ipython") {
-            Some(Format::Llama3)
-        } else {
-            None
-        }
-    }
 }
 
 /// One call as the answer carries it.
