@@ -12,19 +12,7 @@ fn tiny() -> Server {
 
 /// Two ranks of the tiny built-in model, round robin, with extra environment variables.
 fn tiny_with_env(env: &[(&str, &str)]) -> Server {
-    Server::up_with_env(
-        &[
-            "--builtin-size",
-            "tiny",
-            "--dp-size",
-            "2",
-            "--max-total-tokens",
-            "4096",
-            "--load-balance-method",
-            "round_robin",
-        ],
-        env,
-    )
+    Server::tiny_with_env(&["--load-balance-method", "round_robin"], env)
 }
 
 #[test]

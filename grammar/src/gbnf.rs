@@ -296,20 +296,17 @@ mod tests {
                 .compile(&Constraint::Lark(lark.clone()))
                 .unwrap_or_else(|e| panic!("{lark}: {e}"));
             let mut text = String::new();
-            let mut x = seed
-                .wrapping_mul(2862933555777941757)
-                .wrapping_add(3037000493);
+            let mut rng = crate::tests::Lcg(seed);
             for _ in 0..300 {
                 let mut l = vec![0f32; rows];
                 guide.mask(&mut l).unwrap();
                 let allowed: Vec<u32> =
                     (0..rows as u32).filter(|&t| l[t as usize] == 0.0).collect();
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
-                let t = if allowed.contains(&0) && (x >> 60) < 6 {
+                let t = if allowed.contains(&0) && rng.below(16) < 6 {
                     0
                 } else {
                     let rest: Vec<u32> = allowed.iter().copied().filter(|&t| t != 0).collect();
-                    rest[(x >> 33) as usize % rest.len()]
+                    rest[rng.below(rest.len())]
                 };
                 if t != 0 {
                     text.push(if t as usize == rows - 1 {

@@ -168,11 +168,6 @@ impl Grammars {
         })
     }
 
-    /// The text of `ids` as this vocabulary spells it (special tokens left out).
-    pub fn text_of(&self, ids: &[u32]) -> Vec<u8> {
-        self.factory.tok_env().tok_trie().decode_ext(ids, false)
-    }
-
     fn compile_new(&self, c: &Constraint) -> Result<Matcher, GrammarError> {
         let m = Matcher::new(self.factory.create_parser(top_level(c)?));
         if let Some(why) = m.get_error() {
@@ -332,4 +327,4 @@ impl Guide {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -21,10 +21,10 @@ fn grammars(rows: usize) -> Grammars {
 }
 
 /// A small deterministic generator: which allowed token the walk takes.
-struct Lcg(u64);
+pub(crate) struct Lcg(pub(crate) u64);
 
 impl Lcg {
-    fn below(&mut self, n: usize) -> usize {
+    pub(crate) fn below(&mut self, n: usize) -> usize {
         self.0 = self
             .0
             .wrapping_mul(6364136223846793005)

@@ -64,6 +64,11 @@ impl Server {
 
     /// Two ranks of the tiny built-in model with 4096-token pools, and `extra` flags.
     pub fn tiny(extra: &[&str]) -> Server {
+        Self::tiny_with_env(extra, &[])
+    }
+
+    /// [`Server::tiny`] with extra environment variables.
+    pub fn tiny_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
         let mut args = vec![
             "--builtin-size",
             "tiny",
@@ -73,7 +78,7 @@ impl Server {
             "4096",
         ];
         args.extend_from_slice(extra);
-        Self::up(&args)
+        Self::up_with_env(&args, env)
     }
 
     /// `dpserve up` with `args` and extra environment variables, ready to serve.

@@ -51,7 +51,7 @@ pub async fn health(state: web::Data<AppState>) -> HttpResponse {
             live_ranks: c.live_ranks.iter().map(|r| r.rank).collect(),
         }),
         Some(_) => ApiError::unavailable("no live rank").into(),
-        None => ApiError::unavailable(super::validate::CONTROLLER_UNREACHABLE).into(),
+        None => ApiError::unavailable(crate::cluster_view::CONTROLLER_UNREACHABLE).into(),
     }
 }
 

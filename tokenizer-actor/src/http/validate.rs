@@ -423,7 +423,7 @@ pub fn check_rank(routed_dp_rank: Option<u32>, limits: &Limits) -> Result<(), Ap
     Ok(())
 }
 
-pub use crate::cluster_view::CONTROLLER_UNREACHABLE;
+use crate::cluster_view::CONTROLLER_UNREACHABLE;
 
 #[cfg(test)]
 mod tests {
