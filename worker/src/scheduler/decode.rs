@@ -137,12 +137,7 @@ impl Scheduler {
         logits: &mut [f32],
         mask: Option<Masked>,
     ) -> Result<Option<(FinishReason, Option<u32>)>, String> {
-        let mask = match mask {
-            Some(mask) => Some(mask),
-            None => guide(&self.grammars, req)
-                .and_then(|g| g.map(Guide::next_mask).transpose())
-                .transpose(),
-        };
+        let mask = mask.or_else(|| mask_of(&self.grammars, req));
         if let Some(mask) = mask {
             mask.map_err(|e| e.to_string())?.apply(logits);
         }
@@ -206,14 +201,17 @@ fn guide<'r>(
     Ok(req.guide.as_mut())
 }
 
+/// `req`'s mask for its next step (`None` when it has no constraint).
+fn mask_of(grammars: &LazyGrammars, req: &mut Req) -> Option<Masked> {
+    guide(grammars, req)
+        .and_then(|g| g.map(Guide::next_mask).transpose())
+        .transpose()
+}
+
 /// Every running request's mask for the next step (`None` for the unconstrained).
 fn next_masks(grammars: &LazyGrammars, running: &mut [Req]) -> Vec<Option<Masked>> {
     running
         .iter_mut()
-        .map(|req| {
-            guide(grammars, req)
-                .and_then(|g| g.map(Guide::next_mask).transpose())
-                .transpose()
-        })
+        .map(|req| mask_of(grammars, req))
         .collect()
 }
