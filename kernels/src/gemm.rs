@@ -25,9 +25,10 @@
 //! bytes and widened to f32 as each chunk is loaded (bf16: a 16-bit shift; f16: `vcvtph2ps` or
 //! the exact portable conversion), then go through the very same fma sequence and lane tree.
 //! Widening is exact, so a bf16 matrix gives bit for bit the results of its values widened at
-//! load; only the bytes streamed from memory change. AVX-512 BF16's `vdpbf16ps` is not used: it
-//! would round the activations to bf16 too and sum its pairs in its own order, which breaks
-//! both this contract and f32 parity with transformers.
+//! load; only the bytes streamed from memory change. AVX-512 BF16's `vdpbf16ps` is not used
+//! here: it rounds the activations to bf16 too and sums its pairs in its own order, which would
+//! break both this contract and f32 parity with transformers. It is the opt-in bf16 compute
+//! mode's instruction instead, under that mode's own contract ([`bf16`]).
 //!
 //! Cost: O(M·N·K). Parallelism: one rayon region per call over (M block × N block) tasks; small
 //! `M` (decode) gets a few large contiguous `N` ranges per thread, so the call streams `W` once
@@ -45,19 +46,22 @@ use crate::path::{kernel_path, multiversion, KernelPath};
 use crate::store::{SharedBytes, Store, ViewError};
 use crate::wdtype::{Bf16, PackedElem, WeightDtype, F16};
 
+pub mod bf16;
+pub use bf16::{Bf16Dot, ComputeDtype};
+
 /// Lanes of the fixed-order reduction. Part of the numeric contract: changing it changes results.
 pub const LANES: usize = 16;
 
 /// Rows of `x` per register block (and per packed `x` panel).
-const MR: usize = 4;
+pub(crate) const MR: usize = 4;
 /// Rows of `W` per register block (and per packed `W` panel).
-const NR: usize = 6;
+pub(crate) const NR: usize = 6;
 /// Floats of one chunk of a `W` panel.
-const W_CHUNK: usize = NR * LANES;
+pub(crate) const W_CHUNK: usize = NR * LANES;
 /// Floats of one chunk of an `x` panel.
 const X_CHUNK: usize = MR * LANES;
 /// Accumulator slots a micro-kernel reduces, rounded up to whole 16-wide reductions.
-const OUT_SLOTS: usize = (MR * NR).next_multiple_of(LANES);
+pub(crate) const OUT_SLOTS: usize = (MR * NR).next_multiple_of(LANES);
 /// `x` panels per task for large `M`: 64 rows, which stay in L2 while `W` panels pass.
 const M_BLOCK_PANELS: usize = 16;
 /// `W` panels per task for large `M` (96 rows).
@@ -66,7 +70,7 @@ const N_BLOCK_PANELS: usize = 16;
 /// of f32, 12 KiB of a 16-bit type):
 /// across the page boundaries where the hardware streamer stops.
 #[cfg(target_arch = "x86_64")]
-const PREFETCH_FLOATS: usize = 16 * W_CHUNK;
+pub(crate) const PREFETCH_FLOATS: usize = 16 * W_CHUNK;
 /// At or below this many `x` panels (32 rows) a call is "decode-like": it is bound by streaming
 /// `W`, so `N` is cut into a few large ranges and all of `M` goes with each.
 const SMALL_M_PANELS: usize = 8;
@@ -77,7 +81,7 @@ const X_PREFETCH: usize = 8;
 
 /// The fixed pairwise lane tree shared by every path.
 #[inline]
-fn hsum16(a: &[f32; LANES]) -> f32 {
+pub(crate) fn hsum16(a: &[f32; LANES]) -> f32 {
     let mut s8 = [0f32; 8];
     for i in 0..8 {
         s8[i] = a[i] + a[i + 8];
@@ -126,6 +130,8 @@ pub struct PackedMatrix {
     /// Chunks of `LANES` per row (`ceil(k / 16)`).
     kc: usize,
     data: Panels,
+    /// What [`linear_packed`] computes in with this matrix (bf16: [`bf16`]'s contract).
+    compute: ComputeDtype,
 }
 
 /// The packed elements, in their storage type.
@@ -262,7 +268,33 @@ impl PackedMatrix {
             k,
             kc: k.div_ceil(LANES),
             data,
+            compute: ComputeDtype::F32,
         }
+    }
+
+    /// Makes [`linear_packed`] compute in `compute` with this matrix. Only how it is used
+    /// changes, never the panels (a shared view serves both modes).
+    ///
+    /// # Panics
+    /// For [`ComputeDtype::Bf16`] on a non-empty matrix not stored as bf16 (the loader rounds
+    /// every matrix to bf16 in that mode first).
+    pub fn set_compute(&mut self, compute: ComputeDtype) {
+        if self.n * self.k == 0 && self.dtype() != WeightDtype::Bf16 {
+            // No element, no product: an empty matrix (a layer with experts has empty dense
+            // projections) stays as it is.
+            return;
+        }
+        assert!(
+            compute == ComputeDtype::F32 || self.dtype() == WeightDtype::Bf16,
+            "the bf16 compute mode needs bf16 weights, not {}",
+            self.dtype()
+        );
+        self.compute = compute;
+    }
+
+    /// What [`linear_packed`] computes in with this matrix.
+    pub fn compute(&self) -> ComputeDtype {
+        self.compute
     }
 
     /// Rows (`n`, output features).
@@ -407,6 +439,9 @@ pub fn linear_with(
         path.supported(),
         "kernel path {path} is not supported by this CPU"
     );
+    if w.compute == ComputeDtype::Bf16 {
+        return bf16::linear_bf16_with(path, Bf16Dot::best(path), x, m, w, bias, y);
+    }
     let (n, k, kc) = (w.n, w.k, w.kc);
     assert_eq!(x.len(), m * k, "x shape");
     assert_eq!(y.len(), m * n, "y shape");
@@ -440,10 +475,27 @@ fn run_blocks<T: GemmElem>(
     path: KernelPath,
     xs: &[f32],
     wd: &[T],
-    Shape { m, n, kc }: Shape,
+    shape: Shape,
     bias: Option<&[f32]>,
     y: &mut [f32],
 ) {
+    let kc = shape.kc;
+    for_each_block(shape.m, shape.n, bias, y, |q, p, rows, res| {
+        let wp = &wd[p * kc * W_CHUNK..(p + 1) * kc * W_CHUNK];
+        let xp = &xs[q * kc * X_CHUNK..(q + 1) * kc * X_CHUNK];
+        micro(path, xp, wp, kc, rows, res);
+    });
+}
+
+/// Runs `micro(q, p, rows, res)` for every `x` panel `q` (`rows` of its `MR` are real) and `W`
+/// panel `p` of an `[m, n]` output, in (M block × N block) tasks over the rayon pool, then adds
+/// `bias` and stores each block into `y`. `micro` fills `res[i * NR + j]` with the dot product of
+/// panel row `i` and W panel row `j`. The blocking is the speed, never the numbers: every
+/// element is one `micro` result plus its bias.
+pub(crate) fn for_each_block<F>(m: usize, n: usize, bias: Option<&[f32]>, y: &mut [f32], micro: F)
+where
+    F: Fn(usize, usize, usize, &mut [f32; OUT_SLOTS]) + Sync,
+{
     let (mp, np) = (m.div_ceil(MR), n.div_ceil(NR));
     let threads = rayon::current_num_threads().max(1);
     let (m_block, n_block) = if mp <= SMALL_M_PANELS {
@@ -462,13 +514,11 @@ fn run_blocks<T: GemmElem>(
         let (p0, p1) = (nt * n_block, ((nt + 1) * n_block).min(np));
         let mut res = [0f32; OUT_SLOTS];
         for p in p0..p1 {
-            let wp = &wd[p * kc * W_CHUNK..(p + 1) * kc * W_CHUNK];
             let n0 = p * NR;
             let cols = NR.min(n - n0);
             for q in q0..q1 {
-                let xp = &xs[q * kc * X_CHUNK..(q + 1) * kc * X_CHUNK];
                 let rows = MR.min(m - q * MR);
-                micro(path, xp, wp, kc, rows, &mut res);
+                micro(q, p, rows, &mut res);
                 let bias = bias.map(|b| &b[n0..n0 + cols]);
                 for i in 0..rows {
                     let src = &mut res[i * NR..i * NR + cols];
@@ -792,7 +842,7 @@ mod avx2 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(crate) mod avx512 {
     //! The AVX-512 micro-kernel; same FMA sequence and lane tree as `dot_fixed`.
     // Index loops over the (i, j) register block read like the math and unroll fully.
     #![allow(clippy::needless_range_loop)]
@@ -907,7 +957,7 @@ mod avx512 {
     /// # Safety
     /// The CPU must support avx512f.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn reduce16(v: &[__m512; LANES]) -> __m512 {
+    pub(crate) unsafe fn reduce16(v: &[__m512; LANES]) -> __m512 {
         // s8: lanes 0..8 of the pair's first vector + lanes 8..16, likewise for the second.
         let mut r8 = [_mm512_setzero_ps(); 8];
         for p in 0..8 {
@@ -1253,10 +1303,12 @@ mod bench {
             let x = vec![0.5f32; m * k];
             let w32 = PackedMatrix::pack(&vec![0.25f32; n * k], n, k);
             let w16 = PackedMatrix::pack_16bit(&vec![0x3e80; n * k], n, k, WeightDtype::Bf16);
+            let mut wbf = w16.clone();
+            wbf.set_compute(ComputeDtype::Bf16);
             let mut y = vec![0f32; m * n];
             for (path, w) in KernelPath::all_supported()
                 .into_iter()
-                .flat_map(|p| [(p, &w32), (p, &w16)])
+                .flat_map(|p| [(p, &w32), (p, &w16), (p, &wbf)])
             {
                 linear_with(path, &x, m, w, None, &mut y);
                 let reps = 20;
@@ -1265,8 +1317,12 @@ mod bench {
                     linear_with(path, &x, m, w, None, &mut y);
                 }
                 let dt = t.elapsed().as_secs_f64() / reps as f64;
+                let mode = match w.compute() {
+                    ComputeDtype::Bf16 => format!("bf16 ({:?})", Bf16Dot::best(path)),
+                    ComputeDtype::F32 => "f32".to_string(),
+                };
                 println!(
-                    "{path:>8} {:>4} {m}x{k}x{n}: {:.3} ms, {:.1} GFLOP/s, {:.1} GB/s of W",
+                    "{path:>8} {:>4} compute {mode} {m}x{k}x{n}: {:.3} ms, {:.1} GFLOP/s, {:.1} GB/s of W",
                     w.dtype(),
                     dt * 1e3,
                     2.0 * (m * n * k) as f64 / dt / 1e9,

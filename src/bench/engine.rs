@@ -27,6 +27,8 @@ pub struct EngineArgs {
     pub builtin_size: BuiltinSize,
     /// `--weight-dtype` of the checkpoint's matrices.
     pub weight_dtype: LoadDtype,
+    /// `--compute-dtype`.
+    pub compute_dtype: kernels::ComputeDtype,
     pub threads: Option<usize>,
     /// `auto`, a path name, or `all`.
     pub kernel_path: String,
@@ -59,6 +61,9 @@ pub struct EngineResult {
     /// The type the weight matrices were held in (`f32`, `bf16`, `f16`).
     #[serde(default)]
     pub weight_dtype: String,
+    /// What the linear layers computed in (`f32`; `bf16 (vdpbf16ps)`, `bf16 (emulated: …)`).
+    #[serde(default)]
+    pub compute_dtype: String,
     /// MiB of the loaded weights (packed matrices and vectors).
     #[serde(default)]
     pub weight_mib: f64,
@@ -123,6 +128,7 @@ fn run_all(args: &EngineArgs) -> anyhow::Result<()> {
             .args(["--chunked-prefill-size", &args.chunk.to_string()])
             .args(["--builtin-size", &args.builtin_size.to_string()])
             .args(["--weight-dtype", args.weight_dtype.name()])
+            .args(["--compute-dtype", args.compute_dtype.name()])
             .env("DPSERVE_ENGINE_CHILD", "1")
             .env_remove(kernels::KERNEL_PATH_ENV)
             .stdout(Stdio::piped());
@@ -203,6 +209,7 @@ fn measure(args: &EngineArgs, path: KernelPath, threads: usize) -> anyhow::Resul
         model: name,
         params: c.num_params(),
         weight_dtype: model.matrix_dtype().name().to_string(),
+        compute_dtype: model.compute_dtype_name(path),
         weight_mib: model.weight_bytes() as f64 / (1 << 20) as f64,
         rss_loaded_mib: rss_loaded,
         rss_peak_mib: status_mib("VmHWM"),
@@ -222,9 +229,15 @@ fn model_source(args: &EngineArgs) -> anyhow::Result<(ModelSource, String)> {
             ModelSource::HfDir {
                 dir: dir.clone(),
                 dtype: args.weight_dtype,
+                compute: args.compute_dtype,
                 weight_cache: None,
             },
             dir.display().to_string(),
+        ),
+        None if args.compute_dtype != kernels::ComputeDtype::F32 => anyhow::bail!(
+            "--compute-dtype {} applies to a --model-path checkpoint; the built-in model \
+             computes in f32",
+            args.compute_dtype
         ),
         None if args.weight_dtype != LoadDtype::Auto => anyhow::bail!(
             "--weight-dtype {} applies to a --model-path checkpoint; the built-in model is f32",
@@ -460,7 +473,7 @@ fn cpu_info() -> (String, String) {
 /// The result as a Markdown table, with its context above it.
 pub fn table(r: &EngineResult) -> String {
     let mut s = format!(
-        "\nengine: {} ({:.1}M params, weights {}, computed in f32), kernel path {}, {} threads\n\
+        "\nengine: {} ({:.1}M params, weights {}, computed in {}), kernel path {}, {} threads\n\
          memory: weights {:.1} MiB, resident {:.1} MiB after loading, peak {:.1} MiB\n\
          CPU: {} [{}]\n\
          ceilings (this run): fma peak {:.1} GFLOP/s ({}), memory copy {:.1} GB/s (read + write)\n\n\
@@ -469,6 +482,11 @@ pub fn table(r: &EngineResult) -> String {
         r.model,
         r.params as f64 / 1e6,
         r.weight_dtype,
+        if r.compute_dtype.is_empty() {
+            "f32"
+        } else {
+            &r.compute_dtype
+        },
         r.kernel_path,
         r.threads,
         r.weight_mib,

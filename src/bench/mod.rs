@@ -234,6 +234,7 @@ impl BenchArgs {
             model_path: cluster.model.model_path.clone(),
             builtin_size: cluster.model.builtin_size,
             weight_dtype: cluster.model.weight_dtype,
+            compute_dtype: cluster.model.compute_dtype,
             threads: cluster.serve.num_threads,
             kernel_path: self.kernel_path.trim().to_string(),
             prompt_lens: self.engine_prompt_lens.clone(),

@@ -16,6 +16,8 @@ use crate::error::{self, WorkerError};
 use crate::model::{BuiltinSize, LoadDtype};
 use crate::scheduler::SchedulePolicy;
 use crate::sim::SimProfile;
+use clap::builder::TypedValueParser as _;
+use kernels::ComputeDtype;
 
 mod device;
 mod serve;
@@ -106,9 +108,18 @@ pub struct ModelArgs {
     #[arg(long, env = "DPSERVE_WEIGHT_SEED", default_value_t = 0)]
     pub weight_seed: u64,
     /// The type the CPU keeps a checkpoint's weight matrices in (norms and biases are f32;
-    /// the built-in model is f32). Computing is f32 whatever it is.
+    /// the built-in model is f32). Computing is f32 whatever it is, unless --compute-dtype bf16.
     #[arg(long, env = "DPSERVE_WEIGHT_DTYPE", value_enum, default_value_t = LoadDtype::default())]
     pub weight_dtype: LoadDtype,
+    /// What a CPU rank's linear layers compute in: `f32` (exact; results equal on every kernel
+    /// path and batch) or `bf16` (opt-in: every parameter and each layer's input rounded to
+    /// bf16, products summed in f32, with vdpbf16ps on CPUs with avx512_bf16 and an exact
+    /// emulation elsewhere; docs/MODELS.md states the contract). A --model-path checkpoint
+    /// only.
+    #[arg(long, env = "DPSERVE_COMPUTE_DTYPE", default_value = "f32",
+          value_parser = clap::builder::PossibleValuesParser::new(["f32", "bf16"])
+              .map(|s| s.parse::<ComputeDtype>().expect("a listed value")))]
+    pub compute_dtype: ComputeDtype,
     /// A directory for this host's one copy of a checkpoint's packed weight matrices: the first
     /// rank to load the checkpoint writes it there, every rank maps it read-only, so the ranks
     /// of a host share one copy (and a restart skips the packing). Unset: each rank packs its
@@ -125,6 +136,7 @@ impl Default for ModelArgs {
             builtin_size: BuiltinSize::Base,
             weight_seed: 0,
             weight_dtype: LoadDtype::default(),
+            compute_dtype: ComputeDtype::F32,
             weight_cache: None,
         }
     }
@@ -194,6 +206,8 @@ pub enum ModelSource {
     HfDir {
         dir: PathBuf,
         dtype: LoadDtype,
+        /// `--compute-dtype` (bf16: the matrices are loaded as bf16 whatever `dtype` says).
+        compute: ComputeDtype,
         weight_cache: Option<PathBuf>,
     },
     Builtin {
@@ -253,6 +267,7 @@ impl ModelArgs {
             (LoadFormat::Auto, Some(path)) => ModelSource::HfDir {
                 dir: path.clone(),
                 dtype: self.weight_dtype,
+                compute: self.compute_dtype,
                 weight_cache: self.weight_cache.clone(),
             },
         }
@@ -272,6 +287,7 @@ impl WorkerArgs {
             };
         let model = self.model.source();
         let refusal = self.weight_dtype_refusal();
+        let refusal = refusal.or_else(|| self.compute_dtype_refusal());
         let refusal = refusal.or_else(|| self.weight_cache_refusal());
         if let Some(refusal) = refusal.or_else(|| self.disaggregation_refusal()) {
             return Err(WorkerError::Flag(refusal));
@@ -351,6 +367,34 @@ impl WorkerArgs {
             other => Some(format!(
                 "--weight-dtype {d} is for --device cpu; --device {other} keeps the checkpoint's \
                  own type"
+            )),
+        }
+    }
+
+    /// Why `--compute-dtype` cannot apply here, if it cannot: bf16 is a CPU rank's mode for a
+    /// checkpoint, whose matrices it holds in bf16.
+    fn compute_dtype_refusal(&self) -> Option<String> {
+        if self.model.compute_dtype == ComputeDtype::F32 {
+            return None;
+        }
+        let c = self.model.compute_dtype;
+        if !matches!(self.model.source(), ModelSource::HfDir { .. }) {
+            return Some(format!(
+                "--compute-dtype {c} applies to a --model-path checkpoint; the built-in model \
+                 computes in f32"
+            ));
+        }
+        if self.device.device != Device::Cpu {
+            return Some(format!(
+                "--compute-dtype {c} is for --device cpu, not --device {}",
+                self.device.device
+            ));
+        }
+        match self.model.weight_dtype {
+            LoadDtype::Auto | LoadDtype::Bf16 => None,
+            d => Some(format!(
+                "--compute-dtype {c} computes with bf16 weights; --weight-dtype {d} contradicts \
+                 it (leave it auto, or bf16)"
             )),
         }
     }
@@ -482,6 +526,60 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("--disaggregation-mode"), "{err}");
+    }
+
+    #[test]
+    fn compute_dtype_bf16_is_a_cpu_mode_for_a_checkpoint_with_bf16_weights() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = dir.path().to_str().unwrap();
+        for extra in [&[][..], &["--weight-dtype", "bf16"][..]] {
+            let mut flags = vec!["--model-path", m, "--compute-dtype", "bf16"];
+            flags.extend(extra);
+            let config = parse(&flags).unwrap().resolve().unwrap();
+            assert!(
+                matches!(
+                    config.model,
+                    ModelSource::HfDir {
+                        compute: ComputeDtype::Bf16,
+                        ..
+                    }
+                ),
+                "{flags:?}"
+            );
+        }
+        for (flags, says) in [
+            (
+                &["--compute-dtype", "bf16"][..],
+                "the built-in model computes in f32",
+            ),
+            (
+                &[
+                    "--model-path",
+                    m,
+                    "--compute-dtype",
+                    "bf16",
+                    "--weight-dtype",
+                    "f32",
+                ],
+                "--weight-dtype f32 contradicts it",
+            ),
+            (
+                &[
+                    "--model-path",
+                    m,
+                    "--compute-dtype",
+                    "bf16",
+                    "--device",
+                    "sim",
+                ],
+                "is for --device cpu, not --device sim",
+            ),
+        ] {
+            let err = parse(flags).unwrap().resolve().unwrap_err().to_string();
+            assert!(err.contains(says), "{flags:?}: {err}");
+        }
+        let err = parse(&["--compute-dtype", "f16"]).unwrap_err().to_string();
+        assert!(err.contains("f32") && err.contains("bf16"), "{err}");
     }
 
     #[test]

@@ -124,6 +124,39 @@ impl LlamaModel {
         self.weights.embed.dtype()
     }
 
+    /// Makes the linear layers compute in `compute` (`--compute-dtype`). For bf16 every
+    /// parameter is rounded to bf16 (to nearest even), as transformers loads a model with
+    /// `torch_dtype=bfloat16`: norms and biases here, the matrices by the loader.
+    ///
+    /// # Panics
+    /// For bf16, if a matrix is not held in bf16 (load with [`LoadDtype::Bf16`]).
+    pub fn set_compute_dtype(&mut self, compute: kernels::ComputeDtype) {
+        if compute == kernels::ComputeDtype::Bf16 {
+            self.weights.for_each_vector(|v| {
+                v.iter_mut()
+                    .for_each(|x| *x = half::bf16::from_f32(*x).to_f32())
+            });
+        }
+        self.weights.for_each_matrix(|m| m.set_compute(compute));
+    }
+
+    /// What the linear layers compute in.
+    pub fn compute_dtype(&self) -> kernels::ComputeDtype {
+        self.weights.embed.compute()
+    }
+
+    /// [`Self::compute_dtype`] as the start line names it: `f32`, or `bf16` with how the pair
+    /// products run on `path` (`vdpbf16ps`, or `emulated`).
+    pub fn compute_dtype_name(&self, path: kernels::KernelPath) -> String {
+        match self.compute_dtype() {
+            kernels::ComputeDtype::F32 => "f32".into(),
+            kernels::ComputeDtype::Bf16 => match kernels::Bf16Dot::best(path) {
+                kernels::Bf16Dot::Instruction => "bf16 (vdpbf16ps)".into(),
+                kernels::Bf16Dot::Emulated => "bf16 (emulated: slower than f32)".into(),
+            },
+        }
+    }
+
     /// Bytes the weights take in memory (packed matrices with their padding, and the f32
     /// vectors).
     pub fn weight_bytes(&self) -> usize {

@@ -966,6 +966,7 @@ fn a_tensor_the_config_does_not_use_is_refused_by_name() {
     let err = crate::load_model(&crate::ModelSource::HfDir {
         dir: dir.path().into(),
         dtype: LoadDtype::Auto,
+        compute: kernels::ComputeDtype::F32,
         weight_cache: None,
     })
     .unwrap_err();

@@ -102,49 +102,53 @@ impl Weights {
                 }
             };
         };
-        matrix(&mut self.embed);
+        self.for_each_matrix(matrix);
+        self.for_each_vector(|v| round_to(v, dtype));
+        self.dtype = dtype;
+    }
+
+    /// Calls `f` on every weight matrix (the embedding table, each layer's projections and
+    /// experts, an untied LM head).
+    pub fn for_each_matrix(&mut self, mut f: impl FnMut(&mut PackedMatrix)) {
+        f(&mut self.embed);
         for l in &mut self.layers {
-            round_to(&mut l.attn_norm, dtype);
-            matrix(&mut l.wqkv);
-            if let Some(b) = &mut l.bqkv {
-                round_to(b, dtype);
-            }
-            if let Some((qn, kn)) = &mut l.qk_norm {
-                round_to(qn, dtype);
-                round_to(kn, dtype);
-            }
-            matrix(&mut l.wo);
-            if let Some(b) = &mut l.bo {
-                round_to(b, dtype);
-            }
-            round_to(&mut l.mlp_norm, dtype);
-            matrix(&mut l.wgu);
-            matrix(&mut l.wdown);
-            for b in [&mut l.bgu, &mut l.bdown].into_iter().flatten() {
-                round_to(b, dtype);
-            }
-            if let Some((a, m)) = &mut l.post_norms {
-                round_to(a, dtype);
-                round_to(m, dtype);
+            for m in [&mut l.wqkv, &mut l.wo, &mut l.wgu, &mut l.wdown] {
+                f(m);
             }
             if let Some(m) = &mut l.moe {
-                matrix(&mut m.router);
+                f(&mut m.router);
                 for (gu, down) in &mut m.experts {
-                    matrix(gu);
-                    matrix(down);
+                    f(gu);
+                    f(down);
                 }
                 if let Some(s) = &mut m.shared {
-                    matrix(&mut s.wgu);
-                    matrix(&mut s.wdown);
-                    matrix(&mut s.gate);
+                    for m in [&mut s.wgu, &mut s.wdown, &mut s.gate] {
+                        f(m);
+                    }
                 }
             }
         }
-        round_to(&mut self.norm, dtype);
         if let Some(m) = &mut self.lm_head {
-            matrix(m);
+            f(m);
         }
-        self.dtype = dtype;
+    }
+
+    /// Calls `f` on every weight vector (norms and biases).
+    pub fn for_each_vector(&mut self, mut f: impl FnMut(&mut [f32])) {
+        for l in &mut self.layers {
+            f(&mut l.attn_norm);
+            f(&mut l.mlp_norm);
+            let pairs = [&mut l.qk_norm, &mut l.post_norms];
+            for (a, b) in pairs.into_iter().flatten() {
+                f(a);
+                f(b);
+            }
+            let biases = [&mut l.bqkv, &mut l.bo, &mut l.bgu, &mut l.bdown];
+            for b in biases.into_iter().flatten() {
+                f(b);
+            }
+        }
+        f(&mut self.norm);
     }
 
     /// Bytes held: every packed matrix and every f32 vector.

@@ -30,24 +30,44 @@ pub fn load_model(source: &ModelSource) -> error::Result<LlamaModel> {
         ModelSource::HfDir {
             dir,
             dtype,
+            compute,
             weight_cache,
-        } => LlamaModel::load_hf_shared(dir, *dtype, weight_cache.as_deref()).map_err(|e| {
-            if e.is_unsupported() {
-                WorkerError::UnsupportedModel {
-                    dir: dir.clone(),
-                    reason: e.to_string(),
-                }
-            } else {
-                WorkerError::Model {
-                    dir: dir.clone(),
-                    error: e,
-                }
-            }
-        }),
+        } => load_checkpoint(dir, *dtype, *compute, weight_cache.as_deref()),
         ModelSource::Builtin { size, seed } => {
             Ok(LlamaModel::dummy(ModelConfig::builtin(*size), *seed))
         }
     }
+}
+
+/// A checkpoint's model; in the bf16 compute mode its matrices are loaded as bf16.
+fn load_checkpoint(
+    dir: &std::path::Path,
+    dtype: model::LoadDtype,
+    compute: kernels::ComputeDtype,
+    weight_cache: Option<&std::path::Path>,
+) -> error::Result<LlamaModel> {
+    let dtype = match compute {
+        kernels::ComputeDtype::Bf16 => model::LoadDtype::Bf16,
+        kernels::ComputeDtype::F32 => dtype,
+    };
+    LlamaModel::load_hf_shared(dir, dtype, weight_cache)
+        .map(|mut m| {
+            m.set_compute_dtype(compute);
+            m
+        })
+        .map_err(|e| {
+            if e.is_unsupported() {
+                WorkerError::UnsupportedModel {
+                    dir: dir.into(),
+                    reason: e.to_string(),
+                }
+            } else {
+                WorkerError::Model {
+                    dir: dir.into(),
+                    error: e,
+                }
+            }
+        })
 }
 
 /// The start line of a simulated rank: nothing it outputs comes from a model.
@@ -275,6 +295,7 @@ fn log_loaded(
             model = %mc.model_id,
             params = mc.num_params(),
             weight_dtype = %m.matrix_dtype(),
+            compute_dtype = %m.compute_dtype_name(kernel_path),
             weight_bytes = m.weight_bytes(),
             layers = mc.num_hidden_layers,
             hidden = mc.hidden_size,
