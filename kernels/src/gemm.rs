@@ -47,6 +47,7 @@ use crate::store::{SharedBytes, Store, ViewError};
 use crate::wdtype::{Bf16, PackedElem, WeightDtype, F16};
 
 pub mod bf16;
+pub mod q8;
 pub use bf16::{Bf16Dot, ComputeDtype};
 
 /// Lanes of the fixed-order reduction. Part of the numeric contract: changing it changes results.
@@ -140,6 +141,7 @@ enum Panels {
     F32(Store<f32>),
     Bf16(Store<Bf16>),
     F16(Store<F16>),
+    Q8(q8::Q8Panels),
 }
 
 impl std::fmt::Debug for PackedMatrix {
@@ -207,9 +209,24 @@ impl PackedMatrix {
         let data = match dtype {
             WeightDtype::Bf16 => Panels::Bf16(Store::Owned(pack_panels(bits, n, k, Bf16))),
             WeightDtype::F16 => Panels::F16(Store::Owned(pack_panels(bits, n, k, F16))),
-            WeightDtype::F32 => panic!("pack_16bit of f32: use PackedMatrix::pack"),
+            WeightDtype::F32 | WeightDtype::Q8_0 => {
+                panic!("pack_16bit of {dtype}: use PackedMatrix::pack or pack_q8_0")
+            }
         };
         Self::with(n, k, data)
+    }
+
+    /// Quantizes a row-major `[n, k]` f32 matrix to Q8_0 (see [`q8`]; lossy).
+    ///
+    /// # Panics
+    /// If `w.len() != n * k`.
+    pub fn pack_q8_0(w: &[f32], n: usize, k: usize) -> Self {
+        Self::with(n, k, Panels::Q8(q8::pack(w, n, k)))
+    }
+
+    /// This matrix quantized to Q8_0 (from its values widened to f32).
+    pub fn to_q8_0(&self) -> Self {
+        Self::pack_q8_0(&self.unpack(), self.n, self.k)
     }
 
     /// What the packed layout is, as one string: a file of packed panels is valid for a build
@@ -220,7 +237,10 @@ impl PackedMatrix {
     /// Bytes the packed panels of an `[n, k]` matrix of `dtype` take ([`Self::panel_bytes`]'s
     /// length).
     pub fn panel_len(n: usize, k: usize, dtype: WeightDtype) -> usize {
-        n.div_ceil(NR) * k.div_ceil(LANES) * W_CHUNK * dtype.bytes()
+        match dtype {
+            WeightDtype::Q8_0 => n.div_ceil(NR) * k.div_ceil(64) * NR * (64 + 4),
+            _ => n.div_ceil(NR) * k.div_ceil(LANES) * W_CHUNK * dtype.bytes(),
+        }
     }
 
     /// An `[n, k]` matrix of `dtype` whose packed panels are the [`Self::panel_len`] bytes of
@@ -239,17 +259,26 @@ impl PackedMatrix {
             WeightDtype::F32 => Panels::F32(Store::view(bytes, offset, len)?),
             WeightDtype::Bf16 => Panels::Bf16(Store::view(bytes, offset, len)?),
             WeightDtype::F16 => Panels::F16(Store::view(bytes, offset, len)?),
+            WeightDtype::Q8_0 => {
+                return Err(ViewError::NotViewable {
+                    dtype: dtype.name(),
+                })
+            }
         };
         Ok(Self::with(n, k, data))
     }
 
     /// The packed panels as bytes (little-endian elements, padding included): what
     /// [`Self::view`] reads back.
+    ///
+    /// # Panics
+    /// For a Q8_0 matrix, which is made at load and never written to a weight file.
     pub fn panel_bytes(&self) -> &[u8] {
         match &self.data {
             Panels::F32(d) => d.as_bytes(),
             Panels::Bf16(d) => d.as_bytes(),
             Panels::F16(d) => d.as_bytes(),
+            Panels::Q8(_) => panic!("a q8_0 matrix is not written to a packed weight file"),
         }
     }
 
@@ -259,6 +288,7 @@ impl PackedMatrix {
             Panels::F32(d) => d.is_shared(),
             Panels::Bf16(d) => d.is_shared(),
             Panels::F16(d) => d.is_shared(),
+            Panels::Q8(_) => false,
         }
     }
 
@@ -313,12 +343,16 @@ impl PackedMatrix {
             Panels::F32(_) => WeightDtype::F32,
             Panels::Bf16(_) => WeightDtype::Bf16,
             Panels::F16(_) => WeightDtype::F16,
+            Panels::Q8(_) => WeightDtype::Q8_0,
         }
     }
 
     /// Bytes of the packed panels (padding included), owned or viewed.
     pub fn bytes(&self) -> usize {
-        Self::panel_len(self.n, self.k, self.dtype())
+        match &self.data {
+            Panels::Q8(p) => p.bytes(),
+            _ => Self::panel_len(self.n, self.k, self.dtype()),
+        }
     }
 
     /// Copies row `r` out, widened to f32 (e.g. an embedding lookup on a tied matrix).
@@ -331,6 +365,7 @@ impl PackedMatrix {
             Panels::F32(d) => copy_row_of(d, self.kc, r, out),
             Panels::Bf16(d) => copy_row_of(d, self.kc, r, out),
             Panels::F16(d) => copy_row_of(d, self.kc, r, out),
+            Panels::Q8(p) => Self::q8_row(p, self.n, self.k, r, out),
         }
     }
 
@@ -443,6 +478,17 @@ pub fn linear_with(
         return bf16::linear_bf16_with(path, Bf16Dot::best(path), x, m, w, bias, y);
     }
     let (n, k, kc) = (w.n, w.k, w.kc);
+    if let Panels::Q8(_) = w.data {
+        assert_eq!(x.len(), m * k, "x shape");
+        assert_eq!(y.len(), m * n, "y shape");
+        if let Some(b) = bias {
+            assert_eq!(b.len(), n, "bias shape");
+        }
+        if m > 0 && n > 0 {
+            q8::linear_q8(path, true, x, m, w, bias, y);
+        }
+        return;
+    }
     assert_eq!(x.len(), m * k, "x shape");
     assert_eq!(y.len(), m * n, "y shape");
     if let Some(b) = bias {
@@ -458,6 +504,7 @@ pub fn linear_with(
         Panels::F32(d) => run_blocks(path, &xs, d, shape, bias, y),
         Panels::Bf16(d) => run_blocks(path, &xs, d, shape, bias, y),
         Panels::F16(d) => run_blocks(path, &xs, d, shape, bias, y),
+        Panels::Q8(_) => unreachable!("q8_0 is computed above"),
     }
     X_PACK.set(xs);
 }
@@ -707,6 +754,7 @@ mod avx2 {
                     _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(h)))
                 }
                 WeightDtype::F16 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+                WeightDtype::Q8_0 => unreachable!("no PackedElem is q8_0"),
             }
         }
     }
@@ -867,6 +915,7 @@ pub(crate) mod avx512 {
                     _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
                 }
                 WeightDtype::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)),
+                WeightDtype::Q8_0 => unreachable!("no PackedElem is q8_0"),
             }
         }
     }
@@ -1172,7 +1221,7 @@ mod tests {
         let (m, k, n) = (5, 70, 13);
         let x = rand_vec(&mut rng, m * k);
         let w = rand_vec(&mut rng, n * k);
-        for dtype in WeightDtype::ALL {
+        for dtype in [WeightDtype::F32, WeightDtype::Bf16, WeightDtype::F16] {
             let owned = match dtype {
                 WeightDtype::F32 => PackedMatrix::pack(&w, n, k),
                 d => PackedMatrix::pack_16bit(&to_bits16(&w, d), n, k, d),
@@ -1256,11 +1305,12 @@ mod bench {
     #[ignore]
     fn decode_stream_speed() {
         let shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)];
-        for dtype in [WeightDtype::F32, WeightDtype::Bf16] {
+        for dtype in [WeightDtype::F32, WeightDtype::Bf16, WeightDtype::Q8_0] {
             let layers: Vec<PackedMatrix> = (0..30)
                 .flat_map(|_| shapes)
                 .map(|(n, k)| match dtype {
                     WeightDtype::F32 => PackedMatrix::pack(&vec![0.25f32; n * k], n, k),
+                    WeightDtype::Q8_0 => PackedMatrix::pack_q8_0(&vec![0.25f32; n * k], n, k),
                     d => PackedMatrix::pack_16bit(&vec![0x3e80; n * k], n, k, d),
                 })
                 .collect();
@@ -1305,10 +1355,11 @@ mod bench {
             let w16 = PackedMatrix::pack_16bit(&vec![0x3e80; n * k], n, k, WeightDtype::Bf16);
             let mut wbf = w16.clone();
             wbf.set_compute(ComputeDtype::Bf16);
+            let w8 = PackedMatrix::pack_q8_0(&vec![0.25f32; n * k], n, k);
             let mut y = vec![0f32; m * n];
             for (path, w) in KernelPath::all_supported()
                 .into_iter()
-                .flat_map(|p| [(p, &w32), (p, &w16), (p, &wbf)])
+                .flat_map(|p| [(p, &w32), (p, &w16), (p, &wbf), (p, &w8)])
             {
                 linear_with(path, &x, m, w, None, &mut y);
                 let reps = 20;

@@ -28,6 +28,8 @@ pub enum ViewError {
     },
     #[error("offset {offset} does not start a 64-byte cache line")]
     Misaligned { offset: usize },
+    #[error("a {dtype} matrix is made at load, never viewed in a packed weight file")]
+    NotViewable { dtype: &'static str },
 }
 
 /// A matrix's elements, owned or viewed.

@@ -12,11 +12,19 @@ pub enum WeightDtype {
     F32,
     Bf16,
     F16,
+    /// llama.cpp's Q8_0: blocks of 32 int8 weights with one f16 scale (`gemm::q8`). Made at
+    /// load from another type (lossy), never read from a packed weight file.
+    Q8_0,
 }
 
 impl WeightDtype {
     /// Every storage type.
-    pub const ALL: [WeightDtype; 3] = [WeightDtype::F32, WeightDtype::Bf16, WeightDtype::F16];
+    pub const ALL: [WeightDtype; 4] = [
+        WeightDtype::F32,
+        WeightDtype::Bf16,
+        WeightDtype::F16,
+        WeightDtype::Q8_0,
+    ];
 
     /// `f32`, `bf16`, `f16` (flags, logs, `/get_server_info`).
     pub fn name(self) -> &'static str {
@@ -24,14 +32,16 @@ impl WeightDtype {
             WeightDtype::F32 => "f32",
             WeightDtype::Bf16 => "bf16",
             WeightDtype::F16 => "f16",
+            WeightDtype::Q8_0 => "q8_0",
         }
     }
 
-    /// Bytes per element.
+    /// Bytes per element (Q8_0: its quant; the block scales add 1/16 of a byte).
     pub fn bytes(self) -> usize {
         match self {
             WeightDtype::F32 => 4,
             WeightDtype::Bf16 | WeightDtype::F16 => 2,
+            WeightDtype::Q8_0 => 1,
         }
     }
 }
@@ -49,7 +59,7 @@ impl FromStr for WeightDtype {
         Self::ALL
             .into_iter()
             .find(|d| d.name() == s)
-            .ok_or_else(|| format!("{s:?} is not a weight dtype (f32, bf16, f16)"))
+            .ok_or_else(|| format!("{s:?} is not a weight dtype (f32, bf16, f16, q8_0)"))
     }
 }
 

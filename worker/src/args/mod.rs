@@ -108,7 +108,8 @@ pub struct ModelArgs {
     #[arg(long, env = "DPSERVE_WEIGHT_SEED", default_value_t = 0)]
     pub weight_seed: u64,
     /// The type the CPU keeps a checkpoint's weight matrices in (norms and biases are f32;
-    /// the built-in model is f32). Computing is f32 whatever it is, unless --compute-dtype bf16.
+    /// the built-in model is f32). Computing is f32 whatever it is, unless --compute-dtype bf16;
+    /// q8_0 multiplies 8-bit weights by 8-bit activations, summed as integers.
     #[arg(long, env = "DPSERVE_WEIGHT_DTYPE", value_enum, default_value_t = LoadDtype::default())]
     pub weight_dtype: LoadDtype,
     /// What a CPU rank's linear layers compute in: `f32` (exact; results equal on every kernel
@@ -154,6 +155,7 @@ impl clap::ValueEnum for LoadDtype {
             LoadDtype::F32 => "widened to f32 at load (twice a 16-bit checkpoint's memory)",
             LoadDtype::Bf16 => "bf16; other stored types rounded to nearest even",
             LoadDtype::F16 => "f16; other stored types rounded to nearest even",
+            LoadDtype::Q8_0 => "llama.cpp's Q8_0 (blocks of 32 int8 weights and an f16 scale), quantized at load; lossy",
         };
         Some(PossibleValue::new(self.name()).help(help))
     }
@@ -410,6 +412,13 @@ impl WorkerArgs {
                     .into(),
             );
         }
+        if self.model.weight_dtype == LoadDtype::Q8_0 {
+            return Some(
+                "--weight-cache with --weight-dtype q8_0 is not supported yet: each rank \
+                 quantizes its own copy at load"
+                    .into(),
+            );
+        }
         match self.device.device {
             Device::Cpu => None,
             other => Some(format!(
@@ -580,6 +589,43 @@ mod tests {
         }
         let err = parse(&["--compute-dtype", "f16"]).unwrap_err().to_string();
         assert!(err.contains("f32") && err.contains("bf16"), "{err}");
+    }
+
+    #[test]
+    fn q8_0_weights_are_quantized_in_each_rank_so_no_weight_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = dir.path().to_str().unwrap();
+        let config = parse(&["--model-path", m, "--weight-dtype", "q8_0"])
+            .unwrap()
+            .resolve()
+            .unwrap();
+        assert!(matches!(
+            config.model,
+            ModelSource::HfDir {
+                dtype: LoadDtype::Q8_0,
+                ..
+            }
+        ));
+        let flags = [
+            "--model-path",
+            m,
+            "--weight-dtype",
+            "q8_0",
+            "--weight-cache",
+            m,
+        ];
+        let err = parse(&flags).unwrap().resolve().unwrap_err().to_string();
+        assert!(err.contains("each rank quantizes its own copy"), "{err}");
+        let flags = [
+            "--model-path",
+            m,
+            "--weight-dtype",
+            "q8_0",
+            "--compute-dtype",
+            "bf16",
+        ];
+        let err = parse(&flags).unwrap().resolve().unwrap_err().to_string();
+        assert!(err.contains("--weight-dtype q8_0 contradicts it"), "{err}");
     }
 
     #[test]

@@ -22,15 +22,19 @@ pub enum LoadDtype {
     Bf16,
     /// Every matrix in f16; a matrix stored in another type is rounded (to nearest even).
     F16,
+    /// Every matrix quantized to llama.cpp's Q8_0 (blocks of 32 int8 weights, one f16 scale
+    /// each; lossy) once loaded, from the checkpoint's own type (so it loads as [`Self::Auto`]).
+    Q8_0,
 }
 
 impl LoadDtype {
     /// Every choice, as `--weight-dtype` lists them.
-    pub const ALL: [LoadDtype; 4] = [
+    pub const ALL: [LoadDtype; 5] = [
         LoadDtype::Auto,
         LoadDtype::F32,
         LoadDtype::Bf16,
         LoadDtype::F16,
+        LoadDtype::Q8_0,
     ];
 
     pub fn name(self) -> &'static str {
@@ -39,13 +43,15 @@ impl LoadDtype {
             LoadDtype::F32 => "f32",
             LoadDtype::Bf16 => "bf16",
             LoadDtype::F16 => "f16",
+            LoadDtype::Q8_0 => "q8_0",
         }
     }
 
-    /// The type of a matrix whose parts are stored in `stored` (one entry per part).
+    /// The type of a matrix whose parts are stored in `stored` (one entry per part), as the
+    /// loader reads it (Q8_0 is quantized from it afterwards).
     pub fn resolve(self, stored: &[WeightDtype]) -> WeightDtype {
         match self {
-            LoadDtype::Auto => match stored.split_first() {
+            LoadDtype::Auto | LoadDtype::Q8_0 => match stored.split_first() {
                 Some((&first, rest)) if rest.iter().all(|&d| d == first) => first,
                 _ => WeightDtype::F32,
             },
@@ -131,7 +137,7 @@ pub(crate) fn narrow(v: &[f32], dtype: WeightDtype) -> Vec<u16> {
             .iter()
             .map(|&x| half::f16::from_f32(x).to_bits())
             .collect(),
-        WeightDtype::F32 => panic!("narrow to f32"),
+        WeightDtype::F32 | WeightDtype::Q8_0 => panic!("narrow to {dtype}"),
     }
 }
 
@@ -150,6 +156,9 @@ mod tests {
         assert_eq!(LoadDtype::F32.resolve(&[Bf16]), F32);
         assert_eq!(LoadDtype::Bf16.resolve(&[F32, F16]), Bf16);
         assert_eq!(LoadDtype::F16.resolve(&[Bf16]), F16);
+        // Q8_0 is quantized after loading, from what Auto reads.
+        assert_eq!(LoadDtype::Q8_0.resolve(&[Bf16, Bf16]), Bf16);
+        assert_eq!(LoadDtype::Q8_0.resolve(&[Bf16, F16]), F32);
     }
 
     #[test]

@@ -1,0 +1,540 @@
+//! 8-bit weights (`--weight-dtype q8_0`): llama.cpp's Q8_0 — blocks of 32 weights, each an
+//! int8 times one f16 scale per block — with the activations quantized the same way per call,
+//! and the products summed as integers.
+//!
+//! Quantization (weights at load, activations per call, as ggml's `quantize_row_q8_0_ref`):
+//! per block of 32, `d = max|v| / 127`, `q = round(v · (1/d))` (half away from zero; `q = 0`
+//! where `d = 0`); a weight block keeps `d` as f16 (as Q8_0 stores it), an activation block as
+//! f32. A weight is read back as `f16(d) · q`.
+//!
+//! Numeric contract (every path, bit for bit; a row's result independent of its batch):
+//!   1. `K` zero-padded to windows of 64 (two blocks); lane `l` (of 16) of window `c` takes the
+//!      four elements `64c + 4l .. 64c + 4l + 4`, all in block `b = 2c + l / 8`;
+//!   2. per window and lane, `p = Σ qx · qw` over those four (exact, in i32), then
+//!      `acc[l] = fma(f32(p), dx[b] · dw[b], acc[l])` (`dx · dw` one f32 product);
+//!   3. the f32 contract's 16-lane tree (`hsum16`), then `+ bias`.
+//!
+//! Paths: AVX-512 with VNNI computes `p` with `vpdpbusd` (u8 × s8: the weights are stored offset
+//! by 128 as u8, and the accumulator starts at `-128 · Σ qx` of the lane's four, so the sum is
+//! exactly `Σ qx · qw`); every other path computes the same integers directly. The float steps
+//! are the same FMAs in the same order everywhere.
+//!
+//! Layout: panels of `NR` rows as the other types, `[panel][window][NR][64]` offset quants, and
+//! `[panel][window][NR][2]` f16 scales beside them; `x` is quantized and packed per call,
+//! `[panel][window][MR][64]` quants with, per lane, `-128 · Σ qx` and `dx`.
+
+use std::cell::Cell;
+
+use super::{for_each_block, hsum16, PackedMatrix, Panels, LANES, MR, NR, OUT_SLOTS};
+use crate::linevec::LineBuf;
+use crate::path::{multiversion, KernelPath};
+use crate::wdtype::f16_to_f32;
+
+/// Weights per block (one scale each).
+pub const BLOCK: usize = 32;
+/// Elements of one window: two blocks, 4 per lane.
+const WIN: usize = 64;
+
+/// A Q8_0 matrix's panels: offset quants and f16 scales.
+#[derive(Clone)]
+pub(crate) struct Q8Panels {
+    /// `[panel][window][NR][64]`: `q + 128`.
+    quants: LineBuf<u8>,
+    /// `[panel][window][NR][2]`: the blocks' `d` as f16 bits.
+    scales: Vec<u16>,
+}
+
+impl Q8Panels {
+    pub(crate) fn bytes(&self) -> usize {
+        self.quants.len() + 2 * self.scales.len()
+    }
+}
+
+/// Windows of a row of `k` elements.
+fn windows(k: usize) -> usize {
+    k.div_ceil(WIN)
+}
+
+/// f32 → f16 bits, to nearest even (what `ggml_fp32_to_fp16` gives for a scale).
+fn f16_bits(v: f32) -> u16 {
+    half::f16::from_f32(v).to_bits()
+}
+
+/// ggml's quantization of one block (`v.len() <= 32`; missing elements are zeros): `(d, q)`.
+pub fn quantize_block(v: &[f32], q: &mut [i8; BLOCK]) -> f32 {
+    let amax = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    q.fill(0);
+    for (o, &x) in q.iter_mut().zip(v) {
+        *o = (x * id).round() as i8;
+    }
+    d
+}
+
+/// One dot product in the contract, from f32 `x` and f32 `w` (both quantized here, `w`'s
+/// scales rounded to f16): the reference every path is tested against.
+pub fn dot_q8_0(x: &[f32], w: &[f32]) -> f32 {
+    assert_eq!(x.len(), w.len());
+    let quantized = |v: &[f32], f16_scale: bool| -> Vec<(f32, [i8; BLOCK])> {
+        v.chunks(BLOCK)
+            .map(|b| {
+                let mut q = [0i8; BLOCK];
+                let d = quantize_block(b, &mut q);
+                (
+                    if f16_scale {
+                        f16_to_f32(f16_bits(d))
+                    } else {
+                        d
+                    },
+                    q,
+                )
+            })
+            .collect()
+    };
+    let (xb, wb) = (quantized(x, false), quantized(w, true));
+    let mut acc = [0f32; LANES];
+    for (b, ((dx, qx), (dw, qw))) in xb.iter().zip(&wb).enumerate() {
+        for g in 0..BLOCK / 4 {
+            let p: i32 = (0..4)
+                .map(|t| qx[4 * g + t] as i32 * qw[4 * g + t] as i32)
+                .sum();
+            let l = (b % 2) * 8 + g;
+            acc[l] = (p as f32).mul_add(dx * dw, acc[l]);
+        }
+    }
+    hsum16(&acc)
+}
+
+/// Packs a row-major `[n, k]` f32 matrix as Q8_0 panels.
+pub(crate) fn pack(w: &[f32], n: usize, k: usize) -> Q8Panels {
+    assert_eq!(w.len(), n * k, "w shape");
+    let (np, nw) = (n.div_ceil(NR), windows(k));
+    let mut quants = LineBuf::<u8>::zeroed(np * nw * NR * WIN);
+    quants.fill(128);
+    let mut scales = vec![0u16; np * nw * NR * 2];
+    let mut q = [0i8; BLOCK];
+    if k > 0 {
+        for (r, row) in w.chunks_exact(k).enumerate() {
+            let (p, j) = (r / NR, r % NR);
+            for (b, block) in row.chunks(BLOCK).enumerate() {
+                let d = quantize_block(block, &mut q);
+                let (c, half) = (b / 2, b % 2);
+                let o = ((p * nw + c) * NR + j) * WIN + half * BLOCK;
+                for (dst, &v) in quants[o..o + BLOCK].iter_mut().zip(&q) {
+                    *dst = (v as i16 + 128) as u8;
+                }
+                scales[((p * nw + c) * NR + j) * 2 + half] = f16_bits(d);
+            }
+        }
+    }
+    Q8Panels { quants, scales }
+}
+
+impl PackedMatrix {
+    /// Row `r` of a Q8_0 matrix, dequantized (`f16(d) · q`).
+    pub(crate) fn q8_row(p: &Q8Panels, n: usize, k: usize, r: usize, out: &mut [f32]) {
+        debug_assert!(r < n && out.len() == k);
+        let nw = windows(k);
+        let (pi, j) = (r / NR, r % NR);
+        for (e, o) in out.iter_mut().enumerate() {
+            let (c, within) = (e / WIN, e % WIN);
+            let base = (pi * nw + c) * NR + j;
+            let q = p.quants[base * WIN + within] as i32 - 128;
+            let d = f16_to_f32(p.scales[base * 2 + within / BLOCK]);
+            *o = d * q as f32;
+        }
+    }
+}
+
+thread_local! {
+    static X_PACK: Cell<XPack> = const { Cell::new(XPack::new()) };
+}
+
+/// The quantized `x` of one call.
+#[derive(Default)]
+struct XPack {
+    /// `[panel][window][MR][64]` quants.
+    q: Vec<i8>,
+    /// `[panel][window][MR][16]`: per lane, `-128 · Σ` of its four quants.
+    neg: Vec<i32>,
+    /// `[panel][window][MR][16]`: per lane, its block's `dx`.
+    d: Vec<f32>,
+}
+
+impl XPack {
+    const fn new() -> Self {
+        XPack {
+            q: Vec::new(),
+            neg: Vec::new(),
+            d: Vec::new(),
+        }
+    }
+
+    fn pack(&mut self, x: &[f32], m: usize, k: usize) {
+        let (mp, nw) = (m.div_ceil(MR), windows(k));
+        let slots = mp * nw * MR;
+        self.q.clear();
+        self.q.resize(slots * WIN, 0);
+        self.neg.clear();
+        self.neg.resize(slots * LANES, 0);
+        self.d.clear();
+        self.d.resize(slots * LANES, 0.0);
+        let mut q = [0i8; BLOCK];
+        for r in 0..m {
+            let row = &x[r * k..(r + 1) * k];
+            for (b, block) in row.chunks(BLOCK).enumerate() {
+                let d = quantize_block(block, &mut q);
+                let (c, half) = (b / 2, b % 2);
+                let slot = ((r / MR) * nw + c) * MR + r % MR;
+                self.q[slot * WIN + half * BLOCK..][..BLOCK].copy_from_slice(&q);
+                for g in 0..BLOCK / 4 {
+                    let sum: i32 = q[4 * g..4 * g + 4].iter().map(|&v| v as i32).sum();
+                    let l = half * 8 + g;
+                    self.neg[slot * LANES + l] = -128 * sum;
+                    self.d[slot * LANES + l] = d;
+                }
+            }
+        }
+    }
+}
+
+/// `y = x · Wᵀ + bias` for a Q8_0 `W`, on `path` (VNNI where `vnni` and the path allow it).
+pub(crate) fn linear_q8(
+    path: KernelPath,
+    vnni: bool,
+    x: &[f32],
+    m: usize,
+    w: &PackedMatrix,
+    bias: Option<&[f32]>,
+    y: &mut [f32],
+) {
+    let Panels::Q8(p) = &w.data else {
+        unreachable!("linear_q8 of a {} matrix", w.dtype())
+    };
+    let (n, k) = (w.n, w.k);
+    let nw = windows(k);
+    let mut xs = X_PACK.take();
+    xs.pack(x, m, k);
+    let vnni = vnni && path == KernelPath::Avx512 && cpu_has_vnni();
+    for_each_block(m, n, bias, y, |q, pi, rows, res| {
+        let xq = &xs.q[q * nw * MR * WIN..(q + 1) * nw * MR * WIN];
+        let neg = &xs.neg[q * nw * MR * LANES..(q + 1) * nw * MR * LANES];
+        let xd = &xs.d[q * nw * MR * LANES..(q + 1) * nw * MR * LANES];
+        let wq = &p.quants[pi * nw * NR * WIN..(pi + 1) * nw * NR * WIN];
+        let ws = &p.scales[pi * nw * NR * 2..(pi + 1) * nw * NR * 2];
+        let panel = XPanel { q: xq, neg, d: xd };
+        if vnni {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `vnni` holds only where the CPU reports avx512f and avx512vnni; the
+            // slices hold `nw` whole windows of their panels.
+            unsafe {
+                vnni::micro(&panel, wq, ws, nw, rows, res)
+            };
+        } else {
+            generic(path, &panel, wq, ws, nw, rows, res);
+        }
+    });
+    X_PACK.set(xs);
+}
+
+/// Whether the CPU has AVX512-VNNI (`vpdpbusd` on 512-bit registers).
+pub fn cpu_has_vnni() -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512vnni")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
+/// One x panel of the call.
+struct XPanel<'a> {
+    q: &'a [i8],
+    neg: &'a [i32],
+    d: &'a [f32],
+}
+
+multiversion! {
+    fn generic(
+        x: &XPanel<'_>,
+        wq: &[u8],
+        ws: &[u16],
+        nw: usize,
+        rows: usize,
+        res: &mut [f32; OUT_SLOTS],
+    ) => generic_body;
+}
+
+/// The contract in plain integer and float code (every path without VNNI).
+#[inline(always)]
+fn generic_body(
+    x: &XPanel<'_>,
+    wq: &[u8],
+    ws: &[u16],
+    nw: usize,
+    rows: usize,
+    res: &mut [f32; OUT_SLOTS],
+) {
+    for i in 0..rows {
+        for j in 0..NR {
+            let mut acc = [0f32; LANES];
+            for c in 0..nw {
+                let xq = &x.q[(c * MR + i) * WIN..][..WIN];
+                let xd = &x.d[(c * MR + i) * LANES..][..LANES];
+                let w = &wq[(c * NR + j) * WIN..][..WIN];
+                let d0 = f16_to_f32(ws[(c * NR + j) * 2]);
+                let d1 = f16_to_f32(ws[(c * NR + j) * 2 + 1]);
+                for l in 0..LANES {
+                    let mut p = 0i32;
+                    for t in 0..4 {
+                        p += xq[4 * l + t] as i32 * (w[4 * l + t] as i32 - 128);
+                    }
+                    let dw = if l < 8 { d0 } else { d1 };
+                    acc[l] = (p as f32).mul_add(xd[l] * dw, acc[l]);
+                }
+            }
+            res[i * NR + j] = hsum16(&acc);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    //! The AVX512-VNNI micro-kernel: per window, one `vpdpbusd` per (x row, W row) started from
+    //! the x lane's `-128 · Σ qx`, then the contract's conversion and FMA.
+    #![allow(clippy::needless_range_loop)]
+    use super::{XPanel, LANES, MR, NR, OUT_SLOTS, WIN};
+    use crate::gemm::avx512::reduce16;
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// avx512f and avx512vnni; the slices hold `nw` windows of their panels.
+    #[target_feature(enable = "avx512f,avx512vnni,f16c")]
+    pub(super) unsafe fn micro(
+        x: &XPanel<'_>,
+        wq: &[u8],
+        ws: &[u16],
+        nw: usize,
+        rows: usize,
+        res: &mut [f32; OUT_SLOTS],
+    ) {
+        let mut flat = [_mm512_setzero_ps(); OUT_SLOTS];
+        let mut i0 = 0;
+        while i0 < rows {
+            // SAFETY: function contract.
+            if rows - i0 >= 2 {
+                let acc = unsafe { chains::<2>(x, wq, ws, nw, i0) };
+                for i in 0..2 {
+                    for j in 0..NR {
+                        flat[(i0 + i) * NR + j] = acc[i][j];
+                    }
+                }
+                i0 += 2;
+            } else {
+                let acc = unsafe { chains::<1>(x, wq, ws, nw, i0) };
+                for j in 0..NR {
+                    flat[i0 * NR + j] = acc[0][j];
+                }
+                i0 += 1;
+            }
+        }
+        for g in 0..(rows * NR).div_ceil(LANES) {
+            let mut v = [_mm512_setzero_ps(); LANES];
+            v.copy_from_slice(&flat[g * LANES..(g + 1) * LANES]);
+            // SAFETY: avx512f; `res` holds OUT_SLOTS >= (g + 1) * 16 floats.
+            unsafe { _mm512_storeu_ps(res.as_mut_ptr().add(g * LANES), reduce16(&v)) };
+        }
+    }
+
+    /// Rows `i0..i0 + A` of the x panel against the `NR` W rows.
+    ///
+    /// # Safety
+    /// As [`micro`]; `i0 + A <= MR`.
+    #[target_feature(enable = "avx512f,avx512vnni,f16c")]
+    #[inline(never)]
+    unsafe fn chains<const A: usize>(
+        x: &XPanel<'_>,
+        wq: &[u8],
+        ws: &[u16],
+        nw: usize,
+        i0: usize,
+    ) -> [[__m512; NR]; A] {
+        let mut acc = [[_mm512_setzero_ps(); NR]; A];
+        for c in 0..nw {
+            // Few rows: W streams from memory; prefetch it ahead (a hint: never faults).
+            let ahead = wq.as_ptr().wrapping_add((c + 8) * NR * WIN);
+            for j in 0..NR {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(j * WIN) as *const i8);
+            }
+            let mut xv = [_mm512_setzero_si512(); A];
+            let mut neg = [_mm512_setzero_si512(); A];
+            let mut xd = [_mm512_setzero_ps(); A];
+            for i in 0..A {
+                let s = c * MR + i0 + i;
+                // SAFETY: slot s of window c is inside the panel (function contract).
+                unsafe {
+                    xv[i] = _mm512_loadu_si512(x.q.as_ptr().add(s * WIN) as *const _);
+                    neg[i] = _mm512_loadu_si512(x.neg.as_ptr().add(s * LANES) as *const _);
+                    xd[i] = _mm512_loadu_ps(x.d.as_ptr().add(s * LANES));
+                }
+            }
+            for j in 0..NR {
+                let s = c * NR + j;
+                // SAFETY: as above, for the W panel.
+                let (wv, dw) = unsafe {
+                    let wv = _mm512_loadu_si512(wq.as_ptr().add(s * WIN) as *const _);
+                    let d0 = _mm_set1_epi16(ws[s * 2] as i16);
+                    let d1 = _mm_set1_epi16(ws[s * 2 + 1] as i16);
+                    let dw = _mm512_cvtph_ps(_mm256_set_m128i(d1, d0));
+                    (wv, dw)
+                };
+                for i in 0..A {
+                    let p = _mm512_dpbusd_epi32(neg[i], wv, xv[i]);
+                    let scale = _mm512_mul_ps(xd[i], dw);
+                    acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale, acc[i][j]);
+                }
+            }
+        }
+        acc
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Lcg(u64);
+    impl Lcg {
+        fn next(&mut self) -> u64 {
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            self.0 >> 33
+        }
+        fn value(&mut self) -> f32 {
+            let r = self.next();
+            let scale = f32::powi(2.0, (r >> 20) as i32 % 13 - 6);
+            let v = ((r % 20001) as f32 - 10000.0) / 5000.0 * scale;
+            if r.is_multiple_of(17) {
+                0.0
+            } else {
+                v
+            }
+        }
+        fn values(&mut self, n: usize) -> Vec<f32> {
+            (0..n).map(|_| self.value()).collect()
+        }
+    }
+
+    #[test]
+    fn blocks_quantize_as_ggml_does() {
+        let mut q = [0i8; BLOCK];
+        let v: Vec<f32> = (0..32).map(|i| i as f32 - 15.5).collect();
+        let d = quantize_block(&v, &mut q);
+        assert_eq!(d, 15.5 / 127.0);
+        assert_eq!((q[0], q[31]), (-127, 127));
+        // ±0.5 / d = ±4.097: -4 and 4; 2.5 / d = 20.48: 20.
+        assert_eq!((q[15], q[16], q[18]), (-4, 4, 20));
+        assert_eq!(quantize_block(&[0.0; 5], &mut q), 0.0);
+        assert!(q.iter().all(|&v| v == 0));
+    }
+
+    #[test]
+    fn rows_read_back_as_scale_times_quant() {
+        let mut rng = Lcg(9);
+        let (n, k) = (7, 100);
+        let w = rng.values(n * k);
+        let m = PackedMatrix::pack_q8_0(&w, n, k);
+        assert_eq!(m.dtype(), crate::WeightDtype::Q8_0);
+        let mut row = vec![0f32; k];
+        for r in [0, 3, 6] {
+            m.copy_row(r, &mut row);
+            for (b, block) in w[r * k..(r + 1) * k].chunks(BLOCK).enumerate() {
+                let mut q = [0i8; BLOCK];
+                let d = f16_to_f32(f16_bits(quantize_block(block, &mut q)));
+                for (i, _) in block.iter().enumerate() {
+                    assert_eq!(
+                        row[b * BLOCK + i],
+                        d * q[i] as f32,
+                        "row {r} elem {}",
+                        b * BLOCK + i
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_path_equals_the_reference_bit_for_bit() {
+        let mut rng = Lcg(21);
+        for (m, n, k) in [
+            (1, 7, 5),
+            (3, 13, 70),
+            (4, 6, 64),
+            (9, 19, 200),
+            (70, 13, 33),
+            (2, 5, 1000),
+        ] {
+            let x = rng.values(m * k);
+            let w = rng.values(n * k);
+            let bias = rng.values(n);
+            let packed = PackedMatrix::pack_q8_0(&w, n, k);
+            let mut want = vec![0f32; m * n];
+            for r in 0..m {
+                for c in 0..n {
+                    want[r * n + c] =
+                        dot_q8_0(&x[r * k..(r + 1) * k], &w[c * k..(c + 1) * k]) + bias[c];
+                }
+            }
+            for path in KernelPath::all_supported() {
+                for vnni in [false, true] {
+                    if vnni && !(path == KernelPath::Avx512 && cpu_has_vnni()) {
+                        continue;
+                    }
+                    let mut y = vec![0f32; m * n];
+                    linear_q8(path, vnni, &x, m, &packed, Some(&bias), &mut y);
+                    let same = y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{path} vnni={vnni} m={m} n={n} k={k}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn which_integer_dot_ran_here() {
+        // Not a check of numbers: says in the test log whether VNNI was tested on this CPU.
+        eprintln!("avx512_vnni on this CPU: {}", cpu_has_vnni());
+    }
+
+    #[test]
+    fn a_row_does_not_depend_on_its_batch_and_is_close_to_f32() {
+        let mut rng = Lcg(4);
+        let (m, n, k) = (37, 11, 256);
+        let x = rng.values(m * k);
+        let w = rng.values(n * k);
+        let q = PackedMatrix::pack_q8_0(&w, n, k);
+        let mut all = vec![0f32; m * n];
+        crate::gemm::linear_packed(&x, m, &q, None, &mut all);
+        for r in [0, 5, 36] {
+            let mut one = vec![0f32; n];
+            crate::gemm::linear_packed(&x[r * k..(r + 1) * k], 1, &q, None, &mut one);
+            assert_eq!(one, all[r * n..(r + 1) * n], "row {r}");
+        }
+        let mut exact = vec![0f32; m * n];
+        crate::gemm::linear(&x, m, k, &w, n, None, &mut exact);
+        let scale = exact.iter().map(|v| v.abs()).fold(0f32, f32::max);
+        let err = all
+            .iter()
+            .zip(&exact)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(err > 0.0 && err < 0.05 * scale, "err {err} scale {scale}");
+    }
+}
