@@ -477,26 +477,14 @@ pub fn linear_with(
     if w.compute == ComputeDtype::Bf16 {
         return bf16::linear_bf16_with(path, Bf16Dot::best(path), x, m, w, bias, y);
     }
-    let (n, k, kc) = (w.n, w.k, w.kc);
+    check_shapes(x, m, w, bias, y);
+    if m == 0 || w.n == 0 {
+        return;
+    }
     if let Panels::Q8(_) = w.data {
-        assert_eq!(x.len(), m * k, "x shape");
-        assert_eq!(y.len(), m * n, "y shape");
-        if let Some(b) = bias {
-            assert_eq!(b.len(), n, "bias shape");
-        }
-        if m > 0 && n > 0 {
-            q8::linear_q8(path, true, x, m, w, bias, y);
-        }
-        return;
+        return q8::linear_q8(path, true, x, m, w, bias, y);
     }
-    assert_eq!(x.len(), m * k, "x shape");
-    assert_eq!(y.len(), m * n, "y shape");
-    if let Some(b) = bias {
-        assert_eq!(b.len(), n, "bias shape");
-    }
-    if m == 0 || n == 0 {
-        return;
-    }
+    let (n, k, kc) = (w.n, w.k, w.kc);
     let mut xs = X_PACK.take();
     pack_x(x, m, k, kc, &mut xs);
     let shape = Shape { m, n, kc };
@@ -507,6 +495,15 @@ pub fn linear_with(
         Panels::Q8(_) => unreachable!("q8_0 is computed above"),
     }
     X_PACK.set(xs);
+}
+
+/// Asserts the shapes of one call: caller bugs, never external input.
+fn check_shapes(x: &[f32], m: usize, w: &PackedMatrix, bias: Option<&[f32]>, y: &[f32]) {
+    assert_eq!(x.len(), m * w.k, "x shape");
+    assert_eq!(y.len(), m * w.n, "y shape");
+    if let Some(b) = bias {
+        assert_eq!(b.len(), w.n, "bias shape");
+    }
 }
 
 /// The problem of one call: rows of `x`, rows of `W`, chunks per row.

@@ -16,9 +16,8 @@ mod common;
 #[path = "common/hf_fixture.rs"]
 mod hf_fixture;
 
-use common::this_binary;
 use hf_fixture::{fixtures, max_abs_diff, Fixture};
-use kernels::{ComputeDtype, KernelPath, KERNEL_PATH_ENV};
+use kernels::ComputeDtype;
 use worker::model::{KvBuffers, LlamaModel, LoadDtype, SeqInput};
 
 /// Largest |dpserve − transformers| allowed on any logit. transformers rounds every
@@ -183,44 +182,8 @@ fn every_fixture_is_close_to_transformers_bf16_and_the_same_bits_on_every_path()
     if std::env::var_os(CHILD).is_some() {
         return;
     }
-    let mut digests: Vec<(KernelPath, Vec<String>)> = Vec::new();
-    for p in KernelPath::all_supported() {
-        let out = this_binary()
-            .args(["--exact", "child_check", "--nocapture", "--test-threads=1"])
-            .env(CHILD, "1")
-            .env(KERNEL_PATH_ENV, p.name())
-            .output()
-            .expect("start child");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{p}: {stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let lines: Vec<String> = stdout
-            .lines()
-            .filter_map(|l| l.find("bf16 parity: ").map(|i| l[i..].to_string()))
-            .collect();
-        assert!(
-            !lines.is_empty(),
-            "{p}: the child checked nothing: {stdout}"
-        );
-        for l in &lines {
-            eprintln!("{l}");
-        }
-        let ds = lines
-            .iter()
-            .map(|l| l.rsplit(' ').next().unwrap().to_string())
-            .collect();
-        digests.push((p, ds));
-    }
-    for (p, d) in &digests[1..] {
-        assert_eq!(
-            d, &digests[0].1,
-            "{p} and {} give different bf16-mode logits",
-            digests[0].0
-        );
-    }
+    let per_path = common::per_path_lines(CHILD, "bf16 parity: ");
+    common::assert_same_last_words(&per_path, "bf16-mode logits");
 }
 
 #[test]

@@ -16,10 +16,9 @@ mod hf_fixture;
 
 use std::collections::HashMap;
 
-use common::this_binary;
 use hf_fixture::hf_weights::{write_safetensors, Bf16Tensor};
 use hf_fixture::{fixtures, max_abs_diff, Fixture, RefSeq};
-use kernels::{KernelPath, WeightDtype, KERNEL_PATH_ENV};
+use kernels::WeightDtype;
 use worker::model::{KvBuffers, LlamaModel, LoadDtype, SeqInput};
 
 /// Largest |dpserve − transformers| allowed on any logit.
@@ -283,28 +282,7 @@ fn every_fixture_matches_transformers_on_every_kernel_path() {
     if std::env::var_os(CHILD).is_some() {
         return;
     }
-    for p in KernelPath::all_supported() {
-        let out = this_binary()
-            .args(["--exact", "child_check", "--nocapture", "--test-threads=1"])
-            .env(CHILD, "1")
-            .env(KERNEL_PATH_ENV, p.name())
-            .output()
-            .expect("start child");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{p}: {stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let lines: Vec<&str> = stdout.lines().filter(|l| l.contains("parity: ")).collect();
-        assert!(
-            !lines.is_empty(),
-            "{p}: the child checked nothing: {stdout}"
-        );
-        for l in lines {
-            eprintln!("{}", &l[l.find("parity: ").unwrap()..]);
-        }
-    }
+    common::per_path_lines(CHILD, "parity: ");
 }
 
 #[test]

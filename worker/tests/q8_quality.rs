@@ -12,9 +12,8 @@ mod common;
 #[path = "common/hf_fixture.rs"]
 mod hf_fixture;
 
-use common::this_binary;
 use hf_fixture::fixtures;
-use kernels::{KernelPath, WeightDtype, KERNEL_PATH_ENV};
+use kernels::WeightDtype;
 use worker::model::{KvBuffers, LlamaModel, LoadDtype, SeqInput};
 
 const CHILD: &str = "DPSERVE_Q8_QUALITY_TEST_CHILD";
@@ -131,44 +130,8 @@ fn q8_0_is_close_to_bf16_and_the_same_bits_on_every_path() {
     if std::env::var_os(CHILD).is_some() {
         return;
     }
-    let mut digests: Vec<(KernelPath, Vec<String>)> = Vec::new();
-    for p in KernelPath::all_supported() {
-        let out = this_binary()
-            .args(["--exact", "child_check", "--nocapture", "--test-threads=1"])
-            .env(CHILD, "1")
-            .env(KERNEL_PATH_ENV, p.name())
-            .output()
-            .expect("start child");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{p}: {stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let lines: Vec<String> = stdout
-            .lines()
-            .filter_map(|l| l.find("q8_0 quality: ").map(|i| l[i..].to_string()))
-            .collect();
-        assert!(
-            !lines.is_empty(),
-            "{p}: the child checked nothing: {stdout}"
-        );
-        for l in &lines {
-            eprintln!("{l}");
-        }
-        let ds = lines
-            .iter()
-            .map(|l| l.rsplit(' ').next().unwrap().to_string())
-            .collect();
-        digests.push((p, ds));
-    }
-    for (p, d) in &digests[1..] {
-        assert_eq!(
-            d, &digests[0].1,
-            "{p} and {} give different q8_0 logits",
-            digests[0].0
-        );
-    }
+    let per_path = common::per_path_lines(CHILD, "q8_0 quality: ");
+    common::assert_same_last_words(&per_path, "q8_0 logits");
 }
 
 #[test]

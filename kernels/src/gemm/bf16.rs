@@ -235,12 +235,8 @@ pub fn linear_bf16_with(
             w.dtype()
         );
     };
+    super::check_shapes(x, m, w, bias, y);
     let (n, k, kc) = (w.n, w.k, w.kc);
-    assert_eq!(x.len(), m * k, "x shape");
-    assert_eq!(y.len(), m * n, "y shape");
-    if let Some(b) = bias {
-        assert_eq!(b.len(), n, "bias shape");
-    }
     if m == 0 || n == 0 {
         return;
     }

@@ -9,7 +9,9 @@
 //!
 //! Numeric contract (every path, bit for bit; a row's result independent of its batch):
 //!   1. `K` zero-padded to windows of 64 (two blocks); lane `l` (of 16) of window `c` takes the
-//!      four elements `64c + 4l .. 64c + 4l + 4`, all in block `b = 2c + l / 8`;
+//!      four elements `4g .. 4g + 4` (`g = l / 2`) of block `b = 2c + l % 2`: the two blocks'
+//!      groups of four alternate across the lanes (so one broadcast pair of scales serves a
+//!      window);
 //!   2. per window and lane, `p = Σ qx · qw` over those four (exact, in i32), then
 //!      `acc[l] = fma(f32(p), dx[b] · dw[b], acc[l])` (`dx · dw` one f32 product);
 //!   3. the f32 contract's 16-lane tree (`hsum16`), then `+ bias`.
@@ -19,9 +21,10 @@
 //! exactly `Σ qx · qw`); every other path computes the same integers directly. The float steps
 //! are the same FMAs in the same order everywhere.
 //!
-//! Layout: panels of `NR` rows as the other types, `[panel][window][NR][64]` offset quants, and
-//! `[panel][window][NR][2]` f16 scales beside them; `x` is quantized and packed per call,
-//! `[panel][window][MR][64]` quants with, per lane, `-128 · Σ qx` and `dx`.
+//! Layout: panels of `NR` rows as the other types, `[panel][window][NR][64]` offset quants in
+//! lane order (group `g` of block half `h` at bytes `4(2g + h)`), and `[panel][window][NR][2]`
+//! f16 scales beside them; `x` is quantized and packed per call the same way, `[panel][window]
+//! [MR][64]` quants with, per lane, `-128 · Σ qx` and `dx`.
 
 use std::cell::Cell;
 
@@ -48,6 +51,13 @@ impl Q8Panels {
     pub(crate) fn bytes(&self) -> usize {
         self.quants.len() + 2 * self.scales.len()
     }
+}
+
+/// Where element `e` of block half `h` sits in its window: group `e / 4` of the half at lane
+/// `2 · (e / 4) + h`.
+#[inline(always)]
+fn lane_byte(h: usize, e: usize) -> usize {
+    4 * (2 * (e / 4) + h) + e % 4
 }
 
 /// Windows of a row of `k` elements.
@@ -99,7 +109,7 @@ pub fn dot_q8_0(x: &[f32], w: &[f32]) -> f32 {
             let p: i32 = (0..4)
                 .map(|t| qx[4 * g + t] as i32 * qw[4 * g + t] as i32)
                 .sum();
-            let l = (b % 2) * 8 + g;
+            let l = 2 * g + b % 2;
             acc[l] = (p as f32).mul_add(dx * dw, acc[l]);
         }
     }
@@ -120,9 +130,9 @@ pub(crate) fn pack(w: &[f32], n: usize, k: usize) -> Q8Panels {
             for (b, block) in row.chunks(BLOCK).enumerate() {
                 let d = quantize_block(block, &mut q);
                 let (c, half) = (b / 2, b % 2);
-                let o = ((p * nw + c) * NR + j) * WIN + half * BLOCK;
-                for (dst, &v) in quants[o..o + BLOCK].iter_mut().zip(&q) {
-                    *dst = (v as i16 + 128) as u8;
+                let o = ((p * nw + c) * NR + j) * WIN;
+                for (e, &v) in q.iter().enumerate() {
+                    quants[o + lane_byte(half, e)] = (v as i16 + 128) as u8;
                 }
                 scales[((p * nw + c) * NR + j) * 2 + half] = f16_bits(d);
             }
@@ -140,8 +150,9 @@ impl PackedMatrix {
         for (e, o) in out.iter_mut().enumerate() {
             let (c, within) = (e / WIN, e % WIN);
             let base = (pi * nw + c) * NR + j;
-            let q = p.quants[base * WIN + within] as i32 - 128;
-            let d = f16_to_f32(p.scales[base * 2 + within / BLOCK]);
+            let half = within / BLOCK;
+            let q = p.quants[base * WIN + lane_byte(half, within % BLOCK)] as i32 - 128;
+            let d = f16_to_f32(p.scales[base * 2 + half]);
             *o = d * q as f32;
         }
     }
@@ -187,10 +198,12 @@ impl XPack {
                 let d = quantize_block(block, &mut q);
                 let (c, half) = (b / 2, b % 2);
                 let slot = ((r / MR) * nw + c) * MR + r % MR;
-                self.q[slot * WIN + half * BLOCK..][..BLOCK].copy_from_slice(&q);
+                for (e, &v) in q.iter().enumerate() {
+                    self.q[slot * WIN + lane_byte(half, e)] = v;
+                }
                 for g in 0..BLOCK / 4 {
                     let sum: i32 = q[4 * g..4 * g + 4].iter().map(|&v| v as i32).sum();
-                    let l = half * 8 + g;
+                    let l = 2 * g + half;
                     self.neg[slot * LANES + l] = -128 * sum;
                     self.d[slot * LANES + l] = d;
                 }
@@ -295,7 +308,7 @@ fn generic_body(
                     for t in 0..4 {
                         p += xq[4 * l + t] as i32 * (w[4 * l + t] as i32 - 128);
                     }
-                    let dw = if l < 8 { d0 } else { d1 };
+                    let dw = if l % 2 == 0 { d0 } else { d1 };
                     acc[l] = (p as f32).mul_add(xd[l] * dw, acc[l]);
                 }
             }
@@ -313,6 +326,9 @@ mod vnni {
     use crate::gemm::avx512::reduce16;
     use std::arch::x86_64::*;
 
+    /// How far ahead the W panel is prefetched, in windows (of NR × 64 bytes).
+    const PREFETCH_WINDOWS: usize = 8;
+
     /// # Safety
     /// avx512f and avx512vnni; the slices hold `nw` windows of their panels.
     #[target_feature(enable = "avx512f,avx512vnni,f16c")]
@@ -327,22 +343,18 @@ mod vnni {
         let mut flat = [_mm512_setzero_ps(); OUT_SLOTS];
         let mut i0 = 0;
         while i0 < rows {
-            // SAFETY: function contract.
-            if rows - i0 >= 2 {
-                let acc = unsafe { chains::<2>(x, wq, ws, nw, i0) };
-                for i in 0..2 {
-                    for j in 0..NR {
-                        flat[(i0 + i) * NR + j] = acc[i][j];
-                    }
-                }
-                i0 += 2;
+            // Two x rows at a time (12 accumulators and their operands fit the 32 registers).
+            let acc: &[[__m512; NR]] = if rows - i0 >= 2 {
+                // SAFETY: function contract.
+                &unsafe { chains::<2>(x, wq, ws, nw, i0) }
             } else {
-                let acc = unsafe { chains::<1>(x, wq, ws, nw, i0) };
-                for j in 0..NR {
-                    flat[i0 * NR + j] = acc[0][j];
-                }
-                i0 += 1;
+                // SAFETY: function contract.
+                &unsafe { chains::<1>(x, wq, ws, nw, i0) }
+            };
+            for (i, row) in acc.iter().enumerate() {
+                flat[(i0 + i) * NR..(i0 + i + 1) * NR].copy_from_slice(row);
             }
+            i0 += acc.len();
         }
         for g in 0..(rows * NR).div_ceil(LANES) {
             let mut v = [_mm512_setzero_ps(); LANES];
@@ -368,7 +380,7 @@ mod vnni {
         let mut acc = [[_mm512_setzero_ps(); NR]; A];
         for c in 0..nw {
             // Few rows: W streams from memory; prefetch it ahead (a hint: never faults).
-            let ahead = wq.as_ptr().wrapping_add((c + 8) * NR * WIN);
+            let ahead = wq.as_ptr().wrapping_add((c + PREFETCH_WINDOWS) * NR * WIN);
             for j in 0..NR {
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(j * WIN) as *const i8);
             }
@@ -389,9 +401,9 @@ mod vnni {
                 // SAFETY: as above, for the W panel.
                 let (wv, dw) = unsafe {
                     let wv = _mm512_loadu_si512(wq.as_ptr().add(s * WIN) as *const _);
-                    let d0 = _mm_set1_epi16(ws[s * 2] as i16);
-                    let d1 = _mm_set1_epi16(ws[s * 2 + 1] as i16);
-                    let dw = _mm512_cvtph_ps(_mm256_set_m128i(d1, d0));
+                    // The pair (d0, d1) in every 32-bit lane: [d0, d1, d0, d1, …] as f32.
+                    let pair = std::ptr::read_unaligned(ws.as_ptr().add(s * 2) as *const i32);
+                    let dw = _mm512_cvtph_ps(_mm256_set1_epi32(pair));
                     (wv, dw)
                 };
                 for i in 0..A {

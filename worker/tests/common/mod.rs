@@ -18,3 +18,56 @@ pub fn this_binary() -> Command {
         _ => Command::new(exe),
     }
 }
+
+/// Runs this binary's `child_check` test once per kernel path this CPU supports, with
+/// `child_var` set (the child runs the check; the parent test returns at once when it sees the
+/// variable) and the path forced. Each child must succeed and print at least one line holding
+/// `marker`; returns each path's lines from the marker on, echoed to stderr.
+#[allow(dead_code)]
+pub fn per_path_lines(child_var: &str, marker: &str) -> Vec<(kernels::KernelPath, Vec<String>)> {
+    kernels::KernelPath::all_supported()
+        .into_iter()
+        .map(|p| {
+            let out = this_binary()
+                .args(["--exact", "child_check", "--nocapture", "--test-threads=1"])
+                .env(child_var, "1")
+                .env(kernels::KERNEL_PATH_ENV, p.name())
+                .output()
+                .expect("start child");
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{p}: {stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let lines: Vec<String> = stdout
+                .lines()
+                .filter_map(|l| l.find(marker).map(|i| l[i..].to_string()))
+                .collect();
+            assert!(
+                !lines.is_empty(),
+                "{p}: the child checked nothing: {stdout}"
+            );
+            for l in &lines {
+                eprintln!("{l}");
+            }
+            (p, lines)
+        })
+        .collect()
+}
+
+/// That every path's lines end in the same words (the logits digests the children print last),
+/// in the same order.
+#[allow(dead_code)]
+pub fn assert_same_last_words(per_path: &[(kernels::KernelPath, Vec<String>)], what: &str) {
+    let last = |lines: &[String]| -> Vec<String> {
+        lines
+            .iter()
+            .map(|l| l.rsplit(' ').next().unwrap_or_default().to_string())
+            .collect()
+    };
+    let (first, want) = (&per_path[0].0, last(&per_path[0].1));
+    for (p, lines) in &per_path[1..] {
+        assert_eq!(last(lines), want, "{p} and {first} give different {what}");
+    }
+}
