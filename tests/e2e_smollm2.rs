@@ -218,6 +218,72 @@ print(call.function.name, json.loads(call.function.arguments)["city"])
     );
 }
 
+/// SmolLM2 served by a real `dpserve up` in each opt-in CPU mode (`--compute-dtype bf16`,
+/// `--weight-dtype q8_0`): each mode's greedy continuations of the four llama.cpp prompts begin
+/// as the exact f32 model's do (both modes round; a continuation may leave the f32 one at a
+/// near-tie later), and the chat answer still names Paris.
+#[test]
+fn smollm2_serves_in_the_bf16_compute_mode_and_in_q8_0() {
+    if !packages_installed() {
+        return;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("smollm2-f32");
+    let out = Command::new("python3")
+        .arg(root.join("scripts/smollm2_to_hf.py"))
+        .args(["--dtype", "f32", "--out"])
+        .arg(&model)
+        .output()
+        .expect("run scripts/smollm2_to_hf.py");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let fixture: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("worker/tests/fixtures/smollm2/llamacpp_greedy.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    for mode in [["--compute-dtype", "bf16"], ["--weight-dtype", "q8_0"]] {
+        let model_path = model.to_str().unwrap();
+        let mut flags = vec!["--model-path", model_path, "--max-total-tokens", "4096"];
+        flags.extend(mode);
+        let server = Server::up(&flags);
+        let mut agreed = Vec::new();
+        for case in fixture["cases"].as_array().unwrap() {
+            let (status, resp) = server.post(
+                "/generate",
+                &json!({
+                    "input_ids": case["input_ids"],
+                    "sampling_params": {"max_new_tokens": 16, "temperature": 0, "ignore_eos": true},
+                }),
+            );
+            assert_eq!(status, 200, "{mode:?}: {resp}");
+            let (got, want) = (ids(&resp["output_ids"]), ids(&case["output_ids"]));
+            agreed.push(got.iter().zip(&want).take_while(|(a, b)| a == b).count());
+        }
+        eprintln!("SmolLM2 {mode:?}: greedy tokens agreeing with f32 before the first difference: {agreed:?} of 16");
+        assert!(
+            agreed.iter().all(|&n| n >= 4) && agreed.iter().sum::<usize>() >= 40,
+            "{mode:?}: {agreed:?}"
+        );
+        let (status, resp) = server.post(
+            "/v1/chat/completions",
+            &json!({
+                "model": "smollm2",
+                "messages": [{"role": "user", "content": "What is the capital of France?"}],
+                "max_tokens": 16,
+                "temperature": 0,
+            }),
+        );
+        assert_eq!(status, 200, "{resp}");
+        let answer = resp["choices"][0]["message"]["content"].as_str().unwrap();
+        assert!(answer.contains("Paris"), "{mode:?}: {answer:?}");
+    }
+}
+
 /// The `dpserve worker` processes whose endpoints are in `runtime_dir` (those `up` started).
 fn worker_pids(runtime_dir: &Path) -> Vec<u32> {
     let dir = runtime_dir.to_string_lossy().into_owned();
