@@ -224,21 +224,17 @@ impl PackedMatrix {
         Self::with(n, k, Panels::Q8(q8::pack(w, n, k)))
     }
 
-    /// This matrix quantized to Q8_0 (from its values widened to f32).
-    pub fn to_q8_0(&self) -> Self {
-        Self::pack_q8_0(&self.unpack(), self.n, self.k)
-    }
-
     /// What the packed layout is, as one string: a file of packed panels is valid for a build
     /// whose layout string is the same (the kernel paths share it).
-    pub const LAYOUT: &'static str =
-        "panels of 6 rows, chunks of 16 lanes, [panel][chunk][row][lane]";
+    pub const LAYOUT: &'static str = "panels of 6 rows, chunks of 16 lanes, \
+        [panel][chunk][row][lane]; q8_0: windows of 64 in pairs of blocks by lane, \
+        f16 scales after the quants";
 
     /// Bytes the packed panels of an `[n, k]` matrix of `dtype` take ([`Self::panel_bytes`]'s
     /// length).
     pub fn panel_len(n: usize, k: usize, dtype: WeightDtype) -> usize {
         match dtype {
-            WeightDtype::Q8_0 => n.div_ceil(NR) * k.div_ceil(64) * NR * (64 + 4),
+            WeightDtype::Q8_0 => q8::Q8Panels::len(n, k),
             _ => n.div_ceil(NR) * k.div_ceil(LANES) * W_CHUNK * dtype.bytes(),
         }
     }
@@ -259,26 +255,19 @@ impl PackedMatrix {
             WeightDtype::F32 => Panels::F32(Store::view(bytes, offset, len)?),
             WeightDtype::Bf16 => Panels::Bf16(Store::view(bytes, offset, len)?),
             WeightDtype::F16 => Panels::F16(Store::view(bytes, offset, len)?),
-            WeightDtype::Q8_0 => {
-                return Err(ViewError::NotViewable {
-                    dtype: dtype.name(),
-                })
-            }
+            WeightDtype::Q8_0 => Panels::Q8(q8::Q8Panels::view(bytes, offset, n, k)?),
         };
         Ok(Self::with(n, k, data))
     }
 
     /// The packed panels as bytes (little-endian elements, padding included): what
     /// [`Self::view`] reads back.
-    ///
-    /// # Panics
-    /// For a Q8_0 matrix, which is made at load and never written to a weight file.
     pub fn panel_bytes(&self) -> &[u8] {
         match &self.data {
             Panels::F32(d) => d.as_bytes(),
             Panels::Bf16(d) => d.as_bytes(),
             Panels::F16(d) => d.as_bytes(),
-            Panels::Q8(_) => panic!("a q8_0 matrix is not written to a packed weight file"),
+            Panels::Q8(p) => p.as_bytes(),
         }
     }
 
@@ -288,7 +277,7 @@ impl PackedMatrix {
             Panels::F32(d) => d.is_shared(),
             Panels::Bf16(d) => d.is_shared(),
             Panels::F16(d) => d.is_shared(),
-            Panels::Q8(_) => false,
+            Panels::Q8(p) => p.is_shared(),
         }
     }
 
@@ -1218,9 +1207,10 @@ mod tests {
         let (m, k, n) = (5, 70, 13);
         let x = rand_vec(&mut rng, m * k);
         let w = rand_vec(&mut rng, n * k);
-        for dtype in [WeightDtype::F32, WeightDtype::Bf16, WeightDtype::F16] {
+        for dtype in WeightDtype::ALL {
             let owned = match dtype {
                 WeightDtype::F32 => PackedMatrix::pack(&w, n, k),
+                WeightDtype::Q8_0 => PackedMatrix::pack_q8_0(&w, n, k),
                 d => PackedMatrix::pack_16bit(&to_bits16(&w, d), n, k, d),
             };
             // Two matrices in one file, the second at the next line after the first.

@@ -8,7 +8,7 @@ use std::ops::Deref;
 use std::sync::Arc;
 
 use crate::linevec::LineBuf;
-use crate::wdtype::PackedElem;
+use crate::wdtype::Plain;
 
 /// Read-only bytes shared by the matrices that view them (they live as long as any of them
 /// does). The slice must not change while they do: a memory map of a file nobody writes.
@@ -28,8 +28,6 @@ pub enum ViewError {
     },
     #[error("offset {offset} does not start a 64-byte cache line")]
     Misaligned { offset: usize },
-    #[error("a {dtype} matrix is made at load, never viewed in a packed weight file")]
-    NotViewable { dtype: &'static str },
 }
 
 /// A matrix's elements, owned or viewed.
@@ -46,7 +44,7 @@ pub(crate) enum Store<T> {
     },
 }
 
-impl<T: PackedElem> Store<T> {
+impl<T: Plain> Store<T> {
     /// `len` elements of `bytes` from byte `offset`, which must start a cache line.
     pub(crate) fn view(bytes: SharedBytes, offset: usize, len: usize) -> Result<Self, ViewError> {
         let all = (*bytes).as_ref();
@@ -77,13 +75,13 @@ impl<T: PackedElem> Store<T> {
     /// The elements as bytes (little-endian on every target the kernels build for).
     pub(crate) fn as_bytes(&self) -> &[u8] {
         let elems: &[T] = self;
-        // SAFETY: `T` is f32, Bf16 or F16 (sealed), plain data without padding, so its elements
+        // SAFETY: `T` is f32, Bf16, F16 or u8 (sealed), plain data without padding, so its elements
         // are `size_of_val` initialised bytes; u8 has no alignment.
         unsafe { std::slice::from_raw_parts(elems.as_ptr().cast::<u8>(), size_of_val(elems)) }
     }
 }
 
-impl<T: PackedElem> Deref for Store<T> {
+impl<T: Plain> Deref for Store<T> {
     type Target = [T];
 
     fn deref(&self) -> &[T] {
@@ -100,7 +98,7 @@ impl<T: PackedElem> Deref for Store<T> {
                     "misaligned view"
                 );
                 // SAFETY: `b` holds exactly `len` elements' bytes, aligned for `T` (checked just
-                // above); every bit pattern is a valid f32, Bf16 or F16; the bytes are read-only
+                // above); every bit pattern is a valid f32, Bf16, F16 or u8; the bytes are read-only
                 // for as long as `bytes` lives (the contract of `SharedBytes`).
                 unsafe { std::slice::from_raw_parts(b.as_ptr().cast::<T>(), *len) }
             }

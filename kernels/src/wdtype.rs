@@ -78,10 +78,19 @@ mod sealed {
     impl Sealed for f32 {}
     impl Sealed for super::Bf16 {}
     impl Sealed for super::F16 {}
+    impl Sealed for u8 {}
 }
 
+/// Plain data a matrix's panels are stored as (owned, or viewed in shared bytes): every bit
+/// pattern valid, no padding. The element types, and the bytes of Q8_0 panels.
+pub trait Plain: sealed::Sealed + Copy + Default + Send + Sync + 'static {}
+impl Plain for f32 {}
+impl Plain for Bf16 {}
+impl Plain for F16 {}
+impl Plain for u8 {}
+
 /// An element type a [`crate::PackedMatrix`] can hold.
-pub trait PackedElem: sealed::Sealed + Copy + Default + Send + Sync + 'static {
+pub trait PackedElem: Plain {
     const DTYPE: WeightDtype;
 
     /// The value as f32 (exact).

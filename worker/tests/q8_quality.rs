@@ -93,6 +93,27 @@ fn check_batch_invariance(name: &str, m: &LlamaModel, seqs: &[Vec<u32>]) {
     }
 }
 
+/// Q8_0 panels in this host's packed weight file (`--weight-cache`), written by the first load
+/// and mapped by the second: the logits of the matrices quantized in memory, bit for bit.
+fn check_weight_cache(dir: &std::path::Path, name: &str, own: &LlamaModel, seq: &[u32]) {
+    let cache = tempfile::tempdir().unwrap();
+    let want: Vec<u32> = all_logits(own, seq).iter().map(|v| v.to_bits()).collect();
+    for load in ["writes", "maps"] {
+        let shared = LlamaModel::load_hf_shared(dir, LoadDtype::Q8_0, Some(cache.path()))
+            .expect("load q8_0 with a weight cache");
+        assert!(shared.weights_shared(), "{name}: the load that {load}");
+        assert_eq!(shared.matrix_dtype(), WeightDtype::Q8_0);
+        let got: Vec<u32> = all_logits(&shared, seq)
+            .iter()
+            .map(|v| v.to_bits())
+            .collect();
+        assert!(
+            got == want,
+            "{name}: the load that {load} gives other logits"
+        );
+    }
+}
+
 fn check_all() {
     let path = kernels::kernel_path();
     for fx in fixtures() {
@@ -101,6 +122,7 @@ fn check_all() {
         assert_eq!(q8.matrix_dtype(), WeightDtype::Q8_0);
         let seqs: Vec<Vec<u32>> = fx.seqs.iter().map(|s| s.tokens()).collect();
         check_batch_invariance(&fx.name, &q8, &seqs);
+        check_weight_cache(&fx.dir, &fx.name, &q8, &seqs[0]);
         let (mean, worst, agree) = compare(&bf16, &q8, &seqs);
         let bits = all_logits(&q8, &seqs[0]);
         let digest = bits.iter().fold(0xcbf29ce484222325u64, |h, v| {

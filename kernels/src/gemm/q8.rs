@@ -31,6 +31,7 @@ use std::cell::Cell;
 use super::{for_each_block, hsum16, PackedMatrix, Panels, LANES, MR, NR, OUT_SLOTS};
 use crate::linevec::LineBuf;
 use crate::path::{multiversion, KernelPath};
+use crate::store::{SharedBytes, Store, ViewError};
 use crate::wdtype::f16_to_f32;
 
 /// Weights per block (one scale each).
@@ -38,19 +39,65 @@ pub const BLOCK: usize = 32;
 /// Elements of one window: two blocks, 4 per lane.
 const WIN: usize = 64;
 
-/// A Q8_0 matrix's panels: offset quants and f16 scales.
+/// A Q8_0 matrix's panels, one run of bytes (owned, or viewed in a packed weight file): the
+/// offset quants, `[panel][window][NR][64]` (`q + 128`), then the scales, `[panel][window][NR][2]`
+/// f16 (little-endian).
 #[derive(Clone)]
 pub(crate) struct Q8Panels {
-    /// `[panel][window][NR][64]`: `q + 128`.
-    quants: LineBuf<u8>,
-    /// `[panel][window][NR][2]`: the blocks' `d` as f16 bits.
-    scales: Vec<u16>,
+    data: Store<u8>,
+    /// Bytes of the quants (where the scales start: a multiple of 64).
+    qlen: usize,
 }
 
 impl Q8Panels {
-    pub(crate) fn bytes(&self) -> usize {
-        self.quants.len() + 2 * self.scales.len()
+    /// Bytes of an `[n, k]` matrix's panels.
+    pub(crate) fn len(n: usize, k: usize) -> usize {
+        Self::quant_len(n, k) + n.div_ceil(NR) * windows(k) * NR * 4
     }
+
+    fn quant_len(n: usize, k: usize) -> usize {
+        n.div_ceil(NR) * windows(k) * NR * WIN
+    }
+
+    /// An `[n, k]` matrix's panels viewed at `offset` of `bytes`.
+    pub(crate) fn view(
+        bytes: SharedBytes,
+        offset: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<Self, ViewError> {
+        Ok(Q8Panels {
+            data: Store::view(bytes, offset, Self::len(n, k))?,
+            qlen: Self::quant_len(n, k),
+        })
+    }
+
+    pub(crate) fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        self.data.as_bytes()
+    }
+
+    pub(crate) fn is_shared(&self) -> bool {
+        self.data.is_shared()
+    }
+
+    fn quants(&self) -> &[u8] {
+        &self.data[..self.qlen]
+    }
+
+    /// The scale bytes (two per block, little-endian f16).
+    fn scales(&self) -> &[u8] {
+        &self.data[self.qlen..]
+    }
+}
+
+/// Scale `i` of the scale bytes `ws`, widened.
+#[inline(always)]
+fn scale(ws: &[u8], i: usize) -> f32 {
+    f16_to_f32(u16::from_le_bytes([ws[2 * i], ws[2 * i + 1]]))
 }
 
 /// Where element `e` of block half `h` sits in its window: group `e / 4` of the half at lane
@@ -119,10 +166,11 @@ pub fn dot_q8_0(x: &[f32], w: &[f32]) -> f32 {
 /// Packs a row-major `[n, k]` f32 matrix as Q8_0 panels.
 pub(crate) fn pack(w: &[f32], n: usize, k: usize) -> Q8Panels {
     assert_eq!(w.len(), n * k, "w shape");
-    let (np, nw) = (n.div_ceil(NR), windows(k));
-    let mut quants = LineBuf::<u8>::zeroed(np * nw * NR * WIN);
+    let nw = windows(k);
+    let qlen = Q8Panels::quant_len(n, k);
+    let mut data = LineBuf::<u8>::zeroed(Q8Panels::len(n, k));
+    let (quants, scales) = data.split_at_mut(qlen);
     quants.fill(128);
-    let mut scales = vec![0u16; np * nw * NR * 2];
     let mut q = [0i8; BLOCK];
     if k > 0 {
         for (r, row) in w.chunks_exact(k).enumerate() {
@@ -134,11 +182,15 @@ pub(crate) fn pack(w: &[f32], n: usize, k: usize) -> Q8Panels {
                 for (e, &v) in q.iter().enumerate() {
                     quants[o + lane_byte(half, e)] = (v as i16 + 128) as u8;
                 }
-                scales[((p * nw + c) * NR + j) * 2 + half] = f16_bits(d);
+                let at = (((p * nw + c) * NR + j) * 2 + half) * 2;
+                scales[at..at + 2].copy_from_slice(&f16_bits(d).to_le_bytes());
             }
         }
     }
-    Q8Panels { quants, scales }
+    Q8Panels {
+        data: Store::Owned(data),
+        qlen,
+    }
 }
 
 impl PackedMatrix {
@@ -151,8 +203,8 @@ impl PackedMatrix {
             let (c, within) = (e / WIN, e % WIN);
             let base = (pi * nw + c) * NR + j;
             let half = within / BLOCK;
-            let q = p.quants[base * WIN + lane_byte(half, within % BLOCK)] as i32 - 128;
-            let d = f16_to_f32(p.scales[base * 2 + half]);
+            let q = p.quants()[base * WIN + lane_byte(half, within % BLOCK)] as i32 - 128;
+            let d = scale(p.scales(), base * 2 + half);
             *o = d * q as f32;
         }
     }
@@ -234,8 +286,8 @@ pub(crate) fn linear_q8(
         let xq = &xs.q[q * nw * MR * WIN..(q + 1) * nw * MR * WIN];
         let neg = &xs.neg[q * nw * MR * LANES..(q + 1) * nw * MR * LANES];
         let xd = &xs.d[q * nw * MR * LANES..(q + 1) * nw * MR * LANES];
-        let wq = &p.quants[pi * nw * NR * WIN..(pi + 1) * nw * NR * WIN];
-        let ws = &p.scales[pi * nw * NR * 2..(pi + 1) * nw * NR * 2];
+        let wq = &p.quants()[pi * nw * NR * WIN..(pi + 1) * nw * NR * WIN];
+        let ws = &p.scales()[pi * nw * NR * 4..(pi + 1) * nw * NR * 4];
         let panel = XPanel { q: xq, neg, d: xd };
         if vnni {
             #[cfg(target_arch = "x86_64")]
@@ -277,7 +329,7 @@ multiversion! {
     fn generic(
         x: &XPanel<'_>,
         wq: &[u8],
-        ws: &[u16],
+        ws: &[u8],
         nw: usize,
         rows: usize,
         res: &mut [f32; OUT_SLOTS],
@@ -289,7 +341,7 @@ multiversion! {
 fn generic_body(
     x: &XPanel<'_>,
     wq: &[u8],
-    ws: &[u16],
+    ws: &[u8],
     nw: usize,
     rows: usize,
     res: &mut [f32; OUT_SLOTS],
@@ -301,8 +353,8 @@ fn generic_body(
                 let xq = &x.q[(c * MR + i) * WIN..][..WIN];
                 let xd = &x.d[(c * MR + i) * LANES..][..LANES];
                 let w = &wq[(c * NR + j) * WIN..][..WIN];
-                let d0 = f16_to_f32(ws[(c * NR + j) * 2]);
-                let d1 = f16_to_f32(ws[(c * NR + j) * 2 + 1]);
+                let d0 = scale(ws, (c * NR + j) * 2);
+                let d1 = scale(ws, (c * NR + j) * 2 + 1);
                 for l in 0..LANES {
                     let mut p = 0i32;
                     for t in 0..4 {
@@ -335,7 +387,7 @@ mod vnni {
     pub(super) unsafe fn micro(
         x: &XPanel<'_>,
         wq: &[u8],
-        ws: &[u16],
+        ws: &[u8],
         nw: usize,
         rows: usize,
         res: &mut [f32; OUT_SLOTS],
@@ -373,7 +425,7 @@ mod vnni {
     unsafe fn chains<const A: usize>(
         x: &XPanel<'_>,
         wq: &[u8],
-        ws: &[u16],
+        ws: &[u8],
         nw: usize,
         i0: usize,
     ) -> [[__m512; NR]; A] {
@@ -402,7 +454,7 @@ mod vnni {
                 let (wv, dw) = unsafe {
                     let wv = _mm512_loadu_si512(wq.as_ptr().add(s * WIN) as *const _);
                     // The pair (d0, d1) in every 32-bit lane: [d0, d1, d0, d1, …] as f32.
-                    let pair = std::ptr::read_unaligned(ws.as_ptr().add(s * 2) as *const i32);
+                    let pair = std::ptr::read_unaligned(ws.as_ptr().add(s * 4) as *const i32);
                     let dw = _mm512_cvtph_ps(_mm256_set1_epi32(pair));
                     (wv, dw)
                 };

@@ -412,13 +412,6 @@ impl WorkerArgs {
                     .into(),
             );
         }
-        if self.model.weight_dtype == LoadDtype::Q8_0 {
-            return Some(
-                "--weight-cache with --weight-dtype q8_0 is not supported yet: each rank \
-                 quantizes its own copy at load"
-                    .into(),
-            );
-        }
         match self.device.device {
             Device::Cpu => None,
             other => Some(format!(
@@ -592,7 +585,7 @@ mod tests {
     }
 
     #[test]
-    fn q8_0_weights_are_quantized_in_each_rank_so_no_weight_cache() {
+    fn q8_0_weights_take_a_weight_cache_and_refuse_the_bf16_compute_mode() {
         let dir = tempfile::tempdir().unwrap();
         let m = dir.path().to_str().unwrap();
         let config = parse(&["--model-path", m, "--weight-dtype", "q8_0"])
@@ -614,8 +607,15 @@ mod tests {
             "--weight-cache",
             m,
         ];
-        let err = parse(&flags).unwrap().resolve().unwrap_err().to_string();
-        assert!(err.contains("each rank quantizes its own copy"), "{err}");
+        let config = parse(&flags).unwrap().resolve().unwrap();
+        assert!(matches!(
+            config.model,
+            ModelSource::HfDir {
+                dtype: LoadDtype::Q8_0,
+                weight_cache: Some(_),
+                ..
+            }
+        ));
         let flags = [
             "--model-path",
             m,

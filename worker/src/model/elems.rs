@@ -23,7 +23,7 @@ pub enum LoadDtype {
     /// Every matrix in f16; a matrix stored in another type is rounded (to nearest even).
     F16,
     /// Every matrix quantized to llama.cpp's Q8_0 (blocks of 32 int8 weights, one f16 scale
-    /// each; lossy) once loaded, from the checkpoint's own type (so it loads as [`Self::Auto`]).
+    /// each; lossy) as it is packed, from its values widened to f32.
     Q8_0,
 }
 
@@ -47,11 +47,11 @@ impl LoadDtype {
         }
     }
 
-    /// The type of a matrix whose parts are stored in `stored` (one entry per part), as the
-    /// loader reads it (Q8_0 is quantized from it afterwards).
+    /// The type of a matrix whose parts are stored in `stored` (one entry per part).
     pub fn resolve(self, stored: &[WeightDtype]) -> WeightDtype {
         match self {
-            LoadDtype::Auto | LoadDtype::Q8_0 => match stored.split_first() {
+            LoadDtype::Q8_0 => WeightDtype::Q8_0,
+            LoadDtype::Auto => match stored.split_first() {
                 Some((&first, rest)) if rest.iter().all(|&d| d == first) => first,
                 _ => WeightDtype::F32,
             },
@@ -68,12 +68,13 @@ impl fmt::Display for LoadDtype {
     }
 }
 
-/// A row-major matrix's elements in the type it will be packed in: f32 values, or the bits of
-/// a 16-bit type.
+/// A row-major matrix's elements in the type it will be packed in: f32 values, the bits of
+/// a 16-bit type, or f32 values to quantize to Q8_0 as they are packed.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Elems {
     F32(Vec<f32>),
     Bits(Vec<u16>, WeightDtype),
+    Q8(Vec<f32>),
 }
 
 impl Elems {
@@ -81,6 +82,7 @@ impl Elems {
     pub fn empty(dtype: WeightDtype) -> Self {
         match dtype {
             WeightDtype::F32 => Elems::F32(Vec::new()),
+            WeightDtype::Q8_0 => Elems::Q8(Vec::new()),
             d => Elems::Bits(Vec::new(), d),
         }
     }
@@ -89,6 +91,7 @@ impl Elems {
         match self {
             Elems::F32(_) => WeightDtype::F32,
             Elems::Bits(_, d) => *d,
+            Elems::Q8(_) => WeightDtype::Q8_0,
         }
     }
 
@@ -99,7 +102,7 @@ impl Elems {
     /// If the types differ (a loader bug).
     pub fn extend(&mut self, more: Elems) {
         match (self, more) {
-            (Elems::F32(a), Elems::F32(b)) => a.extend(b),
+            (Elems::F32(a), Elems::F32(b)) | (Elems::Q8(a), Elems::Q8(b)) => a.extend(b),
             (Elems::Bits(a, da), Elems::Bits(b, db)) if *da == db => a.extend(b),
             (a, b) => panic!("fusing a {} part into a {} matrix", b.dtype(), a.dtype()),
         }
@@ -115,12 +118,13 @@ impl Elems {
         match self {
             Elems::F32(v) => PackedMatrix::pack(&v[range], n, k),
             Elems::Bits(v, d) => PackedMatrix::pack_16bit(&v[range], n, k, *d),
+            Elems::Q8(v) => PackedMatrix::pack_q8_0(&v[range], n, k),
         }
     }
 
     pub fn len(&self) -> usize {
         match self {
-            Elems::F32(v) => v.len(),
+            Elems::F32(v) | Elems::Q8(v) => v.len(),
             Elems::Bits(v, _) => v.len(),
         }
     }
@@ -156,9 +160,7 @@ mod tests {
         assert_eq!(LoadDtype::F32.resolve(&[Bf16]), F32);
         assert_eq!(LoadDtype::Bf16.resolve(&[F32, F16]), Bf16);
         assert_eq!(LoadDtype::F16.resolve(&[Bf16]), F16);
-        // Q8_0 is quantized after loading, from what Auto reads.
-        assert_eq!(LoadDtype::Q8_0.resolve(&[Bf16, Bf16]), Bf16);
-        assert_eq!(LoadDtype::Q8_0.resolve(&[Bf16, F16]), F32);
+        assert_eq!(LoadDtype::Q8_0.resolve(&[Bf16, F16]), Q8_0);
     }
 
     #[test]

@@ -86,11 +86,7 @@ impl LlamaModel {
     /// ranks of a host share one copy; `None`: packed in this process.
     pub fn load_hf_shared(dir: &Path, dtype: LoadDtype, cache: Option<&Path>) -> Result<Self> {
         let config = ModelConfig::from_hf_dir(dir)?;
-        let mut weights = loader::load_weights(dir, &config, dtype, cache)?;
-        if dtype == LoadDtype::Q8_0 {
-            // One matrix at a time, so the peak is the loaded model plus one matrix in f32.
-            weights.for_each_matrix(|m| *m = m.to_q8_0());
-        }
+        let weights = loader::load_weights(dir, &config, dtype, cache)?;
         Ok(LlamaModel { config, weights })
     }
 

@@ -274,8 +274,10 @@ impl TensorIndex<'_> {
     /// Tensor `name` in `dtype`: its bits as stored when it is stored so, else converted
     /// (widened exactly, or rounded to nearest even).
     pub(super) fn elems(&self, name: &str, shape: &[usize], dtype: WeightDtype) -> Result<Elems> {
-        if dtype == WeightDtype::F32 {
-            return Ok(Elems::F32(self.get(name, shape)?));
+        match dtype {
+            WeightDtype::F32 => return Ok(Elems::F32(self.get(name, shape)?)),
+            WeightDtype::Q8_0 => return Ok(Elems::Q8(self.get(name, shape)?)),
+            _ => {}
         }
         if self.stored(name) == Some(dtype) {
             let bits = self
