@@ -355,10 +355,12 @@ fn generic_body(
                 let w = &wq[(c * NR + j) * WIN..][..WIN];
                 let d0 = scale(ws, (c * NR + j) * 2);
                 let d1 = scale(ws, (c * NR + j) * 2 + 1);
+                let neg = &x.neg[(c * MR + i) * LANES..][..LANES];
                 for l in 0..LANES {
-                    let mut p = 0i32;
+                    // As vpdpbusd sums it: the offset weights, from `-128 · Σ qx` (exact).
+                    let mut p = neg[l];
                     for t in 0..4 {
-                        p += xq[4 * l + t] as i32 * (w[4 * l + t] as i32 - 128);
+                        p += xq[4 * l + t] as i32 * w[4 * l + t] as i32;
                     }
                     let dw = if l % 2 == 0 { d0 } else { d1 };
                     acc[l] = (p as f32).mul_add(xd[l] * dw, acc[l]);
