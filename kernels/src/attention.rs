@@ -308,7 +308,7 @@ pub fn attention_scored_with(
     };
     let items = blocks.len() * num_kv_heads;
     if parallel {
-        (0..items).into_par_iter().for_each(one);
+        crate::team::for_each(items, one);
     } else {
         (0..items).for_each(one);
     }

@@ -575,7 +575,7 @@ where
     if tasks == 1 {
         run(0);
     } else {
-        (0..tasks).into_par_iter().for_each(run);
+        crate::team::for_each(tasks, run);
     }
 }
 

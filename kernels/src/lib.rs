@@ -22,6 +22,7 @@ pub mod path;
 pub mod peak;
 pub mod rope;
 pub mod store;
+pub mod team;
 pub mod wdtype;
 
 pub use activation::{add_inplace, argmax, gelu_tanh_mul, silu_mul, softmax_weights};

@@ -177,8 +177,17 @@ impl LlamaModel {
 
     /// [`Self::forward`] of a checked plan.
     pub fn forward_plan(&self, kv: &mut KvBuffers, plan: &BatchPlan<'_>) -> Result<Vec<f32>> {
-        let hidden = forward::hidden_last(&self.config, &self.weights, kv, plan)?;
-        Ok(forward::logits(&self.config, &self.weights, &hidden))
+        let mut run = move || {
+            let hidden = forward::hidden_last(&self.config, &self.weights, kv, plan)?;
+            Ok(forward::logits(&self.config, &self.weights, &hidden))
+        };
+        // A decode step is ~120 small GEMMs: the pool's threads spin between them instead of
+        // being woken for each (kernels::team); a prefill's few large ones keep rayon's pool.
+        if plan.tokens() == plan.seqs() {
+            kernels::team::with_team(run)
+        } else {
+            run()
+        }
     }
 
     /// [`Self::forward_hidden`] of a checked plan.
