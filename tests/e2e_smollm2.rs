@@ -37,22 +37,11 @@ fn packages_installed() -> bool {
     ok
 }
 
-fn ids(v: &Value) -> Vec<u64> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i.as_u64().unwrap())
-        .collect()
-}
-
-#[test]
-fn smollm2_greedy_equals_llama_cpp_on_the_same_weights_and_chat_answers() {
-    if !packages_installed() {
-        return;
-    }
+/// SmolLM2-135M-Instruct as an f32 Hugging Face directory in `dir` (`scripts/smollm2_to_hf.py`),
+/// and llama.cpp's greedy continuations of its four prompts on the same weights.
+fn smollm2_f32(dir: &Path) -> (std::path::PathBuf, Value) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("smollm2-f32");
+    let model = dir.join("smollm2-f32");
     let out = Command::new("python3")
         .arg(root.join("scripts/smollm2_to_hf.py"))
         .args(["--dtype", "f32", "--out"])
@@ -69,6 +58,24 @@ fn smollm2_greedy_equals_llama_cpp_on_the_same_weights_and_chat_answers() {
             .unwrap(),
     )
     .unwrap();
+    (model, fixture)
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i.as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn smollm2_greedy_equals_llama_cpp_on_the_same_weights_and_chat_answers() {
+    if !packages_installed() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (model, fixture) = smollm2_f32(dir.path());
     let cache = dir.path().join("weights");
     let server = Server::up(&[
         "--model-path",
@@ -227,25 +234,8 @@ fn smollm2_serves_in_the_bf16_compute_mode_and_in_q8_0() {
     if !packages_installed() {
         return;
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("smollm2-f32");
-    let out = Command::new("python3")
-        .arg(root.join("scripts/smollm2_to_hf.py"))
-        .args(["--dtype", "f32", "--out"])
-        .arg(&model)
-        .output()
-        .expect("run scripts/smollm2_to_hf.py");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let fixture: Value = serde_json::from_str(
-        &std::fs::read_to_string(root.join("worker/tests/fixtures/smollm2/llamacpp_greedy.json"))
-            .unwrap(),
-    )
-    .unwrap();
+    let (model, fixture) = smollm2_f32(dir.path());
     for mode in [["--compute-dtype", "bf16"], ["--weight-dtype", "q8_0"]] {
         let model_path = model.to_str().unwrap();
         let mut flags = vec!["--model-path", model_path, "--max-total-tokens", "4096"];

@@ -85,9 +85,9 @@ fn slot(s: usize, p: usize) -> u32 {
 }
 
 /// Greedy decode of every prompt against the reference; returns (worst |Δ|, near-ties met,
-/// every logit's bits in order).
-fn decode(name: &str, m: &LlamaModel, refs: &[Bf16Seq], tol: f32) -> (f32, usize, Vec<u32>) {
-    let (mut worst, mut ties, mut bits) = (0f32, 0, Vec::new());
+/// every logit in order).
+fn decode(name: &str, m: &LlamaModel, refs: &[Bf16Seq], tol: f32) -> (f32, usize, Vec<f32>) {
+    let (mut worst, mut ties, mut all) = (0f32, 0, Vec::new());
     for (s, r) in refs.iter().enumerate() {
         let mut kv = KvBuffers::new(m.config(), 211);
         let slots: Vec<u32> = (0..r.prompt.len() + r.greedy.len())
@@ -106,7 +106,7 @@ fn decode(name: &str, m: &LlamaModel, refs: &[Bf16Seq], tol: f32) -> (f32, usize
                     }],
                 )
                 .expect("forward");
-            bits.extend(logits.iter().map(|v| v.to_bits()));
+            all.extend(&logits);
             let d = max_abs_diff(&logits, &r.logits[r.prompt.len() - 1 + step]);
             assert!(
                 d <= tol,
@@ -128,35 +128,12 @@ fn decode(name: &str, m: &LlamaModel, refs: &[Bf16Seq], tol: f32) -> (f32, usize
             toks.push(next);
         }
     }
-    (worst, ties, bits)
+    (worst, ties, all)
 }
 
-/// Every prompt's whole sequence in one batch: each row's logits the bits it has alone.
-fn check_batch_invariance(name: &str, m: &LlamaModel, refs: &[Bf16Seq]) {
-    let seqs: Vec<Vec<u32>> = refs.iter().map(|r| r.prompt.clone()).collect();
-    let slots: Vec<Vec<u32>> = seqs
-        .iter()
-        .enumerate()
-        .map(|(s, t)| (0..t.len()).map(|p| slot(s, p)).collect())
-        .collect();
-    let input = |i: usize| SeqInput {
-        new_tokens: &seqs[i],
-        start_pos: 0,
-        slots: &slots[i],
-    };
-    let mut kv = KvBuffers::new(m.config(), 211);
-    let all: Vec<SeqInput<'_>> = (0..seqs.len()).map(input).collect();
-    let batched = m.forward(&mut kv, &all).expect("forward");
-    let vocab = m.config().vocab_size;
-    for i in 0..seqs.len() {
-        let mut kv = KvBuffers::new(m.config(), 211);
-        let alone = m.forward(&mut kv, &[input(i)]).expect("forward");
-        let same = alone
-            .iter()
-            .zip(&batched[i * vocab..(i + 1) * vocab])
-            .all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "{name}: seq {i} batched differs from alone");
-    }
+/// The reference's prompts.
+fn prompts(refs: &[Bf16Seq]) -> Vec<Vec<u32>> {
+    refs.iter().map(|r| r.prompt.clone()).collect()
 }
 
 fn check_all() {
@@ -164,11 +141,9 @@ fn check_all() {
     for fx in fixtures() {
         let refs = reference(&fx);
         let m = load_bf16(&fx.dir);
-        check_batch_invariance(&fx.name, &m, &refs);
-        let (worst, ties, bits) = decode(&fx.name, &m, &refs, TOL);
-        let digest = bits.iter().fold(0xcbf29ce484222325u64, |h, &b| {
-            (h ^ b as u64).wrapping_mul(0x100000001b3)
-        });
+        common::assert_batch_invariant(&fx.name, &m, &prompts(&refs));
+        let (worst, ties, logits) = decode(&fx.name, &m, &refs, TOL);
+        let digest = common::logits_digest(&logits);
         println!(
             "bf16 parity: {path} {} max |dpserve - transformers bf16| = {worst:.4}, \
              near-ties {ties}, logits digest {digest:016x}",
@@ -209,7 +184,7 @@ fn a_real_checkpoint_is_close_to_transformers_bf16() {
     let dir = std::path::PathBuf::from(dir);
     let refs = read_reference(&dir.join("reference_bf16.json"));
     let m = load_bf16(&dir);
-    check_batch_invariance("real", &m, &refs);
+    common::assert_batch_invariant("real", &m, &prompts(&refs));
     let (worst, ties, _) = decode(&dir.display().to_string(), &m, &refs, REAL_TOL);
     let steps: usize = refs.iter().map(|r| r.greedy.len()).sum();
     eprintln!(

@@ -64,35 +64,6 @@ fn compare(a: &LlamaModel, b: &LlamaModel, seqs: &[Vec<u32>]) -> (f64, f32, f64)
     (sum / n as f64, worst, agree as f64 / rows as f64)
 }
 
-/// Each prompt alone and all of them in one batch: the same bits.
-fn check_batch_invariance(name: &str, m: &LlamaModel, seqs: &[Vec<u32>]) {
-    let slots: Vec<Vec<u32>> = seqs
-        .iter()
-        .enumerate()
-        .map(|(s, t)| (0..t.len()).map(|p| (s * 64 + p) as u32).collect())
-        .collect();
-    let input = |i: usize| SeqInput {
-        new_tokens: &seqs[i],
-        start_pos: 0,
-        slots: &slots[i],
-    };
-    let pool = seqs.len() * 64;
-    let mut kv = KvBuffers::new(m.config(), pool);
-    let batched = m
-        .forward(&mut kv, &(0..seqs.len()).map(input).collect::<Vec<_>>())
-        .expect("forward");
-    let vocab = m.config().vocab_size;
-    for i in 0..seqs.len() {
-        let mut kv = KvBuffers::new(m.config(), pool);
-        let alone = m.forward(&mut kv, &[input(i)]).expect("forward");
-        let same = alone
-            .iter()
-            .zip(&batched[i * vocab..(i + 1) * vocab])
-            .all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "{name}: seq {i} batched differs from alone");
-    }
-}
-
 /// Q8_0 panels in this host's packed weight file (`--weight-cache`), written by the first load
 /// and mapped by the second: the logits of the matrices quantized in memory, bit for bit.
 fn check_weight_cache(dir: &std::path::Path, name: &str, own: &LlamaModel, seq: &[u32]) {
@@ -121,13 +92,10 @@ fn check_all() {
         let q8 = LlamaModel::load_hf_as(&fx.dir, LoadDtype::Q8_0).expect("load as q8_0");
         assert_eq!(q8.matrix_dtype(), WeightDtype::Q8_0);
         let seqs: Vec<Vec<u32>> = fx.seqs.iter().map(|s| s.tokens()).collect();
-        check_batch_invariance(&fx.name, &q8, &seqs);
+        common::assert_batch_invariant(&fx.name, &q8, &seqs);
         check_weight_cache(&fx.dir, &fx.name, &q8, &seqs[0]);
         let (mean, worst, agree) = compare(&bf16, &q8, &seqs);
-        let bits = all_logits(&q8, &seqs[0]);
-        let digest = bits.iter().fold(0xcbf29ce484222325u64, |h, v| {
-            (h ^ v.to_bits() as u64).wrapping_mul(0x100000001b3)
-        });
+        let digest = common::logits_digest(&all_logits(&q8, &seqs[0]));
         println!(
             "q8_0 quality: {path} {} mean |q8_0 - bf16| = {mean:.5}, max {worst:.4}, argmax \
              agreement {:.1} %, logits digest {digest:016x}",

@@ -71,3 +71,42 @@ pub fn assert_same_last_words(per_path: &[(kernels::KernelPath, Vec<String>)], w
         assert_eq!(last(lines), want, "{p} and {first} give different {what}");
     }
 }
+
+/// Each of `prompts` prefilled alone and all of them in one batch: `m` gives each the same
+/// logits, bit for bit (a token's result never depends on its batch).
+#[allow(dead_code)]
+pub fn assert_batch_invariant(name: &str, m: &worker::model::LlamaModel, prompts: &[Vec<u32>]) {
+    use worker::model::{KvBuffers, SeqInput};
+    let slots: Vec<Vec<u32>> = prompts
+        .iter()
+        .enumerate()
+        .map(|(s, t)| (0..t.len()).map(|p| (s * 64 + p) as u32).collect())
+        .collect();
+    let input = |i: usize| SeqInput {
+        new_tokens: &prompts[i],
+        start_pos: 0,
+        slots: &slots[i],
+    };
+    let pool = prompts.len() * 64;
+    let mut kv = KvBuffers::new(m.config(), pool);
+    let all: Vec<SeqInput<'_>> = (0..prompts.len()).map(input).collect();
+    let batched = m.forward(&mut kv, &all).expect("forward");
+    let vocab = m.config().vocab_size;
+    for i in 0..prompts.len() {
+        let mut kv = KvBuffers::new(m.config(), pool);
+        let alone = m.forward(&mut kv, &[input(i)]).expect("forward");
+        let same = alone
+            .iter()
+            .zip(&batched[i * vocab..(i + 1) * vocab])
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{name}: prompt {i} batched differs from alone");
+    }
+}
+
+/// An FNV-1a 64 digest of the bits of `logits` (what a child prints for its parent to compare).
+#[allow(dead_code)]
+pub fn logits_digest<'a>(logits: impl IntoIterator<Item = &'a f32>) -> u64 {
+    logits.into_iter().fold(0xcbf29ce484222325u64, |h, v| {
+        (h ^ v.to_bits() as u64).wrapping_mul(0x100000001b3)
+    })
+}
