@@ -30,7 +30,8 @@
 //! break both this contract and f32 parity with transformers. It is the opt-in bf16 compute
 //! mode's instruction instead, under that mode's own contract ([`bf16`]).
 //!
-//! Cost: O(M·N·K). Parallelism: one rayon region per call over (M block × N block) tasks; small
+//! Cost: O(M·N·K). Parallelism: one parallel region per call over (M block × N block) tasks (on
+//! rayon's pool, or on a decode step's spinning team: [`crate::team`]); small
 //! `M` (decode) gets a few large contiguous `N` ranges per thread, so the call streams `W` once
 //! at memory bandwidth (its kernel also prefetches `W` 24 KiB ahead); large `M` (prefill) gets
 //! cache-sized blocks (a `W` panel stays in L1 while the block's `x` panels stream from L2),
