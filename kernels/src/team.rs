@@ -138,6 +138,7 @@ impl Team {
         // SAFETY: the pointer is followed only for tasks claimed before this returns, and this
         // returns only once every task is done.
         let erased: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(f) };
+        assert!((tasks as u64) < CLOSED, "{tasks} tasks in one job");
         let g = (self.state.load(Ordering::Acquire) >> 32) + 1;
         // Close the new generation before changing `tasks`: a member holding a stale state word
         // of the previous generation, once it reads the new (larger) count, must fail its claim
