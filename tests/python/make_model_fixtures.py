@@ -2,8 +2,9 @@
 """Builds the tiny random checkpoints of worker/tests/fixtures/hf/ and records what Hugging Face
 transformers computes for them: the reference the worker's `hf_parity` test compares against.
 
-Each fixture is a directory with a Hub-style `config.json` (written here, then read back by
-transformers itself, so the reference is what transformers makes of exactly that file) and
+Each fixture is a directory with a Hub-style `config.json` (written here, then saved again by
+transformers' own `save_pretrained`, so it is a config as transformers writes it and the
+reference is what transformers makes of exactly that file) and
 `reference.json`: for a few prompts the greedy continuation and the f32 logits of every position
 of prompt + continuation (each logit the shortest decimal that reads back as the same f32), and
 the list of the checkpoint's tensors (name, shape, the mean and std they are drawn with and an
@@ -472,6 +473,9 @@ def build(out, name, fields, off, base=BASE, seeds=range(100)):
         d.mkdir(parents=True)
         cfg = dict(base, **fields)
         (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        # Then as transformers itself writes it (`save_pretrained`: its own names and defaults,
+        # e.g. Qwen3-MoE's `num_local_experts`, `rope_parameters`), which dpserve must read.
+        AutoConfig.from_pretrained(d).save_pretrained(d)
         tensors, listing = checkpoint(load(d), cfg, seed)
         model = load_generated(d, tensors)
         ps = prompts(np.random.default_rng(seed), cfg["vocab_size"])
