@@ -20,8 +20,6 @@
 
 use std::cell::Cell;
 
-use rayon::prelude::*;
-
 use crate::math::exp_fixed;
 use crate::path::{kernel_path, multiversion, KernelPath};
 use crate::LineVec;
@@ -257,7 +255,7 @@ pub fn attention_scored_with(
             }
         };
         if parallel {
-            dst.par_chunks_mut(16 * head_dim).enumerate().for_each(fill);
+            crate::team::for_each_chunk_mut(dst, 16 * head_dim, |i, c| fill((i, c)));
         } else {
             dst.chunks_mut(16 * head_dim).enumerate().for_each(fill);
         }

@@ -210,6 +210,38 @@ pub fn for_each(tasks: usize, f: impl Fn(usize) + Sync + Send) {
     }
 }
 
+/// `f(i, chunk)` for every `chunk`-long piece of `data` (the last may be shorter), in parallel
+/// as [`for_each`] runs tasks: on this thread's team inside [`with_team`], else on rayon.
+pub fn for_each_chunk_mut<T: Send>(
+    data: &mut [T],
+    chunk: usize,
+    f: impl Fn(usize, &mut [T]) + Sync + Send,
+) {
+    assert!(chunk > 0, "chunks of 0");
+    if OWNED.get().is_null() {
+        data.par_chunks_mut(chunk)
+            .enumerate()
+            .for_each(|(i, c)| f(i, c));
+        return;
+    }
+    /// The data's start, shared by tasks that take disjoint chunks of it.
+    struct Base<T>(*mut T);
+    // SAFETY: each task forms only its own chunk (disjoint ranges of one `&mut [T]`).
+    unsafe impl<T: Send> Sync for Base<T> {}
+    // SAFETY: as above.
+    unsafe impl<T: Send> Send for Base<T> {}
+    let (len, base) = (data.len(), Base(data.as_mut_ptr()));
+    let base = &base;
+    for_each(len.div_ceil(chunk), |i| {
+        let start = i * chunk;
+        // SAFETY: `start..start + n` lies inside `data`, which is borrowed mutably for the whole
+        // call, and no other task forms an overlapping range.
+        let c =
+            unsafe { std::slice::from_raw_parts_mut(base.0.add(start), chunk.min(len - start)) };
+        f(i, c);
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,6 +322,33 @@ mod tests {
         assert_eq!(done.load(Ordering::Relaxed), 7, "the other tasks ran");
         // And the pool still works afterwards (the members stopped).
         assert_eq!(pool.install(|| with_team(|| 41 + 1)), 42);
+    }
+
+    #[test]
+    fn chunks_are_handed_out_once_inside_and_outside_a_team() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        for inside in [false, true] {
+            let mut data = vec![0u32; 1003];
+            let fill = |data: &mut [u32]| {
+                for_each_chunk_mut(data, 10, |i, c| {
+                    for (j, v) in c.iter_mut().enumerate() {
+                        *v += (i * 10 + j) as u32 + 1;
+                    }
+                })
+            };
+            pool.install(|| {
+                if inside {
+                    with_team(|| fill(&mut data))
+                } else {
+                    fill(&mut data)
+                }
+            });
+            let want: Vec<u32> = (1..=1003).collect();
+            assert_eq!(data, want, "inside a team: {inside}");
+        }
     }
 
     #[test]
