@@ -61,6 +61,23 @@ fn smollm2_f32(dir: &Path) -> (std::path::PathBuf, Value) {
     (model, fixture)
 }
 
+/// A greedy chat completion of "What is the capital of France?" answers Paris (`what`: the
+/// server's mode, for the message).
+fn assert_chat_names_paris(server: &Server, what: &str) {
+    let (status, resp) = server.post(
+        "/v1/chat/completions",
+        &json!({
+            "model": "smollm2",
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 16,
+            "temperature": 0,
+        }),
+    );
+    assert_eq!(status, 200, "{what}: {resp}");
+    let answer = resp["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(answer.contains("Paris"), "{what}: {answer:?}");
+}
+
 fn ids(v: &Value) -> Vec<u64> {
     v.as_array()
         .unwrap()
@@ -121,18 +138,7 @@ fn smollm2_greedy_equals_llama_cpp_on_the_same_weights_and_chat_answers() {
     );
 
     // The chat template of the model's own tokenizer_config.json, through the OpenAI API.
-    let (status, resp) = server.post(
-        "/v1/chat/completions",
-        &json!({
-            "model": "smollm2",
-            "messages": [{"role": "user", "content": "What is the capital of France?"}],
-            "max_tokens": 16,
-            "temperature": 0,
-        }),
-    );
-    assert_eq!(status, 200, "{resp}");
-    let answer = resp["choices"][0]["message"]["content"].as_str().unwrap();
-    assert!(answer.contains("Paris"), "{answer:?}");
+    assert_chat_names_paris(&server, "f32");
 
     // A tool call from a real model: the function named, its arguments constrained to the
     // function's schema, and JSON an instruct model fills in sensibly.
@@ -259,18 +265,7 @@ fn smollm2_serves_in_the_bf16_compute_mode_and_in_q8_0() {
             agreed.iter().all(|&n| n >= 4) && agreed.iter().sum::<usize>() >= 40,
             "{mode:?}: {agreed:?}"
         );
-        let (status, resp) = server.post(
-            "/v1/chat/completions",
-            &json!({
-                "model": "smollm2",
-                "messages": [{"role": "user", "content": "What is the capital of France?"}],
-                "max_tokens": 16,
-                "temperature": 0,
-            }),
-        );
-        assert_eq!(status, 200, "{resp}");
-        let answer = resp["choices"][0]["message"]["content"].as_str().unwrap();
-        assert!(answer.contains("Paris"), "{mode:?}: {answer:?}");
+        assert_chat_names_paris(&server, &format!("{mode:?}"));
     }
 }
 
