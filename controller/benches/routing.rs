@@ -78,6 +78,7 @@ fn routing(c: &mut Criterion) {
                     input_ids: &prompt[..16],
                     routing_key: Some(&keys[i]),
                     bootstrap_room: None,
+                    max_new_tokens: None,
                 };
                 black_box(pa.select(&req, set).rank)
             })
@@ -89,6 +90,7 @@ fn routing(c: &mut Criterion) {
                     input_ids: &prompt,
                     routing_key: None,
                     bootstrap_room: None,
+                    max_new_tokens: None,
                 };
                 black_box(pa.select(&req, set).rank)
             })
@@ -108,6 +110,7 @@ fn routing(c: &mut Criterion) {
                         input_ids: ids,
                         routing_key: None,
                         bootstrap_room: None,
+                        max_new_tokens: None,
                     };
                     let set = set
                         .clone()
@@ -124,6 +127,7 @@ fn routing(c: &mut Criterion) {
                     input_ids: &prompt[..16],
                     routing_key: None,
                     bootstrap_room: None,
+                    max_new_tokens: None,
                 };
                 black_box(rr.select(&req, set).rank)
             })

@@ -16,6 +16,8 @@ pub enum Error {
     CacheAwareLoadSkew { got: f64 },
     #[error("--cache-aware-compute-weight must be a finite number >= 0, got {got}")]
     CacheAwareComputeWeight { got: f64 },
+    #[error("--cache-aware-tpot-weight must be a finite number >= 0, got {got}")]
+    CacheAwareTpotWeight { got: f64 },
     #[error("--cache-aware-max-hold-ms must be at least 1")]
     CacheAwareMaxHold,
     /// A peer method's flag out of its range (`--smg-*`, `--dynamo-*`, `--llmd-*`).

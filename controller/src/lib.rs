@@ -95,6 +95,13 @@ pub struct RoutingArgs {
     #[arg(long, env = "DPSERVE_CACHE_AWARE_COMPUTE_WEIGHT",
           default_value_t = CacheAwareConfig::default().compute_weight)]
     pub cache_aware_compute_weight: f64,
+    /// cache_aware: seconds of time to first token that one second of time per output token
+    /// is worth (>= 0; 80 is 2 s / 25 ms): a stall of a request's decode counts this much more
+    /// per token of TPOT it adds, so stalls weigh on requests with short max_new_tokens; 0:
+    /// a stall weighs the same on every request.
+    #[arg(long, env = "DPSERVE_CACHE_AWARE_TPOT_WEIGHT",
+          default_value_t = CacheAwareConfig::default().tpot_weight)]
+    pub cache_aware_tpot_weight: f64,
     /// cache_aware: a rank is overloaded when its active requests exceed this multiple
     /// (>= 1.0) of max(mean over live ranks, 1); the request goes to the next cheapest rank.
     #[arg(long, env = "DPSERVE_CACHE_AWARE_MAX_LOAD_SKEW",
@@ -180,6 +187,7 @@ impl Default for RoutingArgs {
             prefix_affinity_fallback: affinity.fallback,
             prefix_affinity_max_load_skew: affinity.max_load_skew,
             cache_aware_compute_weight: cache.compute_weight,
+            cache_aware_tpot_weight: cache.tpot_weight,
             cache_aware_max_load_skew: cache.max_load_skew,
             cache_aware_hold_ms: cache.hold_wait.as_millis() as u64,
             cache_aware_max_hold_ms: cache.max_hold.as_millis() as u64,
@@ -318,11 +326,16 @@ impl RoutingArgs {
         if !(weight.is_finite() && weight >= 0.0) {
             return Err(Error::CacheAwareComputeWeight { got: weight });
         }
+        let tpot_weight = self.cache_aware_tpot_weight;
+        if !(tpot_weight.is_finite() && tpot_weight >= 0.0) {
+            return Err(Error::CacheAwareTpotWeight { got: tpot_weight });
+        }
         if self.cache_aware_max_hold_ms == 0 {
             return Err(Error::CacheAwareMaxHold);
         }
         Ok(CacheAwareConfig {
             compute_weight: weight,
+            tpot_weight,
             max_load_skew: skew,
             hold_wait: std::time::Duration::from_millis(self.cache_aware_hold_ms),
             max_hold: std::time::Duration::from_millis(self.cache_aware_max_hold_ms),
@@ -403,8 +416,12 @@ mod tests {
         assert_eq!(c.method, Method::CacheAware);
         assert_eq!(c.cache_aware, CacheAwareConfig::default());
         assert_eq!(
-            (c.cache_aware.compute_weight, c.cache_aware.max_load_skew),
-            (1.0, 2.0)
+            (
+                c.cache_aware.compute_weight,
+                c.cache_aware.tpot_weight,
+                c.cache_aware.max_load_skew
+            ),
+            (1.0, 80.0, 2.0)
         );
         assert!(c.cache_aware.hold_wait.is_zero(), "late binding is opt-in");
         assert_eq!(c.prefix_affinity, PrefixAffinityConfig::default());
@@ -548,6 +565,10 @@ mod tests {
             (
                 &["--cache-aware-compute-weight", "NaN"],
                 "--cache-aware-compute-weight",
+            ),
+            (
+                &["--cache-aware-tpot-weight=-1"],
+                "--cache-aware-tpot-weight",
             ),
             (&["--smg-cache-threshold", "1.5"], "--smg-cache-threshold"),
             (

@@ -11,7 +11,7 @@ use protocol::{Capacity, DisaggMode, GpuInfo, Hello, RankInfo, WorkerStatus};
 
 use crate::budget::{RankBudget, StatusOutcome, StatusStamp};
 use crate::ledger;
-use crate::policy::{RankLoad, RankSet};
+use crate::policy::{stall_tpot, RankLoad, RankQueue, RankSet};
 
 /// One registered rank.
 #[derive(Debug)]
@@ -24,7 +24,8 @@ pub struct LiveRank {
     pub status: Option<WorkerStatus>,
     /// The load the balancers see: applied status plus speculative dispatches.
     pub budget: RankBudget,
-    /// Requests dispatched to this rank and not yet reported finished: rid → prompt tokens.
+    /// Requests dispatched to this rank and not yet reported finished: rid → the most tokens
+    /// it may generate (its `max_new_tokens`; 0: not known, or none).
     pub inflight: HashMap<String, u64>,
     /// The `dispatch_seq` the last request sent to this rank carried (counts on from its
     /// `Hello.taken_seq`, or from 1).
@@ -340,11 +341,20 @@ impl Ranks {
         })
     }
 
-    /// Account a request dispatched to `rank` with number `seq`.
-    pub fn dispatched(&mut self, rank: u32, rid: &str, tokens: u64, prefill_tokens: u64, seq: u64) {
+    /// Account a request dispatched to `rank` with number `seq` that may generate up to
+    /// `max_new_tokens`.
+    pub fn dispatched(
+        &mut self,
+        rank: u32,
+        rid: &str,
+        tokens: u64,
+        prefill_tokens: u64,
+        seq: u64,
+        max_new_tokens: u64,
+    ) {
         self.dispatched_leg(rank, rid, tokens, prefill_tokens, seq);
         if let Some(r) = self.live.get_mut(&rank) {
-            r.inflight.insert(rid.to_string(), tokens);
+            r.inflight.insert(rid.to_string(), max_new_tokens);
         }
     }
 
@@ -466,7 +476,14 @@ impl Ranks {
                 })
                 .collect(),
         )
-        .with_queues(kept().map(|(&rank, r)| r.budget.queue(rank)).collect())
+        .with_queues(
+            kept()
+                .map(|(&rank, r)| RankQueue {
+                    stall_tpot: r.inflight.values().map(|&n| stall_tpot(n)).sum(),
+                    ..r.budget.queue(rank)
+                })
+                .collect(),
+        )
     }
 
     /// Requests counted in flight on every rank, live or draining.
@@ -578,8 +595,8 @@ mod tests {
     fn speculative_load_is_replaced_by_status_and_finished_rids_settle() {
         let mut ranks = Ranks::new(None, Duration::from_secs(3));
         ranks.hello(&hello(0, "a"), &id(0), false).unwrap();
-        ranks.dispatched(0, "x", 10, 0, 0);
-        ranks.dispatched(0, "y", 5, 0, 0);
+        ranks.dispatched(0, "x", 10, 0, 0, 0);
+        ranks.dispatched(0, "y", 5, 0, 0, 0);
         assert_eq!(ranks.rank_set().loads()[0].active_requests, 2);
         // A snapshot taken after both dispatches counts them itself.
         ranks.status(
@@ -610,7 +627,7 @@ mod tests {
         ranks.hello(&again, &id(0), false).unwrap();
         for rid in ["x", "y"] {
             let seq = ranks.next_dispatch_seq(0);
-            ranks.dispatched(0, rid, 10, 0, seq);
+            ranks.dispatched(0, rid, 10, 0, seq, 0);
         }
         // Before it reads either, its status says the last dispatch it took in: 57, numbered
         // by the old controller. Neither new request is counted there.
@@ -647,13 +664,37 @@ mod tests {
     }
 
     #[test]
+    fn the_stall_a_rank_can_bear_sums_its_requests_lengths_until_they_finish() {
+        let mut ranks = Ranks::new(None, Duration::from_secs(3));
+        ranks.hello(&hello(0, "a"), &id(0), false).unwrap();
+        ranks.hello(&hello(1, "a"), &id(1), false).unwrap();
+        // 1/(5−1) + 1/(3−1); a one-token answer and an embedding (0: not known) add nothing.
+        ranks.dispatched(0, "x", 10, 0, 1, 5);
+        ranks.dispatched(0, "y", 10, 0, 2, 3);
+        ranks.dispatched(0, "z", 10, 0, 3, 1);
+        ranks.dispatched(1, "e", 10, 0, 1, 0);
+        let stall = |ranks: &Ranks, i: usize| ranks.rank_set().queue(i).stall_tpot;
+        assert_eq!((stall(&ranks, 0), stall(&ranks, 1)), (0.75, 0.0));
+        ranks.status(
+            WorkerStatus {
+                rank: 0,
+                timestamp: 1.0,
+                finished_rids: vec!["y".into()],
+                ..Default::default()
+            },
+            &id(0),
+        );
+        assert_eq!(stall(&ranks, 0), 0.25);
+    }
+
+    #[test]
     fn requests_in_flight_are_counted_on_live_and_draining_ranks() {
         let mut ranks = Ranks::new(None, Duration::from_secs(3));
         ranks.hello(&hello(0, "a"), &id(0), false).unwrap();
         ranks.hello(&hello(1, "a"), &id(1), false).unwrap();
-        ranks.dispatched(0, "x", 10, 0, 0);
-        ranks.dispatched(1, "y", 10, 0, 0);
-        ranks.dispatched(1, "z", 10, 0, 0);
+        ranks.dispatched(0, "x", 10, 0, 0, 0);
+        ranks.dispatched(1, "y", 10, 0, 0, 0);
+        ranks.dispatched(1, "z", 10, 0, 0, 0);
         assert_eq!(ranks.num_inflight(), 3);
         assert!(ranks.start_drain(1, Duration::from_secs(30)));
         assert_eq!(
@@ -667,8 +708,8 @@ mod tests {
     fn a_draining_rank_leaves_routing_but_keeps_its_requests_until_it_ends() {
         let mut ranks = Ranks::new(None, Duration::from_secs(3));
         ranks.hello(&hello(0, "a"), &id(0), false).unwrap();
-        ranks.dispatched(0, "x", 10, 0, 0);
-        ranks.dispatched(0, "y", 10, 0, 0);
+        ranks.dispatched(0, "x", 10, 0, 0, 0);
+        ranks.dispatched(0, "y", 10, 0, 0, 0);
         assert!(ranks.start_drain(0, Duration::from_secs(30)));
         assert!(
             ranks.ids().is_empty(),
@@ -699,7 +740,7 @@ mod tests {
         ranks.hello(&hello(0, "a"), &id(0), false).unwrap();
         for rid in ["kept", "lost"] {
             let seq = ranks.next_dispatch_seq(0);
-            ranks.dispatched(0, rid, 10, 0, seq);
+            ranks.dispatched(0, rid, 10, 0, seq, 0);
         }
         // The worker took both, finished one and forgot the other: it holds nothing.
         let quiet = |status_seq, finished: &[&str]| WorkerStatus {
@@ -740,7 +781,7 @@ mod tests {
         let timeout = Duration::from_secs(3);
         let mut ranks = Ranks::new(None, timeout);
         ranks.hello(&hello(0, "a"), &id(0), false).unwrap();
-        ranks.dispatched(0, "x", 10, 0, 0);
+        ranks.dispatched(0, "x", 10, 0, 0, 0);
         let drain = Duration::from_secs(30);
         let t0 = Instant::now();
         assert!(ranks.start_drain(0, drain));
@@ -758,7 +799,7 @@ mod tests {
             ranks.hello(&hello(0, "a"), b"rank-0.first", false),
             Ok(Joined::New { lost: vec![] })
         );
-        ranks.dispatched(0, "x", 10, 0, 0);
+        ranks.dispatched(0, "x", 10, 0, 0, 0);
         let mut dup = hello(0, "a");
         dup.pid = 2;
         assert_eq!(

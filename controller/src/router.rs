@@ -62,6 +62,7 @@ mod tests {
         input_ids: &[1, 2],
         routing_key: None,
         bootstrap_room: None,
+        max_new_tokens: None,
     };
 
     #[test]

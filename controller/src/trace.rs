@@ -240,6 +240,7 @@ mod tests {
             cost,
             backlog_tokens: None,
             prefill_rate: None,
+            stall_tpot: None,
         };
         // cache_aware: costs, the chosen (2) cheapest by 0.25 s.
         let d = RouteDecision {

@@ -309,11 +309,13 @@ pub struct RankCost {
     pub matched_tokens: u64,
     /// Prompt tokens it would still compute: prompt − matched.
     pub prefill_tokens: u64,
-    /// The wait for the prompt tokens queued ahead of it: backlog ÷ rate.
+    /// The wait for the prompt tokens queued ahead of it: backlog ÷ rate, × (1 + TPOT weight ÷
+    /// (max_new_tokens − 1)) for a request that may wait it out between its tokens.
     pub load_cost: f64,
-    /// load_cost + (1 + compute weight × the rank's active requests) × prefill_tokens ÷ rate:
-    /// its predicted time to first token plus the stall its computing puts on each request
-    /// already on the rank. The lowest wins, unless the overload guard skips it.
+    /// load_cost + (1 + compute weight × (the rank's active requests + TPOT weight ×
+    /// `stall_tpot`)) × prefill_tokens ÷ rate: its predicted time to first token plus the
+    /// stall its computing puts on each request already on the rank. The lowest wins, unless
+    /// the overload guard skips it.
     pub cost: f64,
     /// Prompt tokens queued on the rank, not yet computed (its status plus the dispatches
     /// since); absent when the rank does not report them.
@@ -323,6 +325,11 @@ pub struct RankCost {
     /// of the measured ranks'); absent while no rank's is measured (costs are then in tokens).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefill_rate: Option<f64>,
+    /// What a second's stall adds to the times per output token of the requests active on
+    /// the rank, summed (Σ 1 ÷ (max_new_tokens − 1)); absent when the TPOT weight is 0 or no
+    /// active request's length is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stall_tpot: Option<f64>,
 }
 
 /// A peer method's view of one rank for one request: the terms of the rule it follows, so a
@@ -654,6 +661,7 @@ mod tests {
                     cost: 40.0,
                     backlog_tokens: Some(400),
                     prefill_rate: Some(100.0),
+                    stall_tpot: Some(0.5),
                 }],
                 scores: vec![
                     RankScore::VllmDp {

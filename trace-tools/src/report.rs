@@ -336,8 +336,12 @@ fn cache_sentence(r: &RouteRecord, rank: u32) -> String {
     let speed = c
         .prefill_rate
         .map_or(String::new(), |rate| format!(" at {rate:.0} tokens/s"));
+    // Short answers among them feel the stall more (`--cache-aware-tpot-weight`).
+    let fragile = c.stall_tpot.map_or(String::new(), |s| {
+        format!(" (a second's stall adds {s:.3} s to their times per output token)")
+    });
     let terms = format!(
-        "cost {:.3}{unit} = {:.3} waiting behind {} queued prompt tokens + {:.3} for computing its {} tokens{speed} while the {} requests active there wait",
+        "cost {:.3}{unit} = {:.3} waiting behind {} queued prompt tokens + {:.3} for computing its {} tokens{speed} while the {} requests active there wait{fragile}",
         c.cost,
         c.load_cost,
         c.backlog_tokens.unwrap_or(0),
@@ -457,6 +461,7 @@ mod tests {
             input_ids: &[],
             routing_key: Some(key),
             bootstrap_room: None,
+            max_new_tokens: None,
         };
         let d = m.select(&req, ranks);
         route_record(rid, 1.0, Method::PrefixAffinity, ranks, &Ok(d))
@@ -561,6 +566,7 @@ mod tests {
             input_ids: &prompt,
             routing_key: None,
             bootstrap_room: None,
+            max_new_tokens: None,
         };
         let set = |matched: Vec<u64>, busy: u64| {
             RankSet::new(
@@ -627,6 +633,7 @@ mod tests {
                     max_total_tokens: 1 << 20,
                     prefill_backlog_tokens: Some(0),
                     prefill_rate: Some(rate),
+                    stall_tpot: 0.0,
                 })
                 .collect(),
         )
@@ -661,6 +668,7 @@ mod tests {
             input_ids: prompt,
             routing_key: None,
             bootstrap_room: None,
+            max_new_tokens: None,
         };
         let d = m.select(&req, ranks);
         let rec = route_record("p1", 1.0, method, ranks, &Ok(d));

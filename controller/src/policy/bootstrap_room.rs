@@ -37,6 +37,7 @@ mod tests {
             input_ids: &[],
             routing_key: None,
             bootstrap_room: room,
+            max_new_tokens: None,
         }
     }
 

@@ -12,9 +12,15 @@
 //! active(r)   = requests dispatched to r and not finished (the exact DP budget)
 //! rate(r)     = its measured prefill tokens per second | the mean of the measured ranks' |
 //!               1 when none is measured (every cost is then in tokens)
-//! cost(r)     = backlog(r) / rate(r)  +  (1 + w × active(r)) × uncached(r) / rate(r)
-//!               └ wait for the line ┘    └ its own prefill, and the stall that prefill puts on
-//!                                          each request already there (w: --cache-aware-compute-weight) ┘
+//! s(x)        = 1 / (max_new_tokens(x) − 1): what a second's stall of request x's decode adds to
+//!               its time per output token (0 for embeddings and one-token answers)
+//! S(r)        = Σ s(x) over the requests active on r (the controller's in-flight ledger)
+//! cost(r)     = backlog(r) / rate(r) × (1 + t × s(req))
+//!               └ wait for the line, or its stall of this request's decode ┘
+//!             + (1 + w × (active(r) + t × S(r))) × uncached(r) / rate(r)
+//!               └ its own prefill, and the stall that prefill puts on each request already
+//!                 there, the more for short answers (w: --cache-aware-compute-weight,
+//!                 t: --cache-aware-tpot-weight, seconds of TTFT per second of TPOT) ┘
 //! order       = live ranks by cost, lowest first; costs within 10 % of the lowest are ties,
 //!               broken by more of the prompt held (a conversation's turn stays with its
 //!               context), then fewer active requests, then HRW order on the first block's hash
@@ -38,6 +44,17 @@
 //! holder instead of recomputing it on an idle rank (unless the holder serves so many more
 //! requests that stalling them all costs more than the recomputation).
 //!
+//! Why the TPOT weight: a stall of S seconds delays a request's first token by S, but once it
+//! is decoding the same stall adds S / (n − 1) to its time per output token, which a serving
+//! target bounds about 80 times tighter (25 ms against 2 s). A 4-token answer stalled 100 ms
+//! misses a 25 ms target; a 400-token one absorbs it. So a long prompt goes where the requests
+//! decoding are the ones that can absorb its prefill, and a short request avoids a line it
+//! would wait out between its tokens (a worker takes a request with a longer cached prefix
+//! first, then prefills the line while it decodes). On the 8-rank Mooncake replay at 1.75× the
+//! trace's rate it took the misses of requests under 90 output tokens from 9 to 0 per 400
+//! (docs/BENCHMARKS.md). `max_new_tokens` is the client's bound, not its answer's length: a
+//! request that stops early was only weighed as more robust than it was.
+//!
 //! Why predictions: the siblings of a burst arrive before the first of them is computed and
 //! reported anywhere; counting the blocks sent to a rank as held there (see
 //! [`crate::kv_index`]) makes them meet. A hot prefix whose holder's line grows spills to the
@@ -48,7 +65,9 @@
 //! index lookups are the controller's (see `server`), O(prompt / block size).
 
 use super::hrw::{self, Blake2Hrw, HrwHasher};
-use super::{Branch, KeySource, LoadBalancer, RankCost, RankSet, RouteDecision, RouteInput};
+use super::{
+    stall_tpot, Branch, KeySource, LoadBalancer, RankCost, RankSet, RouteDecision, RouteInput,
+};
 
 /// `--cache-aware-*` settings. `Default` is the single source of the defaults; clap reads it.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,6 +75,11 @@ pub struct CacheAwareConfig {
     /// Weight of the stall a request's prefill puts on each request already active on the
     /// rank, relative to its own wait (≥ 0; 0: the predicted time to first token alone).
     pub compute_weight: f64,
+    /// What one second of a request's time per output token is worth in seconds of time to
+    /// first token (≥ 0): a stall of S seconds in a request's decode adds S / (n − 1) to its
+    /// time per output token (n: its `max_new_tokens`), so a stall weighs more on requests
+    /// with short outputs. 0: a stall weighs the same on every request.
+    pub tpot_weight: f64,
     /// Overload threshold as a multiple of the mean active requests (≥ 1.0).
     pub max_load_skew: f64,
     /// Late binding: while every rank's predicted wait ([`earliest_start_s`]) is longer than
@@ -70,6 +94,8 @@ impl Default for CacheAwareConfig {
     fn default() -> Self {
         CacheAwareConfig {
             compute_weight: 1.0,
+            // The ratio of the usual targets: 2 s to the first token, 25 ms per output token.
+            tpot_weight: 80.0,
             // Looser than prefix_affinity's 1.5: the time cost already moves work off a rank
             // whose line grows, and at 1.5 SGLang's shared-prefix run (4 groups, 2 ranks,
             // concurrency 8) spilled groups onto both ranks (82 % cache hits; 88 % at 2).
@@ -166,6 +192,10 @@ impl CacheAware {
                 .min(prompt)
         };
         let rates = rates(ranks);
+        let tpot = self.config.tpot_weight;
+        // The line ahead of the request delays its first token, or, where the worker takes
+        // the request first (a longer cached prefix), stalls its decode.
+        let own_stall = 1.0 + tpot * req.max_new_tokens.map_or(0.0, |n| stall_tpot(n.into()));
         // Candidates in HRW order, then (stable) by cost: equal costs keep the HRW order.
         let mut costs: Vec<RankCost> = hrw_order
             .iter()
@@ -176,8 +206,9 @@ impl CacheAware {
                 let backlog = ranks.queue(i).prefill_backlog_tokens;
                 let rate = rates[i];
                 let per_token = rate.map_or(1.0, |r| 1.0 / r);
-                let load_cost = backlog.unwrap_or(0) as f64 * per_token;
-                let stalled = loads[i].active_requests as f64;
+                let load_cost = backlog.unwrap_or(0) as f64 * per_token * own_stall;
+                let stall_tpot = ranks.queue(i).stall_tpot;
+                let stalled = loads[i].active_requests as f64 + tpot * stall_tpot;
                 let per_uncached = (1.0 + self.config.compute_weight * stalled) * per_token;
                 RankCost {
                     rank,
@@ -187,6 +218,7 @@ impl CacheAware {
                     cost: load_cost + per_uncached * uncached as f64,
                     backlog_tokens: backlog,
                     prefill_rate: rate,
+                    stall_tpot: (tpot > 0.0 && stall_tpot > 0.0).then_some(stall_tpot),
                 }
             })
             .collect();
@@ -364,6 +396,7 @@ mod tests {
                         max_total_tokens: 1 << 20,
                         prefill_backlog_tokens: Some(backlog),
                         prefill_rate: Some(100.0),
+                        stall_tpot: 0.0,
                     })
                     .collect(),
             )
@@ -463,6 +496,7 @@ mod tests {
                         max_total_tokens: 1 << 20,
                         prefill_backlog_tokens: Some(0),
                         prefill_rate: Some(rate),
+                        stall_tpot: 0.0,
                     })
                     .collect(),
             )
@@ -495,6 +529,7 @@ mod tests {
                             max_total_tokens: 1 << 20,
                             prefill_backlog_tokens: Some(0),
                             prefill_rate: Some(rate),
+                            stall_tpot: 0.0,
                         })
                         .collect(),
                 )
@@ -531,5 +566,65 @@ mod tests {
         let mut m = CacheAware::new(CacheAwareConfig::default());
         let d = m.select(&req(&PROMPT), &ranks(&[(5, 100, 100)], &[0]));
         assert_eq!((d.rank, d.branch), (5, Branch::Cold));
+    }
+
+    /// `busy` ranks whose requests may each generate `outputs[i]` tokens.
+    fn with_outputs(spec: &[(u32, u64, u64)], matched: &[u64], outputs: &[u64]) -> RankSet {
+        let set = busy(spec, matched);
+        let queues = (0..spec.len())
+            .map(|i| RankQueue {
+                stall_tpot: spec[i].1 as f64 * stall_tpot(outputs[i]),
+                ..set.queue(i)
+            })
+            .collect();
+        set.with_queues(queues)
+    }
+
+    #[test]
+    fn a_long_prompt_stalls_the_rank_whose_requests_feel_it_least() {
+        let mut m = CacheAware::new(CacheAwareConfig::default());
+        // Rank 0 serves 4 requests of 4 tokens, rank 1 five of 400: one second's stall adds
+        // 4 × 1/3 s to rank 0's times per output token and 5 × 1/399 s to rank 1's.
+        let set = with_outputs(&[(0, 4, 0), (1, 5, 0)], &[0, 0], &[4, 400]);
+        let d = m.select(&req(&PROMPT), &set);
+        assert_eq!(d.rank, 1);
+        let cost = |r: u32| d.costs.iter().find(|c| c.rank == r).unwrap().cost;
+        // 1 s of prefill × (1 + 4 + 80 × 4/3) against 1 s × (1 + 5 + 80 × 5/399).
+        assert!(
+            (cost(0) - (5.0 + 320.0 / 3.0)).abs() < 1e-9,
+            "{:?}",
+            d.costs
+        );
+        assert!(
+            (cost(1) - (6.0 + 400.0 / 399.0)).abs() < 1e-9,
+            "{:?}",
+            d.costs
+        );
+        // Weight 0: every request feels a stall alike; the rank serving fewer takes it.
+        let mut alike = CacheAware::new(CacheAwareConfig {
+            tpot_weight: 0.0,
+            ..Default::default()
+        });
+        assert_eq!(alike.select(&req(&PROMPT), &set).rank, 0);
+    }
+
+    #[test]
+    fn a_short_request_avoids_the_line_a_long_one_waits_in_for_its_prefix() {
+        let mut m = CacheAware::new(CacheAwareConfig::default());
+        // Rank 0 holds 64 of the 100 tokens behind a 1 s line; rank 1 holds nothing, no line.
+        let set = with_outputs(&[(0, 2, 100), (1, 2, 0)], &[64, 0], &[400, 400]);
+        let long = RouteInput {
+            max_new_tokens: Some(400),
+            ..req(&PROMPT)
+        };
+        // 1 s × (1 + 80/399) + 0.36 s × 3 ≈ 2.3 s against 1 s × 3.
+        assert_eq!(m.select(&long, &set).rank, 0);
+        // Taken first for its cached prefix, a 4-token answer would wait out the line between
+        // its tokens: 1 s × (1 + 80/3) + 1.08 s against 3 s.
+        let short = RouteInput {
+            max_new_tokens: Some(4),
+            ..req(&PROMPT)
+        };
+        assert_eq!(m.select(&short, &set).rank, 1);
     }
 }

@@ -42,6 +42,9 @@ pub struct RouteInput<'a> {
     pub input_ids: &'a [u32],
     pub routing_key: Option<&'a str>,
     pub bootstrap_room: Option<u64>,
+    /// The most tokens it may generate (`None`: it generates none, an embedding): how much a
+    /// stall of its decode weighs on its time per output token.
+    pub max_new_tokens: Option<u32>,
 }
 
 /// A generation as the balancers see it: every path that routes one (unified or disaggregated)
@@ -53,6 +56,7 @@ impl<'a> From<&'a protocol::GenerateReq> for RouteInput<'a> {
             input_ids: &req.input_ids,
             routing_key: req.routing_key.as_deref(),
             bootstrap_room: req.bootstrap_room,
+            max_new_tokens: Some(req.sampling.max_new_tokens),
         }
     }
 }
@@ -65,6 +69,7 @@ impl<'a> From<&'a protocol::EmbedReq> for RouteInput<'a> {
             input_ids: &req.input_ids,
             routing_key: req.routing_key.as_deref(),
             bootstrap_room: None,
+            max_new_tokens: None,
         }
     }
 }
@@ -78,7 +83,19 @@ impl<'a> RouteInput<'a> {
             input_ids,
             routing_key: None,
             bootstrap_room: None,
+            max_new_tokens: None,
         }
+    }
+}
+
+/// What one second's stall of a request's decode adds to its time per output token: the
+/// stall is spread over the gaps between its tokens, `max_new_tokens − 1` of them at most
+/// (0 for a request that generates fewer than two tokens, or whose length is not known).
+pub fn stall_tpot(max_new_tokens: u64) -> f64 {
+    if max_new_tokens >= 2 {
+        1.0 / (max_new_tokens - 1) as f64
+    } else {
+        0.0
     }
 }
 
@@ -111,6 +128,9 @@ pub struct RankQueue {
     pub prefill_backlog_tokens: Option<u64>,
     /// Its measured prefill speed in prompt tokens per second; `None` until measured.
     pub prefill_rate: Option<f64>,
+    /// What a second's stall of its decode adds to its requests' times per output token,
+    /// summed over them: Σ 1 / (max_new_tokens − 1) (0: none known).
+    pub stall_tpot: f64,
 }
 
 impl RankQueue {
@@ -170,6 +190,7 @@ impl RankSet {
                 max_total_tokens: 0,
                 prefill_backlog_tokens: None,
                 prefill_rate: None,
+                stall_tpot: 0.0,
             }
         })
     }
@@ -232,6 +253,7 @@ impl RankSet {
                     max_total_tokens: 1 << 20,
                     prefill_backlog_tokens: Some(backlog),
                     prefill_rate: rate,
+                    stall_tpot: 0.0,
                 })
                 .collect(),
         )

@@ -26,6 +26,7 @@ fn keyed(key: &str) -> RouteInput<'_> {
         input_ids: &[1, 2, 3],
         routing_key: Some(key),
         bootstrap_room: None,
+        max_new_tokens: None,
     }
 }
 
@@ -35,6 +36,7 @@ fn tokens(ids: &[u32]) -> RouteInput<'_> {
         input_ids: ids,
         routing_key: None,
         bootstrap_room: None,
+        max_new_tokens: None,
     }
 }
 
@@ -85,6 +87,7 @@ fn distinct_keys_with_one_identical_8k_prefix_spread_over_all_8_ranks() {
             input_ids: &prompt,
             routing_key: Some(&key),
             bootstrap_room: None,
+            max_new_tokens: None,
         };
         *per_rank.entry(m.select(&req, &ranks).rank).or_default() += 1;
     }

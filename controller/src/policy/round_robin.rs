@@ -35,6 +35,7 @@ mod tests {
             input_ids: &[],
             routing_key: None,
             bootstrap_room: None,
+            max_new_tokens: None,
         }
     }
 

@@ -190,8 +190,18 @@ impl Controller {
             *dispatch_seq = seq;
         }
         if self.send_to_worker(decision.rank, &msg) {
-            self.ranks
-                .dispatched(decision.rank, rid, tokens, prefill_tokens, seq);
+            let max_new_tokens = match &msg {
+                Message::GenerateReq(r) => u64::from(r.sampling.max_new_tokens),
+                _ => 0,
+            };
+            self.ranks.dispatched(
+                decision.rank,
+                rid,
+                tokens,
+                prefill_tokens,
+                seq,
+                max_new_tokens,
+            );
             true
         } else {
             self.send_to_tokenizer(&Message::TokenOut(TokenOut::error(
