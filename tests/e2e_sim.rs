@@ -199,3 +199,88 @@ fn lock_step_ranks_serve_every_request() {
     );
     assert_eq!(used_ranks.len(), 2, "both ranks stepped: {used_ranks:?}");
 }
+
+/// A small Mooncake-format trace: `n` requests 250 ms apart, four conversations whose prompts
+/// grow by a 512-token block a turn, 24 output tokens each.
+fn small_trace(dir: &std::path::Path, n: u64) -> std::path::PathBuf {
+    let lines: Vec<String> = (0..n)
+        .map(|i| {
+            let (conv, turn) = (i % 4, i / 4);
+            let blocks: Vec<u64> = (0..=turn + 1).map(|b| conv * 1000 + b).collect();
+            json!({"timestamp": i * 250, "input_length": blocks.len() * 512 - 100,
+                   "output_length": 24, "hash_ids": blocks})
+            .to_string()
+        })
+        .collect();
+    let path = dir.join("trace.jsonl");
+    std::fs::write(&path, lines.join("\n") + "\n").expect("write the trace");
+    path
+}
+
+/// `dpserve bench --preset mooncake-8gpu` on a small trace at `--sim-speed speed`: the run's
+/// compare.json and its terminal output.
+fn trace_run(dir: &std::path::Path, trace: &std::path::Path, speed: &str) -> (Value, String) {
+    let out = dir.join(format!("speed-{speed}"));
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_dpserve"))
+        .args([
+            "bench",
+            "--launch",
+            "--preset",
+            "mooncake-8gpu",
+            "--dataset-path",
+        ])
+        .arg(trace)
+        .args([
+            "--num-prompts",
+            "24",
+            "--compare",
+            "cache_aware",
+            "--sim-speed",
+            speed,
+        ])
+        .args(["--disable-progress-bar", "--startup-timeout", "60"])
+        .arg("--output-dir")
+        .arg(&out)
+        .env("DPSERVE_LOG", "warn")
+        .output()
+        .expect("run dpserve bench");
+    let stdout = String::from_utf8_lossy(&run.stdout).to_string();
+    assert!(
+        run.status.success(),
+        "dpserve bench failed: {}\n{stdout}\n{}",
+        run.status,
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let compare = std::fs::read_to_string(out.join("compare.json")).expect("compare.json");
+    (serde_json::from_str(&compare).expect("JSON"), stdout)
+}
+
+/// `--sim-speed`: the ranks run the modelled time faster and the bench multiplies what it
+/// measures back, so a run at speed 3 reads the same times per output token as one in real
+/// time (within what the host's unscaled time per step adds), not a third of them (the bench
+/// not scaling) nor three times (the ranks not running faster); and it says so.
+#[test]
+fn a_faster_simulation_reads_in_modelled_time() {
+    let dir = tempfile::Builder::new()
+        .prefix("dpsimspeed")
+        .tempdir_in("/tmp")
+        .expect("temp dir");
+    let trace = small_trace(dir.path(), 24);
+    let itl = |c: &Value| {
+        let r = &c["methods"][0]["result"];
+        assert_eq!(
+            (&r["completed"], &r["failed"]),
+            (&json!(24), &json!(0)),
+            "{r}"
+        );
+        r["median_itl_ms"].as_f64().expect("median_itl_ms")
+    };
+    let (real, _) = trace_run(dir.path(), &trace, "1");
+    let (fast, stdout) = trace_run(dir.path(), &trace, "3");
+    let (real, fast) = (itl(&real), itl(&fast));
+    assert!(
+        (0.75 * real..1.5 * real).contains(&fast),
+        "median ITL {fast} ms at speed 3 against {real} ms in real time"
+    );
+    assert!(stdout.contains("run 3x faster than modelled"), "{stdout}");
+}

@@ -349,8 +349,16 @@ pub(super) fn describe(plan: &Plan, server: &ServerFlags, simulated: &[&str]) ->
     let banner = match simulated {
         [] => String::new(),
         profiles => format!(
-            "SIMULATED ranks ({}; docs/SIM.md): every timing below is a cost model's.\n",
-            profiles.join(", ")
+            "SIMULATED ranks ({}; docs/SIM.md): every timing below is a cost model's{}.\n",
+            profiles.join(", "),
+            if plan.sim_speed == 1.0 {
+                String::new()
+            } else {
+                format!(
+                    ", run {}x faster than modelled and multiplied back (--sim-speed)",
+                    plan.sim_speed
+                )
+            }
         ),
     };
     let workload = match g.dataset {

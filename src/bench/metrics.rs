@@ -44,6 +44,19 @@ pub struct RequestOutcome {
     pub ended_s: f64,
 }
 
+impl RequestOutcome {
+    /// Every time in it multiplied by `k` (`--sim-speed`: wall time back to modelled time).
+    pub fn scale_time(&mut self, k: f64) {
+        self.ttft_s *= k;
+        self.latency_s *= k;
+        self.sent_s *= k;
+        self.ended_s *= k;
+        for itl in &mut self.itl_s {
+            *itl *= k;
+        }
+    }
+}
+
 /// Per request, in the workload's order (`--output-details`, bench_serving's flag): what was
 /// sent and received, and when.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]

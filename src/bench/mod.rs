@@ -160,6 +160,12 @@ pub struct BenchArgs {
     /// Start a fresh cluster per method (`dpserve up`) instead of using --base-url.
     #[arg(long)]
     pub launch: bool,
+    /// [simulated ranks a trace preset launches] Run the ranks' modelled time this many times
+    /// faster (1-16), send the workload that much faster and multiply every time measured back:
+    /// the results are in modelled time, a run takes 1/K of it. What does not scale (HTTP,
+    /// tokenizing, routing) reads K times larger (docs/SIM.md) [default: 1].
+    #[arg(long, value_name = "K")]
+    pub sim_speed: Option<f64>,
     /// [--launch] Comma-separated load-balance methods to compare. `METHOD@<P>p<D>d` (e.g.
     /// `round_robin@1p1d`) runs a disaggregated deployment of P prefill and D decode workers
     /// instead of the unified `--dp-size` ranks (the deployment axis).

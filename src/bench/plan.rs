@@ -31,6 +31,10 @@ pub struct Plan {
     pub sweep: Option<SweepSpec>,
     /// `--output-details`: every request's numbers in the result.
     pub output_details: bool,
+    /// `--sim-speed`: how many times faster than modelled the simulated ranks run; the
+    /// workload is sent that much faster and every time measured is multiplied back (1: real
+    /// time).
+    pub sim_speed: f64,
 }
 
 impl BenchArgs {
@@ -53,7 +57,8 @@ impl BenchArgs {
             dataset.name()
         );
         let gsp = self.gsp_config(dataset, preset.map_or(DEFAULT_GSP, |p| p.gsp.clone()));
-        let server = self.server_flags(preset);
+        let mut server = self.server_flags(preset);
+        let sim_speed = self.sim_speed(&mut server)?;
         let sweep = self.sweep_spec(preset)?;
         // A trace is replayed open loop, and a sweep sets the rate: the preset's concurrency
         // is for one run of a generated workload.
@@ -93,8 +98,30 @@ impl BenchArgs {
             progress: !self.disable_progress_bar,
             sweep,
             output_details: self.output_details,
+            sim_speed,
         };
         Ok((plan, server))
+    }
+
+    /// `--sim-speed`, checked, written into the simulated ranks' profile (1 without it).
+    fn sim_speed(&self, server: &mut ServerFlags) -> anyhow::Result<f64> {
+        let Some(speed) = self.sim_speed else {
+            return Ok(1.0);
+        };
+        anyhow::ensure!(
+            speed.is_finite() && (1.0..=16.0).contains(&speed),
+            "--sim-speed must be a number from 1 to 16, got {speed}"
+        );
+        let toml = server.sim_config.as_mut().filter(|_| self.launch);
+        let Some(toml) = toml else {
+            anyhow::bail!(
+                "--sim-speed runs the simulated ranks a trace preset launches: it needs --launch \
+                 with --preset mooncake-8gpu or mooncake-16gpu and no --device or --sim-* up-arg \
+                 of your own"
+            );
+        };
+        toml.push_str(&format!("speed = {speed:?}\n"));
+        Ok(speed)
     }
 
     /// `--sweep`'s spec (`None` without it): the rates given, or the preset's.
@@ -289,6 +316,67 @@ mod tests {
         )));
         assert!(argv.contains("--builtin-size base"), "{argv}");
         assert_eq!(plan.request_rate, 2.5);
+    }
+
+    #[test]
+    fn sim_speed_goes_into_the_simulated_ranks_profile_or_is_refused() {
+        let (plan, server) = parse(&["--launch", "--preset", "mooncake-8gpu", "--sim-speed", "4"])
+            .resolve()
+            .unwrap();
+        assert_eq!(plan.sim_speed, 4.0);
+        let toml = server.sim_config.expect("the preset's profile");
+        assert!(toml.ends_with("speed = 4.0\n"), "{toml}");
+        let (plan, _) = parse(&["--launch", "--preset", "mooncake-8gpu"])
+            .resolve()
+            .unwrap();
+        assert_eq!(plan.sim_speed, 1.0);
+        for (args, want) in [
+            (
+                &["--preset", "mooncake-8gpu", "--sim-speed", "2"][..],
+                "--launch",
+            ),
+            (
+                &["--launch", "--preset", "cpu-small", "--sim-speed", "2"],
+                "--launch",
+            ),
+            (
+                &[
+                    "--launch",
+                    "--preset",
+                    "mooncake-8gpu",
+                    "--up-arg=--device=cpu",
+                    "--sim-speed",
+                    "2",
+                ],
+                "--device",
+            ),
+            (
+                &[
+                    "--launch",
+                    "--preset",
+                    "mooncake-8gpu",
+                    "--sim-speed",
+                    "0.5",
+                ],
+                "1 to 16",
+            ),
+            (
+                &[
+                    "--launch",
+                    "--preset",
+                    "mooncake-8gpu",
+                    "--sim-speed",
+                    "NaN",
+                ],
+                "1 to 16",
+            ),
+        ] {
+            let err = parse(args).resolve().unwrap_err().to_string();
+            assert!(
+                err.contains("--sim-speed") && err.contains(want),
+                "{args:?}: {err}"
+            );
+        }
     }
 
     #[test]

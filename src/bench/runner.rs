@@ -84,9 +84,15 @@ async fn connect(
 async fn measure(
     client: &BenchClient,
     plan: &Plan,
-    requests: Vec<BenchRequest>,
+    mut requests: Vec<BenchRequest>,
 ) -> (Vec<Vec<u32>>, BenchMetrics) {
-    let arrivals = workload::send_times(&plan.gsp, &requests, plan.request_rate, plan.seed);
+    // `--sim-speed`: the ranks run K times faster than modelled, and so does the workload.
+    let k = plan.sim_speed;
+    for r in &mut requests {
+        r.at = r.at.map(|t| t / k);
+        r.after_gap_s /= k;
+    }
+    let arrivals = workload::send_times(&plan.gsp, &requests, plan.request_rate * k, plan.seed);
     let mut order: Vec<usize> = (0..requests.len()).collect();
     order.sort_by(|&a, &b| arrivals[a].total_cmp(&arrivals[b]));
     let prompts: Vec<Vec<u32>> = order
@@ -94,9 +100,14 @@ async fn measure(
         .map(|&i| requests[i].input_ids.clone())
         .collect();
     let pb = progress_bar(plan.progress, requests.len());
-    let (outcomes, duration) =
+    let (mut outcomes, duration) =
         send_all(client, requests, arrivals, plan.max_concurrency, pb.clone()).await;
     pb.finish_and_clear();
+    // Back to modelled time.
+    for o in &mut outcomes {
+        o.scale_time(k);
+    }
+    let duration = duration * k;
     let mut m = BenchMetrics::compute(&outcomes, duration, plan.slo);
     m.details = plan.output_details.then(|| Details::of(&outcomes));
     (prompts, m)
@@ -123,6 +134,14 @@ fn run_info(
             "SIMULATED: the ranks are simulated ({}); every timing here comes from a cost \
              model, not a model run (docs/SIM.md)",
             sim_profiles.join(", ")
+        ));
+    }
+    if plan.sim_speed != 1.0 {
+        notes.push(format!(
+            "--sim-speed {}: the ranks ran that many times faster than modelled and the \
+             workload was sent as much faster; every time here is the measured one times {0} \
+             (what does not scale, HTTP, tokenizing and routing, reads {0} times larger)",
+            plan.sim_speed
         ));
     }
     RunInfo {

@@ -161,6 +161,7 @@ fn sweep_json(
         },
         "rate_unit": unit.name(),
         "repeats": spec.repeats,
+        "sim_speed": plan.sim_speed,
         "workload": compare::workload_json(plan),
         "server": compare::server_json(server),
         "preset": args.preset.map(|p| format!("{p:?}")),

@@ -134,7 +134,8 @@ impl SimModel {
     /// Sleeps until the step's modelled time since `started` has passed, and in lock-step
     /// until the round it joins ends.
     fn wait(&self, seqs: &[SeqInput<'_>], started: Instant) {
-        let left = self.step_time(seqs).saturating_sub(started.elapsed());
+        let wall = self.step_time(seqs).div_f64(self.cost.profile().speed);
+        let left = wall.saturating_sub(started.elapsed());
         if let Some(lock_step) = &self.lock_step {
             match lock_step.step(left) {
                 Ok(()) => return,

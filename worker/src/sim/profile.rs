@@ -11,6 +11,10 @@ use super::{Result, SimError};
 /// `--sim-profile` when not given.
 pub const DEFAULT_SIM_PROFILE: &str = "h100-qwen3.5-122b-a10b-fp8";
 
+/// The fastest [`SimProfile::speed`]: beyond it a step's modelled time nears the host's own
+/// time per step, which does not scale.
+pub const MAX_SPEED: f64 = 16.0;
+
 /// A GPU and a model, in the units their data sheets use. Every field is required in a profile
 /// and may be overridden one by one in a `--sim-config` file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -54,6 +58,17 @@ pub struct SimProfile {
     pub kv_bytes_per_token: u64,
     /// Longest sequence (prompt + output) a request may have.
     pub context_len: usize,
+    /// Not the device's: how many times faster than modelled its steps run (each sleeps its
+    /// modelled time ÷ speed). A study's shortcut: `dpserve bench --sim-speed` sends its
+    /// workload this much faster and multiplies what it measures back, so a sweep that would
+    /// take an hour takes 60 ÷ speed minutes. What does not scale (HTTP, tokenizing, routing,
+    /// the host's own time per step) reads `speed` times larger in the results. 1: real time.
+    #[serde(default = "real_time")]
+    pub speed: f64,
+}
+
+fn real_time() -> f64 {
+    1.0
 }
 
 impl SimProfile {
@@ -102,6 +117,7 @@ impl SimProfile {
             // 12 layers × (K + V) × 2 heads × 256 × 2 bytes.
             kv_bytes_per_token: 12 * 2 * 2 * 256 * 2,
             context_len: 8192,
+            speed: 1.0,
         }
     }
 
@@ -130,6 +146,7 @@ impl SimProfile {
             // 8 layers × (K + V) × 4 heads × 64 × 4 bytes.
             kv_bytes_per_token: 8 * 2 * 4 * 64 * 4,
             context_len: 8192,
+            speed: 1.0,
         }
     }
 
@@ -210,6 +227,12 @@ impl SimProfile {
                 return invalid(field, format!("must be in (0, 1], got {v}"));
             }
         }
+        if !(self.speed.is_finite() && (1.0..=MAX_SPEED).contains(&self.speed)) {
+            return invalid(
+                "speed",
+                format!("must be in [1, {MAX_SPEED}], got {}", self.speed),
+            );
+        }
         if !(self.step_overhead_ms.is_finite() && self.step_overhead_ms >= 0.0) {
             return invalid(
                 "step_overhead_ms",
@@ -271,6 +294,9 @@ mod tests {
         );
         let p = SimProfile::overlay(DEFAULT_SIM_PROFILE, "base = \"cpu-calibrated\"").unwrap();
         assert_eq!(p, SimProfile::cpu_calibrated());
+        assert_eq!(p.speed, 1.0, "real time unless a file says otherwise");
+        let p = SimProfile::overlay(DEFAULT_SIM_PROFILE, "speed = 4").unwrap();
+        assert_eq!(p.speed, 4.0);
     }
 
     #[test]
@@ -280,6 +306,8 @@ mod tests {
             ("flops_efficiency = 1.5", "flops_efficiency"),
             ("active_params_b = 500", "active_params_b"),
             ("weight_shards = 0", "weight_shards"),
+            ("speed = 0.5", "speed"),
+            ("speed = 17", "speed"),
             ("base = \"b200\"", "b200"),
             ("gpu_mem_gb = \"lots\"", "gpu_mem_gb"),
             ("not toml", "sim config"),

@@ -87,6 +87,7 @@ fn log_simulated(
         peak_tflops = p.peak_tflops,
         mem_bandwidth_gbs = p.mem_bandwidth_gbs,
         step_overhead_ms = p.step_overhead_ms,
+        speed = p.speed,
         weight_bytes = sim.cost().weight_bytes(),
         context_len,
         max_total_tokens,
@@ -226,7 +227,15 @@ fn load(
     log_loaded(config, &model, pool_size, kernel_path, started);
     let hello = hello(config, &model, pool_size);
     let simulated = matches!(model, ModelRunner::Sim(_));
-    let mut sched = Scheduler::new(scheduler_config(config, &mc, pool_size), model);
+    let mut sched_config = scheduler_config(config, &mc, pool_size);
+    if let ModelRunner::Sim(sim) = &model {
+        // The step-time target is in modelled time: a rank run `speed` times faster measures
+        // its steps that much shorter.
+        let speed = sim.profile().speed;
+        sched_config.prefill_step_target =
+            sched_config.prefill_step_target.map(|t| t.div_f64(speed));
+    }
+    let mut sched = Scheduler::new(sched_config, model);
     sched.set_grammars(Arc::new(grammars(config, &mc, simulated)));
     sched.enable_kv_events(config.kv_event_block_size);
     Ok((sched, hello))
