@@ -7,7 +7,7 @@ use std::fmt::{self, Write as _};
 use std::io::BufRead;
 
 use protocol::route_record::RouteRecord;
-use protocol::trace_event::{Branch, KeySource};
+use protocol::trace_event::{Branch, KeySource, RankCost};
 
 /// Parse a trace, one record per line. Blank lines are skipped; lines that are not records are
 /// counted (a file cut short by a crash ends in half a line) instead of aborting the report.
@@ -321,13 +321,8 @@ fn sentence(r: &RouteRecord) -> String {
     }
 }
 
-/// `cache_aware`'s sentence: what each rank had cached, the costs, and the guard.
-fn cache_sentence(r: &RouteRecord, rank: u32) -> String {
-    let Some(pos) = r.costs.iter().position(|c| c.rank == rank) else {
-        return format!("Request {} went to rank {rank} by {}.", r.rid, r.method);
-    };
-    let c = &r.costs[pos];
-    let prompt = c.matched_tokens + c.prefill_tokens;
+/// A rank's `cache_aware` cost spelled out term by term, for one with `active` requests.
+fn cost_terms(c: &RankCost, active: u64) -> String {
     let unit = if c.prefill_rate.is_some() {
         "s"
     } else {
@@ -340,15 +335,24 @@ fn cache_sentence(r: &RouteRecord, rank: u32) -> String {
     let fragile = c.stall_tpot.map_or(String::new(), |s| {
         format!(" (a second's stall adds {s:.3} s to their times per output token)")
     });
-    let terms = format!(
-        "cost {:.3}{unit} = {:.3} waiting behind {} queued prompt tokens + {:.3} for computing its {} tokens{speed} while the {} requests active there wait{fragile}",
+    format!(
+        "cost {:.3}{unit} = {:.3} waiting behind {} queued prompt tokens + {:.3} for computing its {} tokens{speed} while the {active} requests active there wait{fragile}",
         c.cost,
         c.load_cost,
         c.backlog_tokens.unwrap_or(0),
         c.cost - c.load_cost,
         c.prefill_tokens,
-        load_of(r, rank),
-    );
+    )
+}
+
+/// `cache_aware`'s sentence: what each rank had cached, the costs, and the guard.
+fn cache_sentence(r: &RouteRecord, rank: u32) -> String {
+    let Some(pos) = r.costs.iter().position(|c| c.rank == rank) else {
+        return format!("Request {} went to rank {rank} by {}.", r.rid, r.method);
+    };
+    let c = &r.costs[pos];
+    let prompt = c.matched_tokens + c.prefill_tokens;
+    let terms = cost_terms(c, load_of(r, rank));
     let digest = r.key_digest.as_deref().unwrap_or("-");
     // The near-tie rule may put the rank holding more of the prompt, or one running fewer
     // requests, before a cheaper one.
