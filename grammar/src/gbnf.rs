@@ -59,6 +59,7 @@ fn escape(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) -> Result<char, 
     }
 }
 
+/// `text` split into tokens, comments and white space dropped.
 fn tokens(text: &str) -> Result<Vec<Tok>, GrammarError> {
     let mut out = Vec::new();
     let mut chars = text.chars().peekable();
@@ -68,44 +69,8 @@ fn tokens(text: &str) -> Result<Vec<Tok>, GrammarError> {
                 chars.next();
             }
             '#' => while chars.next().is_some_and(|c| c != '\n') {},
-            '"' => {
-                chars.next();
-                let mut s = String::new();
-                loop {
-                    match chars.next() {
-                        Some('"') => break,
-                        Some('\\') => s.push(escape(&mut chars)?),
-                        Some(c) => s.push(c),
-                        None => return Err(bad("a string that does not end")),
-                    }
-                }
-                out.push(Tok::Literal(s));
-            }
-            '[' => {
-                chars.next();
-                let mut class = String::from("[");
-                if chars.peek() == Some(&'^') {
-                    chars.next();
-                    class.push('^');
-                }
-                loop {
-                    let (c, escaped) = match chars.next() {
-                        Some(']') => break,
-                        Some('\\') => (escape(&mut chars)?, true),
-                        Some(c) => (c, false),
-                        None => return Err(bad("a character class that does not end")),
-                    };
-                    // A range's dash stays a dash (`a-z`); first, last or escaped it is one.
-                    let first = class == "[" || class == "[^";
-                    if c == '-' && !escaped && !first && chars.peek() != Some(&']') {
-                        class.push('-');
-                    } else {
-                        class.push_str(&class_char(c));
-                    }
-                }
-                class.push(']');
-                out.push(Tok::Class(class));
-            }
+            '"' => out.push(Tok::Literal(literal(&mut chars)?)),
+            '[' => out.push(Tok::Class(class(&mut chars)?)),
             '{' => {
                 let mut body = String::new();
                 chars.next();
@@ -116,19 +81,7 @@ fn tokens(text: &str) -> Result<Vec<Tok>, GrammarError> {
                         _ => return Err(bad("a repetition is {m}, {m,} or {m,n}")),
                     }
                 }
-                let body: String = body.chars().filter(|c| *c != ' ').collect();
-                let (m, n) = match body.split_once(',') {
-                    None => (body.clone(), Some(body.clone())),
-                    Some((m, "")) => (m.to_string(), None),
-                    Some((m, n)) => (m.to_string(), Some(n.to_string())),
-                };
-                if m.is_empty() {
-                    return Err(bad("a repetition needs its least count"));
-                }
-                out.push(Tok::Repeat(match n {
-                    Some(n) => format!("{{{m},{n}}}"),
-                    None => format!("{{{m},}}"),
-                }));
+                out.push(Tok::Repeat(repetition(&body)?));
             }
             '<' | '!' => {
                 return Err(bad(
@@ -144,23 +97,90 @@ fn tokens(text: &str) -> Result<Vec<Tok>, GrammarError> {
                     '.' => Tok::Any,
                     '*' | '+' | '?' => Tok::Repeat(c.to_string()),
                     ':' if chars.next() == Some(':') && chars.next() == Some('=') => Tok::Defines,
-                    c if c.is_ascii_alphanumeric() || c == '_' || c == '-' => {
-                        let mut name = c.to_string();
-                        while let Some(&c) = chars.peek() {
-                            if !(c.is_ascii_alphanumeric() || c == '_' || c == '-') {
-                                break;
-                            }
-                            name.push(c);
-                            chars.next();
-                        }
-                        Tok::Name(name)
-                    }
+                    c if name_char(c) => Tok::Name(name(c, &mut chars)),
                     c => return Err(bad(format!("unexpected {c:?}"))),
                 });
             }
         }
     }
     Ok(out)
+}
+
+/// The text of a `"…"` literal, read from its opening quote.
+fn literal(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) -> Result<String, GrammarError> {
+    chars.next();
+    let mut s = String::new();
+    loop {
+        match chars.next() {
+            Some('"') => break,
+            Some('\\') => s.push(escape(chars)?),
+            Some(c) => s.push(c),
+            None => return Err(bad("a string that does not end")),
+        }
+    }
+    Ok(s)
+}
+
+/// A `[…]` class as regex text, read from its `[`.
+fn class(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) -> Result<String, GrammarError> {
+    chars.next();
+    let mut class = String::from("[");
+    if chars.peek() == Some(&'^') {
+        chars.next();
+        class.push('^');
+    }
+    loop {
+        let (c, escaped) = match chars.next() {
+            Some(']') => break,
+            Some('\\') => (escape(chars)?, true),
+            Some(c) => (c, false),
+            None => return Err(bad("a character class that does not end")),
+        };
+        // A range's dash stays a dash (`a-z`); first, last or escaped it is one.
+        let first = class == "[" || class == "[^";
+        if c == '-' && !escaped && !first && chars.peek() != Some(&']') {
+            class.push('-');
+        } else {
+            class.push_str(&class_char(c));
+        }
+    }
+    class.push(']');
+    Ok(class)
+}
+
+/// A repetition's body (`m`, `m,` or `m,n`, between its braces) as Lark writes the repetition.
+fn repetition(body: &str) -> Result<String, GrammarError> {
+    let body: String = body.chars().filter(|c| *c != ' ').collect();
+    let (m, n) = match body.split_once(',') {
+        None => (body.clone(), Some(body.clone())),
+        Some((m, "")) => (m.to_string(), None),
+        Some((m, n)) => (m.to_string(), Some(n.to_string())),
+    };
+    if m.is_empty() {
+        return Err(bad("a repetition needs its least count"));
+    }
+    Ok(match n {
+        Some(n) => format!("{{{m},{n}}}"),
+        None => format!("{{{m},}}"),
+    })
+}
+
+/// Whether `c` can be part of a rule name.
+fn name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_' || c == '-'
+}
+
+/// A rule name that starts with `first`, the rest read from `chars`.
+fn name(first: char, chars: &mut std::iter::Peekable<std::str::Chars<'_>>) -> String {
+    let mut name = first.to_string();
+    while let Some(&c) = chars.peek() {
+        if !name_char(c) {
+            break;
+        }
+        name.push(c);
+        chars.next();
+    }
+    name
 }
 
 /// A rule name as Lark spells it: `root` is `start`, the others `r_` and the name in lower

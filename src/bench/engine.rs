@@ -356,53 +356,11 @@ fn decode_row(
     let mut toks: Vec<Vec<u32>> = (0..batch)
         .map(|b| vec![bench_token(c.vocab_size, b)])
         .collect();
-    let fresh = || -> anyhow::Result<Option<grammar::Guide>> {
-        Ok(match guided {
-            Some((g, constraint)) => Some(g.compile(constraint)?),
-            None => None,
-        })
-    };
-    let mut guides: Vec<Option<grammar::Guide>> =
-        (0..batch).map(|_| fresh()).collect::<anyhow::Result<_>>()?;
-    let mut step = |pos: usize, toks: &mut Vec<Vec<u32>>| -> anyhow::Result<()> {
-        let seqs: Vec<SeqInput> = (0..batch)
-            .map(|b| SeqInput {
-                new_tokens: &toks[b][pos..=pos],
-                start_pos: pos,
-                slots: &slots[b][..=pos],
-            })
-            .collect();
-        // As a worker does: the masks are computed on a thread while the forward pass runs.
-        let guides_now = &mut guides;
-        let (logits, masks) = std::thread::scope(|s| {
-            let masks = s.spawn(|| {
-                guides_now
-                    .iter_mut()
-                    .map(|g| g.as_mut().map(grammar::Guide::next_mask).transpose())
-                    .collect::<Result<Vec<_>, _>>()
-            });
-            let logits = model.forward(&mut kv, &seqs);
-            (
-                logits,
-                masks
-                    .join()
-                    .unwrap_or_else(|p| std::panic::resume_unwind(p)),
-            )
-        });
-        let (mut logits, masks) = (logits?, masks?);
-        for (b, row) in logits.chunks_exact_mut(c.vocab_size).enumerate() {
-            if let Some(mask) = &masks[b] {
-                mask.apply(row);
-            }
-            let token = kernels::argmax(row) as u32;
-            if let Some(guide) = &mut guides[b] {
-                if guide.advance(token)? {
-                    guides[b] = fresh()?;
-                }
-            }
-            toks[b].push(token);
-        }
-        Ok(())
+    let mut guides: Vec<Option<grammar::Guide>> = (0..batch)
+        .map(|_| fresh_guide(guided))
+        .collect::<anyhow::Result<_>>()?;
+    let mut step = |pos: usize, toks: &mut Vec<Vec<u32>>| {
+        decode_step(model, &mut kv, &slots, toks, &mut guides, guided, pos)
     };
     step(0, &mut toks)?; // the one-token prompts
     let t = Instant::now();
@@ -428,6 +386,68 @@ fn decode_row(
         gflops: flops / dt / 1e9,
         gbps: (weight_bytes + kv_bytes) / dt / 1e9,
     })
+}
+
+/// A new guide for `guided`'s constraint (`None` without one).
+fn fresh_guide(
+    guided: Option<&(grammar::Grammars, grammar::Constraint)>,
+) -> anyhow::Result<Option<grammar::Guide>> {
+    Ok(match guided {
+        Some((g, constraint)) => Some(g.compile(constraint)?),
+        None => None,
+    })
+}
+
+/// One decode step of every sequence at `pos`: the forward pass, each guide's mask applied to
+/// its logits, and the greedy token appended to `toks` (a guide that ends starts again).
+fn decode_step(
+    model: &LlamaModel,
+    kv: &mut KvBuffers,
+    slots: &[Vec<u32>],
+    toks: &mut [Vec<u32>],
+    guides: &mut [Option<grammar::Guide>],
+    guided: Option<&(grammar::Grammars, grammar::Constraint)>,
+    pos: usize,
+) -> anyhow::Result<()> {
+    let c = model.config();
+    let seqs: Vec<SeqInput> = (0..toks.len())
+        .map(|b| SeqInput {
+            new_tokens: &toks[b][pos..=pos],
+            start_pos: pos,
+            slots: &slots[b][..=pos],
+        })
+        .collect();
+    // As a worker does: the masks are computed on a thread while the forward pass runs.
+    let guides_now = &mut *guides;
+    let (logits, masks) = std::thread::scope(|s| {
+        let masks = s.spawn(|| {
+            guides_now
+                .iter_mut()
+                .map(|g| g.as_mut().map(grammar::Guide::next_mask).transpose())
+                .collect::<Result<Vec<_>, _>>()
+        });
+        let logits = model.forward(kv, &seqs);
+        (
+            logits,
+            masks
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p)),
+        )
+    });
+    let (mut logits, masks) = (logits?, masks?);
+    for (b, row) in logits.chunks_exact_mut(c.vocab_size).enumerate() {
+        if let Some(mask) = &masks[b] {
+            mask.apply(row);
+        }
+        let token = kernels::argmax(row) as u32;
+        if let Some(guide) = &mut guides[b] {
+            if guide.advance(token)? {
+                guides[b] = fresh_guide(guided)?;
+            }
+        }
+        toks[b].push(token);
+    }
+    Ok(())
 }
 
 /// A `kB` field of `/proc/self/status` in MiB (0 where there is none).

@@ -54,25 +54,8 @@ pub fn lines_svg(title: &str, panel: &LinePanel) -> String {
         title,
     );
     let (left, right, base) = (LEFT, WIDTH - RIGHT, HEIGHT - BOTTOM);
-    let points = || {
-        panel
-            .lines
-            .iter()
-            .flat_map(|l| l.points.iter().filter(|p| drawable(p)))
-    };
-    // x: the points' span, widened by 5 % each side (a single x gets ±1).
-    let (lo, hi) = points().fold((f64::INFINITY, 0.0_f64), |(lo, hi), p| {
-        (lo.min(p.0), hi.max(p.0))
-    });
-    let lo = if lo.is_finite() { lo } else { 0.0 };
-    let pad = if hi > lo { (hi - lo) * 0.05 } else { 1.0 };
-    let (x_lo, x_hi) = ((lo - pad).max(0.0), hi + pad);
-    let y_lo = panel.y_min.unwrap_or(0.0);
-    let y_top = panel.y_max.unwrap_or_else(|| {
-        let target = panel.target.as_ref().map_or(0.0, |t| t.0);
-        points().map(|p| p.1).fold(target, f64::max).max(1e-3) * 1.1
-    });
-    let y_top = y_top.max(y_lo + 1e-3);
+    let (x_lo, x_hi) = x_span(panel);
+    let (y_lo, y_top) = y_span(panel);
     let x = |v: f64| left + (v - x_lo) / (x_hi - x_lo) * (right - left);
     let y = |v: f64| base - (v.clamp(y_lo, y_top) - y_lo) / (y_top - y_lo) * (base - TOP);
     svg.text(
@@ -108,42 +91,85 @@ pub fn lines_svg(title: &str, panel: &LinePanel) -> String {
         &panel.x_unit,
     );
     if let Some((value, label)) = &panel.target {
-        svg.group("target", &[("value", &value.to_string())]);
-        svg.line(
-            left,
-            y(*value),
-            right,
-            y(*value),
-            "stroke=\"#c00\" stroke-dasharray=\"6 4\"",
-        );
-        svg.text(
-            right - 4.0,
-            y(*value) - 6.0,
-            11.0,
-            Anchor::End,
-            "fill=\"#c00\"",
-            label,
-        );
-        svg.end();
+        target(&mut svg, (*value, label), (left, right), &y);
     }
     for line in &panel.lines {
-        let pts: Vec<(f64, f64)> = line
-            .points
-            .iter()
-            .filter(|p| drawable(p))
-            .map(|&(px, py)| (x(px), y(py)))
-            .collect();
-        svg.group("line", &[("series", &line.name)]);
-        let stroke = format!("stroke=\"{}\" stroke-width=\"2\"", line.color);
-        svg.polyline(&pts, &stroke);
-        for (&(px, py), &(vx, vy)) in pts.iter().zip(line.points.iter().filter(|p| drawable(p))) {
-            svg.circle(px, py, 3.5, &format!("fill=\"{}\"", line.color));
-            svg.title(&format!("{}: {vx} → {vy:.3}", line.name));
-        }
-        svg.end();
+        series(&mut svg, line, &x, &y);
     }
     legend(&mut svg, &panel.lines, right + 16.0);
     svg.finish()
+}
+
+/// The drawable points of all the panel's lines.
+fn points(panel: &LinePanel) -> impl Iterator<Item = &(f64, f64)> {
+    panel
+        .lines
+        .iter()
+        .flat_map(|l| l.points.iter().filter(|p| drawable(p)))
+}
+
+/// The x axis's span: the points', widened by 5 % each side (a single x gets ±1).
+fn x_span(panel: &LinePanel) -> (f64, f64) {
+    let (lo, hi) = points(panel).fold((f64::INFINITY, 0.0_f64), |(lo, hi), p| {
+        (lo.min(p.0), hi.max(p.0))
+    });
+    let lo = if lo.is_finite() { lo } else { 0.0 };
+    let pad = if hi > lo { (hi - lo) * 0.05 } else { 1.0 };
+    ((lo - pad).max(0.0), hi + pad)
+}
+
+/// The y axis's bottom and top, as the panel sets them or from its points and target.
+fn y_span(panel: &LinePanel) -> (f64, f64) {
+    let y_lo = panel.y_min.unwrap_or(0.0);
+    let y_top = panel.y_max.unwrap_or_else(|| {
+        let target = panel.target.as_ref().map_or(0.0, |t| t.0);
+        points(panel).map(|p| p.1).fold(target, f64::max).max(1e-3) * 1.1
+    });
+    (y_lo, y_top.max(y_lo + 1e-3))
+}
+
+/// The dashed target line across the plot, with its label.
+fn target(
+    svg: &mut Svg,
+    (value, label): (f64, &str),
+    (left, right): (f64, f64),
+    y: &dyn Fn(f64) -> f64,
+) {
+    svg.group("target", &[("value", &value.to_string())]);
+    svg.line(
+        left,
+        y(value),
+        right,
+        y(value),
+        "stroke=\"#c00\" stroke-dasharray=\"6 4\"",
+    );
+    svg.text(
+        right - 4.0,
+        y(value) - 6.0,
+        11.0,
+        Anchor::End,
+        "fill=\"#c00\"",
+        label,
+    );
+    svg.end();
+}
+
+/// One line through its drawable points, each point marked and titled with its values.
+fn series(svg: &mut Svg, line: &Line, x: &dyn Fn(f64) -> f64, y: &dyn Fn(f64) -> f64) {
+    let pts: Vec<(f64, f64)> = line
+        .points
+        .iter()
+        .filter(|p| drawable(p))
+        .map(|&(px, py)| (x(px), y(py)))
+        .collect();
+    svg.group("line", &[("series", &line.name)]);
+    let stroke = format!("stroke=\"{}\" stroke-width=\"2\"", line.color);
+    svg.polyline(&pts, &stroke);
+    for (&(px, py), &(vx, vy)) in pts.iter().zip(line.points.iter().filter(|p| drawable(p))) {
+        svg.circle(px, py, 3.5, &format!("fill=\"{}\"", line.color));
+        svg.title(&format!("{}: {vx} → {vy:.3}", line.name));
+    }
+    svg.end();
 }
 
 /// Gridlines and tick values on both axes, from 0.

@@ -173,43 +173,13 @@ impl<O: Outbox> WorkerActor<O> {
             self.taken_seq = seq;
         }
         match msg {
-            Message::GenerateReq(req) => {
-                if let Some(out) = self.refusal(&req.rid) {
-                    // A disaggregated leg's other side hears of it too.
-                    let out = self.sched.refuse(req, out);
-                    return self.emit_all(out);
-                }
-                // Held until its final output goes out (a refusal is one too). A prefill leg
-                // never has one here: its decode worker answers the client.
-                let answered_here = req.disagg.is_none()
-                    || self.sched.disagg_mode() != protocol::DisaggMode::Prefill;
-                if answered_here {
-                    if self.duplicate(&req.rid) {
-                        return;
-                    }
-                    self.held.insert(&req.rid);
-                }
-                let out = self.sched.submit(req);
-                self.emit_all(out);
-            }
+            Message::GenerateReq(req) => self.on_generate(req),
             Message::PeerGone(gone) => {
                 tracing::info!(rank = gone.rank, reason = %gone.reason, "peer rank left");
                 let outs = self.sched.peer_gone(gone.rank, &gone.reason);
                 self.emit_all(outs);
             }
-            Message::EmbedReq(req) => {
-                if let Some(out) = self.refusal(&req.rid) {
-                    let out = self.sched.refuse_embed(out);
-                    return self.emit(out);
-                }
-                if self.duplicate(&req.rid) {
-                    return;
-                }
-                self.held.insert(&req.rid);
-                if let Some(out) = self.sched.submit_embed(req.rid, req.input_ids) {
-                    self.emit(out);
-                }
-            }
+            Message::EmbedReq(req) => self.on_embed(req),
             Message::Abort(abort) => {
                 let outs = self.sched.abort(abort.rid.as_deref());
                 self.emit_all(outs);
@@ -231,8 +201,42 @@ impl<O: Outbox> WorkerActor<O> {
         }
     }
 
-    /// The answer to a request this worker does not take: a rid over the limit, or any new
-    /// request while draining.
+    /// A generation request: refused, dropped as a duplicate, or submitted to the scheduler.
+    fn on_generate(&mut self, req: protocol::GenerateReq) {
+        if let Some(out) = self.refusal(&req.rid) {
+            // A disaggregated leg's other side hears of it too.
+            let out = self.sched.refuse(req, out);
+            return self.emit_all(out);
+        }
+        // Held until its final output goes out (a refusal is one too). A prefill leg
+        // never has one here: its decode worker answers the client.
+        let answered_here =
+            req.disagg.is_none() || self.sched.disagg_mode() != protocol::DisaggMode::Prefill;
+        if answered_here {
+            if self.duplicate(&req.rid) {
+                return;
+            }
+            self.held.insert(&req.rid);
+        }
+        let out = self.sched.submit(req);
+        self.emit_all(out);
+    }
+
+    /// An embedding request: refused, dropped as a duplicate, or submitted to the scheduler.
+    fn on_embed(&mut self, req: protocol::EmbedReq) {
+        if let Some(out) = self.refusal(&req.rid) {
+            let out = self.sched.refuse_embed(out);
+            return self.emit(out);
+        }
+        if self.duplicate(&req.rid) {
+            return;
+        }
+        self.held.insert(&req.rid);
+        if let Some(out) = self.sched.submit_embed(req.rid, req.input_ids) {
+            self.emit(out);
+        }
+    }
+
     /// A request whose rid one held here already has: dropped, unanswered. The tokenizer never
     /// sends one (it refuses a rid in flight, and this worker holds a rid until its final
     /// output is sent), so only a faulty or hostile peer does; an answer to it would reach the
@@ -248,6 +252,8 @@ impl<O: Outbox> WorkerActor<O> {
         held
     }
 
+    /// The answer to a request this worker does not take: a rid over the limit, or any new
+    /// request while draining.
     fn refusal(&self, rid: &str) -> Option<TokenOut> {
         if let Some(why) = protocol::rid_problem(rid) {
             // The controller refuses those already, so only a peer that skips it meets this.

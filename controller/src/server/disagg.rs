@@ -8,7 +8,7 @@
 use protocol::{DisaggLeg, DisaggMode, GenerateReq, Message, PeerGone, TokenOut};
 
 use super::Controller;
-use crate::policy::RouteInput;
+use crate::policy::{RouteDecision, RouteInput};
 
 impl Controller {
     pub(super) fn route_pd(&mut self, mut req: GenerateReq) {
@@ -47,13 +47,7 @@ impl Controller {
                 return self.refuse(&req.rid, e.http_status(), e.to_string());
             }
         };
-        let announced = self
-            .ranks
-            .of_mode(DisaggMode::Prefill)
-            .into_iter()
-            .find(|(rank, _)| *rank == prefill.rank)
-            .and_then(|(_, r)| Some((r.kv_endpoint.clone()?, r.kv_public_key.clone())));
-        let Some((endpoint, key)) = announced else {
+        let Some((endpoint, key)) = self.kv_endpoint(prefill.rank) else {
             let why = format!("prefill rank {} announced no KV endpoint", prefill.rank);
             return self.refuse(&req.rid, 503, why);
         };
@@ -67,6 +61,28 @@ impl Controller {
             prefill_kv_endpoint: endpoint,
             prefill_kv_key: key,
         });
+        self.send_legs(req, prefill, decode, computed);
+    }
+
+    /// The KV endpoint and public key prefill rank `rank` announced (`None` without an
+    /// endpoint).
+    fn kv_endpoint(&self, rank: u32) -> Option<(String, Option<String>)> {
+        self.ranks
+            .of_mode(DisaggMode::Prefill)
+            .into_iter()
+            .find(|(r, _)| *r == rank)
+            .and_then(|(_, r)| Some((r.kv_endpoint.clone()?, r.kv_public_key.clone())))
+    }
+
+    /// Sends `req`'s prefill leg to `prefill`'s rank and `req` itself to `decode`'s (or answers
+    /// the client why not); the prefill leg is aborted when the decode leg cannot be sent.
+    fn send_legs(
+        &mut self,
+        req: GenerateReq,
+        prefill: RouteDecision,
+        decode: RouteDecision,
+        computed: u64,
+    ) {
         // The prefill leg first: a decode leg alone would wait for nothing.
         let rid = req.rid.clone();
         // Both workers enforce the constraint: the prefill one samples the first token.

@@ -61,32 +61,9 @@ pub(crate) struct SharedExpert {
 /// The experts of a Mixtral or Qwen3-MoE `config.json`.
 pub(super) fn read(f: &Fields<'_>, family: ModelFamily) -> Result<MoeOptions> {
     let layers = f.usize_opt("num_hidden_layers")?.unwrap_or(0);
-    let positive = |field: &str, default: usize| -> Result<usize> {
-        match f.usize_opt(field)?.unwrap_or(default) {
-            0 => Err(unsupported(f, field, &Value::from(0), "must be positive")),
-            n => Ok(n),
-        }
-    };
-    // transformers spells the count both ways (Qwen3MoeConfig maps `num_local_experts` onto
-    // `num_experts`, and a checkpoint it saves names only `num_local_experts`): either is
-    // read, the family's own name first; two that differ are refused.
-    let (own, alias, default_experts) = match family {
-        ModelFamily::Mixtral => ("num_local_experts", "num_experts", 8),
-        _ => ("num_experts", "num_local_experts", 128),
-    };
-    let num_experts = match (f.usize_opt(own)?, f.usize_opt(alias)?) {
-        (Some(a), Some(b)) if a != b => {
-            return Err(unsupported(
-                f,
-                alias,
-                &Value::from(b),
-                format!("differs from `{own}` = {a}"),
-            ))
-        }
-        (None, Some(_)) => positive(alias, default_experts)?,
-        _ => positive(own, default_experts)?,
-    };
+    let num_experts = expert_count(f, family)?;
     let top_k = positive(
+        f,
         "num_experts_per_tok",
         if family == ModelFamily::Mixtral { 2 } else { 8 },
     )?;
@@ -99,37 +76,22 @@ pub(super) fn read(f: &Fields<'_>, family: ModelFamily) -> Result<MoeOptions> {
         ));
     }
     let shared_expert_intermediate_size = match family {
-        ModelFamily::Qwen2Moe => Some(positive("shared_expert_intermediate_size", 5632)?),
+        ModelFamily::Qwen2Moe => Some(positive(f, "shared_expert_intermediate_size", 5632)?),
         _ => None,
     };
     let (norm_topk_prob, expert_intermediate_size, moe_layers) = match family {
         // Mixtral always renormalises, and every layer has experts.
         ModelFamily::Mixtral => (
             true,
-            positive("intermediate_size", 14336)?,
+            positive(f, "intermediate_size", 14336)?,
             vec![true; layers],
         ),
         _ => {
-            let step = positive("decoder_sparse_step", 1)?;
-            let dense: Vec<usize> = match f.get("mlp_only_layers") {
-                None => Vec::new(),
-                Some(Value::Array(a)) => a
-                    .iter()
-                    .map(|v| v.as_u64().map(|n| n as usize))
-                    .collect::<Option<_>>()
-                    .ok_or_else(|| {
-                        unsupported(
-                            f,
-                            "mlp_only_layers",
-                            &Value::Array(a.clone()),
-                            "layer indices",
-                        )
-                    })?,
-                Some(v) => return Err(unsupported(f, "mlp_only_layers", v, "expected a list")),
-            };
+            let step = positive(f, "decoder_sparse_step", 1)?;
+            let dense = mlp_only_layers(f)?;
             (
                 f.bool_opt("norm_topk_prob")?.unwrap_or(false),
-                positive("moe_intermediate_size", 768)?,
+                positive(f, "moe_intermediate_size", 768)?,
                 (0..layers)
                     .map(|l| !dense.contains(&l) && (l + 1) % step == 0)
                     .collect(),
@@ -144,6 +106,55 @@ pub(super) fn read(f: &Fields<'_>, family: ModelFamily) -> Result<MoeOptions> {
         moe_layers,
         shared_expert_intermediate_size,
     })
+}
+
+/// The count `field` (`default` when absent), refused when 0.
+fn positive(f: &Fields<'_>, field: &str, default: usize) -> Result<usize> {
+    match f.usize_opt(field)?.unwrap_or(default) {
+        0 => Err(unsupported(f, field, &Value::from(0), "must be positive")),
+        n => Ok(n),
+    }
+}
+
+/// The number of experts. transformers spells the count both ways (Qwen3MoeConfig maps
+/// `num_local_experts` onto `num_experts`, and a checkpoint it saves names only
+/// `num_local_experts`): either is read, the family's own name first; two that differ are
+/// refused.
+fn expert_count(f: &Fields<'_>, family: ModelFamily) -> Result<usize> {
+    let (own, alias, default_experts) = match family {
+        ModelFamily::Mixtral => ("num_local_experts", "num_experts", 8),
+        _ => ("num_experts", "num_local_experts", 128),
+    };
+    match (f.usize_opt(own)?, f.usize_opt(alias)?) {
+        (Some(a), Some(b)) if a != b => Err(unsupported(
+            f,
+            alias,
+            &Value::from(b),
+            format!("differs from `{own}` = {a}"),
+        )),
+        (None, Some(_)) => positive(f, alias, default_experts),
+        _ => positive(f, own, default_experts),
+    }
+}
+
+/// The indices of the layers `mlp_only_layers` keeps dense (none when absent).
+fn mlp_only_layers(f: &Fields<'_>) -> Result<Vec<usize>> {
+    match f.get("mlp_only_layers") {
+        None => Ok(Vec::new()),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_u64().map(|n| n as usize))
+            .collect::<Option<_>>()
+            .ok_or_else(|| {
+                unsupported(
+                    f,
+                    "mlp_only_layers",
+                    &Value::Array(a.clone()),
+                    "layer indices",
+                )
+            }),
+        Some(v) => Err(unsupported(f, "mlp_only_layers", v, "expected a list")),
+    }
 }
 
 /// Each token's experts and weights, as transformers routes: softmax of the router logits (in

@@ -14,27 +14,27 @@
 //! own, with `choices: []`, which `sglang.bench_serving`'s completions reader (0.5.23) cannot
 //! read: it takes `choices[0]` of every chunk.
 
+mod collect;
 pub(crate) mod params;
+mod stream;
 pub(crate) mod tools;
 
 use std::time::Instant;
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use bytes::Bytes;
-use futures::stream::{self, LocalBoxStream};
-use futures::StreamExt;
 use protocol::FinishReason;
 use serde_json::{json, Value};
 
 use super::body::Prompt;
 use super::error::ApiError;
 use super::generate::{header_inputs, random_rid, read_body};
-use super::inflight::{submit, Chunk, InFlight, Matched, Submission, Usage};
-use super::sse;
+use super::inflight::{submit, InFlight, Submission, Usage};
 use super::validate;
 use crate::state::AppState;
+use collect::collect_response;
 pub use params::Kind;
 use params::OpenAiRequest;
+use stream::stream_response;
 
 /// Complete prompts (OpenAI).
 ///
@@ -147,16 +147,7 @@ async fn serve(
 
     let prompts = tokenize(&state, &r, kind)?;
     let tool_format = state.chat_template.tool_format;
-    let tools = r.tools.clone().filter(tools::Tools::reads_calls);
-    if let Some(t) = &tools {
-        if t.choice == tools::ToolChoice::Auto && tool_format.is_none() {
-            return Err(ApiError::invalid_param(
-                "tool_choice",
-                "tool_choice auto needs the model's tool-call format, and this model's chat \
-                 template writes none: use tool_choice required or a named function",
-            ));
-        }
-    }
+    let tools = read_tools(&r, tool_format)?;
     let limits = state.limits().await;
     let prefix = match kind {
         Kind::Completions => "cmpl-",
@@ -177,20 +168,8 @@ async fn serve(
             let index = p * r.n + i;
             let mut sampling = sampling.clone();
             sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64));
-            let sub = Submission {
-                rid: validate::child_rid(&id, indexed.then_some(index)),
-                input_ids: ids.clone(),
-                sampling,
-                stop: r.stop.clone(),
-                stream: r.stream,
-                routing_key: r.routing_key.clone(),
-                routed_dp_rank: r.routed_dp_rank,
-                bootstrap_room: r.bootstrap_room,
-                return_logprob: r.logprobs,
-                top_logprobs_num: if r.logprobs { r.top_logprobs } else { 0 },
-                received_at,
-                return_routing: r.return_routing,
-            };
+            let rid = validate::child_rid(&id, indexed.then_some(index));
+            let sub = submission(&r, rid, ids.clone(), sampling, received_at);
             let inflight = submit(&state, sub, started).await?;
             jobs.push(Job {
                 index,
@@ -217,6 +196,49 @@ async fn serve(
         stream_response(shape, jobs, r.include_usage, state).await
     } else {
         collect_response(shape, jobs, state).await
+    }
+}
+
+/// The request's tools whose calls are read back, if any: `tool_choice` `auto` needs the
+/// model's tool-call `format`.
+fn read_tools(
+    r: &OpenAiRequest,
+    format: Option<tools::Format>,
+) -> Result<Option<tools::Tools>, ApiError> {
+    let tools = r.tools.clone().filter(tools::Tools::reads_calls);
+    if let Some(t) = &tools {
+        if t.choice == tools::ToolChoice::Auto && format.is_none() {
+            return Err(ApiError::invalid_param(
+                "tool_choice",
+                "tool_choice auto needs the model's tool-call format, and this model's chat \
+                 template writes none: use tool_choice required or a named function",
+            ));
+        }
+    }
+    Ok(tools)
+}
+
+/// One job's request to the controller: `rid` generating from `input_ids` under `sampling`.
+fn submission(
+    r: &OpenAiRequest,
+    rid: String,
+    input_ids: Vec<u32>,
+    sampling: protocol::SamplingParams,
+    received_at: f64,
+) -> Submission {
+    Submission {
+        rid,
+        input_ids,
+        sampling,
+        stop: r.stop.clone(),
+        stream: r.stream,
+        routing_key: r.routing_key.clone(),
+        routed_dp_rank: r.routed_dp_rank,
+        bootstrap_room: r.bootstrap_room,
+        return_logprob: r.logprobs,
+        top_logprobs_num: if r.logprobs { r.top_logprobs } else { 0 },
+        received_at,
+        return_routing: r.return_routing,
     }
 }
 
@@ -379,295 +401,4 @@ struct LogprobsOf<'a> {
     ids: &'a [u32],
     logprobs: Option<&'a [f32]>,
     top: Option<&'a [Vec<(u32, f32)>]>,
-}
-
-/// Everything one job produced, for a non-streaming answer.
-struct Collected {
-    index: usize,
-    first_of_prompt: bool,
-    text: String,
-    ids: Vec<u32>,
-    logprobs: Option<Vec<f32>>,
-    top_logprobs: Option<Vec<Vec<(u32, f32)>>>,
-    finish_reason: Option<FinishReason>,
-    matched: Option<Matched>,
-    usage: Usage,
-    routing: Option<Value>,
-}
-
-async fn collect_job(mut job: Job) -> Result<Collected, ApiError> {
-    let mut c = Collected {
-        index: job.index,
-        first_of_prompt: job.first_of_prompt,
-        text: job.echo.take().unwrap_or_default(),
-        ids: Vec::new(),
-        logprobs: None,
-        top_logprobs: None,
-        finish_reason: None,
-        matched: None,
-        usage: Usage::default(),
-        routing: None,
-    };
-    while let Some(step) = job.inflight.next().await {
-        let chunk = step?;
-        c.text.push_str(&chunk.text);
-        c.ids.extend_from_slice(&chunk.output_ids);
-        if let Some(lp) = &chunk.logprobs {
-            c.logprobs
-                .get_or_insert_with(Vec::new)
-                .extend_from_slice(lp);
-        }
-        if let Some(top) = chunk.top_logprobs {
-            c.top_logprobs.get_or_insert_with(Vec::new).extend(top);
-        }
-        if chunk.finished {
-            c.finish_reason = chunk.finish_reason;
-            c.matched = chunk.matched;
-            c.usage = chunk.usage;
-            c.routing = chunk.routing;
-            return Ok(c);
-        }
-    }
-    Err(ApiError::internal("request ended without a final output"))
-}
-
-async fn collect_response(
-    shape: Shape,
-    jobs: Vec<Job>,
-    state: std::sync::Arc<AppState>,
-) -> Result<HttpResponse, ApiError> {
-    // The first error drops the other jobs, whose guards abort them.
-    let mut done = futures::future::try_join_all(jobs.into_iter().map(collect_job)).await?;
-    done.sort_by_key(|c| c.index);
-    let mut usage = Usage::default();
-    let choices = done
-        .iter()
-        .map(|c| {
-            add_usage(&mut usage, &c.usage, c.first_of_prompt);
-            let of = LogprobsOf {
-                ids: &c.ids,
-                logprobs: c.logprobs.as_deref(),
-                top: c.top_logprobs.as_deref(),
-            };
-            let logprobs = shape.logprobs(&state, of, 0);
-            let matched = c.matched.as_ref().map(Matched::to_json);
-            let mut choice = match shape.kind {
-                Kind::Completions => json!({
-                    "index": c.index, "text": c.text, "logprobs": logprobs,
-                    "finish_reason": finish_str(c.finish_reason), "matched_stop": matched,
-                }),
-                Kind::Chat => {
-                    let (content, calls, finish) = shape.answer(&c.text, c.finish_reason, false, 0);
-                    let mut message = json!({"role": "assistant", "content": content});
-                    if let Some(calls) = calls {
-                        message["tool_calls"] = calls;
-                    }
-                    json!({
-                        "index": c.index, "message": message, "logprobs": logprobs,
-                        "finish_reason": finish, "matched_stop": matched,
-                    })
-                }
-            };
-            if let Some(routing) = &c.routing {
-                choice["routing"] = routing.clone();
-            }
-            choice
-        })
-        .collect();
-    let mut body = shape.envelope(false, choices);
-    body["usage"] = usage_json(&usage);
-    if let Some(ext) = shape.sglext(&usage) {
-        body["sglext"] = ext;
-    }
-    Ok(HttpResponse::Ok().json(body))
-}
-
-type JobEvent = (usize, bool, Option<String>, Result<Chunk, ApiError>);
-
-/// The jobs' outputs interleaved as they arrive. Owning the jobs, the stream aborts them all
-/// when the client goes away.
-fn merged(jobs: Vec<Job>) -> LocalBoxStream<'static, JobEvent> {
-    let streams: Vec<LocalBoxStream<'static, JobEvent>> = jobs
-        .into_iter()
-        .map(|job| {
-            stream::unfold(job, |mut job| async move {
-                let step = job.inflight.next().await?;
-                let echo = job.echo.take();
-                Some(((job.index, job.first_of_prompt, echo, step), job))
-            })
-            .boxed_local()
-        })
-        .collect();
-    stream::select_all(streams).boxed_local()
-}
-
-struct StreamState {
-    shape: Shape,
-    state: std::sync::Arc<AppState>,
-    events: LocalBoxStream<'static, JobEvent>,
-    first: Option<JobEvent>,
-    include_usage: bool,
-    /// Chat: whether a choice's first delta (with the role) went out.
-    started: Vec<bool>,
-    /// Text bytes sent per choice (completions' `text_offset`).
-    sent_len: Vec<usize>,
-    /// Chat with tools: each choice's whole text (read for calls when it ends), and how much of
-    /// it went out as content already.
-    held: Vec<String>,
-    held_sent: Vec<usize>,
-    /// Choices whose final chunk has not come yet.
-    unfinished: usize,
-    usage: Usage,
-    ended: bool,
-}
-
-impl StreamState {
-    /// The SSE events for one job event (possibly none: an empty delta is not worth sending).
-    fn events_for(&mut self, ev: JobEvent) -> Vec<Bytes> {
-        let (index, first_of_prompt, echo, step) = ev;
-        let chunk = match step {
-            Ok(chunk) => chunk,
-            Err(err) => {
-                self.ended = true;
-                return vec![sse::event(&err.body()), sse::done()];
-            }
-        };
-        if chunk.finished {
-            add_usage(&mut self.usage, &chunk.usage, first_of_prompt);
-            self.unfinished = self.unfinished.saturating_sub(1);
-        }
-        let mut text = match echo {
-            Some(e) => e + &chunk.text,
-            None => chunk.text.clone(),
-        };
-        // With tools, what may be a call waits for the end; the rest streams as content.
-        let mut whole = None;
-        if let Some((tools, format)) = &self.shape.tools {
-            let held = &mut self.held[index];
-            held.push_str(&text);
-            let sent = self.held_sent[index];
-            if chunk.finished {
-                whole = Some(std::mem::take(held));
-            } else {
-                let upto = tools.streamable(held, *format).max(sent);
-                text = held[sent..upto].to_string();
-                self.held_sent[index] = upto;
-            }
-        }
-        let first = !self.started[index];
-        // Tokens whose text is held back (a partial character, a possible stop string) still
-        // carry their log-probabilities, which the stream must not lose.
-        let has_logprobs = self.shape.logprobs && !chunk.output_ids.is_empty();
-        let announces_role = first && self.shape.kind == Kind::Chat;
-        if text.is_empty() && !(chunk.finished || has_logprobs || announces_role) {
-            return Vec::new();
-        }
-        self.started[index] = true;
-        let of = LogprobsOf {
-            ids: &chunk.output_ids,
-            logprobs: chunk.logprobs.as_deref(),
-            top: chunk.top_logprobs.as_deref(),
-        };
-        let logprobs = self.shape.logprobs(&self.state, of, self.sent_len[index]);
-        self.sent_len[index] += text.len();
-        let finish = finish_str(chunk.finish_reason);
-        let matched = chunk.matched.as_ref().map(Matched::to_json);
-        let mut choice = match self.shape.kind {
-            Kind::Completions => json!({
-                "index": index, "text": text, "logprobs": logprobs,
-                "finish_reason": finish, "matched_stop": matched,
-            }),
-            Kind::Chat => {
-                let (content, calls, finish) = match &whole {
-                    Some(whole) => {
-                        let sent = self.held_sent[index];
-                        self.shape.answer(whole, chunk.finish_reason, true, sent)
-                    }
-                    None => (json!(text), None, finish),
-                };
-                let mut delta = match first {
-                    true => json!({"role": "assistant", "content": content}),
-                    false => json!({"content": content}),
-                };
-                if let Some(calls) = calls {
-                    delta["tool_calls"] = calls;
-                }
-                json!({"index": index, "delta": delta, "logprobs": logprobs,
-                       "finish_reason": finish, "matched_stop": matched})
-            }
-        };
-        // A choice's decision goes out once, on its final chunk.
-        if let (true, Some(routing)) = (chunk.finished, &chunk.routing) {
-            choice["routing"] = routing.clone();
-        }
-        let mut body = self.shape.envelope(true, vec![choice]);
-        if self.include_usage {
-            body["usage"] = Value::Null;
-        }
-        if chunk.finished && self.unfinished == 0 {
-            if let Some(ext) = self.shape.sglext(&self.usage) {
-                body["sglext"] = ext;
-            }
-        }
-        vec![sse::event(&body)]
-    }
-
-    fn closing(&mut self) -> Vec<Bytes> {
-        self.ended = true;
-        let mut out = Vec::new();
-        if self.include_usage {
-            let mut body = self.shape.envelope(true, Vec::new());
-            body["usage"] = usage_json(&self.usage);
-            out.push(sse::event(&body));
-        }
-        out.push(sse::done());
-        out
-    }
-}
-
-async fn stream_response(
-    shape: Shape,
-    jobs: Vec<Job>,
-    include_usage: bool,
-    state: std::sync::Arc<AppState>,
-) -> Result<HttpResponse, ApiError> {
-    let choices = jobs.len();
-    let mut events = merged(jobs);
-    // Wait for the first output before committing to 200 + SSE, so an error the controller
-    // answers at once (rank not live, no live rank) keeps its HTTP status.
-    let first = match events.next().await {
-        Some((_, _, _, Err(err))) => return Err(err),
-        Some(ev) => ev,
-        None => return Err(ApiError::internal("request ended without output")),
-    };
-    let st = StreamState {
-        shape,
-        state,
-        events,
-        first: Some(first),
-        include_usage,
-        started: vec![false; choices],
-        sent_len: vec![0; choices],
-        held: vec![String::new(); choices],
-        held_sent: vec![0; choices],
-        unfinished: choices,
-        usage: Usage::default(),
-        ended: false,
-    };
-    let body = stream::unfold(st, |mut st| async move {
-        if st.ended {
-            return None;
-        }
-        let next = match st.first.take() {
-            Some(ev) => Some(ev),
-            None => st.events.next().await,
-        };
-        let out = match next {
-            Some(ev) => st.events_for(ev),
-            None => st.closing(),
-        };
-        Some((stream::iter(out), st))
-    })
-    .flatten();
-    Ok(sse::response(body))
 }
