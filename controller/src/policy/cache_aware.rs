@@ -52,7 +52,7 @@
 //! would wait out between its tokens (a worker takes a request with a longer cached prefix
 //! first, then prefills the line while it decodes). On the 8-rank Mooncake replay at 1.75× the
 //! trace's rate (four paired runs) it took the TPOT misses of answers under 100 tokens from 8
-//! to 1 per 400 requests, all TPOT misses from 21 to 11, and attainment from 89.2 to 91.5 %
+//! to 1 per 400 requests, all TPOT misses from 21 to 11, and attainment from 88.9 to 91.5 %
 //! (docs/BENCHMARKS.md). `max_new_tokens` is the client's bound, not its answer's length: a
 //! request that stops early was only weighed as more robust than it was.
 //!
