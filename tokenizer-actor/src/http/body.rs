@@ -12,6 +12,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
+use super::validation_error::ValidationError;
 
 /// A request body as `T`: malformed JSON, a body that is not an object, or a field of the
 /// wrong type is a 400.
@@ -34,7 +35,11 @@ pub fn from_object<T: DeserializeOwned>(obj: Map<String, Value>) -> Result<T, Ap
             path => Some(path),
         };
         match path {
-            Some(path) => ApiError::invalid_param(param(&path), message),
+            Some(path) => ValidationError::BadField {
+                param: param(&path).to_string(),
+                message,
+            }
+            .into(),
             None => ApiError::bad_request(message),
         }
     })

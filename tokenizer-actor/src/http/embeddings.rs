@@ -17,6 +17,7 @@ use super::generate::{header_inputs, random_rid, read_body};
 use super::inflight::register;
 use super::schema::requests::{EmbeddingRequest, EncodeRequest};
 use super::validate::{self, HeaderInputs, Limits};
+use super::validation_error::ValidationError;
 use crate::bridge::RequestGuard;
 use crate::state::AppState;
 
@@ -147,10 +148,13 @@ async fn embed_all(
     for (i, prompt) in input.prompts.iter().enumerate() {
         let ids = match prompt {
             Prompt::Ids(ids) => ids.clone(),
-            Prompt::Text(text) => state
-                .tokenizer
-                .encode(text)
-                .map_err(|e| ApiError::invalid_param(input.param, e.to_string()))?,
+            Prompt::Text(text) => state.tokenizer.encode(text).map_err(|e| {
+                let error = e.to_string();
+                ValidationError::Encode {
+                    param: input.param,
+                    error,
+                }
+            })?,
         };
         let name = if input.batch {
             format!("{}[{i}]", input.param)
@@ -176,23 +180,36 @@ async fn embed_all(
 /// What the worker checks too, answered here with the field to blame: not empty, ids in the
 /// vocabulary, and no longer than the context (an embedding generates nothing, so the whole
 /// context is the prompt's).
-fn check_ids(ids: &[u32], param: &str, name: &str, limits: &Limits) -> Result<(), ApiError> {
-    let bad = |msg: String| Err(ApiError::invalid_param(param, msg));
+fn check_ids(
+    ids: &[u32],
+    param: &'static str,
+    name: &str,
+    limits: &Limits,
+) -> Result<(), ApiError> {
     if ids.is_empty() {
-        return bad(format!("{name} encodes to no tokens"));
+        let name = name.to_string();
+        return Err(ValidationError::NoTokens { param, name }.into());
     }
     let vocab = limits.vocab_size;
-    if let Some((i, id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
-        return bad(format!(
-            "{name}: token {i} = {id} is out of range for vocabulary size {vocab}"
-        ));
+    if let Some((index, &id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
+        let name = name.to_string();
+        return Err(ValidationError::EmbedIdOutOfVocab {
+            param,
+            name,
+            index,
+            id,
+            vocab,
+        }
+        .into());
     }
     if ids.len() > limits.context_len {
-        return bad(format!(
-            "{name} has {} tokens, more than the context length {}",
-            ids.len(),
-            limits.context_len
-        ));
+        return Err(ValidationError::EmbedTooLong {
+            param,
+            name: name.to_string(),
+            tokens: ids.len(),
+            context_len: limits.context_len,
+        }
+        .into());
     }
     Ok(())
 }
@@ -253,15 +270,14 @@ async fn embed_one(
     }
 }
 
-fn check_count(prompts: &[Prompt], param: &str) -> Result<(), ApiError> {
+fn check_count(prompts: &[Prompt], param: &'static str) -> Result<(), ApiError> {
     if prompts.len() > MAX_EMBED_INPUTS {
-        return Err(ApiError::invalid_param(
+        return Err(ValidationError::TooManyInputs {
             param,
-            format!(
-                "{param}: at most {MAX_EMBED_INPUTS} inputs per request, got {}",
-                prompts.len()
-            ),
-        ));
+            max: MAX_EMBED_INPUTS,
+            got: prompts.len(),
+        }
+        .into());
     }
     Ok(())
 }
@@ -275,30 +291,24 @@ fn parse_openai(body: &[u8], headers: &HeaderInputs) -> Result<EmbedInput, ApiEr
         batch,
     } = body
         .input
-        .ok_or_else(|| ApiError::invalid_param("input", "input: is required"))?;
+        .ok_or(ValidationError::Required { param: "input" })?;
     // OpenAI's embeddings refuse an empty string (completions take it as BOS alone).
     if prompts
         .iter()
         .any(|p| matches!(p, Prompt::Text(t) if t.is_empty()))
     {
-        return Err(ApiError::invalid_param("input", "input: must not be empty"));
+        return Err(ValidationError::EmptyText.into());
     }
     check_count(&prompts, "input")?;
     if body.dimensions.is_some() {
-        return Err(ApiError::invalid_param(
-            "dimensions",
-            "dimensions: choosing the embedding size is not supported by this server \
-             (embeddings have the model's hidden size)",
-        ));
+        return Err(ValidationError::Dimensions.into());
     }
     let encoding = match body.encoding_format.as_deref() {
         None | Some("float") => Encoding::Float,
         Some("base64") => Encoding::Base64,
         Some(other) => {
-            return Err(ApiError::invalid_param(
-                "encoding_format",
-                format!("encoding_format must be \"float\" or \"base64\", got {other:?}"),
-            ))
+            let got = other.to_string();
+            return Err(ValidationError::EncodingFormat { got }.into());
         }
     };
     validate::refuse_return_routing(headers)?;
@@ -340,16 +350,13 @@ fn parse_encode(body: &[u8], headers: &HeaderInputs) -> Result<EmbedInput, ApiEr
         (None, Some(EncodeIds(i))) => (i, "input_ids"),
     };
     if prompts.is_empty() {
-        return Err(ApiError::invalid_param(param, format!("{param} is empty")));
+        return Err(ValidationError::NoInputs { param }.into());
     }
     if prompts.iter().any(|p| match p {
         Prompt::Text(t) => t.is_empty(),
         Prompt::Ids(i) => i.is_empty(),
     }) {
-        return Err(ApiError::invalid_param(
-            param,
-            format!("{param}: inputs must not be empty"),
-        ));
+        return Err(ValidationError::EmptyInput { param }.into());
     }
     check_count(&prompts, param)?;
     validate::refuse_return_routing(headers)?;

@@ -21,6 +21,7 @@ use super::schema::responses::{
     AbortResponse, FlushCacheResponse, HealthResponse, HealthStatus, ListObject, ModelCard,
     ModelInfo, ModelList, ModelObject, ServerInfo,
 };
+use super::validation_error::ValidationError;
 use crate::state::{model_path_str, AppState};
 use crate::tokenizer::ModelFacts;
 
@@ -216,18 +217,17 @@ pub struct FlushParams {
 impl FlushParams {
     /// How long to wait, from the query string; a bad `timeout` is a 400 naming it.
     fn wait(query: &str, most_s: u64) -> Result<std::time::Duration, ApiError> {
-        let bad = |msg: String| ApiError::invalid_param("timeout", msg);
         let params = web::Query::<FlushParams>::from_query(query)
-            .map_err(|e| bad(format!("timeout: {e}")))?
+            .map_err(|e| ValidationError::TimeoutQuery {
+                error: e.to_string(),
+            })?
             .into_inner();
         match params.timeout {
             None => Ok(std::time::Duration::ZERO),
             Some(t) if t.is_finite() && t >= 0.0 => {
                 Ok(std::time::Duration::from_secs_f64(t.min(most_s as f64)))
             }
-            Some(t) => Err(bad(format!(
-                "timeout must be a non-negative number of seconds, got {t}"
-            ))),
+            Some(got) => Err(ValidationError::Timeout { got }.into()),
         }
     }
 }
@@ -325,7 +325,7 @@ pub async fn abort_request(
     let AbortRequest { rid, abort_all } = body::read(&body)?;
     let all = abort_all.unwrap_or(false);
     if rid.as_deref() == Some("") {
-        return Err(ApiError::invalid_param("rid", "rid must not be empty"));
+        return Err(ValidationError::EmptyAbortRid.into());
     }
     let rids = match rid {
         _ if all => None,
@@ -344,12 +344,7 @@ pub async fn abort_request(
             }
             Some(rids)
         }
-        _ => {
-            return Err(ApiError::invalid_param(
-                "rid",
-                "give rid (a string) or abort_all: true",
-            ))
-        }
+        _ => return Err(ValidationError::AbortTarget.into()),
     };
     let sent = match &rids {
         None => state.bridge.send(Message::Abort(Abort { rid: None })),

@@ -1,8 +1,8 @@
 //! The HTTP server: routes and the actix-web setup. Handlers live one file per idea
 //! (`generate`, `openai`, `embeddings`, `info`); a body is read into its type (`schema`) by
-//! `body` and checked by its handler's parser (`validate` for `/generate`); per-request state
-//! in `inflight`; SSE framing in `sse`; `--api-key` in `auth`; the OpenAPI document of it all
-//! in `openapi`.
+//! `body` and checked by its handler's parser (`validate` for `/generate`), each broken rule a
+//! variant of `validation_error`'s `ValidationError`; per-request state in `inflight`; SSE
+//! framing in `sse`; `--api-key` in `auth`; the OpenAPI document of it all in `openapi`.
 
 mod auth;
 mod body;
@@ -16,6 +16,7 @@ pub mod openapi;
 mod schema;
 mod sse;
 pub mod validate;
+mod validation_error;
 
 use std::net::TcpListener;
 use std::sync::Arc;

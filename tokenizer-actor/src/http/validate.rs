@@ -8,6 +8,7 @@ use protocol::{Constraint, SamplingParams};
 use super::body::{self, OneIds, OneText, Prompt};
 use super::error::ApiError;
 use super::schema::requests::{GenerateRequest, GenerateSamplingParams, Routing};
+use super::validation_error::ValidationError;
 
 /// A syntactically valid `/generate` request, before tokenization.
 #[derive(Debug, Clone, PartialEq)]
@@ -96,10 +97,7 @@ pub fn parse_generate(body: &[u8], headers: &HeaderInputs) -> Result<GenerateInp
         None => (SamplingParams::default(), Vec::new()),
         Some(sp) => {
             if sp.n.is_some_and(|n| n != 1) {
-                return Err(ApiError::invalid_param(
-                    "n",
-                    "sampling_params.n > 1 is not supported on /generate; use /v1/completions",
-                ));
+                return Err(ValidationError::GenerateN.into());
             }
             let stop = sp.stop.clone().unwrap_or_default().0;
             (generate_sampling(sp)?, stop)
@@ -110,12 +108,11 @@ pub fn parse_generate(body: &[u8], headers: &HeaderInputs) -> Result<GenerateInp
     let rid = check_rid(body.rid)?;
     let top_logprobs_num = body.top_logprobs_num.unwrap_or(0);
     if top_logprobs_num > MAX_TOP_LOGPROBS_NUM {
-        return Err(ApiError::invalid_param(
-            "top_logprobs_num",
-            format!(
-                "top_logprobs_num must be in [0, {MAX_TOP_LOGPROBS_NUM}], got {top_logprobs_num}"
-            ),
-        ));
+        return Err(ValidationError::TopLogprobsNum {
+            max: MAX_TOP_LOGPROBS_NUM,
+            got: top_logprobs_num,
+        }
+        .into());
     }
 
     Ok(GenerateInput {
@@ -138,7 +135,7 @@ pub fn parse_generate(body: &[u8], headers: &HeaderInputs) -> Result<GenerateInp
 /// limit the controller and the workers check too.
 pub fn check_rid(rid: Option<String>) -> Result<Option<String>, ApiError> {
     if let Some(why) = rid.as_deref().and_then(protocol::rid_problem) {
-        return Err(ApiError::invalid_param("rid", why));
+        return Err(ValidationError::Rid { why }.into());
     }
     // A rid goes into logs, traces and the `-<i>` rids of sub-requests; printable ASCII keeps
     // it one line and its length in bytes the length in characters the API documents.
@@ -146,10 +143,7 @@ pub fn check_rid(rid: Option<String>) -> Result<Option<String>, ApiError> {
         .as_deref()
         .is_some_and(|r| !r.bytes().all(|b| (0x20..=0x7e).contains(&b)))
     {
-        return Err(ApiError::invalid_param(
-            "rid",
-            "rid must be printable ASCII (0x20 to 0x7e)",
-        ));
+        return Err(ValidationError::RidNotPrintable.into());
     }
     Ok(rid)
 }
@@ -167,13 +161,11 @@ pub fn child_rid(rid: &str, index: Option<usize>) -> String {
 /// `last_index`) fits [`protocol::MAX_RID_LEN`].
 pub fn check_child_rids(rid: &str, last_index: Option<usize>) -> Result<(), ApiError> {
     match protocol::rid_problem(&child_rid(rid, last_index)) {
-        Some(why) => Err(ApiError::invalid_param(
-            "rid",
-            match last_index {
-                Some(i) => format!("{why} with the suffix -{i} of a batch or n > 1"),
-                None => why,
-            },
-        )),
+        Some(why) => Err(match last_index {
+            Some(index) => ValidationError::ChildRid { why, index },
+            None => ValidationError::Rid { why },
+        }
+        .into()),
         None => Ok(()),
     }
 }
@@ -272,33 +264,31 @@ fn generate_constraint(
 /// A JSON Schema given as JSON text or as the document itself.
 pub fn json_schema_constraint(
     schema: serde_json::Value,
-    field: &str,
+    field: &'static str,
 ) -> Result<Constraint, ApiError> {
     match schema {
         serde_json::Value::String(text) => Ok(Constraint::JsonSchema(text)),
         v @ (serde_json::Value::Object(_) | serde_json::Value::Bool(_)) => {
             Ok(Constraint::JsonSchema(v.to_string()))
         }
-        other => Err(ApiError::invalid_param(
-            field,
-            format!("{field} must be a JSON Schema (an object, or its JSON text), got {other}"),
-        )),
+        got => Err(ValidationError::NotJsonSchema { field, got }.into()),
     }
 }
 
 /// A grammar in GBNF (`root ::= …`: llama.cpp's format, which SGLang's `ebnf` takes),
 /// rewritten as llguidance's Lark; one without `::=` rules is Lark already (`start: …`).
-fn lark_grammar(g: String, field: &str) -> Result<String, ApiError> {
+fn lark_grammar(g: String, field: &'static str) -> Result<String, ApiError> {
     if !g.contains("::=") {
         return Ok(g);
     }
-    grammar::gbnf::to_lark(&g).map_err(|e| ApiError::invalid_param(field, format!("{field}: {e}")))
+    grammar::gbnf::to_lark(&g).map_err(|e| {
+        let error = e.to_string();
+        ValidationError::Gbnf { field, error }.into()
+    })
 }
 
 /// Range checks shared by every endpoint; `prefix` is how the client spelled the parent.
-pub fn check_sampling(s: &SamplingParams, prefix: &str) -> Result<(), ApiError> {
-    let bad =
-        |name: &str, msg: String| Err(ApiError::invalid_param(name, format!("{prefix}{msg}")));
+pub fn check_sampling(s: &SamplingParams, prefix: &'static str) -> Result<(), ApiError> {
     let finite = [
         ("temperature", s.temperature),
         ("top_p", s.top_p),
@@ -307,42 +297,35 @@ pub fn check_sampling(s: &SamplingParams, prefix: &str) -> Result<(), ApiError> 
         ("frequency_penalty", s.frequency_penalty),
         ("presence_penalty", s.presence_penalty),
     ];
-    if let Some((name, _)) = finite.iter().find(|(_, v)| !v.is_finite()) {
-        return bad(name, format!("{name} must be a finite number"));
+    if let Some(&(name, _)) = finite.iter().find(|(_, v)| !v.is_finite()) {
+        return Err(ValidationError::NotFinite { prefix, name }.into());
     }
     if s.temperature < 0.0 {
-        return bad(
-            "temperature",
-            format!("temperature must be >= 0, got {}", s.temperature),
-        );
+        let got = s.temperature;
+        return Err(ValidationError::NegativeTemperature { prefix, got }.into());
     }
     if !(s.top_p > 0.0 && s.top_p <= 1.0) {
-        return bad("top_p", format!("top_p must be in (0, 1], got {}", s.top_p));
+        let got = s.top_p;
+        return Err(ValidationError::TopP { prefix, got }.into());
     }
     if !(0.0..=1.0).contains(&s.min_p) {
-        return bad("min_p", format!("min_p must be in [0, 1], got {}", s.min_p));
+        let got = s.min_p;
+        return Err(ValidationError::MinP { prefix, got }.into());
     }
     if s.top_k == 0 || s.top_k < -1 {
-        return bad(
-            "top_k",
-            format!("top_k must be -1 (off) or >= 1, got {}", s.top_k),
-        );
+        let got = s.top_k;
+        return Err(ValidationError::TopK { prefix, got }.into());
     }
     if !(s.repetition_penalty > 0.0 && s.repetition_penalty <= 2.0) {
-        return bad(
-            "repetition_penalty",
-            format!(
-                "repetition_penalty must be in (0, 2], got {}",
-                s.repetition_penalty
-            ),
-        );
+        let got = s.repetition_penalty;
+        return Err(ValidationError::RepetitionPenalty { prefix, got }.into());
     }
-    for (name, v) in [
+    for (name, got) in [
         ("frequency_penalty", s.frequency_penalty),
         ("presence_penalty", s.presence_penalty),
     ] {
-        if !(-2.0..=2.0).contains(&v) {
-            return bad(name, format!("{name} must be in [-2, 2], got {v}"));
+        if !(-2.0..=2.0).contains(&got) {
+            return Err(ValidationError::Penalty { prefix, name, got }.into());
         }
     }
     Ok(())
@@ -359,47 +342,35 @@ pub fn check_limits(
         return Err(ApiError::bad_request("prompt encodes to no tokens"));
     }
     let vocab = limits.vocab_size;
-    if let Some((i, id)) = input_ids
+    if let Some((index, &id)) = input_ids
         .iter()
         .enumerate()
         .find(|(_, &id)| id as usize >= vocab)
     {
-        return Err(ApiError::invalid_param(
-            "input_ids",
-            format!("input_ids[{i}] = {id} is out of range for vocabulary size {vocab}"),
-        ));
+        return Err(ValidationError::InputIdOutOfVocab { index, id, vocab }.into());
     }
-    if let Some(id) = sampling
+    if let Some(&id) = sampling
         .stop_token_ids
         .iter()
         .find(|&&id| id as usize >= vocab)
     {
-        return Err(ApiError::invalid_param(
-            "stop_token_ids",
-            format!("stop_token_ids: {id} is out of range for vocabulary size {vocab}"),
-        ));
+        return Err(ValidationError::StopTokenIdOutOfVocab { id, vocab }.into());
     }
-    if let Some((id, _)) = sampling
+    if let Some(&(id, _)) = sampling
         .logit_bias
         .iter()
         .find(|(id, _)| *id as usize >= vocab)
     {
-        return Err(ApiError::invalid_param(
-            "logit_bias",
-            format!("logit_bias: token {id} is out of range for vocabulary size {vocab}"),
-        ));
+        return Err(ValidationError::LogitBiasOutOfVocab { id, vocab }.into());
     }
     let total = input_ids.len() + sampling.max_new_tokens as usize;
     if total > limits.context_len {
-        return Err(ApiError::invalid_param(
-            "max_tokens",
-            format!(
-                "prompt ({} tokens) plus max_new_tokens ({}) exceeds the context length {}",
-                input_ids.len(),
-                sampling.max_new_tokens,
-                limits.context_len
-            ),
-        ));
+        return Err(ValidationError::ContextExceeded {
+            prompt_tokens: input_ids.len(),
+            max_new_tokens: sampling.max_new_tokens,
+            context_len: limits.context_len,
+        }
+        .into());
     }
     check_rank(routed_dp_rank, limits)
 }

@@ -30,6 +30,7 @@ use super::error::ApiError;
 use super::generate::{header_inputs, random_rid, read_body};
 use super::inflight::{submit, InFlight, Submission, Usage};
 use super::validate;
+use super::validation_error::ValidationError;
 use crate::state::AppState;
 use collect::collect_response;
 pub use params::Kind;
@@ -208,11 +209,7 @@ fn read_tools(
     let tools = r.tools.clone().filter(tools::Tools::reads_calls);
     if let Some(t) = &tools {
         if t.choice == tools::ToolChoice::Auto && format.is_none() {
-            return Err(ApiError::invalid_param(
-                "tool_choice",
-                "tool_choice auto needs the model's tool-call format, and this model's chat \
-                 template writes none: use tool_choice required or a named function",
-            ));
+            return Err(ValidationError::AutoToolChoiceWithoutFormat.into());
         }
     }
     Ok(tools)
@@ -255,7 +252,10 @@ fn tokenize(
         state
             .tokenizer
             .encode(text)
-            .map_err(|e| ApiError::invalid_param("prompt", e.to_string()))
+            .map_err(|e| ValidationError::Encode {
+                param: "prompt",
+                error: e.to_string(),
+            })
     };
     match kind {
         Kind::Completions => r
@@ -283,10 +283,13 @@ fn tokenize(
                     r.add_generation_prompt,
                     r.tools.as_ref().map(|t| &t.spec),
                 )
-                .map_err(|e| ApiError::invalid_param("messages", e))?;
+                .map_err(|error| ValidationError::ChatTemplate { error })?;
             let ids =
                 crate::chat_template::prompt_ids(state.tokenizer.as_ref(), &state.facts, &text)
-                    .map_err(|e| ApiError::invalid_param("messages", e.to_string()))?;
+                    .map_err(|e| ValidationError::Encode {
+                        param: "messages",
+                        error: e.to_string(),
+                    })?;
             Ok(vec![(ids, None)])
         }
     }

@@ -18,6 +18,7 @@ use crate::http::schema::requests::{
     ChatCompletionRequest, ChatMessage as RequestMessage, CompletionRequest, OpenAiSampling,
 };
 use crate::http::validate::{self, HeaderInputs};
+use crate::http::validation_error::ValidationError;
 
 /// Largest `n` (OpenAI's limit), and most choices per request including batched prompts.
 pub const MAX_N: usize = 128;
@@ -65,11 +66,8 @@ pub struct OpenAiRequest {
     pub tools: Option<super::tools::Tools>,
 }
 
-fn refuse(param: &str, what: &str) -> ApiError {
-    ApiError::invalid_param(
-        param,
-        format!("{param}: {what} is not supported by this server"),
-    )
+fn refuse(param: &'static str, what: &'static str) -> ApiError {
+    ValidationError::Unsupported { param, what }.into()
 }
 
 /// The request body, read into its type and checked.
@@ -94,11 +92,9 @@ struct Own {
 fn completions(body: CompletionRequest, headers: &HeaderInputs) -> Result<OpenAiRequest, ApiError> {
     let logprobs = match body.logprobs {
         None => (false, 0),
-        Some(k) if k > MAX_COMPLETION_LOGPROBS => {
-            return Err(ApiError::invalid_param(
-                "logprobs",
-                format!("logprobs must be in [0, {MAX_COMPLETION_LOGPROBS}], got {k}"),
-            ))
+        Some(got) if got > MAX_COMPLETION_LOGPROBS => {
+            let max = MAX_COMPLETION_LOGPROBS;
+            return Err(ValidationError::Logprobs { max, got }.into());
         }
         Some(k) => (true, k),
     };
@@ -115,16 +111,11 @@ fn completions(body: CompletionRequest, headers: &HeaderInputs) -> Result<OpenAi
     let mut r = shared(body.sampling, own, headers)?;
     let prompts = body
         .prompt
-        .ok_or_else(|| ApiError::invalid_param("prompt", "prompt: is required"))?
+        .ok_or(ValidationError::Required { param: "prompt" })?
         .items;
     if prompts.len() * r.n > MAX_N {
-        return Err(ApiError::invalid_param(
-            "prompt",
-            format!(
-                "at most {MAX_N} choices per request (prompts × n), got {}",
-                prompts.len() * r.n
-            ),
-        ));
+        let got = prompts.len() * r.n;
+        return Err(ValidationError::TooManyChoices { max: MAX_N, got }.into());
     }
     r.prompts = prompts;
     Ok(r)
@@ -137,18 +128,11 @@ fn chat(body: ChatCompletionRequest, headers: &HeaderInputs) -> Result<OpenAiReq
     let on = body.logprobs.unwrap_or(false);
     let logprobs = match body.top_logprobs {
         None | Some(0) => (on, 0),
-        Some(k) if k > MAX_CHAT_TOP_LOGPROBS => {
-            return Err(ApiError::invalid_param(
-                "top_logprobs",
-                format!("top_logprobs must be in [0, {MAX_CHAT_TOP_LOGPROBS}], got {k}"),
-            ))
+        Some(got) if got > MAX_CHAT_TOP_LOGPROBS => {
+            let max = MAX_CHAT_TOP_LOGPROBS;
+            return Err(ValidationError::TopLogprobs { max, got }.into());
         }
-        Some(_) if !on => {
-            return Err(ApiError::invalid_param(
-                "top_logprobs",
-                "top_logprobs requires logprobs to be true",
-            ))
-        }
+        Some(_) if !on => return Err(ValidationError::TopLogprobsWithoutLogprobs.into()),
         Some(k) => (true, k),
     };
     let own = Own {
@@ -171,10 +155,7 @@ fn shared(s: OpenAiSampling, own: Own, headers: &HeaderInputs) -> Result<OpenAiR
     let include_usage = match &s.stream_options {
         None => false,
         Some(_) if s.stream != Some(true) => {
-            return Err(ApiError::invalid_param(
-                "stream_options",
-                "stream_options is only allowed when stream is true",
-            ))
+            return Err(ValidationError::StreamOptionsWithoutStream.into())
         }
         Some(o) => o.include_usage.unwrap_or(false),
     };
@@ -194,10 +175,7 @@ fn shared(s: OpenAiSampling, own: Own, headers: &HeaderInputs) -> Result<OpenAiR
         }
         if let Some(c) = tools.constraint() {
             if sampling.constraint.is_some() {
-                return Err(ApiError::invalid_param(
-                    "tool_choice",
-                    "a required or named tool_choice cannot be combined with response_format",
-                ));
+                return Err(ValidationError::ToolChoiceWithResponseFormat.into());
             }
             sampling.constraint = Some(c);
         }
@@ -237,17 +215,11 @@ fn shared(s: OpenAiSampling, own: Own, headers: &HeaderInputs) -> Result<OpenAiR
 fn temperature_top_p_top_k(s: &OpenAiSampling) -> Result<(f32, f32, i32), ApiError> {
     let temperature = s.temperature.unwrap_or(1.0);
     if !(0.0..=2.0).contains(&temperature) {
-        return Err(ApiError::invalid_param(
-            "temperature",
-            format!("temperature must be in [0, 2], got {temperature}"),
-        ));
+        return Err(ValidationError::Temperature { got: temperature }.into());
     }
     let mut top_p = s.top_p.unwrap_or(1.0);
     if !(0.0..=1.0).contains(&top_p) {
-        return Err(ApiError::invalid_param(
-            "top_p",
-            format!("top_p must be in [0, 1], got {top_p}"),
-        ));
+        return Err(ValidationError::OpenAiTopP { got: top_p }.into());
     }
     let mut top_k = s.top_k.unwrap_or(-1);
     if top_k == 0 {
@@ -265,14 +237,11 @@ fn temperature_top_p_top_k(s: &OpenAiSampling) -> Result<(f32, f32, i32), ApiErr
 fn choices(n: Option<i64>, best_of: Option<i64>) -> Result<usize, ApiError> {
     let n = n.unwrap_or(1);
     if !(1..=MAX_N as i64).contains(&n) {
-        return Err(ApiError::invalid_param(
-            "n",
-            format!("n must be in [1, {MAX_N}], got {n}"),
-        ));
+        return Err(ValidationError::N { max: MAX_N, got: n }.into());
     }
     if let Some(best_of) = best_of {
         if best_of < n {
-            return Err(ApiError::invalid_param("best_of", "best_of must be >= n"));
+            return Err(ValidationError::BestOfBelowN.into());
         }
         if best_of != n {
             return Err(refuse("best_of", "best_of greater than n"));
@@ -304,7 +273,6 @@ fn response_format(rf: Option<&Value>) -> Result<Option<protocol::Constraint>, A
     let Some(rf) = rf.filter(|v| !v.is_null()) else {
         return Ok(None);
     };
-    let bad = |msg: &str| Err(ApiError::invalid_param("response_format", msg));
     match rf.get("type").and_then(Value::as_str) {
         Some("text") => Ok(None),
         Some("json_object") => Ok(Some(protocol::Constraint::JsonSchema(
@@ -312,19 +280,20 @@ fn response_format(rf: Option<&Value>) -> Result<Option<protocol::Constraint>, A
         ))),
         Some("json_schema") => {
             let Some(js) = rf.get("json_schema").filter(|v| v.is_object()) else {
-                return bad("response_format.json_schema is required (an object with name and schema) when type is json_schema");
+                return Err(ValidationError::JsonSchemaRequired.into());
             };
             if !js.get("name").is_some_and(Value::is_string) {
-                return bad("response_format.json_schema.name is required (a string)");
+                return Err(ValidationError::JsonSchemaName.into());
             }
             // OpenAI's default schema, when none is given, is any JSON value.
             let schema = js.get("schema").cloned().unwrap_or(Value::Bool(true));
             validate::json_schema_constraint(schema, "response_format.json_schema.schema").map(Some)
         }
-        Some(other) => bad(&format!(
-            "response_format.type {other:?} is not supported (text, json_object or json_schema)"
-        )),
-        None => bad("response_format.type is required (text, json_object or json_schema)"),
+        Some(other) => {
+            let got = other.to_string();
+            Err(ValidationError::ResponseFormatType { got }.into())
+        }
+        None => Err(ValidationError::ResponseFormatTypeRequired.into()),
     }
 }
 
@@ -352,41 +321,30 @@ fn sampling(s: &OpenAiSampling, max_tokens: Option<u32>) -> Result<SamplingParam
 }
 
 /// `name` (a completion limit), at least 1 when given; above `u32::MAX` it is `u32::MAX`.
-fn at_least_one(name: &str, value: Option<i64>) -> Result<Option<u32>, ApiError> {
+fn at_least_one(name: &'static str, value: Option<i64>) -> Result<Option<u32>, ApiError> {
     match value {
         None => Ok(None),
-        Some(m) if m < 1 => Err(ApiError::invalid_param(
-            name,
-            format!("{name} must be at least 1, got {m}"),
-        )),
+        Some(got) if got < 1 => Err(ValidationError::AtLeastOne { param: name, got }.into()),
         Some(m) => Ok(Some(m.min(u32::MAX as i64) as u32)),
     }
 }
 
 /// `messages`: not empty, each with a role.
 fn chat_messages(messages: Option<Vec<RequestMessage>>) -> Result<Vec<ChatMessage>, ApiError> {
-    let messages =
-        messages.ok_or_else(|| ApiError::invalid_param("messages", "messages is required"))?;
+    let messages = messages.ok_or(ValidationError::MessagesRequired)?;
     if messages.is_empty() {
-        return Err(ApiError::invalid_param(
-            "messages",
-            "messages must not be empty",
-        ));
+        return Err(ValidationError::MessagesEmpty.into());
     }
     messages
         .into_iter()
         .enumerate()
-        .map(|(i, m)| {
-            let role = m.role.ok_or_else(|| {
-                ApiError::invalid_param(
-                    format!("messages[{i}].role"),
-                    format!("messages[{i}].role is required"),
-                )
-            })?;
+        .map(|(index, m)| {
+            let role = m.role.ok_or(ValidationError::MessageRole { index })?;
             let tool_calls = m.tool_calls.filter(|v| !v.is_null());
             let is_call = |c: &Value| {
                 c.pointer("/function/name").is_some_and(Value::is_string)
-                    && c.pointer("/function/arguments").is_none_or(|a| a.is_string() || a.is_object())
+                    && c.pointer("/function/arguments")
+                        .is_none_or(|a| a.is_string() || a.is_object())
                     && c.get("type").is_none_or(|t| t == "function")
                     && c.get("id").is_none_or(Value::is_string)
             };
@@ -394,13 +352,7 @@ fn chat_messages(messages: Option<Vec<RequestMessage>>) -> Result<Vec<ChatMessag
                 .as_ref()
                 .is_none_or(|c| c.as_array().is_some_and(|l| l.iter().all(is_call)));
             if !calls_ok {
-                return Err(ApiError::invalid_param(
-                    format!("messages[{i}].tool_calls"),
-                    format!(
-                        "messages[{i}].tool_calls must be a list of calls \
-                         ({{\"id\", \"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}})"
-                    ),
-                ));
+                return Err(ValidationError::MessageToolCalls { index }.into());
             }
             Ok(ChatMessage {
                 role: role.as_str().to_string(),

@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 
 pub use crate::chat_template::ToolCallFormat as Format;
 use crate::http::error::ApiError;
+use crate::http::validation_error::ValidationError;
 
 /// A function the model may call.
 #[derive(Debug, Clone, PartialEq)]
@@ -61,10 +62,6 @@ pub struct Reply {
     pub calls: Vec<Call>,
 }
 
-fn bad(param: &str, msg: impl Into<String>) -> ApiError {
-    ApiError::invalid_param(param, msg)
-}
-
 /// `tools`, `tool_choice` and `parallel_tool_calls` checked; `None` without tools.
 pub fn parse(
     tools: Option<&Value>,
@@ -74,19 +71,14 @@ pub fn parse(
     let list = match tools.filter(|v| !v.is_null()) {
         None => &[][..],
         Some(Value::Array(list)) => &list[..],
-        Some(_) => return Err(bad("tools", "tools must be a list of functions")),
+        Some(_) => return Err(ValidationError::ToolsNotList.into()),
     };
     let mut parsed: Vec<Tool> = Vec::with_capacity(list.len());
-    for (i, t) in list.iter().enumerate() {
-        let tool = tool(t, i)?;
+    for (index, t) in list.iter().enumerate() {
+        let tool = tool(t, index)?;
         if parsed.iter().any(|p| p.name == tool.name) {
-            return Err(bad(
-                "tools",
-                format!(
-                    "tools[{i}]: the function name {:?} is given twice",
-                    tool.name
-                ),
-            ));
+            let name = tool.name;
+            return Err(ValidationError::ToolNameTwice { index, name }.into());
         }
         parsed.push(tool);
     }
@@ -102,43 +94,23 @@ pub fn parse(
     }))
 }
 
-fn tool(t: &Value, i: usize) -> Result<Tool, ApiError> {
-    let at = |what: &str| format!("tools[{i}]{what}");
+fn tool(t: &Value, index: usize) -> Result<Tool, ApiError> {
     if t.get("type").and_then(Value::as_str) != Some("function") {
-        return Err(bad(
-            "tools",
-            format!("{}: only type \"function\" is supported", at(".type")),
-        ));
+        return Err(ValidationError::ToolType { index }.into());
     }
     let Some(f) = t.get("function").filter(|f| f.is_object()) else {
-        return Err(bad(
-            "tools",
-            format!("{} is required (an object)", at(".function")),
-        ));
+        return Err(ValidationError::ToolFunction { index }.into());
     };
     let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
     let valid = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
     if name.is_empty() || name.len() > 64 || !name.chars().all(valid) {
-        return Err(bad(
-            "tools",
-            format!(
-                "{}: {name:?} is not a function name (1 to 64 of a-z, A-Z, 0-9, _ and -)",
-                at(".function.name")
-            ),
-        ));
+        let name = name.to_string();
+        return Err(ValidationError::ToolName { index, name }.into());
     }
     let parameters = match f.get("parameters") {
         None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
         Some(p @ Value::Object(_)) => p.clone(),
-        Some(_) => {
-            return Err(bad(
-                "tools",
-                format!(
-                    "{} must be a JSON Schema object",
-                    at(".function.parameters")
-                ),
-            ))
-        }
+        Some(_) => return Err(ValidationError::ToolParameters { index }.into()),
     };
     Ok(Tool {
         name: name.to_string(),
@@ -160,12 +132,8 @@ fn tool_choice(choice: Option<&Value>, tools: &[Tool]) -> Result<ToolChoice, Api
             "auto" => ToolChoice::Auto,
             "required" => ToolChoice::Required,
             other => {
-                return Err(bad(
-                    "tool_choice",
-                    format!(
-                        "tool_choice {other:?} is not one of none, auto, required or a function"
-                    ),
-                ))
+                let got = other.to_string();
+                return Err(ValidationError::ToolChoiceWord { got }.into());
             }
         },
         Some(v) => {
@@ -175,22 +143,17 @@ fn tool_choice(choice: Option<&Value>, tools: &[Tool]) -> Result<ToolChoice, Api
                 .and_then(Value::as_str)
                 .filter(|_| v.get("type").and_then(Value::as_str) == Some("function"));
             let Some(name) = name else {
-                return Err(bad(
-                    "tool_choice",
-                    "tool_choice must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": …}}",
-                ));
+                return Err(ValidationError::ToolChoiceShape.into());
             };
             if !tools.iter().any(|t| t.name == name) {
-                return Err(bad(
-                    "tool_choice",
-                    format!("tool_choice names {name:?}, which is not among the tools"),
-                ));
+                let name = name.to_string();
+                return Err(ValidationError::ToolChoiceUnknown { name }.into());
             }
             ToolChoice::Named(name.to_string())
         }
     };
     if tools.is_empty() {
-        return Err(bad("tool_choice", "tool_choice needs tools"));
+        return Err(ValidationError::ToolChoiceWithoutTools.into());
     }
     Ok(choice)
 }
