@@ -14,6 +14,7 @@ pub mod kv_events;
 pub mod messages;
 pub mod msg_trace;
 pub mod route_record;
+pub mod routing_terms;
 pub mod socket;
 pub mod trace_event;
 pub mod transport;
