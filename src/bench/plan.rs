@@ -58,8 +58,8 @@ impl BenchArgs {
         );
         let gsp = self.gsp_config(dataset, preset.map_or(DEFAULT_GSP, |p| p.gsp.clone()));
         let mut server = self.server_flags(preset);
-        let sim_speed = self.sim_speed(&mut server)?;
         let sweep = self.sweep_spec(preset)?;
+        let sim_speed = self.sim_speed(&mut server, sweep.as_ref().and(preset))?;
         // A trace is replayed open loop, and a sweep sets the rate: the preset's concurrency
         // is for one run of a generated workload.
         let max_concurrency = self.max_concurrency.or(preset
@@ -103,9 +103,18 @@ impl BenchArgs {
         Ok((plan, server))
     }
 
-    /// `--sim-speed`, checked, written into the simulated ranks' profile (1 without it).
-    fn sim_speed(&self, server: &mut ServerFlags) -> anyhow::Result<f64> {
-        let Some(speed) = self.sim_speed else {
+    /// `--sim-speed`, checked, written into the simulated ranks' profile; without it, the
+    /// speed of the `sweeping` preset's sweep where the preset's simulated ranks run, else 1.
+    fn sim_speed(
+        &self,
+        server: &mut ServerFlags,
+        sweeping: Option<&PresetValues>,
+    ) -> anyhow::Result<f64> {
+        let preset_speed = sweeping
+            .and_then(|p| p.sweep.as_ref())
+            .map(|s| s.sim_speed)
+            .filter(|_| server.sim_config.is_some());
+        let Some(speed) = self.sim_speed.or(preset_speed).filter(|&k| k != 1.0) else {
             return Ok(1.0);
         };
         anyhow::ensure!(
@@ -329,7 +338,23 @@ mod tests {
         let (plan, _) = parse(&["--launch", "--preset", "mooncake-8gpu"])
             .resolve()
             .unwrap();
+        assert_eq!(plan.sim_speed, 1.0, "one run: real time");
+        // A trace preset's sweep runs its simulated ranks 4x unless told otherwise.
+        let sweep = ["--launch", "--preset", "mooncake-16gpu", "--sweep"];
+        let (plan, server) = parse(&sweep).resolve().unwrap();
+        assert_eq!(plan.sim_speed, 4.0);
+        assert!(server.sim_config.unwrap().ends_with("speed = 4.0\n"));
+        let (plan, server) = parse(&[&sweep[..], &["--sim-speed", "1"]].concat())
+            .resolve()
+            .unwrap();
         assert_eq!(plan.sim_speed, 1.0);
+        assert!(!server.sim_config.unwrap().contains("speed"));
+        for own in [
+            &[&sweep[..], &["--up-arg=--device=cpu"]].concat(),
+            &["--launch", "--preset", "mooncake-cpu", "--sweep"][..],
+        ] {
+            assert_eq!(parse(own).resolve().unwrap().0.sim_speed, 1.0, "{own:?}");
+        }
         for (args, want) in [
             (
                 &["--preset", "mooncake-8gpu", "--sim-speed", "2"][..],

@@ -45,6 +45,8 @@ pub struct SimModel {
     seed: u64,
     /// `--sim-lock-step`: the cluster's shared rounds; `None` steps alone.
     lock_step: Option<LockStep>,
+    /// When the last step's modelled time ended (wall clock), for the next step's start.
+    last_end: std::sync::Mutex<Option<Instant>>,
 }
 
 impl SimModel {
@@ -60,6 +62,7 @@ impl SimModel {
             cost: CostModel::new(profile),
             seed,
             lock_step: None,
+            last_end: std::sync::Mutex::new(None),
         }
     }
 
@@ -131,11 +134,20 @@ impl SimModel {
         self.cost.step(&work).time
     }
 
-    /// Sleeps until the step's modelled time since `started` has passed, and in lock-step
-    /// until the round it joins ends.
+    /// Sleeps until the step's modelled time since its start has passed, and in lock-step
+    /// until the round it joins ends. A step begun within the model's per-step overhead of the
+    /// last one's modelled end starts from that end: the host's own time between steps
+    /// (scheduling, sending outputs, a late wake) is what `step_overhead_ms` models, so it is
+    /// not added again, and back-to-back steps keep the model's period at any `speed`.
     fn wait(&self, seqs: &[SeqInput<'_>], started: Instant) {
-        let wall = self.step_time(seqs).div_f64(self.cost.profile().speed);
-        let left = wall.saturating_sub(started.elapsed());
+        let speed = self.cost.profile().speed;
+        let wall = self.step_time(seqs).div_f64(speed);
+        let allowance = Duration::from_secs_f64(self.cost.profile().step_overhead_ms / 1e3 / speed);
+        let mut last_end = self.last_end.lock().unwrap_or_else(|e| e.into_inner());
+        let end = step_begin(*last_end, started, allowance) + wall;
+        *last_end = Some(end);
+        drop(last_end);
+        let left = end.saturating_duration_since(Instant::now());
         if let Some(lock_step) = &self.lock_step {
             match lock_step.step(left) {
                 Ok(()) => return,
@@ -169,9 +181,33 @@ impl SimModel {
 /// The built-in vocabulary's special tokens (unknown, BOS, EOS) are the ids below this.
 const FIRST_ORDINARY_ID: u32 = protocol::builtin::EOS_ID + 1;
 
+/// When a step that began at `started` starts in modelled time: at the last step's modelled
+/// end if it began within `allowance` of it (the host's time between steps is the model's
+/// per-step overhead), else when it began (the rank was idle).
+fn step_begin(last_end: Option<Instant>, started: Instant, allowance: Duration) -> Instant {
+    match last_end {
+        Some(end) if started.saturating_duration_since(end) <= allowance => end.min(started),
+        _ => started,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn back_to_back_steps_keep_the_model_s_period() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        // The host took 0.5 ms between steps, within the 1 ms allowance: the step starts at
+        // the last one's end, so the host's time is not added to the model's.
+        assert_eq!(step_begin(Some(t0), t0 + ms(1) / 2, ms(1)), t0);
+        // Idle for 5 ms, or the first step: it starts when it began.
+        assert_eq!(step_begin(Some(t0), t0 + ms(5), ms(1)), t0 + ms(5));
+        assert_eq!(step_begin(None, t0 + ms(5), ms(1)), t0 + ms(5));
+        // Never before it began.
+        assert_eq!(step_begin(Some(t0 + ms(2)), t0, ms(1)), t0);
+    }
 
     fn model() -> SimModel {
         // No overhead and huge rates: the tests do not wait on the clock.
