@@ -163,7 +163,8 @@ pub struct BenchArgs {
     /// [simulated ranks a trace preset launches] Run the ranks' modelled time this many times
     /// faster (1-16), send the workload that much faster and multiply every time measured back:
     /// the results are in modelled time, a run takes 1/K of it. What does not scale (HTTP,
-    /// tokenizing, routing) reads K times larger (docs/SIM.md) [default: 1].
+    /// tokenizing, routing) reads K times larger (docs/SIM.md) [default: 4 for the
+    /// `--sweep` of a simulated trace preset, else 1].
     #[arg(long, value_name = "K")]
     pub sim_speed: Option<f64>,
     /// [--launch] Comma-separated load-balance methods to compare. `METHOD@<P>p<D>d` (e.g.
