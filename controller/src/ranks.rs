@@ -552,6 +552,28 @@ mod tests {
         format!("rank-{rank}.1").into_bytes()
     }
 
+    /// Ranks `ids` joined, all serving model "a".
+    fn joined(ids: &[u32]) -> Ranks {
+        let mut ranks = Ranks::new(None, Duration::from_secs(3));
+        for &r in ids {
+            ranks.hello(&hello(r, "a"), &id(r), false).unwrap();
+        }
+        ranks
+    }
+
+    /// A status of `rank` saying `rid` finished (nothing else known).
+    fn finished(ranks: &mut Ranks, rank: u32, rid: &str) {
+        ranks.status(
+            WorkerStatus {
+                rank,
+                timestamp: 1.0,
+                finished_rids: vec![rid.into()],
+                ..Default::default()
+            },
+            &id(rank),
+        );
+    }
+
     #[test]
     fn first_hello_fixes_the_model() {
         let mut ranks = Ranks::new(None, Duration::from_secs(3));
@@ -593,8 +615,7 @@ mod tests {
 
     #[test]
     fn speculative_load_is_replaced_by_status_and_finished_rids_settle() {
-        let mut ranks = Ranks::new(None, Duration::from_secs(3));
-        ranks.hello(&hello(0, "a"), &id(0), false).unwrap();
+        let mut ranks = joined(&[0]);
         ranks.dispatched(0, "x", 10, 0, 0, 0);
         ranks.dispatched(0, "y", 5, 0, 0, 0);
         assert_eq!(ranks.rank_set().loads()[0].active_requests, 2);
@@ -646,8 +667,7 @@ mod tests {
 
     #[test]
     fn the_status_reported_is_the_newest_sent_whatever_the_worker_clock_says() {
-        let mut ranks = Ranks::new(None, Duration::from_secs(3));
-        ranks.hello(&hello(0, "a"), &id(0), false).unwrap();
+        let mut ranks = joined(&[0]);
         // The second status was sent after a clock step back of an hour.
         for (status_seq, timestamp, running) in [(1, 5000.0, 4), (2, 1400.0, 1)] {
             let status = WorkerStatus {
@@ -665,9 +685,7 @@ mod tests {
 
     #[test]
     fn the_stall_a_rank_can_bear_sums_its_requests_lengths_until_they_finish() {
-        let mut ranks = Ranks::new(None, Duration::from_secs(3));
-        ranks.hello(&hello(0, "a"), &id(0), false).unwrap();
-        ranks.hello(&hello(1, "a"), &id(1), false).unwrap();
+        let mut ranks = joined(&[0, 1]);
         // 1/(5−1) + 1/(3−1); a one-token answer and an embedding (0: not known) add nothing.
         ranks.dispatched(0, "x", 10, 0, 1, 5);
         ranks.dispatched(0, "y", 10, 0, 2, 3);
@@ -675,23 +693,13 @@ mod tests {
         ranks.dispatched(1, "e", 10, 0, 1, 0);
         let stall = |ranks: &Ranks, i: usize| ranks.rank_set().queue(i).stall_tpot;
         assert_eq!((stall(&ranks, 0), stall(&ranks, 1)), (0.75, 0.0));
-        ranks.status(
-            WorkerStatus {
-                rank: 0,
-                timestamp: 1.0,
-                finished_rids: vec!["y".into()],
-                ..Default::default()
-            },
-            &id(0),
-        );
+        finished(&mut ranks, 0, "y");
         assert_eq!(stall(&ranks, 0), 0.25);
     }
 
     #[test]
     fn requests_in_flight_are_counted_on_live_and_draining_ranks() {
-        let mut ranks = Ranks::new(None, Duration::from_secs(3));
-        ranks.hello(&hello(0, "a"), &id(0), false).unwrap();
-        ranks.hello(&hello(1, "a"), &id(1), false).unwrap();
+        let mut ranks = joined(&[0, 1]);
         ranks.dispatched(0, "x", 10, 0, 0, 0);
         ranks.dispatched(1, "y", 10, 0, 0, 0);
         ranks.dispatched(1, "z", 10, 0, 0, 0);
@@ -706,8 +714,7 @@ mod tests {
 
     #[test]
     fn a_draining_rank_leaves_routing_but_keeps_its_requests_until_it_ends() {
-        let mut ranks = Ranks::new(None, Duration::from_secs(3));
-        ranks.hello(&hello(0, "a"), &id(0), false).unwrap();
+        let mut ranks = joined(&[0]);
         ranks.dispatched(0, "x", 10, 0, 0, 0);
         ranks.dispatched(0, "y", 10, 0, 0, 0);
         assert!(ranks.start_drain(0, Duration::from_secs(30)));
@@ -715,15 +722,7 @@ mod tests {
             ranks.ids().is_empty(),
             "no new requests go to a draining rank"
         );
-        ranks.status(
-            WorkerStatus {
-                rank: 0,
-                timestamp: 1.0,
-                finished_rids: vec!["x".into()],
-                ..Default::default()
-            },
-            &id(0),
-        );
+        finished(&mut ranks, 0, "x");
         assert!(ranks.drain_expired(Instant::now()).is_empty());
         assert_eq!(
             ranks.held(),
@@ -736,8 +735,7 @@ mod tests {
 
     #[test]
     fn a_rid_the_worker_never_settles_is_reported_at_its_next_quiet_status() {
-        let mut ranks = Ranks::new(None, Duration::from_secs(3));
-        ranks.hello(&hello(0, "a"), &id(0), false).unwrap();
+        let mut ranks = joined(&[0]);
         for rid in ["kept", "lost"] {
             let seq = ranks.next_dispatch_seq(0);
             ranks.dispatched(0, rid, 10, 0, seq, 0);
