@@ -138,8 +138,9 @@ fn sim_trace_preset(dp_size: u32, compression: f64, sweep_rates: &'static [f64])
         up_args: &[("--device", "sim")],
         compare: EVERY_METHOD,
         sim_config: Some(SIM_LONG_CONTEXT),
-        // Four times faster: a sweep of five methods in about half an hour, reading the
-        // same as in real time (docs/BENCHMARKS.md, "--sim-speed against real time").
+        // Four times faster: a sweep of five methods in about half an hour (estimated from
+        // its runs' lengths), reading the same as in real time within a run's spread
+        // (docs/BENCHMARKS.md, "--sim-speed against real time").
         sweep: Some(SweepPreset {
             rates: sweep_rates,
             num_prompts: 400,
