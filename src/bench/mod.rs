@@ -164,7 +164,7 @@ pub struct BenchArgs {
     /// faster (1-16), send the workload that much faster and multiply every time measured back:
     /// the results are in modelled time, a run takes 1/K of it. What does not scale (HTTP,
     /// tokenizing, routing) reads K times larger (docs/SIM.md) [default: 4 for the
-    /// `--sweep` of a simulated trace preset, else 1].
+    /// `--sweep` of `--preset mooncake-8gpu`, else 1].
     #[arg(long, value_name = "K")]
     pub sim_speed: Option<f64>,
     /// [--launch] Comma-separated load-balance methods to compare. `METHOD@<P>p<D>d` (e.g.

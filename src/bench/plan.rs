@@ -339,8 +339,8 @@ mod tests {
             .resolve()
             .unwrap();
         assert_eq!(plan.sim_speed, 1.0, "one run: real time");
-        // A trace preset's sweep runs its simulated ranks 4x unless told otherwise.
-        let sweep = ["--launch", "--preset", "mooncake-16gpu", "--sweep"];
+        // mooncake-8gpu's sweep runs its simulated ranks 4x unless told otherwise.
+        let sweep = ["--launch", "--preset", "mooncake-8gpu", "--sweep"];
         let (plan, server) = parse(&sweep).resolve().unwrap();
         assert_eq!(plan.sim_speed, 4.0);
         assert!(server.sim_config.unwrap().ends_with("speed = 4.0\n"));
@@ -352,6 +352,7 @@ mod tests {
         for own in [
             &[&sweep[..], &["--up-arg=--device=cpu"]].concat(),
             &["--launch", "--preset", "mooncake-cpu", "--sweep"][..],
+            &["--launch", "--preset", "mooncake-16gpu", "--sweep"][..],
         ] {
             assert_eq!(parse(own).resolve().unwrap().0.sim_speed, 1.0, "{own:?}");
         }

@@ -51,8 +51,8 @@ pub enum Preset {
     /// Qwen3.5-122B-A10B-FP8 with a 128k context: its first 1000 requests, 512-token blocks,
     /// time compressed 4x, open loop; every method, dpserve's and the peers'. A Bailian
     /// trace (`--dataset-name bailian`) is replayed the same way; with `--sweep` (no rates),
-    /// the first 400 requests at time compressions 1, 1.5, 2 and 2.5 (every sweep of the
-    /// simulated presets at `--sim-speed 4` unless given). With another
+    /// the first 400 requests at time compressions 1, 1.5, 2 and 2.5 (the sweep at
+    /// `--sim-speed 4` unless given). With another
     /// `--dataset-name`, that workload (64 × 8 requests, system 4096 + question 128, output
     /// 256, concurrency 64) on the same ranks.
     #[value(name = "mooncake-8gpu")]
@@ -122,7 +122,12 @@ const TRACE_PRESET_GSP: GspConfig = GspConfig {
 
 /// A trace preset on `dp_size` simulated ranks, time compressed `compression` times; its sweep
 /// runs the trace's first 400 requests at `sweep_rates`.
-fn sim_trace_preset(dp_size: u32, compression: f64, sweep_rates: &'static [f64]) -> PresetValues {
+fn sim_trace_preset(
+    dp_size: u32,
+    compression: f64,
+    sweep_rates: &'static [f64],
+    sweep_speed: f64,
+) -> PresetValues {
     PresetValues {
         dataset: Dataset::Mooncake,
         gsp: TRACE_PRESET_GSP,
@@ -138,13 +143,10 @@ fn sim_trace_preset(dp_size: u32, compression: f64, sweep_rates: &'static [f64])
         up_args: &[("--device", "sim")],
         compare: EVERY_METHOD,
         sim_config: Some(SIM_LONG_CONTEXT),
-        // Four times faster: a sweep of five methods in about half an hour (estimated from
-        // its runs' lengths), reading the same as in real time within a run's spread
-        // (docs/BENCHMARKS.md, "--sim-speed against real time").
         sweep: Some(SweepPreset {
             rates: sweep_rates,
             num_prompts: 400,
-            sim_speed: 4.0,
+            sim_speed: sweep_speed,
         }),
     }
 }
@@ -154,8 +156,12 @@ impl Preset {
         match self {
             Preset::CpuSmall => cpu_small(),
             Preset::Sglang8Gpu => sglang_8gpu(),
-            Preset::Mooncake8Gpu => sim_trace_preset(8, 4.0, &[1.0, 1.5, 2.0, 2.5]),
-            Preset::Mooncake16Gpu => sim_trace_preset(16, 8.0, &[2.0, 3.0, 4.0, 5.0]),
+            // 8 ranks four times faster: a sweep of five methods in about half an hour
+            // (estimated from its runs' lengths), reading as real time does within a run's
+            // spread (docs/BENCHMARKS.md, "--sim-speed against real time"). 16 ranks in real
+            // time: at 4x the 2-core host fell behind them (ITL 14 ms in some runs).
+            Preset::Mooncake8Gpu => sim_trace_preset(8, 4.0, &[1.0, 1.5, 2.0, 2.5], 4.0),
+            Preset::Mooncake16Gpu => sim_trace_preset(16, 8.0, &[2.0, 3.0, 4.0, 5.0], 1.0),
             Preset::MooncakeCpu => mooncake_cpu(),
         }
     }
