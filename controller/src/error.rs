@@ -66,3 +66,18 @@ impl Error {
 }
 
 pub type Result<T> = std::result::Result<T, Error>;
+
+/// A peer method's flag: `got` when it is finite and `ok`, else the error naming the flag and
+/// the `rule` it breaks.
+pub(crate) fn peer_flag(flag: &'static str, rule: &'static str, got: f64, ok: bool) -> Result<f64> {
+    if got.is_finite() && ok {
+        Ok(got)
+    } else {
+        Err(Error::PeerFlag { flag, rule, got })
+    }
+}
+
+/// A peer method's weight flag: a finite number >= 0.
+pub(crate) fn peer_weight(flag: &'static str, got: f64) -> Result<f64> {
+    peer_flag(flag, "a finite number >= 0", got, got >= 0.0)
+}

@@ -23,8 +23,8 @@ use protocol::Endpoint;
 
 pub use error::{Error, Result};
 pub use policy::{
-    CacheAwareConfig, DynamoKvConfig, FallbackMethod, LlmdPrefixConfig, Method, PeerConfigs,
-    PrefixAffinityConfig, SmgCacheAwareConfig,
+    CacheAwareArgs, CacheAwareConfig, DynamoKvConfig, FallbackMethod, LlmdPrefixConfig, Method,
+    PeerArgs, PeerConfigs, PrefixAffinityArgs, PrefixAffinityConfig, SmgCacheAwareConfig,
 };
 pub use server::{Controller, ControllerConfig};
 
@@ -71,98 +71,12 @@ pub struct RoutingArgs {
     #[arg(long, env = "DPSERVE_DECODE_LOAD_BALANCE_METHOD", value_enum,
           default_value_t = DEFAULT_DECODE_METHOD)]
     pub decode_load_balance_method: Method,
-    /// prefix_affinity: how many leading input ids are hashed into the key of a request
-    /// without a routing key.
-    #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_HASH_TOKENS",
-          default_value_t = PrefixAffinityConfig::default().hash_tokens)]
-    pub prefix_affinity_hash_tokens: usize,
-    /// prefix_affinity: never hash the token prefix; requests without a routing key go to the
-    /// fallback method.
-    #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_DISABLE_TOKEN_FALLBACK")]
-    pub prefix_affinity_disable_token_fallback: bool,
-    /// prefix_affinity: method for requests without a key.
-    #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_FALLBACK", value_enum,
-          default_value_t = PrefixAffinityConfig::default().fallback)]
-    pub prefix_affinity_fallback: FallbackMethod,
-    /// prefix_affinity: a rank is overloaded when its active requests exceed this multiple
-    /// (>= 1.0) of max(mean over live ranks, 1); the key then spills to its next HRW choice.
-    #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_MAX_LOAD_SKEW",
-          default_value_t = PrefixAffinityConfig::default().max_load_skew)]
-    pub prefix_affinity_max_load_skew: f64,
-    /// cache_aware: the weight (>= 0) of the stall a request's prefill puts on each request
-    /// already active on a rank, relative to its own wait; 0 routes by the predicted time to
-    /// first token alone.
-    #[arg(long, env = "DPSERVE_CACHE_AWARE_COMPUTE_WEIGHT",
-          default_value_t = CacheAwareConfig::default().compute_weight)]
-    pub cache_aware_compute_weight: f64,
-    /// cache_aware: seconds of time to first token that one second of time per output token
-    /// is worth (>= 0; 80 is 2 s / 25 ms): a stall of a request's decode counts this much more
-    /// per token of TPOT it adds, so stalls weigh on requests with short max_new_tokens; 0:
-    /// a stall weighs the same on every request.
-    #[arg(long, env = "DPSERVE_CACHE_AWARE_TPOT_WEIGHT",
-          default_value_t = CacheAwareConfig::default().tpot_weight)]
-    pub cache_aware_tpot_weight: f64,
-    /// cache_aware: a rank is overloaded when its active requests exceed this multiple
-    /// (>= 1.0) of max(mean over live ranks, 1); the request goes to the next cheapest rank.
-    #[arg(long, env = "DPSERVE_CACHE_AWARE_MAX_LOAD_SKEW",
-          default_value_t = CacheAwareConfig::default().max_load_skew)]
-    pub cache_aware_max_load_skew: f64,
-    /// cache_aware: late binding. While every rank's predicted wait (its queued prompt tokens
-    /// over its measured prefill speed) exceeds this many milliseconds, hold requests in the
-    /// controller and dispatch each, shortest prompt first, as soon as some rank's wait drops
-    /// below it, choosing the rank with the cache and loads of that moment; 0: off.
-    #[arg(long, env = "DPSERVE_CACHE_AWARE_HOLD_MS",
-          default_value_t = CacheAwareConfig::default().hold_wait.as_millis() as u64)]
-    pub cache_aware_hold_ms: u64,
-    /// cache_aware: a held request is dispatched after this many milliseconds whatever the
-    /// waits (>= 1).
-    #[arg(long, env = "DPSERVE_CACHE_AWARE_MAX_HOLD_MS",
-          default_value_t = CacheAwareConfig::default().max_hold.as_millis() as u64)]
-    pub cache_aware_max_hold_ms: u64,
-    /// smg_cache_aware: the best match in the routing-history tree wins when it covers more
-    /// than this share (0..=1) of the prompt; otherwise the least loaded rank.
-    #[arg(long, env = "DPSERVE_SMG_CACHE_THRESHOLD",
-          default_value_t = SmgCacheAwareConfig::default().cache_threshold)]
-    pub smg_cache_threshold: f64,
-    /// smg_cache_aware: loads are imbalanced (shortest queue, no affinity) when max − min
-    /// active requests exceeds this...
-    #[arg(long, env = "DPSERVE_SMG_BALANCE_ABS_THRESHOLD",
-          default_value_t = SmgCacheAwareConfig::default().balance_abs_threshold)]
-    pub smg_balance_abs_threshold: u64,
-    /// smg_cache_aware: ...and max exceeds this multiple (>= 1.0) of min.
-    #[arg(long, env = "DPSERVE_SMG_BALANCE_REL_THRESHOLD",
-          default_value_t = SmgCacheAwareConfig::default().balance_rel_threshold)]
-    pub smg_balance_rel_threshold: f64,
-    /// smg_cache_aware: seconds between evictions of the trees to --smg-max-tree-size
-    /// (0: never).
-    #[arg(long, env = "DPSERVE_SMG_EVICTION_INTERVAL",
-          default_value_t = SmgCacheAwareConfig::default().eviction_interval.as_secs())]
-    pub smg_eviction_interval: u64,
-    /// smg_cache_aware: tokens each rank's tree keeps after an eviction.
-    #[arg(long, env = "DPSERVE_SMG_MAX_TREE_SIZE",
-          default_value_t = SmgCacheAwareConfig::default().max_tree_size)]
-    pub smg_max_tree_size: u64,
-    /// dynamo_kv: weight (>= 0) of the prompt blocks a rank would still compute against its
-    /// active decode blocks.
-    #[arg(long, env = "DPSERVE_DYNAMO_OVERLAP_SCORE_WEIGHT",
-          default_value_t = DynamoKvConfig::default().overlap_score_weight)]
-    pub dynamo_overlap_score_weight: f64,
-    /// dynamo_kv: softmax temperature (>= 0) over the normalised costs; 0 takes the lowest.
-    #[arg(long, env = "DPSERVE_DYNAMO_ROUTER_TEMPERATURE",
-          default_value_t = DynamoKvConfig::default().router_temperature)]
-    pub dynamo_router_temperature: f64,
-    /// llmd_prefix: weight (>= 0) of the precise prefix-cache scorer.
-    #[arg(long, env = "DPSERVE_LLMD_PREFIX_CACHE_WEIGHT",
-          default_value_t = LlmdPrefixConfig::default().prefix_cache_weight)]
-    pub llmd_prefix_cache_weight: f64,
-    /// llmd_prefix: weight (>= 0) of the queue scorer.
-    #[arg(long, env = "DPSERVE_LLMD_QUEUE_WEIGHT",
-          default_value_t = LlmdPrefixConfig::default().queue_weight)]
-    pub llmd_queue_weight: f64,
-    /// llmd_prefix: weight (>= 0) of the KV-cache-utilisation scorer.
-    #[arg(long, env = "DPSERVE_LLMD_KV_CACHE_UTILIZATION_WEIGHT",
-          default_value_t = LlmdPrefixConfig::default().kv_cache_utilization_weight)]
-    pub llmd_kv_cache_utilization_weight: f64,
+    #[command(flatten)]
+    pub prefix_affinity: PrefixAffinityArgs,
+    #[command(flatten)]
+    pub cache_aware: CacheAwareArgs,
+    #[command(flatten)]
+    pub peers: PeerArgs,
     /// Append one JSON line per routing decision to this file (read it with `dpserve trace`).
     #[arg(long, env = "DPSERVE_TRACE_FILE")]
     pub trace_file: Option<PathBuf>,
@@ -176,31 +90,12 @@ pub struct RoutingArgs {
 
 impl Default for RoutingArgs {
     fn default() -> Self {
-        let affinity = PrefixAffinityConfig::default();
-        let cache = CacheAwareConfig::default();
-        let peers = PeerConfigs::default();
         RoutingArgs {
             load_balance_method: Method::default(),
             decode_load_balance_method: DEFAULT_DECODE_METHOD,
-            prefix_affinity_hash_tokens: affinity.hash_tokens,
-            prefix_affinity_disable_token_fallback: !affinity.token_fallback,
-            prefix_affinity_fallback: affinity.fallback,
-            prefix_affinity_max_load_skew: affinity.max_load_skew,
-            cache_aware_compute_weight: cache.compute_weight,
-            cache_aware_tpot_weight: cache.tpot_weight,
-            cache_aware_max_load_skew: cache.max_load_skew,
-            cache_aware_hold_ms: cache.hold_wait.as_millis() as u64,
-            cache_aware_max_hold_ms: cache.max_hold.as_millis() as u64,
-            smg_cache_threshold: peers.smg.cache_threshold,
-            smg_balance_abs_threshold: peers.smg.balance_abs_threshold,
-            smg_balance_rel_threshold: peers.smg.balance_rel_threshold,
-            smg_eviction_interval: peers.smg.eviction_interval.as_secs(),
-            smg_max_tree_size: peers.smg.max_tree_size,
-            dynamo_overlap_score_weight: peers.dynamo.overlap_score_weight,
-            dynamo_router_temperature: peers.dynamo.router_temperature,
-            llmd_prefix_cache_weight: peers.llmd.prefix_cache_weight,
-            llmd_queue_weight: peers.llmd.queue_weight,
-            llmd_kv_cache_utilization_weight: peers.llmd.kv_cache_utilization_weight,
+            prefix_affinity: PrefixAffinityArgs::default(),
+            cache_aware: CacheAwareArgs::default(),
+            peers: PeerArgs::default(),
             trace_file: None,
             worker_timeout: DEFAULT_WORKER_TIMEOUT_S,
             model_id: None,
@@ -261,85 +156,12 @@ impl RoutingArgs {
 
     /// The `--smg-*`, `--dynamo-*` and `--llmd-*` flags, checked.
     pub fn peer_configs(&self) -> Result<PeerConfigs> {
-        fn check(flag: &'static str, rule: &'static str, got: f64, ok: bool) -> Result<f64> {
-            if got.is_finite() && ok {
-                Ok(got)
-            } else {
-                Err(Error::PeerFlag { flag, rule, got })
-            }
-        }
-        const WEIGHT: &str = "a finite number >= 0";
-        let weight = |flag, got: f64| check(flag, WEIGHT, got, got >= 0.0);
-        let threshold = self.smg_cache_threshold;
-        let rel = self.smg_balance_rel_threshold;
-        Ok(PeerConfigs {
-            smg: SmgCacheAwareConfig {
-                cache_threshold: check(
-                    "--smg-cache-threshold",
-                    "a number in 0..=1",
-                    threshold,
-                    (0.0..=1.0).contains(&threshold),
-                )?,
-                balance_abs_threshold: self.smg_balance_abs_threshold,
-                balance_rel_threshold: check(
-                    "--smg-balance-rel-threshold",
-                    "a finite number >= 1.0",
-                    rel,
-                    rel >= 1.0,
-                )?,
-                eviction_interval: Duration::from_secs(self.smg_eviction_interval),
-                max_tree_size: self.smg_max_tree_size,
-            },
-            dynamo: DynamoKvConfig {
-                overlap_score_weight: weight(
-                    "--dynamo-overlap-score-weight",
-                    self.dynamo_overlap_score_weight,
-                )?,
-                router_temperature: weight(
-                    "--dynamo-router-temperature",
-                    self.dynamo_router_temperature,
-                )?,
-                ..DynamoKvConfig::default()
-            },
-            llmd: LlmdPrefixConfig {
-                prefix_cache_weight: weight(
-                    "--llmd-prefix-cache-weight",
-                    self.llmd_prefix_cache_weight,
-                )?,
-                queue_weight: weight("--llmd-queue-weight", self.llmd_queue_weight)?,
-                kv_cache_utilization_weight: weight(
-                    "--llmd-kv-cache-utilization-weight",
-                    self.llmd_kv_cache_utilization_weight,
-                )?,
-                ..LlmdPrefixConfig::default()
-            },
-        })
+        self.peers.configs()
     }
 
     /// The `--cache-aware-*` flags, checked.
     pub fn cache_aware_config(&self) -> Result<CacheAwareConfig> {
-        let skew = self.cache_aware_max_load_skew;
-        if !(skew.is_finite() && skew >= 1.0) {
-            return Err(Error::CacheAwareLoadSkew { got: skew });
-        }
-        let weight = self.cache_aware_compute_weight;
-        if !(weight.is_finite() && weight >= 0.0) {
-            return Err(Error::CacheAwareComputeWeight { got: weight });
-        }
-        let tpot_weight = self.cache_aware_tpot_weight;
-        if !(tpot_weight.is_finite() && tpot_weight >= 0.0) {
-            return Err(Error::CacheAwareTpotWeight { got: tpot_weight });
-        }
-        if self.cache_aware_max_hold_ms == 0 {
-            return Err(Error::CacheAwareMaxHold);
-        }
-        Ok(CacheAwareConfig {
-            compute_weight: weight,
-            tpot_weight,
-            max_load_skew: skew,
-            hold_wait: std::time::Duration::from_millis(self.cache_aware_hold_ms),
-            max_hold: std::time::Duration::from_millis(self.cache_aware_max_hold_ms),
-        })
+        self.cache_aware.config()
     }
 
     fn check_worker_timeout(&self) -> Result<()> {
@@ -353,21 +175,7 @@ impl RoutingArgs {
 
     /// The `--prefix-affinity-*` flags, checked.
     pub fn prefix_affinity_config(&self) -> Result<PrefixAffinityConfig> {
-        let skew = self.prefix_affinity_max_load_skew;
-        if !(skew.is_finite() && skew >= 1.0) {
-            return Err(Error::LoadSkew { got: skew });
-        }
-        if self.prefix_affinity_hash_tokens == 0 {
-            return Err(Error::HashTokens {
-                got: self.prefix_affinity_hash_tokens,
-            });
-        }
-        Ok(PrefixAffinityConfig {
-            hash_tokens: self.prefix_affinity_hash_tokens,
-            token_fallback: !self.prefix_affinity_disable_token_fallback,
-            fallback: self.prefix_affinity_fallback,
-            max_load_skew: skew,
-        })
+        self.prefix_affinity.config()
     }
 }
 

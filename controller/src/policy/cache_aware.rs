@@ -69,6 +69,7 @@ use super::hrw::{self, Blake2Hrw, HrwHasher};
 use super::{
     stall_tpot, Branch, KeySource, LoadBalancer, RankCost, RankSet, RouteDecision, RouteInput,
 };
+use crate::error::{Error, Result};
 
 /// `--cache-aware-*` settings. `Default` is the single source of the defaults; clap reads it.
 #[derive(Debug, Clone, PartialEq)]
@@ -104,6 +105,82 @@ impl Default for CacheAwareConfig {
             hold_wait: std::time::Duration::ZERO,
             max_hold: std::time::Duration::from_millis(1000),
         }
+    }
+}
+
+/// The `--cache-aware-*` flags (`dpserve controller` and `up` flatten them).
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct CacheAwareArgs {
+    /// cache_aware: the weight (>= 0) of the stall a request's prefill puts on each request
+    /// already active on a rank, relative to its own wait; 0 routes by the predicted time to
+    /// first token alone.
+    #[arg(long, env = "DPSERVE_CACHE_AWARE_COMPUTE_WEIGHT",
+          default_value_t = CacheAwareConfig::default().compute_weight)]
+    pub cache_aware_compute_weight: f64,
+    /// cache_aware: seconds of time to first token that one second of time per output token
+    /// is worth (>= 0; 80 is 2 s / 25 ms): a stall of a request's decode counts this much more
+    /// per token of TPOT it adds, so stalls weigh on requests with short max_new_tokens; 0:
+    /// a stall weighs the same on every request.
+    #[arg(long, env = "DPSERVE_CACHE_AWARE_TPOT_WEIGHT",
+          default_value_t = CacheAwareConfig::default().tpot_weight)]
+    pub cache_aware_tpot_weight: f64,
+    /// cache_aware: a rank is overloaded when its active requests exceed this multiple
+    /// (>= 1.0) of max(mean over live ranks, 1); the request goes to the next cheapest rank.
+    #[arg(long, env = "DPSERVE_CACHE_AWARE_MAX_LOAD_SKEW",
+          default_value_t = CacheAwareConfig::default().max_load_skew)]
+    pub cache_aware_max_load_skew: f64,
+    /// cache_aware: late binding. While every rank's predicted wait (its queued prompt tokens
+    /// over its measured prefill speed) exceeds this many milliseconds, hold requests in the
+    /// controller and dispatch each, shortest prompt first, as soon as some rank's wait drops
+    /// below it, choosing the rank with the cache and loads of that moment; 0: off.
+    #[arg(long, env = "DPSERVE_CACHE_AWARE_HOLD_MS",
+          default_value_t = CacheAwareConfig::default().hold_wait.as_millis() as u64)]
+    pub cache_aware_hold_ms: u64,
+    /// cache_aware: a held request is dispatched after this many milliseconds whatever the
+    /// waits (>= 1).
+    #[arg(long, env = "DPSERVE_CACHE_AWARE_MAX_HOLD_MS",
+          default_value_t = CacheAwareConfig::default().max_hold.as_millis() as u64)]
+    pub cache_aware_max_hold_ms: u64,
+}
+
+impl Default for CacheAwareArgs {
+    fn default() -> Self {
+        let c = CacheAwareConfig::default();
+        CacheAwareArgs {
+            cache_aware_compute_weight: c.compute_weight,
+            cache_aware_tpot_weight: c.tpot_weight,
+            cache_aware_max_load_skew: c.max_load_skew,
+            cache_aware_hold_ms: c.hold_wait.as_millis() as u64,
+            cache_aware_max_hold_ms: c.max_hold.as_millis() as u64,
+        }
+    }
+}
+
+impl CacheAwareArgs {
+    /// The settings, checked.
+    pub fn config(&self) -> Result<CacheAwareConfig> {
+        let skew = self.cache_aware_max_load_skew;
+        if !(skew.is_finite() && skew >= 1.0) {
+            return Err(Error::CacheAwareLoadSkew { got: skew });
+        }
+        let weight = self.cache_aware_compute_weight;
+        if !(weight.is_finite() && weight >= 0.0) {
+            return Err(Error::CacheAwareComputeWeight { got: weight });
+        }
+        let tpot_weight = self.cache_aware_tpot_weight;
+        if !(tpot_weight.is_finite() && tpot_weight >= 0.0) {
+            return Err(Error::CacheAwareTpotWeight { got: tpot_weight });
+        }
+        if self.cache_aware_max_hold_ms == 0 {
+            return Err(Error::CacheAwareMaxHold);
+        }
+        Ok(CacheAwareConfig {
+            compute_weight: weight,
+            tpot_weight,
+            max_load_skew: skew,
+            hold_wait: std::time::Duration::from_millis(self.cache_aware_hold_ms),
+            max_hold: std::time::Duration::from_millis(self.cache_aware_max_hold_ms),
+        })
     }
 }
 

@@ -47,6 +47,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use super::pick::{pick_best, Best};
 use super::{Branch, LoadBalancer, RankScore, RankSet, RouteDecision, RouteInput};
+use crate::error::{peer_weight, Result};
 use protocol::hash::SplitMix64;
 
 /// Predictions kept per rank: more than any rank's waiting queue holds in practice.
@@ -70,6 +71,47 @@ impl Default for DynamoKvConfig {
             router_temperature: 0.0,
             seed: 0x5eed,
         }
+    }
+}
+
+/// The `--dynamo-*` flags (`dpserve controller` and `up` flatten them).
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct DynamoKvArgs {
+    /// dynamo_kv: weight (>= 0) of the prompt blocks a rank would still compute against its
+    /// active decode blocks.
+    #[arg(long, env = "DPSERVE_DYNAMO_OVERLAP_SCORE_WEIGHT",
+          default_value_t = DynamoKvConfig::default().overlap_score_weight)]
+    pub dynamo_overlap_score_weight: f64,
+    /// dynamo_kv: softmax temperature (>= 0) over the normalised costs; 0 takes the lowest.
+    #[arg(long, env = "DPSERVE_DYNAMO_ROUTER_TEMPERATURE",
+          default_value_t = DynamoKvConfig::default().router_temperature)]
+    pub dynamo_router_temperature: f64,
+}
+
+impl Default for DynamoKvArgs {
+    fn default() -> Self {
+        let c = DynamoKvConfig::default();
+        DynamoKvArgs {
+            dynamo_overlap_score_weight: c.overlap_score_weight,
+            dynamo_router_temperature: c.router_temperature,
+        }
+    }
+}
+
+impl DynamoKvArgs {
+    /// The settings, checked.
+    pub fn config(&self) -> Result<DynamoKvConfig> {
+        Ok(DynamoKvConfig {
+            overlap_score_weight: peer_weight(
+                "--dynamo-overlap-score-weight",
+                self.dynamo_overlap_score_weight,
+            )?,
+            router_temperature: peer_weight(
+                "--dynamo-router-temperature",
+                self.dynamo_router_temperature,
+            )?,
+            ..DynamoKvConfig::default()
+        })
     }
 }
 

@@ -34,6 +34,7 @@
 
 use super::pick::{pick_best, Best};
 use super::{Branch, LoadBalancer, RankScore, RankSet, RouteDecision, RouteInput};
+use crate::error::{peer_weight, Result};
 use protocol::hash::SplitMix64;
 
 /// `--llmd-*` settings. `Default` is the single source of the defaults; clap reads it.
@@ -57,6 +58,52 @@ impl Default for LlmdPrefixConfig {
             kv_cache_utilization_weight: 1.0,
             seed: 0x11d,
         }
+    }
+}
+
+/// The `--llmd-*` flags (`dpserve controller` and `up` flatten them).
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct LlmdPrefixArgs {
+    /// llmd_prefix: weight (>= 0) of the precise prefix-cache scorer.
+    #[arg(long, env = "DPSERVE_LLMD_PREFIX_CACHE_WEIGHT",
+          default_value_t = LlmdPrefixConfig::default().prefix_cache_weight)]
+    pub llmd_prefix_cache_weight: f64,
+    /// llmd_prefix: weight (>= 0) of the queue scorer.
+    #[arg(long, env = "DPSERVE_LLMD_QUEUE_WEIGHT",
+          default_value_t = LlmdPrefixConfig::default().queue_weight)]
+    pub llmd_queue_weight: f64,
+    /// llmd_prefix: weight (>= 0) of the KV-cache-utilisation scorer.
+    #[arg(long, env = "DPSERVE_LLMD_KV_CACHE_UTILIZATION_WEIGHT",
+          default_value_t = LlmdPrefixConfig::default().kv_cache_utilization_weight)]
+    pub llmd_kv_cache_utilization_weight: f64,
+}
+
+impl Default for LlmdPrefixArgs {
+    fn default() -> Self {
+        let c = LlmdPrefixConfig::default();
+        LlmdPrefixArgs {
+            llmd_prefix_cache_weight: c.prefix_cache_weight,
+            llmd_queue_weight: c.queue_weight,
+            llmd_kv_cache_utilization_weight: c.kv_cache_utilization_weight,
+        }
+    }
+}
+
+impl LlmdPrefixArgs {
+    /// The settings, checked.
+    pub fn config(&self) -> Result<LlmdPrefixConfig> {
+        Ok(LlmdPrefixConfig {
+            prefix_cache_weight: peer_weight(
+                "--llmd-prefix-cache-weight",
+                self.llmd_prefix_cache_weight,
+            )?,
+            queue_weight: peer_weight("--llmd-queue-weight", self.llmd_queue_weight)?,
+            kv_cache_utilization_weight: peer_weight(
+                "--llmd-kv-cache-utilization-weight",
+                self.llmd_kv_cache_utilization_weight,
+            )?,
+            ..LlmdPrefixConfig::default()
+        })
     }
 }
 

@@ -18,16 +18,16 @@ mod smg_cache_aware;
 mod vllm_dp;
 
 pub use bootstrap_room::FollowBootstrapRoom;
-pub use cache_aware::{earliest_start_s, CacheAware, CacheAwareConfig};
+pub use cache_aware::{earliest_start_s, CacheAware, CacheAwareArgs, CacheAwareConfig};
 pub use clock::{Clock, ManualClock, MonotonicClock};
-pub use dynamo_kv::{DynamoKv, DynamoKvConfig};
+pub use dynamo_kv::{DynamoKv, DynamoKvArgs, DynamoKvConfig};
 pub use hrw::{Blake2Hrw, HrwHasher};
 pub use least_loaded::{TotalRequests, TotalTokens};
-pub use llmd_prefix::{LlmdPrefix, LlmdPrefixConfig};
-pub use prefix_affinity::{PrefixAffinity, PrefixAffinityConfig};
+pub use llmd_prefix::{LlmdPrefix, LlmdPrefixArgs, LlmdPrefixConfig};
+pub use prefix_affinity::{PrefixAffinity, PrefixAffinityArgs, PrefixAffinityConfig};
 pub use protocol::hash::SplitMix64;
 pub use round_robin::RoundRobin;
-pub use smg_cache_aware::{SmgCacheAware, SmgCacheAwareConfig};
+pub use smg_cache_aware::{SmgCacheAware, SmgCacheAwareArgs, SmgCacheAwareConfig};
 pub use vllm_dp::VllmDp;
 
 /// The routing vocabulary lives in `protocol::trace_event`, beside the trace events that carry it.
@@ -459,6 +459,28 @@ pub struct PeerConfigs {
     pub smg: SmgCacheAwareConfig,
     pub dynamo: DynamoKvConfig,
     pub llmd: LlmdPrefixConfig,
+}
+
+/// The peers' methods' flags, each method's declared and checked in its own file.
+#[derive(clap::Args, Debug, Clone, PartialEq, Default)]
+pub struct PeerArgs {
+    #[command(flatten)]
+    pub smg: SmgCacheAwareArgs,
+    #[command(flatten)]
+    pub dynamo: DynamoKvArgs,
+    #[command(flatten)]
+    pub llmd: LlmdPrefixArgs,
+}
+
+impl PeerArgs {
+    /// Every peer method's settings, checked.
+    pub fn configs(&self) -> crate::Result<PeerConfigs> {
+        Ok(PeerConfigs {
+            smg: self.smg.config()?,
+            dynamo: self.dynamo.config()?,
+            llmd: self.llmd.config()?,
+        })
+    }
 }
 
 impl fmt::Display for Method {

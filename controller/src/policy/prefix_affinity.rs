@@ -22,6 +22,7 @@
 
 use super::hrw::{self, Blake2Hrw, HrwHasher};
 use super::{Branch, FallbackMethod, KeySource, LoadBalancer, RankSet, RouteDecision, RouteInput};
+use crate::error::{Error, Result};
 
 /// `--prefix-affinity-*` settings. `Default` is the single source of the defaults; clap reads it.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,6 +46,62 @@ impl Default for PrefixAffinityConfig {
             fallback: FallbackMethod::default(),
             max_load_skew: 1.5,
         }
+    }
+}
+
+/// The `--prefix-affinity-*` flags (`dpserve controller` and `up` flatten them).
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct PrefixAffinityArgs {
+    /// prefix_affinity: how many leading input ids are hashed into the key of a request
+    /// without a routing key.
+    #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_HASH_TOKENS",
+          default_value_t = PrefixAffinityConfig::default().hash_tokens)]
+    pub prefix_affinity_hash_tokens: usize,
+    /// prefix_affinity: never hash the token prefix; requests without a routing key go to the
+    /// fallback method.
+    #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_DISABLE_TOKEN_FALLBACK")]
+    pub prefix_affinity_disable_token_fallback: bool,
+    /// prefix_affinity: method for requests without a key.
+    #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_FALLBACK", value_enum,
+          default_value_t = PrefixAffinityConfig::default().fallback)]
+    pub prefix_affinity_fallback: FallbackMethod,
+    /// prefix_affinity: a rank is overloaded when its active requests exceed this multiple
+    /// (>= 1.0) of max(mean over live ranks, 1); the key then spills to its next HRW choice.
+    #[arg(long, env = "DPSERVE_PREFIX_AFFINITY_MAX_LOAD_SKEW",
+          default_value_t = PrefixAffinityConfig::default().max_load_skew)]
+    pub prefix_affinity_max_load_skew: f64,
+}
+
+impl Default for PrefixAffinityArgs {
+    fn default() -> Self {
+        let c = PrefixAffinityConfig::default();
+        PrefixAffinityArgs {
+            prefix_affinity_hash_tokens: c.hash_tokens,
+            prefix_affinity_disable_token_fallback: !c.token_fallback,
+            prefix_affinity_fallback: c.fallback,
+            prefix_affinity_max_load_skew: c.max_load_skew,
+        }
+    }
+}
+
+impl PrefixAffinityArgs {
+    /// The settings, checked.
+    pub fn config(&self) -> Result<PrefixAffinityConfig> {
+        let skew = self.prefix_affinity_max_load_skew;
+        if !(skew.is_finite() && skew >= 1.0) {
+            return Err(Error::LoadSkew { got: skew });
+        }
+        if self.prefix_affinity_hash_tokens == 0 {
+            return Err(Error::HashTokens {
+                got: self.prefix_affinity_hash_tokens,
+            });
+        }
+        Ok(PrefixAffinityConfig {
+            hash_tokens: self.prefix_affinity_hash_tokens,
+            token_fallback: !self.prefix_affinity_disable_token_fallback,
+            fallback: self.prefix_affinity_fallback,
+            max_load_skew: skew,
+        })
     }
 }
 

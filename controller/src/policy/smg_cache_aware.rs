@@ -54,6 +54,7 @@ use std::time::Duration;
 use super::clock::Clock;
 use super::page_tree::{page_hashes, PageTree, PAGE_TOKENS};
 use super::{Branch, LoadBalancer, RankScore, RankSet, RouteDecision, RouteInput};
+use crate::error::{peer_flag, Result};
 
 /// `--smg-*` settings. `Default` is the single source of the defaults; clap reads it.
 #[derive(Debug, Clone, PartialEq)]
@@ -79,6 +80,72 @@ impl Default for SmgCacheAwareConfig {
             eviction_interval: Duration::from_secs(120),
             max_tree_size: 1 << 26,
         }
+    }
+}
+
+/// The `--smg-*` flags (`dpserve controller` and `up` flatten them).
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct SmgCacheAwareArgs {
+    /// smg_cache_aware: the best match in the routing-history tree wins when it covers more
+    /// than this share (0..=1) of the prompt; otherwise the least loaded rank.
+    #[arg(long, env = "DPSERVE_SMG_CACHE_THRESHOLD",
+          default_value_t = SmgCacheAwareConfig::default().cache_threshold)]
+    pub smg_cache_threshold: f64,
+    /// smg_cache_aware: loads are imbalanced (shortest queue, no affinity) when max − min
+    /// active requests exceeds this...
+    #[arg(long, env = "DPSERVE_SMG_BALANCE_ABS_THRESHOLD",
+          default_value_t = SmgCacheAwareConfig::default().balance_abs_threshold)]
+    pub smg_balance_abs_threshold: u64,
+    /// smg_cache_aware: ...and max exceeds this multiple (>= 1.0) of min.
+    #[arg(long, env = "DPSERVE_SMG_BALANCE_REL_THRESHOLD",
+          default_value_t = SmgCacheAwareConfig::default().balance_rel_threshold)]
+    pub smg_balance_rel_threshold: f64,
+    /// smg_cache_aware: seconds between evictions of the trees to --smg-max-tree-size
+    /// (0: never).
+    #[arg(long, env = "DPSERVE_SMG_EVICTION_INTERVAL",
+          default_value_t = SmgCacheAwareConfig::default().eviction_interval.as_secs())]
+    pub smg_eviction_interval: u64,
+    /// smg_cache_aware: tokens each rank's tree keeps after an eviction.
+    #[arg(long, env = "DPSERVE_SMG_MAX_TREE_SIZE",
+          default_value_t = SmgCacheAwareConfig::default().max_tree_size)]
+    pub smg_max_tree_size: u64,
+}
+
+impl Default for SmgCacheAwareArgs {
+    fn default() -> Self {
+        let c = SmgCacheAwareConfig::default();
+        SmgCacheAwareArgs {
+            smg_cache_threshold: c.cache_threshold,
+            smg_balance_abs_threshold: c.balance_abs_threshold,
+            smg_balance_rel_threshold: c.balance_rel_threshold,
+            smg_eviction_interval: c.eviction_interval.as_secs(),
+            smg_max_tree_size: c.max_tree_size,
+        }
+    }
+}
+
+impl SmgCacheAwareArgs {
+    /// The settings, checked.
+    pub fn config(&self) -> Result<SmgCacheAwareConfig> {
+        let threshold = self.smg_cache_threshold;
+        let rel = self.smg_balance_rel_threshold;
+        Ok(SmgCacheAwareConfig {
+            cache_threshold: peer_flag(
+                "--smg-cache-threshold",
+                "a number in 0..=1",
+                threshold,
+                (0.0..=1.0).contains(&threshold),
+            )?,
+            balance_abs_threshold: self.smg_balance_abs_threshold,
+            balance_rel_threshold: peer_flag(
+                "--smg-balance-rel-threshold",
+                "a finite number >= 1.0",
+                rel,
+                rel >= 1.0,
+            )?,
+            eviction_interval: Duration::from_secs(self.smg_eviction_interval),
+            max_tree_size: self.smg_max_tree_size,
+        })
     }
 }
 
