@@ -636,3 +636,40 @@ fn architecture_md_lists_every_load_balance_method() {
         "docs/ARCHITECTURE.md's method table against `dpserve controller --help`"
     );
 }
+
+#[test]
+fn architecture_md_names_every_source_file() {
+    const ARCHITECTURE_MD: &str = include_str!("../docs/ARCHITECTURE.md");
+    fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') || name == "target" || name == "third_party" {
+                continue;
+            }
+            if path.is_dir() {
+                walk(&path, out);
+            } else if name.ends_with(".rs") {
+                out.push(path);
+            }
+        }
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    walk(root, &mut files);
+    assert!(files.len() > 200, "found only {} source files", files.len());
+    let missing: Vec<String> = files
+        .iter()
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy();
+            !matches!(&*name, "mod.rs" | "lib.rs" | "main.rs")
+                && !ARCHITECTURE_MD.contains(&format!("`{name}`"))
+                && !ARCHITECTURE_MD.contains(&format!("/{name}"))
+        })
+        .map(|p| p.strip_prefix(root).unwrap().display().to_string())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/ARCHITECTURE.md's layout does not name {missing:?}"
+    );
+}
