@@ -50,6 +50,7 @@ use crate::wdtype::{Bf16, PackedElem, WeightDtype, F16};
 pub mod bf16;
 pub mod q8;
 pub use bf16::{Bf16Dot, ComputeDtype};
+pub use q8::IntDot;
 
 /// Lanes of the fixed-order reduction. Part of the numeric contract: changing it changes results.
 pub const LANES: usize = 16;

@@ -27,7 +27,7 @@ pub mod wdtype;
 
 pub use activation::{add_inplace, argmax, gelu_tanh_mul, silu_mul, softmax_weights};
 pub use attention::{attention, attention_scored, AttnShape, ScoreScale};
-pub use gemm::{dot_fixed, linear, linear_packed, Bf16Dot, ComputeDtype, PackedMatrix};
+pub use gemm::{dot_fixed, linear, linear_packed, Bf16Dot, ComputeDtype, IntDot, PackedMatrix};
 pub use linevec::{LineBuf, LineVec};
 pub use norm::rmsnorm;
 pub use path::{kernel_path, set_kernel_path, KernelPath, KernelPathError, KERNEL_PATH_ENV};

@@ -16,10 +16,13 @@
 //!      `acc[l] = fma(f32(p), dx[b] · dw[b], acc[l])` (`dx · dw` one f32 product);
 //!   3. the f32 contract's 16-lane tree (`hsum16`), then `+ bias`.
 //!
-//! Paths: AVX-512 with VNNI computes `p` with `vpdpbusd` (u8 × s8: the weights are stored offset
-//! by 128 as u8, and the accumulator starts at `-128 · Σ qx` of the lane's four, so the sum is
-//! exactly `Σ qx · qw`); every other path computes the same integers directly. The float steps
-//! are the same FMAs in the same order everywhere.
+//! Paths ([`IntDot`]): AVX-512 with VNNI computes `p` with `vpdpbusd` (u8 × s8: the weights are
+//! stored offset by 128 as u8, and the accumulator starts at `-128 · Σ qx` of the lane's four, so
+//! the sum is exactly `Σ qx · qw`); AVX2 (and AVX-512 without VNNI) with `vpmaddubsw` on `|qx|`
+//! and `qw · sign(qx)` then `vpmaddwd` by ones (as ggml's AVX2 Q8_0 dot: both factors are within
+//! ±127, so no pair sum saturates 16 bits and the sum is exact); NEON with the `dotprod`
+//! extension with `sdot` on `qx` and `qw`; every other path computes the same integers in plain
+//! code. The float steps are the same FMAs in the same order everywhere.
 //!
 //! Layout: panels of `NR` rows as the other types, `[panel][window][NR][64]` offset quants in
 //! lane order (group `g` of block half `h` at bytes `4(2g + h)`), and `[panel][window][NR][2]`
@@ -264,10 +267,51 @@ impl XPack {
     }
 }
 
-/// `y = x · Wᵀ + bias` for a Q8_0 `W`, on `path` (VNNI where `vnni` and the path allow it).
+/// The integer dot product a kernel path runs for Q8_0 (every one gives the same integers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IntDot {
+    /// `vpdpbusd` on 512-bit registers (AVX-512 with VNNI).
+    Vnni512,
+    /// `vpmaddubsw` + `vpmaddwd` on 256-bit registers (AVX2; AVX-512 without VNNI).
+    Avx2Madd,
+    /// `sdot` (aarch64 NEON with the dotprod extension).
+    NeonSdot,
+    /// Plain integer code (the portable path; NEON without dotprod).
+    Plain,
+}
+
+impl IntDot {
+    /// The one `path` runs on this CPU.
+    pub fn of(path: KernelPath) -> IntDot {
+        match path {
+            #[cfg(target_arch = "x86_64")]
+            KernelPath::Avx512 if cpu_has_vnni() => IntDot::Vnni512,
+            #[cfg(target_arch = "x86_64")]
+            KernelPath::Avx512 | KernelPath::Avx2 => IntDot::Avx2Madd,
+            #[cfg(target_arch = "aarch64")]
+            KernelPath::Neon if std::arch::is_aarch64_feature_detected!("dotprod") => {
+                IntDot::NeonSdot
+            }
+            _ => IntDot::Plain,
+        }
+    }
+
+    /// Its name in the worker's start line and the tests' logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            IntDot::Vnni512 => "vpdpbusd",
+            IntDot::Avx2Madd => "vpmaddubsw",
+            IntDot::NeonSdot => "sdot",
+            IntDot::Plain => "plain integers",
+        }
+    }
+}
+
+/// `y = x · Wᵀ + bias` for a Q8_0 `W`, on `path`: with the path's [`IntDot`] where `simd`, the
+/// plain integer code otherwise (the same numbers either way).
 pub(crate) fn linear_q8(
     path: KernelPath,
-    vnni: bool,
+    simd: bool,
     x: &[f32],
     m: usize,
     w: &PackedMatrix,
@@ -281,7 +325,11 @@ pub(crate) fn linear_q8(
     let nw = windows(k);
     let mut xs = X_PACK.take();
     xs.pack(x, m, k);
-    let vnni = vnni && path == KernelPath::Avx512 && cpu_has_vnni();
+    let dot = if simd {
+        IntDot::of(path)
+    } else {
+        IntDot::Plain
+    };
     for_each_block(m, n, bias, y, |q, pi, rows, res| {
         let xq = &xs.q[q * nw * MR * WIN..(q + 1) * nw * MR * WIN];
         let neg = &xs.neg[q * nw * MR * LANES..(q + 1) * nw * MR * LANES];
@@ -289,15 +337,17 @@ pub(crate) fn linear_q8(
         let wq = &p.quants()[pi * nw * NR * WIN..(pi + 1) * nw * NR * WIN];
         let ws = &p.scales()[pi * nw * NR * 4..(pi + 1) * nw * NR * 4];
         let panel = XPanel { q: xq, neg, d: xd };
-        if vnni {
+        match dot {
+            // SAFETY (each SIMD arm): `IntDot::of` names a kernel only where the CPU reports
+            // its features (avx512f + avx512vnni; the Avx2 or Avx512 path's avx2, fma and f16c;
+            // neon + dotprod); the slices hold `nw` whole windows of their panels.
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `vnni` holds only where the CPU reports avx512f and avx512vnni; the
-            // slices hold `nw` whole windows of their panels.
-            unsafe {
-                vnni::micro(&panel, wq, ws, nw, rows, res)
-            };
-        } else {
-            generic(path, &panel, wq, ws, nw, rows, res);
+            IntDot::Vnni512 => unsafe { vnni::micro(&panel, wq, ws, nw, rows, res) },
+            #[cfg(target_arch = "x86_64")]
+            IntDot::Avx2Madd => unsafe { avx2::micro(&panel, wq, ws, nw, rows, res) },
+            #[cfg(target_arch = "aarch64")]
+            IntDot::NeonSdot => unsafe { neon::micro(&panel, wq, ws, nw, rows, res) },
+            _ => generic(path, &panel, wq, ws, nw, rows, res),
         }
     });
     X_PACK.set(xs);
@@ -471,6 +521,192 @@ mod vnni {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    //! The AVX2 micro-kernel: a window's 16 lanes are two 256-bit halves (lanes 0–7, 8–15);
+    //! per half, `p = vpmaddwd(vpmaddubsw(|qx|, qw · sign(qx)), 1)` (exact: every factor is within
+    //! ±127), then the contract's conversion and FMA, and the tree's first step adds the halves.
+    #![allow(clippy::needless_range_loop)]
+    use super::{XPanel, LANES, MR, NR, OUT_SLOTS, WIN};
+    use crate::gemm::avx2::hsum16_pair;
+    use std::arch::x86_64::*;
+
+    /// How far ahead the W panel is prefetched, in windows (of NR × 64 bytes).
+    const PREFETCH_WINDOWS: usize = 8;
+
+    /// # Safety
+    /// avx2, fma and f16c; the slices hold `nw` windows of their panels.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn micro(
+        x: &XPanel<'_>,
+        wq: &[u8],
+        ws: &[u8],
+        nw: usize,
+        rows: usize,
+        res: &mut [f32; OUT_SLOTS],
+    ) {
+        for i in 0..rows {
+            // SAFETY: function contract; i < rows <= MR.
+            let (lo, hi) = unsafe { (half(x, wq, ws, nw, i, 0), half(x, wq, ws, nw, i, 1)) };
+            for j in 0..NR {
+                res[i * NR + j] = hsum16_pair(lo[j], hi[j]);
+            }
+        }
+    }
+
+    /// Lanes `8h .. 8h + 8` of x row `i`'s accumulators against the `NR` W rows.
+    ///
+    /// # Safety
+    /// As [`micro`]; `i < MR`, `h` 0 or 1.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline(never)]
+    unsafe fn half(
+        x: &XPanel<'_>,
+        wq: &[u8],
+        ws: &[u8],
+        nw: usize,
+        i: usize,
+        h: usize,
+    ) -> [__m256; NR] {
+        let flip = _mm256_set1_epi8(-128);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); NR];
+        for c in 0..nw {
+            if h == 0 {
+                // W streams from memory for few rows: prefetch it ahead (a hint: never faults).
+                let ahead = wq.as_ptr().wrapping_add((c + PREFETCH_WINDOWS) * NR * WIN);
+                for j in 0..NR {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(j * WIN) as *const i8);
+                }
+            }
+            let s = c * MR + i;
+            // SAFETY: slot s of window c is inside the x panel (function contract).
+            let (xv, xd) = unsafe {
+                (
+                    _mm256_loadu_si256(x.q.as_ptr().add(s * WIN + 32 * h) as *const __m256i),
+                    _mm256_loadu_ps(x.d.as_ptr().add(s * LANES + 8 * h)),
+                )
+            };
+            let ax = _mm256_sign_epi8(xv, xv);
+            for j in 0..NR {
+                let t = c * NR + j;
+                // SAFETY: as above, for the W panel.
+                let (wv, dw) = unsafe {
+                    let wv =
+                        _mm256_loadu_si256(wq.as_ptr().add(t * WIN + 32 * h) as *const __m256i);
+                    // The pair (d0, d1) in every 32-bit lane: [d0, d1, d0, d1, …] as f32.
+                    let pair = std::ptr::read_unaligned(ws.as_ptr().add(t * 4) as *const i32);
+                    (wv, _mm256_cvtph_ps(_mm_set1_epi32(pair)))
+                };
+                // The stored `qw + 128` back to `qw`, then its sign moved onto it from `qx`.
+                let sw = _mm256_sign_epi8(_mm256_xor_si256(wv, flip), xv);
+                let p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sw), ones);
+                let scale = _mm256_mul_ps(xd, dw);
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[j]);
+            }
+        }
+        acc
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    //! The NEON micro-kernel with `sdot` (the dotprod extension): a window's 16 lanes are four
+    //! 128-bit quarters; per quarter `p = sdot(0, qx, qw)` (four i8 products per i32 lane, exact),
+    //! then the contract's conversion and FMA, and the contract's tree.
+    #![allow(clippy::needless_range_loop)]
+    use super::{XPanel, LANES, MR, NR, OUT_SLOTS, WIN};
+    use crate::gemm::hsum16;
+    use std::arch::aarch64::*;
+
+    /// # Safety
+    /// neon and dotprod; the slices hold `nw` windows of their panels.
+    #[target_feature(enable = "neon,dotprod")]
+    pub(super) unsafe fn micro(
+        x: &XPanel<'_>,
+        wq: &[u8],
+        ws: &[u8],
+        nw: usize,
+        rows: usize,
+        res: &mut [f32; OUT_SLOTS],
+    ) {
+        for i in 0..rows {
+            for j in 0..NR {
+                // SAFETY: function contract; i < rows <= MR, j < NR.
+                let acc = unsafe { row_dot(x, wq, ws, nw, i, j) };
+                let mut lanes = [0f32; LANES];
+                for q in 0..4 {
+                    // SAFETY: 4 floats at 4q of the 16.
+                    unsafe { vst1q_f32(lanes.as_mut_ptr().add(4 * q), acc[q]) };
+                }
+                res[i * NR + j] = hsum16(&lanes);
+            }
+        }
+    }
+
+    /// Per 32-bit lane, the sum of its four i8 products (`sdot`; exact). Written in assembly:
+    /// Rust's `vdotq_s32` is not stable yet.
+    #[target_feature(enable = "neon,dotprod")]
+    #[inline]
+    fn sdot(x: int8x16_t, w: int8x16_t) -> int32x4_t {
+        let mut acc = vdupq_n_s32(0);
+        // SAFETY: `sdot` reads and writes only these registers; dotprod is enabled here.
+        unsafe {
+            std::arch::asm!(
+                "sdot {acc:v}.4s, {x:v}.16b, {w:v}.16b",
+                acc = inout(vreg) acc,
+                x = in(vreg) x,
+                w = in(vreg) w,
+                options(pure, nomem, nostack, preserves_flags),
+            );
+        }
+        acc
+    }
+
+    /// The 16 lane accumulators of x row `i` against W row `j`, as four quarters.
+    ///
+    /// # Safety
+    /// As [`micro`]; `i < MR`, `j < NR`.
+    #[target_feature(enable = "neon,dotprod")]
+    #[inline]
+    unsafe fn row_dot(
+        x: &XPanel<'_>,
+        wq: &[u8],
+        ws: &[u8],
+        nw: usize,
+        i: usize,
+        j: usize,
+    ) -> [float32x4_t; 4] {
+        let flip = vdupq_n_u8(0x80);
+        let mut acc = [vdupq_n_f32(0.0); 4];
+        for c in 0..nw {
+            let (s, t) = (c * MR + i, c * NR + j);
+            // SAFETY: slot s of the x panel's window c and row t of the W panel's (function
+            // contract); the scale pair's 4 bytes at 4t.
+            unsafe {
+                let pair = std::ptr::read_unaligned(ws.as_ptr().add(t * 4) as *const [u16; 2]);
+                let (d0, d1) = (
+                    crate::wdtype::f16_to_f32(pair[0]),
+                    crate::wdtype::f16_to_f32(pair[1]),
+                );
+                // [d0, d1, d0, d1]: even lanes take block 2c's scale, odd lanes block 2c + 1's.
+                let dw = vld1q_f32([d0, d1, d0, d1].as_ptr());
+                for q in 0..4 {
+                    let xv = vld1q_s8(x.q.as_ptr().add(s * WIN + 16 * q));
+                    let wv = vreinterpretq_s8_u8(veorq_u8(
+                        vld1q_u8(wq.as_ptr().add(t * WIN + 16 * q)),
+                        flip,
+                    ));
+                    let p = sdot(xv, wv);
+                    let scale = vmulq_f32(vld1q_f32(x.d.as_ptr().add(s * LANES + 4 * q)), dw);
+                    acc[q] = vfmaq_f32(acc[q], vcvtq_f32_s32(p), scale);
+                }
+            }
+        }
+        acc
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -560,14 +796,16 @@ mod tests {
                 }
             }
             for path in KernelPath::all_supported() {
-                for vnni in [false, true] {
-                    if vnni && !(path == KernelPath::Avx512 && cpu_has_vnni()) {
-                        continue;
-                    }
+                for simd in [false, true] {
+                    let dot = if simd {
+                        IntDot::of(path)
+                    } else {
+                        IntDot::Plain
+                    };
                     let mut y = vec![0f32; m * n];
-                    linear_q8(path, vnni, &x, m, &packed, Some(&bias), &mut y);
+                    linear_q8(path, simd, &x, m, &packed, Some(&bias), &mut y);
                     let same = y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "{path} vnni={vnni} m={m} n={n} k={k}");
+                    assert!(same, "{path} {} m={m} n={n} k={k}", dot.name());
                 }
             }
         }
@@ -577,6 +815,9 @@ mod tests {
     fn which_integer_dot_ran_here() {
         // Not a check of numbers: says in the test log whether VNNI was tested on this CPU.
         eprintln!("avx512_vnni on this CPU: {}", cpu_has_vnni());
+        for path in KernelPath::all_supported() {
+            eprintln!("{path}: {}", IntDot::of(path).name());
+        }
     }
 
     #[test]

@@ -124,6 +124,15 @@ impl LlamaModel {
         self.weights.embed.dtype()
     }
 
+    /// [`Self::matrix_dtype`] as the start line names it: with Q8_0, the integer dot product
+    /// `path` runs (`q8_0 (vpdpbusd)`, `q8_0 (vpmaddubsw)`, `q8_0 (sdot)`, …).
+    pub fn matrix_dtype_name(&self, path: kernels::KernelPath) -> String {
+        match self.matrix_dtype() {
+            kernels::WeightDtype::Q8_0 => format!("q8_0 ({})", kernels::IntDot::of(path).name()),
+            other => other.to_string(),
+        }
+    }
+
     /// Makes the linear layers compute in `compute` (`--compute-dtype`). For bf16 every
     /// parameter is rounded to bf16 (to nearest even), as transformers loads a model with
     /// `torch_dtype=bfloat16`: norms and biases here, the matrices by the loader.

@@ -303,7 +303,7 @@ fn log_loaded(
             rank = config.rank,
             model = %mc.model_id,
             params = mc.num_params(),
-            weight_dtype = %m.matrix_dtype(),
+            weight_dtype = %m.matrix_dtype_name(kernel_path),
             compute_dtype = %m.compute_dtype_name(kernel_path),
             weight_bytes = m.weight_bytes(),
             layers = mc.num_hidden_layers,
