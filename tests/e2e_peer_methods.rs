@@ -81,3 +81,31 @@ fn each_peer_rule_routes_as_documented_and_traces_every_ranks_terms() {
         }
     }
 }
+
+#[test]
+fn a_method_that_records_its_terms_as_data_serves_and_traces_them() {
+    // SMG's power_of_two: two ranks drawn, the one with fewer active requests; its records
+    // carry each drawn rank's terms as named numbers (`RankScore::Terms`).
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("route.jsonl");
+    let server = up("smg_power_of_two", &trace);
+    for t in 0..4 {
+        let out = generate(&server, &prompt(t), None);
+        assert!(out["meta_info"]["dp_rank"].as_u64().unwrap() < 2, "{out}");
+    }
+    let recs = records(&trace);
+    assert_eq!(recs.len(), 4, "{recs:?}");
+    for r in &recs {
+        assert_eq!(
+            (&r["method"], &r["branch"]),
+            (&json!("smg_power_of_two"), &json!("least_loaded"))
+        );
+        let scores = r["scores"].as_array().expect("scores");
+        assert_eq!(scores.len(), 2, "{r}");
+        for s in scores {
+            assert_eq!(s["rule"], "smg_power_of_two", "{r}");
+            assert_eq!(s["terms"][1][0], "active_requests", "{r}");
+            assert_eq!(s["terms"][1][1], s["cost"], "{r}");
+        }
+    }
+}

@@ -52,7 +52,7 @@ pub struct RankCost {
 
 /// A peer method's view of one rank for one request: the terms of the rule it follows, so a
 /// trace shows why the rank won (`scores` of the `routed` milestone; `rule` names the method).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "rule", rename_all = "snake_case")]
 pub enum RankScore {
     /// `vllm_dp`: `score = 4 × waiting + running`, the lowest wins.
@@ -102,6 +102,37 @@ pub enum RankScore {
         kv_cache: f64,
         score: f64,
     },
+    /// Any other method's terms, as data (written without a tag of its own: the record names
+    /// its `rule`). A method added after these four records its terms this way, and the trace
+    /// tools render them as they are: no change here or there.
+    #[serde(untagged)]
+    Terms(RankTerms),
+}
+
+/// A method's view of one rank as named numbers: what a new method records (see
+/// [`RankScore::Terms`]), so the routing vocabulary need not learn it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankTerms {
+    /// The method (`--load-balance-method`'s name).
+    pub rule: String,
+    pub rank: u32,
+    /// The terms it weighed for the rank, `(name, value)` in the order its rule states them.
+    pub terms: Vec<(String, f64)>,
+    /// What the rule ranks the rank by, lower is better (a rule where higher wins records it
+    /// negated).
+    pub cost: f64,
+}
+
+impl RankTerms {
+    /// The terms of `rule` for `rank`, ranked by `cost`.
+    pub fn new(rule: &str, rank: u32, terms: &[(&str, f64)], cost: f64) -> Self {
+        RankTerms {
+            rule: rule.to_string(),
+            rank,
+            terms: terms.iter().map(|&(n, v)| (n.to_string(), v)).collect(),
+            cost,
+        }
+    }
 }
 
 impl RankScore {
@@ -113,6 +144,7 @@ impl RankScore {
             RankScore::DynamoKv { logit, .. } => Some(logit),
             RankScore::LlmdPrefix { score, .. } => Some(-score),
             RankScore::SmgCacheAware { .. } => None,
+            RankScore::Terms(ref t) => Some(t.cost),
         }
     }
 
@@ -122,6 +154,7 @@ impl RankScore {
             | RankScore::SmgCacheAware { rank, .. }
             | RankScore::DynamoKv { rank, .. }
             | RankScore::LlmdPrefix { rank, .. } => rank,
+            RankScore::Terms(ref t) => t.rank,
         }
     }
 }
@@ -212,5 +245,51 @@ impl fmt::Display for KeySource {
             KeySource::None => "none",
             KeySource::Explicit => "explicit",
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terms_as_data_round_trip_beside_the_peers_typed_terms() {
+        let terms = RankScore::Terms(RankTerms::new(
+            "smg_power_of_two",
+            3,
+            &[("drawn", 1.0), ("active_requests", 4.0)],
+            4.0,
+        ));
+        let typed = RankScore::VllmDp {
+            rank: 1,
+            waiting: 2,
+            running: 3,
+            score: 11,
+        };
+        let json = serde_json::to_value(&terms).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"rule": "smg_power_of_two", "rank": 3,
+                "terms": [["drawn", 1.0], ["active_requests", 4.0]], "cost": 4.0})
+        );
+        for s in [terms, typed] {
+            let back: RankScore =
+                serde_json::from_value(serde_json::to_value(&s).unwrap()).unwrap();
+            assert_eq!(back, s);
+            let packed: RankScore =
+                rmp_serde::from_slice(&rmp_serde::to_vec_named(&s).unwrap()).unwrap();
+            assert_eq!(packed, s);
+        }
+        assert_eq!(
+            RankScore::Terms(RankTerms::new("x", 5, &[], -2.0)).rank(),
+            5
+        );
+        assert_eq!(
+            RankScore::Terms(RankTerms::new("x", 5, &[], -2.0)).lower_is_better(),
+            Some(-2.0)
+        );
+        // A peer's record with a field missing is not taken for terms: it is refused.
+        let broken = serde_json::json!({"rule": "vllm_dp", "rank": 1, "waiting": 2});
+        assert!(serde_json::from_value::<RankScore>(broken).is_err());
     }
 }

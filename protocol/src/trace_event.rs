@@ -17,7 +17,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::routing_terms::{Branch, KeySource, RankCost, RankLoad, RankScore};
+pub use crate::routing_terms::{Branch, KeySource, RankCost, RankLoad, RankScore, RankTerms};
 use crate::{FinishReason, ReqError, TokenOut};
 
 /// One line of a message trace.

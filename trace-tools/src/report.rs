@@ -747,4 +747,27 @@ mod tests {
             "{s}"
         );
     }
+
+    #[test]
+    fn a_method_that_records_its_terms_as_data_is_explained_from_them() {
+        // SMG's power_of_two learnt no word of the routing vocabulary: its two drawn ranks'
+        // terms are named numbers, rendered as recorded.
+        let loads = [(0, 4), (1, 1)]
+            .iter()
+            .map(|&(rank, active_requests)| RankLoad {
+                rank,
+                active_requests,
+                active_tokens: 0,
+            })
+            .collect();
+        let p = explain_peer(Method::SmgPowerOfTwo, &RankSet::new(loads), &[1, 2, 3]);
+        assert!(
+            p.contains("went to rank 1, the lowest cost by smg_power_of_two's rule: 1 (drawn ")
+                && p.contains("active_requests 1)")
+                && p.contains("the next lowest, rank 0, cost 4")
+                && p.contains("active_requests       cost")
+                && p.contains("← chosen"),
+            "{p}"
+        );
+    }
 }

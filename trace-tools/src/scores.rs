@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use protocol::route_record::RouteRecord;
-use protocol::trace_event::{Branch, RankScore};
+use protocol::trace_event::{Branch, RankScore, RankTerms};
 
 /// The sentence for a decision whose record carries scores, or `None` for any other.
 pub(super) fn sentence(r: &RouteRecord) -> Option<String> {
@@ -31,6 +31,7 @@ pub(super) fn sentence(r: &RouteRecord) -> Option<String> {
         } => Some(smg_sentence(r, rank, matched_tokens, load, branch)),
         RankScore::DynamoKv { .. } => dynamo_sentence(&d, chosen, branch),
         RankScore::LlmdPrefix { .. } => llmd_sentence(&d, chosen),
+        RankScore::Terms(ref t) => Some(terms_sentence(&d, t)),
     }
 }
 
@@ -130,6 +131,43 @@ fn llmd_sentence(d: &Decided<'_>, chosen: &RankScore) -> Option<String> {
     ))
 }
 
+/// Any other method's: its cost and named terms as recorded.
+fn terms_sentence(d: &Decided<'_>, t: &RankTerms) -> String {
+    let next = d
+        .others
+        .iter()
+        .filter_map(|s| match s {
+            RankScore::Terms(o) => Some((o.cost, o.rank)),
+            _ => None,
+        })
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .map_or(String::new(), |(c, q)| {
+            format!("; the next lowest, rank {q}, cost {}", num(c))
+        });
+    let terms: Vec<String> = t
+        .terms
+        .iter()
+        .map(|(n, v)| format!("{n} {}", num(*v)))
+        .collect();
+    let Decided { rid, rank, .. } = d;
+    format!(
+        "Request {rid} went to rank {rank}, the lowest cost by {}'s rule: {} ({}){next}.",
+        t.rule,
+        num(t.cost),
+        terms.join(", ")
+    )
+}
+
+/// A recorded term as the sentences and tables print it: whole numbers as they are, others to
+/// two decimals.
+fn num(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
 fn smg_sentence(r: &RouteRecord, rank: u32, matched: u64, load: u64, branch: Branch) -> String {
     let rid = &r.rid;
     let loads = r.scores.iter().filter_map(|s| match *s {
@@ -182,6 +220,9 @@ pub(super) fn table(r: &RouteRecord, out: &mut String) {
     let Some(first) = r.scores.first() else {
         return;
     };
+    if let RankScore::Terms(t) = first {
+        return terms_table(r, t, out, mark);
+    }
     let header = match first {
         RankScore::VllmDp { .. } => "    rank    waiting    running      score",
         RankScore::SmgCacheAware { .. } => "    rank    matched       load tree tokens",
@@ -189,6 +230,7 @@ pub(super) fn table(r: &RouteRecord, out: &mut String) {
             "    rank  cached bl prefill bl  decode bl      logit       p"
         }
         RankScore::LlmdPrefix { .. } => "    rank     prefix      queue   kv-cache      score",
+        RankScore::Terms(_) => unreachable!("rendered by terms_table"),
     };
     let _ = writeln!(out, "{header}");
     for s in &r.scores {
@@ -224,8 +266,33 @@ pub(super) fn table(r: &RouteRecord, out: &mut String) {
                 kv_cache,
                 score,
             } => format!("  {rank:>6} {prefix:>10.2} {queue:>10.2} {kv_cache:>10.2} {score:>10.2}"),
+            RankScore::Terms(ref t) => format!("  {:>6} (a {} rank)", t.rank, t.rule),
         };
         let _ = writeln!(out, "{row}{}", mark(s.rank()));
+    }
+}
+
+/// The table of a method that records its terms as data: a column per term, named as
+/// recorded (the first rank's names), then its cost.
+fn terms_table(
+    r: &RouteRecord,
+    first: &RankTerms,
+    out: &mut String,
+    mark: impl Fn(u32) -> &'static str,
+) {
+    let width = |n: &str| n.chars().count().max(10);
+    let mut header = String::from("    rank");
+    for (name, _) in &first.terms {
+        let _ = write!(header, " {name:>w$}", w = width(name));
+    }
+    let _ = writeln!(out, "{header} {:>10}", "cost");
+    for s in &r.scores {
+        let RankScore::Terms(t) = s else { continue };
+        let mut row = format!("  {:>6}", t.rank);
+        for ((name, _), (_, v)) in first.terms.iter().zip(&t.terms) {
+            let _ = write!(row, " {:>w$}", num(*v), w = width(name));
+        }
+        let _ = writeln!(out, "{row} {:>10}{}", num(t.cost), mark(t.rank));
     }
 }
 
@@ -246,5 +313,6 @@ pub(super) fn brief(s: &RankScore) -> String {
         } => format!("r{rank} {matched_tokens} matched, load {load}"),
         RankScore::DynamoKv { rank, logit, .. } => format!("r{rank} logit {logit:.2}"),
         RankScore::LlmdPrefix { rank, score, .. } => format!("r{rank} score {score:.2}"),
+        RankScore::Terms(ref t) => format!("r{} cost {}", t.rank, num(t.cost)),
     }
 }

@@ -15,6 +15,7 @@ mod pick;
 mod prefix_affinity;
 mod round_robin;
 mod smg_cache_aware;
+mod smg_power_of_two;
 mod vllm_dp;
 
 pub use bootstrap_room::FollowBootstrapRoom;
@@ -28,10 +29,11 @@ pub use prefix_affinity::{PrefixAffinity, PrefixAffinityArgs, PrefixAffinityConf
 pub use protocol::hash::SplitMix64;
 pub use round_robin::RoundRobin;
 pub use smg_cache_aware::{SmgCacheAware, SmgCacheAwareArgs, SmgCacheAwareConfig};
+pub use smg_power_of_two::SmgPowerOfTwo;
 pub use vllm_dp::VllmDp;
 
 /// The routing vocabulary lives in `protocol::trace_event`, beside the trace events that carry it.
-pub use protocol::trace_event::{Branch, KeySource, RankCost, RankLoad, RankScore};
+pub use protocol::trace_event::{Branch, KeySource, RankCost, RankLoad, RankScore, RankTerms};
 
 use std::fmt;
 
@@ -393,6 +395,9 @@ pub enum Method {
     /// llm-d's scheduler: the highest weighted sum of its precise prefix-cache (KV events),
     /// queue and KV-utilisation scorers.
     LlmdPrefix,
+    /// SMG's power_of_two: of two live ranks drawn at random, the one with fewer active
+    /// requests (the first drawn on a tie).
+    SmgPowerOfTwo,
 }
 
 impl Method {
@@ -409,6 +414,7 @@ impl Method {
             Method::SmgCacheAware => "smg_cache_aware",
             Method::DynamoKv => "dynamo_kv",
             Method::LlmdPrefix => "llmd_prefix",
+            Method::SmgPowerOfTwo => "smg_power_of_two",
         }
     }
 
@@ -448,6 +454,7 @@ impl Method {
             )),
             Method::DynamoKv => Box::new(DynamoKv::new(peers.dynamo.clone())),
             Method::LlmdPrefix => Box::new(LlmdPrefix::new(peers.llmd.clone())),
+            Method::SmgPowerOfTwo => Box::new(SmgPowerOfTwo::default()),
         }
     }
 }
@@ -559,7 +566,8 @@ mod tests {
                 "vllm_dp",
                 "smg_cache_aware",
                 "dynamo_kv",
-                "llmd_prefix"
+                "llmd_prefix",
+                "smg_power_of_two"
             ]
         );
     }

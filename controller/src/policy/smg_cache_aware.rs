@@ -328,7 +328,7 @@ mod tests {
         // Rank 0 is now the busiest by routed count, but holds 3 of the 4 pages: 0.75 > 0.3.
         let again = m.select(&req(&prompt(&[1, 2, 3, 9])), &set);
         assert_eq!((again.rank, again.branch), (0, Branch::Matched));
-        match again.scores[0] {
+        match again.scores[0].clone() {
             RankScore::SmgCacheAware {
                 matched_tokens,
                 tree_tokens,
