@@ -976,3 +976,53 @@ fn bench_sweep_finds_each_methods_capacity() {
         assert!(svg.contains("data-series=\"prefix_affinity\""));
     }
 }
+
+/// `--sweep-extend`: while a method still meets the target at the highest rate, a rate 1.5
+/// times higher is added (here once: 4 → 6 req/s); a sweep where no method meets it adds none.
+#[test]
+fn bench_sweep_extends_its_rates_while_a_method_still_meets_the_target() {
+    for (ttft_ms, want_rates) in [("600000", vec![4.0, 6.0]), ("0.001", vec![4.0])] {
+        let out = out_dir("dpsx");
+        let status = bench_launch_command(
+            out.path(),
+            &[
+                "--compare",
+                "round_robin",
+                "--gsp-num-groups",
+                "2",
+                "--gsp-prompts-per-group",
+                "2",
+                "--gsp-system-prompt-len",
+                "32",
+                "--gsp-question-len",
+                "8",
+                "--gsp-output-len",
+                "4",
+                "--sweep",
+                "4",
+                "--sweep-extend",
+                "1",
+                "--sweep-repeats",
+                "1",
+                "--slo-ttft-ms",
+                ttft_ms,
+                "--slo-itl-ms",
+                "600000",
+            ],
+        )
+        .status()
+        .expect("run dpserve bench");
+        assert!(status.success(), "dpserve bench --sweep failed: {status}");
+        let sweep: Value =
+            serde_json::from_str(&std::fs::read_to_string(out.path().join("sweep.json")).unwrap())
+                .unwrap();
+        let m = &sweep["methods"][0];
+        let rates: Vec<f64> = m["points"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["rate"].as_f64().unwrap())
+            .collect();
+        assert_eq!(rates, want_rates, "{m}");
+    }
+}

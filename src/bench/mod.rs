@@ -189,6 +189,12 @@ pub struct BenchArgs {
     /// rate whose median attainment misses the target (higher rates would too, but for noise).
     #[arg(long)]
     pub sweep_all_rates: bool,
+    /// [--sweep] While some method still meets the target at the highest rate, add up to this
+    /// many rates above it, each 1.5 times the one before, so that its capacity is measured
+    /// rather than only bounded below (default: 4 when the rates are a preset's, 0 when
+    /// --sweep names them).
+    #[arg(long, value_name = "N")]
+    pub sweep_extend: Option<usize>,
     /// [--sweep] The share of requests a rate must serve within the SLO.
     #[arg(long, default_value_t = 0.9)]
     pub slo_attainment: f64,

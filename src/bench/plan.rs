@@ -7,7 +7,7 @@ use super::launch::ServerFlags;
 use super::metrics::Slo;
 use super::mooncake::{TraceConfig, TRACE_BLOCK_TOKENS};
 use super::preset::{Preset, PresetValues, DEFAULT_GSP};
-use super::sweep::spec::SweepSpec;
+use super::sweep::spec::{SweepSpec, DEFAULT_SWEEP_EXTEND};
 use super::workload::{Dataset, GspConfig};
 use super::BenchArgs;
 
@@ -146,6 +146,11 @@ impl BenchArgs {
         let mut spec =
             SweepSpec::new(rates, preset_rates, self.sweep_repeats, self.slo_attainment)?;
         spec.all_rates = self.sweep_all_rates;
+        spec.extend = self.sweep_extend.unwrap_or(if rates.is_empty() {
+            DEFAULT_SWEEP_EXTEND
+        } else {
+            0
+        });
         Ok(Some(spec))
     }
 
@@ -562,6 +567,7 @@ mod tests {
             (3, 0.9, false)
         );
         assert_eq!(plan.num_prompts, Some(400), "the sweep's window");
+        assert_eq!(spec.extend, 4, "a preset's rates extend while a method still passes");
         let (plan, _) = parse(&["--launch", "--preset", "mooncake-8gpu"])
             .resolve()
             .unwrap();
@@ -582,8 +588,8 @@ mod tests {
         .unwrap();
         let spec = plan.sweep.unwrap();
         assert_eq!(
-            (spec.rates, spec.repeats, spec.attainment),
-            (vec![2.0, 4.0], 1, 0.95)
+            (spec.rates, spec.repeats, spec.attainment, spec.extend),
+            (vec![2.0, 4.0], 1, 0.95, 0)
         );
         assert_eq!(plan.max_concurrency, None);
     }

@@ -2,7 +2,9 @@
 //! highest request rate at which a set share of requests meets the TTFT and ITL targets).
 //!
 //! Every `--compare` method runs at every rate of `--sweep`, `--sweep-repeats` times, each run
-//! on a fresh cluster (repeat k uses seed `--seed` + k; runs go repeat by repeat, rate by rate,
+//! on a fresh cluster (and, while some method still meets the target at the highest rate, at up
+//! to `--sweep-extend` rates above it, each 1.5 times the last: 4 by default for a preset's
+//! rates, so a light trace's capacity is measured rather than bounded below) (repeat k uses seed `--seed` + k; runs go repeat by repeat, rate by rate,
 //! method by method, so a slow minute of the machine falls on every method alike). A rate is
 //! the trace's time compression for a replayed trace and `--request-rate` for a generated
 //! workload; each point also states the offered rate in requests/s.
@@ -267,44 +269,102 @@ pub fn run_sweep(
         .iter()
         .map(|m| MethodSweep {
             method: m.clone(),
-            points: spec
-                .rates
-                .iter()
-                .map(|&rate| Point {
-                    rate,
-                    offered_rps: unit.offered_rps(rate),
-                    runs: Vec::new(),
-                })
-                .collect(),
+            points: Vec::new(),
         })
         .collect();
+    let mut spec = spec.clone();
     let mut simulated = std::collections::BTreeSet::new();
+    let ctx = RunContext {
+        args,
+        plan,
+        server,
+        runtime_root: &runtime_root,
+        rt,
+        unit,
+    };
     // Rate by rate; at each, every repeat of every method still running, so a slow minute of
     // the machine falls on every method alike.
-    for (r, &rate) in spec.rates.iter().enumerate() {
-        for repeat in 0..spec.repeats {
-            let plan = unit.apply(plan, rate, repeat);
-            for sweep in sweeps
-                .iter_mut()
-                .filter(|s| spec.all_rates || !s.stopped(r, spec))
+    let mut r = 0;
+    while r < spec.rates.len() {
+        simulated.extend(run_rate(&ctx, &spec, r, &mut sweeps)?);
+        r += 1;
+        if r == spec.rates.len() && spec.extend > 0 {
+            // Past the rates asked for: go on while some method still meets the target.
+            let top = spec.rates[r - 1];
+            let next = (top * spec::EXTEND_FACTOR * 100.0).round() / 100.0;
+            if sweeps
+                .iter()
+                .any(|s| s.points[r - 1].attainment() >= spec.attainment)
             {
-                let method = &sweep.method;
-                let (run, profiles) = run_point(method, args, &plan, server, &runtime_root, rt)?;
-                simulated.extend(profiles);
+                spec.rates.push(next);
+                spec.extend -= 1;
                 eprintln!(
-                    "== {method} at {} (repeat {}/{}): {}",
-                    unit.label(rate),
-                    repeat + 1,
-                    spec.repeats,
-                    describe_run(&run)
+                    "== some method still meets the target at {}: adding {}",
+                    unit.label(top),
+                    unit.label(next)
                 );
-                sweep.points[r].runs.push(run);
             }
         }
     }
     std::fs::remove_dir_all(&runtime_root).ok();
     let simulated: Vec<&str> = simulated.iter().map(String::as_str).collect();
-    report::write_results(args, spec, unit, plan, server, &simulated, &sweeps)
+    report::write_results(args, &spec, unit, plan, server, &simulated, &sweeps)
+}
+
+/// What every run of a sweep shares.
+struct RunContext<'a> {
+    args: &'a BenchArgs,
+    plan: &'a Plan,
+    server: &'a ServerFlags,
+    runtime_root: &'a Path,
+    rt: &'a tokio::runtime::Runtime,
+    unit: RateUnit,
+}
+
+/// Every repeat of every method still running at rate `r` of `spec`: its point in each sweep;
+/// the simulated profiles the runs used.
+fn run_rate(
+    ctx: &RunContext<'_>,
+    spec: &SweepSpec,
+    r: usize,
+    sweeps: &mut [MethodSweep],
+) -> anyhow::Result<Vec<String>> {
+    let (rate, unit) = (spec.rates[r], ctx.unit);
+    for sweep in sweeps.iter_mut() {
+        sweep.points.push(Point {
+            rate,
+            offered_rps: unit.offered_rps(rate),
+            runs: Vec::new(),
+        });
+    }
+    let mut simulated = Vec::new();
+    for repeat in 0..spec.repeats {
+        let plan = unit.apply(ctx.plan, rate, repeat);
+        for sweep in sweeps
+            .iter_mut()
+            .filter(|s| spec.all_rates || !s.stopped(r, spec))
+        {
+            let method = &sweep.method;
+            let (run, profiles) = run_point(
+                method,
+                ctx.args,
+                &plan,
+                ctx.server,
+                ctx.runtime_root,
+                ctx.rt,
+            )?;
+            simulated.extend(profiles);
+            eprintln!(
+                "== {method} at {} (repeat {}/{}): {}",
+                unit.label(rate),
+                repeat + 1,
+                spec.repeats,
+                describe_run(&run)
+            );
+            sweep.points[r].runs.push(run);
+        }
+    }
+    Ok(simulated)
 }
 
 /// One run on a fresh cluster: its point, or a skipped one saying why.

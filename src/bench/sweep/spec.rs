@@ -13,7 +13,15 @@ pub struct SweepSpec {
     pub attainment: f64,
     /// Run every rate; otherwise a method stops after its first rate that misses the target.
     pub all_rates: bool,
+    /// Rates that may be added above the highest while some method still meets the target
+    /// there (`--sweep-extend`), each [`EXTEND_FACTOR`] times the one before.
+    pub extend: usize,
 }
+
+/// `--sweep-extend` when the rates are a preset's.
+pub const DEFAULT_SWEEP_EXTEND: usize = 4;
+/// Each added rate over the one before.
+pub const EXTEND_FACTOR: f64 = 1.5;
 
 impl SweepSpec {
     /// `--sweep` (empty: the preset's rates), `--sweep-repeats`, `--slo-attainment`.
@@ -49,6 +57,7 @@ impl SweepSpec {
             repeats,
             attainment,
             all_rates: false,
+            extend: 0,
         })
     }
 }
