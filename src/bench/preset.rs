@@ -22,10 +22,11 @@ pub const DEFAULT_GSP: GspConfig = GspConfig {
 /// The load-balance methods `--launch` compares when `--compare` is not given.
 pub const DEFAULT_COMPARE: &str = "round_robin,total_requests,total_tokens,prefix_affinity";
 
-/// dpserve's methods and the peers' (SGLang's own three, vLLM's, SMG's, Dynamo's, llm-d's): what
-/// the trace presets compare.
+/// dpserve's methods and the peers' (SGLang's own three, vLLM's, SMG's two, Dynamo's, llm-d's):
+/// what the trace presets compare.
 pub const EVERY_METHOD: &str = "round_robin,total_requests,total_tokens,prefix_affinity,\
-                                cache_aware,vllm_dp,smg_cache_aware,dynamo_kv,llmd_prefix";
+                                cache_aware,vllm_dp,smg_cache_aware,dynamo_kv,llmd_prefix,\
+                                smg_power_of_two";
 
 /// The default simulated profile with the context its model serves (Qwen3.5: 262k; the trace's
 /// longest prompt is 126k tokens), for the trace presets: written beside the results and given
