@@ -189,10 +189,10 @@ pub struct BenchArgs {
     /// rate whose median attainment misses the target (higher rates would too, but for noise).
     #[arg(long)]
     pub sweep_all_rates: bool,
-    /// [--sweep] While some method still meets the target at the highest rate, add up to this
-    /// many rates above it, each 1.5 times the one before, so that its capacity is measured
-    /// rather than only bounded below (default: 4 when the rates are a preset's, 0 when
-    /// --sweep names them).
+    /// [--sweep] Add up to this many rates: while some method still meets the target at the
+    /// highest rate, one 1.5 times higher (its capacity is then measured rather than bounded
+    /// below); while every method misses it at the lowest, one 1.5 times lower (default: 4
+    /// when the rates are a preset's, 0 when --sweep names them).
     #[arg(long, value_name = "N")]
     pub sweep_extend: Option<usize>,
     /// [--sweep] The share of requests a rate must serve within the SLO.

@@ -567,7 +567,10 @@ mod tests {
             (3, 0.9, false)
         );
         assert_eq!(plan.num_prompts, Some(400), "the sweep's window");
-        assert_eq!(spec.extend, 4, "a preset's rates extend while a method still passes");
+        assert_eq!(
+            spec.extend, 4,
+            "a preset's rates extend while a method still passes"
+        );
         let (plan, _) = parse(&["--launch", "--preset", "mooncake-8gpu"])
             .resolve()
             .unwrap();

@@ -2,9 +2,10 @@
 //! highest request rate at which a set share of requests meets the TTFT and ITL targets).
 //!
 //! Every `--compare` method runs at every rate of `--sweep`, `--sweep-repeats` times, each run
-//! on a fresh cluster (and, while some method still meets the target at the highest rate, at up
-//! to `--sweep-extend` rates above it, each 1.5 times the last: 4 by default for a preset's
-//! rates, so a light trace's capacity is measured rather than bounded below) (repeat k uses seed `--seed` + k; runs go repeat by repeat, rate by rate,
+//! on a fresh cluster (then at up to `--sweep-extend` more rates: 1.5 times the highest while
+//! some method still meets the target there, the lowest over 1.5 while every method misses it
+//! there; 4 by default for a preset's rates, so a trace lighter or heavier than the preset's
+//! gets its capacities measured rather than bounded) (repeat k uses seed `--seed` + k; runs go repeat by repeat, rate by rate,
 //! method by method, so a slow minute of the machine falls on every method alike). A rate is
 //! the trace's time compression for a replayed trace and `--request-rate` for a generated
 //! workload; each point also states the offered rate in requests/s.
@@ -284,31 +285,46 @@ pub fn run_sweep(
     };
     // Rate by rate; at each, every repeat of every method still running, so a slow minute of
     // the machine falls on every method alike.
-    let mut r = 0;
-    while r < spec.rates.len() {
+    for r in 0..spec.rates.len() {
         simulated.extend(run_rate(&ctx, &spec, r, &mut sweeps)?);
-        r += 1;
-        if r == spec.rates.len() && spec.extend > 0 {
-            // Past the rates asked for: go on while some method still meets the target.
-            let top = spec.rates[r - 1];
-            let next = (top * spec::EXTEND_FACTOR * 100.0).round() / 100.0;
-            if sweeps
-                .iter()
-                .any(|s| s.points[r - 1].attainment() >= spec.attainment)
-            {
-                spec.rates.push(next);
-                spec.extend -= 1;
-                eprintln!(
-                    "== some method still meets the target at {}: adding {}",
-                    unit.label(top),
-                    unit.label(next)
-                );
-            }
-        }
+    }
+    // Past the rates asked for, while the capacities are not yet measured.
+    while spec.extend > 0 {
+        let Some((r, rate, why)) = extension(&spec, &sweeps) else {
+            break;
+        };
+        eprintln!("== {why}: adding {}", unit.label(rate));
+        spec.rates.insert(r, rate);
+        spec.extend -= 1;
+        simulated.extend(run_rate(&ctx, &spec, r, &mut sweeps)?);
     }
     std::fs::remove_dir_all(&runtime_root).ok();
     let simulated: Vec<&str> = simulated.iter().map(String::as_str).collect();
     report::write_results(args, &spec, unit, plan, server, &simulated, &sweeps)
+}
+
+/// The rate to add, where, and why: 1.5 times the highest while some method still meets the
+/// target there (its capacity is only bounded below), else the lowest over 1.5 while every
+/// method misses it there (every capacity would read 0); `None` once neither holds.
+fn extension(spec: &SweepSpec, sweeps: &[MethodSweep]) -> Option<(usize, f64, &'static str)> {
+    let round = |x: f64| (x * 100.0).round() / 100.0;
+    let meets = |s: &MethodSweep, r: usize| s.points[r].attainment() >= spec.attainment;
+    let (top, low) = (spec.rates.len() - 1, spec.rates[0]);
+    if sweeps.iter().any(|s| meets(s, top)) {
+        let rate = round(spec.rates[top] * spec::EXTEND_FACTOR);
+        return Some((
+            top + 1,
+            rate,
+            "some method still meets the target at the highest rate",
+        ));
+    }
+    let lower = round(low / spec::EXTEND_FACTOR);
+    let all_miss = sweeps.iter().all(|s| !meets(s, 0));
+    (all_miss && lower > 0.0 && lower < low).then_some((
+        0,
+        lower,
+        "every method misses the target at the lowest rate",
+    ))
 }
 
 /// What every run of a sweep shares.
@@ -331,11 +347,14 @@ fn run_rate(
 ) -> anyhow::Result<Vec<String>> {
     let (rate, unit) = (spec.rates[r], ctx.unit);
     for sweep in sweeps.iter_mut() {
-        sweep.points.push(Point {
-            rate,
-            offered_rps: unit.offered_rps(rate),
-            runs: Vec::new(),
-        });
+        sweep.points.insert(
+            r,
+            Point {
+                rate,
+                offered_rps: unit.offered_rps(rate),
+                runs: Vec::new(),
+            },
+        );
     }
     let mut simulated = Vec::new();
     for repeat in 0..spec.repeats {

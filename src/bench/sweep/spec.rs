@@ -13,8 +13,9 @@ pub struct SweepSpec {
     pub attainment: f64,
     /// Run every rate; otherwise a method stops after its first rate that misses the target.
     pub all_rates: bool,
-    /// Rates that may be added above the highest while some method still meets the target
-    /// there (`--sweep-extend`), each [`EXTEND_FACTOR`] times the one before.
+    /// Rates that may be added (`--sweep-extend`): [`EXTEND_FACTOR`] times the highest while
+    /// some method still meets the target there, the lowest over it while every method misses
+    /// it there.
     pub extend: usize,
 }
 
