@@ -2,11 +2,12 @@
 //! highest request rate at which a set share of requests meets the TTFT and ITL targets).
 //!
 //! Every `--compare` method runs at every rate of `--sweep`, `--sweep-repeats` times, each run
-//! on a fresh cluster (then at up to `--sweep-extend` more rates: 1.5 times the highest while
-//! some method still meets the target there, the lowest over 1.5 while every method misses it
-//! there; 4 by default for a preset's rates, so a trace lighter or heavier than the preset's
-//! gets its capacities measured rather than bounded) (repeat k uses seed `--seed` + k; runs go repeat by repeat, rate by rate,
-//! method by method, so a slow minute of the machine falls on every method alike). A rate is
+//! on a fresh cluster (repeat k uses seed `--seed` + k; runs go repeat by repeat, rate by rate,
+//! method by method, so a slow minute of the machine falls on every method alike). Then at up
+//! to `--sweep-extend` more rates: 1.5 times the highest while some method still meets the
+//! target there, the lowest over 1.5 while every method misses it there (4 by default for a
+//! preset's rates, so a trace lighter or heavier than the preset's gets its capacities measured
+//! rather than bounded). A rate is
 //! the trace's time compression for a replayed trace and `--request-rate` for a generated
 //! workload; each point also states the offered rate in requests/s.
 //!
