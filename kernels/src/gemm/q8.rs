@@ -41,6 +41,10 @@ use crate::wdtype::f16_to_f32;
 pub const BLOCK: usize = 32;
 /// Elements of one window: two blocks, 4 per lane.
 const WIN: usize = 64;
+/// How far ahead the SIMD kernels prefetch the W panel, in windows (of NR × 64 bytes): with few
+/// x rows W streams from memory (8, 16 and 32 read alike on the machine measured).
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_WINDOWS: usize = 8;
 
 /// A Q8_0 matrix's panels, one run of bytes (owned, or viewed in a packed weight file): the
 /// offset quants, `[panel][window][NR][64]` (`q + 128`), then the scales, `[panel][window][NR][2]`
@@ -426,12 +430,9 @@ mod vnni {
     //! The AVX512-VNNI micro-kernel: per window, one `vpdpbusd` per (x row, W row) started from
     //! the x lane's `-128 · Σ qx`, then the contract's conversion and FMA.
     #![allow(clippy::needless_range_loop)]
-    use super::{XPanel, LANES, MR, NR, OUT_SLOTS, WIN};
+    use super::{XPanel, LANES, MR, NR, OUT_SLOTS, PREFETCH_WINDOWS, WIN};
     use crate::gemm::avx512::reduce16;
     use std::arch::x86_64::*;
-
-    /// How far ahead the W panel is prefetched, in windows (of NR × 64 bytes).
-    const PREFETCH_WINDOWS: usize = 8;
 
     /// # Safety
     /// avx512f and avx512vnni; the slices hold `nw` windows of their panels.
@@ -527,12 +528,9 @@ mod avx2 {
     //! per half, `p = vpmaddwd(vpmaddubsw(|qx|, qw · sign(qx)), 1)` (exact: every factor is within
     //! ±127), then the contract's conversion and FMA, and the tree's first step adds the halves.
     #![allow(clippy::needless_range_loop)]
-    use super::{XPanel, LANES, MR, NR, OUT_SLOTS, WIN};
+    use super::{XPanel, LANES, MR, NR, OUT_SLOTS, PREFETCH_WINDOWS, WIN};
     use crate::gemm::avx2::hsum16_pair;
     use std::arch::x86_64::*;
-
-    /// How far ahead the W panel is prefetched, in windows (of NR × 64 bytes).
-    const PREFETCH_WINDOWS: usize = 8;
 
     /// # Safety
     /// avx2, fma and f16c; the slices hold `nw` windows of their panels.
