@@ -52,7 +52,8 @@ pub enum Preset {
     /// Qwen3.5-122B-A10B-FP8 with a 128k context: its first 1000 requests, 512-token blocks,
     /// time compressed 4x, open loop; every method, dpserve's and the peers'. A Bailian
     /// trace (`--dataset-name bailian`) is replayed the same way; with `--sweep` (no rates),
-    /// the first 400 requests at time compressions 1, 1.5, 2 and 2.5 (the sweep at
+    /// the first 400 requests at time compressions 1, 1.5, 2 and 2.5, and up to four more
+    /// while the capacities are not yet bracketed (`--sweep-extend`; the sweep at
     /// `--sim-speed 4` unless given). With another
     /// `--dataset-name`, that workload (64 × 8 requests, system 4096 + question 128, output
     /// 256, concurrency 64) on the same ranks.
