@@ -157,10 +157,10 @@ pub enum OpenEndpoint {
 impl HttpArgs {
     /// Every accepted API key: `--api-key` and the lines of `--api-key-file`. Empty: no key
     /// is asked for.
-    pub fn api_keys(&self) -> crate::Result<Vec<String>> {
+    pub fn api_keys(&self) -> crate::error::Result<Vec<String>> {
         let mut keys: Vec<String> = self.api_key.iter().cloned().collect();
         if let Some(path) = &self.api_key_file {
-            let refused = |reason: String| crate::TokenizerError::ApiKeyFile {
+            let refused = |reason: String| crate::error::TokenizerError::ApiKeyFile {
                 path: path.clone(),
                 reason,
             };
@@ -183,17 +183,17 @@ impl HttpArgs {
 
     /// The server's TLS settings with `--ssl-certfile` and `--ssl-keyfile`; `None` without
     /// them (plain HTTP). One without the other, or a bad file, is refused.
-    pub fn tls(&self) -> crate::Result<Option<rustls::ServerConfig>> {
+    pub fn tls(&self) -> crate::error::Result<Option<rustls::ServerConfig>> {
         crate::tls::files(self.ssl_certfile.as_ref(), self.ssl_keyfile.as_ref())?
             .map(|(cert, key)| crate::tls::server_config(&cert, &key))
             .transpose()
     }
 
     /// The paths served without a key; refuses `none` beside another endpoint.
-    pub fn open_paths(&self) -> crate::Result<Vec<&'static str>> {
+    pub fn open_paths(&self) -> crate::error::Result<Vec<&'static str>> {
         let none = self.open_endpoints.contains(&OpenEndpoint::None);
         if none && self.open_endpoints.len() > 1 {
-            return Err(crate::TokenizerError::Flag {
+            return Err(crate::error::TokenizerError::Flag {
                 flag: "open-endpoints",
                 reason: "`none` cannot be listed beside an endpoint".into(),
             });

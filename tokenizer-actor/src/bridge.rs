@@ -21,8 +21,8 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::cluster_view::CONTROLLER_UNREACHABLE;
 use crate::cluster_view::{self, ClusterSnapshot, ClusterView};
+use crate::error::{Result, TokenizerError};
 use crate::registry::{self, Registry};
-use crate::{Result, TokenizerError};
 
 /// How often the reader wakes without traffic to notice shutdown.
 const READER_POLL_MS: i32 = 100;

@@ -13,8 +13,8 @@ use minijinja::{Environment, ErrorKind};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::error::{Result, TokenizerError};
 use crate::tokenizer::ModelFacts;
-use crate::{Result, TokenizerError};
 
 const TEMPLATE_NAME: &str = "chat";
 

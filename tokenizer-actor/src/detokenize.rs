@@ -9,8 +9,8 @@
 //! The emitted deltas therefore concatenate to exactly the final text. Cost per step is the
 //! decode of a short window, not of the whole output.
 
+use crate::error::Result;
 use crate::tokenizer::TextTokenizer;
-use crate::Result;
 
 /// Prompt tokens kept as left context, as SGLang's `INIT_INCREMENTAL_DETOKENIZATION_OFFSET`:
 /// enough for a decoder to know whether the first output token starts a new word.

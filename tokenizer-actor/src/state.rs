@@ -6,12 +6,13 @@ use std::sync::Arc;
 
 use protocol::builtin::MODEL_ID;
 
+use crate::args::TokenizerArgs;
 use crate::bridge::Bridge;
 use crate::chat_template::{ChatTemplate, ToolCallFormat};
+use crate::error::Result;
 use crate::http::validate::Limits;
 use crate::metrics::Metrics;
 use crate::tokenizer::{LoadedTokenizer, ModelFacts, TextTokenizer};
-use crate::{Result, TokenizerArgs};
 
 pub struct AppState {
     pub tokenizer: Box<dyn TextTokenizer>,
@@ -40,7 +41,7 @@ impl AppState {
         let mut chat_template = ChatTemplate::load(args.http.chat_template.as_deref(), &facts)?;
         if let Some(name) = &args.http.tool_call_parser {
             chat_template.tool_format = Some(ToolCallFormat::parse(name).map_err(|reason| {
-                crate::TokenizerError::Flag {
+                crate::error::TokenizerError::Flag {
                     flag: "--tool-call-parser",
                     reason,
                 }
@@ -53,7 +54,7 @@ impl AppState {
                 None,
                 args.trace_max_mb << 20,
             )
-            .map_err(|error| crate::TokenizerError::Io {
+            .map_err(|error| crate::error::TokenizerError::Io {
                 what: format!("--trace-dir {}", dir.display()),
                 error,
             })?,

@@ -19,7 +19,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, ServerConfig, SignatureScheme};
 
-use crate::{Result, TokenizerError};
+use crate::error::{Result, TokenizerError};
 
 /// The one cryptography provider of every TLS end here.
 fn provider() -> Arc<CryptoProvider> {

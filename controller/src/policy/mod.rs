@@ -481,7 +481,7 @@ pub struct PeerArgs {
 
 impl PeerArgs {
     /// Every peer method's settings, checked.
-    pub fn configs(&self) -> crate::Result<PeerConfigs> {
+    pub fn configs(&self) -> crate::error::Result<PeerConfigs> {
         Ok(PeerConfigs {
             smg: self.smg.config()?,
             dynamo: self.dynamo.config()?,

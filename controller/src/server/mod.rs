@@ -94,7 +94,7 @@ pub struct Controller {
 }
 
 impl Controller {
-    pub fn bind(ctx: &zmq::Context, config: ControllerConfig) -> crate::Result<Self> {
+    pub fn bind(ctx: &zmq::Context, config: ControllerConfig) -> crate::error::Result<Self> {
         let net = &config.transport;
         let from_tokenizer = net.bind(ctx, zmq::PULL, &config.controller_addr)?;
         let workers = net.bind(ctx, zmq::ROUTER, &config.worker_addr)?;
@@ -103,7 +103,7 @@ impl Controller {
         let tracer = match &config.trace_dir {
             Some(dir) => {
                 MessageTracer::open_capped(dir, "controller", None, config.trace_max_bytes)
-                    .map_err(|error| crate::Error::TraceDir {
+                    .map_err(|error| crate::error::Error::TraceDir {
                         path: dir.clone(),
                         error,
                     })?
@@ -159,7 +159,7 @@ impl Controller {
     }
 
     /// Serve until `stop` is set (SIGTERM/SIGINT). On the way out, tell the workers to stop.
-    pub fn run(mut self, stop: Arc<AtomicBool>) -> crate::Result<()> {
+    pub fn run(mut self, stop: Arc<AtomicBool>) -> crate::error::Result<()> {
         let mut last_tick = Instant::now();
         while !stop.load(Ordering::Relaxed) {
             let (tok_ready, workers_ready) = {
@@ -170,7 +170,7 @@ impl Controller {
                 match zmq::poll(&mut items, TICK.as_millis() as i64) {
                     Ok(_) => (items[0].is_readable(), items[1].is_readable()),
                     Err(zmq::Error::EINTR) => continue,
-                    Err(e) => return Err(crate::Error::Poll(e)),
+                    Err(e) => return Err(crate::error::Error::Poll(e)),
                 }
             };
             if workers_ready {

@@ -11,10 +11,11 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use protocol::{EmbedReq, FinishReason, Message, TokenOut};
 use serde_json::{json, Value};
 
-use super::body::{self, EncodeIds, EncodeText, Prompt, Prompts};
+use super::body;
 use super::error::ApiError;
 use super::generate::{header_inputs, random_rid, read_body};
 use super::inflight::register;
+use super::schema::fields::{EncodeIds, EncodeText, Prompt, Prompts};
 use super::schema::requests::{EmbeddingRequest, EncodeRequest};
 use super::validate::{self, HeaderInputs, Limits};
 use super::validation_error::ValidationError;

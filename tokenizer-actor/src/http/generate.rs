@@ -18,9 +18,9 @@ use bytes::Bytes;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
-use super::body::Prompt;
 use super::error::ApiError;
 use super::inflight::{submit, Chunk, InFlight, Submission};
+use super::schema::fields::Prompt;
 use super::sse;
 use super::validate::{self, HeaderInputs};
 use crate::state::AppState;
@@ -211,7 +211,7 @@ pub enum StreamForm {
 }
 
 impl StreamForm {
-    pub fn of(http: &crate::HttpArgs) -> StreamForm {
+    pub fn of(http: &crate::args::HttpArgs) -> StreamForm {
         if http.incremental_streaming_output {
             StreamForm::Incremental
         } else {

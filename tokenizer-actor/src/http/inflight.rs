@@ -303,7 +303,7 @@ impl InFlight {
 
     fn chunk(&mut self, mut out: TokenOut) -> Result<Chunk, ApiError> {
         let tok = &*self.state.tokenizer;
-        let decode_err = |e: crate::TokenizerError| ApiError::internal(e.to_string());
+        let decode_err = |e: crate::error::TokenizerError| ApiError::internal(e.to_string());
         let mut raw = self.detok.push(tok, &out.output_ids).map_err(decode_err)?;
         let worker_finished = out.finish_reason.is_some();
         if worker_finished {

@@ -300,9 +300,9 @@ mod tests {
     /// The limits written on the request types are the parsers' own.
     #[test]
     fn documented_limits_are_the_parsers_constants() {
-        use crate::http::body::MAX_STOP_STRINGS;
         use crate::http::embeddings::MAX_EMBED_INPUTS;
         use crate::http::openai::params::MAX_N;
+        use crate::http::schema::fields::MAX_STOP_STRINGS;
         use crate::http::validate::MAX_TOP_LOGPROBS_NUM;
         let doc = document();
         let s = &doc["components"]["schemas"];

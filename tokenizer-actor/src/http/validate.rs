@@ -5,8 +5,9 @@
 
 use protocol::{Constraint, SamplingParams};
 
-use super::body::{self, OneIds, OneText, Prompt};
+use super::body;
 use super::error::ApiError;
+use super::schema::fields::{OneIds, OneText, Prompt};
 use super::schema::requests::{GenerateRequest, GenerateSamplingParams, Routing};
 use super::validation_error::ValidationError;
 

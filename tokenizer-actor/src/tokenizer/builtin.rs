@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use protocol::builtin::{BOS_ID, CONTEXT_LEN, EOS_ID, UNK_ID, VOCAB_SIZE};
 
 use super::{ModelFacts, TextTokenizer};
-use crate::Result;
+use crate::error::Result;
 
 const SPECIALS: [&str; 3] = ["<unk>", "<s>", "</s>"];
 /// Split off words when encoding, and tokens of their own.

@@ -7,7 +7,7 @@ use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use super::{LoadedTokenizer, ModelFacts, TextTokenizer};
-use crate::{Result, TokenizerError};
+use crate::error::{Result, TokenizerError};
 
 /// Used only when neither config names a context length; small enough to be safe for the
 /// Llama-family models this serves.

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 pub use builtin::BuiltinTokenizer;
 pub use hf::HfTokenizer;
 
-use crate::Result;
+use crate::error::Result;
 
 /// Encode and decode as the model expects. Implementations are shared by every HTTP worker
 /// thread, hence `Send + Sync`.

@@ -25,10 +25,10 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use protocol::FinishReason;
 use serde_json::{json, Value};
 
-use super::body::Prompt;
 use super::error::ApiError;
 use super::generate::{header_inputs, random_rid, read_body};
 use super::inflight::{submit, InFlight, Submission, Usage};
+use super::schema::fields::Prompt;
 use super::validate;
 use super::validation_error::ValidationError;
 use crate::state::AppState;

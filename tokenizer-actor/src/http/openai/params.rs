@@ -12,8 +12,9 @@ use protocol::SamplingParams;
 use serde_json::Value;
 
 use crate::chat_template::ChatMessage;
-use crate::http::body::{self, Prompt};
+use crate::http::body;
 use crate::http::error::ApiError;
+use crate::http::schema::fields::Prompt;
 use crate::http::schema::requests::{
     ChatCompletionRequest, ChatMessage as RequestMessage, CompletionRequest, OpenAiSampling,
 };

@@ -1,6 +1,8 @@
 //! The HTTP API's request and response bodies as types, for the OpenAPI document
-//! (`super::openapi`). Requests in `requests`, responses in `responses`.
+//! (`super::openapi`). Requests in `requests`, responses in `responses`, the union-typed fields
+//! both read and describe in `fields`.
 
+pub mod fields;
 pub mod requests;
 pub mod responses;
 

@@ -11,10 +11,10 @@ use utoipa::openapi::schema::Schema;
 use utoipa::openapi::RefOr;
 use utoipa::ToSchema;
 
-use super::literal;
-use crate::http::body::{
+use super::fields::{
     flat, wide_f32, Content, EncodeIds, EncodeText, LogitBias, OneIds, OneText, Prompts, Stop,
 };
+use super::literal;
 
 /// A token id: a u32 (the vocabulary bound is the model's, checked per request: 400).
 fn token_id() -> serde_json::Value {
