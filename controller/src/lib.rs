@@ -114,9 +114,9 @@ impl ControllerArgs {
         let routing = &self.routing;
         routing.check_worker_timeout()?;
         // Validated whatever the method, so a typo surfaces before someone switches to it.
-        let prefix_affinity = routing.prefix_affinity_config()?;
-        let cache_aware = routing.cache_aware_config()?;
-        let peers = routing.peer_configs()?;
+        let prefix_affinity = routing.prefix_affinity.config()?;
+        let cache_aware = routing.cache_aware.config()?;
+        let peers = routing.peers.configs()?;
         let controller_addr = addr("controller-addr", &self.controller_addr, "controller")?;
         let worker_addr = addr("worker-addr", &self.worker_addr, "worker")?;
         let tokenizer_addr = addr("tokenizer-addr", &self.tokenizer_addr, "tokenizer")?;
@@ -149,19 +149,9 @@ impl RoutingArgs {
     /// starts anything).
     pub fn check(&self) -> Result<()> {
         self.check_worker_timeout()?;
-        self.cache_aware_config()?;
-        self.peer_configs()?;
-        self.prefix_affinity_config().map(|_| ())
-    }
-
-    /// The `--smg-*`, `--dynamo-*` and `--llmd-*` flags, checked.
-    pub fn peer_configs(&self) -> Result<PeerConfigs> {
-        self.peers.configs()
-    }
-
-    /// The `--cache-aware-*` flags, checked.
-    pub fn cache_aware_config(&self) -> Result<CacheAwareConfig> {
-        self.cache_aware.config()
+        self.cache_aware.config()?;
+        self.peers.configs()?;
+        self.prefix_affinity.config().map(|_| ())
     }
 
     fn check_worker_timeout(&self) -> Result<()> {
@@ -171,11 +161,6 @@ impl RoutingArgs {
             });
         }
         Ok(())
-    }
-
-    /// The `--prefix-affinity-*` flags, checked.
-    pub fn prefix_affinity_config(&self) -> Result<PrefixAffinityConfig> {
-        self.prefix_affinity.config()
     }
 }
 

@@ -266,7 +266,8 @@ pub(super) fn table(r: &RouteRecord, out: &mut String) {
                 kv_cache,
                 score,
             } => format!("  {rank:>6} {prefix:>10.2} {queue:>10.2} {kv_cache:>10.2} {score:>10.2}"),
-            RankScore::Terms(ref t) => format!("  {:>6} (a {} rank)", t.rank, t.rule),
+            // A record's scores are all of one rule: terms as data are `terms_table`'s.
+            RankScore::Terms(_) => continue,
         };
         let _ = writeln!(out, "{row}{}", mark(s.rank()));
     }

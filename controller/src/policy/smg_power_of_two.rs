@@ -17,7 +17,9 @@
 //!
 //! Cost: O(1) per decision (the two draws; a redraw while they coincide, expected < 2).
 
-use super::{Branch, LoadBalancer, RankScore, RankSet, RankTerms, RouteDecision, RouteInput};
+use super::{
+    Branch, LoadBalancer, RankLoad, RankScore, RankSet, RankTerms, RouteDecision, RouteInput,
+};
 use protocol::hash::SplitMix64;
 
 /// The method's name, as its records carry it.
@@ -56,7 +58,7 @@ impl LoadBalancer for SmgPowerOfTwo {
         } else {
             lb.rank
         };
-        let terms = |l: crate::policy::RankLoad, order: f64| {
+        let terms = |l: RankLoad, order: f64| {
             let load = l.active_requests as f64;
             RankScore::Terms(RankTerms::new(
                 RULE,
@@ -76,7 +78,6 @@ impl LoadBalancer for SmgPowerOfTwo {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::RankLoad;
 
     fn ranks(active: &[u64]) -> RankSet {
         RankSet::new(
