@@ -65,19 +65,16 @@ pub async fn generate(
     validate::check_limits(
         &input_ids,
         &input.sampling,
-        input.routed_dp_rank,
+        input.dispatch.routed_dp_rank,
         &state.limits().await,
     )?;
 
     let sub = Submission {
-        rid: input.rid.clone().unwrap_or_else(random_rid),
+        rid: input.dispatch.rid.clone().unwrap_or_else(random_rid),
         input_ids,
         sampling: input.sampling,
         stop: input.stop,
         stream: input.stream,
-        routing_key: input.routing_key,
-        routed_dp_rank: input.routed_dp_rank,
-        bootstrap_room: input.bootstrap_room,
         return_logprob: input.return_logprob,
         top_logprobs_num: if input.return_logprob {
             input.top_logprobs_num
@@ -85,7 +82,7 @@ pub async fn generate(
             0
         },
         received_at,
-        return_routing: input.return_routing,
+        dispatch: input.dispatch,
     };
     let mut inflight = submit(&state, sub, started).await?;
     let lp = LogprobShape {

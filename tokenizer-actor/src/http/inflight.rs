@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::error::ApiError;
+use super::validate::Dispatch;
 use crate::bridge::{RegisterError, RequestGuard};
 use crate::detokenize::IncrementalDetokenizer;
 use crate::metrics::{Finished, RefusalReason};
@@ -27,16 +28,13 @@ pub struct Submission {
     /// Stop strings, applied here (the worker sees token ids only).
     pub stop: Vec<String>,
     pub stream: bool,
-    pub routing_key: Option<String>,
-    pub routed_dp_rank: Option<u32>,
-    pub bootstrap_room: Option<u64>,
     pub return_logprob: bool,
     /// With `return_logprob`: alternatives per output token (0: none).
     pub top_logprobs_num: u32,
     /// Unix seconds when the HTTP request arrived.
     pub received_at: f64,
-    /// Answer the routing decision (`meta_info.routing`, an OpenAI choice's `routing`).
-    pub return_routing: bool,
+    /// Where it goes and what its client learns of it (routing, room, `return_routing`).
+    pub dispatch: Dispatch,
 }
 
 /// Register the rid, send the request to the controller and return its [`InFlight`].
@@ -118,23 +116,21 @@ fn to_wire(sub: Submission, state: &AppState) -> GenerateReq {
             }
         }
     }
-    GenerateReq {
+    // The rest is not the tokenizer's to set: the controller numbers `dispatch_seq`, pairs
+    // `disagg` in a disaggregated deployment and answers `routing` when asked; the bridge
+    // numbers `submission_seq` as it sends the request.
+    let mut req = GenerateReq {
         rid: sub.rid,
         input_ids: sub.input_ids,
         sampling,
         stream: sub.stream,
-        routing_key: sub.routing_key,
-        routed_dp_rank: sub.routed_dp_rank,
-        bootstrap_room: sub.bootstrap_room,
         return_logprob: sub.return_logprob,
         top_logprobs_num: sub.top_logprobs_num,
         received_at: sub.received_at,
-        dispatch_seq: 0,      // the controller numbers it
-        disagg: None,         // the controller pairs it in a disaggregated deployment
-        submission_seq: None, // the bridge numbers it as it sends it
-        return_routing: sub.return_routing,
-        routing: Vec::new(), // the controller's decision, when asked for
-    }
+        ..GenerateReq::default()
+    };
+    sub.dispatch.write(&mut req);
+    req
 }
 
 /// The routing records as the client reads them: the decision's record (the routing trace's

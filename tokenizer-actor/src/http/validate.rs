@@ -3,12 +3,12 @@
 //! that need the token ids or the cluster view are in [`check_limits`]; what every endpoint
 //! shares (rid, routing, sampling ranges) is here too.
 
-use protocol::{Constraint, SamplingParams};
+use protocol::{Constraint, GenerateReq, SamplingParams};
 
 use super::body;
 use super::error::ApiError;
 use super::schema::fields::{OneIds, OneText, Prompt};
-use super::schema::requests::{GenerateRequest, GenerateSamplingParams, Routing};
+use super::schema::requests::{DispatchFields, GenerateRequest, GenerateSamplingParams, Routing};
 use super::validation_error::ValidationError;
 
 /// A syntactically valid `/generate` request, before tokenization.
@@ -19,17 +19,59 @@ pub struct GenerateInput {
     /// `sampling_params.stop`: stop strings, applied by the tokenizer.
     pub stop: Vec<String>,
     pub stream: bool,
-    pub routing_key: Option<String>,
-    pub routed_dp_rank: Option<u32>,
-    pub bootstrap_room: Option<u64>,
     pub return_logprob: bool,
     /// With `return_logprob`: alternatives per output token (`top_logprobs_num`).
     pub top_logprobs_num: u32,
     /// Put each token's text in the logprob entries instead of null.
     pub return_text_in_logprobs: bool,
+    pub dispatch: Dispatch,
+}
+
+/// Where a request goes and what its client learns of it, checked: the same on every
+/// endpoint that generates on a rank, read from the body's [`DispatchFields`] and the
+/// headers, carried whole by the endpoints and put on the wire by [`Dispatch::write`]. A new
+/// field of this kind is added to those two types and to `write`, nowhere else.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Dispatch {
+    /// The client's request id, if it chose one (a batch or `n` > 1 derives its rids from it).
     pub rid: Option<String>,
-    /// Answer the routing decision in `meta_info.routing`.
+    pub routing_key: Option<String>,
+    pub routed_dp_rank: Option<u32>,
+    pub bootstrap_room: Option<u64>,
+    /// Answer the routing decision (`meta_info.routing`, an OpenAI choice's `routing`).
     pub return_routing: bool,
+}
+
+impl DispatchFields {
+    /// The fields checked, the headers over the body.
+    pub fn check(self, headers: &HeaderInputs) -> Result<Dispatch, ApiError> {
+        let return_routing = return_routing(self.return_routing, headers)?;
+        let (routing_key, routed_dp_rank) = self.routing.resolve(headers)?;
+        Ok(Dispatch {
+            rid: check_rid(self.rid)?,
+            routing_key,
+            routed_dp_rank,
+            bootstrap_room: self.bootstrap_room,
+            return_routing,
+        })
+    }
+}
+
+impl Dispatch {
+    /// Puts these fields on `req` (whose `rid` is the submission's own).
+    pub fn write(&self, req: &mut GenerateReq) {
+        let Dispatch {
+            rid: _,
+            routing_key,
+            routed_dp_rank,
+            bootstrap_room,
+            return_routing,
+        } = self;
+        req.routing_key = routing_key.clone();
+        req.routed_dp_rank = *routed_dp_rank;
+        req.bootstrap_room = *bootstrap_room;
+        req.return_routing = *return_routing;
+    }
 }
 
 /// The header that asks for the routing decision in the answer.
@@ -104,9 +146,7 @@ pub fn parse_generate(body: &[u8], headers: &HeaderInputs) -> Result<GenerateInp
             (generate_sampling(sp)?, stop)
         }
     };
-    let return_routing = return_routing(body.return_routing, headers)?;
-    let (routing_key, routed_dp_rank) = body.routing.resolve(headers)?;
-    let rid = check_rid(body.rid)?;
+    let dispatch = body.dispatch.check(headers)?;
     let top_logprobs_num = body.top_logprobs_num.unwrap_or(0);
     if top_logprobs_num > MAX_TOP_LOGPROBS_NUM {
         return Err(ValidationError::TopLogprobsNum {
@@ -121,14 +161,10 @@ pub fn parse_generate(body: &[u8], headers: &HeaderInputs) -> Result<GenerateInp
         sampling,
         stop,
         stream: body.stream.unwrap_or(false),
-        routing_key,
-        routed_dp_rank,
-        bootstrap_room: body.bootstrap_room,
         return_logprob: body.return_logprob.unwrap_or(false),
         top_logprobs_num,
         return_text_in_logprobs: body.return_text_in_logprobs.unwrap_or(false),
-        rid,
-        return_routing,
+        dispatch,
     })
 }
 
@@ -597,7 +633,7 @@ mod tests {
         assert_eq!(input.sampling.max_new_tokens, 4);
         assert_eq!(input.sampling.top_k, -1);
         assert!(input.stream);
-        assert_eq!(input.routed_dp_rank, None);
+        assert_eq!(input.dispatch.routed_dp_rank, None);
         let input =
             parse(r#"{"text": "hi", "sampling_params": {"stop": "x", "logit_bias": {"7": -100}}}"#)
                 .unwrap();
@@ -612,7 +648,7 @@ mod tests {
                 return_routing: header.map(str::to_string),
                 ..Default::default()
             };
-            parse_generate(body.as_bytes(), &headers).map(|i| i.return_routing)
+            parse_generate(body.as_bytes(), &headers).map(|i| i.dispatch.return_routing)
         };
         assert_eq!(with(None, r#"{"text": "a"}"#), Ok(false));
         assert_eq!(
@@ -640,10 +676,10 @@ mod tests {
         };
         let body = r#"{"input_ids": [1, 2], "routing_key": "b", "routed_dp_rank": 1}"#;
         let input = parse_generate(body.as_bytes(), &headers).unwrap();
-        assert_eq!(input.routing_key.as_deref(), Some("h"));
-        assert_eq!(input.routed_dp_rank, Some(3));
+        assert_eq!(input.dispatch.routing_key.as_deref(), Some("h"));
+        assert_eq!(input.dispatch.routed_dp_rank, Some(3));
         let input = parse(r#"{"input_ids": [1], "data_parallel_rank": 2}"#).unwrap();
-        assert_eq!(input.routed_dp_rank, Some(2));
+        assert_eq!(input.dispatch.routed_dp_rank, Some(2));
         let bad = HeaderInputs {
             dp_rank: Some("two".into()),
             ..Default::default()
@@ -663,7 +699,11 @@ mod tests {
             };
             let body = r#"{"input_ids": [1, 2], "routing_key": "b"}"#;
             let input = parse_generate(body.as_bytes(), &headers).unwrap();
-            assert_eq!(input.routing_key.as_deref(), Some("b"), "header {empty:?}");
+            assert_eq!(
+                input.dispatch.routing_key.as_deref(),
+                Some("b"),
+                "header {empty:?}"
+            );
         }
     }
 
@@ -703,8 +743,8 @@ mod tests {
         ];
         for (body, ids, status, want) in cases {
             let input = input(body);
-            let err =
-                check_limits(ids, &input.sampling, input.routed_dp_rank, &limits).expect_err(body);
+            let err = check_limits(ids, &input.sampling, input.dispatch.routed_dp_rank, &limits)
+                .expect_err(body);
             assert_eq!(err.status, *status, "{body}");
             assert!(err.message.contains(want), "{body}: {}", err.message);
         }
@@ -712,7 +752,7 @@ mod tests {
             r#"{"input_ids": [1], "routed_dp_rank": 1, "sampling_params": {"max_new_tokens": 7}}"#,
         );
         let check = |ids: &[u32], limits: &Limits| {
-            check_limits(ids, &ok.sampling, ok.routed_dp_rank, limits)
+            check_limits(ids, &ok.sampling, ok.dispatch.routed_dp_rank, limits)
         };
         assert!(check(&[1, 2, 3], &limits).is_ok());
         let none_live = Limits {

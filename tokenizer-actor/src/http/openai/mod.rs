@@ -155,6 +155,7 @@ async fn serve(
         Kind::Chat => "chatcmpl-",
     };
     let id = r
+        .dispatch
         .rid
         .clone()
         .unwrap_or_else(|| format!("{prefix}{}", random_rid()));
@@ -229,13 +230,10 @@ fn submission(
         sampling,
         stop: r.stop.clone(),
         stream: r.stream,
-        routing_key: r.routing_key.clone(),
-        routed_dp_rank: r.routed_dp_rank,
-        bootstrap_room: r.bootstrap_room,
         return_logprob: r.logprobs,
         top_logprobs_num: if r.logprobs { r.top_logprobs } else { 0 },
         received_at,
-        return_routing: r.return_routing,
+        dispatch: r.dispatch.clone(),
     }
 }
 

@@ -52,12 +52,7 @@ pub struct OpenAiRequest {
     /// `top_logprobs`).
     pub top_logprobs: u32,
     pub echo: bool,
-    pub routing_key: Option<String>,
-    pub routed_dp_rank: Option<u32>,
-    /// Answer each choice's routing decision (`routing` on the choice).
-    pub return_routing: bool,
-    pub bootstrap_room: Option<u64>,
-    pub rid: Option<String>,
+    pub dispatch: validate::Dispatch,
     pub prompts: Vec<Prompt>,
     pub messages: Vec<ChatMessage>,
     pub add_generation_prompt: bool,
@@ -181,8 +176,7 @@ fn shared(s: OpenAiSampling, own: Own, headers: &HeaderInputs) -> Result<OpenAiR
             sampling.constraint = Some(c);
         }
     }
-    let return_routing = validate::return_routing(s.return_routing, headers)?;
-    let (routing_key, routed_dp_rank) = s.routing.resolve(headers)?;
+    let dispatch = s.dispatch.check(headers)?;
     let echo = own.echo.unwrap_or(false);
     if echo && own.kind == Kind::Chat {
         return Err(refuse("echo", "echo on chat completions"));
@@ -198,11 +192,7 @@ fn shared(s: OpenAiSampling, own: Own, headers: &HeaderInputs) -> Result<OpenAiR
         logprobs: own.logprobs.0,
         top_logprobs: own.logprobs.1,
         echo,
-        routing_key,
-        routed_dp_rank,
-        return_routing,
-        bootstrap_room: s.bootstrap_room,
-        rid: validate::check_rid(s.rid)?,
+        dispatch,
         prompts: Vec::new(),
         messages: Vec::new(),
         add_generation_prompt: false,
@@ -380,13 +370,13 @@ pub(super) fn prompt_sampling(
     if r.max_tokens.is_none() {
         sampling.max_new_tokens = limits.context_len.saturating_sub(ids.len()).max(1) as u32;
     }
-    validate::check_limits(ids, &sampling, r.routed_dp_rank, limits).map_err(|e| {
-        match (e.param.as_deref(), kind) {
+    validate::check_limits(ids, &sampling, r.dispatch.routed_dp_rank, limits).map_err(
+        |e| match (e.param.as_deref(), kind) {
             (Some("input_ids"), _) => e.with_param("prompt"),
             (Some("max_tokens"), Kind::Chat) => e.with_param("max_completion_tokens"),
             _ => e,
-        }
-    })?;
+        },
+    )?;
     Ok(sampling)
 }
 
@@ -662,7 +652,7 @@ mod tests {
         assert_eq!(r.sampling.max_new_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS);
         assert_eq!((r.sampling.top_k, r.sampling.seed), (1, Some(5)));
         assert_eq!(r.sampling.logit_bias, vec![(7, -100.0)]);
-        assert_eq!(r.routed_dp_rank, Some(1));
+        assert_eq!(r.dispatch.routed_dp_rank, Some(1));
         let r = parse_as(Kind::Completions, r#"{"prompt": [[1, 2], [3]]}"#).unwrap();
         assert_eq!(
             r.prompts,

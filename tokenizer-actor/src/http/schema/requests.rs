@@ -212,16 +212,26 @@ pub struct GenerateRequest {
     /// Answer as server-sent events.
     pub stream: Option<bool>,
     #[serde(flatten, deserialize_with = "flat")]
-    pub routing: Routing,
-    /// Answer the routing decision in `meta_info.routing` (the `x-dpserve-return-routing`
-    /// header wins).
-    pub return_routing: Option<bool>,
-    #[schema(minimum = 0, maximum = 18446744073709551615_u64)]
-    pub bootstrap_room: Option<u64>,
+    pub dispatch: DispatchFields,
     pub return_logprob: Option<bool>,
     #[schema(minimum = 0, maximum = 20)]
     pub top_logprobs_num: Option<u32>,
     pub return_text_in_logprobs: Option<bool>,
+}
+
+/// Where the request goes and what its client learns of it, the same on `/generate` and both
+/// OpenAI endpoints.
+// Checked into `validate::Dispatch`, which the endpoints carry whole to the wire: a new field
+// of this kind is added here, there and in `Dispatch::write`.
+#[derive(Deserialize, ToSchema)]
+pub struct DispatchFields {
+    #[serde(flatten, deserialize_with = "flat")]
+    pub routing: Routing,
+    /// Answer the routing decision: `/generate` in `meta_info.routing`, the OpenAI endpoints
+    /// in each choice's `routing` (the `x-dpserve-return-routing` header wins).
+    pub return_routing: Option<bool>,
+    #[schema(minimum = 0, maximum = 18446744073709551615_u64)]
+    pub bootstrap_room: Option<u64>,
     #[schema(schema_with = rid)]
     pub rid: Option<String>,
 }
@@ -272,14 +282,7 @@ pub struct OpenAiSampling {
     #[allow(dead_code)]
     pub user: Option<String>,
     #[serde(flatten, deserialize_with = "flat")]
-    pub routing: Routing,
-    /// Answer each choice's routing decision in its `routing` (the `x-dpserve-return-routing`
-    /// header wins).
-    pub return_routing: Option<bool>,
-    #[schema(minimum = 0, maximum = 18446744073709551615_u64)]
-    pub bootstrap_room: Option<u64>,
-    #[schema(schema_with = rid)]
-    pub rid: Option<String>,
+    pub dispatch: DispatchFields,
     /// SGLang's: answer `sglext.cached_tokens_details` (when some prompt token was cached).
     pub return_cached_tokens_details: Option<bool>,
     /// Chat: functions the model may call (`{"type": "function", "function": {"name",
