@@ -18,6 +18,8 @@ pub enum Error {
     CacheAwareComputeWeight { got: f64 },
     #[error("--cache-aware-tpot-weight must be a finite number >= 0, got {got}")]
     CacheAwareTpotWeight { got: f64 },
+    #[error("--cache-aware-work-weight must be a finite number >= 0, got {got}")]
+    CacheAwareWorkWeight { got: f64 },
     #[error("--cache-aware-max-hold-ms must be at least 1")]
     CacheAwareMaxHold,
     /// A peer method's flag out of its range (`--smg-*`, `--dynamo-*`, `--llmd-*`).

@@ -363,6 +363,10 @@ mod tests {
                 &["--cache-aware-tpot-weight=-1"],
                 "--cache-aware-tpot-weight",
             ),
+            (
+                &["--cache-aware-work-weight", "inf"],
+                "--cache-aware-work-weight",
+            ),
             (&["--smg-cache-threshold", "1.5"], "--smg-cache-threshold"),
             (
                 &["--smg-balance-rel-threshold", "0.9"],

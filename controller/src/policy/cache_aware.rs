@@ -17,9 +17,10 @@
 //! S(r)        = Σ s(x) over the requests active on r (the controller's in-flight ledger)
 //! cost(r)     = backlog(r) / rate(r) × (1 + t × s(req))
 //!               └ wait for the line, or its stall of this request's decode ┘
-//!             + (1 + w × (active(r) + t × S(r))) × uncached(r) / rate(r)
-//!               └ its own prefill, and the stall that prefill puts on each request already
-//!                 there, the more for short answers (w: --cache-aware-compute-weight,
+//!             + (1 + k + w × (active(r) + t × S(r))) × uncached(r) / rate(r)
+//!               └ its own prefill, that work again for those after it, and the stall that
+//!                 prefill puts on each request already there, the more for short answers
+//!                 (k: --cache-aware-work-weight, 0 by default; w: --cache-aware-compute-weight,
 //!                 t: --cache-aware-tpot-weight, seconds of TTFT per second of TPOT) ┘
 //! order       = live ranks by cost, lowest first; costs within 10 % of the lowest are ties,
 //!               broken by more of the prompt held (a conversation's turn stays with its
@@ -82,6 +83,9 @@ pub struct CacheAwareConfig {
     /// time per output token (n: its `max_new_tokens`), so a stall weighs more on requests
     /// with short outputs. 0: a stall weighs the same on every request.
     pub tpot_weight: f64,
+    /// Weight of a request's uncached tokens as work every later request of the cluster
+    /// waits behind, relative to its own wait (≥ 0; 0: only the requests on the rank now).
+    pub work_weight: f64,
     /// Overload threshold as a multiple of the mean active requests (≥ 1.0).
     pub max_load_skew: f64,
     /// Late binding: while every rank's predicted wait ([`earliest_start_s`]) is longer than
@@ -98,6 +102,7 @@ impl Default for CacheAwareConfig {
             compute_weight: 1.0,
             // The ratio of the usual targets: 2 s to the first token, 25 ms per output token.
             tpot_weight: 80.0,
+            work_weight: 0.0,
             // Looser than prefix_affinity's 1.5: the time cost already moves work off a rank
             // whose line grows, and at 1.5 SGLang's shared-prefix run (4 groups, 2 ranks,
             // concurrency 8) spilled groups onto both ranks (82 % cache hits; 88 % at 2).
@@ -124,6 +129,13 @@ pub struct CacheAwareArgs {
     #[arg(long, env = "DPSERVE_CACHE_AWARE_TPOT_WEIGHT",
           default_value_t = CacheAwareConfig::default().tpot_weight)]
     pub cache_aware_tpot_weight: f64,
+    /// cache_aware: the weight (>= 0) of a request's uncached prompt tokens as work that
+    /// later requests wait behind, relative to its own wait: each uncached token costs this
+    /// many more times its prefill time, so a prompt follows its cached prefix further; 0:
+    /// only the requests on the rank now count.
+    #[arg(long, env = "DPSERVE_CACHE_AWARE_WORK_WEIGHT",
+          default_value_t = CacheAwareConfig::default().work_weight)]
+    pub cache_aware_work_weight: f64,
     /// cache_aware: a rank is overloaded when its active requests exceed this multiple
     /// (>= 1.0) of max(mean over live ranks, 1); the request goes to the next cheapest rank.
     #[arg(long, env = "DPSERVE_CACHE_AWARE_MAX_LOAD_SKEW",
@@ -149,6 +161,7 @@ impl Default for CacheAwareArgs {
         CacheAwareArgs {
             cache_aware_compute_weight: c.compute_weight,
             cache_aware_tpot_weight: c.tpot_weight,
+            cache_aware_work_weight: c.work_weight,
             cache_aware_max_load_skew: c.max_load_skew,
             cache_aware_hold_ms: c.hold_wait.as_millis() as u64,
             cache_aware_max_hold_ms: c.max_hold.as_millis() as u64,
@@ -171,12 +184,17 @@ impl CacheAwareArgs {
         if !(tpot_weight.is_finite() && tpot_weight >= 0.0) {
             return Err(Error::CacheAwareTpotWeight { got: tpot_weight });
         }
+        let work_weight = self.cache_aware_work_weight;
+        if !(work_weight.is_finite() && work_weight >= 0.0) {
+            return Err(Error::CacheAwareWorkWeight { got: work_weight });
+        }
         if self.cache_aware_max_hold_ms == 0 {
             return Err(Error::CacheAwareMaxHold);
         }
         Ok(CacheAwareConfig {
             compute_weight: weight,
             tpot_weight,
+            work_weight,
             max_load_skew: skew,
             hold_wait: std::time::Duration::from_millis(self.cache_aware_hold_ms),
             max_hold: std::time::Duration::from_millis(self.cache_aware_max_hold_ms),
@@ -287,7 +305,9 @@ impl CacheAware {
                 let load_cost = backlog.unwrap_or(0) as f64 * per_token * own_stall;
                 let stall_tpot = ranks.queue(i).stall_tpot;
                 let stalled = loads[i].active_requests as f64 + tpot * stall_tpot;
-                let per_uncached = (1.0 + self.config.compute_weight * stalled) * per_token;
+                let per_uncached =
+                    (1.0 + self.config.work_weight + self.config.compute_weight * stalled)
+                        * per_token;
                 RankCost {
                     rank,
                     matched_tokens: matched,
@@ -439,6 +459,25 @@ mod tests {
         let c0 = d.costs.iter().find(|c| c.rank == 0).unwrap();
         assert_eq!(c0.prefill_rate, Some(1500.0));
         assert_eq!(d.rank, 1);
+    }
+
+    /// The work weight counts uncached tokens again, for the requests after this one: the
+    /// line that sent the prompt away from its cached prefix at 0 keeps it with its holder.
+    #[test]
+    fn the_work_weight_keeps_a_prompt_with_its_prefix_behind_a_longer_line() {
+        let set = timed(&[(0, 0, Some(100.0)), (1, 160, Some(100.0))], &[0, 64]);
+        // k = 0: 1.6 + 2 × 0.36 = 2.32 s on the holder against 2 × 1 = 2 s on the idle rank.
+        let mut plain = CacheAware::new(CacheAwareConfig::default());
+        assert_eq!(plain.select(&req(&PROMPT), &set).rank, 0);
+        // k = 1: 1.6 + 3 × 0.36 = 2.68 s against 3 × 1 = 3 s.
+        let mut work = CacheAware::new(CacheAwareConfig {
+            work_weight: 1.0,
+            ..Default::default()
+        });
+        let d = work.select(&req(&PROMPT), &set);
+        assert_eq!(d.rank, 1);
+        let idle = d.costs.iter().find(|c| c.rank == 0).unwrap();
+        assert!((idle.cost - 3.0).abs() < 1e-12, "{}", idle.cost);
     }
 
     #[test]
