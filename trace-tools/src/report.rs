@@ -336,7 +336,7 @@ fn cost_terms(c: &RankCost, active: u64) -> String {
         format!(" (a second's stall adds {s:.3} s to their times per output token)")
     });
     format!(
-        "cost {:.3}{unit} = {:.3} waiting behind {} queued prompt tokens + {:.3} for computing its {} tokens{speed} while the {active} requests active there wait{fragile}",
+        "cost {:.3}{unit} = {:.3} waiting behind {} queued prompt tokens + {:.3} for computing its {} tokens{speed}, counted for itself, for the requests after it and for the {active} requests active there{fragile}",
         c.cost,
         c.load_cost,
         c.backlog_tokens.unwrap_or(0),
@@ -562,6 +562,7 @@ mod tests {
         // Skew 1.5: at the default 2 the guard never fires on two ranks.
         let mut m = CacheAware::new(CacheAwareConfig {
             max_load_skew: 1.5,
+            work_weight: 0.0,
             ..Default::default()
         });
         let prompt = [5u32; 100];
@@ -596,7 +597,7 @@ mod tests {
         assert!(
             hit.contains("went to rank 1, the cheapest: it holds 64 of 100 prompt tokens")
                 && hit.contains(
-                    "cost 36.000 tokens = 0.000 waiting behind 0 queued prompt tokens + 36.000 for computing its 36 tokens while the 0 requests active there wait"
+                    "cost 36.000 tokens = 0.000 waiting behind 0 queued prompt tokens + 36.000 for computing its 36 tokens, counted for itself, for the requests after it and for the 0 requests active there"
                 )
                 && hit.contains("the next cheapest, rank 0, holds 0"),
             "{hit}"
