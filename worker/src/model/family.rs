@@ -33,6 +33,62 @@ pub enum ModelFamily {
     Qwen2Moe,
 }
 
+/// Where a family's biases on the q, k and v (or o) projections come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bias {
+    /// `attention_bias`, the field every family but these reads (absent: none).
+    Attention,
+    /// Always there, whatever the config says (transformers ignores `attention_bias`).
+    Always,
+    /// Never there (transformers ignores `attention_bias`).
+    Never,
+    /// The family's own flag, on when absent (Qwen2-MoE's `qkv_bias`).
+    Flag(&'static str),
+}
+
+/// Where a family's sliding window comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Window {
+    /// None (transformers ignores `sliding_window` for the family).
+    Never,
+    /// `sliding_window` on every layer, when set (Mistral's).
+    Every,
+    /// Windows on some layers only (Qwen's `use_sliding_window`): refused when on.
+    SomeLayersRefused,
+    /// Its own local layers (Gemma's: `gemma.rs`).
+    OwnLayers,
+}
+
+/// What a family's blocks are beyond attention: which module reads the rest of its config.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Block {
+    /// A dense SwiGLU MLP in every layer.
+    Dense,
+    /// Experts (`moe.rs` reads their options).
+    Moe,
+    /// Gemma's block (`gemma.rs` reads its options).
+    Gemma,
+}
+
+/// A family as data: how its checkpoints name it and every way its config is read differently
+/// from another family's. A new family is a variant of [`ModelFamily`] and its row in
+/// [`ModelFamily::spec`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FamilySpec {
+    /// The `architectures` entry of its checkpoints.
+    pub architecture: &'static str,
+    pub model_type: &'static str,
+    pub qkv_bias: Bias,
+    pub o_bias: Bias,
+    /// Whether it reads `mlp_bias` (biases on gate, up and down); the others ignore it, as
+    /// transformers does.
+    pub mlp_bias: bool,
+    /// A per-head RMSNorm of q and k before RoPE.
+    pub qk_norm: bool,
+    pub window: Window,
+    pub block: Block,
+}
+
 impl ModelFamily {
     pub const ALL: [ModelFamily; 9] = [
         ModelFamily::Llama,
@@ -46,47 +102,121 @@ impl ModelFamily {
         ModelFamily::Qwen2Moe,
     ];
 
+    /// The family's row: the one place its differences are written.
+    pub const fn spec(self) -> FamilySpec {
+        use Bias::{Always, Attention, Flag, Never};
+        match self {
+            ModelFamily::Llama => FamilySpec {
+                architecture: "LlamaForCausalLM",
+                model_type: "llama",
+                qkv_bias: Attention,
+                o_bias: Attention,
+                mlp_bias: true,
+                qk_norm: false,
+                window: Window::Never,
+                block: Block::Dense,
+            },
+            ModelFamily::Mistral => FamilySpec {
+                architecture: "MistralForCausalLM",
+                model_type: "mistral",
+                qkv_bias: Never,
+                o_bias: Never,
+                mlp_bias: false,
+                qk_norm: false,
+                window: Window::Every,
+                block: Block::Dense,
+            },
+            ModelFamily::Qwen2 => FamilySpec {
+                architecture: "Qwen2ForCausalLM",
+                model_type: "qwen2",
+                qkv_bias: Always,
+                o_bias: Never,
+                mlp_bias: false,
+                qk_norm: false,
+                window: Window::SomeLayersRefused,
+                block: Block::Dense,
+            },
+            ModelFamily::Qwen3 => FamilySpec {
+                architecture: "Qwen3ForCausalLM",
+                model_type: "qwen3",
+                qkv_bias: Attention,
+                o_bias: Attention,
+                mlp_bias: false,
+                qk_norm: true,
+                window: Window::SomeLayersRefused,
+                block: Block::Dense,
+            },
+            ModelFamily::Gemma2 => FamilySpec {
+                architecture: "Gemma2ForCausalLM",
+                model_type: "gemma2",
+                qkv_bias: Attention,
+                o_bias: Attention,
+                mlp_bias: false,
+                qk_norm: false,
+                window: Window::OwnLayers,
+                block: Block::Gemma,
+            },
+            ModelFamily::Gemma3 => FamilySpec {
+                architecture: "Gemma3ForCausalLM",
+                model_type: "gemma3_text",
+                qkv_bias: Attention,
+                o_bias: Attention,
+                mlp_bias: false,
+                qk_norm: true,
+                window: Window::OwnLayers,
+                block: Block::Gemma,
+            },
+            ModelFamily::Mixtral => FamilySpec {
+                architecture: "MixtralForCausalLM",
+                model_type: "mixtral",
+                qkv_bias: Never,
+                o_bias: Never,
+                mlp_bias: false,
+                qk_norm: false,
+                window: Window::Every,
+                block: Block::Moe,
+            },
+            ModelFamily::Qwen3Moe => FamilySpec {
+                architecture: "Qwen3MoeForCausalLM",
+                model_type: "qwen3_moe",
+                qkv_bias: Attention,
+                o_bias: Attention,
+                mlp_bias: false,
+                qk_norm: true,
+                window: Window::SomeLayersRefused,
+                block: Block::Moe,
+            },
+            ModelFamily::Qwen2Moe => FamilySpec {
+                architecture: "Qwen2MoeForCausalLM",
+                model_type: "qwen2_moe",
+                qkv_bias: Flag("qkv_bias"),
+                o_bias: Never,
+                mlp_bias: false,
+                qk_norm: false,
+                window: Window::SomeLayersRefused,
+                block: Block::Moe,
+            },
+        }
+    }
+
     /// The `architectures` entry of its checkpoints.
     pub fn architecture(self) -> &'static str {
-        match self {
-            ModelFamily::Llama => "LlamaForCausalLM",
-            ModelFamily::Mistral => "MistralForCausalLM",
-            ModelFamily::Qwen2 => "Qwen2ForCausalLM",
-            ModelFamily::Qwen3 => "Qwen3ForCausalLM",
-            ModelFamily::Gemma2 => "Gemma2ForCausalLM",
-            ModelFamily::Gemma3 => "Gemma3ForCausalLM",
-            ModelFamily::Mixtral => "MixtralForCausalLM",
-            ModelFamily::Qwen3Moe => "Qwen3MoeForCausalLM",
-            ModelFamily::Qwen2Moe => "Qwen2MoeForCausalLM",
-        }
+        self.spec().architecture
     }
 
     /// Its `model_type`.
     pub fn model_type(self) -> &'static str {
-        match self {
-            ModelFamily::Llama => "llama",
-            ModelFamily::Mistral => "mistral",
-            ModelFamily::Qwen2 => "qwen2",
-            ModelFamily::Qwen3 => "qwen3",
-            ModelFamily::Gemma2 => "gemma2",
-            ModelFamily::Gemma3 => "gemma3_text",
-            ModelFamily::Mixtral => "mixtral",
-            ModelFamily::Qwen3Moe => "qwen3_moe",
-            ModelFamily::Qwen2Moe => "qwen2_moe",
-        }
+        self.spec().model_type
     }
 
-    /// Mixtral or Qwen3-MoE.
+    /// Mixtral, Qwen3-MoE or Qwen2-MoE.
     pub fn is_moe(self) -> bool {
-        matches!(
-            self,
-            ModelFamily::Mixtral | ModelFamily::Qwen3Moe | ModelFamily::Qwen2Moe
-        )
+        self.spec().block == Block::Moe
     }
 
     /// Gemma 2 or 3.
     pub fn is_gemma(self) -> bool {
-        matches!(self, ModelFamily::Gemma2 | ModelFamily::Gemma3)
+        self.spec().block == Block::Gemma
     }
 }
 

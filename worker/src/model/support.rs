@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use super::error::Result;
 pub(super) use super::family::ModelFamily;
+use super::family::{Bias, Block, Window};
 use super::fields::{is_off, unsupported, Fields};
 use super::gemma::{self, GemmaOptions};
 use super::moe::{self, MoeOptions};
@@ -84,7 +85,8 @@ const NOT_IMPLEMENTED: &[(&str, &str)] = &[
 /// The family and options of a `config.json`, or the first thing in it that is not implemented.
 pub(super) fn read(f: &Fields<'_>) -> Result<Features> {
     let family = family(f)?;
-    if family.is_gemma() {
+    let spec = family.spec();
+    if spec.block == Block::Gemma {
         return read_gemma(f, family);
     }
     for field in ["hidden_act", "hidden_activation"] {
@@ -101,10 +103,9 @@ pub(super) fn read(f: &Fields<'_>) -> Result<Features> {
     }
     refuse_not_implemented(
         f,
-        if family.is_moe() {
-            moe::OWN_FIELDS
-        } else {
-            &[]
+        match spec.block {
+            Block::Moe => moe::OWN_FIELDS,
+            _ => &[],
         },
     )?;
     if let Some(Value::Array(types)) = f.get("layer_types") {
@@ -117,23 +118,16 @@ pub(super) fn read(f: &Fields<'_>) -> Result<Features> {
             ));
         }
     }
-    let sliding_window = sliding_window(f, family)?;
+    let sliding_window = sliding_window(f, spec.window)?;
     let (rope_theta, rope_scaling) = rope(f)?;
     let attention_bias = f.bool_opt("attention_bias")?.unwrap_or(false);
-    let (qkv_bias, o_bias) = match family {
-        ModelFamily::Llama | ModelFamily::Qwen3 | ModelFamily::Qwen3Moe => {
-            (attention_bias, attention_bias)
-        }
-        // Transformers ignores `attention_bias` for these two: their biases are fixed.
-        ModelFamily::Qwen2 => (true, false),
-        // Qwen2-MoE reads its own flag for q, k and v (o never has one).
-        ModelFamily::Qwen2Moe => (f.bool_opt("qkv_bias")?.unwrap_or(true), false),
-        ModelFamily::Mistral | ModelFamily::Mixtral | ModelFamily::Gemma2 | ModelFamily::Gemma3 => {
-            (false, false)
-        }
-    };
-    // Only Llama's MLP reads `mlp_bias`; elsewhere transformers ignores it, and so does this.
-    let mlp_bias = family == ModelFamily::Llama && f.bool_opt("mlp_bias")?.unwrap_or(false);
+    let (qkv_bias, o_bias) = (
+        bias(f, spec.qkv_bias, attention_bias)?,
+        bias(f, spec.o_bias, attention_bias)?,
+    );
+    // Only the families that read `mlp_bias` (Llama's MLP); elsewhere transformers ignores
+    // it, and so does this.
+    let mlp_bias = spec.mlp_bias && f.bool_opt("mlp_bias")?.unwrap_or(false);
     Ok(Features {
         family,
         rope_theta,
@@ -141,12 +135,12 @@ pub(super) fn read(f: &Fields<'_>) -> Result<Features> {
         qkv_bias,
         o_bias,
         mlp_bias,
-        qk_norm: matches!(family, ModelFamily::Qwen3 | ModelFamily::Qwen3Moe),
+        qk_norm: spec.qk_norm,
         sliding_window,
         gemma: None,
-        moe: match family.is_moe() {
-            true => Some(moe::read(f, family)?),
-            false => None,
+        moe: match spec.block {
+            Block::Moe => Some(moe::read(f, family)?),
+            _ => None,
         },
     })
 }
@@ -180,15 +174,16 @@ fn refuse_not_implemented(f: &Fields<'_>, own: &[&str]) -> Result<()> {
 fn read_gemma(f: &Fields<'_>, family: ModelFamily) -> Result<Features> {
     refuse_not_implemented(f, gemma::OWN_FIELDS)?;
     let (g, rope_theta, rope_scaling) = gemma::read(f, family)?;
+    let spec = family.spec();
     let attention_bias = f.bool_opt("attention_bias")?.unwrap_or(false);
     Ok(Features {
         family,
         rope_theta,
         rope_scaling,
-        qkv_bias: attention_bias,
-        o_bias: attention_bias,
+        qkv_bias: bias(f, spec.qkv_bias, attention_bias)?,
+        o_bias: bias(f, spec.o_bias, attention_bias)?,
         mlp_bias: false,
-        qk_norm: family == ModelFamily::Gemma3,
+        qk_norm: spec.qk_norm,
         sliding_window: None,
         gemma: Some(g),
         moe: None,
@@ -248,12 +243,22 @@ fn family(f: &Fields<'_>) -> Result<ModelFamily> {
     }
 }
 
-/// Mistral's window, when set. Qwen2/Qwen3 place windows on some layers only
-/// (`use_sliding_window`, `max_window_layers`): refused. Llama has none (transformers ignores
-/// the field there, and so does this).
-fn sliding_window(f: &Fields<'_>, family: ModelFamily) -> Result<Option<usize>> {
-    match family {
-        ModelFamily::Mistral | ModelFamily::Mixtral => match f.usize_opt("sliding_window")? {
+/// Whether a family's q, k and v (or o) projections carry biases, per its row.
+fn bias(f: &Fields<'_>, from: Bias, attention_bias: bool) -> Result<bool> {
+    Ok(match from {
+        Bias::Attention => attention_bias,
+        Bias::Always => true,
+        Bias::Never => false,
+        Bias::Flag(field) => f.bool_opt(field)?.unwrap_or(true),
+    })
+}
+
+/// The window every layer has, when the family has one and the config sets it (Mistral's,
+/// Mixtral's); windows on some layers only (Qwen's `use_sliding_window`) are refused; a family
+/// without windows ignores the field, as transformers does (Llama); Gemma's are its own.
+fn sliding_window(f: &Fields<'_>, window: Window) -> Result<Option<usize>> {
+    match window {
+        Window::Every => match f.usize_opt("sliding_window")? {
             Some(0) => Err(unsupported(
                 f,
                 "sliding_window",
@@ -262,20 +267,16 @@ fn sliding_window(f: &Fields<'_>, family: ModelFamily) -> Result<Option<usize>> 
             )),
             w => Ok(w),
         },
-        ModelFamily::Qwen2 | ModelFamily::Qwen3 | ModelFamily::Qwen3Moe | ModelFamily::Qwen2Moe => {
-            match f.get("use_sliding_window") {
-                Some(v) if !is_off(v) => Err(unsupported(
-                    f,
-                    "use_sliding_window",
-                    v,
-                    "Qwen sliding-window layers are not implemented",
-                )),
-                _ => Ok(None),
-            }
-        }
-        ModelFamily::Llama => Ok(None),
-        // Windows on some layers only: `gemma.rs`.
-        ModelFamily::Gemma2 | ModelFamily::Gemma3 => Ok(None),
+        Window::SomeLayersRefused => match f.get("use_sliding_window") {
+            Some(v) if !is_off(v) => Err(unsupported(
+                f,
+                "use_sliding_window",
+                v,
+                "Qwen sliding-window layers are not implemented",
+            )),
+            _ => Ok(None),
+        },
+        Window::Never | Window::OwnLayers => Ok(None),
     }
 }
 
