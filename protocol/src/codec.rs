@@ -11,7 +11,8 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 use thiserror::Error;
 
-use crate::{Envelope, Message, ProtocolError, PROTOCOL_VERSION};
+use crate::error::ProtocolError;
+use crate::messages::{Envelope, Message, PROTOCOL_VERSION};
 
 /// Why a frame was dropped.
 #[derive(Debug, Error, PartialEq)]

@@ -1,7 +1,7 @@
 //! CURVE keys for ZeroMQ over TCP (RFC 26, CurveZMQ): keypairs an operator manages as files,
 //! the allow-list of public keys a bound socket admits, and the ZAP handler (RFC 27) that
 //! applies it during each handshake. libzmq does the cryptography, linked against libsodium
-//! (`third_party/zmq-sys`); [`crate::socket::Transport`] puts these on the sockets.
+//! (`third_party/zmq-sys`); `transport::Transport` puts these on the sockets.
 //!
 //! Key files use czmq's certificate text (`zcert`), so ZeroMQ's own tools read them: a secret
 //! file holds both keys, a public file the public key alone, each in Z85 (40 characters).
@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::{ProtocolError, Result};
+use crate::error::{ProtocolError, Result};
 
 /// Where libzmq sends ZAP requests; one handler per context.
 const ZAP_ENDPOINT: &str = "inproc://zeromq.zap.01";

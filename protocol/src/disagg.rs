@@ -10,7 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::messages::finish::FinishReason;
+use crate::finish::FinishReason;
 
 /// `--disaggregation-mode`: what a worker computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]

@@ -18,9 +18,9 @@ use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::messages::{Message, TokenOut};
 use crate::trace_event::MessageSeen;
 pub use crate::trace_event::{Milestone, TraceEvent, TraceLine};
-use crate::{Message, TokenOut};
 
 /// Lines buffered between an actor and its writer thread.
 const QUEUE: usize = 65_536;
@@ -155,7 +155,7 @@ impl Inner {
             return;
         };
         let line = TraceLine {
-            t: crate::unix_time(),
+            t: crate::messages::unix_time(),
             actor: self.actor.clone(),
             rank: self.rank,
             rid: rid.map(str::to_string),
@@ -248,7 +248,7 @@ impl Drop for Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Abort, Message};
+    use crate::messages::{Abort, Message};
 
     #[test]
     fn disabled_tracer_records_nothing() {

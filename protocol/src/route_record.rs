@@ -1,14 +1,14 @@
 //! The routing trace's record: one routing decision, one JSON line of `--trace-file`. The
 //! controller writes it (`controller::trace`); `dpserve trace` and `dpserve bench` read it back
-//! (the `trace-tools` crate). It lives here, beside the message trace's [`crate::trace_event`]
-//! whose routing vocabulary it uses, because both sides need it and neither is the other's
+//! (the `trace-tools` crate). It lives here, on the routing vocabulary
+//! (`routing_terms`) it shares with the message trace, because both sides need it and neither is the other's
 //! dependency. On the wire only for a client that asks (`return_routing`): the controller puts
 //! its decision's record in the request (`GenerateReq.routing`), the worker hands it back in
 //! the request's first `TokenOut`, and the tokenizer answers it in `meta_info.routing`.
 
 use serde::{Deserialize, Serialize};
 
-use crate::trace_event::{Branch, KeySource, RankCost, RankLoad, RankScore};
+use crate::routing_terms::{Branch, KeySource, RankCost, RankLoad, RankScore};
 
 /// One routing decision, as written to `--trace-file` (one JSON object per line).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,88 +1,19 @@
-//! ZeroMQ socket construction with the options every dpserve socket wants. A socket belongs to
-//! the one thread that uses it; these helpers only build and bind or connect them (the
-//! security of TCP sockets is [`Transport`]'s).
+//! ZeroMQ sockets as the actors use them: bound or connected without keys ([`Transport`]'s
+//! default: ipc and loopback TCP), one message a frame, and the workers' identities. A socket
+//! belongs to the one thread that uses it. The options every socket gets are `sockopt`'s.
 
-use crate::{encode, Endpoint, Message, ProtocolError, Result, Transport};
+use crate::codec::encode;
+use crate::endpoint::Endpoint;
+use crate::error::{ProtocolError, Result};
+use crate::messages::Message;
+use crate::transport::Transport;
 
-/// Queue depth per peer before sends block or drop; large enough for bursts of small frames.
-const HWM: i32 = 100_000;
-/// How long unsent messages are kept when a socket closes.
-const LINGER_MS: i32 = 1_000;
-/// The largest frame a dpserve socket takes in (`ZMQ_MAXMSGSIZE`); a peer that sends a larger
-/// one is disconnected by libzmq before it is read, so no frame can make an actor allocate
-/// gigabytes. The largest legitimate control frame is far below it: a `GenerateReq` of a
-/// whole context (128 Ki tokens are ~0.7 MB), a `KvEvents` snapshot of a multi-million-token
-/// pool (tens of MB). The KV link's frames carry prompts' KV and are sized by their layout
-/// ([`set_max_frame`] before connecting).
-pub const MAX_FRAME_BYTES: i64 = 256 << 20;
-
-/// Sets the largest frame `sock` takes in (before it binds or connects: libzmq copies the
-/// option into each connection as it is made).
-pub fn set_max_frame(sock: &zmq::Socket, bytes: i64, what: &str) -> Result<()> {
-    sock.set_maxmsgsize(bytes)
-        .map_err(|e| ProtocolError::zmq(what, e))
-}
-
-fn configure(sock: &zmq::Socket, what: &str) -> Result<()> {
-    if sock
-        .get_maxmsgsize()
-        .map_err(|e| ProtocolError::zmq(what, e))?
-        < 0
-    {
-        set_max_frame(sock, MAX_FRAME_BYTES, what)?;
-    }
-    sock.set_sndhwm(HWM)
-        .map_err(|e| ProtocolError::zmq(what, e))?;
-    sock.set_rcvhwm(HWM)
-        .map_err(|e| ProtocolError::zmq(what, e))?;
-    sock.set_linger(LINGER_MS)
-        .map_err(|e| ProtocolError::zmq(what, e))?;
-    Ok(())
-}
+pub use crate::sockopt::{set_max_frame, MAX_FRAME_BYTES};
 
 /// A socket of `kind` bound at `endpoint`, without keys ([`Transport`]'s default: ipc and
 /// loopback TCP only).
 pub fn bind(ctx: &zmq::Context, kind: zmq::SocketType, endpoint: &Endpoint) -> Result<zmq::Socket> {
     Transport::default().bind(ctx, kind, endpoint)
-}
-
-/// Give `sock` (security already set) the options every dpserve socket wants and bind it.
-pub(crate) fn bind_configured(
-    sock: zmq::Socket,
-    kind: zmq::SocketType,
-    endpoint: &Endpoint,
-    what: &str,
-) -> Result<zmq::Socket> {
-    configure(&sock, what)?;
-    if kind == zmq::ROUTER {
-        // Sending to a peer that is gone is an error we see, not a silent drop. Workers use one
-        // identity per process (`worker_identity`), so handover only matters for older workers
-        // that send the bare `rank-<R>`: a restarted one takes over its identity.
-        sock.set_router_mandatory(true)
-            .map_err(|e| ProtocolError::zmq(what, e))?;
-        sock.set_router_handover(true)
-            .map_err(|e| ProtocolError::zmq(what, e))?;
-    }
-    if let Endpoint::Ipc(path) = endpoint {
-        if let Some(dir) = endpoint.ipc_dir() {
-            if !dir.exists() {
-                crate::RuntimeDir::create(dir)?;
-            }
-            crate::endpoint::check_socket_dir(dir)?;
-        }
-        // A socket file that still accepts connections belongs to a live process: taking the
-        // path over would leave that process serving nobody, and the path dead once we exit.
-        // One that refuses them is stale (a crashed run) and would make bind fail: reclaim it.
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(ProtocolError::EndpointInUse {
-                endpoint: endpoint.to_string(),
-            });
-        }
-        let _ = std::fs::remove_file(path);
-    }
-    sock.bind(&endpoint.to_string())
-        .map_err(|e| ProtocolError::zmq(what, e))?;
-    Ok(sock)
 }
 
 /// A socket of `kind` connected to `endpoint`, with an optional identity (DEALER), without
@@ -94,30 +25,6 @@ pub fn connect(
     identity: Option<&[u8]>,
 ) -> Result<zmq::Socket> {
     Transport::default().connect(ctx, kind, endpoint, identity)
-}
-
-/// Give `sock` (security already set) the options every dpserve socket wants and connect it.
-pub(crate) fn connect_configured(
-    sock: zmq::Socket,
-    endpoint: &Endpoint,
-    identity: Option<&[u8]>,
-    what: &str,
-) -> Result<zmq::Socket> {
-    configure(&sock, what)?;
-    if let Some(id) = identity {
-        sock.set_identity(id)
-            .map_err(|e| ProtocolError::zmq(what, e))?;
-    }
-    sock.set_reconnect_ivl(100)
-        .map_err(|e| ProtocolError::zmq(what, e))?;
-    sock.set_reconnect_ivl_max(1_000)
-        .map_err(|e| ProtocolError::zmq(what, e))?;
-    if let Some(dir) = endpoint.ipc_dir() {
-        crate::endpoint::check_socket_dir(dir)?;
-    }
-    sock.connect(&endpoint.connect_addr())
-        .map_err(|e| ProtocolError::zmq(what, e))?;
-    Ok(sock)
 }
 
 /// Encode and send one message as one frame.
@@ -155,6 +62,61 @@ pub fn identity_rank(identity: &[u8]) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_socket_directory_another_user_could_write_in_is_refused() {
+        use crate::endpoint::{current_uid, RuntimeDir};
+        use std::os::unix::fs::PermissionsExt;
+        use std::path::Path;
+        let base = std::env::temp_dir().join(format!("dpserve-unsafe-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(&base).unwrap();
+        let ctx = zmq::Context::new();
+        let ep = |dir: &Path| Endpoint::Ipc(dir.join("c.sock"));
+        let refused = |dir: &Path| {
+            let bind = bind(&ctx, zmq::PULL, &ep(dir)).map(|_| ());
+            let connect = connect(&ctx, zmq::PUSH, &ep(dir), None).map(|_| ());
+            match (bind, connect) {
+                (Err(b), Err(c)) => {
+                    assert!(b.is_config_error(), "{b}");
+                    assert_eq!(b.to_string(), c.to_string());
+                    b.to_string()
+                }
+                other => panic!("{}: not refused: {other:?}", dir.display()),
+            }
+        };
+        // Writable by others, not sticky: refused; sticky (as /tmp): used.
+        let open = base.join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = refused(&open);
+        assert!(err.contains("others may write in it (mode 777)"), "{err}");
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        bind(&ctx, zmq::PULL, &ep(&open)).unwrap();
+        // Another user's directory (made first at a path this user would use): refused by
+        // bind, connect and RuntimeDir alike. Needs root to make one.
+        if current_uid().unwrap_or(0) != 0 {
+            eprintln!("skipping the other-owner case: only root can give a directory away");
+        } else {
+            let theirs = base.join("theirs");
+            std::fs::create_dir(&theirs).unwrap();
+            std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+            let err = refused(&theirs);
+            assert!(err.contains("belongs to uid 65534"), "{err}");
+            let err = RuntimeDir::create(&theirs).unwrap_err();
+            assert!(
+                err.is_config_error() && err.to_string().contains("uid 65534"),
+                "{err}"
+            );
+        }
+        // A link to a directory is not a runtime directory.
+        let real = base.join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::os::unix::fs::symlink(&real, base.join("link")).unwrap();
+        let err = RuntimeDir::create(base.join("link")).unwrap_err();
+        assert!(err.to_string().contains("a link, not a directory"), "{err}");
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 
     #[test]
     fn identities_name_their_rank_and_each_process_gets_its_own() {
@@ -204,7 +166,7 @@ mod tests {
         // The same limit, small enough to cross in a test.
         let pull = ctx.socket(zmq::PULL).unwrap();
         set_max_frame(&pull, 1024, "test").unwrap();
-        let pull = bind_configured(pull, zmq::PULL, &ep, "test").unwrap();
+        let pull = crate::sockopt::bind_configured(pull, zmq::PULL, &ep, "test").unwrap();
         assert_eq!(
             pull.get_maxmsgsize().unwrap(),
             1024,

@@ -1,7 +1,7 @@
 //! What a message trace line says, as types: [`TraceLine`] is one line of
 //! `DIR/<actor>[-<rank>].jsonl` (`--trace-dir`), [`TraceEvent`] a message sent or received or a
 //! request [`Milestone`] with structured fields. Every actor writes these through
-//! [`crate::msg_trace::MessageTracer`] and `dpserve trace` reads them back with serde: nothing
+//! `msg_trace::MessageTracer` and `dpserve trace` reads them back with serde: nothing
 //! is formatted as `k=v` text to be parsed later.
 //!
 //! The routing vocabulary ([`Branch`], [`KeySource`], [`RankLoad`], the methods' per-rank
@@ -17,8 +17,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::messages::{FinishReason, ReqError, TokenOut};
 pub use crate::routing_terms::{Branch, KeySource, RankCost, RankLoad, RankScore, RankTerms};
-use crate::{FinishReason, ReqError, TokenOut};
 
 /// One line of a message trace.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -296,7 +296,7 @@ mod legacy {
     use serde::Deserialize;
 
     use super::{Branch, KeySource, MessageSeen, Milestone, TraceEvent, TraceLine};
-    use crate::{FinishReason, ReqError};
+    use crate::messages::{FinishReason, ReqError};
 
     #[derive(Deserialize)]
     struct Line {

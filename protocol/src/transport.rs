@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::curve::{self, AllowList, Keypair, PublicKey};
-use crate::{Endpoint, ProtocolError, Result};
+use crate::endpoint::Endpoint;
+use crate::error::{ProtocolError, Result};
 
 /// The CURVE flags every actor takes (`dpserve tokenizer`, `controller`, `worker`).
 #[derive(clap::Args, Debug, Clone, Default, PartialEq)]
@@ -191,7 +192,7 @@ impl Transport {
             };
             set().map_err(|e| ProtocolError::zmq(&what, e))?;
         }
-        crate::socket::bind_configured(sock, kind, endpoint, &what)
+        crate::sockopt::bind_configured(sock, kind, endpoint, &what)
     }
 
     /// A socket of `kind` connected to `endpoint`, with an optional identity (DEALER); a CURVE
@@ -208,7 +209,7 @@ impl Transport {
 
     /// [`Transport::connect`] to a server whose public key is `server` rather than the
     /// configured server key (a peer worker's KV link), taking in frames of up to `max_frame`
-    /// bytes rather than [`crate::socket::MAX_FRAME_BYTES`].
+    /// bytes rather than [`crate::sockopt::MAX_FRAME_BYTES`].
     pub fn connect_to(
         &self,
         ctx: &zmq::Context,
@@ -222,7 +223,7 @@ impl Transport {
         let what = format!("connect {endpoint}");
         let sock = ctx.socket(kind).map_err(|e| ProtocolError::zmq(&what, e))?;
         if let Some(bytes) = max_frame {
-            crate::socket::set_max_frame(&sock, bytes, &what)?;
+            crate::sockopt::set_max_frame(&sock, bytes, &what)?;
         }
         if let (Some(curve), Endpoint::Tcp { .. }) = (&self.curve, endpoint) {
             let server = server.unwrap_or(curve.server);
@@ -233,7 +234,7 @@ impl Transport {
             };
             set().map_err(|e| ProtocolError::zmq(&what, e))?;
         }
-        crate::socket::connect_configured(sock, endpoint, identity, &what)
+        crate::sockopt::connect_configured(sock, endpoint, identity, &what)
     }
 }
 
@@ -385,7 +386,9 @@ mod tests {
             .connect(&c2, zmq::PUSH, &endpoint, None)
             .unwrap();
         stranger.send("forged", 0).unwrap();
-        let plain = crate::socket::connect(&c3, zmq::PUSH, &endpoint, None).unwrap();
+        let plain = Transport::default()
+            .connect(&c3, zmq::PUSH, &endpoint, None)
+            .unwrap();
         plain.send("plain", 0).unwrap();
         let good = client_of(&client_pair)
             .connect(&c1, zmq::PUSH, &endpoint, None)

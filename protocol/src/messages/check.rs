@@ -127,7 +127,8 @@ fn at_least_zero(field: &str, v: f64) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use crate::{decode, encode, DecodeError, GenerateReq, Heartbeat, Message, Shutdown};
+    use crate::codec::{decode, encode, DecodeError};
+    use crate::messages::{GenerateReq, Heartbeat, Message, Shutdown};
 
     fn refused(msg: Message) -> String {
         match decode(&encode(&msg).unwrap()) {
@@ -182,7 +183,7 @@ mod tests {
             drain_timeout_s: Some(0.0),
         }));
         // A worker's output passes as computed, NaN included: its request still ends.
-        let mut out = crate::TokenOut::error("r", 500, "x");
+        let mut out = crate::messages::TokenOut::error("r", 500, "x");
         out.logprobs = Some(vec![f32::NAN, f32::NEG_INFINITY]);
         ok(Message::TokenOut(out));
     }

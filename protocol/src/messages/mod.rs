@@ -6,16 +6,42 @@ use serde::{Deserialize, Serialize};
 use crate::disagg::{DisaggLeg, KvAbort, KvChunk, KvDone, KvReady, PeerGone};
 use crate::kv_events::{KvEvents, KvSnapshotReq};
 use crate::route_record::RouteRecord;
-use crate::PROTOCOL_VERSION;
 
 mod check;
 mod control;
-pub(crate) mod finish;
 
 pub(crate) use check::check;
 
+pub use crate::finish::FinishReason;
 pub use control::*;
-pub use finish::FinishReason;
+
+/// Version carried in every envelope (`v`). A peer speaking another version is refused.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The longest request id (`rid`), in bytes, anywhere in the system: the HTTP API refuses a
+/// client's rid that would be longer on the wire (with the `-<index>` suffix it adds for a batch
+/// or `n` > 1), and the controller and the workers refuse a request whose rid is empty or longer.
+pub const MAX_RID_LEN: usize = 256;
+
+/// Why a rid is refused, or `None`: it must be 1 to [`MAX_RID_LEN`] bytes.
+pub fn rid_problem(rid: &str) -> Option<String> {
+    if rid.is_empty() || rid.len() > MAX_RID_LEN {
+        Some(format!(
+            "rid must be 1 to {MAX_RID_LEN} bytes, got {}",
+            rid.len()
+        ))
+    } else {
+        None
+    }
+}
+
+/// Seconds since the Unix epoch, as carried in `received_at` and `timestamp` fields.
+pub fn unix_time() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
 
 /// One frame: `{v: 1, msg: {<Type>: {...}}}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -400,6 +426,15 @@ impl TokenOut {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rids_are_one_to_max_rid_len_bytes() {
+        assert!(rid_problem("").is_some());
+        assert!(rid_problem("r").is_none());
+        assert!(rid_problem(&"x".repeat(MAX_RID_LEN)).is_none());
+        let long = rid_problem(&"x".repeat(MAX_RID_LEN + 1)).unwrap();
+        assert!(long.contains("256"), "{long}");
+    }
 
     #[test]
     fn only_numbered_requests_have_a_dispatch_seq() {
