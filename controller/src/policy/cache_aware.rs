@@ -57,6 +57,13 @@
 //! (docs/BENCHMARKS.md). `max_new_tokens` is the client's bound, not its answer's length: a
 //! request that stops early was only weighed as more robust than it was.
 //!
+//! Why the work weight: the terms above price this request's wait and the stall it puts on
+//! the requests already running, but a prompt's uncached tokens are also compute that the
+//! requests arriving after it wait behind, which past capacity is what decides how much the
+//! cluster carries. Counting them once more (k = 1) keeps a long cached prefix with its holder
+//! behind a line it would otherwise leave; in 30 paired runs on three traces it was better in
+//! 23, by 1.75 points of attainment on average, most past capacity (docs/BENCHMARKS.md).
+//!
 //! Why predictions: the siblings of a burst arrive before the first of them is computed and
 //! reported anywhere; counting the blocks sent to a rank as held there (see
 //! [`crate::kv_index`]) makes them meet. A hot prefix whose holder's line grows spills to the
@@ -478,10 +485,7 @@ mod tests {
     fn the_work_weight_keeps_a_prompt_with_its_prefix_behind_a_longer_line() {
         let set = timed(&[(0, 0, Some(100.0)), (1, 160, Some(100.0))], &[0, 64]);
         // k = 0: 1.6 + 2 × 0.36 = 2.32 s on the holder against 2 × 1 = 2 s on the idle rank.
-        let mut plain = CacheAware::new(CacheAwareConfig {
-            work_weight: 0.0,
-            ..Default::default()
-        });
+        let mut plain = CacheAware::new(without_work());
         assert_eq!(plain.select(&req(&PROMPT), &set).rank, 0);
         // k = 1 (the default): 1.6 + 3 × 0.36 = 2.68 s against 3 × 1 = 3 s.
         let mut work = CacheAware::new(CacheAwareConfig::default());
