@@ -1,10 +1,10 @@
 //! The decoder families the model code implements, as `config.json` names them, each as data:
-//! one [`FamilySpec`] row says how its config is read differently from another family's.
+//! one `FamilySpec` row says how its config is read differently from another family's.
 
 use std::fmt;
 
 /// The decoder families the forward pass implements. All are pre-norm RMSNorm decoders with
-/// gated MLPs and rotate-half RoPE; they differ in their [`FamilySpec`] row, which `support.rs`
+/// gated MLPs and rotate-half RoPE; they differ in their `FamilySpec` row, which `support.rs`
 /// turns into the options of its `Features` (Gemma's own in `GemmaOptions`, experts' in
 /// `MoeOptions`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
