@@ -278,4 +278,58 @@ mod tests {
             assert!(e.contains(says), "{e}");
         }
     }
+
+    /// `scripts/mooncake-to-bailian.py` writes what `read` takes: a request continues the
+    /// latest earlier one whose whole prompt starts its own, not continued yet, at least 2 s
+    /// before it; its 512-token blocks become 32 blocks of 16, cut to its length.
+    #[test]
+    fn the_mooncake_converter_writes_sessions_this_reads() {
+        let mooncake = |ts: u64, len: usize, ids: &[u64]| {
+            serde_json::json!({"timestamp": ts, "input_length": len, "output_length": 4,
+                "hash_ids": ids})
+            .to_string()
+        };
+        let input = write(&[
+            mooncake(0, 1500, &[1, 2, 3]),
+            // Starts with request 0's whole blocks, 5 s later: its next turn.
+            mooncake(5000, 2000, &[1, 2, 4, 5]),
+            // Request 0 is continued already and request 1's prompt does not start this one.
+            mooncake(5500, 1400, &[1, 2, 6]),
+            // Request 1's prompt starts it, but 0.5 s after it: another session.
+            mooncake(5500, 2100, &[1, 2, 4, 5, 7]),
+        ]);
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/mooncake-to-bailian.py");
+        let out = match std::process::Command::new("python3")
+            .arg(&script)
+            .arg(input.path())
+            .output()
+        {
+            Ok(out) => out,
+            Err(e) => {
+                eprintln!("skipped: python3 is not runnable here ({e})");
+                return;
+            }
+        };
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let sessions = write(&[String::from_utf8(out.stdout)
+            .unwrap()
+            .trim_end()
+            .to_string()]);
+        let s = read(sessions.path(), 0, None).unwrap();
+        assert_eq!(s.parents, [None, Some(0), None, None]);
+        assert_eq!(
+            s.entries.iter().map(|e| e.timestamp).collect::<Vec<_>>(),
+            [0, 5000, 5500, 5500]
+        );
+        // 1500 tokens: 94 blocks of 16, the first 32 from Mooncake's block 1.
+        let first = &s.entries[0].hash_ids;
+        assert_eq!(first.len(), 94);
+        assert_eq!((first[0], first[31], first[32]), (32, 63, 64));
+        // The turn shares its parent's first two Mooncake blocks, 64 blocks of 16.
+        assert_eq!(s.entries[1].hash_ids[..64], first[..64]);
+    }
 }
