@@ -1,7 +1,7 @@
 //! The KV link: one thread owns the sockets a disaggregated worker exchanges KV on, so a large
 //! send never holds up the compute loop. A prefill worker binds a ROUTER (decode workers
 //! connect to it); a decode worker connects one DEALER per prefill worker it hears of. What
-//! arrives goes to the actor's inbox as [`Inbound::Kv`]; what the actor sends comes through an
+//! arrives goes to the actor through `deliver` (its inbox); what the actor sends comes through an
 //! inproc pipe as `[peer, header, payload?]`.
 //!
 //! A frame that does not decode is counted and dropped. A send to a decode worker that is gone
@@ -10,14 +10,12 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Duration;
 
 use protocol::{encode, Endpoint, FrameStats, KvAbort, Message};
 
 use super::{KvInbound, KvPeer, KvSend};
-use crate::link::Inbound;
 
 /// The inproc endpoint the actor pushes KV messages to.
 pub const KV_OUTBOX: &str = "inproc://worker-kv-outbox";
@@ -38,7 +36,8 @@ pub struct KvLink {
     /// The largest frame a decode worker's DEALERs take in: a chunk of a whole context's KV
     /// (see [`max_kv_frame`]).
     pub max_frame: i64,
-    pub inbound: Sender<Inbound>,
+    /// Hands a KV message received to the actor (puts it in the worker's inbox).
+    pub deliver: Box<dyn Fn(KvInbound) + Send>,
     pub stop: Arc<AtomicBool>,
 }
 
@@ -293,9 +292,7 @@ impl LinkState {
     }
 
     fn deliver(&self, from: KvPeer, msg: Message, payload: Option<Vec<u8>>) {
-        let item = Inbound::Kv(KvInbound { from, msg, payload });
-        // The actor is gone only when the worker stops.
-        self.link.inbound.send(item).ok();
+        (self.link.deliver)(KvInbound { from, msg, payload });
     }
 }
 
@@ -353,7 +350,6 @@ mod tests {
         let decode_pair = Keypair::generate().unwrap();
         let ctx = zmq::Context::new();
         let outbox = ctx.socket(zmq::PULL).unwrap();
-        let (inbound, _rx) = std::sync::mpsc::channel();
         let mut state = LinkState {
             link: KvLink {
                 ctx: ctx.clone(),
@@ -365,7 +361,7 @@ mod tests {
                     decode_pair.public(),
                     AllowList::new(None, vec![]).unwrap(),
                 ),
-                inbound,
+                deliver: Box::new(|_| {}),
                 stop: Arc::new(AtomicBool::new(false)),
                 max_frame: protocol::socket::MAX_FRAME_BYTES,
             },

@@ -45,7 +45,10 @@ fn start_kv_link(
         router,
         identity: format!("decode-{}-{}", config.rank, std::process::id()).into_bytes(),
         transport: config.transport.clone(),
-        inbound,
+        // The actor is gone only when the worker stops.
+        deliver: Box::new(move |kv| {
+            inbound.send(link::Inbound::Kv(kv)).ok();
+        }),
         stop,
         max_frame: hello
             .kv_layout
