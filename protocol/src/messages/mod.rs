@@ -231,9 +231,8 @@ impl SamplingParams {
 /// clamped to it): OpenAI's chat limit.
 pub const MAX_TOP_LOGPROBS_NUM: u32 = 20;
 
-/// A tokenized generation request: tokenizer → controller → worker. `Default` is what each
-/// field's absence from the wire reads as (and an empty rid and prompt).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// A tokenized generation request: tokenizer → controller → worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GenerateReq {
     pub rid: String,
     pub input_ids: Vec<u32>,

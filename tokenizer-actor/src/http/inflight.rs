@@ -120,14 +120,12 @@ fn to_wire(sub: Submission, state: &AppState) -> GenerateReq {
     // `disagg` in a disaggregated deployment and answers `routing` when asked; the bridge
     // numbers `submission_seq` as it sends the request.
     let mut req = GenerateReq {
-        rid: sub.rid,
-        input_ids: sub.input_ids,
         sampling,
         stream: sub.stream,
         return_logprob: sub.return_logprob,
         top_logprobs_num: sub.top_logprobs_num,
         received_at: sub.received_at,
-        ..GenerateReq::default()
+        ..GenerateReq::new(sub.rid, sub.input_ids)
     };
     sub.dispatch.write(&mut req);
     req

@@ -59,7 +59,7 @@ impl DispatchFields {
 
 impl Dispatch {
     /// Puts these fields on `req` (whose `rid` is the submission's own).
-    pub fn write(&self, req: &mut GenerateReq) {
+    pub fn write(self, req: &mut GenerateReq) {
         let Dispatch {
             rid: _,
             routing_key,
@@ -67,10 +67,10 @@ impl Dispatch {
             bootstrap_room,
             return_routing,
         } = self;
-        req.routing_key = routing_key.clone();
-        req.routed_dp_rank = *routed_dp_rank;
-        req.bootstrap_room = *bootstrap_room;
-        req.return_routing = *return_routing;
+        req.routing_key = routing_key;
+        req.routed_dp_rank = routed_dp_rank;
+        req.bootstrap_room = bootstrap_room;
+        req.return_routing = return_routing;
     }
 }
 

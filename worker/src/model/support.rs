@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::error::Result;
 pub(super) use super::family::ModelFamily;
-use super::family::{Bias, Block, Window};
+use super::family::{Bias, Window};
 use super::fields::{is_off, unsupported, Fields};
 use super::gemma::{self, GemmaOptions};
 use super::moe::{self, MoeOptions};
@@ -85,10 +85,10 @@ const NOT_IMPLEMENTED: &[(&str, &str)] = &[
 /// The family and options of a `config.json`, or the first thing in it that is not implemented.
 pub(super) fn read(f: &Fields<'_>) -> Result<Features> {
     let family = family(f)?;
-    let spec = family.spec();
-    if spec.block == Block::Gemma {
+    if family.is_gemma() {
         return read_gemma(f, family);
     }
+    let spec = family.spec();
     for field in ["hidden_act", "hidden_activation"] {
         if let Some(v) = f.get(field) {
             if v.as_str() != Some("silu") {
@@ -103,9 +103,10 @@ pub(super) fn read(f: &Fields<'_>) -> Result<Features> {
     }
     refuse_not_implemented(
         f,
-        match spec.block {
-            Block::Moe => moe::OWN_FIELDS,
-            _ => &[],
+        if family.is_moe() {
+            moe::OWN_FIELDS
+        } else {
+            &[]
         },
     )?;
     if let Some(Value::Array(types)) = f.get("layer_types") {
@@ -138,9 +139,9 @@ pub(super) fn read(f: &Fields<'_>) -> Result<Features> {
         qk_norm: spec.qk_norm,
         sliding_window,
         gemma: None,
-        moe: match spec.block {
-            Block::Moe => Some(moe::read(f, family)?),
-            _ => None,
+        moe: match family.is_moe() {
+            true => Some(moe::read(f, family)?),
+            false => None,
         },
     })
 }
