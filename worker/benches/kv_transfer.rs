@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 use protocol::{KvChunk, KvLayout, KvReady, Message};
 use worker::disagg::link::{self, KvLink};
 use worker::disagg::{kv_frames, KvPeer, KvSend, PrefillEndpoint};
-use worker::link::Inbound;
 use worker::model::{BuiltinSize, KvBuffers, ModelConfig};
 
 const REPS: usize = 7;
@@ -25,7 +24,7 @@ const CHUNK: usize = 2048;
 
 struct Side {
     outbox: zmq::Socket,
-    inbound: mpsc::Receiver<Inbound>,
+    inbound: mpsc::Receiver<worker::disagg::KvInbound>,
     stop: Arc<AtomicBool>,
     thread: std::thread::JoinHandle<worker::error::Result<()>>,
 }
@@ -49,7 +48,9 @@ fn side(
         router,
         identity: format!("decode-{name}").into_bytes(),
         transport,
-        inbound: tx,
+        deliver: Box::new(move |kv| {
+            tx.send(kv).ok();
+        }),
         stop: Arc::clone(&stop),
         max_frame: protocol::socket::MAX_FRAME_BYTES,
     };
@@ -64,8 +65,8 @@ fn side(
 
 fn next_kv(side: &Side) -> worker::disagg::KvInbound {
     match side.inbound.recv_timeout(Duration::from_secs(30)) {
-        Ok(Inbound::Kv(kv)) => kv,
-        other => panic!("expected a KV message, got {other:?}"),
+        Ok(kv) => kv,
+        Err(e) => panic!("expected a KV message: {e}"),
     }
 }
 
