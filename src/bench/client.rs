@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::metrics::{chunk_itl, RequestOutcome};
 use super::workload::BenchRequest;
@@ -120,31 +120,35 @@ impl BenchClient {
         }
     }
 
-    fn body(&self, req: &BenchRequest) -> (&'static str, Value) {
+    /// The request: typed, so a long prompt is written straight from its ids (a `Value` tree
+    /// of them costs an allocation per token, and the trace's prompts run to 126 k tokens).
+    fn body<'r>(&'r self, req: &'r BenchRequest) -> (&'static str, Body<'r>) {
         match self.backend {
             Backend::Generate => (
                 "/generate",
-                json!({
-                    "input_ids": req.input_ids,
-                    "sampling_params": {
-                        "max_new_tokens": req.output_len,
-                        "temperature": 0.0,
-                        "ignore_eos": true,
+                Body::Generate {
+                    input_ids: &req.input_ids,
+                    sampling_params: SamplingParams {
+                        max_new_tokens: req.output_len,
+                        temperature: 0.0,
+                        ignore_eos: true,
                     },
-                    "stream": true,
-                }),
+                    stream: true,
+                },
             ),
             Backend::Openai => (
                 "/v1/completions",
-                json!({
-                    "model": self.model,
-                    "prompt": req.input_ids,
-                    "max_tokens": req.output_len,
-                    "temperature": 0.0,
-                    "ignore_eos": true,
-                    "stream": true,
-                    "stream_options": {"include_usage": true},
-                }),
+                Body::Completions {
+                    model: &self.model,
+                    prompt: &req.input_ids,
+                    max_tokens: req.output_len,
+                    temperature: 0.0,
+                    ignore_eos: true,
+                    stream: true,
+                    stream_options: StreamOptions {
+                        include_usage: true,
+                    },
+                },
             ),
         }
     }
@@ -199,6 +203,73 @@ impl BenchClient {
     }
 }
 
+/// A benchmark request's body, for either API.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum Body<'r> {
+    Generate {
+        input_ids: &'r [u32],
+        sampling_params: SamplingParams,
+        stream: bool,
+    },
+    Completions {
+        model: &'r str,
+        prompt: &'r [u32],
+        max_tokens: usize,
+        temperature: f64,
+        ignore_eos: bool,
+        stream: bool,
+        stream_options: StreamOptions,
+    },
+}
+
+#[derive(serde::Serialize)]
+struct SamplingParams {
+    max_new_tokens: usize,
+    temperature: f64,
+    ignore_eos: bool,
+}
+
+#[derive(serde::Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+/// What the benchmark reads of an SSE event, of either API (everything else, the text
+/// included, is skipped unread).
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct Event {
+    error: Option<Value>,
+    meta_info: Option<MetaInfo>,
+    output_ids: Option<Vec<u32>>,
+    choices: Option<Vec<serde::de::IgnoredAny>>,
+    usage: Option<Usage>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct MetaInfo {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    cached_tokens: Option<u64>,
+    dp_rank: Option<u32>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct Usage {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct PromptTokensDetails {
+    cached_tokens: Option<u64>,
+}
+
 /// Folds SSE lines into an outcome.
 struct StreamParser {
     backend: Backend,
@@ -212,7 +283,7 @@ struct StreamParser {
     cached_tokens: Option<u64>,
     dp_rank: Option<u32>,
     /// The last `/generate` event's `output_ids`.
-    last_ids: Vec<Value>,
+    last_ids: Vec<u32>,
 }
 
 impl StreamParser {
@@ -233,7 +304,10 @@ impl StreamParser {
     }
 
     fn line(&mut self, line: &[u8], now_s: f64) -> anyhow::Result<()> {
-        let line = String::from_utf8_lossy(line);
+        let line = match std::str::from_utf8(line) {
+            Ok(line) => std::borrow::Cow::Borrowed(line),
+            Err(_) => String::from_utf8_lossy(line),
+        };
         let Some(data) = line.trim().strip_prefix("data:") else {
             return Ok(()); // comments, `event:` lines, blank separators
         };
@@ -242,14 +316,14 @@ impl StreamParser {
             self.done = true;
             return Ok(());
         }
-        let event: Value = serde_json::from_str(data)
+        let event: Event = serde_json::from_str(data)
             .with_context(|| format!("bad SSE event {}", truncate(data, 200)))?;
-        if let Some(err) = event.get("error") {
+        if let Some(err) = event.error.as_ref().filter(|e| !e.is_null()) {
             anyhow::bail!("server error: {}", truncate(&err.to_string(), 300));
         }
         let tokens = match self.backend {
-            Backend::Generate => self.generate_event(&event),
-            Backend::Openai => self.openai_event(&event),
+            Backend::Generate => self.generate_event(event),
+            Backend::Openai => self.openai_event(event),
         };
         if tokens > 0 {
             match self.first_token_s {
@@ -268,31 +342,29 @@ impl StreamParser {
     /// event carries every id so far, or `--incremental-streaming-output`, where each carries
     /// its own step's): the growth of `meta_info.completion_tokens`, which both forms carry;
     /// without it, the growth of `output_ids` (see [`StreamParser::ids_added`]).
-    fn generate_event(&mut self, event: &Value) -> usize {
-        let meta = &event["meta_info"];
-        if let Some(n) = meta["prompt_tokens"].as_u64() {
+    fn generate_event(&mut self, event: Event) -> usize {
+        let meta = event.meta_info.unwrap_or_default();
+        if let Some(n) = meta.prompt_tokens {
             self.prompt_tokens = Some(n);
         }
-        if let Some(n) = meta["cached_tokens"].as_u64() {
+        if let Some(n) = meta.cached_tokens {
             self.cached_tokens = Some(n);
         }
-        if let Some(r) = meta["dp_rank"].as_u64() {
-            self.dp_rank = Some(r as u32);
+        if let Some(r) = meta.dp_rank {
+            self.dp_rank = Some(r);
         }
-        match meta["completion_tokens"].as_u64() {
+        match meta.completion_tokens {
             Some(n) => {
                 let before = self.completion_tokens.replace(n as usize).unwrap_or(0);
                 (n as usize).saturating_sub(before)
             }
-            None => event["output_ids"]
-                .as_array()
-                .map_or(0, |ids| self.ids_added(ids)),
+            None => event.output_ids.map_or(0, |ids| self.ids_added(ids)),
         }
     }
 
     /// How many ids `ids` adds: a list that extends the last event's is everything so far
     /// (cumulative); any other is one step's own.
-    fn ids_added(&mut self, ids: &[Value]) -> usize {
+    fn ids_added(&mut self, ids: Vec<u32>) -> usize {
         let cumulative = !self.last_ids.is_empty()
             && ids.len() >= self.last_ids.len()
             && ids.starts_with(&self.last_ids);
@@ -301,23 +373,23 @@ impl StreamParser {
         } else {
             ids.len()
         };
-        self.last_ids = ids.to_vec();
+        self.last_ids = ids;
         added
     }
 
     /// Tokens carried by a `/v1/completions` event: a chunk with a choice is one step (the
     /// API does not say how many tokens it holds; one, as bench_serving assumes); the usage
     /// chunk carries the counts.
-    fn openai_event(&mut self, event: &Value) -> usize {
-        if let Some(usage) = event.get("usage").filter(|u| u.is_object()) {
-            self.prompt_tokens = usage["prompt_tokens"].as_u64();
-            self.completion_tokens = usage["completion_tokens"].as_u64().map(|n| n as usize);
-            self.cached_tokens = usage["prompt_tokens_details"]["cached_tokens"].as_u64();
+    fn openai_event(&mut self, event: Event) -> usize {
+        if let Some(usage) = event.usage {
+            self.prompt_tokens = usage.prompt_tokens;
+            self.completion_tokens = usage.completion_tokens.map(|n| n as usize);
+            self.cached_tokens = usage.prompt_tokens_details.and_then(|d| d.cached_tokens);
         }
-        if let Some(r) = event["meta_info"]["dp_rank"].as_u64() {
-            self.dp_rank = Some(r as u32);
+        if let Some(r) = event.meta_info.and_then(|m| m.dp_rank) {
+            self.dp_rank = Some(r);
         }
-        match event["choices"].as_array() {
+        match event.choices {
             Some(c) if !c.is_empty() => 1,
             _ => 0,
         }

@@ -63,9 +63,19 @@ impl ServerFlags {
         }
         a.extend(self.cluster.argv());
         a.extend(self.up_args.iter().map(OsString::from));
+        // `/generate` streams each step alone: SGLang's default form repeats every id and all the
+        // text so far in each event, work for the tokenizer and this client that grows with the
+        // square of the answer's length and, with many simulated ranks, fell behind them. The
+        // times the client reads are the same in either form.
+        if !self.up_args.iter().any(|a| a == INCREMENTAL) {
+            a.push(INCREMENTAL.into());
+        }
         a
     }
 }
+
+/// The `up` flag for `/generate`'s incremental stream form, which every launched cluster gets.
+const INCREMENTAL: &str = "--incremental-streaming-output";
 
 /// `<P>p<D>d` (e.g. `1p1d`) as (P, D).
 pub fn parse_deployment(s: &str) -> Option<(u32, u32)> {
@@ -328,7 +338,7 @@ mod tests {
         assert!(joined.contains("--load-balance-method total_tokens"));
         assert!(joined.contains("--dp-size 2") && joined.contains("--builtin-size tiny"));
         assert!(joined.contains("--startup-timeout 60"));
-        assert!(joined.ends_with("--worker-timeout 5"));
+        assert!(joined.ends_with("--worker-timeout 5 --incremental-streaming-output"));
         assert!(!joined.contains("--max-total-tokens") && !joined.contains("--model-path"));
         assert!(!joined.contains("--prefill-dp-size"));
         let pd: Vec<String> = flags

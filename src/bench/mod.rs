@@ -157,14 +157,15 @@ pub struct BenchArgs {
     /// No progress bar.
     #[arg(long)]
     pub disable_progress_bar: bool,
-    /// Start a fresh cluster per method (`dpserve up`) instead of using --base-url.
+    /// Start a fresh cluster per method (`dpserve up`) instead of using --base-url. Its
+    /// `/generate` streams each step alone (`--incremental-streaming-output`).
     #[arg(long)]
     pub launch: bool,
     /// [simulated ranks a trace preset launches] Run the ranks' modelled time this many times
     /// faster (1-16), send the workload that much faster and multiply every time measured back:
     /// the results are in modelled time, a run takes 1/K of it. What does not scale (HTTP,
     /// tokenizing, routing) reads K times larger (docs/SIM.md) [default: 4 for the
-    /// `--sweep` of `--preset mooncake-8gpu`, else 1].
+    /// `--sweep` of `--preset mooncake-8gpu`, 2 for that of `mooncake-16gpu`, else 1].
     #[arg(long, value_name = "K")]
     pub sim_speed: Option<f64>,
     /// [--launch] Comma-separated load-balance methods to compare. `METHOD@<P>p<D>d` (e.g.

@@ -21,7 +21,8 @@ use rand::Rng;
 #[derive(Clone, Debug, PartialEq)]
 pub struct SampleResult {
     pub token: u32,
-    /// Log-probability of the chosen token in the reported distribution (see the module doc).
+    /// Log-probability of the chosen token in the reported distribution (see the module doc);
+    /// NaN where [`sample_reporting`] was told it is not wanted and greedy needed no weights.
     pub logprob: f32,
     /// The `top_logprobs_num` most likely `(token, logprob)` of the same distribution, most
     /// likely first, ties to the lower id. Empty (and never allocated) when none were asked.
@@ -151,7 +152,8 @@ fn nucleus(cand: &mut Vec<(u32, f32)>, target: f64) {
 }
 
 /// Samples one token from `logits` (modified in place by the penalties) under `params`, with
-/// the `top_logprobs_num` most likely alternatives (0: none, at no cost).
+/// its log-probability and the `top_logprobs_num` most likely alternatives (0: none, at no
+/// cost).
 pub fn sample(
     logits: &mut [f32],
     params: &SamplingParams,
@@ -160,6 +162,33 @@ pub fn sample(
     output_ids: &[u32],
     top_logprobs_num: usize,
 ) -> SampleResult {
+    let report = Report {
+        logprob: true,
+        top: top_logprobs_num,
+    };
+    sample_reporting(logits, params, rng, prompt_ids, output_ids, report)
+}
+
+/// What a caller wants reported beside the token.
+#[derive(Clone, Copy, Debug)]
+pub struct Report {
+    /// The chosen token's log-probability.
+    pub logprob: bool,
+    /// How many most likely alternatives (0: none).
+    pub top: usize,
+}
+
+/// [`sample`], reporting only what `report` asks: greedy with nothing to report takes the
+/// argmax and skips the softmax over the vocabulary (the same token; `logprob` is NaN).
+pub fn sample_reporting(
+    logits: &mut [f32],
+    params: &SamplingParams,
+    rng: &mut StdRng,
+    prompt_ids: &[u32],
+    output_ids: &[u32],
+    report: Report,
+) -> SampleResult {
+    let top_logprobs_num = report.top;
     if logits.is_empty() {
         return SampleResult {
             token: 0,
@@ -171,11 +200,12 @@ pub fn sample(
     // NaN logits (a broken model) must not poison the choice; treat them as impossible. +inf
     // is clamped so the weights stay finite (it is then simply the most likely).
     for l in logits.iter_mut() {
-        if l.is_nan() {
-            *l = f32::NEG_INFINITY;
-        } else if *l == f32::INFINITY {
-            *l = f32::MAX;
-        }
+        // A select, not a branch: this pass runs over the whole vocabulary for every token.
+        *l = if l.is_nan() {
+            f32::NEG_INFINITY
+        } else {
+            l.min(f32::MAX)
+        };
     }
     // The most likely token (ties to the lowest id): greedy's choice, and the softmax's shift.
     let best = kernels::argmax(logits);
@@ -188,6 +218,13 @@ pub fn sample(
         };
     }
     let greedy = params.is_greedy();
+    if greedy && !report.logprob && top_logprobs_num == 0 {
+        return SampleResult {
+            token: best as u32,
+            logprob: f32::NAN,
+            top_logprobs: Vec::new(),
+        };
+    }
     let temp = if greedy { 1.0 } else { params.temperature };
     let dist = LogSoftmax::new(logits, logits[best], temp);
     let token = if greedy {
@@ -327,6 +364,23 @@ mod tests {
         let l = logits();
         let z: f64 = l.iter().map(|&x| (x as f64).exp()).sum();
         assert!((r.logprob as f64 - (2.0 - z.ln())).abs() < 1e-5);
+    }
+
+    #[test]
+    fn not_reporting_the_logprob_picks_the_same_tokens() {
+        let quiet = Report {
+            logprob: false,
+            top: 0,
+        };
+        for temp in [0.0, 0.7, 1.0] {
+            let (mut a, mut b) = (StdRng::seed_from_u64(9), StdRng::seed_from_u64(9));
+            for _ in 0..50 {
+                let full = sample(&mut logits(), &params(temp), &mut a, &[], &[], 0);
+                let r = sample_reporting(&mut logits(), &params(temp), &mut b, &[], &[], quiet);
+                assert_eq!(r.token, full.token, "temperature {temp}");
+                assert_eq!(r.logprob.is_nan(), temp == 0.0, "greedy alone skips it");
+            }
+        }
     }
 
     #[test]

@@ -74,7 +74,7 @@ pub enum Block {
 
 /// A family as data: how its checkpoints name it and every way its config is read differently
 /// from another family's. A new family is a variant of [`ModelFamily`] and its row in
-/// [`ModelFamily::spec`].
+/// [`FAMILIES`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FamilySpec {
     /// The `architectures` entry of its checkpoints.
@@ -91,6 +91,131 @@ pub struct FamilySpec {
     pub block: Block,
 }
 
+/// Every family's row, in the order of [`ModelFamily`]'s variants (a unit test checks it): the
+/// one place a family's differences are written.
+const FAMILIES: [(ModelFamily, FamilySpec); 9] = {
+    use Bias::{Always, Attention, Flag, Never};
+    [
+        (
+            ModelFamily::Llama,
+            FamilySpec {
+                architecture: "LlamaForCausalLM",
+                model_type: "llama",
+                qkv_bias: Attention,
+                o_bias: Attention,
+                mlp_bias: true,
+                qk_norm: false,
+                window: Window::Never,
+                block: Block::Dense,
+            },
+        ),
+        (
+            ModelFamily::Mistral,
+            FamilySpec {
+                architecture: "MistralForCausalLM",
+                model_type: "mistral",
+                qkv_bias: Never,
+                o_bias: Never,
+                mlp_bias: false,
+                qk_norm: false,
+                window: Window::Every,
+                block: Block::Dense,
+            },
+        ),
+        (
+            ModelFamily::Qwen2,
+            FamilySpec {
+                architecture: "Qwen2ForCausalLM",
+                model_type: "qwen2",
+                qkv_bias: Always,
+                o_bias: Never,
+                mlp_bias: false,
+                qk_norm: false,
+                window: Window::SomeLayersRefused,
+                block: Block::Dense,
+            },
+        ),
+        (
+            ModelFamily::Qwen3,
+            FamilySpec {
+                architecture: "Qwen3ForCausalLM",
+                model_type: "qwen3",
+                qkv_bias: Attention,
+                o_bias: Attention,
+                mlp_bias: false,
+                qk_norm: true,
+                window: Window::SomeLayersRefused,
+                block: Block::Dense,
+            },
+        ),
+        (
+            ModelFamily::Gemma2,
+            FamilySpec {
+                architecture: "Gemma2ForCausalLM",
+                model_type: "gemma2",
+                qkv_bias: Attention,
+                o_bias: Attention,
+                mlp_bias: false,
+                qk_norm: false,
+                window: Window::OwnLayers,
+                block: Block::Gemma,
+            },
+        ),
+        (
+            ModelFamily::Gemma3,
+            FamilySpec {
+                architecture: "Gemma3ForCausalLM",
+                model_type: "gemma3_text",
+                qkv_bias: Attention,
+                o_bias: Attention,
+                mlp_bias: false,
+                qk_norm: true,
+                window: Window::OwnLayers,
+                block: Block::Gemma,
+            },
+        ),
+        (
+            ModelFamily::Mixtral,
+            FamilySpec {
+                architecture: "MixtralForCausalLM",
+                model_type: "mixtral",
+                qkv_bias: Never,
+                o_bias: Never,
+                mlp_bias: false,
+                qk_norm: false,
+                window: Window::Every,
+                block: Block::Moe,
+            },
+        ),
+        (
+            ModelFamily::Qwen3Moe,
+            FamilySpec {
+                architecture: "Qwen3MoeForCausalLM",
+                model_type: "qwen3_moe",
+                qkv_bias: Attention,
+                o_bias: Attention,
+                mlp_bias: false,
+                qk_norm: true,
+                window: Window::SomeLayersRefused,
+                block: Block::Moe,
+            },
+        ),
+        (
+            ModelFamily::Qwen2Moe,
+            FamilySpec {
+                architecture: "Qwen2MoeForCausalLM",
+                model_type: "qwen2_moe",
+                qkv_bias: Flag("qkv_bias"),
+                o_bias: Never,
+                mlp_bias: false,
+                qk_norm: false,
+                window: Window::SomeLayersRefused,
+                block: Block::Moe,
+            },
+        ),
+    ]
+};
+
 impl ModelFamily {
     pub const ALL: [ModelFamily; 9] = [
         ModelFamily::Llama,
@@ -104,101 +229,9 @@ impl ModelFamily {
         ModelFamily::Qwen2Moe,
     ];
 
-    /// The family's row: the one place its differences are written.
+    /// The family's row of [`FAMILIES`].
     pub const fn spec(self) -> FamilySpec {
-        use Bias::{Always, Attention, Flag, Never};
-        match self {
-            ModelFamily::Llama => FamilySpec {
-                architecture: "LlamaForCausalLM",
-                model_type: "llama",
-                qkv_bias: Attention,
-                o_bias: Attention,
-                mlp_bias: true,
-                qk_norm: false,
-                window: Window::Never,
-                block: Block::Dense,
-            },
-            ModelFamily::Mistral => FamilySpec {
-                architecture: "MistralForCausalLM",
-                model_type: "mistral",
-                qkv_bias: Never,
-                o_bias: Never,
-                mlp_bias: false,
-                qk_norm: false,
-                window: Window::Every,
-                block: Block::Dense,
-            },
-            ModelFamily::Qwen2 => FamilySpec {
-                architecture: "Qwen2ForCausalLM",
-                model_type: "qwen2",
-                qkv_bias: Always,
-                o_bias: Never,
-                mlp_bias: false,
-                qk_norm: false,
-                window: Window::SomeLayersRefused,
-                block: Block::Dense,
-            },
-            ModelFamily::Qwen3 => FamilySpec {
-                architecture: "Qwen3ForCausalLM",
-                model_type: "qwen3",
-                qkv_bias: Attention,
-                o_bias: Attention,
-                mlp_bias: false,
-                qk_norm: true,
-                window: Window::SomeLayersRefused,
-                block: Block::Dense,
-            },
-            ModelFamily::Gemma2 => FamilySpec {
-                architecture: "Gemma2ForCausalLM",
-                model_type: "gemma2",
-                qkv_bias: Attention,
-                o_bias: Attention,
-                mlp_bias: false,
-                qk_norm: false,
-                window: Window::OwnLayers,
-                block: Block::Gemma,
-            },
-            ModelFamily::Gemma3 => FamilySpec {
-                architecture: "Gemma3ForCausalLM",
-                model_type: "gemma3_text",
-                qkv_bias: Attention,
-                o_bias: Attention,
-                mlp_bias: false,
-                qk_norm: true,
-                window: Window::OwnLayers,
-                block: Block::Gemma,
-            },
-            ModelFamily::Mixtral => FamilySpec {
-                architecture: "MixtralForCausalLM",
-                model_type: "mixtral",
-                qkv_bias: Never,
-                o_bias: Never,
-                mlp_bias: false,
-                qk_norm: false,
-                window: Window::Every,
-                block: Block::Moe,
-            },
-            ModelFamily::Qwen3Moe => FamilySpec {
-                architecture: "Qwen3MoeForCausalLM",
-                model_type: "qwen3_moe",
-                qkv_bias: Attention,
-                o_bias: Attention,
-                mlp_bias: false,
-                qk_norm: true,
-                window: Window::SomeLayersRefused,
-                block: Block::Moe,
-            },
-            ModelFamily::Qwen2Moe => FamilySpec {
-                architecture: "Qwen2MoeForCausalLM",
-                model_type: "qwen2_moe",
-                qkv_bias: Flag("qkv_bias"),
-                o_bias: Never,
-                mlp_bias: false,
-                qk_norm: false,
-                window: Window::SomeLayersRefused,
-                block: Block::Moe,
-            },
-        }
+        FAMILIES[self as usize].1
     }
 
     /// The `architectures` entry of its checkpoints.
@@ -225,5 +258,18 @@ impl ModelFamily {
 impl fmt::Display for ModelFamily {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.model_type())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_family_has_its_own_row_in_variant_order() {
+        for (i, family) in ModelFamily::ALL.into_iter().enumerate() {
+            assert_eq!(FAMILIES[i].0, family, "row {i}");
+            assert_eq!(family as usize, i, "{family:?}");
+        }
     }
 }

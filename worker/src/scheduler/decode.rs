@@ -6,7 +6,7 @@ use protocol::{FinishReason, TokenOut};
 use super::Scheduler;
 use crate::model::SeqInput;
 use crate::request::Req;
-use crate::sampling::sample;
+use crate::sampling::{sample_reporting, Report};
 use grammar::{GrammarError, Guide, LazyGrammars, Mask};
 
 impl Scheduler {
@@ -141,13 +141,17 @@ impl Scheduler {
         if let Some(mask) = mask {
             mask.map_err(|e| e.to_string())?.apply(logits);
         }
-        let picked = sample(
+        let report = Report {
+            logprob: req.return_logprob,
+            top: req.top_logprobs_num as usize,
+        };
+        let picked = sample_reporting(
             logits,
             &req.params,
             &mut req.rng,
             &req.prompt,
             &req.output,
-            req.top_logprobs_num as usize,
+            report,
         );
         let token = picked.token;
         req.output.push(token);
