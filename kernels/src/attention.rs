@@ -20,9 +20,9 @@
 
 use std::cell::Cell;
 
+use crate::linevec::LineVec;
 use crate::math::exp_fixed;
 use crate::path::{kernel_path, multiversion, KernelPath};
-use crate::LineVec;
 
 /// Shapes of one attention call.
 #[derive(Clone, Copy, Debug)]

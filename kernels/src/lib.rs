@@ -36,21 +36,3 @@ pub use rope::{
 };
 pub use store::{SharedBytes, ViewError};
 pub use wdtype::{Bf16, PackedElem, WeightDtype, F16};
-
-/// Sum of products over 8 lanes with plain multiply and add, then a fixed tree. Used where the
-/// portable build must be fast without FMA (attention scores, norms) and deterministic.
-#[inline]
-pub(crate) fn dot8(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let mut ac = a.chunks_exact(8);
-    let mut bc = b.chunks_exact(8);
-    for (x, y) in (&mut ac).zip(&mut bc) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    for (l, (x, y)) in ac.remainder().iter().zip(bc.remainder()).enumerate() {
-        acc[l] += x * y;
-    }
-    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
-}

@@ -2,7 +2,6 @@
 
 use rayon::prelude::*;
 
-use crate::dot8;
 use crate::path::{kernel_path, multiversion, KernelPath};
 
 /// Normalises each row of `x` (`[rows, dim]`) into `y`.
@@ -38,6 +37,24 @@ pub fn rmsnorm_with(path: KernelPath, x: &[f32], weight: &[f32], eps: f32, y: &m
     } else {
         x.chunks(dim).zip(y.chunks_mut(dim)).for_each(row);
     }
+}
+
+/// Sum of products over 8 lanes with plain multiply and add, then a fixed tree: fast on the
+/// portable build without FMA, and deterministic.
+#[inline]
+fn dot8(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut ac = a.chunks_exact(8);
+    let mut bc = b.chunks_exact(8);
+    for (x, y) in (&mut ac).zip(&mut bc) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    for (l, (x, y)) in ac.remainder().iter().zip(bc.remainder()).enumerate() {
+        acc[l] += x * y;
+    }
+    ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]))
 }
 
 #[cfg(test)]

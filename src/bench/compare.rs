@@ -8,14 +8,16 @@ use std::time::Duration;
 use anyhow::Context;
 use serde_json::{json, Value};
 
+use super::args::BenchArgs;
 use super::launch::{self, ServerFlags};
 use super::metrics::BenchMetrics;
 use super::plan::Plan;
 use super::preset::DEFAULT_COMPARE;
+use super::report::append_jsonl;
 use super::report::{self, MethodResult, RunInfo};
 use super::runner::run_once;
 use super::workload::{Dataset, GspConfig};
-use super::{append_jsonl, chart, routes, BenchArgs};
+use super::{chart, routes};
 
 /// `--launch`: a fresh cluster per method, the same workload on each, one comparison.
 pub fn run_compare(

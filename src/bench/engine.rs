@@ -102,7 +102,7 @@ pub fn run(args: &EngineArgs) -> anyhow::Result<()> {
     let result = pool.install(|| measure(args, path, threads))?;
     print!("{}", table(&result));
     if let Some(file) = &args.output_file {
-        super::append_jsonl(file, &serde_json::to_value(&result)?)?;
+        super::report::append_jsonl(file, &serde_json::to_value(&result)?)?;
     }
     if std::env::var_os("DPSERVE_ENGINE_CHILD").is_some() {
         println!("{CHILD_LINE}{}", serde_json::to_string(&result)?);

@@ -1,6 +1,7 @@
 //! The command line resolved into a run: explicit flags over the preset over the defaults,
 //! for the workload (`Plan`) and for the clusters `--launch` starts (`ServerFlags`).
 
+use super::args::BenchArgs;
 use super::bailian::BAILIAN_BLOCK_TOKENS;
 use super::client::Backend;
 use super::launch::ServerFlags;
@@ -9,7 +10,6 @@ use super::mooncake::{TraceConfig, TRACE_BLOCK_TOKENS};
 use super::preset::{Preset, PresetValues, DEFAULT_GSP};
 use super::sweep::spec::{SweepSpec, DEFAULT_SWEEP_EXTEND};
 use super::workload::{Dataset, GspConfig};
-use super::BenchArgs;
 
 /// Everything a run needs, after the preset and the defaults are applied.
 #[derive(Debug, Clone)]

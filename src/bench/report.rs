@@ -1,7 +1,12 @@
 //! What a benchmark run prints and writes: bench_serving's result table and JSON-line keys for
 //! one run, and the comparison across load-balance methods (terminal table, Markdown, JSON).
-//! Pure formatting: nothing here measures or talks to a server.
+//! Formatting, and appending a JSON line to a results file: nothing here measures or talks to
+//! a server.
 
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::Context;
 use serde_json::{json, Map, Value};
 
 use super::metrics::{BenchMetrics, Dist};
@@ -528,6 +533,19 @@ pub fn markdown_table(headers: &[String], rows: &[Vec<String>]) -> String {
         out.push_str(&format!("| {} |\n", row.join(" | ")));
     }
     out
+}
+
+/// Appends `line` to the JSON-lines file `path` (made, with its folder, if missing).
+pub fn append_jsonl(path: &Path, line: &Value) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    writeln!(f, "{line}").with_context(|| format!("writing {}", path.display()))
 }
 
 #[cfg(test)]

@@ -36,12 +36,14 @@ pub(crate) mod spec;
 
 pub use spec::SweepSpec;
 
+use super::args::BenchArgs;
+use super::compare;
 use super::launch::{self, ServerFlags};
 use super::metrics::{percentile, BenchMetrics};
 use super::plan::Plan;
+use super::report::append_jsonl;
 use super::runner::run_once;
 use super::workload::Dataset;
-use super::{append_jsonl, compare, BenchArgs};
 use super::{bailian, mooncake};
 
 /// What a rate means for this workload, and requests/s offered at rate 1.
