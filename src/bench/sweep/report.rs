@@ -5,13 +5,14 @@
 use anyhow::Context;
 use serde_json::{json, Value};
 
-use super::{capacities, is_peer, MethodSweep, Point, RateUnit, RunPoint, SweepSpec};
+use super::points::{capacities, is_peer, MethodSweep, Point, RateUnit, RunPoint};
+use super::spec::SweepSpec;
+use crate::bench::args::BenchArgs;
 use crate::bench::compare;
 use crate::bench::launch::ServerFlags;
 use crate::bench::plan::Plan;
 use crate::bench::report::{aligned_table, markdown_table, pct};
 use crate::bench::workload::Dataset;
-use crate::bench::BenchArgs;
 
 /// The table's rows: a method, its median attainment per rate, its capacity and the ratio.
 fn rows(sweeps: &[MethodSweep], target: f64) -> Vec<Vec<String>> {
