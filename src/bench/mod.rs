@@ -30,6 +30,7 @@ pub mod report;
 pub mod routes;
 pub mod runner;
 pub mod sweep;
+pub mod sweep_spec;
 pub mod workload;
 
 use anyhow::Context;

@@ -8,7 +8,7 @@ use super::launch::ServerFlags;
 use super::metrics::Slo;
 use super::mooncake::{TraceConfig, TRACE_BLOCK_TOKENS};
 use super::preset::{Preset, PresetValues, DEFAULT_GSP};
-use super::sweep::spec::{SweepSpec, DEFAULT_SWEEP_EXTEND};
+use super::sweep_spec::{SweepSpec, DEFAULT_SWEEP_EXTEND};
 use super::workload::{Dataset, GspConfig};
 
 /// Everything a run needs, after the preset and the defaults are applied.

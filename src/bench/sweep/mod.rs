@@ -32,10 +32,9 @@ use anyhow::Context;
 
 mod points;
 mod report;
-pub(crate) mod spec;
 
+use super::sweep_spec::{self as spec, SweepSpec};
 use points::{MethodSweep, Point, RateUnit, RunPoint};
-pub use spec::SweepSpec;
 
 use super::args::BenchArgs;
 use super::compare;

@@ -10,7 +10,7 @@ use crate::bench::plan::Plan;
 use crate::bench::workload::Dataset;
 use crate::bench::{bailian, mooncake};
 
-use super::spec::SweepSpec;
+use crate::bench::sweep_spec::SweepSpec;
 
 /// What a rate means for this workload, and requests/s offered at rate 1.
 #[derive(Debug, Clone, Copy, PartialEq)]

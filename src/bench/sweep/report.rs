@@ -6,12 +6,12 @@ use anyhow::Context;
 use serde_json::{json, Value};
 
 use super::points::{capacities, is_peer, MethodSweep, Point, RateUnit, RunPoint};
-use super::spec::SweepSpec;
 use crate::bench::args::BenchArgs;
 use crate::bench::compare;
 use crate::bench::launch::ServerFlags;
 use crate::bench::plan::Plan;
 use crate::bench::report::{aligned_table, markdown_table, pct};
+use crate::bench::sweep_spec::SweepSpec;
 use crate::bench::workload::Dataset;
 
 /// The table's rows: a method, its median attainment per rate, its capacity and the ratio.

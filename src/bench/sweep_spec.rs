@@ -1,5 +1,6 @@
 //! `--sweep`, `--sweep-repeats` and `--slo-attainment` checked: what a sweep is asked to do.
-//! On its own so that the bench's plan holds it without importing the sweep that runs it.
+//! Beside the sweep, not in it, so that the bench's plan holds it without importing the sweep
+//! that runs it.
 
 use anyhow::Context;
 
