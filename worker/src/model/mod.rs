@@ -26,7 +26,7 @@ mod support;
 mod weights;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::path::Path;
 

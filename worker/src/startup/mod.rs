@@ -369,3 +369,29 @@ fn scheduler_config(config: &WorkerConfig, mc: &ModelConfig, pool: PoolSize) -> 
         max_queued_requests: config.max_queued_requests,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::LoadDtype;
+
+    #[test]
+    fn a_checkpoint_with_a_tensor_its_config_does_not_use_is_a_config_error() {
+        let dir = tempfile::tempdir().unwrap();
+        crate::model::tests::write_checkpoint_with_unused_o_bias(dir.path());
+        // The worker refuses to start with it, as a configuration error (EX_CONFIG).
+        let err = load_model(&ModelSource::HfDir {
+            dir: dir.path().into(),
+            dtype: LoadDtype::Auto,
+            compute: kernels::ComputeDtype::F32,
+            weight_cache: None,
+        })
+        .unwrap_err();
+        assert!(
+            matches!(err, WorkerError::UnsupportedModel { .. }),
+            "{err:?}"
+        );
+        assert!(err.is_config_error(), "{err}");
+        assert!(err.to_string().contains("o_proj.bias"), "{err}");
+    }
+}
