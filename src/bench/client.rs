@@ -250,16 +250,22 @@ struct Event {
 #[derive(serde::Deserialize, Default)]
 #[serde(default)]
 struct MetaInfo {
+    #[serde(deserialize_with = "count")]
     prompt_tokens: Option<u64>,
+    #[serde(deserialize_with = "count")]
     completion_tokens: Option<u64>,
+    #[serde(deserialize_with = "count")]
     cached_tokens: Option<u64>,
-    dp_rank: Option<u32>,
+    #[serde(deserialize_with = "count")]
+    dp_rank: Option<u64>,
 }
 
 #[derive(serde::Deserialize, Default)]
 #[serde(default)]
 struct Usage {
+    #[serde(deserialize_with = "count")]
     prompt_tokens: Option<u64>,
+    #[serde(deserialize_with = "count")]
     completion_tokens: Option<u64>,
     prompt_tokens_details: Option<PromptTokensDetails>,
 }
@@ -267,7 +273,14 @@ struct Usage {
 #[derive(serde::Deserialize, Default)]
 #[serde(default)]
 struct PromptTokensDetails {
+    #[serde(deserialize_with = "count")]
     cached_tokens: Option<u64>,
+}
+
+/// A count or index another server may write differently (null, negative, a string): read when
+/// it is a non-negative integer, ignored otherwise, never failing the event.
+fn count<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    Ok(<Value as serde::Deserialize>::deserialize(d)?.as_u64())
 }
 
 /// Folds SSE lines into an outcome.
@@ -351,7 +364,7 @@ impl StreamParser {
             self.cached_tokens = Some(n);
         }
         if let Some(r) = meta.dp_rank {
-            self.dp_rank = Some(r);
+            self.dp_rank = Some(r as u32);
         }
         match meta.completion_tokens {
             Some(n) => {
@@ -387,7 +400,7 @@ impl StreamParser {
             self.cached_tokens = usage.prompt_tokens_details.and_then(|d| d.cached_tokens);
         }
         if let Some(r) = event.meta_info.and_then(|m| m.dp_rank) {
-            self.dp_rank = Some(r);
+            self.dp_rank = Some(r as u32);
         }
         match event.choices {
             Some(c) if !c.is_empty() => 1,
@@ -519,6 +532,26 @@ mod tests {
         assert_eq!(out.output_len, 2);
         assert_eq!(out.itl_s.len(), 1);
         assert_eq!(out.cached_tokens, Some(4));
+    }
+
+    #[test]
+    fn odd_meta_values_are_ignored_not_fatal() {
+        let out = feed(
+            Backend::Generate,
+            &[
+                (
+                    r#"data: {"text":"a","output_ids":[5],"meta_info":{"dp_rank":-1,"cached_tokens":null,"prompt_tokens":"10","completion_tokens":1}}"#,
+                    0.1,
+                ),
+                ("data: [DONE]", 0.1),
+            ],
+        )
+        .unwrap();
+        assert_eq!(
+            (out.output_len, out.dp_rank, out.cached_tokens),
+            (1, None, None)
+        );
+        assert_eq!(out.server_prompt_tokens, None);
     }
 
     #[test]
