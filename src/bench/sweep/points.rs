@@ -152,7 +152,7 @@ impl Point {
 }
 
 /// The median of finite values (NaN when there is none).
-pub(super) fn median(values: impl Iterator<Item = f64>) -> f64 {
+fn median(values: impl Iterator<Item = f64>) -> f64 {
     let mut v: Vec<f64> = values.filter(|x| x.is_finite()).collect();
     if v.is_empty() {
         return f64::NAN;
