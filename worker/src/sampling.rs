@@ -151,24 +151,6 @@ fn nucleus(cand: &mut Vec<(u32, f32)>, target: f64) {
     }
 }
 
-/// Samples one token from `logits` (modified in place by the penalties) under `params`, with
-/// its log-probability and the `top_logprobs_num` most likely alternatives (0: none, at no
-/// cost).
-pub fn sample(
-    logits: &mut [f32],
-    params: &SamplingParams,
-    rng: &mut StdRng,
-    prompt_ids: &[u32],
-    output_ids: &[u32],
-    top_logprobs_num: usize,
-) -> SampleResult {
-    let report = Report {
-        logprob: true,
-        top: top_logprobs_num,
-    };
-    sample_reporting(logits, params, rng, prompt_ids, output_ids, report)
-}
-
 /// What a caller wants reported beside the token.
 #[derive(Clone, Copy, Debug)]
 pub struct Report {
@@ -178,8 +160,10 @@ pub struct Report {
     pub top: usize,
 }
 
-/// [`sample`], reporting only what `report` asks: greedy with nothing to report takes the
-/// argmax and skips the softmax over the vocabulary (the same token; `logprob` is NaN).
+/// Samples one token from `logits` (modified in place by the penalties) under `params`, with
+/// what `report` asks: its log-probability, the most likely alternatives (none: at no cost).
+/// Greedy with nothing to report takes the argmax and skips the softmax over the vocabulary
+/// (the same token; `logprob` is NaN).
 pub fn sample_reporting(
     logits: &mut [f32],
     params: &SamplingParams,
@@ -280,6 +264,22 @@ fn draw(logits: &[f32], weights: &[f32], params: &SamplingParams, rng: &mut StdR
 mod tests {
     use super::*;
     use rand::SeedableRng;
+
+    /// A token with its log-probability and `top_logprobs_num` alternatives.
+    pub(super) fn sample(
+        logits: &mut [f32],
+        params: &SamplingParams,
+        rng: &mut StdRng,
+        prompt_ids: &[u32],
+        output_ids: &[u32],
+        top_logprobs_num: usize,
+    ) -> SampleResult {
+        let report = Report {
+            logprob: true,
+            top: top_logprobs_num,
+        };
+        sample_reporting(logits, params, rng, prompt_ids, output_ids, report)
+    }
 
     fn params(temperature: f32) -> SamplingParams {
         SamplingParams {
@@ -550,6 +550,7 @@ mod tests {
 
 #[cfg(test)]
 mod speed {
+    use super::tests::sample;
     use super::*;
     use rand::SeedableRng;
 
