@@ -37,14 +37,15 @@ use crate::path::{multiversion, KernelPath};
 use crate::store::{SharedBytes, Store, ViewError};
 use crate::wdtype::f16_to_f32;
 
+/// How far ahead the SIMD kernels prefetch the W panel where they do (several x rows), in
+/// windows of NR × 64 bytes (8, 16 and 32 read alike on the machine measured).
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_WINDOWS: usize = 8;
+
 /// Weights per block (one scale each).
 pub const BLOCK: usize = 32;
 /// Elements of one window: two blocks, 4 per lane.
 const WIN: usize = 64;
-/// How far ahead the SIMD kernels prefetch the W panel, in windows (of NR × 64 bytes): with few
-/// x rows W streams from memory (8, 16 and 32 read alike on the machine measured).
-#[cfg(target_arch = "x86_64")]
-const PREFETCH_WINDOWS: usize = 8;
 
 /// A Q8_0 matrix's panels, one run of bytes (owned, or viewed in a packed weight file): the
 /// offset quants, `[panel][window][NR][64]` (`q + 128`), then the scales, `[panel][window][NR][2]`
@@ -136,6 +137,35 @@ pub fn quantize_block(v: &[f32], q: &mut [i8; BLOCK]) -> f32 {
     d
 }
 
+/// [`quantize_block`] of a whole block, in code the compiler vectorizes (the same bits: `max` is
+/// order-free on magnitudes, and round-half-away-from-zero is `trunc` plus one where the dropped
+/// fraction, exact in f32, is at least one half).
+#[inline(always)]
+fn quantize32(v: &[f32; BLOCK], q: &mut [i8; BLOCK]) -> f32 {
+    let mut m = [0f32; BLOCK / 2];
+    for i in 0..BLOCK / 2 {
+        m[i] = v[i].abs().max(v[i + BLOCK / 2].abs());
+    }
+    let mut w = BLOCK / 4;
+    while w > 0 {
+        for i in 0..w {
+            m[i] = m[i].max(m[i + w]);
+        }
+        w /= 2;
+    }
+    // `max` ignores a NaN unless both are: as the fold from 0, a block of NaNs has amax 0.
+    let amax = m[0].max(0.0);
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    for (o, &x) in q.iter_mut().zip(v) {
+        let a = (x * id).abs();
+        let t = a.trunc();
+        let r = if a - t >= 0.5 { t + 1.0 } else { t };
+        *o = r.copysign(x * id) as i8;
+    }
+    d
+}
+
 /// One dot product in the contract, from f32 `x` and f32 `w` (both quantized here, `w`'s
 /// scales rounded to f16): the reference every path is tested against.
 pub fn dot_q8_0(x: &[f32], w: &[f32]) -> f32 {
@@ -179,11 +209,14 @@ pub(crate) fn pack(w: &[f32], n: usize, k: usize) -> Q8Panels {
     let (quants, scales) = data.split_at_mut(qlen);
     quants.fill(128);
     let mut q = [0i8; BLOCK];
+    let mut whole = [0f32; BLOCK];
     if k > 0 {
         for (r, row) in w.chunks_exact(k).enumerate() {
             let (p, j) = (r / NR, r % NR);
             for (b, block) in row.chunks(BLOCK).enumerate() {
-                let d = quantize_block(block, &mut q);
+                whole[..block.len()].copy_from_slice(block);
+                whole[block.len()..].fill(0.0);
+                let d = quantize32(&whole, &mut q);
                 let (c, half) = (b / 2, b % 2);
                 let o = ((p * nw + c) * NR + j) * WIN;
                 for (e, &v) in q.iter().enumerate() {
@@ -241,31 +274,48 @@ impl XPack {
         }
     }
 
-    fn pack(&mut self, x: &[f32], m: usize, k: usize) {
-        let (mp, nw) = (m.div_ceil(MR), windows(k));
-        let slots = mp * nw * MR;
-        self.q.clear();
-        self.q.resize(slots * WIN, 0);
-        self.neg.clear();
-        self.neg.resize(slots * LANES, 0);
-        self.d.clear();
-        self.d.resize(slots * LANES, 0.0);
-        let mut q = [0i8; BLOCK];
-        for r in 0..m {
-            let row = &x[r * k..(r + 1) * k];
-            for (b, block) in row.chunks(BLOCK).enumerate() {
-                let d = quantize_block(block, &mut q);
-                let (c, half) = (b / 2, b % 2);
-                let slot = ((r / MR) * nw + c) * MR + r % MR;
-                for (e, &v) in q.iter().enumerate() {
-                    self.q[slot * WIN + lane_byte(half, e)] = v;
-                }
-                for g in 0..BLOCK / 4 {
-                    let sum: i32 = q[4 * g..4 * g + 4].iter().map(|&v| v as i32).sum();
-                    let l = 2 * g + half;
-                    self.neg[slot * LANES + l] = -128 * sum;
-                    self.d[slot * LANES + l] = d;
-                }
+    /// Quantizes and lays out `x` (`m` rows of `k`) for one call, compiled for `path`.
+    fn pack(&mut self, path: KernelPath, x: &[f32], m: usize, k: usize) {
+        pack_x(path, self, x, m, k);
+    }
+}
+
+multiversion! {
+    fn pack_x(xs: &mut XPack, x: &[f32], m: usize, k: usize) => pack_x_body;
+}
+
+/// [`XPack::pack`]: every slot of rows `0..m` written (a block past `k` as zeros); the pad rows
+/// of the last panel keep whatever they held, as no kernel reads a row past `m`.
+#[inline(always)]
+fn pack_x_body(xs: &mut XPack, x: &[f32], m: usize, k: usize) {
+    let (mp, nw) = (m.div_ceil(MR), windows(k));
+    let slots = mp * nw * MR;
+    xs.q.resize(slots * WIN, 0);
+    xs.neg.resize(slots * LANES, 0);
+    xs.d.resize(slots * LANES, 0.0);
+    let mut block = [0f32; BLOCK];
+    let mut q = [[0i8; BLOCK]; 2];
+    for r in 0..m {
+        let row = &x[r * k..(r + 1) * k];
+        for c in 0..nw {
+            let mut d = [0f32; 2];
+            for h in 0..2 {
+                let start = ((2 * c + h) * BLOCK).min(k);
+                let part = &row[start..(start + BLOCK).min(k)];
+                block[..part.len()].copy_from_slice(part);
+                block[part.len()..].fill(0.0);
+                d[h] = quantize32(&block, &mut q[h]);
+            }
+            let slot = ((r / MR) * nw + c) * MR + r % MR;
+            let qs = &mut xs.q[slot * WIN..][..WIN];
+            let neg = &mut xs.neg[slot * LANES..][..LANES];
+            let dl = &mut xs.d[slot * LANES..][..LANES];
+            // Group g of block half h goes to lane 2g + h.
+            for l in 0..LANES {
+                let four = &q[l % 2][4 * (l / 2)..4 * (l / 2) + 4];
+                qs[4 * l..4 * l + 4].copy_from_slice(four);
+                neg[l] = -128 * four.iter().map(|&v| v as i32).sum::<i32>();
+                dl[l] = d[l % 2];
             }
         }
     }
@@ -328,7 +378,7 @@ pub(crate) fn linear_q8(
     let (n, k) = (w.n, w.k);
     let nw = windows(k);
     let mut xs = X_PACK.take();
-    xs.pack(x, m, k);
+    xs.pack(path, x, m, k);
     let dot = if simd {
         IntDot::of(path)
     } else {
@@ -482,38 +532,56 @@ mod vnni {
         nw: usize,
         i0: usize,
     ) -> [[__m512; NR]; A] {
+        const {
+            assert!(
+                NR * 4 == 24,
+                "a window's scales are one 16-byte and one 8-byte load"
+            )
+        };
         let mut acc = [[_mm512_setzero_ps(); NR]; A];
         for c in 0..nw {
-            // Few rows: W streams from memory; prefetch it ahead (a hint: never faults).
-            let ahead = wq.as_ptr().wrapping_add((c + PREFETCH_WINDOWS) * NR * WIN);
-            for j in 0..NR {
-                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(j * WIN) as *const i8);
+            // W streams from memory. With one x row the hardware's prefetchers alone stream
+            // it fastest; with more (more arithmetic per byte) a software prefetch ahead of
+            // them is faster (docs/BENCHMARKS.md). A hint: never faults.
+            if A > 1 {
+                let ahead = wq.as_ptr().wrapping_add((c + PREFETCH_WINDOWS) * NR * WIN);
+                for j in 0..NR {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(j * WIN) as *const i8);
+                }
             }
+            // The window's 2·NR scales, [d0 of row 0, d1 of row 0, d0 of row 1, …], widened
+            // once (lanes 2·NR.. zero).
+            // SAFETY: the window's 4·NR scale bytes lie inside the panel (function contract).
+            let dws = unsafe {
+                let at = ws.as_ptr().add(c * NR * 4);
+                let lo = _mm_loadu_si128(at as *const __m128i);
+                let hi = _mm_loadl_epi64(at.add(16) as *const __m128i);
+                _mm512_cvtph_ps(_mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), hi))
+            };
             let mut xv = [_mm512_setzero_si512(); A];
             let mut neg = [_mm512_setzero_si512(); A];
-            let mut xd = [_mm512_setzero_ps(); A];
+            // Per x row, every W row's `dx · dw` in one product (x's lanes alternate its two
+            // blocks' dx as the pairs alternate d0, d1): the contract's product, lane for lane.
+            let mut scales = [_mm512_setzero_ps(); A];
             for i in 0..A {
                 let s = c * MR + i0 + i;
                 // SAFETY: slot s of window c is inside the panel (function contract).
                 unsafe {
                     xv[i] = _mm512_loadu_si512(x.q.as_ptr().add(s * WIN) as *const _);
                     neg[i] = _mm512_loadu_si512(x.neg.as_ptr().add(s * LANES) as *const _);
-                    xd[i] = _mm512_loadu_ps(x.d.as_ptr().add(s * LANES));
+                    scales[i] = _mm512_mul_ps(_mm512_loadu_ps(x.d.as_ptr().add(s * LANES)), dws);
                 }
             }
             for j in 0..NR {
-                let s = c * NR + j;
                 // SAFETY: as above, for the W panel.
-                let (wv, dw) = unsafe {
-                    let wv = _mm512_loadu_si512(wq.as_ptr().add(s * WIN) as *const _);
-                    // The pair (d0, d1) in every 32-bit lane: [d0, d1, d0, d1, …] as f32.
-                    let pair = std::ptr::read_unaligned(ws.as_ptr().add(s * 4) as *const i32);
-                    let dw = _mm512_cvtph_ps(_mm256_set1_epi32(pair));
-                    (wv, dw)
-                };
+                let wv =
+                    unsafe { _mm512_loadu_si512(wq.as_ptr().add((c * NR + j) * WIN) as *const _) };
+                // W row j's pair (64 bits) in every 64-bit lane.
+                let pick = _mm512_set1_epi64(j as i64);
                 for i in 0..A {
                     let p = _mm512_dpbusd_epi32(neg[i], wv, xv[i]);
-                    let scale = _mm512_mul_ps(xd[i], dw);
+                    let pair = _mm512_permutexvar_pd(pick, _mm512_castps_pd(scales[i]));
+                    let scale = _mm512_castpd_ps(pair);
                     acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale, acc[i][j]);
                 }
             }
@@ -545,7 +613,13 @@ mod avx2 {
     ) {
         for i in 0..rows {
             // SAFETY: function contract; i < rows <= MR.
-            let (lo, hi) = unsafe { (half(x, wq, ws, nw, i, 0), half(x, wq, ws, nw, i, 1)) };
+            let prefetch = rows > 1;
+            let (lo, hi) = unsafe {
+                (
+                    half(x, wq, ws, nw, i, 0, prefetch),
+                    half(x, wq, ws, nw, i, 1, false),
+                )
+            };
             for j in 0..NR {
                 res[i * NR + j] = hsum16_pair(lo[j], hi[j]);
             }
@@ -565,13 +639,14 @@ mod avx2 {
         nw: usize,
         i: usize,
         h: usize,
+        prefetch: bool,
     ) -> [__m256; NR] {
         let flip = _mm256_set1_epi8(-128);
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); NR];
         for c in 0..nw {
-            if h == 0 {
-                // W streams from memory for few rows: prefetch it ahead (a hint: never faults).
+            if prefetch {
+                // W streams from memory: as the VNNI kernel, prefetched only for several rows.
                 let ahead = wq.as_ptr().wrapping_add((c + PREFETCH_WINDOWS) * NR * WIN);
                 for j in 0..NR {
                     _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(j * WIN) as *const i8);
@@ -744,6 +819,53 @@ mod tests {
         assert_eq!((q[15], q[16], q[18]), (-4, 4, 20));
         assert_eq!(quantize_block(&[0.0; 5], &mut q), 0.0);
         assert!(q.iter().all(|&v| v == 0));
+    }
+
+    #[test]
+    fn the_vectorized_quantizer_is_the_reference_bit_for_bit() {
+        let mut rng = Lcg(5);
+        let mut blocks: Vec<[f32; BLOCK]> = (0..2000)
+            .map(|_| std::array::from_fn(|_| rng.value()))
+            .collect();
+        // Exact halves after scaling (amax 127: id = 1): 2.5, -2.5, 0.5, 126.5.
+        let mut halves = [0f32; BLOCK];
+        halves[..5].copy_from_slice(&[127.0, 2.5, -2.5, 0.5, -126.5]);
+        blocks.push(halves);
+        // Just below and above a half, zeros of both signs, a NaN, infinities, denormals.
+        let odd = [
+            0.49999997,
+            0.50000006,
+            -0.0,
+            0.0,
+            f32::NAN,
+            1e-40,
+            -3e-39,
+            7.0,
+        ];
+        let mut edge = [0f32; BLOCK];
+        edge[..odd.len()].copy_from_slice(&odd);
+        blocks.push(edge);
+        blocks.push([f32::NAN; BLOCK]);
+        blocks.push([0.0; BLOCK]);
+        let mut inf = [1.0f32; BLOCK];
+        inf[3] = f32::NEG_INFINITY;
+        blocks.push(inf);
+        for (i, b) in blocks.iter().enumerate() {
+            let (mut want, mut got) = ([0i8; BLOCK], [0i8; BLOCK]);
+            let dw = quantize_block(b, &mut want);
+            for path in KernelPath::all_supported() {
+                let dg = quantize_each(path, b, &mut got);
+                assert_eq!(
+                    (dg.to_bits(), got),
+                    (dw.to_bits(), want),
+                    "block {i} {path}"
+                );
+            }
+        }
+    }
+
+    multiversion! {
+        fn quantize_each(v: &[f32; BLOCK], q: &mut [i8; BLOCK]) -> f32 => quantize32;
     }
 
     #[test]
