@@ -365,3 +365,94 @@ fn load_into(
             .unwrap_or(CudaDtype::F32),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn touch(dir: &Path, name: &str) {
+        std::fs::write(dir.join(name), b"").unwrap();
+    }
+
+    #[test]
+    fn without_an_index_every_safetensors_file_is_a_shard_in_name_order() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["b.safetensors", "a.safetensors", "config.json", "c.bin"] {
+            touch(dir.path(), name);
+        }
+        let files = shard_files(dir.path()).unwrap();
+        assert_eq!(
+            files,
+            [
+                dir.path().join("a.safetensors"),
+                dir.path().join("b.safetensors")
+            ]
+        );
+    }
+
+    #[test]
+    fn an_index_names_its_shards_once_each_and_only_those() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["m-2.safetensors", "m-1.safetensors", "stray.safetensors"] {
+            touch(dir.path(), name);
+        }
+        let index = serde_json::json!({"weight_map": {
+            "x": "m-2.safetensors", "y": "m-1.safetensors", "z": "m-2.safetensors"}});
+        std::fs::write(
+            dir.path().join("model.safetensors.index.json"),
+            index.to_string(),
+        )
+        .unwrap();
+        let files = shard_files(dir.path()).unwrap();
+        assert_eq!(
+            files,
+            [
+                dir.path().join("m-1.safetensors"),
+                dir.path().join("m-2.safetensors")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_missing_shard_or_a_bad_index_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = dir.path().join("model.safetensors.index.json");
+        std::fs::write(&index, r#"{"weight_map": {"x": "gone.safetensors"}}"#).unwrap();
+        let e = shard_files(dir.path()).unwrap_err();
+        assert!(
+            matches!(&e, ModelError::MissingFile { path } if path.ends_with("gone.safetensors")),
+            "{e}"
+        );
+        std::fs::write(&index, r#"{"weight_map": {"x": 7}}"#).unwrap();
+        let e = shard_files(dir.path()).unwrap_err();
+        assert!(
+            matches!(&e, ModelError::MissingField { file, field } if file == &index && field == "weight_map"),
+            "{e}"
+        );
+        std::fs::write(&index, r#"{"metadata": {}}"#).unwrap();
+        let e = shard_files(dir.path()).unwrap_err();
+        assert!(matches!(&e, ModelError::MissingField { .. }), "{e}");
+        std::fs::write(&index, "{not json").unwrap();
+        let e = shard_files(dir.path()).unwrap_err();
+        assert!(
+            matches!(&e, ModelError::BadJson { path, .. } if path == &index),
+            "{e}"
+        );
+        assert!(
+            e.to_string().contains("model.safetensors.index.json"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_directory_without_safetensors_names_the_file_it_looked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        touch(dir.path(), "config.json");
+        let e = shard_files(dir.path()).unwrap_err();
+        assert!(
+            matches!(&e, ModelError::MissingFile { path } if path.ends_with("model.safetensors")),
+            "{e}"
+        );
+        assert!(e.to_string().contains("model.safetensors"), "{e}");
+    }
+}

@@ -48,7 +48,16 @@ impl Shards {
                 reason: e.to_string(),
             })?;
             for name in t.names() {
-                by_name.insert(name.to_string(), i);
+                // Two shards with one name: which one the model would get is arbitrary.
+                if let Some(j) = by_name.insert(name.to_string(), i) {
+                    return Err(ModelError::BadSafetensors {
+                        file: path.clone(),
+                        reason: format!(
+                            "tensor `{name}` is also in {} (a tensor belongs to one shard)",
+                            self.files[j].0.display()
+                        ),
+                    });
+                }
             }
             st.push((path.as_path(), t));
         }
@@ -327,5 +336,120 @@ impl TensorIndex<'_> {
             }
         };
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use safetensors::tensor::TensorView;
+
+    /// A safetensors file of f32 tensors `(name, shape)`, each filled with its index.
+    fn write(path: &Path, tensors: &[(&str, Vec<usize>)]) {
+        let data: Vec<Vec<u8>> = tensors
+            .iter()
+            .enumerate()
+            .map(|(i, (_, shape))| {
+                let n: usize = shape.iter().product();
+                (0..n).flat_map(|_| (i as f32).to_le_bytes()).collect()
+            })
+            .collect();
+        let views: Vec<(&str, TensorView<'_>)> = tensors
+            .iter()
+            .zip(&data)
+            .map(|((name, shape), d)| {
+                (
+                    *name,
+                    TensorView::new(Dtype::F32, shape.clone(), d).unwrap(),
+                )
+            })
+            .collect();
+        safetensors::serialize_to_file(views, &None, path).unwrap();
+    }
+
+    #[test]
+    fn a_tensor_is_read_once_checked_against_its_shape_and_counted_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        write(
+            &path,
+            &[
+                ("a", vec![2, 3]),
+                ("b", vec![4]),
+                ("model.rotary_emb.inv_freq", vec![2]),
+            ],
+        );
+        let shards = Shards::open(vec![path.clone()]).unwrap();
+        let sink = Sink::Own;
+        let ix = shards.parse(LoadDtype::F32, &sink).unwrap();
+        assert_eq!(ix.dtype("a"), Some(CudaDtype::F32));
+        assert_eq!(ix.dtype("nope"), None);
+        assert_eq!(ix.first_unused().as_deref(), Some("a"));
+        let e = ix.view("a", &[3, 2]).unwrap_err();
+        assert!(
+            matches!(&e, ModelError::BadShape { name, expected, got }
+                if name == "a" && expected == &[3, 2] && got == &[2, 3]),
+            "{e}"
+        );
+        assert_eq!(ix.view("a", &[2, 3]).unwrap().shape(), [2, 3]);
+        // The RoPE buffer old conversions saved is never asked for, nor reported unused.
+        assert_eq!(ix.first_unused().as_deref(), Some("b"));
+        ix.view("b", &[4]).unwrap();
+        assert_eq!(ix.first_unused(), None);
+        let e = ix.view("c", &[1]).unwrap_err();
+        assert!(
+            matches!(&e, ModelError::MissingTensor { name, file: Some(f) } if name == "c" && f == &path),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_tensor_in_two_shards_is_refused_naming_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let (one, two) = (
+            dir.path().join("1.safetensors"),
+            dir.path().join("2.safetensors"),
+        );
+        write(&one, &[("a", vec![2]), ("b", vec![2])]);
+        write(&two, &[("b", vec![2]), ("c", vec![2])]);
+        let shards = Shards::open(vec![one.clone(), two.clone()]).unwrap();
+        let sink = Sink::Own;
+        let Err(e) = shards.parse(LoadDtype::F32, &sink) else {
+            panic!("a tensor in two shards was accepted")
+        };
+        let text = e.to_string();
+        assert!(
+            text.contains("`b`")
+                && text.contains("1.safetensors")
+                && text.contains("2.safetensors"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_file_that_is_not_safetensors_is_refused_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.safetensors");
+        for bytes in [
+            &b""[..],
+            &b"\x10\0\0\0\0\0\0\0{\"a\":"[..],
+            &[0xffu8; 16][..],
+        ] {
+            std::fs::write(&path, bytes).unwrap();
+            let shards = Shards::open(vec![path.clone()]).unwrap();
+            let sink = Sink::Own;
+            let Err(e) = shards.parse(LoadDtype::F32, &sink) else {
+                panic!("{bytes:?} parsed")
+            };
+            assert!(
+                matches!(&e, ModelError::BadSafetensors { file, .. } if file == &path),
+                "{e}"
+            );
+        }
+        let gone = dir.path().join("gone.safetensors");
+        let Err(e) = Shards::open(vec![gone.clone()]) else {
+            panic!("a missing shard opened")
+        };
+        assert!(e.to_string().contains("gone.safetensors"), "{e}");
     }
 }
