@@ -3,7 +3,7 @@
 //! it writes (counts, keys, per-rank shares), the routing picture of each method, and that an
 //! unknown method is skipped with its reason instead of failing the comparison.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

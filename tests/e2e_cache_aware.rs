@@ -2,7 +2,7 @@
 //! report (KV events), without a routing key and for prefixes far shorter than
 //! prefix_affinity's 4096-token hash window.
 
-mod common;
+use crate::common;
 
 use common::Server;
 use serde_json::{json, Value};

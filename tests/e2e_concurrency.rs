@@ -6,7 +6,7 @@
 //! a request runs (at once, or when its `timeout` is up), and then, with a `timeout` that waits
 //! out the ranks' lagging status, empties every rank's cache at the first try.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader};

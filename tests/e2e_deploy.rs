@@ -5,7 +5,7 @@
 //!
 //! Not a test of systemd itself: nothing here needs root or a running systemd.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::fs;

@@ -5,7 +5,7 @@
 //! prefill or decode worker killed mid-transfer fails each affected request once while the
 //! survivor's pool comes back whole.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -7,7 +7,7 @@
 //! path of the OpenAPI document (checked here too), so a renamed endpoint or a changed answer
 //! fails this test instead of a reader.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! controller and workers (shape, unit norm, batch order, routing, base64, bad input), and the
 //! native `/generate` top log-probabilities in SGLang's shape, streaming or not.
 
-mod common;
+use crate::common;
 
 use common::Server;
 use serde_json::{json, Value};

@@ -11,7 +11,7 @@
 //! `--prefix-affinity-*` values before it starts anything, and a draining worker SIGKILLed,
 //! whose running request fails at once, not at its drain timeout.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -43,7 +43,19 @@ fn deployment() -> Cluster {
     Cluster::new(Cluster::short_dir("dpsfo"), String::new(), env, &[])
 }
 
-impl Cluster {
+/// This file's steps on the harness's `Cluster` (a trait: every end-to-end file is a module of
+/// one binary, and others have steps of the same names).
+trait Steps {
+    fn traces(&self) -> PathBuf;
+    fn start_controller(&mut self);
+    fn start_tokenizer(&mut self);
+    fn start_rank(&mut self, rank: u32);
+    fn generate_keyed(&self, key: &str, rid: &str) -> u32;
+    fn mapping(&self, keys: &[String], round: &str) -> BTreeMap<String, u32>;
+    fn routing_counter(&self, branch: &str) -> u64;
+}
+
+impl Steps for Cluster {
     fn traces(&self) -> PathBuf {
         self.dir.path().join("traces")
     }

@@ -1,7 +1,7 @@
 //! End to end on the real stories260k model: `dpserve up --dp-size 2` must reproduce the
 //! golden greedy continuation exactly, on every rank, streaming or not.
 
-mod common;
+use crate::common;
 
 use common::{stories_dir, Server};
 use serde_json::{json, Value};

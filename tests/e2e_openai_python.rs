@@ -2,7 +2,7 @@
 //! `cargo test`, so the README's one test command covers it. Skips with a message when the
 //! pinned client is not installed (`pip install -r tests/python/requirements.txt`).
 
-mod common;
+use crate::common;
 
 #[test]
 fn openai_python_client_against_a_real_cluster() {

@@ -14,7 +14,7 @@
 //! - `dp_size` counts the live ranks, the default KV pool is sized for the requests, and one
 //!   unreadable file does not stop `dpserve trace`.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -67,7 +67,16 @@ fn deployment(extra: &[(&str, &str)]) -> Cluster {
     Cluster::new(dir, format!("http://127.0.0.1:{port}"), env, extra)
 }
 
-impl Cluster {
+/// This file's steps on the harness's `Cluster` (a trait: every end-to-end file is a module of
+/// one binary, and others have steps of the same names).
+trait Steps {
+    fn start_controller(&mut self, name: &str);
+    fn start_tokenizer(&mut self);
+    fn assert_rank_0_stays_live(&mut self, names: &[&str]);
+    fn health(&self) -> u16;
+}
+
+impl Steps for Cluster {
     fn start_controller(&mut self, name: &str) {
         self.start(name, &["controller"], &[]);
     }

@@ -3,7 +3,7 @@
 //! finish with all their tokens, the refusals are counted in `/metrics`, and the server then
 //! serves normally.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

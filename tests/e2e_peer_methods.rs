@@ -2,7 +2,7 @@
 //! `llmd_prefix`) serve through `dpserve up`, route as their rules say on a real deployment,
 //! and trace each decision with every rank's terms.
 
-mod common;
+use crate::common;
 
 use common::Server;
 use serde_json::{json, Value};

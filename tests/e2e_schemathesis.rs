@@ -10,7 +10,7 @@
 //! tokens) with a limit the server enforces; examples per operation are bounded so the run
 //! takes well under two minutes on two cores.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -1,7 +1,7 @@
 //! End to end with the built-in model (no files needed): health and server info, concurrent
 //! requests, bad input answered with 4xx while the server keeps serving, garbage frames dropped.
 
-mod common;
+use crate::common;
 
 use common::Server;
 use serde_json::{json, Value};

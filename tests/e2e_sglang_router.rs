@@ -3,7 +3,7 @@
 //! command covers it. Skips with a message when the pinned package is not installed
 //! (`pip install -r tests/python/requirements.txt`).
 
-mod common;
+use crate::common;
 
 #[test]
 fn sglang_router_dp_aware_in_front_of_a_real_cluster() {

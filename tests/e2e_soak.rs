@@ -17,9 +17,9 @@
 //! past a bound.
 //!
 //! CI runs each for 30 s (in parallel); `DPSERVE_SOAK_SECS=3600 cargo test --release --test
-//! e2e_soak -- --nocapture` runs an hour each and prints the same summaries.
+//! e2e e2e_soak:: -- --nocapture` runs an hour each and prints the same summaries.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -65,7 +65,21 @@ enum Shape {
     Disaggregated,
 }
 
-impl Cluster {
+/// This file's steps on the harness's `Cluster` (a trait: every end-to-end file is a module of
+/// one binary, and others have steps of the same names).
+trait Steps {
+    fn start_controller(&mut self);
+    fn start_rank(&mut self, shape: Shape, rank: u32);
+    fn clock_file(&self) -> std::path::PathBuf;
+    fn pid(&mut self, name: &str) -> u32;
+    fn rank_views(&self) -> Vec<Value>;
+    fn pools_whole(&self) -> bool;
+    fn first_violation(&self) -> Option<String>;
+    fn watch(&self, ms: u64);
+    fn wait_decode(&self, ms: u64, what: impl Fn(&Value) -> bool) -> bool;
+}
+
+impl Steps for Cluster {
     fn start_controller(&mut self) {
         self.start_ipc_controller(&["--worker-timeout", WORKER_TIMEOUT_S]);
     }

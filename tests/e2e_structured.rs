@@ -5,7 +5,7 @@
 //! does not compile is a 400 naming the problem, and the server serves on. The built-in model
 //! refuses constraints by name (its word-level tokenizer has no byte pieces).
 
-mod common;
+use crate::common;
 
 use common::{stories_dir, Server};
 use serde_json::{json, Value};

@@ -4,7 +4,7 @@
 //! HTTP fail cleanly and the server keeps serving, the tokenizer unit's readiness check passes,
 //! and files that cannot be used stop the start with one line and exit status 78.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -7,7 +7,7 @@
 //! client request ends with exactly one answer, greedy output afterwards is what it was before,
 //! no ledger check finds anything, and `up` is still running (no actor died).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

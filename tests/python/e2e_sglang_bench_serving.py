@@ -17,7 +17,7 @@ each run, so the warmup finds nothing cached.
 
 Needs $BUILTIN_TOKENIZER_DIR: the built-in model's tokenizer as a Hugging Face one, which
 tests/e2e_sglang_bench_serving.rs writes (bench_serving makes its prompts and retokenizes the
-output with it). Run from `cargo test --test e2e_sglang_bench_serving`.
+output with it). Run from `cargo test --test e2e e2e_sglang_bench_serving::`.
 """
 
 import json
