@@ -955,10 +955,12 @@ pub(crate) mod avx512 {
         for c in 0..kc {
             // SAFETY: chunk c < kc of both panels is in bounds (function contract).
             let (xc, wc) = unsafe { (xp.add(c * X_CHUNK), wp.add(c * W_CHUNK)) };
-            if A <= 2 {
+            if A == 2 || (A == 1 && std::mem::size_of::<T>() == 4) {
                 // Few rows: the kernel streams W from memory; prefetching well ahead (across
                 // the page boundaries where the hardware streamer stops) keeps more lines in
-                // flight. A prefetch is a hint: past the end of the panel it never faults.
+                // flight. Not for one row of 16-bit weights: there the hardware's prefetchers
+                // alone stream them faster (docs/BENCHMARKS.md, "Q8_0 decode"). A prefetch is
+                // a hint: past the end of the panel it never faults.
                 // One hint per cache line: a 16-bit chunk row is half a line.
                 for j in (0..NR).step_by(4 / std::mem::size_of::<T>()) {
                     let ahead = wc.wrapping_add(PREFETCH_FLOATS + j * LANES);

@@ -445,8 +445,10 @@ mod dp {
     ) -> [[__m512; NR]; A] {
         let mut acc = [[_mm512_setzero_ps(); NR]; A];
         for c in 0..kc.div_ceil(2) {
-            if A <= 2 {
-                // Few rows: W streams from memory; prefetch it well ahead (a hint: never faults).
+            if A == 2 {
+                // Two rows: W streams from memory; prefetch it well ahead (a hint: never
+                // faults). With one, the hardware's prefetchers alone stream it faster
+                // (docs/BENCHMARKS.md, "Q8_0 decode").
                 for j in (0..NR).step_by(2) {
                     let ahead = wp.wrapping_add(2 * c * W_CHUNK + 2 * PREFETCH_FLOATS + j * LANES);
                     _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
