@@ -33,7 +33,8 @@
 //! Cost: O(M·N·K). Parallelism: one parallel region per call over (M block × N block) tasks (on
 //! rayon's pool, or on a decode step's spinning team: [`crate::team`]); small
 //! `M` (decode) gets a few large contiguous `N` ranges per thread, so the call streams `W` once
-//! at memory bandwidth (its kernel also prefetches `W` 24 KiB ahead); large `M` (prefill) gets
+//! at memory bandwidth (its kernel also prefetches `W` 24 KiB ahead, except for one row of
+//! 16-bit weights, which the hardware's prefetchers stream faster alone); large `M` (prefill) gets
 //! cache-sized blocks (a `W` panel stays in L1 while the block's `x` panels stream from L2),
 //! ordered so that consecutive tasks share their `W` block (read from memory once per call;
 //! the packed `x` is the smaller operand).
@@ -959,8 +960,8 @@ pub(crate) mod avx512 {
                 // Few rows: the kernel streams W from memory; prefetching well ahead (across
                 // the page boundaries where the hardware streamer stops) keeps more lines in
                 // flight. Not for one row of 16-bit weights: there the hardware's prefetchers
-                // alone stream them faster (docs/BENCHMARKS.md, "Q8_0 decode"). A prefetch is
-                // a hint: past the end of the panel it never faults.
+                // alone stream them faster (docs/BENCHMARKS.md, "16-bit weights at batch 1").
+                // A prefetch is a hint: past the end of the panel it never faults.
                 // One hint per cache line: a 16-bit chunk row is half a line.
                 for j in (0..NR).step_by(4 / std::mem::size_of::<T>()) {
                     let ahead = wc.wrapping_add(PREFETCH_FLOATS + j * LANES);

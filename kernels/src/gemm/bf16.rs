@@ -448,7 +448,7 @@ mod dp {
             if A == 2 {
                 // Two rows: W streams from memory; prefetch it well ahead (a hint: never
                 // faults). With one, the hardware's prefetchers alone stream it faster
-                // (docs/BENCHMARKS.md, "Q8_0 decode").
+                // (docs/BENCHMARKS.md, "16-bit weights at batch 1").
                 for j in (0..NR).step_by(2) {
                     let ahead = wp.wrapping_add(2 * c * W_CHUNK + 2 * PREFETCH_FLOATS + j * LANES);
                     _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
