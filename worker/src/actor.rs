@@ -465,6 +465,7 @@ mod tests {
                 prefill_step_target: None,
                 disagg: None,
                 max_queued_requests,
+                finish_first: None,
             },
             model,
         );

@@ -14,7 +14,7 @@ use kernels::KernelPath;
 
 use crate::error::{self, WorkerError};
 use crate::model::{BuiltinSize, LoadDtype};
-use crate::scheduler::SchedulePolicy;
+use crate::scheduler::{FinishFirst, SchedulePolicy};
 use crate::sim::SimProfile;
 use clap::builder::TypedValueParser as _;
 use kernels::ComputeDtype;
@@ -31,6 +31,8 @@ pub use serve::ServeArgs;
 pub const DEFAULT_CHUNKED_PREFILL_SIZE: usize = 2048;
 /// `--prefill-step-target-ms` when not given.
 pub const DEFAULT_PREFILL_STEP_TARGET_MS: u64 = 500;
+/// `--finish-first-max-wait-ms`'s default.
+pub const DEFAULT_FINISH_FIRST_MAX_WAIT_MS: u64 = 600;
 /// `--max-running-requests` when not given.
 pub const DEFAULT_MAX_RUNNING_REQUESTS: usize = 64;
 /// `--max-prefill-tokens` when not given.
@@ -246,6 +248,8 @@ pub struct WorkerConfig {
     pub num_threads: usize,
     pub kernel_path: KernelPath,
     pub prefill_step_target: Option<Duration>,
+    /// `--finish-first-tokens` / `--finish-first-max-wait-ms` (`None`: off).
+    pub finish_first: Option<FinishFirst>,
     pub heartbeat_interval: Duration,
     pub drain_timeout: Duration,
     pub trace_dir: Option<PathBuf>,
@@ -339,6 +343,10 @@ impl WorkerArgs {
             kernel_path: self.device.kernel_path,
             prefill_step_target: (serve.prefill_step_target_ms > 0)
                 .then(|| Duration::from_millis(serve.prefill_step_target_ms)),
+            finish_first: (serve.finish_first_tokens > 0).then(|| FinishFirst {
+                tokens: serve.finish_first_tokens as usize,
+                max_wait: Duration::from_millis(serve.finish_first_max_wait_ms),
+            }),
             heartbeat_interval: Duration::from_millis(serve.heartbeat_interval_ms.max(10)),
             drain_timeout: Duration::from_secs_f64(serve.drain_timeout),
             trace_dir: self.trace_dir.clone(),

@@ -2,8 +2,8 @@
 
 use super::{
     flag, DEFAULT_CHUNKED_PREFILL_SIZE, DEFAULT_DISAGG_TIMEOUT_S, DEFAULT_DRAIN_TIMEOUT_S,
-    DEFAULT_HEARTBEAT_INTERVAL_MS, DEFAULT_MAX_PREFILL_TOKENS, DEFAULT_MAX_RUNNING_REQUESTS,
-    DEFAULT_PREFILL_STEP_TARGET_MS,
+    DEFAULT_FINISH_FIRST_MAX_WAIT_MS, DEFAULT_HEARTBEAT_INTERVAL_MS, DEFAULT_MAX_PREFILL_TOKENS,
+    DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PREFILL_STEP_TARGET_MS,
 };
 use crate::error;
 use crate::kv::req_to_token::DecodePrealloc;
@@ -74,6 +74,16 @@ pub struct ServeArgs {
     /// promptly on any CPU; 0 = no time bound (only the token limits).
     #[arg(long, env = "DPSERVE_PREFILL_STEP_TARGET_MS", default_value_t = DEFAULT_PREFILL_STEP_TARGET_MS)]
     pub prefill_step_target_ms: u64,
+    /// Finish-first: while a running request is within this many tokens of its
+    /// `max_new_tokens`, a waiting prompt's prefill waits (decode steps run), for at most
+    /// --finish-first-max-wait-ms, so a short answer's last tokens are not stalled by another
+    /// prompt; 0 = off (a waiting prompt is always computed first).
+    #[arg(long, env = "DPSERVE_FINISH_FIRST_TOKENS", default_value_t = 0)]
+    pub finish_first_tokens: u32,
+    /// Finish-first: the longest a waiting prompt is held back, in milliseconds from its
+    /// arrival at the worker.
+    #[arg(long, env = "DPSERVE_FINISH_FIRST_MAX_WAIT_MS", default_value_t = DEFAULT_FINISH_FIRST_MAX_WAIT_MS)]
+    pub finish_first_max_wait_ms: u64,
     /// Requests a rank holds waiting (not yet running) at most; past it a new request is
     /// refused at once (503 with `Retry-After`), so a burst cannot grow a worker's queue
     /// without bound. Unset: no limit (the tokenizer's `--max-in-flight-requests` still bounds
@@ -108,6 +118,8 @@ impl Default for ServeArgs {
             heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT_S,
             prefill_step_target_ms: DEFAULT_PREFILL_STEP_TARGET_MS,
+            finish_first_tokens: 0,
+            finish_first_max_wait_ms: DEFAULT_FINISH_FIRST_MAX_WAIT_MS,
             max_queued_requests: None,
             disaggregation_bootstrap_timeout: DEFAULT_DISAGG_TIMEOUT_S,
             disaggregation_waiting_timeout: DEFAULT_DISAGG_TIMEOUT_S,

@@ -95,6 +95,18 @@ pub struct SchedulerConfig {
     pub disagg: Option<DisaggConfig>,
     /// Waiting requests at most (`--max-queued-requests`); `None`: no limit.
     pub max_queued_requests: Option<usize>,
+    /// Finish-first (`--finish-first-tokens`); `None`: a waiting prompt always goes first.
+    pub finish_first: Option<FinishFirst>,
+}
+
+/// Finish-first: while a running request is within `tokens` of its `max_new_tokens`, a waiting
+/// prompt's prefill waits, at most `max_wait` from its arrival. On CPU ranks a prefill step
+/// stops every decode, so a short answer whose few gaps take another prompt's prefill misses
+/// a mean-ITL target; a prompt has TTFT to spare (docs/ENGINE.md, "Finish-first").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FinishFirst {
+    pub tokens: usize,
+    pub max_wait: Duration,
 }
 
 /// How [`Scheduler::end`] ends a request.
@@ -476,7 +488,7 @@ impl Scheduler {
     pub fn step(&mut self) -> Vec<TokenOut> {
         self.admit_ready();
         self.admit();
-        let outs = if !self.prefilling.is_empty() {
+        let outs = if !self.prefilling.is_empty() && !self.finishing_first() {
             self.prefill_step()
         } else if !self.running.is_empty() {
             self.decode_step()
@@ -486,6 +498,18 @@ impl Scheduler {
         self.admit_ready();
         self.admit_prealloc();
         outs
+    }
+
+    /// Whether the waiting prompt at the front waits for a running request near its end
+    /// ([`FinishFirst`]): the bound is `max_new_tokens` (a stop may end one sooner).
+    fn finishing_first(&self) -> bool {
+        let (Some(ff), Some(front)) = (self.config.finish_first, self.prefilling.front()) else {
+            return false;
+        };
+        front.arrived.elapsed() < ff.max_wait
+            && self.running.iter().any(|r| {
+                (r.params.max_new_tokens as usize).saturating_sub(r.output.len()) <= ff.tokens
+            })
     }
 
     /// The tokens a running request produced since its last message.

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use protocol::{FinishReason, GenerateReq, SamplingParams, TokenOut};
 
-use super::{SchedulePolicy, Scheduler, SchedulerConfig};
+use super::{FinishFirst, SchedulePolicy, Scheduler, SchedulerConfig};
 use crate::model::{BuiltinSize, LlamaModel, ModelConfig};
 
 pub(super) fn config(max_total_tokens: usize, chunk: usize) -> SchedulerConfig {
@@ -22,6 +22,7 @@ pub(super) fn config(max_total_tokens: usize, chunk: usize) -> SchedulerConfig {
         prefill_step_target: None,
         disagg: None,
         max_queued_requests: None,
+        finish_first: None,
     }
 }
 
@@ -498,4 +499,62 @@ fn past_max_queued_requests_a_new_request_is_refused_with_a_503() {
     let done = drain(&mut s);
     assert_eq!(done.len(), 2);
     assert!(s.submit(req("d", prompt(4, 8), 2)).is_none());
+}
+
+/// The rids that got a token in each step, from `b`'s arrival (after `a`'s first token) to the
+/// end, and every request's output.
+fn steps_after_a_second_prompt(finish_first: Option<FinishFirst>) -> (Vec<Vec<String>>, Vec<u32>) {
+    let mut s = with_config(SchedulerConfig {
+        finish_first,
+        ..config(1024, 256)
+    });
+    s.submit(req("a", prompt(1, 20), 4));
+    let first = s.step();
+    assert_eq!(first.len(), 1, "a's prefill gives its first token");
+    s.submit(req("b", prompt(2, 20), 3));
+    let (mut order, mut out) = (Vec::new(), first[0].output_ids.clone());
+    while s.has_work() {
+        let step = s.step();
+        out.extend(step.iter().flat_map(|o| o.output_ids.iter().copied()));
+        order.push(
+            step.into_iter()
+                .filter(|o| !o.output_ids.is_empty())
+                .map(|o| o.rid)
+                .collect(),
+        );
+    }
+    assert_pool_whole(&s);
+    (order, out)
+}
+
+#[test]
+fn finish_first_holds_a_prompt_while_an_answer_ends_and_never_past_its_bound() {
+    let v = |rids: &[&str]| rids.iter().map(|r| r.to_string()).collect::<Vec<_>>();
+    let ff = |tokens, ms| {
+        Some(FinishFirst {
+            tokens,
+            max_wait: std::time::Duration::from_millis(ms),
+        })
+    };
+    // Off: b's prefill goes first (b's first token), then both decode together.
+    let (off, out_off) = steps_after_a_second_prompt(None);
+    assert_eq!(off[0], v(&["b"]), "{off:?}");
+    // a has 3 tokens left: with 3, b waits while a decodes to its end.
+    let (on, out_on) = steps_after_a_second_prompt(ff(3, 60_000));
+    assert_eq!(
+        &on[..4],
+        &[v(&["a"]), v(&["a"]), v(&["a"]), v(&["b"])],
+        "{on:?}"
+    );
+    // With 1, b waits only once a is within one token of its end: b first, as off.
+    let (near, _) = steps_after_a_second_prompt(ff(1, 60_000));
+    assert_eq!(near[0], v(&["b"]), "{near:?}");
+    // A prompt that has waited its bound goes first however near an answer is to its end.
+    let (bounded, _) = steps_after_a_second_prompt(ff(3, 0));
+    assert_eq!(bounded[0], v(&["b"]), "{bounded:?}");
+    // The order of steps never changes a token (greedy, batch-invariant).
+    let (mut a, mut b) = (out_off.clone(), out_on.clone());
+    a.sort_unstable();
+    b.sort_unstable();
+    assert_eq!(a, b);
 }

@@ -367,6 +367,7 @@ fn scheduler_config(config: &WorkerConfig, mc: &ModelConfig, pool: PoolSize) -> 
         prefill_step_target: config.prefill_step_target,
         disagg,
         max_queued_requests: config.max_queued_requests,
+        finish_first: config.finish_first,
     }
 }
 
