@@ -500,13 +500,15 @@ impl Scheduler {
         outs
     }
 
-    /// Whether the waiting prompt at the front waits for a running request near its end
-    /// ([`FinishFirst`]): the bound is `max_new_tokens` (a stop may end one sooner).
+    /// Whether the waiting prompts wait for a running request near its end ([`FinishFirst`]):
+    /// only while none of them has waited its bound (the queue's order may put a newer one
+    /// first); the end is `max_new_tokens` (a stop may come sooner).
     fn finishing_first(&self) -> bool {
-        let (Some(ff), Some(front)) = (self.config.finish_first, self.prefilling.front()) else {
+        let Some(ff) = self.config.finish_first else {
             return false;
         };
-        front.arrived.elapsed() < ff.max_wait
+        let oldest = self.prefilling.iter().map(|r| r.arrived).min();
+        oldest.is_some_and(|t| t.elapsed() < ff.max_wait)
             && self.running.iter().any(|r| {
                 (r.params.max_new_tokens as usize).saturating_sub(r.output.len()) <= ff.tokens
             })
