@@ -273,19 +273,15 @@ impl XPack {
             d: Vec::new(),
         }
     }
-
-    /// Quantizes and lays out `x` (`m` rows of `k`) for one call, compiled for `path`.
-    fn pack(&mut self, path: KernelPath, x: &[f32], m: usize, k: usize) {
-        pack_x(path, self, x, m, k);
-    }
 }
 
 multiversion! {
+    /// Quantizes and lays out `x` (`m` rows of `k`) into `xs` for one call.
     fn pack_x(xs: &mut XPack, x: &[f32], m: usize, k: usize) => pack_x_body;
 }
 
-/// [`XPack::pack`]: every slot of rows `0..m` written (a block past `k` as zeros); the pad rows
-/// of the last panel keep whatever they held, as no kernel reads a row past `m`.
+/// [`pack_x`]: every slot of rows `0..m` written (a block past `k` as zeros); the pad rows of
+/// the last panel keep whatever they held, as no kernel reads a row past `m`.
 #[inline(always)]
 fn pack_x_body(xs: &mut XPack, x: &[f32], m: usize, k: usize) {
     let (mp, nw) = (m.div_ceil(MR), windows(k));
@@ -310,12 +306,13 @@ fn pack_x_body(xs: &mut XPack, x: &[f32], m: usize, k: usize) {
             let qs = &mut xs.q[slot * WIN..][..WIN];
             let neg = &mut xs.neg[slot * LANES..][..LANES];
             let dl = &mut xs.d[slot * LANES..][..LANES];
-            // Group g of block half h goes to lane 2g + h.
-            for l in 0..LANES {
-                let four = &q[l % 2][4 * (l / 2)..4 * (l / 2) + 4];
-                qs[4 * l..4 * l + 4].copy_from_slice(four);
-                neg[l] = -128 * four.iter().map(|&v| v as i32).sum::<i32>();
-                dl[l] = d[l % 2];
+            for (h, (qh, dh)) in q.iter().zip(d).enumerate() {
+                for (g, four) in qh.chunks_exact(4).enumerate() {
+                    let at = lane_byte(h, 4 * g);
+                    qs[at..at + 4].copy_from_slice(four);
+                    neg[at / 4] = -128 * four.iter().map(|&v| v as i32).sum::<i32>();
+                    dl[at / 4] = dh;
+                }
             }
         }
     }
@@ -378,7 +375,7 @@ pub(crate) fn linear_q8(
     let (n, k) = (w.n, w.k);
     let nw = windows(k);
     let mut xs = X_PACK.take();
-    xs.pack(path, x, m, k);
+    pack_x(path, &mut xs, x, m, k);
     let dot = if simd {
         IntDot::of(path)
     } else {
