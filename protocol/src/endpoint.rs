@@ -154,6 +154,7 @@ pub fn current_uid() -> Option<u32> {
 
 /// Refuses an existing directory of ipc sockets that another user could replace a socket in:
 /// owned by another user (root aside), or writable by others without the sticky bit.
+#[cfg(feature = "transport")]
 pub(crate) fn check_socket_dir(dir: &Path) -> Result<(), ProtocolError> {
     use std::os::unix::fs::MetadataExt;
     let Ok(meta) = std::fs::metadata(dir) else {

@@ -6,6 +6,7 @@ use thiserror::Error;
 pub enum ProtocolError {
     #[error("invalid endpoint {endpoint:?}: {reason}")]
     InvalidEndpoint { endpoint: String, reason: String },
+    #[cfg(feature = "transport")]
     #[error("zmq error on {what}: {source}")]
     Zmq {
         what: String,
@@ -58,6 +59,7 @@ impl ProtocolError {
         )
     }
 
+    #[cfg(feature = "transport")]
     pub fn zmq(what: impl Into<String>, source: zmq::Error) -> Self {
         ProtocolError::Zmq {
             what: what.into(),

@@ -5,6 +5,7 @@
 
 pub mod builtin;
 pub mod codec;
+#[cfg(feature = "transport")]
 pub mod curve;
 pub mod disagg;
 pub mod endpoint;
@@ -16,9 +17,12 @@ pub mod messages;
 pub mod msg_trace;
 pub mod route_record;
 pub mod routing_terms;
+#[cfg(feature = "transport")]
 pub mod socket;
+#[cfg(feature = "transport")]
 mod sockopt;
 pub mod trace_event;
+#[cfg(feature = "transport")]
 pub mod transport;
 
 pub use codec::{decode, encode, encode_envelope, DecodeError, FrameStats};
@@ -29,4 +33,5 @@ pub use endpoint::{current_uid, Endpoint, RuntimeDir};
 pub use error::{ProtocolError, Result};
 pub use kv_events::{KvEvents, KvSnapshotReq};
 pub use messages::*;
+#[cfg(feature = "transport")]
 pub use transport::{SecurityArgs, SecurityMode, Transport};

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Records what Hugging Face transformers computes for each fixture of worker/tests/fixtures/hf
+"""Records what Hugging Face transformers computes for each fixture of model/tests/fixtures/hf
 when it runs the model in bf16 (`dtype=torch.bfloat16`, as `torch_dtype=bfloat16` loads it):
-the reference of the worker's bf16 compute mode (`--compute-dtype bf16`, worker/tests/hf_parity.rs).
+the reference of the worker's bf16 compute mode (`--compute-dtype bf16`, model/tests/hf_parity.rs).
 
 For each fixture (its config.json and the seed of its reference.json, so the same generated bf16
 weights as make_model_fixtures.py writes), it writes `reference_bf16.json`: per prompt of
@@ -11,10 +11,10 @@ continuation. reference.json is not touched.
 
 With `--model DIR` it does the same for a real checkpoint (its tokenizer encodes PROMPTS; 32
 greedy tokens each) and writes DIR/reference_bf16.json, which
-`DPSERVE_TEST_BF16_MODEL=DIR cargo test -p worker --test bf16_parity` compares against.
+`DPSERVE_TEST_BF16_MODEL=DIR cargo test -p model --test bf16_parity` compares against.
 
 Run (CPU; torch and transformers as in requirements-model-fixtures.txt or newer):
-    python tests/python/make_bf16_references.py [--dir worker/tests/fixtures/hf] [names...]
+    python tests/python/make_bf16_references.py [--dir model/tests/fixtures/hf] [names...]
     python tests/python/make_bf16_references.py --model /path/to/SmolLM2-135M
 """
 
@@ -82,7 +82,7 @@ def real_checkpoint(d):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dir", default="worker/tests/fixtures/hf")
+    ap.add_argument("--dir", default="model/tests/fixtures/hf")
     ap.add_argument("--model", help="a real checkpoint directory instead of the fixtures")
     ap.add_argument("names", nargs="*")
     args = ap.parse_args()

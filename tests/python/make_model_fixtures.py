@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Builds the tiny random checkpoints of worker/tests/fixtures/hf/ and records what Hugging Face
+"""Builds the tiny random checkpoints of model/tests/fixtures/hf/ and records what Hugging Face
 transformers computes for them: the reference the worker's `hf_parity` test compares against.
 
 Each fixture is a directory with a Hub-style `config.json` (written here, then saved again by
@@ -10,7 +10,7 @@ of prompt + continuation (each logit the shortest decimal that reads back as the
 the list of the checkpoint's tensors (name, shape, the mean and std they are drawn with and an
 FNV-1a 64 hash of their bf16 bits). No weights are stored: every tensor comes from WEIGHTS, a
 generator defined by integer arithmetic and IEEE-754 operations only, which the Rust tests
-(worker/tests/common/hf_weights.rs) implement bit for bit; they write the bf16 safetensors at
+(model/tests/common/hf_weights.rs) implement bit for bit; they write the bf16 safetensors at
 test time and check each tensor's hash first. Here the generated tensors are written to a
 temporary model.safetensors that transformers loads, so the reference is computed from exactly
 those weights, in the Hub's layout.
@@ -21,7 +21,7 @@ Greedy steps whose top two logits are closer than MIN_MARGIN, and continuations 
 three distinct tokens, are avoided by trying the next seed.
 
 Run (CPU only; torch and transformers as pinned in requirements-model-fixtures.txt):
-    python tests/python/make_model_fixtures.py [--out worker/tests/fixtures/hf]
+    python tests/python/make_model_fixtures.py [--out model/tests/fixtures/hf]
 """
 
 import argparse
@@ -303,7 +303,7 @@ def prompts(rng, vocab):
     return [a, b, c]
 
 
-# The weight generator, fixed forever (worker/tests/common/hf_weights.rs is the same, bit for
+# The weight generator, fixed forever (model/tests/common/hf_weights.rs is the same, bit for
 # bit): tensor `name` of a fixture with seed `seed` is a SplitMix64 stream whose state starts at
 # (the first draw of a SplitMix64 seeded with `seed`) XOR (FNV-1a 64 of the name's UTF-8); its
 # k-th draw r gives the k-th value in row-major order:
@@ -436,7 +436,7 @@ def f32_text(row):
 
 
 # `--alt`: every fixture again with other shapes and seeds, for an independent check
-# (`DPSERVE_TEST_HF_FIXTURES=DIR cargo test -p worker --test hf_parity`); not committed.
+# (`DPSERVE_TEST_HF_FIXTURES=DIR cargo test -p model --test hf_parity`); not committed.
 ALT_BASE = {
     "hidden_size": 64,
     "intermediate_size": 136,
@@ -537,7 +537,7 @@ def build(out, name, fields, off, base=BASE, seeds=range(100)):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="worker/tests/fixtures/hf")
+    ap.add_argument("--out", default="model/tests/fixtures/hf")
     ap.add_argument("--alt", action="store_true", help="other shapes and seeds (see ALT_BASE)")
     ap.add_argument("names", nargs="*", help="fixtures to build (default: all)")
     args = ap.parse_args()

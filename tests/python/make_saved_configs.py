@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Writes worker/tests/fixtures/saved_configs/<family>.json: the config.json transformers'
+"""Writes model/tests/fixtures/saved_configs/<family>.json: the config.json transformers'
 own `save_pretrained` writes for a small model of each family dpserve serves, so that
-worker/tests/saved_configs.rs checks dpserve reads what transformers writes (a Qwen3-MoE
+model/tests/saved_configs.rs checks dpserve reads what transformers writes (a Qwen3-MoE
 config it saves names only `num_local_experts`, for one), not just configs written by hand.
 No torch needed: configuration classes only.
 
-    python3 tests/python/make_saved_configs.py [--out worker/tests/fixtures/saved_configs]
+    python3 tests/python/make_saved_configs.py [--out model/tests/fixtures/saved_configs]
 """
 
 import argparse
@@ -36,7 +36,7 @@ FAMILIES = {
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="worker/tests/fixtures/saved_configs")
+    ap.add_argument("--out", default="model/tests/fixtures/saved_configs")
     out = pathlib.Path(ap.parse_args().out)
     out.mkdir(parents=True, exist_ok=True)
     for name, (cls, extra) in FAMILIES.items():
@@ -48,7 +48,7 @@ def main():
         print(name, {k: v for k, v in config.items() if "expert" in k})
     (out / "README.md").write_text(
         "What transformers " + transformers.__version__ + "'s `save_pretrained` writes for a small model of each\n"
-        "family (`tests/python/make_saved_configs.py`); read by `worker/tests/saved_configs.rs`.\n"
+        "family (`tests/python/make_saved_configs.py`); read by `model/tests/saved_configs.rs`.\n"
     )
 
 

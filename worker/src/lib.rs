@@ -15,7 +15,7 @@ pub mod gpu_identity;
 pub mod kv;
 pub mod link;
 pub mod mem;
-pub mod model;
+pub use model;
 pub mod model_runner;
 pub mod request;
 pub mod sampling;

@@ -415,7 +415,8 @@ mod tests {
         // allocations) and transparent huge pages may fault 2 MiB at a buffer's head: allow a
         // quarter of one buffer, far below the 4 buffers (512 MiB) resident.
         let allowed = layer_bytes / 4;
-        for buf in kv.k.iter().chain(&kv.v) {
+        let mut buffers: Vec<&mut [f32]> = kv.buffers_mut().collect();
+        for buf in &buffers {
             let rss = resident_bytes_of_mapping(buf.as_ptr() as usize);
             assert!(
                 rss < allowed,
@@ -424,10 +425,10 @@ mod tests {
         }
         // Writing the last 4096 slots makes exactly those pages resident: the reading works.
         let row = config.kv_dim();
-        let k0 = &mut kv.k[0];
+        let k0 = &mut buffers[0];
         let start = (slots - 4096) * row;
         k0[start..].fill(1.0);
-        let rss = resident_bytes_of_mapping(kv.k[0].as_ptr() as usize);
+        let rss = resident_bytes_of_mapping(buffers[0].as_ptr() as usize);
         let written = (4096 * row * 4) as u64;
         assert!(
             rss >= written && rss < allowed,

@@ -1,5 +1,5 @@
 // Embedding gather: `out[t, :] = table[ids[t], :]` as f32 (the residual stream is f32 whatever the
-// weights' storage). The CPU path is `Weights::embed.copy_row` in worker/src/model/forward.rs; a
+// weights' storage). The CPU path is `Weights::embed.copy_row` in model/src/forward.rs; a
 // conversion from bf16/f16 to f32 is exact, so this is bit-exact for every dtype.
 //
 // Grid: one block per token; block: any size (columns strided by it). An id outside the

@@ -1,6 +1,6 @@
 // KV write by slot index: `cache[slots[t], :] = src[t * src_stride + :kv_dim]` for each new
 // token, into one layer's K or V pool (`[num_slots, kv_heads * head_dim]`, the layout of
-// worker/src/model/kv.rs). `src` may be the K or V columns inside the fused qkv rows
+// model/src/kv.rs). `src` may be the K or V columns inside the fused qkv rows
 // (`src_stride` = the qkv width). Same storage type on both sides: a copy. A slot outside the
 // pool (the host validates slots first) is skipped, never written out of bounds.
 //

@@ -1,6 +1,6 @@
 //! The CUDA backend's foundations: probing a GPU without ever panicking, compiling the kernel
 //! sources with NVRTC, loading them and launching them. The model's forward pass on the GPU,
-//! built from these, is the worker's (worker/src/model/cuda.rs).
+//! built from these, is the model crate's (model/src/cuda.rs).
 //!
 //! Everything is loaded at run time (cudarc's `dynamic-loading`, CUDA 13.0 bindings: driver 580
 //! or newer): `libcuda.so.1` from the NVIDIA driver, `libnvrtc.so.13` and `libcublas.so.13` from

@@ -104,7 +104,8 @@ pub struct ModelArgs {
     #[arg(long, env = "DPSERVE_LOAD_FORMAT", value_enum, default_value_t = LoadFormat::Auto)]
     pub load_format: LoadFormat,
     /// Size of the built-in model.
-    #[arg(long, env = "DPSERVE_BUILTIN_SIZE", value_enum, default_value_t = BuiltinSize::Base)]
+    #[arg(long, env = "DPSERVE_BUILTIN_SIZE", value_parser = builtin_size_parser(),
+          default_value_t = BuiltinSize::Base)]
     pub builtin_size: BuiltinSize,
     /// Seed of the built-in model's weights; every rank must use the same one.
     #[arg(long, env = "DPSERVE_WEIGHT_SEED", default_value_t = 0)]
@@ -112,7 +113,8 @@ pub struct ModelArgs {
     /// The type the CPU keeps a checkpoint's weight matrices in (norms and biases are f32;
     /// the built-in model is f32). Computing is f32 whatever it is, unless --compute-dtype bf16;
     /// q8_0 multiplies 8-bit weights by 8-bit activations, summed as integers.
-    #[arg(long, env = "DPSERVE_WEIGHT_DTYPE", value_enum, default_value_t = LoadDtype::default())]
+    #[arg(long, env = "DPSERVE_WEIGHT_DTYPE", value_parser = weight_dtype_parser(),
+          default_value_t = LoadDtype::default())]
     pub weight_dtype: LoadDtype,
     /// What a CPU rank's linear layers compute in: `f32` (exact; results equal on every kernel
     /// path and batch) or `bf16` (opt-in: every parameter and each layer's input rounded to
@@ -145,22 +147,23 @@ impl Default for ModelArgs {
     }
 }
 
-/// `--weight-dtype` (the type lives with the model; its names are its `Display`).
-impl clap::ValueEnum for LoadDtype {
-    fn value_variants<'a>() -> &'a [Self] {
-        &LoadDtype::ALL
-    }
-
-    fn to_possible_value(&self) -> Option<PossibleValue> {
-        let help = match self {
+/// `--weight-dtype`'s values, with their help (the type lives with the model crate; its names
+/// are its `Display`).
+pub fn weight_dtype_parser() -> impl clap::builder::TypedValueParser<Value = LoadDtype> {
+    let values = LoadDtype::ALL.map(|d| {
+        let help = match d {
             LoadDtype::Auto => "the checkpoint's own (bf16/f16 stay 16-bit; lossless)",
             LoadDtype::F32 => "widened to f32 at load (twice a 16-bit checkpoint's memory)",
             LoadDtype::Bf16 => "bf16; other stored types rounded to nearest even",
             LoadDtype::F16 => "f16; other stored types rounded to nearest even",
             LoadDtype::Q8_0 => "llama.cpp's Q8_0 (blocks of 32 int8 weights and an f16 scale), quantized at load; lossy",
         };
-        Some(PossibleValue::new(self.name()).help(help))
-    }
+        PossibleValue::new(d.name()).help(help)
+    });
+    clap::builder::PossibleValuesParser::new(values).map(|s| {
+        let named = LoadDtype::ALL.into_iter().find(|d| d.name() == s);
+        named.expect("a listed value")
+    })
 }
 
 /// `--load-format`.
@@ -172,19 +175,16 @@ pub enum LoadFormat {
     Dummy,
 }
 
-/// `--builtin-size` (the type lives with the model; its names are its `Display`).
-impl clap::ValueEnum for BuiltinSize {
-    fn value_variants<'a>() -> &'a [Self] {
-        &[BuiltinSize::Base, BuiltinSize::Tiny]
-    }
-
-    fn to_possible_value(&self) -> Option<PossibleValue> {
-        let help = match self {
-            BuiltinSize::Base => "about 29M parameters",
-            BuiltinSize::Tiny => "a few hundred thousand parameters, for tests",
-        };
-        Some(PossibleValue::new(self.to_string()).help(help))
-    }
+/// `--builtin-size`'s values, with their help (the type lives with the model crate; its names
+/// are its `Display`).
+pub fn builtin_size_parser() -> impl clap::builder::TypedValueParser<Value = BuiltinSize> {
+    let values = [
+        PossibleValue::new(BuiltinSize::Base.to_string()).help("about 29M parameters"),
+        PossibleValue::new(BuiltinSize::Tiny.to_string())
+            .help("a few hundred thousand parameters, for tests"),
+    ];
+    clap::builder::PossibleValuesParser::new(values)
+        .map(|s| s.parse::<BuiltinSize>().expect("a listed value"))
 }
 
 /// `--schedule-policy` (the type lives with the scheduler; its names are its `Display`).

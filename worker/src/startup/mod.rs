@@ -379,7 +379,7 @@ mod tests {
     #[test]
     fn a_checkpoint_with_a_tensor_its_config_does_not_use_is_a_config_error() {
         let dir = tempfile::tempdir().unwrap();
-        crate::model::tests::write_checkpoint_with_unused_o_bias(dir.path());
+        crate::model::fixtures::write_checkpoint_with_unused_o_bias(dir.path());
         // The worker refuses to start with it, as a configuration error (EX_CONFIG).
         let err = load_model(&ModelSource::HfDir {
             dir: dir.path().into(),

@@ -14,7 +14,7 @@ mod hf_fixture;
 
 use hf_fixture::fixtures;
 use kernels::WeightDtype;
-use worker::model::{KvBuffers, LlamaModel, LoadDtype, SeqInput};
+use model::{KvBuffers, LlamaModel, LoadDtype, SeqInput};
 
 const CHILD: &str = "DPSERVE_Q8_QUALITY_TEST_CHILD";
 

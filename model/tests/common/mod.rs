@@ -75,8 +75,8 @@ pub fn assert_same_last_words(per_path: &[(kernels::KernelPath, Vec<String>)], w
 /// Each of `prompts` prefilled alone and all of them in one batch: `m` gives each the same
 /// logits, bit for bit (a token's result never depends on its batch).
 #[allow(dead_code)]
-pub fn assert_batch_invariant(name: &str, m: &worker::model::LlamaModel, prompts: &[Vec<u32>]) {
-    use worker::model::{KvBuffers, SeqInput};
+pub fn assert_batch_invariant(name: &str, m: &model::LlamaModel, prompts: &[Vec<u32>]) {
+    use model::{KvBuffers, SeqInput};
     let slots: Vec<Vec<u32>> = prompts
         .iter()
         .enumerate()

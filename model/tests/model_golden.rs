@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use worker::model::{KvBuffers, LlamaModel, SeqInput};
+use model::{KvBuffers, LlamaModel, SeqInput};
 
 fn model_dir() -> Option<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/models/stories260k");

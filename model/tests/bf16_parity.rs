@@ -18,7 +18,7 @@ mod hf_fixture;
 
 use hf_fixture::{fixtures, max_abs_diff, Fixture};
 use kernels::ComputeDtype;
-use worker::model::{KvBuffers, LlamaModel, LoadDtype, SeqInput};
+use model::{KvBuffers, LlamaModel, LoadDtype, SeqInput};
 
 /// Largest |dpserve − transformers| allowed on any logit. transformers rounds every
 /// activation, the residual stream and the logits themselves to bf16 (a logit of 4 is then

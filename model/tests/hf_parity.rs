@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use hf_fixture::hf_weights::{write_safetensors, Bf16Tensor};
 use hf_fixture::{fixtures, max_abs_diff, Fixture, RefSeq};
 use kernels::WeightDtype;
-use worker::model::{KvBuffers, LlamaModel, LoadDtype, SeqInput};
+use model::{KvBuffers, LlamaModel, LoadDtype, SeqInput};
 
 /// Largest |dpserve − transformers| allowed on any logit.
 const TOL: f32 = 1e-4;

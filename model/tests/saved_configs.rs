@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use worker::model::ModelConfig;
+use model::ModelConfig;
 
 fn saved(family: &str) -> ModelConfig {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))

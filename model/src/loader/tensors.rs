@@ -12,9 +12,9 @@ use memmap2::Mmap;
 use rayon::prelude::*;
 use safetensors::{Dtype, SafeTensors};
 
-use crate::model::elems::{narrow, Elems, LoadDtype};
-use crate::model::error::{ModelError, Result};
-use crate::model::packed_file::{PackedFile, PackedWriter};
+use crate::elems::{narrow, Elems, LoadDtype};
+use crate::error::{ModelError, Result};
+use crate::packed_file::{PackedFile, PackedWriter};
 
 /// Memory maps of the shard files, kept alive while tensors are converted.
 pub(super) struct Shards {

@@ -8,13 +8,13 @@ use std::path::{Path, PathBuf};
 use kernels::cuda::CudaDtype;
 use kernels::PackedMatrix;
 
-use crate::model::config::ModelConfig;
-use crate::model::elems::LoadDtype;
-use crate::model::error::{ModelError, Result};
-use crate::model::moe::{MoeOptions, MoeWeights, SharedExpert};
-use crate::model::packed_file::{self, PackedFile, PackedWriter};
-use crate::model::support::ModelFamily;
-use crate::model::weights::{LayerWeights, Weights};
+use crate::config::ModelConfig;
+use crate::elems::LoadDtype;
+use crate::error::{ModelError, Result};
+use crate::moe::{MoeOptions, MoeWeights, SharedExpert};
+use crate::packed_file::{self, PackedFile, PackedWriter};
+use crate::support::ModelFamily;
+use crate::weights::{LayerWeights, Weights};
 
 mod tensors;
 

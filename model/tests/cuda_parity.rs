@@ -17,8 +17,8 @@ mod emu;
 mod hf_fixture;
 
 use kernels::cuda::{probe, CudaDtype};
-use worker::model::cuda::CudaLlama;
-use worker::model::{KvBuffers, LlamaModel, ModelConfig, ModelFamily, RopeScaling, SeqInput};
+use model::cuda::CudaLlama;
+use model::{KvBuffers, LlamaModel, ModelConfig, ModelFamily, RopeScaling, SeqInput};
 
 /// A small model with what the GPU path branches on: grouped-query attention, q/k/v biases, an
 /// untied output projection, head_dim 16.
@@ -106,7 +106,7 @@ impl Pair {
     /// One step on both; asserts the logits agree and returns the CPU's.
     fn step(&mut self, what: &str, seqs: &[SeqInput<'_>]) -> Vec<f32> {
         let want = self.cpu.forward(&mut self.kv, seqs).expect("CPU step");
-        let plan = worker::model::BatchPlan::new(self.cpu.config(), SLOTS, seqs).unwrap();
+        let plan = model::BatchPlan::new(self.cpu.config(), SLOTS, seqs).unwrap();
         let got = self.gpu.forward(&plan).expect("GPU step");
         let (d, scale) = diff(&got, &want);
         eprintln!("{what}: max |GPU - CPU| = {d:e} (logits up to {scale:.3})");
@@ -204,7 +204,7 @@ fn run(dtype: CudaDtype, tol: f32) {
         slots: &[90],
     }];
     let want = p.cpu.forward_hidden(&mut p.kv, &seq).unwrap();
-    let plan = worker::model::BatchPlan::new(p.cpu.config(), SLOTS, &seq).unwrap();
+    let plan = model::BatchPlan::new(p.cpu.config(), SLOTS, &seq).unwrap();
     let (d, _) = diff(&p.gpu.forward_hidden(&plan).unwrap(), &want);
     assert!(d <= tol, "hidden: {d}");
     eprintln!(
@@ -350,7 +350,7 @@ fn fixture_on_gpu(
                 }
             })
             .collect();
-        let plan = worker::model::BatchPlan::new(cpu.config(), SLOTS, &seqs).unwrap();
+        let plan = model::BatchPlan::new(cpu.config(), SLOTS, &seqs).unwrap();
         let logits = gpu.forward(&plan).expect("GPU step");
         for s in 0..toks.len() {
             let p = span(s).1 - 1;

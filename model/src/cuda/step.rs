@@ -8,9 +8,9 @@ use kernels::cuda::{driver_error, AttnBatch, AttnIndex, CudaKernels};
 use kernels::{AttnShape, ScoreScale};
 
 use super::{gpu_err, Elem, Layer, Net, Output};
-use crate::model::config::ModelConfig;
-use crate::model::error::{ModelError, Result};
-use crate::model::plan::BatchPlan;
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use crate::plan::BatchPlan;
 
 impl<T: Elem> Net<T>
 where

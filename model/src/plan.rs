@@ -107,7 +107,7 @@ impl<'a> BatchPlan<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::BuiltinSize;
+    use crate::BuiltinSize;
 
     #[test]
     fn a_plan_flattens_prefix_chunks_and_decodes_in_sequence_order() {

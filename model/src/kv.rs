@@ -47,6 +47,12 @@ impl KvBuffers {
         config.num_hidden_layers * 2 * config.kv_dim() * std::mem::size_of::<f32>()
     }
 
+    /// Every layer's K buffer, then every layer's V buffer, `num_slots` rows each (the worker's
+    /// tests of what a pool costs in resident memory).
+    pub fn buffers_mut(&mut self) -> impl Iterator<Item = &mut [f32]> {
+        self.k.iter_mut().chain(&mut self.v).map(|b| &mut b[..])
+    }
+
     /// Whether these buffers were made for a model of this shape.
     pub(crate) fn fits(&self, config: &ModelConfig) -> bool {
         self.k.len() == config.num_hidden_layers && self.row == config.kv_dim()

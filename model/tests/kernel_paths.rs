@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 use common::this_binary;
 use kernels::{KernelPath, KERNEL_PATH_ENV};
+use model::{BuiltinSize, KvBuffers, LlamaModel, ModelConfig, SeqInput};
 use protocol::hash::{fnv1a64_extend, FNV1A64_OFFSET};
-use worker::model::{BuiltinSize, KvBuffers, LlamaModel, ModelConfig, SeqInput};
 
 /// Set in the children this test starts (the child test does nothing without it).
 const CHILD: &str = "DPSERVE_KERNEL_PATH_TEST_CHILD";

@@ -1,10 +1,10 @@
 //! Throughput of the CPU model on the Base builtin (dummy weights). Ignored by default: run with
-//! `cargo test --release -p worker --test model_bench -- --ignored --nocapture`.
+//! `cargo test --release -p model --test model_bench -- --ignored --nocapture`.
 //! Prints numbers only; tests never assert on wall-clock speed.
 
 use std::time::Instant;
 
-use worker::model::{BuiltinSize, KvBuffers, LlamaModel, ModelConfig, SeqInput};
+use model::{BuiltinSize, KvBuffers, LlamaModel, ModelConfig, SeqInput};
 
 #[test]
 #[ignore]

@@ -4,7 +4,8 @@
 //! else):
 //! configuration, Hugging Face loading, seeded dummy weights, the batch plan of a step and its
 //! forward pass over a KV slot pool, on the CPU (`forward.rs`) and on an NVIDIA GPU (`cuda.rs`,
-//! the `cuda` feature). Scheduling, slot allocation and sampling live elsewhere.
+//! the `cuda` feature). Scheduling, slot allocation and sampling are the worker's (which
+//! re-exports this crate as `worker::model`).
 
 mod config;
 #[cfg(feature = "cuda")]
@@ -25,8 +26,13 @@ mod rope_config;
 mod support;
 mod weights;
 
+/// Checkpoints of dummy weights in Hugging Face's layout, for tests (the `fixtures` feature
+/// gives the worker's tests the bad checkpoints its start-up refuses).
+#[cfg(any(test, feature = "fixtures"))]
+#[doc(hidden)]
+pub mod fixtures;
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;
 
 use std::path::Path;
 
