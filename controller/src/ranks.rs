@@ -295,6 +295,12 @@ impl Ranks {
         }
     }
 
+    /// Whether `rank`'s last status showed requests running or waiting on it.
+    pub fn is_busy(&self, rank: u32) -> bool {
+        let status = self.live.get(&rank).and_then(|r| r.status.as_ref());
+        status.is_some_and(|s| s.num_running_reqs + s.num_waiting_reqs > 0)
+    }
+
     /// A status snapshot: settles finished requests, and feeds the budget (which skips stale
     /// snapshots and applies at most one per refresh interval).
     pub fn status(&mut self, status: WorkerStatus, identity: &[u8]) -> bool {

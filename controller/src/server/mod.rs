@@ -339,8 +339,15 @@ impl Controller {
                 }
             }
             Message::WorkerStatus(status) if status.rank == rank => {
+                let idle = status.num_running_reqs + status.num_waiting_reqs == 0;
+                let went_idle = idle && self.ranks.is_busy(rank);
                 if !self.ranks.status(status, identity) {
                     self.ask_to_rejoin(identity, rank);
+                } else if went_idle {
+                    // Passed on at once, as the worker sends it: the tokenizer's view says
+                    // "nothing running" (`/flush_cache`) as soon as the last answer is out,
+                    // not a status interval later.
+                    self.cluster_changed = true;
                 }
             }
             Message::Shutdown(shutdown) if !self.ranks.is_holder(rank, identity) => {

@@ -30,6 +30,19 @@ pub fn start(method: Method) -> Running {
 
 /// [`start`] with `cache_aware`'s settings.
 pub fn start_with(method: Method, cache_aware: CacheAwareConfig) -> Running {
+    start_config(method, cache_aware, Duration::from_millis(500))
+}
+
+/// [`start`] pushing the cluster status on its own only every `interval` (on changes at once).
+pub fn start_with_status_interval(method: Method, interval: Duration) -> Running {
+    start_config(method, CacheAwareConfig::default(), interval)
+}
+
+fn start_config(
+    method: Method,
+    cache_aware: CacheAwareConfig,
+    cluster_status_interval: Duration,
+) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let ep = |name: &str| Endpoint::Ipc(dir.path().join(name));
     let config = ControllerConfig {
@@ -47,7 +60,7 @@ pub fn start_with(method: Method, cache_aware: CacheAwareConfig) -> Running {
         trace_max_bytes: 1 << 20,
         worker_timeout: Duration::from_secs(30),
         model_id: None,
-        cluster_status_interval: Duration::from_millis(500),
+        cluster_status_interval,
     };
     let ctx = zmq::Context::new();
     let outputs = protocol::socket::bind(&ctx, zmq::PULL, &config.tokenizer_addr).unwrap();
