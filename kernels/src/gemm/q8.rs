@@ -203,33 +203,44 @@ pub fn dot_q8_0(x: &[f32], w: &[f32]) -> f32 {
 /// Packs a row-major `[n, k]` f32 matrix as Q8_0 panels.
 pub(crate) fn pack(w: &[f32], n: usize, k: usize) -> Q8Panels {
     assert_eq!(w.len(), n * k, "w shape");
-    let nw = windows(k);
     let qlen = Q8Panels::quant_len(n, k);
     let mut data = LineBuf::<u8>::zeroed(Q8Panels::len(n, k));
     let (quants, scales) = data.split_at_mut(qlen);
     quants.fill(128);
-    let mut q = [0i8; BLOCK];
-    let mut whole = [0f32; BLOCK];
     if k > 0 {
-        for (r, row) in w.chunks_exact(k).enumerate() {
-            let (p, j) = (r / NR, r % NR);
-            for (b, block) in row.chunks(BLOCK).enumerate() {
-                whole[..block.len()].copy_from_slice(block);
-                whole[block.len()..].fill(0.0);
-                let d = quantize32(&whole, &mut q);
-                let (c, half) = (b / 2, b % 2);
-                let o = ((p * nw + c) * NR + j) * WIN;
-                for (e, &v) in q.iter().enumerate() {
-                    quants[o + lane_byte(half, e)] = (v as i16 + 128) as u8;
-                }
-                let at = (((p * nw + c) * NR + j) * 2 + half) * 2;
-                scales[at..at + 2].copy_from_slice(&f16_bits(d).to_le_bytes());
-            }
-        }
+        // The same bytes on every path (`quantize32` is exact); the best one vectorizes it.
+        pack_rows(KernelPath::best(), w, k, quants, scales);
     }
     Q8Panels {
         data: Store::Owned(data),
         qlen,
+    }
+}
+
+multiversion! {
+    /// Quantizes the rows of `w` (`k` weights each) into their panels' `quants` and `scales`.
+    fn pack_rows(w: &[f32], k: usize, quants: &mut [u8], scales: &mut [u8]) => pack_rows_body;
+}
+
+#[inline(always)]
+fn pack_rows_body(w: &[f32], k: usize, quants: &mut [u8], scales: &mut [u8]) {
+    let nw = windows(k);
+    let mut q = [0i8; BLOCK];
+    let mut whole = [0f32; BLOCK];
+    for (r, row) in w.chunks_exact(k).enumerate() {
+        let (p, j) = (r / NR, r % NR);
+        for (b, block) in row.chunks(BLOCK).enumerate() {
+            whole[..block.len()].copy_from_slice(block);
+            whole[block.len()..].fill(0.0);
+            let d = quantize32(&whole, &mut q);
+            let (c, half) = (b / 2, b % 2);
+            let o = ((p * nw + c) * NR + j) * WIN;
+            for (e, &v) in q.iter().enumerate() {
+                quants[o + lane_byte(half, e)] = (v as i16 + 128) as u8;
+            }
+            let at = (((p * nw + c) * NR + j) * 2 + half) * 2;
+            scales[at..at + 2].copy_from_slice(&f16_bits(d).to_le_bytes());
+        }
     }
 }
 
