@@ -327,6 +327,47 @@ fn with_the_controller_down_requests_get_503_and_retry_after_at_once() {
     }
 }
 
+/// The tokenizer restarted alone (its unit restarts, the controller stays): the new process
+/// numbers its requests from 1 again, below what the controller took from the old one, and
+/// still reads the controller's statuses as its word and serves.
+#[test]
+fn a_restarted_tokenizer_serves_again_beside_the_same_controller() {
+    let mut c = deployment(&[]);
+    c.start_tokenizer();
+    c.start_controller("controller");
+    c.start_worker("worker 0", 0, &[]);
+    c.wait_live(&[0], &["tokenizer", "controller", "worker 0"], STARTUP);
+    for _ in 0..5 {
+        let (status, _, body) = c.generate(None);
+        assert_eq!(status, 200, "{body}");
+    }
+    c.actors.kill("tokenizer");
+    c.start_tokenizer();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c.health() == 0 {
+        assert!(Instant::now() < deadline, "the tokenizer did not listen again");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    loop {
+        let (status, _, body) = c.generate(None);
+        if status == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the restarted tokenizer does not serve: {status} {body}\n{}",
+            c.all_logs()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // And keeps serving past its staleness bound (1.5 s without a status it accepts).
+    std::thread::sleep(Duration::from_secs(2));
+    for _ in 0..3 {
+        let (status, _, body) = c.generate(None);
+        assert_eq!(status, 200, "{body}");
+    }
+}
+
 #[test]
 fn a_worker_that_dies_after_a_controller_restart_fails_its_requests_at_once() {
     let mut c = deployment(&[]);

@@ -345,17 +345,20 @@ fn reader_loop(sock: zmq::Socket, shared: &Shared, peer: &str, tracer: &MessageT
         }
         match msg {
             Some(Message::TokenOut(out)) => shared.registry.do_send(registry::Deliver(out)),
-            Some(Message::ClusterStatus(status))
-                if status.taken_submission_seq
-                    > Some(shared.submission_seq.load(Ordering::Relaxed)) =>
-            {
-                // No controller of this tokenizer took requests it never sent: not its view.
-                tracing::warn!(
-                    taken = status.taken_submission_seq,
-                    "a cluster status claiming requests this tokenizer never sent; dropped"
-                );
-            }
-            Some(Message::ClusterStatus(status)) => {
+            Some(Message::ClusterStatus(mut status)) => {
+                if status.taken_submission_seq > Some(shared.submission_seq.load(Ordering::Relaxed))
+                {
+                    // Not a count of this tokenizer's requests (it restarted, or a stray frame
+                    // reached the controller): no ledger check on it, but still the
+                    // controller's word that it is alive and which ranks are, or every request
+                    // would be refused until the controller takes one it never gets.
+                    tracing::warn!(
+                        taken = status.taken_submission_seq,
+                        "a cluster status claiming requests this tokenizer never sent; its \
+                         count ignored"
+                    );
+                    status.taken_submission_seq = None;
+                }
                 let restarted = controller_id.is_some() && status.controller_id != controller_id;
                 controller_id = status.controller_id;
                 // After every output read before it: the registry's ledger check.

@@ -258,8 +258,12 @@ impl Controller {
             .rid()
             .map(|rid| tracing::info_span!("request", rid).entered());
         // Taken in: from here it ends with an error sent now or a dispatch counted in flight.
+        // The last number, not the highest: the tokenizer's requests arrive in its order, and
+        // a restarted tokenizer counts from 1 again (or a stray frame carried any number),
+        // which the highest would claim forever, and the tokenizer reads a claim beyond what
+        // it sent as no ledger at all.
         if let Some(seq) = msg.submission_seq() {
-            self.taken_submission_seq = self.taken_submission_seq.max(Some(seq));
+            self.taken_submission_seq = Some(seq);
         }
         match msg {
             Message::GenerateReq(req) if self.refused_rid(&req.rid) => {}
