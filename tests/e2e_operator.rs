@@ -345,7 +345,10 @@ fn a_restarted_tokenizer_serves_again_beside_the_same_controller() {
     c.start_tokenizer();
     let deadline = Instant::now() + Duration::from_secs(30);
     while c.health() == 0 {
-        assert!(Instant::now() < deadline, "the tokenizer did not listen again");
+        assert!(
+            Instant::now() < deadline,
+            "the tokenizer did not listen again"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     loop {

@@ -281,8 +281,10 @@ impl RankBudget {
                 .and_then(|s| s.prefill)
                 .map(|p| p.backlog_tokens + self.speculative_prefill),
             prefill_rate: self.prefill_rate,
-            // The ranks' in-flight ledger knows the requests' lengths (`Ranks::rank_set`).
+            // The ranks' in-flight ledger knows the requests' lengths, and `Hello` the bound
+            // (`Ranks::rank_set`).
             stall_tpot: 0.0,
+            finish_first_tokens: 0,
         }
     }
 }

@@ -11,7 +11,7 @@ use protocol::{Capacity, DisaggMode, GpuInfo, Hello, RankInfo, WorkerStatus};
 
 use crate::budget::{RankBudget, StatusOutcome, StatusStamp};
 use crate::ledger;
-use crate::policy::{stall_tpot, RankLoad, RankQueue, RankSet};
+use crate::policy::{stall_tpot_on, RankLoad, RankQueue, RankSet};
 
 /// One registered rank.
 #[derive(Debug)]
@@ -40,6 +40,8 @@ pub struct LiveRank {
     pub violations: Vec<String>,
     /// It enforces structured-output constraints (`Hello.constraints`).
     pub constraints: bool,
+    /// Its worker's finish-first bound (`Hello.finish_first_tokens`; 0: off).
+    pub finish_first_tokens: u64,
 }
 
 impl LiveRank {
@@ -62,6 +64,7 @@ impl LiveRank {
             kv_endpoint: hello.kv_endpoint.clone(),
             kv_public_key: hello.kv_public_key.clone(),
             constraints: hello.constraints,
+            finish_first_tokens: hello.finish_first_tokens.into(),
             gpu: hello.gpu.clone(),
             violations: Vec::new(),
         }
@@ -171,6 +174,7 @@ impl Ranks {
                     existing.last_seen = Instant::now();
                     existing.capacity = hello.capacity.clone();
                     existing.gpu = hello.gpu.clone();
+                    existing.finish_first_tokens = hello.finish_first_tokens.into();
                     return Ok(Joined::Repeat);
                 }
             } else if holder.identity != identity && holder_alive {
@@ -485,7 +489,12 @@ impl Ranks {
         .with_queues(
             kept()
                 .map(|(&rank, r)| RankQueue {
-                    stall_tpot: r.inflight.values().map(|&n| stall_tpot(n)).sum(),
+                    stall_tpot: r
+                        .inflight
+                        .values()
+                        .map(|&n| stall_tpot_on(n, r.finish_first_tokens))
+                        .sum(),
+                    finish_first_tokens: r.finish_first_tokens,
                     ..r.budget.queue(rank)
                 })
                 .collect(),
@@ -551,6 +560,7 @@ mod tests {
             gpu: None,
             taken_seq: None,
             constraints: false,
+            finish_first_tokens: 0,
         }
     }
 
@@ -701,6 +711,27 @@ mod tests {
         assert_eq!((stall(&ranks, 0), stall(&ranks, 1)), (0.75, 0.0));
         finished(&mut ranks, 0, "y");
         assert_eq!(stall(&ranks, 0), 0.25);
+    }
+
+    #[test]
+    fn a_rank_that_finishes_first_bears_no_stall_for_answers_within_its_bound() {
+        let mut ranks = Ranks::new(None, Duration::from_secs(3));
+        for (rank, finish_first_tokens) in [(0, 4), (1, 0)] {
+            let hello = Hello {
+                finish_first_tokens,
+                ..hello(rank, "a")
+            };
+            ranks.hello(&hello, &id(rank), false).unwrap();
+        }
+        // Within 4 + 1 tokens a request is never stalled on rank 0; one of 6 still is.
+        for rank in [0, 1] {
+            ranks.dispatched(rank, &format!("a{rank}"), 10, 0, 1, 5);
+            ranks.dispatched(rank, &format!("b{rank}"), 10, 0, 2, 6);
+        }
+        let set = ranks.rank_set();
+        let (q0, q1) = (set.queue(0), set.queue(1));
+        assert_eq!((q0.finish_first_tokens, q1.finish_first_tokens), (4, 0));
+        assert_eq!((q0.stall_tpot, q1.stall_tpot), (0.2, 0.25 + 0.2));
     }
 
     #[test]

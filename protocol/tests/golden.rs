@@ -182,7 +182,7 @@ const GOLDEN: &[(&str, &str)] = &[
     (
         "Hello",
         "
-        82 a1 76 01 a3 6d 73 67 81 a5 48 65 6c 6c 6f 88
+        82 a1 76 01 a3 6d 73 67 81 a5 48 65 6c 6c 6f 89
         a4 72 61 6e 6b 00 a8 63 61 70 61 63 69 74 79 84
         b0 6d 61 78 5f 74 6f 74 61 6c 5f 74 6f 6b 65 6e
         73 ce 00 01 00 00 b4 6d 61 78 5f 72 75 6e 6e 69
@@ -194,7 +194,8 @@ const GOLDEN: &[(&str, &str)] = &[
         69 6f 6e 01 a3 70 69 64 cd 10 92 a9 68 65 6c 64
         5f 72 69 64 73 91 a2 72 31 a9 74 61 6b 65 6e 5f
         73 65 71 39 ab 63 6f 6e 73 74 72 61 69 6e 74 73
-        c3
+        c3 b3 66 69 6e 69 73 68 5f 66 69 72 73 74 5f 74
+        6f 6b 65 6e 73 10
         ",
     ),
     (
@@ -675,6 +676,8 @@ const FIELD_RULES: &[FieldRules] = &[
             ("taken_seq", "null"),
             // False: absent from the wire.
             ("constraints", "null"),
+            // 0: absent from the wire.
+            ("finish_first_tokens", "null"),
         ],
     },
     FieldRules {

@@ -639,6 +639,7 @@ mod tests {
                     prefill_backlog_tokens: Some(0),
                     prefill_rate: Some(rate),
                     stall_tpot: 0.0,
+                    finish_first_tokens: 0,
                 })
                 .collect(),
         )

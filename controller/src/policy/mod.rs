@@ -90,6 +90,18 @@ impl<'a> RouteInput<'a> {
     }
 }
 
+/// [`stall_tpot`] on a rank whose worker finishes first within `finish_first` tokens of a
+/// request's end (`--finish-first-tokens`): a request of at most `finish_first + 1` tokens is
+/// within that bound from its first token on, so no other prompt's prefill runs while it
+/// decodes there (for up to the worker's wait bound), and a stall costs it nothing.
+pub fn stall_tpot_on(max_new_tokens: u64, finish_first: u64) -> f64 {
+    if finish_first > 0 && max_new_tokens <= finish_first.saturating_add(1) {
+        0.0
+    } else {
+        stall_tpot(max_new_tokens)
+    }
+}
+
 /// What one second's stall of a request's decode adds to its time per output token: the
 /// stall is spread over the gaps between its tokens, `max_new_tokens − 1` of them at most
 /// (0 for a request that generates fewer than two tokens, or whose length is not known).
@@ -131,8 +143,11 @@ pub struct RankQueue {
     /// Its measured prefill speed in prompt tokens per second; `None` until measured.
     pub prefill_rate: Option<f64>,
     /// What a second's stall of its decode adds to its requests' times per output token,
-    /// summed over them: Σ 1 / (max_new_tokens − 1) (0: none known).
+    /// summed over them: Σ 1 / (max_new_tokens − 1) (0: none known), without the requests
+    /// its finish-first bound keeps from being stalled ([`stall_tpot_on`]).
     pub stall_tpot: f64,
+    /// Its worker's `--finish-first-tokens` (`Hello.finish_first_tokens`; 0: off).
+    pub finish_first_tokens: u64,
 }
 
 impl RankQueue {
@@ -193,6 +208,7 @@ impl RankSet {
                 prefill_backlog_tokens: None,
                 prefill_rate: None,
                 stall_tpot: 0.0,
+                finish_first_tokens: 0,
             }
         })
     }
@@ -256,6 +272,7 @@ impl RankSet {
                     prefill_backlog_tokens: Some(backlog),
                     prefill_rate: rate,
                     stall_tpot: 0.0,
+                    finish_first_tokens: 0,
                 })
                 .collect(),
         )

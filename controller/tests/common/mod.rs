@@ -167,6 +167,7 @@ impl Worker {
             gpu: None,
             taken_seq: None,
             constraints,
+            finish_first_tokens: 0,
         };
         protocol::socket::send(&sock, &Message::Hello(hello)).unwrap();
         let w = Worker { rank, sock };

@@ -63,11 +63,23 @@ pub struct Hello {
     /// no constrained request.
     #[serde(default, skip_serializing_if = "is_false")]
     pub constraints: bool,
+    /// The worker's finish-first bound (`--finish-first-tokens`): while one of its running
+    /// requests is within this many tokens of its `max_new_tokens`, a waiting prompt's prefill
+    /// waits. A request of at most this many tokens plus one is never stalled by another
+    /// prompt's prefill there, which `cache_aware` prices. Absent (0): off, or a worker that
+    /// predates the field.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub finish_first_tokens: u32,
 }
 
 /// `skip_serializing_if` for flags absent from the wire while false.
 fn is_false(b: &bool) -> bool {
     !*b
+}
+
+/// `skip_serializing_if` for counts absent from the wire while 0.
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A worker's GPU as its driver reports it, announced in `Hello` and shown per rank by

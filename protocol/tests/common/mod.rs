@@ -154,6 +154,7 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                 gpu: None,
                 taken_seq: Some(57),
                 constraints: true,
+                finish_first_tokens: 16,
             }),
         ),
         (
@@ -172,6 +173,7 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                 gpu: None,
                 taken_seq: None,
                 constraints: false,
+                finish_first_tokens: 0,
             }),
         ),
         (
@@ -190,6 +192,7 @@ pub fn examples() -> Vec<(&'static str, Message)> {
                 gpu: Some(gpu()),
                 taken_seq: None,
                 constraints: false,
+                finish_first_tokens: 0,
             }),
         ),
         (

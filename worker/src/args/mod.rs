@@ -31,6 +31,8 @@ pub use serve::ServeArgs;
 pub const DEFAULT_CHUNKED_PREFILL_SIZE: usize = 2048;
 /// `--prefill-step-target-ms` when not given.
 pub const DEFAULT_PREFILL_STEP_TARGET_MS: u64 = 500;
+/// `--finish-first-tokens`' default.
+pub const DEFAULT_FINISH_FIRST_TOKENS: u32 = 16;
 /// `--finish-first-max-wait-ms`'s default.
 pub const DEFAULT_FINISH_FIRST_MAX_WAIT_MS: u64 = 600;
 /// `--max-running-requests` when not given.

@@ -2,8 +2,8 @@
 
 use super::{
     flag, DEFAULT_CHUNKED_PREFILL_SIZE, DEFAULT_DISAGG_TIMEOUT_S, DEFAULT_DRAIN_TIMEOUT_S,
-    DEFAULT_FINISH_FIRST_MAX_WAIT_MS, DEFAULT_HEARTBEAT_INTERVAL_MS, DEFAULT_MAX_PREFILL_TOKENS,
-    DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PREFILL_STEP_TARGET_MS,
+    DEFAULT_FINISH_FIRST_MAX_WAIT_MS, DEFAULT_FINISH_FIRST_TOKENS, DEFAULT_HEARTBEAT_INTERVAL_MS,
+    DEFAULT_MAX_PREFILL_TOKENS, DEFAULT_MAX_RUNNING_REQUESTS, DEFAULT_PREFILL_STEP_TARGET_MS,
 };
 use crate::error;
 use crate::kv::req_to_token::DecodePrealloc;
@@ -78,7 +78,7 @@ pub struct ServeArgs {
     /// `max_new_tokens`, a waiting prompt's prefill waits (decode steps run), for at most
     /// --finish-first-max-wait-ms, so a short answer's last tokens are not stalled by another
     /// prompt; 0 = off (a waiting prompt is always computed first).
-    #[arg(long, env = "DPSERVE_FINISH_FIRST_TOKENS", default_value_t = 0)]
+    #[arg(long, env = "DPSERVE_FINISH_FIRST_TOKENS", default_value_t = DEFAULT_FINISH_FIRST_TOKENS)]
     pub finish_first_tokens: u32,
     /// Finish-first: the longest a waiting prompt is held back, in milliseconds from its
     /// arrival at the worker.
@@ -118,7 +118,7 @@ impl Default for ServeArgs {
             heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT_S,
             prefill_step_target_ms: DEFAULT_PREFILL_STEP_TARGET_MS,
-            finish_first_tokens: 0,
+            finish_first_tokens: DEFAULT_FINISH_FIRST_TOKENS,
             finish_first_max_wait_ms: DEFAULT_FINISH_FIRST_MAX_WAIT_MS,
             max_queued_requests: None,
             disaggregation_bootstrap_timeout: DEFAULT_DISAGG_TIMEOUT_S,

@@ -343,6 +343,11 @@ fn hello(config: &WorkerConfig, model: &ModelRunner, pool: PoolSize) -> Hello {
         taken_seq: None, // nothing sent to this process yet; a rejoin's Hello says
         // Every request's constraint is enforced here (scheduler::decode's sample_and_check).
         constraints: true,
+        // A unified worker's finish-first bound (a role's worker prefills or decodes, not both).
+        finish_first_tokens: config
+            .finish_first
+            .filter(|_| config.disaggregation_mode.is_null())
+            .map_or(0, |ff| ff.tokens.try_into().unwrap_or(u32::MAX)),
     }
 }
 
