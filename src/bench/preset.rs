@@ -258,11 +258,11 @@ fn mooncake_cpu() -> PresetValues {
         up_args: &[],
         compare: EVERY_METHOD,
         sim_config: None,
-        // No 2x: every method meets the target there, and at 71 s its runs were a third of
-        // a five-method sweep (docs/BENCHMARKS.md); 4, 6 and 8x fit five methods, three
-        // repeats, in about half an hour.
+        // With finish-first on by default every method meets the target up to 10-12x and
+        // none at 18x (docs/BENCHMARKS.md, 2026-12-07): rates around that knee; five methods,
+        // three repeats, ~15-20 min by the runs' lengths (not yet timed whole).
         sweep: Some(SweepPreset {
-            rates: &[4.0, 6.0, 8.0],
+            rates: &[10.0, 12.0, 14.0, 16.0],
             num_prompts: 400,
             sim_speed: 1.0,
         }),

@@ -63,8 +63,8 @@
 //! F`, 16 by default) computes no waiting prompt while one of its requests is within F tokens
 //! of its end, so a request of at most F + 1 tokens is never stalled there by a prefill (up to
 //! the worker's wait bound). Such requests add nothing to S(r), and a short request with a
-//! cached prefix, which the worker takes ahead of its line, weighs that line as the wait it
-//! is, not as a stall of its answer: it stays with the rank holding its prefix. Without a
+//! cached prefix, which the worker takes ahead of its line, counts that line once, as at most
+//! a wait, not as a stall of its answer: it stays with the rank holding its prefix. Without a
 //! cached prefix it waits out the line before its first token, and keeps the stall price:
 //! short answers still avoid long lines. On 8 simulated ranks (conversation and synthetic
 //! Mooncake traces, 1.5-2x, 17 pairs) this kept the synthetic trace's long reuses with their

@@ -345,10 +345,12 @@ impl WorkerArgs {
             kernel_path: self.device.kernel_path,
             prefill_step_target: (serve.prefill_step_target_ms > 0)
                 .then(|| Duration::from_millis(serve.prefill_step_target_ms)),
-            finish_first: (serve.finish_first_tokens > 0).then(|| FinishFirst {
-                tokens: serve.finish_first_tokens as usize,
-                max_wait: Duration::from_millis(serve.finish_first_max_wait_ms),
-            }),
+            // A zero wait holds nothing: off, and `Hello` says so.
+            finish_first: (serve.finish_first_tokens > 0 && serve.finish_first_max_wait_ms > 0)
+                .then(|| FinishFirst {
+                    tokens: serve.finish_first_tokens as usize,
+                    max_wait: Duration::from_millis(serve.finish_first_max_wait_ms),
+                }),
             heartbeat_interval: Duration::from_millis(serve.heartbeat_interval_ms.max(10)),
             drain_timeout: Duration::from_secs_f64(serve.drain_timeout),
             trace_dir: self.trace_dir.clone(),
@@ -538,6 +540,22 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("--disaggregation-mode"), "{err}");
+    }
+
+    #[test]
+    fn finish_first_is_on_by_default_and_off_with_either_bound_zero() {
+        let on = parse(&[]).unwrap().resolve().unwrap().finish_first;
+        assert_eq!(
+            on.map(|ff| (ff.tokens, ff.max_wait)),
+            Some((16, Duration::from_millis(600)))
+        );
+        for off in [
+            &["--finish-first-tokens", "0"][..],
+            &["--finish-first-max-wait-ms", "0"][..],
+        ] {
+            let config = parse(off).unwrap().resolve().unwrap();
+            assert!(config.finish_first.is_none(), "{off:?}");
+        }
     }
 
     #[test]
