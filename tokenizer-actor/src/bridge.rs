@@ -328,6 +328,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 fn reader_loop(sock: zmq::Socket, shared: &Shared, peer: &str, tracer: &MessageTracer) {
     // The controller whose statuses arrive (`ClusterStatus.controller_id`).
     let mut controller_id = None;
+    // Its statuses count more requests than this tokenizer sent (said once, not twice a second).
+    let mut count_ignored = false;
     while !shared.stop.load(Ordering::Relaxed) {
         let frame = match sock.recv_bytes(0) {
             Ok(frame) => frame,
@@ -346,19 +348,23 @@ fn reader_loop(sock: zmq::Socket, shared: &Shared, peer: &str, tracer: &MessageT
         match msg {
             Some(Message::TokenOut(out)) => shared.registry.do_send(registry::Deliver(out)),
             Some(Message::ClusterStatus(mut status)) => {
-                if status.taken_submission_seq > Some(shared.submission_seq.load(Ordering::Relaxed))
-                {
+                let beyond = status.taken_submission_seq
+                    > Some(shared.submission_seq.load(Ordering::Relaxed));
+                if beyond {
                     // Not a count of this tokenizer's requests (it restarted, or a stray frame
                     // reached the controller): no ledger check on it, but still the
                     // controller's word that it is alive and which ranks are, or every request
                     // would be refused until the controller takes one it never gets.
-                    tracing::warn!(
-                        taken = status.taken_submission_seq,
-                        "a cluster status claiming requests this tokenizer never sent; its \
-                         count ignored"
-                    );
+                    if !count_ignored {
+                        tracing::warn!(
+                            taken = status.taken_submission_seq,
+                            "cluster statuses claim requests this tokenizer never sent; their \
+                             count is ignored (no ledger check) until it matches"
+                        );
+                    }
                     status.taken_submission_seq = None;
                 }
+                count_ignored = beyond;
                 let restarted = controller_id.is_some() && status.controller_id != controller_id;
                 controller_id = status.controller_id;
                 // After every output read before it: the registry's ledger check.
