@@ -255,10 +255,16 @@ impl Server {
 
     /// Stop with SIGTERM and wait; returns whether it exited cleanly.
     pub fn stop(&mut self) -> bool {
+        self.stop_within(Duration::from_secs(20))
+    }
+
+    /// [`Server::stop`], waiting up to `within` (a worker drains what it holds for up to its
+    /// `--drain-timeout`, 30 s by default); false when killed at the deadline or not clean.
+    pub fn stop_within(&mut self, within: Duration) -> bool {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + within;
         loop {
             match self.child.try_wait() {
                 Ok(Some(status)) => return status.success(),
