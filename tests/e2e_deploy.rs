@@ -594,26 +594,13 @@ fn sigterm_drains_running_requests_and_stops_routing_at_once() {
         let status = resp.status().as_u16();
         (status, resp.json::<Value>().unwrap_or(Value::Null))
     });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let running = c.server_info().and_then(|i| {
-            i["ranks"].as_array().and_then(|ranks| {
-                ranks
-                    .iter()
-                    .find(|r| r["rank"] == json!(1))
-                    .and_then(|r| r["status"]["num_running_reqs"].as_u64())
-            })
-        });
-        if running.unwrap_or(0) > 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the long request never ran\n{}",
-            c.all_logs()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    c.poll_until("running request on rank 1", Duration::from_secs(60), |c| {
+        let ranks = c.server_info()?["ranks"].as_array()?.clone();
+        let rank_1 = ranks.iter().find(|r| r["rank"] == json!(1))?;
+        rank_1["status"]["num_running_reqs"]
+            .as_u64()
+            .filter(|&n| n > 0)
+    });
     c.sigterm("worker 1");
     c.wait_live(
         &[0],

@@ -70,13 +70,26 @@ fn deployment(extra: &[(&str, &str)]) -> Cluster {
 /// This file's steps on the harness's `Cluster` (a trait: every end-to-end file is a module of
 /// one binary, and others have steps of the same names).
 trait Steps {
+    fn start_rank_0_deployment(&mut self);
     fn start_controller(&mut self, name: &str);
     fn start_tokenizer(&mut self);
     fn assert_rank_0_stays_live(&mut self, names: &[&str]);
     fn health(&self) -> u16;
 }
 
+/// The actors of [`Steps::start_rank_0_deployment`].
+const RANK_0: [&str; 3] = ["tokenizer", "controller", "worker 0"];
+
 impl Steps for Cluster {
+    /// A tokenizer, a controller and the worker of rank 0, each its own process as under
+    /// systemd; returns once rank 0 is live.
+    fn start_rank_0_deployment(&mut self) {
+        self.start_tokenizer();
+        self.start_controller("controller");
+        self.start_worker("worker 0", 0, &[]);
+        self.wait_live(&[0], &RANK_0, STARTUP);
+    }
+
     fn start_controller(&mut self, name: &str) {
         self.start(name, &["controller"], &[]);
     }
@@ -226,11 +239,7 @@ fn uncommented_empty_lines_of_the_env_example_mean_unset() {
 #[test]
 fn a_second_worker_claiming_a_live_rank_is_refused_and_the_first_keeps_it() {
     let mut c = deployment(&[]);
-    c.start_tokenizer();
-    c.start_controller("controller");
-    c.start_worker("worker 0", 0, &[]);
-    let all = ["tokenizer", "controller", "worker 0"];
-    c.wait_live(&[0], &all, STARTUP);
+    c.start_rank_0_deployment();
 
     c.start_worker("duplicate 0", 0, &[]);
     let status = c.wait_exit("duplicate 0", STARTUP);
@@ -256,7 +265,7 @@ fn a_second_worker_claiming_a_live_rank_is_refused_and_the_first_keeps_it() {
 
     // The first worker keeps its rank for longer than a heartbeat timeout after the duplicate
     // left (its Shutdown and silence are not the rank's), and serves.
-    c.assert_rank_0_stays_live(&all);
+    c.assert_rank_0_stays_live(&RANK_0);
     c.assert_serves_on(0);
 }
 
@@ -267,10 +276,7 @@ fn a_second_worker_claiming_a_live_rank_is_refused_and_the_first_keeps_it() {
 #[test]
 fn with_the_controller_down_requests_get_503_and_retry_after_at_once() {
     let mut c = deployment(&[]);
-    c.start_tokenizer();
-    c.start_controller("controller");
-    c.start_worker("worker 0", 0, &[]);
-    c.wait_live(&[0], &["tokenizer", "controller", "worker 0"], STARTUP);
+    c.start_rank_0_deployment();
     assert_eq!(c.health(), 200);
 
     c.actors.kill("controller");
@@ -309,22 +315,16 @@ fn with_the_controller_down_requests_get_503_and_retry_after_at_once() {
     // requests are served again (after at most a few more 503s, while the tokenizer's
     // connection to the new controller comes up).
     c.start_controller("controller");
-    c.wait_live(&[0], &["tokenizer", "controller", "worker 0"], STARTUP);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    c.wait_live(&[0], &RANK_0, STARTUP);
+    let body = c.poll_until("200 again", Duration::from_secs(10), |c| {
         let (status, retry_after, body) = c.generate(Some(0));
-        if status == 200 {
-            assert_eq!(body["meta_info"]["dp_rank"], json!(0), "{body}");
-            break;
-        }
-        assert!(status == 503 && retry_after.is_some(), "{status}: {body}");
         assert!(
-            Instant::now() < deadline,
-            "not served again: {body}\n{}",
-            c.all_logs()
+            status == 200 || (status == 503 && retry_after.is_some()),
+            "{status}: {body}"
         );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        (status == 200).then_some(body)
+    });
+    assert_eq!(body["meta_info"]["dp_rank"], json!(0), "{body}");
 }
 
 /// The tokenizer restarted alone (its unit restarts, the controller stays): the new process
@@ -333,36 +333,20 @@ fn with_the_controller_down_requests_get_503_and_retry_after_at_once() {
 #[test]
 fn a_restarted_tokenizer_serves_again_beside_the_same_controller() {
     let mut c = deployment(&[]);
-    c.start_tokenizer();
-    c.start_controller("controller");
-    c.start_worker("worker 0", 0, &[]);
-    c.wait_live(&[0], &["tokenizer", "controller", "worker 0"], STARTUP);
+    c.start_rank_0_deployment();
     for _ in 0..5 {
         let (status, _, body) = c.generate(None);
         assert_eq!(status, 200, "{body}");
     }
     c.actors.kill("tokenizer");
     c.start_tokenizer();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while c.health() == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the tokenizer did not listen again"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    loop {
-        let (status, _, body) = c.generate(None);
-        if status == 200 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the restarted tokenizer does not serve: {status} {body}\n{}",
-            c.all_logs()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let within = Duration::from_secs(30);
+    c.poll_until("listening tokenizer", within, |c| {
+        (c.health() != 0).then_some(())
+    });
+    c.poll_until("200 from the restarted tokenizer", within, |c| {
+        (c.generate(None).0 == 200).then_some(())
+    });
     // And keeps serving past its staleness bound (1.5 s without a status it accepts).
     std::thread::sleep(Duration::from_secs(2));
     for _ in 0..3 {
@@ -412,11 +396,7 @@ fn a_worker_that_dies_after_a_controller_restart_fails_its_requests_at_once() {
 #[test]
 fn a_second_controller_on_the_same_ipc_path_is_refused() {
     let mut c = deployment(&[]);
-    c.start_tokenizer();
-    c.start_controller("controller");
-    c.start_worker("worker 0", 0, &[]);
-    let all = ["tokenizer", "controller", "worker 0"];
-    c.wait_live(&[0], &all, STARTUP);
+    c.start_rank_0_deployment();
 
     c.start_controller("second controller");
     let status = c.wait_exit("second controller", Duration::from_secs(60));
@@ -428,7 +408,7 @@ fn a_second_controller_on_the_same_ipc_path_is_refused() {
         "{log}"
     );
     // The first one still owns every path and serves; its worker is still heard.
-    c.assert_rank_0_stays_live(&all);
+    c.assert_rank_0_stays_live(&RANK_0);
     c.assert_serves_on(0);
 }
 
@@ -439,10 +419,7 @@ fn a_second_controller_on_the_same_ipc_path_is_refused() {
 #[test]
 fn a_stopping_tokenizer_ends_open_streams_with_an_error_and_done() {
     let mut c = deployment(&[]);
-    c.start_tokenizer();
-    c.start_controller("controller");
-    c.start_worker("worker 0", 0, &[]);
-    c.wait_live(&[0], &["tokenizer", "controller", "worker 0"], STARTUP);
+    c.start_rank_0_deployment();
 
     let events = long_stream(&c.base, "cut-by-stop", 0);
     first_chunk(&c, &events);
@@ -472,7 +449,7 @@ fn a_finished_drain_is_logged_as_such_and_a_lost_worker_says_it_is_lost() {
         5,
         &[("DPSERVE_WORKER_ADDR", nowhere.as_str())],
     );
-    c.wait_live(&[0], &["tokenizer", "controller", "worker 0"], STARTUP);
+    c.wait_live(&[0], &RANK_0, STARTUP);
 
     // A request that ends on its own while its rank drains.
     let url = format!("{}/generate", c.base);
@@ -487,20 +464,11 @@ fn a_finished_drain_is_logged_as_such_and_a_lost_worker_says_it_is_lost() {
             .send()
             .map(|r| r.status().as_u16())
     });
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let running = |c: &Cluster| {
+    c.poll_until("running request", Duration::from_secs(60), |c| {
         c.server_info()
             .and_then(|i| i["ranks"][0]["status"]["num_running_reqs"].as_u64())
-            .unwrap_or(0)
-    };
-    while running(&c) == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the request never ran\n{}",
-            c.all_logs()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+            .filter(|&n| n > 0)
+    });
     c.actors.sigterm("worker 0");
     assert_eq!(request.join().expect("request thread").ok(), Some(200));
     let status = c.wait_exit("worker 0", Duration::from_secs(60));

@@ -220,11 +220,27 @@ impl Cluster {
 
     /// Wait until the log of `name` says `what`.
     pub fn wait_log(&self, name: &str, what: &str, within: Duration) {
+        self.poll_until(&format!("{name} logging {what:?}"), within, |c| {
+            c.log(name).contains(what).then_some(())
+        });
+    }
+
+    /// Ask `probe` every 100 ms until it answers `Some`, and return the answer; fails the test
+    /// with `what` and every actor's log if none came within `within`.
+    pub fn poll_until<T>(
+        &self,
+        what: &str,
+        within: Duration,
+        mut probe: impl FnMut(&Self) -> Option<T>,
+    ) -> T {
         let deadline = Instant::now() + within;
-        while !self.log(name).contains(what) {
+        loop {
+            if let Some(answer) = probe(self) {
+                return answer;
+            }
             assert!(
                 Instant::now() < deadline,
-                "{name} never logged {what:?} within {within:?}\n{}",
+                "no {what} within {within:?}\n{}",
                 self.all_logs()
             );
             std::thread::sleep(Duration::from_millis(100));
