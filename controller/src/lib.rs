@@ -214,7 +214,7 @@ mod tests {
                 c.cache_aware.tpot_weight,
                 c.cache_aware.max_load_skew
             ),
-            (1.0, 80.0, 2.0)
+            (0.25, 80.0, 2.0)
         );
         assert!(c.cache_aware.hold_wait.is_zero(), "late binding is opt-in");
         assert_eq!(c.prefix_affinity, PrefixAffinityConfig::default());

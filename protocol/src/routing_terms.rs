@@ -30,8 +30,8 @@ pub struct RankCost {
     /// The wait for the prompt tokens queued ahead of it: backlog ÷ rate, × (1 + TPOT weight ÷
     /// (max_new_tokens − 1)) for a request that may wait it out between its tokens.
     pub load_cost: f64,
-    /// load_cost + (1 + compute weight × (the rank's active requests + TPOT weight ×
-    /// `stall_tpot`)) × prefill_tokens ÷ rate: its predicted time to first token plus the
+    /// load_cost + (1 + work weight + compute weight × the rank's active requests + TPOT weight
+    /// × `stall_tpot`) × prefill_tokens ÷ rate: its predicted time to first token plus the
     /// stall its computing puts on each request already on the rank. The lowest wins, unless
     /// the overload guard skips it.
     pub cost: f64,

@@ -19,11 +19,12 @@
 //! S(r)        = Σ s_r(x) over the requests active on r (the controller's in-flight ledger)
 //! cost(r)     = backlog(r) / rate(r) × (1 + t × (s_r(req) if matched(r) > 0 else s(req)))
 //!               └ wait for the line, or its stall of this request's decode ┘
-//!             + (1 + k + w × (active(r) + t × S(r))) × uncached(r) / rate(r)
+//!             + (1 + k + w × active(r) + t × S(r)) × uncached(r) / rate(r)
 //!               └ its own prefill, that work again for those after it, and the stall that
-//!                 prefill puts on each request already there, the more for short answers
-//!                 (k: --cache-aware-work-weight, 1; w: --cache-aware-compute-weight,
-//!                 t: --cache-aware-tpot-weight, seconds of TTFT per second of TPOT) ┘
+//!                 prefill puts on each request already there: the later end of each, and
+//!                 the time per output token it adds, the more for short answers
+//!                 (k: --cache-aware-work-weight, 1; w: --cache-aware-compute-weight, 0.25;
+//!                 t: --cache-aware-tpot-weight, seconds of TTFT per second of TPOT, 80) ┘
 //! order       = live ranks by cost, lowest first; costs within 10 % of the lowest are ties,
 //!               broken by more of the prompt held (a conversation's turn stays with its
 //!               context), then fewer active requests, then HRW order on the first block's hash
@@ -38,14 +39,27 @@
 //! Why the stall term: a worker runs a prefill step whenever one is admitted, so while it
 //! computes a prompt every request it is decoding waits, and those queued ahead of it will be
 //! decoding by then. A prompt's uncached tokens therefore cost their prefill time once for
-//! itself and once for each request active on the rank: the cost is the delay the request adds
-//! to everyone, in seconds. Without it (w = 0, the time to first token alone) the rank with the
-//! shortest line takes every prompt, however many requests it is decoding, and the ITL of all
-//! of them suffers; on the 8-rank Mooncake replay that was the one term between `cache_aware`
-//! and the best goodput (docs/BENCHMARKS.md). It also makes a cached prefix worth more on a
-//! busy rank, where recomputing it stalls more requests, so a burst sharing a prefix joins its
-//! holder instead of recomputing it on an idle rank (unless the holder serves so many more
-//! requests that stalling them all costs more than the recomputation).
+//! itself and again for each request active on the rank: the cost is the delay the request adds
+//! to everyone, in seconds. Without it (w = t = 0, the time to first token alone) the rank with
+//! the shortest line takes every prompt, however many requests it is decoding, and the ITL of
+//! all of them suffers; on the 8-rank Mooncake replay that was the one term between
+//! `cache_aware` and the best goodput (docs/BENCHMARKS.md). It also makes a cached prefix worth
+//! more on a busy rank, where recomputing it stalls more requests, so a burst sharing a prefix
+//! joins its holder instead of recomputing it on an idle rank (unless the holder serves so many
+//! more requests that stalling them all costs more than the recomputation).
+//!
+//! Why a quarter (w): a stall delays each decoding request's end by its length, but a serving
+//! target counts it only through that request's time per output token, which the TPOT term
+//! prices on its own (t × S(r)). The end still matters past capacity (a request that ends later
+//! holds its batch slot longer, and every decode step of a longer batch is slower), so it keeps
+//! a quarter of its weight. At w = 1 (the former default, which also scaled the TPOT term) the count
+//! of running requests outweighed everything else on a busy rank: on the 8-rank conversation
+//! replay at 2x it sent prompts of 40-50 k tokens, whose own prefill takes most of a 2 s TTFT
+//! target, behind a line of 20-40 k tokens on the rank serving a few requests fewer, and they
+//! missed. In 23 paired runs against w = 1 on four traces (8 simulated ranks, docs/BENCHMARKS.md)
+//! it was ahead by 1.6 points of attainment on the conversation trace at 2x, where its capacity
+//! is decided (5 of 6 pairs), and on the same conversations sent as sessions (3 of 4), and
+//! within a few tenths on the synthetic and agentic traces and at 1.5x.
 //!
 //! Why the TPOT weight: a stall of S seconds delays a request's first token by S, but once it
 //! is decoding the same stall adds S / (n − 1) to its time per output token, which a serving
@@ -97,8 +111,9 @@ use crate::error::{Error, Result};
 /// `--cache-aware-*` settings. `Default` is the single source of the defaults; clap reads it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CacheAwareConfig {
-    /// Weight of the stall a request's prefill puts on each request already active on the
-    /// rank, relative to its own wait (≥ 0; 0: the predicted time to first token alone).
+    /// Weight of the delay a request's prefill puts on the end of each request already active
+    /// on the rank, relative to its own wait (≥ 0; 0: the stall counts only through the time
+    /// per output token it adds, [`Self::tpot_weight`]).
     pub compute_weight: f64,
     /// What one second of a request's time per output token is worth in seconds of time to
     /// first token (≥ 0): a stall of S seconds in a request's decode adds S / (n − 1) to its
@@ -121,7 +136,9 @@ pub struct CacheAwareConfig {
 impl Default for CacheAwareConfig {
     fn default() -> Self {
         CacheAwareConfig {
-            compute_weight: 1.0,
+            // A stall's delay of each running request's end, beside the TPOT term: paired runs on
+            // four traces (docs/BENCHMARKS.md); 1 before 2026-12-08.
+            compute_weight: 0.25,
             // The ratio of the usual targets: 2 s to the first token, 25 ms per output token.
             tpot_weight: 80.0,
             // Paired runs on three traces (docs/BENCHMARKS.md): 23 of 30 pairs better at 1
@@ -140,9 +157,9 @@ impl Default for CacheAwareConfig {
 /// The `--cache-aware-*` flags (`dpserve controller` and `up` flatten them).
 #[derive(clap::Args, Debug, Clone, PartialEq)]
 pub struct CacheAwareArgs {
-    /// cache_aware: the weight (>= 0) of the stall a request's prefill puts on each request
-    /// already active on a rank, relative to its own wait; 0 routes by the predicted time to
-    /// first token alone.
+    /// cache_aware: the weight (>= 0) of the delay a request's prefill puts on the end of each
+    /// request already active on a rank, relative to its own wait; 0: the stall counts only
+    /// through the time per output token it adds (--cache-aware-tpot-weight).
     #[arg(long, env = "DPSERVE_CACHE_AWARE_COMPUTE_WEIGHT",
           default_value_t = CacheAwareConfig::default().compute_weight)]
     pub cache_aware_compute_weight: f64,
@@ -339,10 +356,9 @@ impl CacheAware {
                 let own_stall = own_stall(queue.finish_first_tokens, matched);
                 let load_cost = backlog.unwrap_or(0) as f64 * per_token * own_stall;
                 let stall_tpot = queue.stall_tpot;
-                let stalled = loads[i].active_requests as f64 + tpot * stall_tpot;
-                let per_uncached =
-                    (1.0 + self.config.work_weight + self.config.compute_weight * stalled)
-                        * per_token;
+                let stalled = self.config.compute_weight * loads[i].active_requests as f64
+                    + tpot * stall_tpot;
+                let per_uncached = (1.0 + self.config.work_weight + stalled) * per_token;
                 RankCost {
                     rank,
                     matched_tokens: matched,
@@ -455,11 +471,12 @@ mod tests {
 
     const PROMPT: [u32; 100] = [7; 100];
 
-    /// The defaults without the work weight: the tests of the other terms keep their
-    /// arithmetic (the work weight's own test sets it).
+    /// The defaults with a whole stall weight and without the work weight: the tests of the
+    /// other terms keep their arithmetic (the weights' own tests set them).
     fn without_work() -> CacheAwareConfig {
         CacheAwareConfig {
             work_weight: 0.0,
+            compute_weight: 1.0,
             ..Default::default()
         }
     }
@@ -514,7 +531,10 @@ mod tests {
         let mut plain = CacheAware::new(without_work());
         assert_eq!(plain.select(&req(&PROMPT), &set).rank, 0);
         // k = 1 (the default): 1.6 + 3 × 0.36 = 2.68 s against 3 × 1 = 3 s.
-        let mut work = CacheAware::new(CacheAwareConfig::default());
+        let mut work = CacheAware::new(CacheAwareConfig {
+            work_weight: 1.0,
+            ..without_work()
+        });
         let d = work.select(&req(&PROMPT), &set);
         assert_eq!(d.rank, 1);
         let idle = d.costs.iter().find(|c| c.rank == 0).unwrap();
@@ -531,7 +551,8 @@ mod tests {
         // the holder keeps the request).
         let set = timed(&[(0, 0, Some(100.0)), (1, 160, Some(100.0))], &[0, 64]);
         assert_eq!(m.select(&req(&PROMPT), &set).rank, 0);
-        // Weight 0: the time to first token alone; the idle rank wins at once.
+        // Weight 0 (and no answer here to stall): the time to first token alone; the idle rank
+        // wins at once.
         let mut ttft = CacheAware::new(CacheAwareConfig {
             compute_weight: 0.0,
             ..without_work()
@@ -579,8 +600,8 @@ mod tests {
             assert!((cost - want.1).abs() < 1e-9, "{costs:?}");
         }
         assert_eq!((d.rank, d.branch), (1, Branch::Cold));
-        // The time to first token alone (weight 0) ignores what the rank is serving: the
-        // shorter line wins however busy its rank.
+        // The time to first token alone (weight 0, and no answer here whose TPOT a stall
+        // adds to) ignores what the rank is serving: the shorter line wins however busy its rank.
         let mut ttft = CacheAware::new(CacheAwareConfig {
             compute_weight: 0.0,
             ..without_work()
@@ -588,6 +609,29 @@ mod tests {
         let set = busy(&[(0, 8, 0), (1, 3, 50)], &[0, 0]);
         assert_eq!(ttft.select(&req(&PROMPT), &set).rank, 0);
         assert_eq!(m.select(&req(&PROMPT), &set).rank, 1);
+    }
+
+    /// The default weighs a stall's delay of each running request's end at a quarter of the
+    /// request's own wait: a prompt whose own prefill is most of a TTFT target goes to the
+    /// empty line, not behind a line on the rank serving a few requests fewer.
+    #[test]
+    fn by_default_a_running_request_weighs_a_quarter_of_the_prompts_own_wait() {
+        // 1 s of prefill; rank 0 serves 8 requests with no line, rank 1 serves 4 behind 1.5 s.
+        let set = busy(&[(0, 8, 0), (1, 4, 150)], &[0, 0]);
+        let mut m = CacheAware::new(CacheAwareConfig::default());
+        let d = m.select(&req(&PROMPT), &set);
+        let cost = |r: u32| d.costs.iter().find(|c| c.rank == r).unwrap().cost;
+        // (1 + 1 + 0.25 × 8) × 1 s = 4 s against 1.5 s + (1 + 1 + 0.25 × 4) × 1 s = 4.5 s.
+        assert_eq!(d.rank, 0, "{:?}", d.costs);
+        assert!((cost(0) - 4.0).abs() < 1e-9, "{:?}", d.costs);
+        assert!((cost(1) - 4.5).abs() < 1e-9, "{:?}", d.costs);
+        // Each running request weighed as much as the prompt's own wait (the former default):
+        // 10 s against 7.5 s, and the prompt waits out the line.
+        let mut whole = CacheAware::new(CacheAwareConfig {
+            compute_weight: 1.0,
+            ..Default::default()
+        });
+        assert_eq!(whole.select(&req(&PROMPT), &set).rank, 1);
     }
 
     #[test]
