@@ -229,16 +229,22 @@ fn load(
     let simulated = matches!(model, ModelRunner::Sim(_));
     let mut sched_config = scheduler_config(config, &mc, pool_size);
     if let ModelRunner::Sim(sim) = &model {
-        // The step-time target is in modelled time: a rank run `speed` times faster measures
-        // its steps that much shorter.
-        let speed = sim.profile().speed;
-        sched_config.prefill_step_target =
-            sched_config.prefill_step_target.map(|t| t.div_f64(speed));
+        in_modelled_time(&mut sched_config, sim.profile().speed);
     }
     let mut sched = Scheduler::new(sched_config, model);
     sched.set_grammars(Arc::new(grammars(config, &mc, simulated)));
     sched.enable_kv_events(config.kv_event_block_size);
     Ok((sched, hello))
+}
+
+/// A simulated rank's durations are in modelled time: run `speed` times faster, it measures
+/// its steps, and its prompts' waits, that much shorter, so the step-time target and
+/// finish-first's wait bound shrink with them.
+fn in_modelled_time(config: &mut SchedulerConfig, speed: f64) {
+    config.prefill_step_target = config.prefill_step_target.map(|t| t.div_f64(speed));
+    if let Some(ff) = &mut config.finish_first {
+        ff.max_wait = ff.max_wait.div_f64(speed);
+    }
 }
 
 /// The vocabulary requests' constraints are compiled against: the model directory's
@@ -399,5 +405,33 @@ mod tests {
         );
         assert!(err.is_config_error(), "{err}");
         assert!(err.to_string().contains("o_proj.bias"), "{err}");
+    }
+
+    #[test]
+    fn a_simulated_rank_reads_its_step_target_and_finish_first_bound_in_modelled_time() {
+        use crate::scheduler::{FinishFirst, SchedulePolicy};
+        use std::time::Duration;
+        let mut config = SchedulerConfig {
+            rank: 0,
+            max_total_tokens: 1 << 16,
+            max_running_requests: 64,
+            pre_alloc_rows: 0,
+            chunked_prefill_size: 2048,
+            max_prefill_tokens: 4096,
+            context_len: 4096,
+            policy: SchedulePolicy::Lpm,
+            disable_radix_cache: false,
+            prefill_step_target: Some(Duration::from_millis(500)),
+            disagg: None,
+            max_queued_requests: None,
+            finish_first: Some(FinishFirst {
+                tokens: 16,
+                max_wait: Duration::from_millis(600),
+            }),
+        };
+        in_modelled_time(&mut config, 4.0);
+        assert_eq!(config.prefill_step_target, Some(Duration::from_millis(125)));
+        let ff = config.finish_first.expect("finish-first stays on");
+        assert_eq!((ff.tokens, ff.max_wait), (16, Duration::from_millis(150)));
     }
 }
