@@ -595,8 +595,11 @@ fn sigterm_drains_running_requests_and_stops_routing_at_once() {
         (status, resp.json::<Value>().unwrap_or(Value::Null))
     });
     c.poll_until("running request on rank 1", Duration::from_secs(60), |c| {
-        let ranks = c.server_info()?["ranks"].as_array()?.clone();
-        let rank_1 = ranks.iter().find(|r| r["rank"] == json!(1))?;
+        let info = c.server_info()?;
+        let rank_1 = info["ranks"]
+            .as_array()?
+            .iter()
+            .find(|r| r["rank"] == json!(1))?;
         rank_1["status"]["num_running_reqs"]
             .as_u64()
             .filter(|&n| n > 0)

@@ -559,10 +559,12 @@ mod tests {
     #[test]
     fn explains_cache_aware_decisions_with_their_cost_terms() {
         use controller::policy::{CacheAware, CacheAwareConfig, CachedPrefix};
-        // Skew 1.5: at the default 2 the guard never fires on two ranks.
+        // Skew 1.5: at the default 2 the guard never fires on two ranks. Whole stall and no
+        // work weight: the arithmetic below counts each uncached token once per request.
         let mut m = CacheAware::new(CacheAwareConfig {
             max_load_skew: 1.5,
             work_weight: 0.0,
+            compute_weight: 1.0,
             ..Default::default()
         });
         let prompt = [5u32; 100];
