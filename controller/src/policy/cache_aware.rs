@@ -50,16 +50,17 @@
 //!
 //! Why a quarter (w): a stall delays each decoding request's end by its length, but a serving
 //! target counts it only through that request's time per output token, which the TPOT term
-//! prices on its own (t × S(r)). The end still matters past capacity (a request that ends later
-//! holds its batch slot longer, and every decode step of a longer batch is slower), so it keeps
-//! a quarter of its weight. At w = 1 (the former default, which also scaled the TPOT term) the count
-//! of running requests outweighed everything else on a busy rank: on the 8-rank conversation
-//! replay at 2x it sent prompts of 40-50 k tokens, whose own prefill takes most of a 2 s TTFT
-//! target, behind a line of 20-40 k tokens on the rank serving a few requests fewer, and they
-//! missed. In 23 paired runs against w = 1 on four traces (8 simulated ranks, docs/BENCHMARKS.md)
-//! it was ahead by 1.6 points of attainment on the conversation trace at 2x, where its capacity
-//! is decided (5 of 6 pairs), and on the same conversations sent as sessions (3 of 4), and
-//! within a few tenths on the synthetic and agentic traces and at 1.5x.
+//! prices on its own (t × S(r)). The end still matters past capacity (a request that ends
+//! later holds its batch slot longer, and every decode step of a longer batch is slower), so
+//! it keeps a quarter of its weight. At w = 1 (the former default, which also scaled the TPOT
+//! term) the count of running requests outweighed everything else on a busy rank: on the
+//! 8-rank conversation replay at 2x it sent prompts of 40-50 k tokens, whose own prefill takes
+//! most of a 2 s TTFT target, behind a line of 20-40 k tokens on the rank serving a few
+//! requests fewer, and they missed. In 23 paired runs against w = 1 on four traces (8
+//! simulated ranks, docs/BENCHMARKS.md) it was ahead by 1.6 points of attainment on the
+//! conversation trace at 2x, where its capacity is decided (5 of 6 pairs), and on the same
+//! conversations sent as sessions (3 of 4), and within a few tenths on the synthetic and
+//! agentic traces and at 1.5x.
 //!
 //! Why the TPOT weight: a stall of S seconds delays a request's first token by S, but once it
 //! is decoding the same stall adds S / (n − 1) to its time per output token, which a serving
