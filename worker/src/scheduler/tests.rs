@@ -8,7 +8,7 @@ use protocol::{FinishReason, GenerateReq, SamplingParams, TokenOut};
 use super::{FinishFirst, SchedulePolicy, Scheduler, SchedulerConfig};
 use crate::model::{BuiltinSize, LlamaModel, ModelConfig};
 
-pub(super) fn config(max_total_tokens: usize, chunk: usize) -> SchedulerConfig {
+pub(crate) fn config(max_total_tokens: usize, chunk: usize) -> SchedulerConfig {
     SchedulerConfig {
         rank: 0,
         max_total_tokens,

@@ -409,25 +409,15 @@ mod tests {
 
     #[test]
     fn a_simulated_rank_reads_its_step_target_and_finish_first_bound_in_modelled_time() {
-        use crate::scheduler::{FinishFirst, SchedulePolicy};
+        use crate::scheduler::FinishFirst;
         use std::time::Duration;
         let mut config = SchedulerConfig {
-            rank: 0,
-            max_total_tokens: 1 << 16,
-            max_running_requests: 64,
-            pre_alloc_rows: 0,
-            chunked_prefill_size: 2048,
-            max_prefill_tokens: 4096,
-            context_len: 4096,
-            policy: SchedulePolicy::Lpm,
-            disable_radix_cache: false,
             prefill_step_target: Some(Duration::from_millis(500)),
-            disagg: None,
-            max_queued_requests: None,
             finish_first: Some(FinishFirst {
                 tokens: 16,
                 max_wait: Duration::from_millis(600),
             }),
+            ..crate::scheduler::tests::config(1 << 16, 2048)
         };
         in_modelled_time(&mut config, 4.0);
         assert_eq!(config.prefill_step_target, Some(Duration::from_millis(125)));
